@@ -1,0 +1,394 @@
+//! The builder API: makes a [`Kernel`] op by op, typing each op as it goes.
+//!
+//! Type errors do not panic: the first one is kept, with the kernel's name, the op and the
+//! caller's source line, and [`KernelBuilder::finish`] returns it. Scalars mixed with blocks
+//! in elementwise ops are splatted to the block's shape.
+
+use crate::ir::*;
+use crate::verify::{format_loc, result_types, verify};
+use crate::CompileError;
+use std::panic::Location;
+
+/// A value being built: a handle into the kernel under construction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Value(pub ValueId);
+
+pub struct KernelBuilder {
+    name: String,
+    num_warps: u32,
+    types: Vec<Type>,
+    params: Vec<Param>,
+    /// Open regions, innermost last.
+    stack: Vec<Region>,
+    error: Option<CompileError>,
+}
+
+fn caller_loc(l: &'static Location<'static>) -> Loc {
+    Loc { file: l.file(), line: l.line() }
+}
+
+impl KernelBuilder {
+    /// A new kernel with 4 warps per program.
+    pub fn new(name: &str) -> Self {
+        KernelBuilder {
+            name: name.to_string(),
+            num_warps: 4,
+            types: vec![],
+            params: vec![],
+            stack: vec![Region::default()],
+            error: None,
+        }
+    }
+
+    pub fn set_num_warps(&mut self, n: u32) {
+        self.num_warps = n;
+    }
+
+    /// The type of a value made by this builder.
+    pub fn ty(&self, v: Value) -> &Type {
+        &self.types[v.0 .0 as usize]
+    }
+
+    fn fresh(&mut self, t: Type) -> ValueId {
+        self.types.push(t);
+        ValueId(self.types.len() as u32 - 1)
+    }
+
+    fn fail(&mut self, op: &str, loc: &Loc, msg: String) {
+        if self.error.is_none() {
+            self.error = Some(CompileError::Build {
+                kernel: self.name.clone(),
+                op: op.to_string(),
+                loc: format_loc(loc),
+                msg,
+            });
+        }
+    }
+
+    /// Types `kind`, appends it to the innermost region, and returns its results. On a type
+    /// error the error is kept and placeholder values are returned.
+    fn push(&mut self, kind: OpKind, loc: Loc, placeholder: &[Type]) -> Vec<Value> {
+        let types = &self.types;
+        let tys = match result_types(&kind, &|v| types[v.0 as usize].clone()) {
+            Ok(t) => t,
+            Err(m) => {
+                self.fail(kind.name(), &loc, m);
+                return placeholder.iter().map(|t| Value(self.fresh(t.clone()))).collect();
+            }
+        };
+        let results: Vec<ValueId> = tys.into_iter().map(|t| self.fresh(t)).collect();
+        self.stack.last_mut().expect("open region").ops.push(Op { kind, results: results.clone(), loc });
+        results.into_iter().map(Value).collect()
+    }
+
+    fn push1(&mut self, kind: OpKind, loc: Loc) -> Value {
+        self.push(kind, loc, &[Type::scalar(DType::I32)])[0]
+    }
+
+    // ---- parameters ----
+
+    /// A pointer parameter to global memory holding `dtype` elements.
+    pub fn param_ptr(&mut self, name: &str, dtype: DType) -> Value {
+        self.param(name, Type::ptr(dtype))
+    }
+
+    /// A scalar parameter.
+    pub fn param_scalar(&mut self, name: &str, dtype: DType) -> Value {
+        self.param(name, Type::scalar(dtype))
+    }
+
+    fn param(&mut self, name: &str, ty: Type) -> Value {
+        let v = self.fresh(ty.clone());
+        self.params.push(Param { name: name.to_string(), ty, value: v });
+        Value(v)
+    }
+
+    // ---- ids, constants, ranges ----
+
+    #[track_caller]
+    pub fn program_id(&mut self, axis: u8) -> Value {
+        self.push1(OpKind::ProgramId { axis }, caller_loc(Location::caller()))
+    }
+    #[track_caller]
+    pub fn num_programs(&mut self, axis: u8) -> Value {
+        self.push1(OpKind::NumPrograms { axis }, caller_loc(Location::caller()))
+    }
+    #[track_caller]
+    pub fn constant(&mut self, value: Const, dtype: DType) -> Value {
+        self.push1(OpKind::Constant { value, dtype }, caller_loc(Location::caller()))
+    }
+    #[track_caller]
+    pub fn i32(&mut self, v: i32) -> Value {
+        self.constant(Const::Int(v as i64), DType::I32)
+    }
+    #[track_caller]
+    pub fn i64(&mut self, v: i64) -> Value {
+        self.constant(Const::Int(v), DType::I64)
+    }
+    #[track_caller]
+    pub fn f32(&mut self, v: f32) -> Value {
+        self.constant(Const::Float(v as f64), DType::F32)
+    }
+    #[track_caller]
+    pub fn bool(&mut self, v: bool) -> Value {
+        self.constant(Const::Bool(v), DType::Bool)
+    }
+    /// `[start, end)` as an i32 block; the length must be a power of two.
+    #[track_caller]
+    pub fn arange(&mut self, start: i64, end: i64) -> Value {
+        self.push1(OpKind::Arange { start, end }, caller_loc(Location::caller()))
+    }
+    #[track_caller]
+    pub fn splat(&mut self, value: Value, shape: &[usize]) -> Value {
+        self.push1(OpKind::Splat { value: value.0, shape: shape.to_vec() }, caller_loc(Location::caller()))
+    }
+    /// 1-D `[n]` to `[size, n]` (axis 0) or `[n, size]` (axis 1) by repetition.
+    #[track_caller]
+    pub fn expand(&mut self, value: Value, axis: u8, size: usize) -> Value {
+        self.push1(OpKind::Expand { value: value.0, axis, size }, caller_loc(Location::caller()))
+    }
+
+    /// Splats whichever of `a`, `b` is a scalar to the other's block shape.
+    fn broadcast_pair(&mut self, a: Value, b: Value, loc: &Loc) -> (Value, Value) {
+        let (sa, sb) = (self.ty(a).shape.clone(), self.ty(b).shape.clone());
+        match (sa.is_empty(), sb.is_empty()) {
+            (true, false) => {
+                let s = self.push1(OpKind::Splat { value: a.0, shape: sb }, loc.clone());
+                (s, b)
+            }
+            (false, true) => {
+                let s = self.push1(OpKind::Splat { value: b.0, shape: sa }, loc.clone());
+                (a, s)
+            }
+            _ => (a, b),
+        }
+    }
+
+    // ---- elementwise ----
+
+    #[track_caller]
+    pub fn binary(&mut self, op: BinOp, a: Value, b: Value) -> Value {
+        let loc = caller_loc(Location::caller());
+        let (a, b) = self.broadcast_pair(a, b, &loc);
+        let ph = self.ty(a).clone();
+        self.push(OpKind::Binary { op, lhs: a.0, rhs: b.0 }, loc, &[ph])[0]
+    }
+    #[track_caller]
+    pub fn cmp(&mut self, op: CmpOp, a: Value, b: Value) -> Value {
+        let loc = caller_loc(Location::caller());
+        let (a, b) = self.broadcast_pair(a, b, &loc);
+        let ph = self.ty(a).with_elem(Elem::Num(DType::Bool));
+        self.push(OpKind::Cmp { op, lhs: a.0, rhs: b.0 }, loc, &[ph])[0]
+    }
+    #[track_caller]
+    pub fn unary(&mut self, op: UnOp, v: Value) -> Value {
+        let ph = self.ty(v).clone();
+        self.push(OpKind::Unary { op, value: v.0 }, caller_loc(Location::caller()), &[ph])[0]
+    }
+    #[track_caller]
+    pub fn cast(&mut self, v: Value, to: DType) -> Value {
+        let ph = self.ty(v).with_elem(Elem::Num(to));
+        self.push(OpKind::Cast { value: v.0, to }, caller_loc(Location::caller()), &[ph])[0]
+    }
+    #[track_caller]
+    pub fn select(&mut self, cond: Value, on_true: Value, on_false: Value) -> Value {
+        let loc = caller_loc(Location::caller());
+        let (t, f) = self.broadcast_pair(on_true, on_false, &loc);
+        let shape = self.ty(t).shape.clone();
+        let c = if self.ty(cond).is_scalar() && !shape.is_empty() {
+            self.push1(OpKind::Splat { value: cond.0, shape }, loc.clone())
+        } else {
+            cond
+        };
+        let ph = self.ty(t).clone();
+        self.push(OpKind::Select { cond: c.0, on_true: t.0, on_false: f.0 }, loc, &[ph])[0]
+    }
+
+    // ---- memory ----
+
+    /// `ptr + offset` in elements; a scalar pointer is splatted to the offset's shape.
+    #[track_caller]
+    pub fn add_ptr(&mut self, ptr: Value, offset: Value) -> Value {
+        let loc = caller_loc(Location::caller());
+        let (p, o) = self.broadcast_pair(ptr, offset, &loc);
+        let ph = self.ty(p).clone();
+        self.push(OpKind::AddPtr { ptr: p.0, offset: o.0 }, loc, &[ph])[0]
+    }
+    #[track_caller]
+    pub fn load(&mut self, ptr: Value) -> Value {
+        self.load_masked(ptr, None, None)
+    }
+    /// Loads where `mask` holds; elsewhere the result is `other` (zero when `None`).
+    #[track_caller]
+    pub fn load_masked(&mut self, ptr: Value, mask: Option<Value>, other: Option<Value>) -> Value {
+        let loc = caller_loc(Location::caller());
+        let pt = self.ty(ptr).clone();
+        let d = match pt.elem {
+            Elem::Ptr(d) | Elem::Num(d) => d,
+        };
+        let other = other.map(|o| {
+            if self.ty(o).is_scalar() && !pt.is_scalar() {
+                self.push1(OpKind::Splat { value: o.0, shape: pt.shape.clone() }, loc.clone())
+            } else {
+                o
+            }
+        });
+        let kind = OpKind::Load { ptr: ptr.0, mask: mask.map(|m| m.0), other: other.map(|o| o.0) };
+        self.push(kind, loc, &[pt.with_elem(Elem::Num(d))])[0]
+    }
+    #[track_caller]
+    pub fn store(&mut self, ptr: Value, value: Value) {
+        self.store_masked(ptr, value, None)
+    }
+    #[track_caller]
+    pub fn store_masked(&mut self, ptr: Value, value: Value, mask: Option<Value>) {
+        let kind = OpKind::Store { ptr: ptr.0, value: value.0, mask: mask.map(|m| m.0) };
+        self.push(kind, caller_loc(Location::caller()), &[]);
+    }
+
+    // ---- reductions ----
+
+    #[track_caller]
+    pub fn reduce(&mut self, op: ReduceOp, v: Value, axis: u8) -> Value {
+        let t = self.ty(v).clone();
+        let ph = if t.shape.len() == 2 { Type::block(t.elem, &[t.shape[1 - (axis as usize).min(1)]]) } else { Type { elem: t.elem, shape: vec![] } };
+        self.push(OpKind::Reduce { op, value: v.0, axis }, caller_loc(Location::caller()), &[ph])[0]
+    }
+    #[track_caller]
+    pub fn sum(&mut self, v: Value, axis: u8) -> Value {
+        self.reduce(ReduceOp::Sum, v, axis)
+    }
+    #[track_caller]
+    pub fn max(&mut self, v: Value, axis: u8) -> Value {
+        self.reduce(ReduceOp::Max, v, axis)
+    }
+    #[track_caller]
+    pub fn min(&mut self, v: Value, axis: u8) -> Value {
+        self.reduce(ReduceOp::Min, v, axis)
+    }
+
+    // ---- control flow ----
+
+    /// `for i in (lo..hi).step_by(step)`, carrying `init` through `body`, which returns the
+    /// next carried values. Returns the final carried values.
+    #[track_caller]
+    pub fn for_range(
+        &mut self,
+        lo: Value,
+        hi: Value,
+        step: Value,
+        init: &[Value],
+        body: impl FnOnce(&mut Self, Value, &[Value]) -> Vec<Value>,
+    ) -> Vec<Value> {
+        let loc = caller_loc(Location::caller());
+        let iv = self.fresh(Type::scalar(DType::I32));
+        let carried: Vec<Value> = init.iter().map(|v| Value(self.fresh(self.ty(*v).clone()))).collect();
+        self.stack.push(Region { args: std::iter::once(iv).chain(carried.iter().map(|v| v.0)).collect(), ops: vec![] });
+        let next = body(self, Value(iv), &carried);
+        self.stack.last_mut().expect("open region").ops.push(Op {
+            kind: OpKind::Yield { values: next.iter().map(|v| v.0).collect() },
+            results: vec![],
+            loc: loc.clone(),
+        });
+        let region = self.stack.pop().expect("loop region");
+        let ph: Vec<Type> = init.iter().map(|v| self.ty(*v).clone()).collect();
+        let kind = OpKind::For { lo: lo.0, hi: hi.0, step: step.0, init: init.iter().map(|v| v.0).collect(), body: region };
+        self.push(kind, loc, &ph)
+    }
+
+    /// `if cond { then } else { otherwise }`, each arm returning the same result types.
+    #[track_caller]
+    pub fn if_else(
+        &mut self,
+        cond: Value,
+        then: impl FnOnce(&mut Self) -> Vec<Value>,
+        otherwise: impl FnOnce(&mut Self) -> Vec<Value>,
+    ) -> Vec<Value> {
+        let loc = caller_loc(Location::caller());
+        let then_region = self.arm(then, &loc);
+        let else_region = self.arm(otherwise, &loc);
+        let ph: Vec<Type> = match then_region.ops.last().map(|o| &o.kind) {
+            Some(OpKind::Yield { values }) => values.iter().map(|v| self.types[v.0 as usize].clone()).collect(),
+            _ => vec![],
+        };
+        self.push(OpKind::If { cond: cond.0, then_region, else_region }, loc, &ph)
+    }
+
+    /// `if cond { then }` with no results.
+    #[track_caller]
+    pub fn if_then(&mut self, cond: Value, then: impl FnOnce(&mut Self)) {
+        self.if_else(
+            cond,
+            |b| {
+                then(b);
+                vec![]
+            },
+            |_| vec![],
+        );
+    }
+
+    fn arm(&mut self, f: impl FnOnce(&mut Self) -> Vec<Value>, loc: &Loc) -> Region {
+        self.stack.push(Region::default());
+        let vals = f(self);
+        self.stack.last_mut().expect("open region").ops.push(Op {
+            kind: OpKind::Yield { values: vals.iter().map(|v| v.0).collect() },
+            results: vec![],
+            loc: loc.clone(),
+        });
+        self.stack.pop().expect("arm region")
+    }
+
+    /// The finished kernel, verified; or the first error met while building it.
+    pub fn finish(mut self) -> Result<Kernel, CompileError> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        let body = self.stack.pop().expect("top region");
+        let k = Kernel { name: self.name, params: self.params, body, types: self.types, num_warps: self.num_warps };
+        verify(&k)?;
+        Ok(k)
+    }
+}
+
+macro_rules! binary_methods {
+    ($($name:ident => $op:ident),* $(,)?) => {
+        impl KernelBuilder {
+            $(
+                #[track_caller]
+                pub fn $name(&mut self, a: Value, b: Value) -> Value {
+                    self.binary(BinOp::$op, a, b)
+                }
+            )*
+        }
+    };
+}
+binary_methods!(add => Add, sub => Sub, mul => Mul, div => Div, rem => Rem, minimum => Min,
+    maximum => Max, and => And, or => Or, xor => Xor, shl => Shl, shr => Shr);
+
+macro_rules! cmp_methods {
+    ($($name:ident => $op:ident),* $(,)?) => {
+        impl KernelBuilder {
+            $(
+                #[track_caller]
+                pub fn $name(&mut self, a: Value, b: Value) -> Value {
+                    self.cmp(CmpOp::$op, a, b)
+                }
+            )*
+        }
+    };
+}
+cmp_methods!(eq => Eq, ne => Ne, lt => Lt, le => Le, gt => Gt, ge => Ge);
+
+macro_rules! unary_methods {
+    ($($name:ident => $op:ident),* $(,)?) => {
+        impl KernelBuilder {
+            $(
+                #[track_caller]
+                pub fn $name(&mut self, v: Value) -> Value {
+                    self.unary(UnOp::$op, v)
+                }
+            )*
+        }
+    };
+}
+unary_methods!(neg => Neg, not => Not, abs => Abs, exp2 => Exp2, log2 => Log2, sqrt => Sqrt, rsqrt => Rsqrt);

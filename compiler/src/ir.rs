@@ -1,0 +1,374 @@
+//! The tile IR: a kernel is one program of a grid, written over block tensors of constant
+//! shape (Triton's model). Values are in SSA form; loops and branches own nested regions.
+//!
+//! Every later stage reads this module only: the verifier, the printer, the interpreter and
+//! the NVPTX code generator.
+
+use std::fmt;
+
+/// Element types a value or a pointed-to buffer can have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    Bool,
+    U8,
+    I32,
+    I64,
+    F16,
+    BF16,
+    F32,
+}
+
+impl DType {
+    /// Size in bytes in memory (`Bool` is stored as one byte).
+    pub fn size_bytes(self) -> usize {
+        match self {
+            DType::Bool | DType::U8 => 1,
+            DType::F16 | DType::BF16 => 2,
+            DType::I32 | DType::F32 => 4,
+            DType::I64 => 8,
+        }
+    }
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F16 | DType::BF16 | DType::F32)
+    }
+    pub fn is_int(self) -> bool {
+        matches!(self, DType::U8 | DType::I32 | DType::I64)
+    }
+    pub fn is_signed(self) -> bool {
+        matches!(self, DType::I32 | DType::I64)
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::Bool => "i1",
+            DType::U8 => "u8",
+            DType::I32 => "i32",
+            DType::I64 => "i64",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::F32 => "f32",
+        }
+    }
+}
+
+/// The element of a value: a number, or a pointer into global memory to numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Elem {
+    Num(DType),
+    Ptr(DType),
+}
+
+impl Elem {
+    pub fn dtype(self) -> Option<DType> {
+        match self {
+            Elem::Num(d) => Some(d),
+            Elem::Ptr(_) => None,
+        }
+    }
+}
+
+/// A value's type: an element and a constant shape. An empty shape is a scalar, uniform
+/// over the threads of a program; one or two dimensions make a block.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Type {
+    pub elem: Elem,
+    pub shape: Vec<usize>,
+}
+
+impl Type {
+    pub fn scalar(d: DType) -> Type {
+        Type { elem: Elem::Num(d), shape: vec![] }
+    }
+    pub fn ptr(d: DType) -> Type {
+        Type { elem: Elem::Ptr(d), shape: vec![] }
+    }
+    pub fn block(elem: Elem, shape: &[usize]) -> Type {
+        Type { elem, shape: shape.to_vec() }
+    }
+    pub fn is_scalar(&self) -> bool {
+        self.shape.is_empty()
+    }
+    pub fn num_elements(&self) -> usize {
+        self.shape.iter().product()
+    }
+    pub fn with_elem(&self, elem: Elem) -> Type {
+        Type { elem, shape: self.shape.clone() }
+    }
+}
+
+impl fmt::Display for Type {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let e = match self.elem {
+            Elem::Num(d) => d.name().to_string(),
+            Elem::Ptr(d) => format!("ptr<{}>", d.name()),
+        };
+        if self.shape.is_empty() {
+            write!(f, "{e}")
+        } else {
+            let dims: Vec<String> = self.shape.iter().map(|d| d.to_string()).collect();
+            write!(f, "{e}[{}]", dims.join("x"))
+        }
+    }
+}
+
+/// An SSA value: an index into [`Kernel::values`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ValueId(pub u32);
+
+/// A compile-time constant.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Const {
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinOp {
+    Add,
+    Sub,
+    Mul,
+    /// Float division, or integer division rounding toward zero.
+    Div,
+    /// Integer remainder with the sign of the dividend.
+    Rem,
+    Min,
+    Max,
+    And,
+    Or,
+    Xor,
+    Shl,
+    /// Logical shift right for `u8`, arithmetic for signed integers.
+    Shr,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CmpOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnOp {
+    Neg,
+    /// Logical not on `Bool`, bitwise not on integers.
+    Not,
+    Abs,
+    Exp2,
+    Log2,
+    Sqrt,
+    Rsqrt,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum,
+    Max,
+    Min,
+}
+
+/// A nested block of ops. `args` are defined on entry: the induction variable and the
+/// carried values of a loop body; none for the arms of an `If`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Region {
+    pub args: Vec<ValueId>,
+    pub ops: Vec<Op>,
+}
+
+/// Where an op came from, so errors can point at user source.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Loc {
+    pub file: &'static str,
+    pub line: u32,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Op {
+    pub kind: OpKind,
+    pub results: Vec<ValueId>,
+    pub loc: Loc,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum OpKind {
+    /// The program's index along grid axis 0, 1 or 2 (i32).
+    ProgramId { axis: u8 },
+    /// The grid's size along an axis (i32).
+    NumPrograms { axis: u8 },
+    Constant { value: Const, dtype: DType },
+    /// `[start, start + 1, ..., end - 1]` as an i32 block.
+    Arange { start: i64, end: i64 },
+    /// A scalar copied to every element of a block of `shape`.
+    Splat { value: ValueId, shape: Vec<usize> },
+    /// A 1-D block of `n` elements to a 2-D block, repeating it `size` times along the new
+    /// `axis` (0: `[size, n]`, every row a copy; 1: `[n, size]`, every column a copy).
+    Expand { value: ValueId, axis: u8, size: usize },
+    Binary { op: BinOp, lhs: ValueId, rhs: ValueId },
+    Cmp { op: CmpOp, lhs: ValueId, rhs: ValueId },
+    Unary { op: UnOp, value: ValueId },
+    /// Numeric conversion: floats round to nearest even, float to int truncates toward
+    /// zero, ints wrap.
+    Cast { value: ValueId, to: DType },
+    Select { cond: ValueId, on_true: ValueId, on_false: ValueId },
+    /// A pointer (or block of pointers) advanced by an element offset.
+    AddPtr { ptr: ValueId, offset: ValueId },
+    /// Reads the pointed-to elements; where `mask` is false nothing is read and `other`
+    /// (zero when absent) is the result.
+    Load { ptr: ValueId, mask: Option<ValueId>, other: Option<ValueId> },
+    Store { ptr: ValueId, value: ValueId, mask: Option<ValueId> },
+    /// Reduces a block along `axis`: 1-D to a scalar, 2-D to 1-D.
+    Reduce { op: ReduceOp, value: ValueId, axis: u8 },
+    /// `for i in (lo..hi).step_by(step)` with carried values. `body.args` are `[i, carried..]`;
+    /// the body ends with `Yield` of the next carried values; the results are their final
+    /// values.
+    For { lo: ValueId, hi: ValueId, step: ValueId, init: Vec<ValueId>, body: Region },
+    /// Branches on a scalar `Bool`; each arm ends with `Yield` of the results.
+    If { cond: ValueId, then_region: Region, else_region: Region },
+    Yield { values: Vec<ValueId> },
+}
+
+impl OpKind {
+    /// The values this op reads (not counting those read inside its regions).
+    pub fn operands(&self) -> Vec<ValueId> {
+        use OpKind::*;
+        match self {
+            ProgramId { .. } | NumPrograms { .. } | Constant { .. } | Arange { .. } => vec![],
+            Splat { value, .. } | Expand { value, .. } | Unary { value, .. } => vec![*value],
+            Cast { value, .. } | Reduce { value, .. } => vec![*value],
+            Binary { lhs, rhs, .. } | Cmp { lhs, rhs, .. } => vec![*lhs, *rhs],
+            Select { cond, on_true, on_false } => vec![*cond, *on_true, *on_false],
+            AddPtr { ptr, offset } => vec![*ptr, *offset],
+            Load { ptr, mask, other } => {
+                let mut v = vec![*ptr];
+                v.extend(mask.iter().copied());
+                v.extend(other.iter().copied());
+                v
+            }
+            Store { ptr, value, mask } => {
+                let mut v = vec![*ptr, *value];
+                v.extend(mask.iter().copied());
+                v
+            }
+            For { lo, hi, step, init, .. } => {
+                let mut v = vec![*lo, *hi, *step];
+                v.extend(init.iter().copied());
+                v
+            }
+            If { cond, .. } => vec![*cond],
+            Yield { values } => values.clone(),
+        }
+    }
+
+    /// The nested regions of this op.
+    pub fn regions(&self) -> Vec<&Region> {
+        match self {
+            OpKind::For { body, .. } => vec![body],
+            OpKind::If { then_region, else_region, .. } => vec![then_region, else_region],
+            _ => vec![],
+        }
+    }
+
+    /// Whether the op writes memory or ends a region (such ops are never dead code).
+    pub fn has_effects(&self) -> bool {
+        matches!(self, OpKind::Store { .. } | OpKind::Yield { .. })
+    }
+
+    /// The op's name as the printer and error messages show it.
+    pub fn name(&self) -> &'static str {
+        use OpKind::*;
+        match self {
+            ProgramId { .. } => "program_id",
+            NumPrograms { .. } => "num_programs",
+            Constant { .. } => "constant",
+            Arange { .. } => "arange",
+            Splat { .. } => "splat",
+            Expand { .. } => "expand",
+            Binary { op, .. } => match op {
+                BinOp::Add => "add",
+                BinOp::Sub => "sub",
+                BinOp::Mul => "mul",
+                BinOp::Div => "div",
+                BinOp::Rem => "rem",
+                BinOp::Min => "min",
+                BinOp::Max => "max",
+                BinOp::And => "and",
+                BinOp::Or => "or",
+                BinOp::Xor => "xor",
+                BinOp::Shl => "shl",
+                BinOp::Shr => "shr",
+            },
+            Cmp { op, .. } => match op {
+                CmpOp::Eq => "cmp_eq",
+                CmpOp::Ne => "cmp_ne",
+                CmpOp::Lt => "cmp_lt",
+                CmpOp::Le => "cmp_le",
+                CmpOp::Gt => "cmp_gt",
+                CmpOp::Ge => "cmp_ge",
+            },
+            Unary { op, .. } => match op {
+                UnOp::Neg => "neg",
+                UnOp::Not => "not",
+                UnOp::Abs => "abs",
+                UnOp::Exp2 => "exp2",
+                UnOp::Log2 => "log2",
+                UnOp::Sqrt => "sqrt",
+                UnOp::Rsqrt => "rsqrt",
+            },
+            Cast { .. } => "cast",
+            Select { .. } => "select",
+            AddPtr { .. } => "add_ptr",
+            Load { .. } => "load",
+            Store { .. } => "store",
+            Reduce { op, .. } => match op {
+                ReduceOp::Sum => "sum",
+                ReduceOp::Max => "max_reduce",
+                ReduceOp::Min => "min_reduce",
+            },
+            For { .. } => "for",
+            If { .. } => "if",
+            Yield { .. } => "yield",
+        }
+    }
+}
+
+/// A kernel parameter: a pointer to global memory or a scalar.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Param {
+    pub name: String,
+    pub ty: Type,
+    pub value: ValueId,
+}
+
+/// One kernel: its parameters, its body, and the type of every value it defines.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Kernel {
+    pub name: String,
+    pub params: Vec<Param>,
+    pub body: Region,
+    /// Type of each value, indexed by [`ValueId`].
+    pub types: Vec<Type>,
+    /// Warps per program (threads per block / 32).
+    pub num_warps: u32,
+}
+
+impl Kernel {
+    pub fn ty(&self, v: ValueId) -> &Type {
+        &self.types[v.0 as usize]
+    }
+    pub fn num_threads(&self) -> u32 {
+        self.num_warps * 32
+    }
+}
+
+/// Calls `f` on every op of `region` and of its nested regions, parents before children.
+pub fn walk_ops<'a>(region: &'a Region, f: &mut impl FnMut(&'a Op)) {
+    for op in &region.ops {
+        f(op);
+        for r in op.kind.regions() {
+            walk_ops(r, f);
+        }
+    }
+}

@@ -1,0 +1,332 @@
+//! Type rules of every op, and the verifier that checks a whole kernel against them.
+//!
+//! The builder calls [`result_types`] to type each op as it is made; [`verify`] re-checks a
+//! finished kernel (one built by hand, or changed by a pass) and checks SSA scoping.
+
+use crate::ir::*;
+use crate::CompileError;
+use std::collections::HashSet;
+
+/// The largest block the code generator accepts (elements); keeps per-thread register
+/// arrays bounded.
+pub const MAX_BLOCK_ELEMENTS: usize = 1 << 16;
+
+fn same_shape(a: &Type, b: &Type, what: &str) -> Result<(), String> {
+    if a.shape != b.shape {
+        return Err(format!("{what}: shapes differ, {a} and {b}"));
+    }
+    Ok(())
+}
+
+fn num(t: &Type, what: &str) -> Result<DType, String> {
+    t.elem.dtype().ok_or_else(|| format!("{what}: expected a number, found {t}"))
+}
+
+/// The types of the results of an op, given the types of the values it reads.
+pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<Type>, String> {
+    use OpKind::*;
+    let one = |t: Type| Ok(vec![t]);
+    match kind {
+        ProgramId { axis } | NumPrograms { axis } => {
+            if *axis > 2 {
+                return Err(format!("grid axis {axis} out of range 0..=2"));
+            }
+            one(Type::scalar(DType::I32))
+        }
+        Constant { value, dtype } => {
+            let ok = matches!(
+                (value, dtype.is_float(), *dtype == DType::Bool),
+                (Const::Float(_), true, _) | (Const::Int(_), false, false) | (Const::Bool(_), _, true)
+            );
+            if !ok {
+                return Err(format!("constant {value:?} cannot have type {}", dtype.name()));
+            }
+            one(Type::scalar(*dtype))
+        }
+        Arange { start, end } => {
+            let n = end - start;
+            if n <= 0 || !(n as u64).is_power_of_two() {
+                return Err(format!("arange({start}, {end}): the length must be a power of two"));
+            }
+            one(Type::block(Elem::Num(DType::I32), &[n as usize]))
+        }
+        Splat { value, shape } => {
+            let t = ty(*value);
+            if !t.is_scalar() {
+                return Err(format!("splat of a non-scalar {t}"));
+            }
+            check_shape(shape)?;
+            one(Type::block(t.elem, shape))
+        }
+        Expand { value, axis, size } => {
+            let t = ty(*value);
+            if t.shape.len() != 1 {
+                return Err(format!("expand needs a 1-D block, found {t}"));
+            }
+            if *axis > 1 {
+                return Err(format!("expand axis {axis} must be 0 or 1"));
+            }
+            let shape = if *axis == 0 { vec![*size, t.shape[0]] } else { vec![t.shape[0], *size] };
+            check_shape(&shape)?;
+            one(Type::block(t.elem, &shape))
+        }
+        Binary { op, lhs, rhs } => {
+            let (a, b) = (ty(*lhs), ty(*rhs));
+            same_shape(&a, &b, "binary operands")?;
+            let d = num(&a, "lhs")?;
+            if a.elem != b.elem {
+                return Err(format!("operand types differ: {a} and {b}"));
+            }
+            let int_only = matches!(
+                op,
+                BinOp::And | BinOp::Or | BinOp::Xor | BinOp::Shl | BinOp::Shr | BinOp::Rem
+            );
+            if int_only && d.is_float() {
+                return Err(format!("{op:?} needs integers, found {a}"));
+            }
+            if d == DType::Bool && !matches!(op, BinOp::And | BinOp::Or | BinOp::Xor) {
+                return Err(format!("{op:?} is not defined on i1"));
+            }
+            one(a)
+        }
+        Cmp { lhs, rhs, .. } => {
+            let (a, b) = (ty(*lhs), ty(*rhs));
+            same_shape(&a, &b, "compare operands")?;
+            num(&a, "lhs")?;
+            if a.elem != b.elem {
+                return Err(format!("operand types differ: {a} and {b}"));
+            }
+            one(a.with_elem(Elem::Num(DType::Bool)))
+        }
+        Unary { op, value } => {
+            let t = ty(*value);
+            let d = num(&t, "operand")?;
+            let float_only = matches!(op, UnOp::Exp2 | UnOp::Log2 | UnOp::Sqrt | UnOp::Rsqrt);
+            if float_only && !d.is_float() {
+                return Err(format!("{op:?} needs floats, found {t}"));
+            }
+            if *op == UnOp::Not && d.is_float() {
+                return Err(format!("not needs integers or i1, found {t}"));
+            }
+            one(t)
+        }
+        Cast { value, to } => {
+            let t = ty(*value);
+            num(&t, "operand")?;
+            one(t.with_elem(Elem::Num(*to)))
+        }
+        Select { cond, on_true, on_false } => {
+            let (c, a, b) = (ty(*cond), ty(*on_true), ty(*on_false));
+            if c.elem != Elem::Num(DType::Bool) {
+                return Err(format!("select condition must be i1, found {c}"));
+            }
+            if a != b {
+                return Err(format!("select arms differ: {a} and {b}"));
+            }
+            if !c.is_scalar() {
+                same_shape(&c, &a, "select condition and arms")?;
+            }
+            one(a)
+        }
+        AddPtr { ptr, offset } => {
+            let (p, o) = (ty(*ptr), ty(*offset));
+            if !matches!(p.elem, Elem::Ptr(_)) {
+                return Err(format!("add_ptr needs a pointer, found {p}"));
+            }
+            if !matches!(o.elem, Elem::Num(DType::I32 | DType::I64)) {
+                return Err(format!("add_ptr offset must be i32 or i64, found {o}"));
+            }
+            same_shape(&p, &o, "pointer and offset")?;
+            one(p)
+        }
+        Load { ptr, mask, other } => {
+            let p = ty(*ptr);
+            let Elem::Ptr(d) = p.elem else {
+                return Err(format!("load needs a pointer, found {p}"));
+            };
+            if let Some(m) = mask {
+                let m = ty(*m);
+                if m != p.with_elem(Elem::Num(DType::Bool)) {
+                    return Err(format!("load mask must be i1 of the pointer's shape, found {m}"));
+                }
+            }
+            if let Some(o) = other {
+                let o = ty(*o);
+                if o != p.with_elem(Elem::Num(d)) {
+                    return Err(format!("load `other` must be {}, found {o}", p.with_elem(Elem::Num(d))));
+                }
+            }
+            one(p.with_elem(Elem::Num(d)))
+        }
+        Store { ptr, value, mask } => {
+            let (p, v) = (ty(*ptr), ty(*value));
+            let Elem::Ptr(d) = p.elem else {
+                return Err(format!("store needs a pointer, found {p}"));
+            };
+            if v != p.with_elem(Elem::Num(d)) {
+                return Err(format!("stored value must be {}, found {v}", p.with_elem(Elem::Num(d))));
+            }
+            if let Some(m) = mask {
+                let m = ty(*m);
+                if m != p.with_elem(Elem::Num(DType::Bool)) {
+                    return Err(format!("store mask must be i1 of the pointer's shape, found {m}"));
+                }
+            }
+            Ok(vec![])
+        }
+        Reduce { op: _, value, axis } => {
+            let t = ty(*value);
+            let d = num(&t, "operand")?;
+            if d == DType::Bool {
+                return Err("reduction of i1 values".into());
+            }
+            match t.shape.len() {
+                1 if *axis == 0 => one(Type::scalar(d)),
+                2 if *axis <= 1 => one(Type::block(t.elem, &[t.shape[1 - *axis as usize]])),
+                _ => Err(format!("cannot reduce {t} along axis {axis}")),
+            }
+        }
+        For { lo, hi, step, init, body } => {
+            for (name, v) in [("lo", lo), ("hi", hi), ("step", step)] {
+                let t = ty(*v);
+                if t != Type::scalar(DType::I32) {
+                    return Err(format!("loop bound `{name}` must be a scalar i32, found {t}"));
+                }
+            }
+            if body.args.len() != init.len() + 1 {
+                return Err("loop body must take the induction variable and each carried value".into());
+            }
+            if ty(body.args[0]) != Type::scalar(DType::I32) {
+                return Err("loop induction variable must be i32".into());
+            }
+            let mut out = vec![];
+            for (i, (v, a)) in init.iter().zip(&body.args[1..]).enumerate() {
+                if ty(*v) != ty(*a) {
+                    return Err(format!("carried value {i}: initial {} but body takes {}", ty(*v), ty(*a)));
+                }
+                out.push(ty(*v));
+            }
+            check_yield(body, &out, &ty)?;
+            Ok(out)
+        }
+        If { cond, then_region, else_region } => {
+            if ty(*cond) != Type::scalar(DType::Bool) {
+                return Err(format!("if condition must be a scalar i1, found {}", ty(*cond)));
+            }
+            let tys = yield_types(then_region, &ty)?;
+            check_yield(else_region, &tys, &ty)?;
+            Ok(tys)
+        }
+        Yield { .. } => Ok(vec![]),
+    }
+}
+
+fn check_shape(shape: &[usize]) -> Result<(), String> {
+    if shape.is_empty() || shape.len() > 2 {
+        return Err(format!("blocks have 1 or 2 dimensions, found {shape:?}"));
+    }
+    if shape.iter().any(|d| !d.is_power_of_two()) {
+        return Err(format!("block dimensions must be powers of two, found {shape:?}"));
+    }
+    if shape.iter().product::<usize>() > MAX_BLOCK_ELEMENTS {
+        return Err(format!("block {shape:?} exceeds {MAX_BLOCK_ELEMENTS} elements"));
+    }
+    Ok(())
+}
+
+fn yield_types(r: &Region, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<Type>, String> {
+    match r.ops.last().map(|o| &o.kind) {
+        Some(OpKind::Yield { values }) => Ok(values.iter().map(|v| ty(*v)).collect()),
+        _ => Err("region must end with yield".into()),
+    }
+}
+
+fn check_yield(r: &Region, want: &[Type], ty: &dyn Fn(ValueId) -> Type) -> Result<(), String> {
+    let got = yield_types(r, ty)?;
+    if got != want {
+        let f = |v: &[Type]| v.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ");
+        return Err(format!("region yields ({}) but ({}) expected", f(&got), f(want)));
+    }
+    Ok(())
+}
+
+/// Checks types, SSA scoping (each value defined once, before use, in an enclosing region)
+/// and the kernel's launch shape.
+pub fn verify(k: &Kernel) -> Result<(), CompileError> {
+    let err = |op: &str, loc: &Loc, msg: String| CompileError::Verify {
+        kernel: k.name.clone(),
+        op: op.to_string(),
+        loc: format_loc(loc),
+        msg,
+    };
+    if !(1..=32).contains(&k.num_warps) || !k.num_warps.is_power_of_two() {
+        return Err(err("kernel", &Loc::default(), format!("num_warps {} must be a power of two in 1..=32", k.num_warps)));
+    }
+    let mut defined: HashSet<ValueId> = HashSet::new();
+    for p in &k.params {
+        if !p.ty.is_scalar() {
+            return Err(err("param", &Loc::default(), format!("parameter `{}` must be a scalar or a pointer", p.name)));
+        }
+        if !defined.insert(p.value) {
+            return Err(err("param", &Loc::default(), format!("parameter `{}` defined twice", p.name)));
+        }
+    }
+    let ty = |v: ValueId| k.types.get(v.0 as usize).cloned().unwrap_or(Type::scalar(DType::I32));
+    let mut scope: Vec<ValueId> = defined.iter().copied().collect();
+    verify_region(k, &k.body, &mut scope, &mut defined, &ty, &err, true)
+}
+
+type ErrFn<'a> = dyn Fn(&str, &Loc, String) -> CompileError + 'a;
+
+fn verify_region(
+    k: &Kernel,
+    r: &Region,
+    scope: &mut Vec<ValueId>,
+    defined: &mut HashSet<ValueId>,
+    ty: &dyn Fn(ValueId) -> Type,
+    err: &ErrFn,
+    top: bool,
+) -> Result<(), CompileError> {
+    let mark = scope.len();
+    for a in &r.args {
+        if !defined.insert(*a) {
+            return Err(err("region", &Loc::default(), format!("value %{} defined twice", a.0)));
+        }
+        scope.push(*a);
+    }
+    for (i, op) in r.ops.iter().enumerate() {
+        let name = op.kind.name();
+        for v in op.kind.operands() {
+            if v.0 as usize >= k.types.len() || !scope.contains(&v) {
+                return Err(err(name, &op.loc, format!("uses %{} before it is defined", v.0)));
+            }
+        }
+        if matches!(op.kind, OpKind::Yield { .. }) && (top || i + 1 != r.ops.len()) {
+            return Err(err(name, &op.loc, "yield must be the last op of a loop body or an if arm".into()));
+        }
+        for sub in op.kind.regions() {
+            verify_region(k, sub, scope, defined, ty, err, false)?;
+        }
+        let want = result_types(&op.kind, ty).map_err(|m| err(name, &op.loc, m))?;
+        let got: Vec<Type> = op.results.iter().map(|v| ty(*v)).collect();
+        if want != got {
+            return Err(err(name, &op.loc, format!("result types {got:?} but the op gives {want:?}")));
+        }
+        for v in &op.results {
+            if !defined.insert(*v) {
+                return Err(err(name, &op.loc, format!("value %{} defined twice", v.0)));
+            }
+            scope.push(*v);
+        }
+    }
+    scope.truncate(mark);
+    Ok(())
+}
+
+pub(crate) fn format_loc(loc: &Loc) -> String {
+    if loc.file.is_empty() {
+        String::new()
+    } else {
+        format!(" at {}:{}", loc.file, loc.line)
+    }
+}

@@ -1,0 +1,1 @@
+//! dusk-macros: placeholder until the kernel-language issue lands.
