@@ -133,6 +133,25 @@ impl KernelBuilder {
     pub fn bool(&mut self, v: bool) -> Value {
         self.constant(Const::Bool(v), DType::Bool)
     }
+    /// An integer constant of `like`'s element type (a float one for float types).
+    #[track_caller]
+    pub fn const_like(&mut self, like: Value, v: i64) -> Value {
+        let d = self.ty(like).elem.dtype().unwrap_or(DType::I64);
+        let c = if d.is_float() { Const::Float(v as f64) } else { Const::Int(v) };
+        self.constant(c, d)
+    }
+    /// `a + c` for a constant `c` of `a`'s type.
+    #[track_caller]
+    pub fn add_c(&mut self, a: Value, c: i64) -> Value {
+        let c = self.const_like(a, c);
+        self.add(a, c)
+    }
+    /// `a * c` for a constant `c` of `a`'s type.
+    #[track_caller]
+    pub fn mul_c(&mut self, a: Value, c: i64) -> Value {
+        let c = self.const_like(a, c);
+        self.mul(a, c)
+    }
     /// `[start, end)` as an i32 block; the length must be a power of two.
     #[track_caller]
     pub fn arange(&mut self, start: i64, end: i64) -> Value {

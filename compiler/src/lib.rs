@@ -7,6 +7,7 @@
 pub mod builder;
 pub mod interp;
 pub mod ir;
+pub mod passes;
 pub mod print;
 pub mod verify;
 

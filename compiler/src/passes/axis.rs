@@ -1,0 +1,191 @@
+//! Axis analysis: what is known, per dimension, about the integers and pointers of a
+//! kernel, so that loads and stores can be vectorized (Triton's AxisInfo, simplified).
+//!
+//! For each dimension: `contiguity` (values rise by one along runs of this many elements),
+//! `divisibility` (the first value of each run is a multiple of this power of two; bytes
+//! for pointers) and `constancy` (values are equal along runs of this many elements).
+//! Pointer parameters are assumed 16-byte aligned, as every CUDA allocation is.
+
+use crate::ir::*;
+use std::collections::HashMap;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct AxisInfo {
+    pub contiguity: Vec<usize>,
+    pub divisibility: Vec<u64>,
+    pub constancy: Vec<usize>,
+}
+
+const MAX_DIV: u64 = 1 << 30;
+
+fn pow2_divisor(v: i64) -> u64 {
+    if v == 0 {
+        MAX_DIV
+    } else {
+        (1u64 << v.unsigned_abs().trailing_zeros()).min(MAX_DIV)
+    }
+}
+
+impl AxisInfo {
+    /// Nothing known. Scalars are treated as one dimension of one element.
+    fn unknown(rank: usize) -> AxisInfo {
+        let n = rank.max(1);
+        AxisInfo { contiguity: vec![1; n], divisibility: vec![1; n], constancy: vec![1; n] }
+    }
+    fn uniform(shape: &[usize], div: u64) -> AxisInfo {
+        let constancy = if shape.is_empty() { vec![1] } else { shape.to_vec() };
+        AxisInfo { contiguity: vec![1; constancy.len()], divisibility: vec![div; constancy.len()], constancy }
+    }
+}
+
+/// Axis facts for every integer and pointer value, plus known constant scalars.
+pub struct AxisInfos {
+    pub of: HashMap<ValueId, AxisInfo>,
+    consts: HashMap<ValueId, i64>,
+}
+
+impl AxisInfos {
+    pub fn get(&self, v: ValueId) -> Option<&AxisInfo> {
+        self.of.get(&v)
+    }
+}
+
+pub fn analyze(k: &Kernel) -> AxisInfos {
+    let mut a = AxisInfos { of: HashMap::new(), consts: HashMap::new() };
+    for p in &k.params {
+        let div = if matches!(p.ty.elem, Elem::Ptr(_)) { 16 } else { 1 };
+        a.of.insert(p.value, AxisInfo::uniform(&[], div));
+    }
+    walk_ops(&k.body, &mut |op| visit(k, &mut a, op));
+    a
+}
+
+fn visit(k: &Kernel, a: &mut AxisInfos, op: &Op) {
+    use OpKind::*;
+    let Some(&res) = op.results.first() else { return };
+    let shape = k.ty(res).shape.clone();
+    let rank = shape.len();
+    let get = |a: &AxisInfos, v: ValueId| a.of.get(&v).cloned().unwrap_or_else(|| AxisInfo::unknown(k.ty(v).shape.len()));
+    let info = match &op.kind {
+        Constant { value: Const::Int(c), .. } => {
+            a.consts.insert(res, *c);
+            AxisInfo::uniform(&[], pow2_divisor(*c))
+        }
+        Arange { start, end } => AxisInfo {
+            contiguity: vec![(end - start) as usize],
+            divisibility: vec![pow2_divisor(*start)],
+            constancy: vec![1],
+        },
+        Splat { value, .. } => {
+            let d = get(a, *value).divisibility.first().copied().unwrap_or(1);
+            AxisInfo::uniform(&shape, d)
+        }
+        Expand { value, axis, size } => {
+            let i = get(a, *value);
+            let ax = *axis as usize;
+            let mut out = AxisInfo::unknown(2);
+            let kept = 1 - ax;
+            out.contiguity[kept] = i.contiguity[0];
+            out.divisibility[kept] = i.divisibility[0];
+            out.constancy[kept] = i.constancy[0];
+            out.contiguity[ax] = 1;
+            out.divisibility[ax] = i.divisibility[0];
+            out.constancy[ax] = *size;
+            out
+        }
+        Cast { value, to } if to.is_int() => get(a, *value),
+        Cmp { lhs, rhs, .. } => {
+            let (x, y) = (get(a, *lhs), get(a, *rhs));
+            let mut out = AxisInfo::unknown(rank);
+            for d in 0..out.constancy.len() {
+                out.constancy[d] = x.constancy[d].min(y.constancy[d]);
+            }
+            out
+        }
+        Binary { op: bop, lhs, rhs } => {
+            let (x, y) = (get(a, *lhs), get(a, *rhs));
+            let cy = a.consts.get(rhs).copied();
+            binary(*bop, &x, &y, cy, rank)
+        }
+        AddPtr { ptr, offset } => {
+            let (p, o) = (get(a, *ptr), get(a, *offset));
+            let esize = match k.ty(*ptr).elem {
+                Elem::Ptr(d) => d.size_bytes() as u64,
+                Elem::Num(_) => 1,
+            };
+            let mut out = AxisInfo::unknown(rank);
+            for d in 0..out.contiguity.len() {
+                out.contiguity[d] = o.contiguity[d].min(p.constancy[d]).max(p.contiguity[d].min(o.constancy[d]));
+                out.divisibility[d] = p.divisibility[d].min(o.divisibility[d].saturating_mul(esize)).min(MAX_DIV);
+                out.constancy[d] = p.constancy[d].min(o.constancy[d]);
+            }
+            out
+        }
+        _ => return,
+    };
+    if let (Binary { op: BinOp::Mul, lhs, rhs }, true) = (&op.kind, rank == 0) {
+        if let (Some(x), Some(y)) = (a.consts.get(lhs), a.consts.get(rhs)) {
+            a.consts.insert(res, x.wrapping_mul(*y));
+        }
+    }
+    a.of.insert(res, info);
+}
+
+fn binary(op: BinOp, x: &AxisInfo, y: &AxisInfo, const_rhs: Option<i64>, rank: usize) -> AxisInfo {
+    let mut out = AxisInfo::unknown(rank);
+    for d in 0..out.contiguity.len() {
+        let constancy = x.constancy[d].min(y.constancy[d]);
+        out.constancy[d] = constancy;
+        match op {
+            BinOp::Add | BinOp::Sub => {
+                let c = x.contiguity[d].min(y.constancy[d]);
+                let c = if op == BinOp::Add { c.max(y.contiguity[d].min(x.constancy[d])) } else { c };
+                out.contiguity[d] = c.max(1);
+                out.divisibility[d] = x.divisibility[d].min(y.divisibility[d]);
+            }
+            BinOp::Mul => {
+                out.divisibility[d] = x.divisibility[d].saturating_mul(y.divisibility[d]).min(MAX_DIV);
+                if const_rhs == Some(1) {
+                    out.contiguity[d] = x.contiguity[d];
+                    out.divisibility[d] = x.divisibility[d];
+                }
+            }
+            BinOp::Shl => {
+                if let Some(s) = const_rhs.filter(|s| (0..30).contains(s)) {
+                    out.divisibility[d] = x.divisibility[d].saturating_mul(1 << s).min(MAX_DIV);
+                }
+            }
+            BinOp::Div => {
+                // Division by a power of two keeps runs of equal values; nothing more is known.
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::builder::KernelBuilder;
+
+    #[test]
+    fn row_offsets_times_64_plus_arange_are_16_byte_vectors() {
+        let mut b = KernelBuilder::new("t");
+        let p = b.param_ptr("p", DType::U8);
+        let row = b.param_scalar("row", DType::I32);
+        let c64 = b.i32(64);
+        let base = b.mul(row, c64);
+        let cols = b.arange(0, 64);
+        let offs = b.add(base, cols);
+        let ptrs = b.add_ptr(p, offs);
+        let x = b.load(ptrs);
+        b.store(ptrs, x);
+        let k = b.finish().unwrap();
+        let a = analyze(&k);
+        let (ptr_id, info) = a.of.iter().find(|(v, _)| k.ty(**v) == &Type::block(Elem::Ptr(DType::U8), &[64])).unwrap();
+        let _ = ptr_id;
+        assert_eq!(info.contiguity, vec![64]);
+        assert_eq!(info.divisibility, vec![16]);
+    }
+}

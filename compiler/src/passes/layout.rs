@@ -1,0 +1,279 @@
+//! Layout assignment: how each block value is spread over the threads of a program.
+//!
+//! A 2-D block's layout depends only on its shape, so elementwise ops never move data. A
+//! 1-D block takes the layout its neighbours need: the row (or column) slice of the 2-D
+//! layout it is reduced from or expanded into; a plain blocked layout otherwise. Values
+//! tied by elementwise ops, loop carries and branch results share one layout; where a
+//! producer and a consumer disagree the code generator converts through shared memory.
+
+use crate::ir::*;
+use std::collections::HashMap;
+
+/// A Triton-style blocked layout, last dimension fastest: each thread holds
+/// `size_per_thread` contiguous elements, a warp's lanes tile `threads_per_warp`, warps tile
+/// `warps_per_cta`; the pattern repeats to cover the shape, or is replicated where the shape
+/// is smaller than one tile.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Blocked {
+    pub shape: Vec<usize>,
+    pub size_per_thread: Vec<usize>,
+    pub threads_per_warp: Vec<usize>,
+    pub warps_per_cta: Vec<usize>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// Uniform across all threads.
+    Scalar,
+    Blocked(Blocked),
+    /// The 1-D layout left when dimension `dim` of a 2-D parent is removed: each thread holds
+    /// the parent's coordinates along the other dimension.
+    Slice { parent: Blocked, dim: usize },
+}
+
+impl Blocked {
+    /// The layout for `shape` with `vec` contiguous elements per thread along the last dim.
+    pub fn new(shape: &[usize], vec: usize, num_warps: usize) -> Blocked {
+        let last = shape.len() - 1;
+        let mut spt = vec![1; shape.len()];
+        spt[last] = vec.min(shape[last]).max(1);
+        let mut tpw = vec![1; shape.len()];
+        let mut lanes = 32;
+        // Lanes fill the last dimension first, then the one before it.
+        for d in (0..shape.len()).rev() {
+            let want = (shape[d] / spt[d]).max(1);
+            let t = want.min(lanes);
+            tpw[d] = t;
+            lanes /= t;
+        }
+        tpw[0] *= lanes;
+        let mut wpc = vec![1; shape.len()];
+        let mut warps = num_warps;
+        // Warps fill the first dimension first, so row reductions stay within a warp.
+        for d in 0..shape.len() {
+            let want = (shape[d] / (spt[d] * tpw[d])).max(1);
+            let w = want.min(warps);
+            wpc[d] = w;
+            warps /= w;
+        }
+        wpc[0] *= warps;
+        Blocked { shape: shape.to_vec(), size_per_thread: spt, threads_per_warp: tpw, warps_per_cta: wpc }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+    /// Elements covered by one tile of all the threads along `d`.
+    pub fn tile(&self, d: usize) -> usize {
+        self.size_per_thread[d] * self.threads_per_warp[d] * self.warps_per_cta[d]
+    }
+    /// Elements each thread holds along `d`.
+    pub fn per_thread(&self, d: usize) -> usize {
+        (self.shape[d] / self.tile(d)).max(1) * self.size_per_thread[d]
+    }
+    /// Stride of dimension `d` in the lane index (last dimension fastest).
+    pub fn lane_stride(&self, d: usize) -> usize {
+        self.threads_per_warp[d + 1..].iter().product()
+    }
+    pub fn warp_stride(&self, d: usize) -> usize {
+        self.warps_per_cta[d + 1..].iter().product()
+    }
+    /// The coordinate along `d` of per-thread index `i` (without the thread's base).
+    pub fn slot_offset(&self, d: usize, i: usize) -> usize {
+        let spt = self.size_per_thread[d];
+        (i / spt) * self.tile(d) + i % spt
+    }
+}
+
+impl Layout {
+    /// Number of elements each thread holds.
+    pub fn slots(&self) -> usize {
+        match self {
+            Layout::Scalar => 1,
+            Layout::Blocked(b) => (0..b.rank()).map(|d| b.per_thread(d)).product(),
+            Layout::Slice { parent, dim } => parent.per_thread(1 - dim),
+        }
+    }
+}
+
+/// The layouts of all block values of a kernel.
+pub struct Layouts {
+    pub of: HashMap<ValueId, Layout>,
+}
+
+impl Layouts {
+    pub fn get(&self, v: ValueId) -> &Layout {
+        self.of.get(&v).unwrap_or(&Layout::Scalar)
+    }
+}
+
+struct UnionFind {
+    parent: Vec<usize>,
+}
+
+impl UnionFind {
+    fn find(&mut self, x: usize) -> usize {
+        let mut r = x;
+        while self.parent[r] != r {
+            r = self.parent[r];
+        }
+        let mut c = x;
+        while self.parent[c] != r {
+            let n = self.parent[c];
+            self.parent[c] = r;
+            c = n;
+        }
+        r
+    }
+    fn union(&mut self, a: usize, b: usize) {
+        let (ra, rb) = (self.find(a), self.find(b));
+        if ra != rb {
+            self.parent[rb] = ra;
+        }
+    }
+}
+
+/// Elements per thread along the last dimension: enough for 16-byte accesses of the
+/// narrowest type loaded or stored at each shape (4 when a shape touches no memory).
+fn vector_hints(k: &Kernel) -> HashMap<Vec<usize>, usize> {
+    let mut hints: HashMap<Vec<usize>, usize> = HashMap::new();
+    walk_ops(&k.body, &mut |op| {
+        let ptr = match &op.kind {
+            OpKind::Load { ptr, .. } | OpKind::Store { ptr, .. } => *ptr,
+            _ => return,
+        };
+        let t = k.ty(ptr);
+        if let (Elem::Ptr(d), false) = (t.elem, t.is_scalar()) {
+            let v = 16 / d.size_bytes();
+            let e = hints.entry(t.shape.clone()).or_insert(v);
+            *e = (*e).max(v);
+        }
+    });
+    hints
+}
+
+/// Assigns a layout to every block value of `k`.
+pub fn assign(k: &Kernel) -> Layouts {
+    let hints = vector_hints(k);
+    let nw = k.num_warps as usize;
+    let blocked_for = |shape: &[usize]| Blocked::new(shape, *hints.get(shape).unwrap_or(&4), nw);
+    let mut uf = UnionFind { parent: (0..k.types.len()).collect() };
+    // 1-D classes: the layouts demanded by producers (reductions) and by consumers (expands).
+    let mut produced: Vec<(ValueId, Layout)> = vec![];
+    let mut consumed: Vec<(ValueId, Layout)> = vec![];
+    walk_ops(&k.body, &mut |op| {
+        use OpKind::*;
+        let res = op.results.first().copied();
+        match &op.kind {
+            Binary { lhs, rhs, .. } | Cmp { lhs, rhs, .. } => {
+                uf.union(lhs.0 as usize, rhs.0 as usize);
+                uf.union(lhs.0 as usize, res.expect("result").0 as usize);
+            }
+            Unary { value, .. } | Cast { value, .. } => uf.union(value.0 as usize, res.expect("result").0 as usize),
+            Select { cond, on_true, on_false } => {
+                let r = res.expect("result").0 as usize;
+                for v in [on_true, on_false] {
+                    uf.union(v.0 as usize, r);
+                }
+                if !k.ty(*cond).is_scalar() {
+                    uf.union(cond.0 as usize, r);
+                }
+            }
+            AddPtr { ptr, offset } => {
+                uf.union(ptr.0 as usize, offset.0 as usize);
+                uf.union(ptr.0 as usize, res.expect("result").0 as usize);
+            }
+            Load { ptr, mask, other } => {
+                let r = res.expect("result").0 as usize;
+                uf.union(ptr.0 as usize, r);
+                for v in mask.iter().chain(other.iter()) {
+                    uf.union(v.0 as usize, r);
+                }
+            }
+            Store { ptr, value, mask } => {
+                uf.union(ptr.0 as usize, value.0 as usize);
+                if let Some(m) = mask {
+                    uf.union(ptr.0 as usize, m.0 as usize);
+                }
+            }
+            For { init, body, .. } => {
+                let yields = match body.ops.last().map(|o| &o.kind) {
+                    Some(Yield { values }) => values.clone(),
+                    _ => vec![],
+                };
+                for (i, v) in init.iter().enumerate() {
+                    let a = body.args[i + 1].0 as usize;
+                    uf.union(v.0 as usize, a);
+                    uf.union(op.results[i].0 as usize, a);
+                    if let Some(y) = yields.get(i) {
+                        uf.union(y.0 as usize, a);
+                    }
+                }
+            }
+            If { then_region, else_region, .. } => {
+                for r in [then_region, else_region] {
+                    if let Some(Yield { values }) = r.ops.last().map(|o| &o.kind) {
+                        for (v, res) in values.iter().zip(&op.results) {
+                            uf.union(v.0 as usize, res.0 as usize);
+                        }
+                    }
+                }
+            }
+            Reduce { value, axis, .. } => {
+                let t = k.ty(*value);
+                if t.shape.len() == 2 {
+                    let parent = blocked_for(&t.shape);
+                    produced.push((res.expect("result"), Layout::Slice { parent, dim: *axis as usize }));
+                }
+            }
+            Expand { value, axis, .. } => {
+                let parent = blocked_for(&k.ty(res.expect("result")).shape);
+                consumed.push((*value, Layout::Slice { parent, dim: *axis as usize }));
+            }
+            _ => {}
+        }
+    });
+    let mut class_layout: HashMap<usize, Layout> = HashMap::new();
+    for (v, l) in produced.into_iter().chain(consumed) {
+        let c = uf.find(v.0 as usize);
+        class_layout.entry(c).or_insert(l);
+    }
+    let mut of = HashMap::new();
+    for (i, t) in k.types.iter().enumerate() {
+        if t.is_scalar() {
+            continue;
+        }
+        let l = if t.shape.len() == 2 {
+            Layout::Blocked(blocked_for(&t.shape))
+        } else {
+            let c = uf.find(i);
+            class_layout.get(&c).cloned().unwrap_or_else(|| Layout::Blocked(blocked_for(&t.shape)))
+        };
+        of.insert(ValueId(i as u32), l);
+    }
+    Layouts { of }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocked_u8_rows_take_16_bytes_a_thread() {
+        let b = Blocked::new(&[64, 64], 16, 4);
+        assert_eq!(b.size_per_thread, vec![1, 16]);
+        assert_eq!(b.threads_per_warp, vec![8, 4]);
+        assert_eq!(b.warps_per_cta, vec![4, 1]);
+        assert_eq!(b.per_thread(0), 2);
+        assert_eq!(Layout::Blocked(b).slots(), 32);
+    }
+
+    #[test]
+    fn small_blocks_replicate_instead_of_overflowing() {
+        let b = Blocked::new(&[8], 4, 4);
+        assert_eq!(b.size_per_thread, vec![4]);
+        assert_eq!(b.threads_per_warp, vec![32]);
+        assert_eq!(b.warps_per_cta, vec![4]);
+        assert_eq!(b.per_thread(0), 4);
+    }
+}

@@ -1,0 +1,4 @@
+//! Analyses and transformations over the tile IR, run in order before code generation.
+
+pub mod axis;
+pub mod layout;
