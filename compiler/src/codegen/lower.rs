@@ -142,10 +142,18 @@ fn shared_bytes(k: &Kernel, layouts: &Layouts) -> usize {
                     _ => k.num_warps as usize * wide,
                 }
             }
-            OpKind::Expand { value, .. } => {
+            OpKind::Expand { value, axis, .. } => {
                 let t = k.ty(*value);
-                let esize = t.elem.dtype().map(|d| d.size_bytes()).unwrap_or(8).max(1);
-                t.num_elements() * esize.max(4)
+                let needs_convert = match layouts.get(op.results[0]) {
+                    Layout::Blocked(parent) => layouts.get(*value) != &(Layout::Slice { parent: parent.clone(), dim: *axis as usize }),
+                    _ => true,
+                };
+                let esize = t.elem.dtype().map(|d| d.size_bytes()).unwrap_or(8);
+                if needs_convert {
+                    t.num_elements() * esize
+                } else {
+                    0
+                }
             }
             _ => 0,
         };
@@ -770,6 +778,8 @@ impl<'c, 'k> Lower<'c, 'k> {
             // Split the access back into elements.
             let parts: Vec<BasicValueEnum<'c>> = if vw == 1 {
                 vec![raw]
+            } else if esize == 1 && vw % 4 == 0 {
+                self.split_bytes(raw, vw)?
             } else {
                 let vt = match mem_t {
                     BasicTypeEnum::IntType(t) => t.vec_type(vw as u32),
@@ -791,6 +801,28 @@ impl<'c, 'k> Lower<'c, 'k> {
             }
         }
         Ok(self.wrap(res, out))
+    }
+
+    /// The bytes of a loaded vector of 32-bit words, as i8 values cut out by shifts (which
+    /// LLVM folds into the users' bit operations, unlike byte-vector extracts).
+    fn split_bytes(&self, raw: BasicValueEnum<'c>, n: usize) -> R<Vec<BasicValueEnum<'c>>> {
+        let i32t = self.ctx.i32_type();
+        let words: Vec<IntValue<'c>> = if n == 4 {
+            vec![raw.into_int_value()]
+        } else {
+            let v = raw.into_vector_value();
+            (0..n / 4)
+                .map(|w| Ok(self.b.build_extract_element(v, self.i32c(w as i64), "").map_err(|x| self.err(x))?.into_int_value()))
+                .collect::<R<_>>()?
+        };
+        let mut out = vec![];
+        for w in words {
+            for j in 0..4 {
+                let s = self.b.build_right_shift(w, i32t.const_int(8 * j, false), false, "").map_err(|x| self.err(x))?;
+                out.push(self.b.build_int_truncate(s, self.ctx.i8_type(), "").map_err(|x| self.err(x))?.into());
+            }
+        }
+        Ok(out)
     }
 
     /// One (possibly vector) load of type `at`; where `mask` is false nothing is read and

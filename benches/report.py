@@ -1,0 +1,56 @@
+"""Renders BENCHMARKS.md from the committed results in benches/results/*.json.
+
+    python3 benches/report.py > BENCHMARKS.md
+"""
+import glob
+import json
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+HEADER = """# Benchmarks
+
+Every figure below comes from one run on the GPU machine: our kernel, its peer and a
+device-to-device copy (the bandwidth yardstick) measured in the same command. Times are
+medians of CUDA-event timings after warm-up; inputs are larger than L2.
+
+Reproduce (build here, run on the GPU machine with the binaries carried in `.device/`):
+
+```sh
+../shared/tools/device-stage --release -p dusk-bench --bin gpu-check
+# on the GPU machine, from the repository root:
+python3 benches/baselines/spgemv_torch.py --out /tmp/peer.json && \\
+  .device/gpu-check --peer /tmp/peer.json --out benches/results/spgemv.json --commit <sha> --date <date>
+python3 benches/report.py > BENCHMARKS.md
+```
+"""
+
+
+def fmt(v, spec):
+    return "n/a" if v is None else format(v, spec)
+
+
+def main():
+    print(HEADER)
+    for path in sorted(glob.glob(os.path.join(HERE, "results", "*.json"))):
+        r = json.load(open(path))
+        name = os.path.splitext(os.path.basename(path))[0]
+        print(f"## {name}\n")
+        print(f"Device: {r.get('device')}, driver {r.get('driver')}, commit `{r.get('commit')}`, "
+              f"{r.get('date')}. Device copy bandwidth in this run: {r.get('copy_gbps', 0):.0f} GB/s.\n")
+        print("| case | ours (us) | peer | peer (us) | speedup | GB/s | of copy BW |")
+        print("|---|---:|---|---:|---:|---:|---:|")
+        for c in r["cases"]:
+            print(f"| {c['case']} | {c['ours_us']:.1f} | {c['peer']} | {fmt(c.get('peer_us'), '.1f')} | "
+                  f"{fmt(c.get('speedup_vs_peer'), '.2f')}x | {c['gbps']:.0f} | {100 * c['frac_of_copy_bw']:.1f}% |")
+        extra = [c for c in r["cases"] if c.get("other_tilings_us")]
+        if extra:
+            print("\nOther tilings (tokens per program x warps), same run:\n")
+            for c in extra:
+                tilings = ", ".join(f"{t['tiling']}: {t['us']:.1f} us" for t in c["other_tilings_us"])
+                print(f"- {c['case']}: {tilings}")
+        print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+//! The GPU check and benchmark of the foundation kernels, run on the device machine:
+//!
+//! 1. `quantize_k` and `spgemv_quant` against the host reference on fresh random inputs
+//!    (outputs poisoned first), over several shapes, GQA ratios and bit widths;
+//! 2. device-to-device copy bandwidth;
+//! 3. `spgemv_quant` timed at batch 32, 32 query heads, 8 and 32 KV heads, 32k context,
+//!    all tokens and a random quarter of the pages, beside the PyTorch peer's times
+//!    (`--peer`, written by `benches/baselines/spgemv_torch.py` in the same command).
+//!
+//!     gpu_check --peer peer.json --out benches/results/spgemv.json --commit <sha>
+
+use dusk::kernels::ops::{Dusk, QuantizedK, SpgemvPlan};
+use dusk::kernels::paged::{KvShape, PageTable, TokenLists};
+use dusk::kernels::reference;
+use dusk::runtime::{median, Buffer, Device};
+use half::f16;
+use rand::rngs::SmallRng;
+use rand::{Rng, RngCore, SeedableRng};
+use serde_json::{json, Value};
+use std::error::Error;
+
+type Res<T> = Result<T, Box<dyn Error>>;
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+}
+
+/// A page table over shuffled pages; the last page of each sequence is partly filled
+/// when `ragged`.
+fn page_table(rng: &mut SmallRng, seq_lens: &[usize], page_size: usize) -> (PageTable, usize) {
+    let pages: Vec<usize> = seq_lens.iter().map(|n| n.div_ceil(page_size)).collect();
+    let total: usize = pages.iter().sum();
+    let mut ids: Vec<i32> = (0..total as i32).collect();
+    for i in (1..ids.len()).rev() {
+        ids.swap(i, rng.random_range(0..=i));
+    }
+    let mut indptr = vec![0];
+    let mut last = vec![];
+    for (n, p) in seq_lens.iter().zip(&pages) {
+        indptr.push(indptr.last().unwrap() + *p as i32);
+        last.push(if *p == 0 { 0 } else { (n - (p - 1) * page_size) as i32 });
+    }
+    (PageTable { kv_indptr: indptr, kv_page_indices: ids, kv_last_page_len: last }, total.max(1))
+}
+
+/// For each (batch, KV head), a random `frac` of the sequence's pages.
+fn random_pages(rng: &mut SmallRng, table: &PageTable, page_size: usize, heads: usize, frac: f64) -> Vec<Vec<usize>> {
+    let mut out = vec![];
+    for b in 0..table.batch() {
+        let n = table.seq_len(b, page_size).div_ceil(page_size);
+        for _ in 0..heads {
+            let keep = ((n as f64 * frac).round() as usize).clamp(1.min(n), n);
+            let mut all: Vec<usize> = (0..n).collect();
+            for i in 0..keep {
+                let j = rng.random_range(i..n);
+                all.swap(i, j);
+            }
+            let mut chosen = all[..keep].to_vec();
+            chosen.sort_unstable();
+            out.push(chosen);
+        }
+    }
+    out
+}
+
+fn random_f16(rng: &mut SmallRng, n: usize) -> Vec<f16> {
+    (0..n).map(|_| f16::from_f32(rng.random_range(-2.0f32..2.0))).collect()
+}
+
+fn poisoned<T: dusk::runtime::Element>(dev: &Device, n: usize) -> Res<Buffer<T>> {
+    let mut b = dev.alloc::<T>(n)?;
+    dev.fill_bytes(&mut b, 0xFF)?;
+    Ok(b)
+}
+
+/// One correctness case; returns (worst code difference, score relative error).
+fn check_case(dusk: &Dusk, rng: &mut SmallRng, seq_lens: &[usize], kv_heads: usize, group: usize, bits: u32, frac: f64) -> Res<(u8, f64)> {
+    let dev = dusk.device();
+    let page_size = 16;
+    let (table, num_pages) = page_table(rng, seq_lens, page_size);
+    let kv = KvShape { num_pages, page_size, num_kv_heads: kv_heads, head_dim: 128 };
+    let k_host = random_f16(rng, kv.elements());
+    let k = dev.upload(&k_host)?;
+    let rows = kv.rows();
+    let mut qk = QuantizedK {
+        packed: poisoned(dev, rows * kv.head_dim * bits as usize / 8)?,
+        scale: poisoned(dev, rows)?,
+        zero: poisoned(dev, rows)?,
+        kv,
+        bits,
+    };
+    dusk.quantize_k_into(&k, &mut qk)?;
+    let got = reference::QuantizedRows { packed: qk.packed.download()?, scale: qk.scale.download()?, zero: qk.zero.download()? };
+    let want = reference::quantize(&k_host, kv.head_dim, bits);
+    if got.scale != want.scale || got.zero != want.zero {
+        return Err("quantize_k: scale or zero differs from the reference".into());
+    }
+    let mut worst = 0u8;
+    for r in 0..rows {
+        let rb = kv.head_dim * bits as usize / 8;
+        for i in 0..kv.head_dim {
+            let a = reference::code(&got.packed[r * rb..][..rb], i, bits);
+            let b = reference::code(&want.packed[r * rb..][..rb], i, bits);
+            worst = worst.max(a.abs_diff(b));
+        }
+    }
+    if worst > 1 {
+        return Err(format!("quantize_k: a code differs by {worst} from the reference").into());
+    }
+    let cand = if frac >= 1.0 {
+        TokenLists::all_tokens(&table, page_size, kv_heads)
+    } else {
+        TokenLists::from_pages(&table, page_size, kv_heads, &random_pages(rng, &table, page_size, kv_heads, frac))
+    };
+    let q_heads = kv_heads * group;
+    let q_host = random_f16(rng, table.batch() * q_heads * kv.head_dim);
+    let q = dev.upload(&q_host)?;
+    let plan = SpgemvPlan::new(dusk, kv, q_heads, bits, &table, &cand)?;
+    let mut scores = poisoned::<f32>(dev, plan.num_scores())?;
+    plan.run(dusk, &q, &qk, &mut scores)?;
+    let got_s = scores.download()?;
+    let want_s = reference::spgemv(&q_host, q_heads, &got, bits, &kv, &table, &cand);
+    Ok((worst, reference::rel_error(&got_s, &want_s)))
+}
+
+struct BenchCase {
+    kv_heads: usize,
+    quarter: bool,
+}
+
+fn bench_case(dusk: &Dusk, rng: &mut SmallRng, c: &BenchCase, copy_gbps: f64, tilings: &[(usize, u32)]) -> Res<Vec<(String, f64, f64)>> {
+    let dev = dusk.device();
+    let (batch, q_heads, context, page_size, d, bits) = (32usize, 32usize, 32768usize, 16usize, 128usize, 4u32);
+    let (table, num_pages) = page_table(rng, &vec![context; batch], page_size);
+    let kv = KvShape { num_pages, page_size, num_kv_heads: c.kv_heads, head_dim: d };
+    let rows = kv.rows();
+    // Random codes, scales and zeros: K is far larger than L2, so no rotation is needed.
+    let mut packed = vec![0u8; rows * d / 2];
+    rng.fill_bytes(&mut packed);
+    let qk = QuantizedK {
+        packed: dev.upload(&packed)?,
+        scale: dev.upload(&random_f16(rng, rows))?,
+        zero: dev.upload(&random_f16(rng, rows))?,
+        kv,
+        bits,
+    };
+    drop(packed);
+    let cand = if c.quarter {
+        TokenLists::from_pages(&table, page_size, c.kv_heads, &random_pages(rng, &table, page_size, c.kv_heads, 0.25))
+    } else {
+        TokenLists::all_tokens(&table, page_size, c.kv_heads)
+    };
+    let q = dev.upload(&random_f16(rng, batch * q_heads * d))?;
+    let group = q_heads / c.kv_heads;
+    let nnz = cand.indices.len();
+    // Bytes the kernel must move: codes, scale and zero of each candidate, its index, and
+    // the scores written.
+    let bytes = nnz * (d * bits as usize / 8 + 4 + 4) + nnz * group * 4;
+    let mut out = vec![];
+    for &(tokens, warps) in tilings {
+        let plan = SpgemvPlan::with_config(dusk, kv, q_heads, bits, &table, &cand, Some((tokens, warps)))?;
+        let mut scores = dev.alloc::<f32>(plan.num_scores())?;
+        let times = dev.time_us(40, 5, || plan.run(dusk, &q, &qk, &mut scores).map_err(|e| e.to_string()))?;
+        let us = median(&times);
+        let gbps = bytes as f64 / (us * 1e-6) / 1e9;
+        println!(
+            "  spgemv kv_heads={} {} tokens/program={tokens} warps={warps}: {us:.1} us, {gbps:.0} GB/s = {:.1}% of copy",
+            c.kv_heads,
+            if c.quarter { "quarter pages" } else { "all tokens" },
+            100.0 * gbps / copy_gbps
+        );
+        out.push((format!("{tokens}x{warps}"), us, bytes as f64));
+    }
+    Ok(out)
+}
+
+fn main() -> Res<()> {
+    let dev = Device::gpu(0)?;
+    println!("device: {} (driver {:?}, cc {:?})", dev.name(), dev.driver_version(), dev.compute_capability());
+    let dusk = Dusk::new(dev.clone())?;
+    let mut rng = SmallRng::seed_from_u64(std::process::id() as u64 ^ 0x5eed);
+
+    println!("correctness (fresh random inputs, outputs poisoned):");
+    let shapes: &[(&[usize], usize, usize, u32, f64)] = &[
+        (&[1], 1, 1, 4, 1.0),
+        (&[37, 300, 16], 2, 4, 4, 1.0),
+        (&[1000, 77], 8, 1, 4, 0.25),
+        (&[513, 129, 64], 4, 8, 4, 0.5),
+        (&[333, 1024], 8, 4, 8, 1.0),
+        (&[4096, 17, 255], 2, 8, 8, 0.25),
+    ];
+    let mut worst_err = 0.0f64;
+    for (lens, heads, group, bits, frac) in shapes {
+        let (code_diff, err) = check_case(&dusk, &mut rng, lens, *heads, *group, *bits, *frac)?;
+        println!("  seqs {lens:?} kv_heads {heads} group {group} bits {bits} cand {frac}: codes within {code_diff}, scores rel err {err:.2e}");
+        if err >= 1e-3 {
+            return Err(format!("spgemv_quant: relative error {err:.2e} over 1e-3").into());
+        }
+        worst_err = worst_err.max(err);
+    }
+    if arg("--check-only").is_some() || std::env::args().any(|a| a == "--check-only") {
+        println!("all checks passed");
+        return Ok(());
+    }
+
+    // Copy bandwidth: 1 GiB each way, device to device.
+    let n = 1usize << 30;
+    let src = dev.upload(&vec![0x5Au8; n])?;
+    let mut dst = dev.alloc::<u8>(n)?;
+    let t = dev.time_us(20, 3, || dst.copy_from(&src).map_err(|e| e.to_string()))?;
+    let copy_gbps = 2.0 * n as f64 / (median(&t) * 1e-6) / 1e9;
+    drop((src, dst));
+    println!("device copy: {copy_gbps:.0} GB/s (read + write)");
+
+    let peer: Option<Value> = arg("--peer").map(|p| std::fs::read_to_string(p).map(|s| serde_json::from_str(&s))).transpose()?.transpose()?;
+    let tilings = [(64usize, 4u32), (128, 4), (128, 8), (256, 8)];
+    let mut cases = vec![];
+    for kv_heads in [8usize, 32] {
+        for quarter in [false, true] {
+            let c = BenchCase { kv_heads, quarter };
+            let results = bench_case(&dusk, &mut rng, &c, copy_gbps, &tilings)?;
+            // The figure reported is the default tiling's (the first).
+            let (_, us, bytes) = results[0];
+            let cand_name = if quarter { "quarter_pages" } else { "all" };
+            let peer_us = peer.as_ref().and_then(|p| {
+                p["cases"].as_array()?.iter().find(|x| x["num_kv_heads"] == kv_heads && x["candidates"] == cand_name)?["peer_us"].as_f64()
+            });
+            let gbps = bytes / (us * 1e-6) / 1e9;
+            cases.push(json!({
+                "case": format!("spgemv_int4_b32_h32x{kv_heads}_ctx32768_{cand_name}"),
+                "shape": {"batch": 32, "num_q_heads": 32, "num_kv_heads": kv_heads, "head_dim": 128, "page_size": 16,
+                          "context": 32768, "bits": 4, "candidate_pages_pct": if quarter { 25 } else { 100 }},
+                "ours_us": us,
+                "peer": "torch",
+                "peer_us": peer_us,
+                "speedup_vs_peer": peer_us.map(|p| p / us),
+                "bytes": bytes as u64,
+                "gbps": gbps,
+                "frac_of_copy_bw": gbps / copy_gbps,
+                "other_tilings_us": results[1..].iter().map(|(n, t, _)| json!({"tiling": n, "us": t})).collect::<Vec<_>>(),
+            }));
+        }
+    }
+    let result = json!({
+        "device": dev.name(),
+        "driver": dev.driver_version().map(|(a, b)| format!("{a}.{b}")),
+        "commit": arg("--commit"),
+        "date": arg("--date"),
+        "copy_gbps": copy_gbps,
+        "peer_copy_gbps": peer.as_ref().and_then(|p| p["copy_gbps"].as_f64()),
+        "check_max_rel_error": worst_err,
+        "cases": cases,
+    });
+    let text = serde_json::to_string_pretty(&result)?;
+    println!("{text}");
+    if let Some(path) = arg("--out") {
+        std::fs::write(path, text)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,145 @@
+//! Building and verifying kernels: type errors name the kernel, the op and the source line;
+//! hand-made IR with broken SSA is caught by the verifier; the printer shows the IR.
+
+use dusk_compiler::ir::{Kernel, Op};
+use dusk_compiler::print::print_kernel;
+use dusk_compiler::verify::verify;
+use dusk_compiler::{CompileError, DType, KernelBuilder};
+
+fn build_error(f: impl FnOnce(&mut KernelBuilder)) -> String {
+    let mut b = KernelBuilder::new("bad_kernel");
+    f(&mut b);
+    match b.finish() {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("expected a build error"),
+    }
+}
+
+#[test]
+fn shape_mismatch_names_kernel_op_line_and_both_shapes() {
+    let line = line!() + 4;
+    let msg = build_error(|b| {
+        let x = b.arange(0, 16);
+        let y = b.arange(0, 32);
+        b.add(x, y);
+    });
+    assert!(msg.contains("bad_kernel"), "{msg}");
+    assert!(msg.contains("`add`"), "{msg}");
+    assert!(msg.contains(&format!("build_errors.rs:{line}")), "{msg}");
+    assert!(msg.contains("i32[16]") && msg.contains("i32[32]"), "{msg}");
+}
+
+#[test]
+fn element_type_mismatch() {
+    let msg = build_error(|b| {
+        let x = b.i32(1);
+        let y = b.f32(1.0);
+        b.mul(x, y);
+    });
+    assert!(msg.contains("operand types differ: i32 and f32"), "{msg}");
+}
+
+#[test]
+fn arange_must_be_a_power_of_two() {
+    let msg = build_error(|b| {
+        b.arange(0, 12);
+    });
+    assert!(msg.contains("power of two"), "{msg}");
+}
+
+#[test]
+fn float_only_and_int_only_ops() {
+    let msg = build_error(|b| {
+        let x = b.i32(3);
+        b.exp2(x);
+    });
+    assert!(msg.contains("needs floats"), "{msg}");
+    let msg = build_error(|b| {
+        let x = b.f32(3.0);
+        b.shl(x, x);
+    });
+    assert!(msg.contains("needs integers"), "{msg}");
+}
+
+#[test]
+fn loads_need_pointers_and_matching_masks() {
+    let msg = build_error(|b| {
+        let x = b.i32(3);
+        b.load(x);
+    });
+    assert!(msg.contains("load needs a pointer"), "{msg}");
+    let msg = build_error(|b| {
+        let p = b.param_ptr("p", DType::F32);
+        let offs = b.arange(0, 8);
+        let ptrs = b.add_ptr(p, offs);
+        let c = b.i32(3);
+        let m16 = b.arange(0, 16);
+        let mask = b.lt(m16, c);
+        b.load_masked(ptrs, Some(mask), None);
+    });
+    assert!(msg.contains("mask must be i1 of the pointer's shape"), "{msg}");
+}
+
+#[test]
+fn loop_carried_types_must_match() {
+    let msg = build_error(|b| {
+        let lo = b.i32(0);
+        let hi = b.i32(4);
+        let st = b.i32(1);
+        let init = b.f32(0.0);
+        b.for_range(lo, hi, st, &[init], |_, i, _| vec![i]);
+    });
+    assert!(msg.contains("`for`") && msg.contains("yields (i32) but (f32) expected"), "{msg}");
+}
+
+#[test]
+fn verifier_catches_use_before_definition() {
+    let mut b = KernelBuilder::new("k");
+    let x = b.i32(1);
+    let y = b.add(x, x);
+    let _ = y;
+    let mut k: Kernel = b.finish().unwrap();
+    // Swap the two ops: the add now reads a value defined after it.
+    k.body.ops.swap(0, 1);
+    match verify(&k) {
+        Err(CompileError::Verify { kernel, op, msg, .. }) => {
+            assert_eq!(kernel, "k");
+            assert_eq!(op, "add");
+            assert!(msg.contains("before it is defined"), "{msg}");
+        }
+        other => panic!("expected a verify error, got {other:?}"),
+    }
+}
+
+#[test]
+fn verifier_catches_wrong_result_types() {
+    let mut b = KernelBuilder::new("k");
+    let x = b.i32(1);
+    b.add(x, x);
+    let mut k = b.finish().unwrap();
+    let Op { results, .. } = &k.body.ops[1];
+    let r = results[0];
+    k.types[r.0 as usize] = dusk_compiler::Type::scalar(DType::F32);
+    let e = verify(&k).unwrap_err().to_string();
+    assert!(e.contains("result types"), "{e}");
+}
+
+#[test]
+fn printer_shows_ops_types_and_regions() {
+    let mut b = KernelBuilder::new("show");
+    let p = b.param_ptr("out", DType::F32);
+    let lo = b.i32(0);
+    let hi = b.i32(4);
+    let st = b.i32(1);
+    let z = b.f32(0.0);
+    let acc = b.for_range(lo, hi, st, &[z], |b, i, c| {
+        let f = b.cast(i, DType::F32);
+        vec![b.add(c[0], f)]
+    });
+    b.store(p, acc[0]);
+    let text = print_kernel(&b.finish().unwrap());
+    assert!(text.starts_with("kernel @show("), "{text}");
+    assert!(text.contains("for"), "{text}");
+    assert!(text.contains("cast to f32"), "{text}");
+    assert!(text.contains("store"), "{text}");
+}

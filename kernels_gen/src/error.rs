@@ -1,0 +1,31 @@
+//! The error every host entry point returns: a bad argument (named, with what was expected),
+//! or a failure below it.
+
+use dusk_compiler::CompileError;
+use dusk_runtime::RuntimeError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DuskError {
+    #[error("invalid argument `{arg}`: expected {expected}, found {found}")]
+    InvalidArgument { arg: &'static str, expected: String, found: String },
+    #[error(transparent)]
+    Compile(#[from] CompileError),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+}
+
+pub type Result<T> = std::result::Result<T, DuskError>;
+
+/// An `InvalidArgument` error.
+pub(crate) fn invalid(arg: &'static str, expected: impl Into<String>, found: impl ToString) -> DuskError {
+    DuskError::InvalidArgument { arg, expected: expected.into(), found: found.to_string() }
+}
+
+/// Fails unless `cond`, naming `arg`.
+pub(crate) fn ensure(cond: bool, arg: &'static str, expected: impl Into<String>, found: impl ToString) -> Result<()> {
+    if cond {
+        Ok(())
+    } else {
+        Err(invalid(arg, expected, found))
+    }
+}

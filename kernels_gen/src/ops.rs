@@ -1,0 +1,234 @@
+//! Host entry points of the stock kernels: check every argument, compile (once per
+//! process and device) and launch, on the GPU or through the interpreter.
+//!
+//! Work that can be done ahead is split from the launch, as serving engines do: a plan
+//! validates and uploads the index metadata once; its `run` only checks buffer lengths
+//! and launches, with no allocation and no host sync.
+
+use crate::error::{ensure, invalid, Result};
+use crate::paged::{KvShape, PageTable, TokenLists};
+use crate::quantize::{self, QuantizeConfig};
+use crate::spgemv::{self, SpgemvConfig};
+use dusk_compiler::codegen::{self, Target};
+use dusk_compiler::Kernel;
+use dusk_runtime::{Arg, Buffer, Device, LoadedKernel};
+use half::f16;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// A device and the kernels compiled for it so far.
+pub struct Dusk {
+    device: Device,
+    target: Option<Target>,
+    loaded: Mutex<HashMap<String, Arc<LoadedKernel>>>,
+}
+
+impl Dusk {
+    /// Kernels for `device`; on a GPU the target (sm_90a for Hopper, sm_80 otherwise) and
+    /// PTX ISA come from the device and its driver.
+    pub fn new(device: Device) -> Result<Dusk> {
+        let target = if device.is_gpu() {
+            let cc = device.compute_capability().unwrap_or((8, 0));
+            let base = match cc {
+                (9, 0) => Target::sm90a(),
+                (major, _) if major >= 8 => Target::sm80(),
+                other => return Err(invalid("device", "compute capability 8.0 or newer", format!("{}.{}", other.0, other.1))),
+            };
+            let driver = device.driver_version().unwrap_or((12, 0));
+            Some(base.for_driver(driver)?)
+        } else {
+            None
+        };
+        Ok(Dusk { device, target, loaded: Mutex::new(HashMap::new()) })
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The PTX target kernels are compiled for (`None` on the CPU).
+    pub fn target(&self) -> Option<Target> {
+        self.target
+    }
+
+    /// The kernel made by `build`, compiled and loaded on first use.
+    fn kernel(&self, key: String, build: impl FnOnce() -> std::result::Result<Kernel, dusk_compiler::CompileError>) -> Result<Arc<LoadedKernel>> {
+        let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = loaded.get(&key) {
+            return Ok(k.clone());
+        }
+        let ir = Arc::new(build()?);
+        let ptx = match &self.target {
+            Some(t) => Some(codegen::compile(&ir, t)?),
+            None => None,
+        };
+        let k = Arc::new(self.device.load_kernel(ir, ptx.as_deref())?);
+        loaded.insert(key, k.clone());
+        Ok(k)
+    }
+
+    /// Quantizes a K cache (f16, `kv` shape) to `bits` (4 or 8) per value.
+    pub fn quantize_k(&self, k: &Buffer<f16>, kv: KvShape, bits: u32) -> Result<QuantizedK> {
+        kv.validate()?;
+        ensure(matches!(bits, 4 | 8), "bits", "4 or 8", bits)?;
+        let rows = kv.rows();
+        let mut out = QuantizedK {
+            packed: self.device.alloc::<u8>(rows * kv.head_dim * bits as usize / 8)?,
+            scale: self.device.alloc::<f16>(rows)?,
+            zero: self.device.alloc::<f16>(rows)?,
+            kv,
+            bits,
+        };
+        self.quantize_k_into(k, &mut out)?;
+        Ok(out)
+    }
+
+    /// Quantizes `k` into an existing [`QuantizedK`] of the same shape (no allocation).
+    pub fn quantize_k_into(&self, k: &Buffer<f16>, out: &mut QuantizedK) -> Result<()> {
+        let kv = out.kv;
+        kv.validate()?;
+        ensure(k.len() == kv.elements(), "k", format!("{} f16 values ({kv:?})", kv.elements()), k.len())?;
+        out.check_lengths()?;
+        let cfg = QuantizeConfig::new(kv.head_dim, out.bits);
+        let kernel = self.kernel(format!("{cfg:?}"), || quantize::build(&cfg))?;
+        let rows = kv.rows();
+        ensure(rows < i32::MAX as usize, "k", "fewer than 2^31 rows", rows)?;
+        let grid = rows.div_ceil(cfg.block_rows) as u32;
+        self.device.launch(
+            &kernel,
+            [grid, 1, 1],
+            &[Arg::from(k), Arg::from(&out.packed), Arg::from(&out.scale), Arg::from(&out.zero), Arg::I32(rows as i32)],
+        )?;
+        Ok(())
+    }
+}
+
+/// A K cache quantized by [`Dusk::quantize_k`]: packed codes
+/// `[num_pages, page_size, num_kv_heads, head_dim * bits / 8]` and f16 scale and zero
+/// `[num_pages, page_size, num_kv_heads]`.
+pub struct QuantizedK {
+    pub packed: Buffer<u8>,
+    pub scale: Buffer<f16>,
+    pub zero: Buffer<f16>,
+    pub kv: KvShape,
+    pub bits: u32,
+}
+
+impl QuantizedK {
+    fn check_lengths(&self) -> Result<()> {
+        let rows = self.kv.rows();
+        let bytes = rows * self.kv.head_dim * self.bits as usize / 8;
+        ensure(matches!(self.bits, 4 | 8), "bits", "4 or 8", self.bits)?;
+        ensure(self.packed.len() == bytes, "packed", format!("{bytes} bytes"), self.packed.len())?;
+        ensure(self.scale.len() == rows, "scale", format!("{rows} values"), self.scale.len())?;
+        ensure(self.zero.len() == rows, "zero", format!("{rows} values"), self.zero.len())
+    }
+}
+
+/// A validated `spgemv_quant` launch: shapes, page table and candidate lists checked and
+/// uploaded once. [`SpgemvPlan::run`] may then be called for every decode step.
+pub struct SpgemvPlan {
+    kernel: Arc<LoadedKernel>,
+    kv: KvShape,
+    batch: usize,
+    num_q_heads: usize,
+    bits: u32,
+    kv_indptr: Buffer<i32>,
+    kv_page_indices: Buffer<i32>,
+    cand_indptr: Buffer<i32>,
+    cand_indices: Buffer<i32>,
+    num_scores: usize,
+    grid: [u32; 3],
+}
+
+impl SpgemvPlan {
+    /// Plans scoring `num_q_heads` query heads per sequence against `cand`'s tokens of a
+    /// K cache quantized to `bits`.
+    pub fn new(dusk: &Dusk, kv: KvShape, num_q_heads: usize, bits: u32, table: &PageTable, cand: &TokenLists) -> Result<SpgemvPlan> {
+        Self::with_config(dusk, kv, num_q_heads, bits, table, cand, None)
+    }
+
+    /// As [`SpgemvPlan::new`], with the tokens per program and warps chosen by the caller
+    /// (the default is 64 tokens and 4 warps).
+    pub fn with_config(
+        dusk: &Dusk,
+        kv: KvShape,
+        num_q_heads: usize,
+        bits: u32,
+        table: &PageTable,
+        cand: &TokenLists,
+        tiling: Option<(usize, u32)>,
+    ) -> Result<SpgemvPlan> {
+        kv.validate()?;
+        ensure(matches!(bits, 4 | 8), "bits", "4 or 8", bits)?;
+        ensure(
+            num_q_heads > 0 && num_q_heads % kv.num_kv_heads == 0,
+            "num_q_heads",
+            format!("a positive multiple of num_kv_heads ({})", kv.num_kv_heads),
+            num_q_heads,
+        )?;
+        let group = num_q_heads / kv.num_kv_heads;
+        ensure(group.is_power_of_two() && group <= 16, "num_q_heads", "a group (q heads per KV head) of 1, 2, 4, 8 or 16", group)?;
+        table.validate(&kv)?;
+        cand.validate("cand", table, kv.page_size, kv.num_kv_heads)?;
+        let num_scores = cand.indices.len() * group;
+        ensure(num_scores < i32::MAX as usize, "cand", "fewer than 2^31 scores", num_scores)?;
+        let mut cfg = SpgemvConfig::new(kv.head_dim, kv.page_size, group, bits);
+        if let Some((tokens, warps)) = tiling {
+            ensure(tokens.is_power_of_two() && (8..=512).contains(&tokens), "block_tokens", "a power of two in 8..=512", tokens)?;
+            ensure(warps.is_power_of_two() && (1..=16).contains(&warps), "num_warps", "1, 2, 4, 8 or 16", warps)?;
+            cfg.block_tokens = tokens;
+            cfg.num_warps = warps;
+        }
+        let kernel = dusk.kernel(format!("{cfg:?}"), || spgemv::build(&cfg))?;
+        let dev = dusk.device();
+        let rows = cand.rows();
+        let tiles = cand.max_row_len().div_ceil(cfg.block_tokens).max(1);
+        ensure(rows <= i32::MAX as usize && tiles <= 65535, "cand", "at most 65535 * block_tokens tokens per row", cand.max_row_len())?;
+        Ok(SpgemvPlan {
+            kernel,
+            kv,
+            batch: table.batch(),
+            num_q_heads,
+            bits,
+            kv_indptr: dev.upload(&table.kv_indptr)?,
+            kv_page_indices: dev.upload(&table.kv_page_indices)?,
+            cand_indptr: dev.upload(&cand.indptr)?,
+            cand_indices: dev.upload(&cand.indices)?,
+            num_scores,
+            grid: [rows as u32, tiles as u32, 1],
+        })
+    }
+
+    /// Length of the f32 score buffer `run` fills.
+    pub fn num_scores(&self) -> usize {
+        self.num_scores
+    }
+
+    /// Scores `q` (f16 `[batch, num_q_heads, head_dim]`) against `k`'s candidates.
+    pub fn run(&self, dusk: &Dusk, q: &Buffer<f16>, k: &QuantizedK, scores: &mut Buffer<f32>) -> Result<()> {
+        let qlen = self.batch * self.num_q_heads * self.kv.head_dim;
+        ensure(q.len() == qlen, "q", format!("{qlen} f16 values (batch x q heads x head_dim)"), q.len())?;
+        ensure(k.kv == self.kv, "k", format!("a cache of shape {:?}", self.kv), format!("{:?}", k.kv))?;
+        ensure(k.bits == self.bits, "k", format!("{}-bit codes", self.bits), format!("{}-bit codes", k.bits))?;
+        k.check_lengths()?;
+        ensure(scores.len() == self.num_scores, "scores", format!("{} f32 values", self.num_scores), scores.len())?;
+        dusk.device().launch(
+            &self.kernel,
+            self.grid,
+            &[
+                Arg::from(q),
+                Arg::from(&k.packed),
+                Arg::from(&k.scale),
+                Arg::from(&k.zero),
+                Arg::from(&self.kv_indptr),
+                Arg::from(&self.kv_page_indices),
+                Arg::from(&self.cand_indptr),
+                Arg::from(&self.cand_indices),
+                Arg::from(&*scores),
+                Arg::I32(self.kv.num_kv_heads as i32),
+            ],
+        )?;
+        Ok(())
+    }
+}

@@ -1,0 +1,100 @@
+//! Plain host implementations of the stock kernels: the oracles of the tests and the GPU
+//! checks. Quantization repeats the kernel's f32 steps so codes match exactly; scores are
+//! computed in f64.
+
+use crate::paged::{KvShape, PageTable, TokenLists};
+use half::f16;
+
+/// Quantized K: packed codes, and f16 scale and zero per row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantizedRows {
+    pub packed: Vec<u8>,
+    pub scale: Vec<f16>,
+    pub zero: Vec<f16>,
+}
+
+/// The codes `quantize_k` writes for each row of `head_dim` values.
+pub fn quantize(k: &[f16], head_dim: usize, bits: u32) -> QuantizedRows {
+    let rows = k.len() / head_dim;
+    let levels = ((1u32 << bits) - 1) as f32;
+    let row_bytes = head_dim * bits as usize / 8;
+    let mut out = QuantizedRows { packed: vec![0; rows * row_bytes], scale: vec![], zero: vec![] };
+    for r in 0..rows {
+        let x: Vec<f32> = k[r * head_dim..(r + 1) * head_dim].iter().map(|v| v.to_f32()).collect();
+        let hi = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let lo = x.iter().copied().fold(f32::INFINITY, f32::min);
+        let scale16 = f16::from_f32((hi - lo) / levels);
+        let zero16 = f16::from_f32(lo);
+        let (scale, zero) = (scale16.to_f32(), zero16.to_f32());
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        let codes: Vec<u8> = x.iter().map(|v| ((v - zero) * inv + 0.5).clamp(0.0, levels) as u8).collect();
+        let dst = &mut out.packed[r * row_bytes..(r + 1) * row_bytes];
+        if bits == 4 {
+            for (j, byte) in dst.iter_mut().enumerate() {
+                *byte = codes[2 * j] | (codes[2 * j + 1] << 4);
+            }
+        } else {
+            dst.copy_from_slice(&codes);
+        }
+        out.scale.push(scale16);
+        out.zero.push(zero16);
+    }
+    out
+}
+
+/// Code `i` of a packed row.
+pub fn code(row: &[u8], i: usize, bits: u32) -> u8 {
+    if bits == 4 {
+        (row[i / 2] >> (4 * (i % 2))) & 15
+    } else {
+        row[i]
+    }
+}
+
+/// The dequantized value of element `d` of K row `row`.
+pub fn dequant(qk: &QuantizedRows, head_dim: usize, bits: u32, row: usize, d: usize) -> f64 {
+    let row_bytes = head_dim * bits as usize / 8;
+    let c = code(&qk.packed[row * row_bytes..(row + 1) * row_bytes], d, bits) as f64;
+    c * qk.scale[row].to_f64() + qk.zero[row].to_f64()
+}
+
+/// Scores in `spgemv_quant`'s output layout (see `spgemv`), in f64.
+pub fn spgemv(
+    q: &[f16],
+    num_q_heads: usize,
+    qk: &QuantizedRows,
+    bits: u32,
+    kv: &KvShape,
+    table: &PageTable,
+    cand: &TokenLists,
+) -> Vec<f64> {
+    let group = num_q_heads / kv.num_kv_heads;
+    let d = kv.head_dim;
+    let mut out = vec![0.0; cand.indices.len() * group];
+    for r in 0..cand.rows() {
+        let (b, h) = (r / kv.num_kv_heads, r % kv.num_kv_heads);
+        let start = cand.indptr[r] as usize;
+        let toks = cand.row(r);
+        for (j, &pos) in toks.iter().enumerate() {
+            let pos = pos as usize;
+            let page = table.kv_page_indices[table.kv_indptr[b] as usize + pos / kv.page_size] as usize;
+            let krow = (page * kv.page_size + pos % kv.page_size) * kv.num_kv_heads + h;
+            for g in 0..group {
+                let qrow = &q[(b * num_q_heads + h * group + g) * d..][..d];
+                let s: f64 = (0..d).map(|i| qrow[i].to_f64() * dequant(qk, d, bits, krow, i)).sum();
+                out[start * group + g * toks.len() + j] = s;
+            }
+        }
+    }
+    out
+}
+
+/// `‖a - b‖ / ‖b‖`, the error measure of the checks (infinite if `a` has a NaN).
+pub fn rel_error(a: &[f32], b: &[f64]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - y).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| y * y).sum();
+    if a.iter().any(|x| !x.is_finite()) {
+        return f64::INFINITY;
+    }
+    (num / den.max(f64::MIN_POSITIVE)).sqrt()
+}
