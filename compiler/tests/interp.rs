@@ -1,0 +1,740 @@
+//! The CPU interpreter on kernels made with the builder.
+
+use dusk_compiler::interp::{run, ArgValue, InterpError};
+use dusk_compiler::{DType, Kernel, KernelBuilder};
+use half::{bf16, f16};
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+fn bytes_f32(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+fn i32_bytes(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+fn bytes_i32(b: &[u8]) -> Vec<i32> {
+    b.chunks_exact(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+fn f16_bytes(v: &[f16]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+fn bytes_f16(b: &[u8]) -> Vec<f16> {
+    b.chunks_exact(2)
+        .map(|c| f16::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+fn ptr(buffer: usize) -> ArgValue {
+    ArgValue::Ptr {
+        buffer,
+        offset_bytes: 0,
+    }
+}
+
+/// Deterministic pseudo-random values in [-4, 4).
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(12345);
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s % 8192) as f32 / 1024.0 - 4.0
+        })
+        .collect()
+}
+
+/// `out[i] = x[i] + y[i]` for `i < n`, `block` elements a program.
+fn vector_add(block: i64) -> Kernel {
+    let mut b = KernelBuilder::new("vector_add");
+    let x = b.param_ptr("x", DType::F32);
+    let y = b.param_ptr("y", DType::F32);
+    let out = b.param_ptr("out", DType::F32);
+    let n = b.param_scalar("n", DType::I32);
+    let pid = b.program_id(0);
+    let base = b.mul_c(pid, block);
+    let r = b.arange(0, block);
+    let offs = b.add(base, r);
+    let mask = b.lt(offs, n);
+    let px = b.add_ptr(x, offs);
+    let py = b.add_ptr(y, offs);
+    let xv = b.load_masked(px, Some(mask), None);
+    let yv = b.load_masked(py, Some(mask), None);
+    let s = b.add(xv, yv);
+    let po = b.add_ptr(out, offs);
+    b.store_masked(po, s, Some(mask));
+    b.finish().unwrap()
+}
+
+#[test]
+fn vector_add_masked_odd_length() {
+    let n = 1001usize;
+    let block = 128;
+    let k = vector_add(block);
+    let (x, y) = (values(n, 1), values(n, 2));
+    let (mut bx, mut by) = (f32_bytes(&x), f32_bytes(&y));
+    // Exactly n elements: an unmasked access past the end would fault.
+    let mut bo = vec![0u8; 4 * n];
+    let grid = [n.div_ceil(block as usize) as u32, 1, 1];
+    let args = [ptr(0), ptr(1), ptr(2), ArgValue::I32(n as i32)];
+    run(&k, grid, &args, &mut [&mut bx, &mut by, &mut bo]).unwrap();
+    let out = bytes_f32(&bo);
+    for i in 0..n {
+        assert_eq!(out[i], x[i] + y[i], "element {i}");
+    }
+}
+
+#[test]
+fn vector_add_pointer_argument_offset() {
+    // A pointer argument starting partway into its buffer.
+    let k = vector_add(16);
+    let x: Vec<f32> = (0..20).map(|i| i as f32).collect();
+    let (mut bx, mut by) = (f32_bytes(&x), f32_bytes(&x));
+    let mut bo = vec![0u8; 4 * 20];
+    let args = [
+        ArgValue::Ptr {
+            buffer: 0,
+            offset_bytes: 8,
+        },
+        ptr(1),
+        ArgValue::Ptr {
+            buffer: 2,
+            offset_bytes: 4,
+        },
+        ArgValue::I32(18),
+    ];
+    run(&k, [2, 1, 1], &args, &mut [&mut bx, &mut by, &mut bo]).unwrap();
+    let out = bytes_f32(&bo);
+    assert_eq!(out[0], 0.0);
+    for i in 0..18 {
+        assert_eq!(out[i + 1], x[i + 2] + x[i]);
+    }
+    assert_eq!(out[19], 0.0);
+}
+
+#[test]
+fn row_softmax_matches_f64() {
+    let (rows, cols, block) = (37usize, 100usize, 128i64);
+    let mut b = KernelBuilder::new("softmax");
+    let x = b.param_ptr("x", DType::F32);
+    let out = b.param_ptr("out", DType::F32);
+    let ncols = b.param_scalar("ncols", DType::I32);
+    let row = b.program_id(0);
+    let start = b.mul(row, ncols);
+    let r = b.arange(0, block);
+    let mask = b.lt(r, ncols);
+    let offs = b.add(start, r);
+    let px = b.add_ptr(x, offs);
+    let ninf = b.f32(f32::NEG_INFINITY);
+    let xv = b.load_masked(px, Some(mask), Some(ninf));
+    let m = b.max(xv, 0);
+    let d = b.sub(xv, m);
+    let log2e = b.f32(std::f32::consts::LOG2_E);
+    let d = b.mul(d, log2e);
+    let e = b.exp2(d);
+    let s = b.sum(e, 0);
+    let y = b.div(e, s);
+    let po = b.add_ptr(out, offs);
+    b.store_masked(po, y, Some(mask));
+    let k = b.finish().unwrap();
+
+    let xs = values(rows * cols, 7);
+    let mut bx = f32_bytes(&xs);
+    let mut bo = vec![0u8; 4 * rows * cols];
+    let args = [ptr(0), ptr(1), ArgValue::I32(cols as i32)];
+    run(&k, [rows as u32, 1, 1], &args, &mut [&mut bx, &mut bo]).unwrap();
+    let out = bytes_f32(&bo);
+    for r in 0..rows {
+        let row = &xs[r * cols..(r + 1) * cols];
+        let m = row.iter().fold(f64::NEG_INFINITY, |a, &v| a.max(v as f64));
+        let e: Vec<f64> = row.iter().map(|&v| (v as f64 - m).exp()).collect();
+        let s: f64 = e.iter().sum();
+        for c in 0..cols {
+            let want = e[c] / s;
+            let got = out[r * cols + c] as f64;
+            assert!(
+                (got - want).abs() <= 1e-5 * want.max(1e-3),
+                "row {r} col {c}: {got} vs {want}"
+            );
+        }
+    }
+}
+
+#[test]
+fn reduce_2d_both_axes() {
+    let (rows, cols) = (8usize, 16usize);
+    let mut b = KernelBuilder::new("reduce2d");
+    let x = b.param_ptr("x", DType::I32);
+    let f = b.param_ptr("f", DType::F32);
+    let col_sums = b.param_ptr("col_sums", DType::I32);
+    let row_sums = b.param_ptr("row_sums", DType::I32);
+    let col_max = b.param_ptr("col_max", DType::F32);
+    let row_min = b.param_ptr("row_min", DType::F32);
+    let ri = b.arange(0, rows as i64);
+    let ci = b.arange(0, cols as i64);
+    let r2 = b.expand(ri, 1, cols); // [rows, cols]: r2[i][j] = i
+    let c2 = b.expand(ci, 0, rows); // [rows, cols]: c2[i][j] = j
+    let r2s = b.mul_c(r2, cols as i64);
+    let offs = b.add(r2s, c2);
+    let px = b.add_ptr(x, offs);
+    let xv = b.load(px);
+    let pf = b.add_ptr(f, offs);
+    let fv = b.load(pf);
+    let cs = b.sum(xv, 0);
+    let rs = b.sum(xv, 1);
+    let cm = b.max(fv, 0);
+    let rm = b.min(fv, 1);
+    let p = b.add_ptr(col_sums, ci);
+    b.store(p, cs);
+    let p = b.add_ptr(row_sums, ri);
+    b.store(p, rs);
+    let p = b.add_ptr(col_max, ci);
+    b.store(p, cm);
+    let p = b.add_ptr(row_min, ri);
+    b.store(p, rm);
+    let k = b.finish().unwrap();
+
+    let xs: Vec<i32> = (0..rows * cols)
+        .map(|i| (i as i32 * 37) % 101 - 50)
+        .collect();
+    let fs = values(rows * cols, 3);
+    let (mut bx, mut bf) = (i32_bytes(&xs), f32_bytes(&fs));
+    let (mut bcs, mut brs) = (vec![0u8; 4 * cols], vec![0u8; 4 * rows]);
+    let (mut bcm, mut brm) = (vec![0u8; 4 * cols], vec![0u8; 4 * rows]);
+    let args = [ptr(0), ptr(1), ptr(2), ptr(3), ptr(4), ptr(5)];
+    let mut mem: [&mut [u8]; 6] = [&mut bx, &mut bf, &mut bcs, &mut brs, &mut bcm, &mut brm];
+    run(&k, [1, 1, 1], &args, &mut mem).unwrap();
+    let (cs, rs) = (bytes_i32(&bcs), bytes_i32(&brs));
+    let (cm, rm) = (bytes_f32(&bcm), bytes_f32(&brm));
+    for j in 0..cols {
+        assert_eq!(cs[j], (0..rows).map(|i| xs[i * cols + j]).sum::<i32>());
+        assert_eq!(
+            cm[j],
+            (0..rows)
+                .map(|i| fs[i * cols + j])
+                .fold(f32::NEG_INFINITY, f32::max)
+        );
+    }
+    for i in 0..rows {
+        assert_eq!(rs[i], xs[i * cols..(i + 1) * cols].iter().sum::<i32>());
+        assert_eq!(
+            rm[i],
+            fs[i * cols..(i + 1) * cols]
+                .iter()
+                .copied()
+                .fold(f32::INFINITY, f32::min)
+        );
+    }
+}
+
+/// Sums `x[0..n]` in blocks of 32 in a loop carrying a block accumulator and a counter;
+/// writes the sum and the iteration count.
+fn loop_sum() -> Kernel {
+    let mut b = KernelBuilder::new("loop_sum");
+    let x = b.param_ptr("x", DType::F32);
+    let out = b.param_ptr("out", DType::F32);
+    let count = b.param_ptr("count", DType::I32);
+    let n = b.param_scalar("n", DType::I32);
+    let step = b.param_scalar("step", DType::I32);
+    let zero = b.f32(0.0);
+    let acc0 = b.splat(zero, &[32]);
+    let c0 = b.i32(0);
+    let lo = b.i32(0);
+    let res = b.for_range(lo, n, step, &[acc0, c0], |b, i, carried| {
+        let r = b.arange(0, 32);
+        let offs = b.add(i, r);
+        let mask = b.lt(offs, n);
+        let p = b.add_ptr(x, offs);
+        let v = b.load_masked(p, Some(mask), None);
+        let acc = b.add(carried[0], v);
+        let c = b.add_c(carried[1], 1);
+        vec![acc, c]
+    });
+    let total = b.sum(res[0], 0);
+    b.store(out, total);
+    b.store(count, res[1]);
+    b.finish().unwrap()
+}
+
+#[test]
+fn for_loop_with_carried_values() {
+    let k = loop_sum();
+    let n = 100usize;
+    let xs: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let mut bx = f32_bytes(&xs);
+    let (mut bo, mut bc) = (vec![0u8; 4], vec![0u8; 4]);
+    let args = [
+        ptr(0),
+        ptr(1),
+        ptr(2),
+        ArgValue::I32(n as i32),
+        ArgValue::I32(32),
+    ];
+    run(&k, [1, 1, 1], &args, &mut [&mut bx, &mut bo, &mut bc]).unwrap();
+    assert_eq!(bytes_f32(&bo)[0], (0..n).sum::<usize>() as f32);
+    assert_eq!(bytes_i32(&bc)[0], 4);
+
+    // Zero iterations: the results are the initial values.
+    let args = [ptr(0), ptr(1), ptr(2), ArgValue::I32(0), ArgValue::I32(32)];
+    let (mut bo, mut bc) = (f32_bytes(&[9.0]), i32_bytes(&[9]));
+    run(&k, [1, 1, 1], &args, &mut [&mut bx, &mut bo, &mut bc]).unwrap();
+    assert_eq!(bytes_f32(&bo)[0], 0.0);
+    assert_eq!(bytes_i32(&bc)[0], 0);
+
+    // A non-positive step is a fault, not a hang.
+    let args = [
+        ptr(0),
+        ptr(1),
+        ptr(2),
+        ArgValue::I32(n as i32),
+        ArgValue::I32(0),
+    ];
+    let e = run(&k, [1, 1, 1], &args, &mut [&mut bx, &mut bo, &mut bc]).unwrap_err();
+    assert!(
+        matches!(&e, InterpError::Fault { op, .. } if op == "for"),
+        "{e}"
+    );
+}
+
+#[test]
+fn if_else_and_select() {
+    // Even programs write pid * 10, odd ones -pid, through an if; a select clamps negatives
+    // to -1 in a second buffer.
+    let mut b = KernelBuilder::new("branches");
+    let out = b.param_ptr("out", DType::I32);
+    let out2 = b.param_ptr("out2", DType::I32);
+    let pid = b.program_id(0);
+    let two = b.i32(2);
+    let r = b.rem(pid, two);
+    let zero = b.i32(0);
+    let even = b.eq(r, zero);
+    let v = b.if_else(even, |b| vec![b.mul_c(pid, 10)], |b| vec![b.neg(pid)]);
+    let p = b.add_ptr(out, pid);
+    b.store(p, v[0]);
+    let neg = b.lt(v[0], zero);
+    let m1 = b.i32(-1);
+    let s = b.select(neg, m1, v[0]);
+    let p = b.add_ptr(out2, pid);
+    b.store(p, s);
+    let k = b.finish().unwrap();
+    let (mut bo, mut bo2) = (vec![0u8; 4 * 5], vec![0u8; 4 * 5]);
+    run(&k, [5, 1, 1], &[ptr(0), ptr(1)], &mut [&mut bo, &mut bo2]).unwrap();
+    assert_eq!(bytes_i32(&bo), vec![0, -1, 20, -3, 40]);
+    assert_eq!(bytes_i32(&bo2), vec![0, -1, 20, -1, 40]);
+}
+
+#[test]
+fn programs_run_in_order_x_fastest() {
+    // Every program folds its linear id into one cell: cell = cell * 31 + id, an
+    // order-dependent (wrapping) result; also checks num_programs.
+    let mut b = KernelBuilder::new("order");
+    let cell = b.param_ptr("cell", DType::I32);
+    let (x, y, z) = (b.program_id(0), b.program_id(1), b.program_id(2));
+    let nx = b.num_programs(0);
+    let ny = b.num_programs(1);
+    let yx = b.mul(y, nx);
+    let nxy = b.mul(nx, ny);
+    let zxy = b.mul(z, nxy);
+    let id = b.add(x, yx);
+    let id = b.add(id, zxy);
+    let old = b.load(cell);
+    let scaled = b.mul_c(old, 31);
+    let new = b.add(scaled, id);
+    b.store(cell, new);
+    let k = b.finish().unwrap();
+    let mut bc = i32_bytes(&[1]);
+    run(&k, [3, 2, 4], &[ptr(0)], &mut [&mut bc]).unwrap();
+    let want = (0..24).fold(1i32, |a, id| a.wrapping_mul(31).wrapping_add(id));
+    assert_eq!(bytes_i32(&bc)[0], want);
+}
+
+#[test]
+fn f16_load_convert_store_rounding() {
+    let mut b = KernelBuilder::new("halves");
+    let src = b.param_ptr("src", DType::F16);
+    let srcf = b.param_ptr("srcf", DType::F32);
+    let dst = b.param_ptr("dst", DType::F16);
+    let widened = b.param_ptr("widened", DType::F32);
+    let narrowed = b.param_ptr("narrowed", DType::F16);
+    let bfout = b.param_ptr("bfout", DType::BF16);
+    let r = b.arange(0, 8);
+    let p = b.add_ptr(src, r);
+    let h = b.load(p);
+    // f16 arithmetic: computed in f32, rounded to f16.
+    let one = b.const_like(h, 1);
+    let s = b.add(h, one);
+    let p = b.add_ptr(dst, r);
+    b.store(p, s);
+    let w = b.cast(h, DType::F32);
+    let p = b.add_ptr(widened, r);
+    b.store(p, w);
+    let p = b.add_ptr(srcf, r);
+    let f = b.load(p);
+    let n = b.cast(f, DType::F16);
+    let p = b.add_ptr(narrowed, r);
+    b.store(p, n);
+    let bfv = b.cast(f, DType::BF16);
+    let p = b.add_ptr(bfout, r);
+    b.store(p, bfv);
+    let k = b.finish().unwrap();
+
+    let hs: Vec<f16> = [2048.0, 1.5, -3.25, 65504.0, 0.0, -1.0, 4096.0, 0.099975586]
+        .iter()
+        .map(|&v| f16::from_f32(v))
+        .collect();
+    let t = 2f32.powi(-11);
+    let fs = [
+        1.0 + t,
+        1.0 + 3.0 * t,
+        65520.0,
+        65519.0,
+        -1.0 - t,
+        1e-8,
+        f32::NAN,
+        0.1,
+    ];
+    let mut bsrc = f16_bytes(&hs);
+    let mut bsrcf = f32_bytes(&fs);
+    let (mut bdst, mut bw, mut bn, mut bbf) =
+        (vec![0u8; 16], vec![0u8; 32], vec![0u8; 16], vec![0u8; 16]);
+    let args = [ptr(0), ptr(1), ptr(2), ptr(3), ptr(4), ptr(5)];
+    let mut mem: [&mut [u8]; 6] = [&mut bsrc, &mut bsrcf, &mut bdst, &mut bw, &mut bn, &mut bbf];
+    run(&k, [1, 1, 1], &args, &mut mem).unwrap();
+
+    let dst = bytes_f16(&bdst);
+    for i in 0..8 {
+        assert_eq!(dst[i], f16::from_f32(hs[i].to_f32() + 1.0), "element {i}");
+    }
+    // 2048 + 1 is a tie between 2048 and 2050: to even, 2048. 65504 + 1 stays 65504.
+    assert_eq!(dst[0].to_f32(), 2048.0);
+    assert_eq!(dst[3].to_f32(), 65504.0);
+    assert_eq!(dst[6].to_f32(), 4096.0);
+
+    let w = bytes_f32(&bw);
+    for i in 0..8 {
+        assert_eq!(w[i], hs[i].to_f32());
+    }
+
+    let n = bytes_f16(&bn);
+    assert_eq!(n[0].to_f32(), 1.0); // tie, to even
+    assert_eq!(n[1].to_f32(), 1.0 + 4.0 * t); // tie, to even (up)
+    assert!(n[2].is_infinite() && n[2].to_f32() > 0.0); // tie at the top: to infinity
+    assert_eq!(n[3].to_f32(), 65504.0);
+    assert_eq!(n[4].to_f32(), -1.0);
+    assert_eq!(n[5].to_f32(), 0.0); // underflows
+    assert!(n[6].is_nan());
+    for i in 0..8 {
+        assert_eq!(
+            n[i].to_bits(),
+            f16::from_f32(fs[i]).to_bits(),
+            "element {i}"
+        );
+    }
+    let bf: Vec<bf16> = bbf
+        .chunks_exact(2)
+        .map(|c| bf16::from_le_bytes([c[0], c[1]]))
+        .collect();
+    for i in 0..8 {
+        assert_eq!(
+            bf[i].to_bits(),
+            bf16::from_f32(fs[i]).to_bits(),
+            "element {i}"
+        );
+    }
+}
+
+/// One scalar op on two scalar parameters of type `d`, written to `out[0]` as `d`.
+fn scalar_op(
+    d: DType,
+    f: impl FnOnce(
+        &mut KernelBuilder,
+        dusk_compiler::Value,
+        dusk_compiler::Value,
+    ) -> dusk_compiler::Value,
+) -> Kernel {
+    let mut b = KernelBuilder::new("scalar_op");
+    let out = b.param_ptr("out", d);
+    let x = b.param_scalar("x", d);
+    let y = b.param_scalar("y", d);
+    let r = f(&mut b, x, y);
+    b.store(out, r);
+    b.finish().unwrap()
+}
+
+fn run_i32(k: &Kernel, x: i32, y: i32) -> Result<i32, InterpError> {
+    let mut bo = vec![0u8; 4];
+    run(
+        k,
+        [1, 1, 1],
+        &[ptr(0), ArgValue::I32(x), ArgValue::I32(y)],
+        &mut [&mut bo],
+    )?;
+    Ok(bytes_i32(&bo)[0])
+}
+
+fn run_u8(k: &Kernel, x: u8, y: u8) -> Result<u8, InterpError> {
+    let mut bo = vec![0u8; 1];
+    run(
+        k,
+        [1, 1, 1],
+        &[ptr(0), ArgValue::U8(x), ArgValue::U8(y)],
+        &mut [&mut bo],
+    )?;
+    Ok(bo[0])
+}
+
+#[test]
+fn integer_ops() {
+    let shr8 = scalar_op(DType::U8, |b, x, y| b.shr(x, y));
+    assert_eq!(run_u8(&shr8, 200, 3).unwrap(), 25); // logical
+    assert_eq!(run_u8(&shr8, 0x80, 7).unwrap(), 1);
+    assert!(matches!(
+        run_u8(&shr8, 1, 8),
+        Err(InterpError::Fault { .. })
+    ));
+
+    let shr32 = scalar_op(DType::I32, |b, x, y| b.shr(x, y));
+    assert_eq!(run_i32(&shr32, -200, 3).unwrap(), -25); // arithmetic
+    assert!(matches!(
+        run_i32(&shr32, 1, 32),
+        Err(InterpError::Fault { .. })
+    ));
+    assert!(matches!(
+        run_i32(&shr32, 1, -1),
+        Err(InterpError::Fault { .. })
+    ));
+
+    let shl32 = scalar_op(DType::I32, |b, x, y| b.shl(x, y));
+    assert_eq!(run_i32(&shl32, 3, 31).unwrap(), i32::MIN);
+
+    let rem = scalar_op(DType::I32, |b, x, y| b.rem(x, y));
+    assert_eq!(run_i32(&rem, -7, 3).unwrap(), -1);
+    assert_eq!(run_i32(&rem, 7, -3).unwrap(), 1);
+    assert_eq!(run_i32(&rem, -7, -3).unwrap(), -1);
+    let e = run_i32(&rem, 7, 0).unwrap_err();
+    assert!(
+        matches!(&e, InterpError::Fault { op, .. } if op == "rem"),
+        "{e}"
+    );
+
+    let div = scalar_op(DType::I32, |b, x, y| b.div(x, y));
+    assert_eq!(run_i32(&div, -7, 2).unwrap(), -3);
+    assert_eq!(run_i32(&div, i32::MIN, -1).unwrap(), i32::MIN);
+    assert!(matches!(
+        run_i32(&div, 1, 0),
+        Err(InterpError::Fault { .. })
+    ));
+
+    let div8 = scalar_op(DType::U8, |b, x, y| b.div(x, y));
+    assert_eq!(run_u8(&div8, 250, 7).unwrap(), 35); // unsigned
+
+    let add = scalar_op(DType::I32, |b, x, y| b.add(x, y));
+    assert_eq!(run_i32(&add, i32::MAX, 1).unwrap(), i32::MIN);
+    let add8 = scalar_op(DType::U8, |b, x, y| b.add(x, y));
+    assert_eq!(run_u8(&add8, 250, 10).unwrap(), 4);
+
+    let max8 = scalar_op(DType::U8, |b, x, y| b.maximum(x, y));
+    assert_eq!(run_u8(&max8, 200, 100).unwrap(), 200); // unsigned compare
+    let min32 = scalar_op(DType::I32, |b, x, y| b.minimum(x, y));
+    assert_eq!(run_i32(&min32, -5, 3).unwrap(), -5);
+
+    let not = scalar_op(DType::I32, |b, x, _| b.not(x));
+    assert_eq!(run_i32(&not, 5, 0).unwrap(), !5);
+    let abs = scalar_op(DType::I32, |b, x, _| b.abs(x));
+    assert_eq!(run_i32(&abs, -5, 0).unwrap(), 5);
+
+    // Casts: u8 -> i32 zero-extends, i32 -> u8 wraps, f32 -> i32 truncates and saturates.
+    let casts = scalar_op(DType::I32, |b, x, _| {
+        let u = b.cast(x, DType::U8);
+        let back = b.cast(u, DType::I32);
+        let f = b.cast(x, DType::F32);
+        let big = b.f32(1e10);
+        let f = b.mul(f, big);
+        let sat = b.cast(f, DType::I32);
+        let t = b.f32(-2.75);
+        let t = b.cast(t, DType::I32);
+        let s = b.add(back, sat);
+        b.add(s, t)
+    });
+    // -1 -> u8 255 -> i32 255; -1e10 saturates to i32::MIN; -2.75 -> -2.
+    assert_eq!(
+        run_i32(&casts, -1, 0).unwrap(),
+        255i32.wrapping_add(i32::MIN).wrapping_sub(2)
+    );
+}
+
+#[test]
+fn float_min_max_nan_and_compare() {
+    let k = {
+        let mut b = KernelBuilder::new("nan");
+        let out = b.param_ptr("out", DType::F32);
+        let flags = b.param_ptr("flags", DType::U8);
+        let x = b.param_scalar("x", DType::F32);
+        let y = b.param_scalar("y", DType::F32);
+        let mn = b.minimum(x, y);
+        let mx = b.maximum(x, y);
+        let i1 = b.i32(1);
+        b.store(out, mn);
+        let p = b.add_ptr(out, i1);
+        b.store(p, mx);
+        let cmps = [b.eq(x, y), b.ne(x, y), b.lt(x, y), b.ge(x, y)];
+        for (i, c) in cmps.into_iter().enumerate() {
+            let c = b.cast(c, DType::U8);
+            let o = b.i32(i as i32);
+            let p = b.add_ptr(flags, o);
+            b.store(p, c);
+        }
+        b.finish().unwrap()
+    };
+    let (mut bo, mut bf) = (vec![0u8; 8], vec![0u8; 4]);
+    let args = [ptr(0), ptr(1), ArgValue::F32(f32::NAN), ArgValue::F32(2.0)];
+    run(&k, [1, 1, 1], &args, &mut [&mut bo, &mut bf]).unwrap();
+    assert_eq!(bytes_f32(&bo), vec![2.0, 2.0]);
+    assert_eq!(bf, vec![0, 1, 0, 0]);
+}
+
+#[test]
+fn out_of_bounds_load_is_a_fault() {
+    // Unmasked vector add over 1001 elements with blocks of 128: program 7 reads past the end.
+    let mut b = KernelBuilder::new("oob");
+    let x = b.param_ptr("x", DType::F32);
+    let out = b.param_ptr("out", DType::F32);
+    let pid = b.program_id(0);
+    let base = b.mul_c(pid, 128);
+    let r = b.arange(0, 128);
+    let offs = b.add(base, r);
+    let px = b.add_ptr(x, offs);
+    let v = b.load(px);
+    let po = b.add_ptr(out, offs);
+    let (mask_lo, mask_hi) = (b.i32(0), b.i32(1001));
+    let lo = b.ge(offs, mask_lo);
+    let hi = b.lt(offs, mask_hi);
+    let m = b.and(lo, hi);
+    b.store_masked(po, v, Some(m));
+    let k = b.finish().unwrap();
+    let mut bx = f32_bytes(&values(1001, 5));
+    let mut bo = vec![0u8; 4 * 1001];
+    let e = run(&k, [8, 1, 1], &[ptr(0), ptr(1)], &mut [&mut bx, &mut bo]).unwrap_err();
+    match &e {
+        InterpError::Fault {
+            kernel,
+            op,
+            loc,
+            program,
+            msg,
+        } => {
+            assert_eq!(kernel, "oob");
+            assert_eq!(op, "load");
+            assert!(loc.contains("interp.rs"), "{loc}");
+            assert_eq!(*program, [7, 0, 0]);
+            assert!(msg.contains("buffer 0") && msg.contains("4004"), "{msg}");
+        }
+        other => panic!("expected a fault, got {other:?}"),
+    }
+    // Programs before the faulting one ran.
+    assert_eq!(&bo[..4 * 896], &bx[..4 * 896]);
+
+    // A negative offset faults too.
+    let mut bo2 = vec![0u8; 4 * 1001];
+    let args = [
+        ptr(0),
+        ArgValue::Ptr {
+            buffer: 1,
+            offset_bytes: 0,
+        },
+    ];
+    let k2 = {
+        let mut b = KernelBuilder::new("neg");
+        let x = b.param_ptr("x", DType::F32);
+        let _out = b.param_ptr("out", DType::F32);
+        let m1 = b.i64(-1);
+        let p = b.add_ptr(x, m1);
+        let v = b.load(p);
+        b.store(x, v);
+        b.finish().unwrap()
+    };
+    let e = run(&k2, [1, 1, 1], &args, &mut [&mut bx, &mut bo2]).unwrap_err();
+    assert!(
+        matches!(&e, InterpError::Fault { op, .. } if op == "load"),
+        "{e}"
+    );
+}
+
+#[test]
+fn out_of_bounds_store_is_a_fault_and_writes_nothing() {
+    let mut b = KernelBuilder::new("oob_store");
+    let out = b.param_ptr("out", DType::I32);
+    let r = b.arange(0, 8);
+    let p = b.add_ptr(out, r);
+    b.store(p, r);
+    let k = b.finish().unwrap();
+    let mut bo = vec![0u8; 4 * 7];
+    let e = run(&k, [1, 1, 1], &[ptr(0)], &mut [&mut bo]).unwrap_err();
+    assert!(
+        matches!(&e, InterpError::Fault { op, .. } if op == "store"),
+        "{e}"
+    );
+    assert!(bo.iter().all(|&x| x == 0));
+}
+
+#[test]
+fn bad_arguments_are_errors() {
+    let k = vector_add(128);
+    let mut bx = vec![0u8; 16];
+    let mut by = vec![0u8; 16];
+    let mut bo = vec![0u8; 16];
+
+    let args = [ArgValue::I32(0), ptr(1), ptr(2), ArgValue::I32(4)];
+    let e = run(&k, [1, 1, 1], &args, &mut [&mut bx, &mut by, &mut bo]).unwrap_err();
+    assert!(
+        matches!(&e, InterpError::BadArgument { index: 0, name, .. } if name == "x"),
+        "{e}"
+    );
+
+    let args = [ptr(0), ptr(1), ptr(2), ArgValue::F32(4.0)];
+    let e = run(&k, [1, 1, 1], &args, &mut [&mut bx, &mut by, &mut bo]).unwrap_err();
+    assert!(
+        matches!(&e, InterpError::BadArgument { index: 3, .. }),
+        "{e}"
+    );
+
+    let args = [ptr(0), ptr(1), ptr(2), ArgValue::I64(4)];
+    let e = run(&k, [1, 1, 1], &args, &mut [&mut bx, &mut by, &mut bo]).unwrap_err();
+    assert!(
+        matches!(&e, InterpError::BadArgument { index: 3, .. }),
+        "{e}"
+    );
+
+    let args = [ptr(0), ptr(1), ptr(3), ArgValue::I32(4)];
+    let e = run(&k, [1, 1, 1], &args, &mut [&mut bx, &mut by, &mut bo]).unwrap_err();
+    assert!(
+        matches!(&e, InterpError::BadArgument { index: 2, .. }),
+        "{e}"
+    );
+
+    let args = [ptr(0), ptr(1), ptr(2)];
+    let e = run(&k, [1, 1, 1], &args, &mut [&mut bx, &mut by, &mut bo]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            InterpError::ArgumentCount {
+                expected: 4,
+                found: 3,
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn empty_grid_runs_nothing() {
+    let k = vector_add(128);
+    let mut bx = vec![0u8; 4];
+    let args = [ptr(0), ptr(0), ptr(0), ArgValue::I32(1000)];
+    run(&k, [0, 1, 1], &args, &mut [&mut bx]).unwrap();
+}
