@@ -23,7 +23,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // GQA 32/8, head_dim 128, pages of 16 tokens; a batch of sequences of uneven lengths.
     let (num_q_heads, num_kv_heads, head_dim, page_size) = (32, 8, 128, 16);
-    let seq_lens: Vec<usize> = if gpu { vec![32768, 20000, 8191, 1] } else { vec![300, 129, 1] };
+    let seq_lens: Vec<usize> = if gpu {
+        vec![32768, 20000, 8191, 1]
+    } else {
+        vec![300, 129, 1]
+    };
     let mut rng = SmallRng::seed_from_u64(7);
     let pages: Vec<usize> = seq_lens.iter().map(|n| n.div_ceil(page_size)).collect();
     let mut kv_indptr = vec![0i32];
@@ -35,12 +39,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         kv_indptr,
         // Pages in reverse order, so the page table matters.
         kv_page_indices: (0..num_pages as i32).rev().collect(),
-        kv_last_page_len: seq_lens.iter().map(|n| (n - (n - 1) / page_size * page_size) as i32).collect(),
+        kv_last_page_len: seq_lens
+            .iter()
+            .map(|n| (n - (n - 1) / page_size * page_size) as i32)
+            .collect(),
     };
-    let kv = KvShape { num_pages, page_size, num_kv_heads, head_dim };
+    let kv = KvShape {
+        num_pages,
+        page_size,
+        num_kv_heads,
+        head_dim,
+    };
 
-    let k_host: Vec<f16> = (0..kv.elements()).map(|_| f16::from_f32(rng.random_range(-1.0..1.0))).collect();
-    let q_host: Vec<f16> = (0..seq_lens.len() * num_q_heads * head_dim).map(|_| f16::from_f32(rng.random_range(-1.0..1.0))).collect();
+    let k_host: Vec<f16> = (0..kv.elements())
+        .map(|_| f16::from_f32(rng.random_range(-1.0..1.0)))
+        .collect();
+    let q_host: Vec<f16> = (0..seq_lens.len() * num_q_heads * head_dim)
+        .map(|_| f16::from_f32(rng.random_range(-1.0..1.0)))
+        .collect();
     let k = dev.upload(&k_host)?;
     let q = dev.upload(&q_host)?;
 
@@ -50,16 +66,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut scores = dev.alloc::<f32>(plan.num_scores())?;
     plan.run(&dusk, &q, &qk, &mut scores)?;
 
-    let host_qk = reference::QuantizedRows { packed: qk.packed.download()?, scale: qk.scale.download()?, zero: qk.zero.download()? };
+    let host_qk = reference::QuantizedRows {
+        packed: qk.packed.download()?,
+        scale: qk.scale.download()?,
+        zero: qk.zero.download()?,
+    };
     let want = reference::spgemv(&q_host, num_q_heads, &host_qk, 4, &kv, &table, &cand);
     let err = reference::rel_error(&scores.download()?, &want);
-    println!("{} scores, relative error vs f64 reference: {err:.2e}", want.len());
+    println!(
+        "{} scores, relative error vs f64 reference: {err:.2e}",
+        want.len()
+    );
 
     let iters = if gpu { 50 } else { 2 };
-    let times = dev.time_us(iters, 1, || plan.run(&dusk, &q, &qk, &mut scores).map_err(|e| e.to_string()))?;
+    let times = dev.time_us(iters, 1, || {
+        plan.run(&dusk, &q, &qk, &mut scores)
+            .map_err(|e| e.to_string())
+    })?;
     let us = median(&times);
     let bytes = cand.indices.len() * (head_dim / 2 + 8) + want.len() * 4;
-    println!("spgemv_quant: {us:.1} us median of {iters}, {:.1} GB/s on the bytes it must move", bytes as f64 / (us * 1e-6) / 1e9);
+    println!(
+        "spgemv_quant: {us:.1} us median of {iters}, {:.1} GB/s on the bytes it must move",
+        bytes as f64 / (us * 1e-6) / 1e9
+    );
     if err > 1e-3 {
         return Err(format!("relative error {err:.2e} exceeds 1e-3").into());
     }

@@ -24,7 +24,10 @@ pub struct KernelBuilder {
 }
 
 fn caller_loc(l: &'static Location<'static>) -> Loc {
-    Loc { file: l.file(), line: l.line() }
+    Loc {
+        file: l.file(),
+        line: l.line(),
+    }
 }
 
 impl KernelBuilder {
@@ -73,11 +76,18 @@ impl KernelBuilder {
             Ok(t) => t,
             Err(m) => {
                 self.fail(kind.name(), &loc, m);
-                return placeholder.iter().map(|t| Value(self.fresh(t.clone()))).collect();
+                return placeholder
+                    .iter()
+                    .map(|t| Value(self.fresh(t.clone())))
+                    .collect();
             }
         };
         let results: Vec<ValueId> = tys.into_iter().map(|t| self.fresh(t)).collect();
-        self.stack.last_mut().expect("open region").ops.push(Op { kind, results: results.clone(), loc });
+        self.stack.last_mut().expect("open region").ops.push(Op {
+            kind,
+            results: results.clone(),
+            loc,
+        });
         results.into_iter().map(Value).collect()
     }
 
@@ -99,7 +109,11 @@ impl KernelBuilder {
 
     fn param(&mut self, name: &str, ty: Type) -> Value {
         let v = self.fresh(ty.clone());
-        self.params.push(Param { name: name.to_string(), ty, value: v });
+        self.params.push(Param {
+            name: name.to_string(),
+            ty,
+            value: v,
+        });
         Value(v)
     }
 
@@ -115,7 +129,10 @@ impl KernelBuilder {
     }
     #[track_caller]
     pub fn constant(&mut self, value: Const, dtype: DType) -> Value {
-        self.push1(OpKind::Constant { value, dtype }, caller_loc(Location::caller()))
+        self.push1(
+            OpKind::Constant { value, dtype },
+            caller_loc(Location::caller()),
+        )
     }
     #[track_caller]
     pub fn i32(&mut self, v: i32) -> Value {
@@ -137,7 +154,11 @@ impl KernelBuilder {
     #[track_caller]
     pub fn const_like(&mut self, like: Value, v: i64) -> Value {
         let d = self.ty(like).elem.dtype().unwrap_or(DType::I64);
-        let c = if d.is_float() { Const::Float(v as f64) } else { Const::Int(v) };
+        let c = if d.is_float() {
+            Const::Float(v as f64)
+        } else {
+            Const::Int(v)
+        };
         self.constant(c, d)
     }
     /// `a + c` for a constant `c` of `a`'s type.
@@ -155,16 +176,32 @@ impl KernelBuilder {
     /// `[start, end)` as an i32 block; the length must be a power of two.
     #[track_caller]
     pub fn arange(&mut self, start: i64, end: i64) -> Value {
-        self.push1(OpKind::Arange { start, end }, caller_loc(Location::caller()))
+        self.push1(
+            OpKind::Arange { start, end },
+            caller_loc(Location::caller()),
+        )
     }
     #[track_caller]
     pub fn splat(&mut self, value: Value, shape: &[usize]) -> Value {
-        self.push1(OpKind::Splat { value: value.0, shape: shape.to_vec() }, caller_loc(Location::caller()))
+        self.push1(
+            OpKind::Splat {
+                value: value.0,
+                shape: shape.to_vec(),
+            },
+            caller_loc(Location::caller()),
+        )
     }
     /// 1-D `[n]` to `[size, n]` (axis 0) or `[n, size]` (axis 1) by repetition.
     #[track_caller]
     pub fn expand(&mut self, value: Value, axis: u8, size: usize) -> Value {
-        self.push1(OpKind::Expand { value: value.0, axis, size }, caller_loc(Location::caller()))
+        self.push1(
+            OpKind::Expand {
+                value: value.0,
+                axis,
+                size,
+            },
+            caller_loc(Location::caller()),
+        )
     }
 
     /// Splats whichever of `a`, `b` is a scalar to the other's block shape.
@@ -172,11 +209,23 @@ impl KernelBuilder {
         let (sa, sb) = (self.ty(a).shape.clone(), self.ty(b).shape.clone());
         match (sa.is_empty(), sb.is_empty()) {
             (true, false) => {
-                let s = self.push1(OpKind::Splat { value: a.0, shape: sb }, loc.clone());
+                let s = self.push1(
+                    OpKind::Splat {
+                        value: a.0,
+                        shape: sb,
+                    },
+                    loc.clone(),
+                );
                 (s, b)
             }
             (false, true) => {
-                let s = self.push1(OpKind::Splat { value: b.0, shape: sa }, loc.clone());
+                let s = self.push1(
+                    OpKind::Splat {
+                        value: b.0,
+                        shape: sa,
+                    },
+                    loc.clone(),
+                );
                 (a, s)
             }
             _ => (a, b),
@@ -190,24 +239,48 @@ impl KernelBuilder {
         let loc = caller_loc(Location::caller());
         let (a, b) = self.broadcast_pair(a, b, &loc);
         let ph = self.ty(a).clone();
-        self.push(OpKind::Binary { op, lhs: a.0, rhs: b.0 }, loc, &[ph])[0]
+        self.push(
+            OpKind::Binary {
+                op,
+                lhs: a.0,
+                rhs: b.0,
+            },
+            loc,
+            &[ph],
+        )[0]
     }
     #[track_caller]
     pub fn cmp(&mut self, op: CmpOp, a: Value, b: Value) -> Value {
         let loc = caller_loc(Location::caller());
         let (a, b) = self.broadcast_pair(a, b, &loc);
         let ph = self.ty(a).with_elem(Elem::Num(DType::Bool));
-        self.push(OpKind::Cmp { op, lhs: a.0, rhs: b.0 }, loc, &[ph])[0]
+        self.push(
+            OpKind::Cmp {
+                op,
+                lhs: a.0,
+                rhs: b.0,
+            },
+            loc,
+            &[ph],
+        )[0]
     }
     #[track_caller]
     pub fn unary(&mut self, op: UnOp, v: Value) -> Value {
         let ph = self.ty(v).clone();
-        self.push(OpKind::Unary { op, value: v.0 }, caller_loc(Location::caller()), &[ph])[0]
+        self.push(
+            OpKind::Unary { op, value: v.0 },
+            caller_loc(Location::caller()),
+            &[ph],
+        )[0]
     }
     #[track_caller]
     pub fn cast(&mut self, v: Value, to: DType) -> Value {
         let ph = self.ty(v).with_elem(Elem::Num(to));
-        self.push(OpKind::Cast { value: v.0, to }, caller_loc(Location::caller()), &[ph])[0]
+        self.push(
+            OpKind::Cast { value: v.0, to },
+            caller_loc(Location::caller()),
+            &[ph],
+        )[0]
     }
     #[track_caller]
     pub fn select(&mut self, cond: Value, on_true: Value, on_false: Value) -> Value {
@@ -215,12 +288,26 @@ impl KernelBuilder {
         let (t, f) = self.broadcast_pair(on_true, on_false, &loc);
         let shape = self.ty(t).shape.clone();
         let c = if self.ty(cond).is_scalar() && !shape.is_empty() {
-            self.push1(OpKind::Splat { value: cond.0, shape }, loc.clone())
+            self.push1(
+                OpKind::Splat {
+                    value: cond.0,
+                    shape,
+                },
+                loc.clone(),
+            )
         } else {
             cond
         };
         let ph = self.ty(t).clone();
-        self.push(OpKind::Select { cond: c.0, on_true: t.0, on_false: f.0 }, loc, &[ph])[0]
+        self.push(
+            OpKind::Select {
+                cond: c.0,
+                on_true: t.0,
+                on_false: f.0,
+            },
+            loc,
+            &[ph],
+        )[0]
     }
 
     // ---- memory ----
@@ -231,7 +318,14 @@ impl KernelBuilder {
         let loc = caller_loc(Location::caller());
         let (p, o) = self.broadcast_pair(ptr, offset, &loc);
         let ph = self.ty(p).clone();
-        self.push(OpKind::AddPtr { ptr: p.0, offset: o.0 }, loc, &[ph])[0]
+        self.push(
+            OpKind::AddPtr {
+                ptr: p.0,
+                offset: o.0,
+            },
+            loc,
+            &[ph],
+        )[0]
     }
     #[track_caller]
     pub fn load(&mut self, ptr: Value) -> Value {
@@ -247,12 +341,22 @@ impl KernelBuilder {
         };
         let other = other.map(|o| {
             if self.ty(o).is_scalar() && !pt.is_scalar() {
-                self.push1(OpKind::Splat { value: o.0, shape: pt.shape.clone() }, loc.clone())
+                self.push1(
+                    OpKind::Splat {
+                        value: o.0,
+                        shape: pt.shape.clone(),
+                    },
+                    loc.clone(),
+                )
             } else {
                 o
             }
         });
-        let kind = OpKind::Load { ptr: ptr.0, mask: mask.map(|m| m.0), other: other.map(|o| o.0) };
+        let kind = OpKind::Load {
+            ptr: ptr.0,
+            mask: mask.map(|m| m.0),
+            other: other.map(|o| o.0),
+        };
         self.push(kind, loc, &[pt.with_elem(Elem::Num(d))])[0]
     }
     #[track_caller]
@@ -261,7 +365,11 @@ impl KernelBuilder {
     }
     #[track_caller]
     pub fn store_masked(&mut self, ptr: Value, value: Value, mask: Option<Value>) {
-        let kind = OpKind::Store { ptr: ptr.0, value: value.0, mask: mask.map(|m| m.0) };
+        let kind = OpKind::Store {
+            ptr: ptr.0,
+            value: value.0,
+            mask: mask.map(|m| m.0),
+        };
         self.push(kind, caller_loc(Location::caller()), &[]);
     }
 
@@ -270,8 +378,23 @@ impl KernelBuilder {
     #[track_caller]
     pub fn reduce(&mut self, op: ReduceOp, v: Value, axis: u8) -> Value {
         let t = self.ty(v).clone();
-        let ph = if t.shape.len() == 2 { Type::block(t.elem, &[t.shape[1 - (axis as usize).min(1)]]) } else { Type { elem: t.elem, shape: vec![] } };
-        self.push(OpKind::Reduce { op, value: v.0, axis }, caller_loc(Location::caller()), &[ph])[0]
+        let ph = if t.shape.len() == 2 {
+            Type::block(t.elem, &[t.shape[1 - (axis as usize).min(1)]])
+        } else {
+            Type {
+                elem: t.elem,
+                shape: vec![],
+            }
+        };
+        self.push(
+            OpKind::Reduce {
+                op,
+                value: v.0,
+                axis,
+            },
+            caller_loc(Location::caller()),
+            &[ph],
+        )[0]
     }
     #[track_caller]
     pub fn sum(&mut self, v: Value, axis: u8) -> Value {
@@ -301,17 +424,33 @@ impl KernelBuilder {
     ) -> Vec<Value> {
         let loc = caller_loc(Location::caller());
         let iv = self.fresh(Type::scalar(DType::I32));
-        let carried: Vec<Value> = init.iter().map(|v| Value(self.fresh(self.ty(*v).clone()))).collect();
-        self.stack.push(Region { args: std::iter::once(iv).chain(carried.iter().map(|v| v.0)).collect(), ops: vec![] });
+        let carried: Vec<Value> = init
+            .iter()
+            .map(|v| Value(self.fresh(self.ty(*v).clone())))
+            .collect();
+        self.stack.push(Region {
+            args: std::iter::once(iv)
+                .chain(carried.iter().map(|v| v.0))
+                .collect(),
+            ops: vec![],
+        });
         let next = body(self, Value(iv), &carried);
         self.stack.last_mut().expect("open region").ops.push(Op {
-            kind: OpKind::Yield { values: next.iter().map(|v| v.0).collect() },
+            kind: OpKind::Yield {
+                values: next.iter().map(|v| v.0).collect(),
+            },
             results: vec![],
             loc: loc.clone(),
         });
         let region = self.stack.pop().expect("loop region");
         let ph: Vec<Type> = init.iter().map(|v| self.ty(*v).clone()).collect();
-        let kind = OpKind::For { lo: lo.0, hi: hi.0, step: step.0, init: init.iter().map(|v| v.0).collect(), body: region };
+        let kind = OpKind::For {
+            lo: lo.0,
+            hi: hi.0,
+            step: step.0,
+            init: init.iter().map(|v| v.0).collect(),
+            body: region,
+        };
         self.push(kind, loc, &ph)
     }
 
@@ -327,10 +466,21 @@ impl KernelBuilder {
         let then_region = self.arm(then, &loc);
         let else_region = self.arm(otherwise, &loc);
         let ph: Vec<Type> = match then_region.ops.last().map(|o| &o.kind) {
-            Some(OpKind::Yield { values }) => values.iter().map(|v| self.types[v.0 as usize].clone()).collect(),
+            Some(OpKind::Yield { values }) => values
+                .iter()
+                .map(|v| self.types[v.0 as usize].clone())
+                .collect(),
             _ => vec![],
         };
-        self.push(OpKind::If { cond: cond.0, then_region, else_region }, loc, &ph)
+        self.push(
+            OpKind::If {
+                cond: cond.0,
+                then_region,
+                else_region,
+            },
+            loc,
+            &ph,
+        )
     }
 
     /// `if cond { then }` with no results.
@@ -350,7 +500,9 @@ impl KernelBuilder {
         self.stack.push(Region::default());
         let vals = f(self);
         self.stack.last_mut().expect("open region").ops.push(Op {
-            kind: OpKind::Yield { values: vals.iter().map(|v| v.0).collect() },
+            kind: OpKind::Yield {
+                values: vals.iter().map(|v| v.0).collect(),
+            },
             results: vec![],
             loc: loc.clone(),
         });
@@ -363,7 +515,13 @@ impl KernelBuilder {
             return Err(e);
         }
         let body = self.stack.pop().expect("top region");
-        let k = Kernel { name: self.name, params: self.params, body, types: self.types, num_warps: self.num_warps };
+        let k = Kernel {
+            name: self.name,
+            params: self.params,
+            body,
+            types: self.types,
+            num_warps: self.num_warps,
+        };
         verify(&k)?;
         Ok(k)
     }

@@ -76,13 +76,22 @@ pub struct Type {
 
 impl Type {
     pub fn scalar(d: DType) -> Type {
-        Type { elem: Elem::Num(d), shape: vec![] }
+        Type {
+            elem: Elem::Num(d),
+            shape: vec![],
+        }
     }
     pub fn ptr(d: DType) -> Type {
-        Type { elem: Elem::Ptr(d), shape: vec![] }
+        Type {
+            elem: Elem::Ptr(d),
+            shape: vec![],
+        }
     }
     pub fn block(elem: Elem, shape: &[usize]) -> Type {
-        Type { elem, shape: shape.to_vec() }
+        Type {
+            elem,
+            shape: shape.to_vec(),
+        }
     }
     pub fn is_scalar(&self) -> bool {
         self.shape.is_empty()
@@ -91,7 +100,10 @@ impl Type {
         self.shape.iter().product()
     }
     pub fn with_elem(&self, elem: Elem) -> Type {
-        Type { elem, shape: self.shape.clone() }
+        Type {
+            elem,
+            shape: self.shape.clone(),
+        }
     }
 }
 
@@ -195,39 +207,101 @@ pub struct Op {
 #[derive(Clone, Debug, PartialEq)]
 pub enum OpKind {
     /// The program's index along grid axis 0, 1 or 2 (i32).
-    ProgramId { axis: u8 },
+    ProgramId {
+        axis: u8,
+    },
     /// The grid's size along an axis (i32).
-    NumPrograms { axis: u8 },
-    Constant { value: Const, dtype: DType },
+    NumPrograms {
+        axis: u8,
+    },
+    Constant {
+        value: Const,
+        dtype: DType,
+    },
     /// `[start, start + 1, ..., end - 1]` as an i32 block.
-    Arange { start: i64, end: i64 },
+    Arange {
+        start: i64,
+        end: i64,
+    },
     /// A scalar copied to every element of a block of `shape`.
-    Splat { value: ValueId, shape: Vec<usize> },
+    Splat {
+        value: ValueId,
+        shape: Vec<usize>,
+    },
     /// A 1-D block of `n` elements to a 2-D block, repeating it `size` times along the new
     /// `axis` (0: `[size, n]`, every row a copy; 1: `[n, size]`, every column a copy).
-    Expand { value: ValueId, axis: u8, size: usize },
-    Binary { op: BinOp, lhs: ValueId, rhs: ValueId },
-    Cmp { op: CmpOp, lhs: ValueId, rhs: ValueId },
-    Unary { op: UnOp, value: ValueId },
+    Expand {
+        value: ValueId,
+        axis: u8,
+        size: usize,
+    },
+    Binary {
+        op: BinOp,
+        lhs: ValueId,
+        rhs: ValueId,
+    },
+    Cmp {
+        op: CmpOp,
+        lhs: ValueId,
+        rhs: ValueId,
+    },
+    Unary {
+        op: UnOp,
+        value: ValueId,
+    },
     /// Numeric conversion: floats round to nearest even, float to int truncates toward
     /// zero, ints wrap.
-    Cast { value: ValueId, to: DType },
-    Select { cond: ValueId, on_true: ValueId, on_false: ValueId },
+    Cast {
+        value: ValueId,
+        to: DType,
+    },
+    Select {
+        cond: ValueId,
+        on_true: ValueId,
+        on_false: ValueId,
+    },
     /// A pointer (or block of pointers) advanced by an element offset.
-    AddPtr { ptr: ValueId, offset: ValueId },
+    AddPtr {
+        ptr: ValueId,
+        offset: ValueId,
+    },
     /// Reads the pointed-to elements; where `mask` is false nothing is read and `other`
     /// (zero when absent) is the result.
-    Load { ptr: ValueId, mask: Option<ValueId>, other: Option<ValueId> },
-    Store { ptr: ValueId, value: ValueId, mask: Option<ValueId> },
+    Load {
+        ptr: ValueId,
+        mask: Option<ValueId>,
+        other: Option<ValueId>,
+    },
+    Store {
+        ptr: ValueId,
+        value: ValueId,
+        mask: Option<ValueId>,
+    },
     /// Reduces a block along `axis`: 1-D to a scalar, 2-D to 1-D.
-    Reduce { op: ReduceOp, value: ValueId, axis: u8 },
+    Reduce {
+        op: ReduceOp,
+        value: ValueId,
+        axis: u8,
+    },
     /// `for i in (lo..hi).step_by(step)` with carried values. `body.args` are `[i, carried..]`;
     /// the body ends with `Yield` of the next carried values; the results are their final
     /// values.
-    For { lo: ValueId, hi: ValueId, step: ValueId, init: Vec<ValueId>, body: Region },
+    For {
+        lo: ValueId,
+        hi: ValueId,
+        step: ValueId,
+        init: Vec<ValueId>,
+        body: Region,
+    },
     /// Branches on a scalar `Bool`; each arm ends with `Yield` of the results.
-    If { cond: ValueId, then_region: Region, else_region: Region },
-    Yield { values: Vec<ValueId> },
+    If {
+        cond: ValueId,
+        then_region: Region,
+        else_region: Region,
+    },
+    Yield {
+        values: Vec<ValueId>,
+    },
 }
 
 impl OpKind {
@@ -239,7 +313,11 @@ impl OpKind {
             Splat { value, .. } | Expand { value, .. } | Unary { value, .. } => vec![*value],
             Cast { value, .. } | Reduce { value, .. } => vec![*value],
             Binary { lhs, rhs, .. } | Cmp { lhs, rhs, .. } => vec![*lhs, *rhs],
-            Select { cond, on_true, on_false } => vec![*cond, *on_true, *on_false],
+            Select {
+                cond,
+                on_true,
+                on_false,
+            } => vec![*cond, *on_true, *on_false],
             AddPtr { ptr, offset } => vec![*ptr, *offset],
             Load { ptr, mask, other } => {
                 let mut v = vec![*ptr];
@@ -252,7 +330,9 @@ impl OpKind {
                 v.extend(mask.iter().copied());
                 v
             }
-            For { lo, hi, step, init, .. } => {
+            For {
+                lo, hi, step, init, ..
+            } => {
                 let mut v = vec![*lo, *hi, *step];
                 v.extend(init.iter().copied());
                 v
@@ -266,7 +346,11 @@ impl OpKind {
     pub fn regions(&self) -> Vec<&Region> {
         match self {
             OpKind::For { body, .. } => vec![body],
-            OpKind::If { then_region, else_region, .. } => vec![then_region, else_region],
+            OpKind::If {
+                then_region,
+                else_region,
+                ..
+            } => vec![then_region, else_region],
             _ => vec![],
         }
     }

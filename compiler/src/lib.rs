@@ -22,9 +22,19 @@ pub use ir::{BinOp, CmpOp, Const, DType, Elem, Kernel, ReduceOp, Type, UnOp};
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
 pub enum CompileError {
     #[error("kernel `{kernel}`: op `{op}`{loc}: {msg}")]
-    Build { kernel: String, op: String, loc: String, msg: String },
+    Build {
+        kernel: String,
+        op: String,
+        loc: String,
+        msg: String,
+    },
     #[error("kernel `{kernel}` failed verification: op `{op}`{loc}: {msg}")]
-    Verify { kernel: String, op: String, loc: String, msg: String },
+    Verify {
+        kernel: String,
+        op: String,
+        loc: String,
+        msg: String,
+    },
     #[error("kernel `{kernel}`: code generation: {msg}")]
     Codegen { kernel: String, msg: String },
 }

@@ -6,15 +6,28 @@ use std::fmt::Write;
 /// The kernel as text, e.g. `%7 = add %5, %6 : i32[128]`.
 pub fn print_kernel(k: &Kernel) -> String {
     let mut s = String::new();
-    let params: Vec<String> = k.params.iter().map(|p| format!("%{}: {} /*{}*/", p.value.0, p.ty, p.name)).collect();
-    let _ = writeln!(s, "kernel @{}({}) num_warps={} {{", k.name, params.join(", "), k.num_warps);
+    let params: Vec<String> = k
+        .params
+        .iter()
+        .map(|p| format!("%{}: {} /*{}*/", p.value.0, p.ty, p.name))
+        .collect();
+    let _ = writeln!(
+        s,
+        "kernel @{}({}) num_warps={} {{",
+        k.name,
+        params.join(", "),
+        k.num_warps
+    );
     print_region(k, &k.body, 1, &mut s);
     s.push_str("}\n");
     s
 }
 
 fn vals(v: &[ValueId]) -> String {
-    v.iter().map(|v| format!("%{}", v.0)).collect::<Vec<_>>().join(", ")
+    v.iter()
+        .map(|v| format!("%{}", v.0))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn attrs(kind: &OpKind) -> String {
@@ -67,7 +80,11 @@ fn print_region(k: &Kernel, r: &Region, depth: usize, s: &mut String) {
             continue;
         }
         for (i, sub) in regions.iter().enumerate() {
-            let args = if sub.args.is_empty() { String::new() } else { format!("({}) ", vals(&sub.args)) };
+            let args = if sub.args.is_empty() {
+                String::new()
+            } else {
+                format!("({}) ", vals(&sub.args))
+            };
             let head = if i == 0 { " " } else { " else " };
             let _ = writeln!(s, "{head}{args}{{");
             print_region(k, sub, depth + 1, s);

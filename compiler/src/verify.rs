@@ -19,7 +19,9 @@ fn same_shape(a: &Type, b: &Type, what: &str) -> Result<(), String> {
 }
 
 fn num(t: &Type, what: &str) -> Result<DType, String> {
-    t.elem.dtype().ok_or_else(|| format!("{what}: expected a number, found {t}"))
+    t.elem
+        .dtype()
+        .ok_or_else(|| format!("{what}: expected a number, found {t}"))
 }
 
 /// The types of the results of an op, given the types of the values it reads.
@@ -36,17 +38,24 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
         Constant { value, dtype } => {
             let ok = matches!(
                 (value, dtype.is_float(), *dtype == DType::Bool),
-                (Const::Float(_), true, _) | (Const::Int(_), false, false) | (Const::Bool(_), _, true)
+                (Const::Float(_), true, _)
+                    | (Const::Int(_), false, false)
+                    | (Const::Bool(_), _, true)
             );
             if !ok {
-                return Err(format!("constant {value:?} cannot have type {}", dtype.name()));
+                return Err(format!(
+                    "constant {value:?} cannot have type {}",
+                    dtype.name()
+                ));
             }
             one(Type::scalar(*dtype))
         }
         Arange { start, end } => {
             let n = end - start;
             if n <= 0 || !(n as u64).is_power_of_two() {
-                return Err(format!("arange({start}, {end}): the length must be a power of two"));
+                return Err(format!(
+                    "arange({start}, {end}): the length must be a power of two"
+                ));
             }
             one(Type::block(Elem::Num(DType::I32), &[n as usize]))
         }
@@ -66,7 +75,11 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
             if *axis > 1 {
                 return Err(format!("expand axis {axis} must be 0 or 1"));
             }
-            let shape = if *axis == 0 { vec![*size, t.shape[0]] } else { vec![t.shape[0], *size] };
+            let shape = if *axis == 0 {
+                vec![*size, t.shape[0]]
+            } else {
+                vec![t.shape[0], *size]
+            };
             check_shape(&shape)?;
             one(Type::block(t.elem, &shape))
         }
@@ -115,7 +128,11 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
             num(&t, "operand")?;
             one(t.with_elem(Elem::Num(*to)))
         }
-        Select { cond, on_true, on_false } => {
+        Select {
+            cond,
+            on_true,
+            on_false,
+        } => {
             let (c, a, b) = (ty(*cond), ty(*on_true), ty(*on_false));
             if c.elem != Elem::Num(DType::Bool) {
                 return Err(format!("select condition must be i1, found {c}"));
@@ -147,13 +164,18 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
             if let Some(m) = mask {
                 let m = ty(*m);
                 if m != p.with_elem(Elem::Num(DType::Bool)) {
-                    return Err(format!("load mask must be i1 of the pointer's shape, found {m}"));
+                    return Err(format!(
+                        "load mask must be i1 of the pointer's shape, found {m}"
+                    ));
                 }
             }
             if let Some(o) = other {
                 let o = ty(*o);
                 if o != p.with_elem(Elem::Num(d)) {
-                    return Err(format!("load `other` must be {}, found {o}", p.with_elem(Elem::Num(d))));
+                    return Err(format!(
+                        "load `other` must be {}, found {o}",
+                        p.with_elem(Elem::Num(d))
+                    ));
                 }
             }
             one(p.with_elem(Elem::Num(d)))
@@ -164,12 +186,17 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
                 return Err(format!("store needs a pointer, found {p}"));
             };
             if v != p.with_elem(Elem::Num(d)) {
-                return Err(format!("stored value must be {}, found {v}", p.with_elem(Elem::Num(d))));
+                return Err(format!(
+                    "stored value must be {}, found {v}",
+                    p.with_elem(Elem::Num(d))
+                ));
             }
             if let Some(m) = mask {
                 let m = ty(*m);
                 if m != p.with_elem(Elem::Num(DType::Bool)) {
-                    return Err(format!("store mask must be i1 of the pointer's shape, found {m}"));
+                    return Err(format!(
+                        "store mask must be i1 of the pointer's shape, found {m}"
+                    ));
                 }
             }
             Ok(vec![])
@@ -186,15 +213,25 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
                 _ => Err(format!("cannot reduce {t} along axis {axis}")),
             }
         }
-        For { lo, hi, step, init, body } => {
+        For {
+            lo,
+            hi,
+            step,
+            init,
+            body,
+        } => {
             for (name, v) in [("lo", lo), ("hi", hi), ("step", step)] {
                 let t = ty(*v);
                 if t != Type::scalar(DType::I32) {
-                    return Err(format!("loop bound `{name}` must be a scalar i32, found {t}"));
+                    return Err(format!(
+                        "loop bound `{name}` must be a scalar i32, found {t}"
+                    ));
                 }
             }
             if body.args.len() != init.len() + 1 {
-                return Err("loop body must take the induction variable and each carried value".into());
+                return Err(
+                    "loop body must take the induction variable and each carried value".into(),
+                );
             }
             if ty(body.args[0]) != Type::scalar(DType::I32) {
                 return Err("loop induction variable must be i32".into());
@@ -202,16 +239,27 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
             let mut out = vec![];
             for (i, (v, a)) in init.iter().zip(&body.args[1..]).enumerate() {
                 if ty(*v) != ty(*a) {
-                    return Err(format!("carried value {i}: initial {} but body takes {}", ty(*v), ty(*a)));
+                    return Err(format!(
+                        "carried value {i}: initial {} but body takes {}",
+                        ty(*v),
+                        ty(*a)
+                    ));
                 }
                 out.push(ty(*v));
             }
             check_yield(body, &out, &ty)?;
             Ok(out)
         }
-        If { cond, then_region, else_region } => {
+        If {
+            cond,
+            then_region,
+            else_region,
+        } => {
             if ty(*cond) != Type::scalar(DType::Bool) {
-                return Err(format!("if condition must be a scalar i1, found {}", ty(*cond)));
+                return Err(format!(
+                    "if condition must be a scalar i1, found {}",
+                    ty(*cond)
+                ));
             }
             let tys = yield_types(then_region, &ty)?;
             check_yield(else_region, &tys, &ty)?;
@@ -226,10 +274,14 @@ fn check_shape(shape: &[usize]) -> Result<(), String> {
         return Err(format!("blocks have 1 or 2 dimensions, found {shape:?}"));
     }
     if shape.iter().any(|d| !d.is_power_of_two()) {
-        return Err(format!("block dimensions must be powers of two, found {shape:?}"));
+        return Err(format!(
+            "block dimensions must be powers of two, found {shape:?}"
+        ));
     }
     if shape.iter().product::<usize>() > MAX_BLOCK_ELEMENTS {
-        return Err(format!("block {shape:?} exceeds {MAX_BLOCK_ELEMENTS} elements"));
+        return Err(format!(
+            "block {shape:?} exceeds {MAX_BLOCK_ELEMENTS} elements"
+        ));
     }
     Ok(())
 }
@@ -244,8 +296,17 @@ fn yield_types(r: &Region, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<Type>, St
 fn check_yield(r: &Region, want: &[Type], ty: &dyn Fn(ValueId) -> Type) -> Result<(), String> {
     let got = yield_types(r, ty)?;
     if got != want {
-        let f = |v: &[Type]| v.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ");
-        return Err(format!("region yields ({}) but ({}) expected", f(&got), f(want)));
+        let f = |v: &[Type]| {
+            v.iter()
+                .map(|t| t.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        return Err(format!(
+            "region yields ({}) but ({}) expected",
+            f(&got),
+            f(want)
+        ));
     }
     Ok(())
 }
@@ -260,18 +321,35 @@ pub fn verify(k: &Kernel) -> Result<(), CompileError> {
         msg,
     };
     if !(1..=32).contains(&k.num_warps) || !k.num_warps.is_power_of_two() {
-        return Err(err("kernel", &Loc::default(), format!("num_warps {} must be a power of two in 1..=32", k.num_warps)));
+        return Err(err(
+            "kernel",
+            &Loc::default(),
+            format!("num_warps {} must be a power of two in 1..=32", k.num_warps),
+        ));
     }
     let mut defined: HashSet<ValueId> = HashSet::new();
     for p in &k.params {
         if !p.ty.is_scalar() {
-            return Err(err("param", &Loc::default(), format!("parameter `{}` must be a scalar or a pointer", p.name)));
+            return Err(err(
+                "param",
+                &Loc::default(),
+                format!("parameter `{}` must be a scalar or a pointer", p.name),
+            ));
         }
         if !defined.insert(p.value) {
-            return Err(err("param", &Loc::default(), format!("parameter `{}` defined twice", p.name)));
+            return Err(err(
+                "param",
+                &Loc::default(),
+                format!("parameter `{}` defined twice", p.name),
+            ));
         }
     }
-    let ty = |v: ValueId| k.types.get(v.0 as usize).cloned().unwrap_or(Type::scalar(DType::I32));
+    let ty = |v: ValueId| {
+        k.types
+            .get(v.0 as usize)
+            .cloned()
+            .unwrap_or(Type::scalar(DType::I32))
+    };
     let mut scope: Vec<ValueId> = defined.iter().copied().collect();
     verify_region(k, &k.body, &mut scope, &mut defined, &ty, &err, true)
 }
@@ -290,7 +368,11 @@ fn verify_region(
     let mark = scope.len();
     for a in &r.args {
         if !defined.insert(*a) {
-            return Err(err("region", &Loc::default(), format!("value %{} defined twice", a.0)));
+            return Err(err(
+                "region",
+                &Loc::default(),
+                format!("value %{} defined twice", a.0),
+            ));
         }
         scope.push(*a);
     }
@@ -298,11 +380,19 @@ fn verify_region(
         let name = op.kind.name();
         for v in op.kind.operands() {
             if v.0 as usize >= k.types.len() || !scope.contains(&v) {
-                return Err(err(name, &op.loc, format!("uses %{} before it is defined", v.0)));
+                return Err(err(
+                    name,
+                    &op.loc,
+                    format!("uses %{} before it is defined", v.0),
+                ));
             }
         }
         if matches!(op.kind, OpKind::Yield { .. }) && (top || i + 1 != r.ops.len()) {
-            return Err(err(name, &op.loc, "yield must be the last op of a loop body or an if arm".into()));
+            return Err(err(
+                name,
+                &op.loc,
+                "yield must be the last op of a loop body or an if arm".into(),
+            ));
         }
         for sub in op.kind.regions() {
             verify_region(k, sub, scope, defined, ty, err, false)?;
@@ -310,7 +400,11 @@ fn verify_region(
         let want = result_types(&op.kind, ty).map_err(|m| err(name, &op.loc, m))?;
         let got: Vec<Type> = op.results.iter().map(|v| ty(*v)).collect();
         if want != got {
-            return Err(err(name, &op.loc, format!("result types {got:?} but the op gives {want:?}")));
+            return Err(err(
+                name,
+                &op.loc,
+                format!("result types {got:?} but the op gives {want:?}"),
+            ));
         }
         for v in &op.results {
             if !defined.insert(*v) {

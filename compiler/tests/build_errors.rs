@@ -77,7 +77,10 @@ fn loads_need_pointers_and_matching_masks() {
         let mask = b.lt(m16, c);
         b.load_masked(ptrs, Some(mask), None);
     });
-    assert!(msg.contains("mask must be i1 of the pointer's shape"), "{msg}");
+    assert!(
+        msg.contains("mask must be i1 of the pointer's shape"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -89,7 +92,10 @@ fn loop_carried_types_must_match() {
         let init = b.f32(0.0);
         b.for_range(lo, hi, st, &[init], |_, i, _| vec![i]);
     });
-    assert!(msg.contains("`for`") && msg.contains("yields (i32) but (f32) expected"), "{msg}");
+    assert!(
+        msg.contains("`for`") && msg.contains("yields (i32) but (f32) expected"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -102,7 +108,9 @@ fn verifier_catches_use_before_definition() {
     // Swap the two ops: the add now reads a value defined after it.
     k.body.ops.swap(0, 1);
     match verify(&k) {
-        Err(CompileError::Verify { kernel, op, msg, .. }) => {
+        Err(CompileError::Verify {
+            kernel, op, msg, ..
+        }) => {
             assert_eq!(kernel, "k");
             assert_eq!(op, "add");
             assert!(msg.contains("before it is defined"), "{msg}");

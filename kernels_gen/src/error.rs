@@ -7,7 +7,11 @@ use dusk_runtime::RuntimeError;
 #[derive(Debug, thiserror::Error)]
 pub enum DuskError {
     #[error("invalid argument `{arg}`: expected {expected}, found {found}")]
-    InvalidArgument { arg: &'static str, expected: String, found: String },
+    InvalidArgument {
+        arg: &'static str,
+        expected: String,
+        found: String,
+    },
     #[error(transparent)]
     Compile(#[from] CompileError),
     #[error(transparent)]
@@ -17,12 +21,25 @@ pub enum DuskError {
 pub type Result<T> = std::result::Result<T, DuskError>;
 
 /// An `InvalidArgument` error.
-pub(crate) fn invalid(arg: &'static str, expected: impl Into<String>, found: impl ToString) -> DuskError {
-    DuskError::InvalidArgument { arg, expected: expected.into(), found: found.to_string() }
+pub(crate) fn invalid(
+    arg: &'static str,
+    expected: impl Into<String>,
+    found: impl ToString,
+) -> DuskError {
+    DuskError::InvalidArgument {
+        arg,
+        expected: expected.into(),
+        found: found.to_string(),
+    }
 }
 
 /// Fails unless `cond`, naming `arg`.
-pub(crate) fn ensure(cond: bool, arg: &'static str, expected: impl Into<String>, found: impl ToString) -> Result<()> {
+pub(crate) fn ensure(
+    cond: bool,
+    arg: &'static str,
+    expected: impl Into<String>,
+    found: impl ToString,
+) -> Result<()> {
     if cond {
         Ok(())
     } else {

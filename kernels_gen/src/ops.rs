@@ -32,14 +32,24 @@ impl Dusk {
             let base = match cc {
                 (9, 0) => Target::sm90a(),
                 (major, _) if major >= 8 => Target::sm80(),
-                other => return Err(invalid("device", "compute capability 8.0 or newer", format!("{}.{}", other.0, other.1))),
+                other => {
+                    return Err(invalid(
+                        "device",
+                        "compute capability 8.0 or newer",
+                        format!("{}.{}", other.0, other.1),
+                    ))
+                }
             };
             let driver = device.driver_version().unwrap_or((12, 0));
             Some(base.for_driver(driver)?)
         } else {
             None
         };
-        Ok(Dusk { device, target, loaded: Mutex::new(HashMap::new()) })
+        Ok(Dusk {
+            device,
+            target,
+            loaded: Mutex::new(HashMap::new()),
+        })
     }
 
     pub fn device(&self) -> &Device {
@@ -52,7 +62,11 @@ impl Dusk {
     }
 
     /// The kernel made by `build`, compiled and loaded on first use.
-    fn kernel(&self, key: String, build: impl FnOnce() -> std::result::Result<Kernel, dusk_compiler::CompileError>) -> Result<Arc<LoadedKernel>> {
+    fn kernel(
+        &self,
+        key: String,
+        build: impl FnOnce() -> std::result::Result<Kernel, dusk_compiler::CompileError>,
+    ) -> Result<Arc<LoadedKernel>> {
         let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(k) = loaded.get(&key) {
             return Ok(k.clone());
@@ -73,7 +87,9 @@ impl Dusk {
         ensure(matches!(bits, 4 | 8), "bits", "4 or 8", bits)?;
         let rows = kv.rows();
         let mut out = QuantizedK {
-            packed: self.device.alloc::<u8>(rows * kv.head_dim * bits as usize / 8)?,
+            packed: self
+                .device
+                .alloc::<u8>(rows * kv.head_dim * bits as usize / 8)?,
             scale: self.device.alloc::<f16>(rows)?,
             zero: self.device.alloc::<f16>(rows)?,
             kv,
@@ -87,7 +103,12 @@ impl Dusk {
     pub fn quantize_k_into(&self, k: &Buffer<f16>, out: &mut QuantizedK) -> Result<()> {
         let kv = out.kv;
         kv.validate()?;
-        ensure(k.len() == kv.elements(), "k", format!("{} f16 values ({kv:?})", kv.elements()), k.len())?;
+        ensure(
+            k.len() == kv.elements(),
+            "k",
+            format!("{} f16 values ({kv:?})", kv.elements()),
+            k.len(),
+        )?;
         out.check_lengths()?;
         let cfg = QuantizeConfig::new(kv.head_dim, out.bits);
         let kernel = self.kernel(format!("{cfg:?}"), || quantize::build(&cfg))?;
@@ -97,7 +118,13 @@ impl Dusk {
         self.device.launch(
             &kernel,
             [grid, 1, 1],
-            &[Arg::from(k), Arg::from(&out.packed), Arg::from(&out.scale), Arg::from(&out.zero), Arg::I32(rows as i32)],
+            &[
+                Arg::from(k),
+                Arg::from(&out.packed),
+                Arg::from(&out.scale),
+                Arg::from(&out.zero),
+                Arg::I32(rows as i32),
+            ],
         )?;
         Ok(())
     }
@@ -119,9 +146,24 @@ impl QuantizedK {
         let rows = self.kv.rows();
         let bytes = rows * self.kv.head_dim * self.bits as usize / 8;
         ensure(matches!(self.bits, 4 | 8), "bits", "4 or 8", self.bits)?;
-        ensure(self.packed.len() == bytes, "packed", format!("{bytes} bytes"), self.packed.len())?;
-        ensure(self.scale.len() == rows, "scale", format!("{rows} values"), self.scale.len())?;
-        ensure(self.zero.len() == rows, "zero", format!("{rows} values"), self.zero.len())
+        ensure(
+            self.packed.len() == bytes,
+            "packed",
+            format!("{bytes} bytes"),
+            self.packed.len(),
+        )?;
+        ensure(
+            self.scale.len() == rows,
+            "scale",
+            format!("{rows} values"),
+            self.scale.len(),
+        )?;
+        ensure(
+            self.zero.len() == rows,
+            "zero",
+            format!("{rows} values"),
+            self.zero.len(),
+        )
     }
 }
 
@@ -144,7 +186,14 @@ pub struct SpgemvPlan {
 impl SpgemvPlan {
     /// Plans scoring `num_q_heads` query heads per sequence against `cand`'s tokens of a
     /// K cache quantized to `bits`.
-    pub fn new(dusk: &Dusk, kv: KvShape, num_q_heads: usize, bits: u32, table: &PageTable, cand: &TokenLists) -> Result<SpgemvPlan> {
+    pub fn new(
+        dusk: &Dusk,
+        kv: KvShape,
+        num_q_heads: usize,
+        bits: u32,
+        table: &PageTable,
+        cand: &TokenLists,
+    ) -> Result<SpgemvPlan> {
         Self::with_config(dusk, kv, num_q_heads, bits, table, cand, None)
     }
 
@@ -168,15 +217,35 @@ impl SpgemvPlan {
             num_q_heads,
         )?;
         let group = num_q_heads / kv.num_kv_heads;
-        ensure(group.is_power_of_two() && group <= 16, "num_q_heads", "a group (q heads per KV head) of 1, 2, 4, 8 or 16", group)?;
+        ensure(
+            group.is_power_of_two() && group <= 16,
+            "num_q_heads",
+            "a group (q heads per KV head) of 1, 2, 4, 8 or 16",
+            group,
+        )?;
         table.validate(&kv)?;
         cand.validate("cand", table, kv.page_size, kv.num_kv_heads)?;
         let num_scores = cand.indices.len() * group;
-        ensure(num_scores < i32::MAX as usize, "cand", "fewer than 2^31 scores", num_scores)?;
+        ensure(
+            num_scores < i32::MAX as usize,
+            "cand",
+            "fewer than 2^31 scores",
+            num_scores,
+        )?;
         let mut cfg = SpgemvConfig::new(kv.head_dim, kv.page_size, group, bits);
         if let Some((tokens, warps)) = tiling {
-            ensure(tokens.is_power_of_two() && (8..=512).contains(&tokens), "block_tokens", "a power of two in 8..=512", tokens)?;
-            ensure(warps.is_power_of_two() && (1..=16).contains(&warps), "num_warps", "1, 2, 4, 8 or 16", warps)?;
+            ensure(
+                tokens.is_power_of_two() && (8..=512).contains(&tokens),
+                "block_tokens",
+                "a power of two in 8..=512",
+                tokens,
+            )?;
+            ensure(
+                warps.is_power_of_two() && (1..=16).contains(&warps),
+                "num_warps",
+                "1, 2, 4, 8 or 16",
+                warps,
+            )?;
             cfg.block_tokens = tokens;
             cfg.num_warps = warps;
         }
@@ -184,7 +253,12 @@ impl SpgemvPlan {
         let dev = dusk.device();
         let rows = cand.rows();
         let tiles = cand.max_row_len().div_ceil(cfg.block_tokens).max(1);
-        ensure(rows <= i32::MAX as usize && tiles <= 65535, "cand", "at most 65535 * block_tokens tokens per row", cand.max_row_len())?;
+        ensure(
+            rows <= i32::MAX as usize && tiles <= 65535,
+            "cand",
+            "at most 65535 * block_tokens tokens per row",
+            cand.max_row_len(),
+        )?;
         Ok(SpgemvPlan {
             kernel,
             kv,
@@ -206,13 +280,39 @@ impl SpgemvPlan {
     }
 
     /// Scores `q` (f16 `[batch, num_q_heads, head_dim]`) against `k`'s candidates.
-    pub fn run(&self, dusk: &Dusk, q: &Buffer<f16>, k: &QuantizedK, scores: &mut Buffer<f32>) -> Result<()> {
+    pub fn run(
+        &self,
+        dusk: &Dusk,
+        q: &Buffer<f16>,
+        k: &QuantizedK,
+        scores: &mut Buffer<f32>,
+    ) -> Result<()> {
         let qlen = self.batch * self.num_q_heads * self.kv.head_dim;
-        ensure(q.len() == qlen, "q", format!("{qlen} f16 values (batch x q heads x head_dim)"), q.len())?;
-        ensure(k.kv == self.kv, "k", format!("a cache of shape {:?}", self.kv), format!("{:?}", k.kv))?;
-        ensure(k.bits == self.bits, "k", format!("{}-bit codes", self.bits), format!("{}-bit codes", k.bits))?;
+        ensure(
+            q.len() == qlen,
+            "q",
+            format!("{qlen} f16 values (batch x q heads x head_dim)"),
+            q.len(),
+        )?;
+        ensure(
+            k.kv == self.kv,
+            "k",
+            format!("a cache of shape {:?}", self.kv),
+            format!("{:?}", k.kv),
+        )?;
+        ensure(
+            k.bits == self.bits,
+            "k",
+            format!("{}-bit codes", self.bits),
+            format!("{}-bit codes", k.bits),
+        )?;
         k.check_lengths()?;
-        ensure(scores.len() == self.num_scores, "scores", format!("{} f32 values", self.num_scores), scores.len())?;
+        ensure(
+            scores.len() == self.num_scores,
+            "scores",
+            format!("{} f32 values", self.num_scores),
+            scores.len(),
+        )?;
         dusk.device().launch(
             &self.kernel,
             self.grid,

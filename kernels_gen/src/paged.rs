@@ -24,11 +24,36 @@ impl KvShape {
         self.rows() * self.head_dim
     }
     pub(crate) fn validate(&self) -> Result<()> {
-        ensure(self.num_pages > 0, "num_pages", "at least 1", self.num_pages)?;
-        ensure(self.page_size.is_power_of_two(), "page_size", "a power of two", self.page_size)?;
-        ensure(self.num_kv_heads > 0, "num_kv_heads", "at least 1", self.num_kv_heads)?;
-        ensure(matches!(self.head_dim, 64 | 128 | 256), "head_dim", "64, 128 or 256", self.head_dim)?;
-        ensure(self.elements() < (1usize << 40), "kv shape", "under 2^40 elements", self.elements())
+        ensure(
+            self.num_pages > 0,
+            "num_pages",
+            "at least 1",
+            self.num_pages,
+        )?;
+        ensure(
+            self.page_size.is_power_of_two(),
+            "page_size",
+            "a power of two",
+            self.page_size,
+        )?;
+        ensure(
+            self.num_kv_heads > 0,
+            "num_kv_heads",
+            "at least 1",
+            self.num_kv_heads,
+        )?;
+        ensure(
+            matches!(self.head_dim, 64 | 128 | 256),
+            "head_dim",
+            "64, 128 or 256",
+            self.head_dim,
+        )?;
+        ensure(
+            self.elements() < (1usize << 40),
+            "kv shape",
+            "under 2^40 elements",
+            self.elements(),
+        )
     }
 }
 
@@ -58,24 +83,71 @@ impl PageTable {
 
     /// Checks the CSR structure, every page index against `kv`, and each last-page length.
     pub fn validate(&self, kv: &KvShape) -> Result<()> {
-        ensure(!self.kv_indptr.is_empty(), "kv_indptr", "batch + 1 entries", "an empty array")?;
+        ensure(
+            !self.kv_indptr.is_empty(),
+            "kv_indptr",
+            "batch + 1 entries",
+            "an empty array",
+        )?;
         let batch = self.batch();
-        ensure(batch > 0, "kv_indptr", "at least 2 entries (batch >= 1)", self.kv_indptr.len())?;
-        ensure(self.kv_indptr[0] == 0, "kv_indptr", "kv_indptr[0] == 0", self.kv_indptr[0])?;
+        ensure(
+            batch > 0,
+            "kv_indptr",
+            "at least 2 entries (batch >= 1)",
+            self.kv_indptr.len(),
+        )?;
+        ensure(
+            self.kv_indptr[0] == 0,
+            "kv_indptr",
+            "kv_indptr[0] == 0",
+            self.kv_indptr[0],
+        )?;
         for w in self.kv_indptr.windows(2) {
-            ensure(w[0] <= w[1], "kv_indptr", "non-decreasing offsets", format!("{} then {}", w[0], w[1]))?;
+            ensure(
+                w[0] <= w[1],
+                "kv_indptr",
+                "non-decreasing offsets",
+                format!("{} then {}", w[0], w[1]),
+            )?;
         }
         let nnz = *self.kv_indptr.last().expect("non-empty") as usize;
-        ensure(nnz == self.kv_page_indices.len(), "kv_page_indices", format!("{nnz} entries (kv_indptr[batch])"), self.kv_page_indices.len())?;
-        if let Some(bad) = self.kv_page_indices.iter().find(|p| **p < 0 || **p as usize >= kv.num_pages) {
-            return Err(invalid("kv_page_indices", format!("page ids in 0..{}", kv.num_pages), bad));
+        ensure(
+            nnz == self.kv_page_indices.len(),
+            "kv_page_indices",
+            format!("{nnz} entries (kv_indptr[batch])"),
+            self.kv_page_indices.len(),
+        )?;
+        if let Some(bad) = self
+            .kv_page_indices
+            .iter()
+            .find(|p| **p < 0 || **p as usize >= kv.num_pages)
+        {
+            return Err(invalid(
+                "kv_page_indices",
+                format!("page ids in 0..{}", kv.num_pages),
+                bad,
+            ));
         }
-        ensure(self.kv_last_page_len.len() == batch, "kv_last_page_len", format!("{batch} entries"), self.kv_last_page_len.len())?;
+        ensure(
+            self.kv_last_page_len.len() == batch,
+            "kv_last_page_len",
+            format!("{batch} entries"),
+            self.kv_last_page_len.len(),
+        )?;
         for b in 0..batch {
             let pages = self.kv_indptr[b + 1] - self.kv_indptr[b];
             let last = self.kv_last_page_len[b];
-            let ok = if pages == 0 { last == 0 } else { last >= 1 && last as usize <= kv.page_size };
-            ensure(ok, "kv_last_page_len", format!("1..={} for a sequence with pages, 0 without", kv.page_size), format!("{last} for sequence {b}"))?;
+            let ok = if pages == 0 {
+                last == 0
+            } else {
+                last >= 1 && last as usize <= kv.page_size
+            };
+            ensure(
+                ok,
+                "kv_last_page_len",
+                format!("1..={} for a sequence with pages, 0 without", kv.page_size),
+                format!("{last} for sequence {b}"),
+            )?;
         }
         Ok(())
     }
@@ -106,7 +178,12 @@ impl TokenLists {
 
     /// The tokens of the chosen pages: `pages[b * num_kv_heads + h]` lists page numbers
     /// within sequence `b` (as a Quest selection gives), ascending.
-    pub fn from_pages(table: &PageTable, page_size: usize, num_kv_heads: usize, pages: &[Vec<usize>]) -> TokenLists {
+    pub fn from_pages(
+        table: &PageTable,
+        page_size: usize,
+        num_kv_heads: usize,
+        pages: &[Vec<usize>],
+    ) -> TokenLists {
         let mut indptr = vec![0i32];
         let mut indices = vec![];
         for (r, ps) in pages.iter().enumerate() {
@@ -127,23 +204,52 @@ impl TokenLists {
         &self.indices[self.indptr[r] as usize..self.indptr[r + 1] as usize]
     }
     pub fn max_row_len(&self) -> usize {
-        self.indptr.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0)
+        self.indptr
+            .windows(2)
+            .map(|w| (w[1] - w[0]) as usize)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Checks the CSR structure and that every position lies inside its sequence.
-    pub fn validate(&self, arg: &'static str, table: &PageTable, page_size: usize, num_kv_heads: usize) -> Result<()> {
+    pub fn validate(
+        &self,
+        arg: &'static str,
+        table: &PageTable,
+        page_size: usize,
+        num_kv_heads: usize,
+    ) -> Result<()> {
         let rows = table.batch() * num_kv_heads;
-        ensure(self.indptr.len() == rows + 1, arg, format!("{} indptr entries (batch * num_kv_heads + 1)", rows + 1), self.indptr.len())?;
+        ensure(
+            self.indptr.len() == rows + 1,
+            arg,
+            format!("{} indptr entries (batch * num_kv_heads + 1)", rows + 1),
+            self.indptr.len(),
+        )?;
         ensure(self.indptr[0] == 0, arg, "indptr[0] == 0", self.indptr[0])?;
         for w in self.indptr.windows(2) {
-            ensure(w[0] <= w[1], arg, "non-decreasing indptr", format!("{} then {}", w[0], w[1]))?;
+            ensure(
+                w[0] <= w[1],
+                arg,
+                "non-decreasing indptr",
+                format!("{} then {}", w[0], w[1]),
+            )?;
         }
         let nnz = *self.indptr.last().expect("non-empty") as usize;
-        ensure(nnz == self.indices.len(), arg, format!("{nnz} indices (indptr[rows])"), self.indices.len())?;
+        ensure(
+            nnz == self.indices.len(),
+            arg,
+            format!("{nnz} indices (indptr[rows])"),
+            self.indices.len(),
+        )?;
         for r in 0..rows {
             let n = table.seq_len(r / num_kv_heads, page_size) as i32;
             if let Some(bad) = self.row(r).iter().find(|t| **t < 0 || **t >= n) {
-                return Err(invalid(arg, format!("token positions in 0..{n} for row {r}"), bad));
+                return Err(invalid(
+                    arg,
+                    format!("token positions in 0..{n} for row {r}"),
+                    bad,
+                ));
             }
         }
         Ok(())

@@ -20,7 +20,12 @@ pub struct QuantizeConfig {
 
 impl QuantizeConfig {
     pub fn new(head_dim: usize, bits: u32) -> Self {
-        QuantizeConfig { head_dim, bits, block_rows: 16, num_warps: 4 }
+        QuantizeConfig {
+            head_dim,
+            bits,
+            block_rows: 16,
+            num_warps: 4,
+        }
     }
     /// Bytes of codes per row.
     pub fn packed_row_bytes(&self) -> usize {
@@ -71,7 +76,11 @@ pub fn build(cfg: &QuantizeConfig) -> Result<Kernel, CompileError> {
         let x = b.load_masked(p, Some(mask2), None);
         b.cast(x, DType::F32)
     };
-    let parts: Vec<Value> = if cfg.bits == 4 { vec![load_part(&mut b, 0), load_part(&mut b, 1)] } else { vec![load_part(&mut b, 0)] };
+    let parts: Vec<Value> = if cfg.bits == 4 {
+        vec![load_part(&mut b, 0), load_part(&mut b, 1)]
+    } else {
+        vec![load_part(&mut b, 0)]
+    };
 
     let mut hi = b.max(parts[0], 1);
     let mut lo = b.min(parts[0], 1);

@@ -18,16 +18,26 @@ pub fn quantize(k: &[f16], head_dim: usize, bits: u32) -> QuantizedRows {
     let rows = k.len() / head_dim;
     let levels = ((1u32 << bits) - 1) as f32;
     let row_bytes = head_dim * bits as usize / 8;
-    let mut out = QuantizedRows { packed: vec![0; rows * row_bytes], scale: vec![], zero: vec![] };
+    let mut out = QuantizedRows {
+        packed: vec![0; rows * row_bytes],
+        scale: vec![],
+        zero: vec![],
+    };
     for r in 0..rows {
-        let x: Vec<f32> = k[r * head_dim..(r + 1) * head_dim].iter().map(|v| v.to_f32()).collect();
+        let x: Vec<f32> = k[r * head_dim..(r + 1) * head_dim]
+            .iter()
+            .map(|v| v.to_f32())
+            .collect();
         let hi = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let lo = x.iter().copied().fold(f32::INFINITY, f32::min);
         let scale16 = f16::from_f32((hi - lo) / levels);
         let zero16 = f16::from_f32(lo);
         let (scale, zero) = (scale16.to_f32(), zero16.to_f32());
         let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-        let codes: Vec<u8> = x.iter().map(|v| ((v - zero) * inv + 0.5).clamp(0.0, levels) as u8).collect();
+        let codes: Vec<u8> = x
+            .iter()
+            .map(|v| ((v - zero) * inv + 0.5).clamp(0.0, levels) as u8)
+            .collect();
         let dst = &mut out.packed[r * row_bytes..(r + 1) * row_bytes];
         if bits == 4 {
             for (j, byte) in dst.iter_mut().enumerate() {
@@ -77,11 +87,14 @@ pub fn spgemv(
         let toks = cand.row(r);
         for (j, &pos) in toks.iter().enumerate() {
             let pos = pos as usize;
-            let page = table.kv_page_indices[table.kv_indptr[b] as usize + pos / kv.page_size] as usize;
+            let page =
+                table.kv_page_indices[table.kv_indptr[b] as usize + pos / kv.page_size] as usize;
             let krow = (page * kv.page_size + pos % kv.page_size) * kv.num_kv_heads + h;
             for g in 0..group {
                 let qrow = &q[(b * num_q_heads + h * group + g) * d..][..d];
-                let s: f64 = (0..d).map(|i| qrow[i].to_f64() * dequant(qk, d, bits, krow, i)).sum();
+                let s: f64 = (0..d)
+                    .map(|i| qrow[i].to_f64() * dequant(qk, d, bits, krow, i))
+                    .sum();
                 out[start * group + g * toks.len() + j] = s;
             }
         }

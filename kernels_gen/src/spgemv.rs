@@ -26,7 +26,14 @@ pub struct SpgemvConfig {
 
 impl SpgemvConfig {
     pub fn new(head_dim: usize, page_size: usize, group: usize, bits: u32) -> Self {
-        SpgemvConfig { head_dim, page_size, group, bits, block_tokens: 64, num_warps: 4 }
+        SpgemvConfig {
+            head_dim,
+            page_size,
+            group,
+            bits,
+            block_tokens: 64,
+            num_warps: 4,
+        }
     }
 }
 
@@ -36,7 +43,10 @@ impl SpgemvConfig {
 /// (i32), `cand_indptr` (i32 `[batch * kv_heads + 1]`), `cand_indices` (i32 token positions),
 /// `scores` (f32), `num_kv_heads` (i32). Grid: `(batch * kv_heads, ceil(max_row / block_tokens))`.
 pub fn build(cfg: &SpgemvConfig) -> Result<Kernel, CompileError> {
-    let name = format!("spgemv_quant_d{}_p{}_g{}_b{}", cfg.head_dim, cfg.page_size, cfg.group, cfg.bits);
+    let name = format!(
+        "spgemv_quant_d{}_p{}_g{}_b{}",
+        cfg.head_dim, cfg.page_size, cfg.group, cfg.bits
+    );
     let mut b = KernelBuilder::new(&name);
     b.set_num_warps(cfg.num_warps);
     let q = b.param_ptr("q", DType::F16);

@@ -22,35 +22,78 @@ fn table_for(seq_lens: &[usize], page_size: usize, rng: &mut SmallRng) -> (PageT
     for p in &pages {
         kv_indptr.push(kv_indptr.last().unwrap() + *p as i32);
     }
-    let kv_last_page_len = seq_lens.iter().zip(&pages).map(|(n, p)| if *p == 0 { 0 } else { (n - (p - 1) * page_size) as i32 }).collect();
-    (PageTable { kv_indptr, kv_page_indices: ids, kv_last_page_len }, total.max(1))
+    let kv_last_page_len = seq_lens
+        .iter()
+        .zip(&pages)
+        .map(|(n, p)| {
+            if *p == 0 {
+                0
+            } else {
+                (n - (p - 1) * page_size) as i32
+            }
+        })
+        .collect();
+    (
+        PageTable {
+            kv_indptr,
+            kv_page_indices: ids,
+            kv_last_page_len,
+        },
+        total.max(1),
+    )
 }
 
 fn random_f16(rng: &mut SmallRng, n: usize) -> Vec<f16> {
-    (0..n).map(|_| f16::from_f32(rng.random_range(-3.0f32..3.0))).collect()
+    (0..n)
+        .map(|_| f16::from_f32(rng.random_range(-3.0f32..3.0)))
+        .collect()
 }
 
 /// Quantizes and scores one random case on the interpreter; checks both against the
 /// references.
-fn check(seed: u64, seq_lens: &[usize], kv_heads: usize, group: usize, bits: u32, head_dim: usize, page_frac: Option<f64>) {
+fn check(
+    seed: u64,
+    seq_lens: &[usize],
+    kv_heads: usize,
+    group: usize,
+    bits: u32,
+    head_dim: usize,
+    page_frac: Option<f64>,
+) {
     let mut rng = SmallRng::seed_from_u64(seed);
     let dusk = Dusk::new(Device::cpu()).unwrap();
     let dev = dusk.device();
     let page_size = 16;
     let (table, num_pages) = table_for(seq_lens, page_size, &mut rng);
-    let kv = KvShape { num_pages, page_size, num_kv_heads: kv_heads, head_dim };
+    let kv = KvShape {
+        num_pages,
+        page_size,
+        num_kv_heads: kv_heads,
+        head_dim,
+    };
     let k_host = random_f16(&mut rng, kv.elements());
     let k = dev.upload(&k_host).unwrap();
     let qk = dusk.quantize_k(&k, kv, bits).unwrap();
-    let got = reference::QuantizedRows { packed: qk.packed.download().unwrap(), scale: qk.scale.download().unwrap(), zero: qk.zero.download().unwrap() };
-    assert_eq!(got, reference::quantize(&k_host, head_dim, bits), "quantize_k differs from the reference");
+    let got = reference::QuantizedRows {
+        packed: qk.packed.download().unwrap(),
+        scale: qk.scale.download().unwrap(),
+        zero: qk.zero.download().unwrap(),
+    };
+    assert_eq!(
+        got,
+        reference::quantize(&k_host, head_dim, bits),
+        "quantize_k differs from the reference"
+    );
     // Dequantized values lie within half a step of the input.
     for r in 0..kv.rows() {
         for i in 0..head_dim {
             let x = k_host[r * head_dim + i].to_f64();
             let step = got.scale[r].to_f64();
             let err = (reference::dequant(&got, head_dim, bits, r, i) - x).abs();
-            assert!(err <= step * 0.5 + 1e-3 * (1.0 + x.abs()), "row {r} elem {i}: {x} dequantizes {err} away (step {step})");
+            assert!(
+                err <= step * 0.5 + 1e-3 * (1.0 + x.abs()),
+                "row {r} elem {i}: {x} dequantizes {err} away (step {step})"
+            );
         }
     }
     let cand = match page_frac {
@@ -75,7 +118,10 @@ fn check(seed: u64, seq_lens: &[usize], kv_heads: usize, group: usize, bits: u32
     let got_s = scores.download().unwrap();
     let want = reference::spgemv(&q_host, q_heads, &got, bits, &kv, &table, &cand);
     let err = reference::rel_error(&got_s, &want);
-    assert!(err < 1e-3 || want.is_empty(), "spgemv relative error {err:.2e}");
+    assert!(
+        err < 1e-3 || want.is_empty(),
+        "spgemv relative error {err:.2e}"
+    );
 }
 
 #[test]
@@ -107,9 +153,21 @@ proptest! {
 
 fn small_setup() -> (Dusk, KvShape, PageTable, QuantizedK) {
     let dusk = Dusk::new(Device::cpu()).unwrap();
-    let kv = KvShape { num_pages: 3, page_size: 16, num_kv_heads: 2, head_dim: 64 };
-    let table = PageTable { kv_indptr: vec![0, 2, 3], kv_page_indices: vec![2, 0, 1], kv_last_page_len: vec![4, 16] };
-    let k = dusk.device().upload(&vec![f16::from_f32(0.25); kv.elements()]).unwrap();
+    let kv = KvShape {
+        num_pages: 3,
+        page_size: 16,
+        num_kv_heads: 2,
+        head_dim: 64,
+    };
+    let table = PageTable {
+        kv_indptr: vec![0, 2, 3],
+        kv_page_indices: vec![2, 0, 1],
+        kv_last_page_len: vec![4, 16],
+    };
+    let k = dusk
+        .device()
+        .upload(&vec![f16::from_f32(0.25); kv.elements()])
+        .unwrap();
     let qk = dusk.quantize_k(&k, kv, 4).unwrap();
     (dusk, kv, table, qk)
 }
@@ -126,7 +184,9 @@ fn out_of_range_page_ids_are_rejected() {
     let (dusk, kv, mut table, _) = small_setup();
     table.kv_page_indices[1] = 3;
     let cand = TokenLists::all_tokens(&table, 16, 2);
-    let e = SpgemvPlan::new(&dusk, kv, 4, 4, &table, &cand).err().unwrap();
+    let e = SpgemvPlan::new(&dusk, kv, 4, 4, &table, &cand)
+        .err()
+        .unwrap();
     assert_eq!(arg_of(e), "kv_page_indices");
 }
 
@@ -136,16 +196,26 @@ fn out_of_range_token_positions_are_rejected() {
     let mut cand = TokenLists::all_tokens(&table, 16, 2);
     let last = cand.indices.len() - 1;
     cand.indices[last] = 16; // sequence 1 has 16 tokens: 0..16
-    let e = SpgemvPlan::new(&dusk, kv, 4, 4, &table, &cand).err().unwrap();
+    let e = SpgemvPlan::new(&dusk, kv, 4, 4, &table, &cand)
+        .err()
+        .unwrap();
     assert_eq!(arg_of(e), "cand");
 }
 
 #[test]
 fn head_dim_not_built_for_is_rejected() {
     let dusk = Dusk::new(Device::cpu()).unwrap();
-    let kv = KvShape { num_pages: 1, page_size: 16, num_kv_heads: 1, head_dim: 96 };
+    let kv = KvShape {
+        num_pages: 1,
+        page_size: 16,
+        num_kv_heads: 1,
+        head_dim: 96,
+    };
     let k = dusk.device().upload(&vec![f16::ZERO; 16 * 96]).unwrap();
-    assert_eq!(arg_of(dusk.quantize_k(&k, kv, 4).err().unwrap()), "head_dim");
+    assert_eq!(
+        arg_of(dusk.quantize_k(&k, kv, 4).err().unwrap()),
+        "head_dim"
+    );
 }
 
 #[test]
@@ -153,20 +223,52 @@ fn mismatched_shapes_are_rejected() {
     let (dusk, kv, table, qk) = small_setup();
     let cand = TokenLists::all_tokens(&table, 16, 2);
     // 3 query heads do not divide into 2 KV heads.
-    assert_eq!(arg_of(SpgemvPlan::new(&dusk, kv, 3, 4, &table, &cand).err().unwrap()), "num_q_heads");
+    assert_eq!(
+        arg_of(
+            SpgemvPlan::new(&dusk, kv, 3, 4, &table, &cand)
+                .err()
+                .unwrap()
+        ),
+        "num_q_heads"
+    );
     let plan = SpgemvPlan::new(&dusk, kv, 4, 4, &table, &cand).unwrap();
     let dev = dusk.device();
     let mut scores = dev.alloc::<f32>(plan.num_scores()).unwrap();
     let short_q = dev.alloc::<f16>(10).unwrap();
-    assert_eq!(arg_of(plan.run(&dusk, &short_q, &qk, &mut scores).err().unwrap()), "q");
+    assert_eq!(
+        arg_of(plan.run(&dusk, &short_q, &qk, &mut scores).err().unwrap()),
+        "q"
+    );
     let q = dev.alloc::<f16>(2 * 4 * 64).unwrap();
     let mut short = dev.alloc::<f32>(plan.num_scores() - 1).unwrap();
-    assert_eq!(arg_of(plan.run(&dusk, &q, &qk, &mut short).err().unwrap()), "scores");
+    assert_eq!(
+        arg_of(plan.run(&dusk, &q, &qk, &mut short).err().unwrap()),
+        "scores"
+    );
     // Codes of another width than planned.
-    let k8 = dusk.quantize_k(&dev.alloc::<f16>(kv.elements()).unwrap(), kv, 8).unwrap();
-    assert_eq!(arg_of(plan.run(&dusk, &q, &k8, &mut scores).err().unwrap()), "k");
-    assert_eq!(arg_of(dusk.quantize_k(&dev.alloc::<f16>(5).unwrap(), kv, 4).err().unwrap()), "k");
-    assert_eq!(arg_of(dusk.quantize_k(&dev.alloc::<f16>(kv.elements()).unwrap(), kv, 3).err().unwrap()), "bits");
+    let k8 = dusk
+        .quantize_k(&dev.alloc::<f16>(kv.elements()).unwrap(), kv, 8)
+        .unwrap();
+    assert_eq!(
+        arg_of(plan.run(&dusk, &q, &k8, &mut scores).err().unwrap()),
+        "k"
+    );
+    assert_eq!(
+        arg_of(
+            dusk.quantize_k(&dev.alloc::<f16>(5).unwrap(), kv, 4)
+                .err()
+                .unwrap()
+        ),
+        "k"
+    );
+    assert_eq!(
+        arg_of(
+            dusk.quantize_k(&dev.alloc::<f16>(kv.elements()).unwrap(), kv, 3)
+                .err()
+                .unwrap()
+        ),
+        "bits"
+    );
 }
 
 #[test]
@@ -175,8 +277,14 @@ fn malformed_page_tables_are_rejected() {
     let cand = TokenLists::all_tokens(&table, 16, 2);
     let mut t = table.clone();
     t.kv_last_page_len[0] = 17;
-    assert_eq!(arg_of(SpgemvPlan::new(&dusk, kv, 4, 4, &t, &cand).err().unwrap()), "kv_last_page_len");
+    assert_eq!(
+        arg_of(SpgemvPlan::new(&dusk, kv, 4, 4, &t, &cand).err().unwrap()),
+        "kv_last_page_len"
+    );
     let mut t = table.clone();
     t.kv_indptr = vec![0, 3, 2];
-    assert_eq!(arg_of(SpgemvPlan::new(&dusk, kv, 4, 4, &t, &cand).err().unwrap()), "kv_indptr");
+    assert_eq!(
+        arg_of(SpgemvPlan::new(&dusk, kv, 4, 4, &t, &cand).err().unwrap()),
+        "kv_indptr"
+    );
 }

@@ -21,9 +21,15 @@ fn ptxas() -> PathBuf {
     }
     let script = "import glob,site,os;r=site.getsitepackages()+[site.getusersitepackages()];\
                   print(next(p for d in r for p in sorted(glob.glob(os.path.join(d,'nvidia','cu*','bin','ptxas')))))";
-    let out = Command::new("python3").args(["-c", script]).output().expect("python3 runs");
+    let out = Command::new("python3")
+        .args(["-c", script])
+        .output()
+        .expect("python3 runs");
     let p = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(!p.is_empty(), "ptxas not found: set DUSK_PTXAS or run ./dev.sh test, which installs it");
+    assert!(
+        !p.is_empty(),
+        "ptxas not found: set DUSK_PTXAS or run ./dev.sh test, which installs it"
+    );
     p.into()
 }
 
@@ -39,7 +45,11 @@ fn stock_kernels() -> Vec<Kernel> {
     }
     for (tokens, warps) in [(128, 4), (128, 8), (256, 8)] {
         for group in [1, 4] {
-            let cfg = SpgemvConfig { block_tokens: tokens, num_warps: warps, ..SpgemvConfig::new(128, 16, group, 4) };
+            let cfg = SpgemvConfig {
+                block_tokens: tokens,
+                num_warps: warps,
+                ..SpgemvConfig::new(128, 16, group, 4)
+            };
             ks.push(spgemv::build(&cfg).unwrap());
         }
     }
@@ -52,9 +62,17 @@ fn assemble(ptxas: &PathBuf, ptx: &str, arch: &str, name: &str) -> String {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join(format!("{name}_{arch}.ptx"));
     std::fs::write(&file, ptx).unwrap();
-    let out = Command::new(ptxas).args([&format!("-arch={arch}"), "-v", "-o", "/dev/null"]).arg(&file).output().expect("ptxas runs");
-    let report = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "ptxas rejected {name} for {arch}:\n{report}");
+    let out = Command::new(ptxas)
+        .args([&format!("-arch={arch}"), "-v", "-o", "/dev/null"])
+        .arg(&file)
+        .output()
+        .expect("ptxas runs");
+    let report =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "ptxas rejected {name} for {arch}:\n{report}"
+    );
     report
 }
 
@@ -66,8 +84,16 @@ fn stock_kernels_assemble_without_spills() {
             let ptx = compile(&k, &target).unwrap();
             let arch = target.arch_name();
             let report = assemble(&ptxas, &ptx, &arch, &k.name);
-            assert!(report.contains("0 bytes spill stores, 0 bytes spill loads"), "{} spills on {arch}:\n{report}", k.name);
-            assert!(report.contains("0 bytes stack frame"), "{} uses local memory on {arch}:\n{report}", k.name);
+            assert!(
+                report.contains("0 bytes spill stores, 0 bytes spill loads"),
+                "{} spills on {arch}:\n{report}",
+                k.name
+            );
+            assert!(
+                report.contains("0 bytes stack frame"),
+                "{} uses local memory on {arch}:\n{report}",
+                k.name
+            );
         }
     }
 }
@@ -76,7 +102,10 @@ fn stock_kernels_assemble_without_spills() {
 fn spgemv_reads_keys_in_16_byte_vectors() {
     let k = spgemv::build(&SpgemvConfig::new(128, 16, 4, 4)).unwrap();
     let ptx = compile(&k, &Target::sm90a()).unwrap();
-    assert!(ptx.contains("ld.global.v4.u32") || ptx.contains("ld.global.v4.b32"), "no 16-byte loads in:\n{ptx}");
+    assert!(
+        ptx.contains("ld.global.v4.u32") || ptx.contains("ld.global.v4.b32"),
+        "no 16-byte loads in:\n{ptx}"
+    );
 }
 
 #[test]
@@ -84,9 +113,16 @@ fn ptx_isa_follows_the_driver() {
     let k = quantize::build(&QuantizeConfig::new(128, 4)).unwrap();
     let t = Target::sm90a().for_driver((12, 2)).unwrap();
     let ptx = compile(&k, &t).unwrap();
-    assert!(ptx.contains(".version 8.2"), "{}", &ptx[..400.min(ptx.len())]);
+    assert!(
+        ptx.contains(".version 8.2"),
+        "{}",
+        &ptx[..400.min(ptx.len())]
+    );
     assert!(ptx.contains(".target sm_90a"));
     let t = Target::sm80().for_driver((13, 0)).unwrap();
     assert!(compile(&k, &t).unwrap().contains(".version 8.5"));
-    assert!(Target::sm90a().for_driver((11, 8)).is_err(), "sm_90a needs PTX 8.0, which a CUDA 11.8 driver lacks");
+    assert!(
+        Target::sm90a().for_driver((11, 8)).is_err(),
+        "sm_90a needs PTX 8.0, which a CUDA 11.8 driver lacks"
+    );
 }

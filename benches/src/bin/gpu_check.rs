@@ -23,7 +23,9 @@ type Res<T> = Result<T, Box<dyn Error>>;
 
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
 }
 
 /// A page table over shuffled pages; the last page of each sequence is partly filled
@@ -39,13 +41,30 @@ fn page_table(rng: &mut SmallRng, seq_lens: &[usize], page_size: usize) -> (Page
     let mut last = vec![];
     for (n, p) in seq_lens.iter().zip(&pages) {
         indptr.push(indptr.last().unwrap() + *p as i32);
-        last.push(if *p == 0 { 0 } else { (n - (p - 1) * page_size) as i32 });
+        last.push(if *p == 0 {
+            0
+        } else {
+            (n - (p - 1) * page_size) as i32
+        });
     }
-    (PageTable { kv_indptr: indptr, kv_page_indices: ids, kv_last_page_len: last }, total.max(1))
+    (
+        PageTable {
+            kv_indptr: indptr,
+            kv_page_indices: ids,
+            kv_last_page_len: last,
+        },
+        total.max(1),
+    )
 }
 
 /// For each (batch, KV head), a random `frac` of the sequence's pages.
-fn random_pages(rng: &mut SmallRng, table: &PageTable, page_size: usize, heads: usize, frac: f64) -> Vec<Vec<usize>> {
+fn random_pages(
+    rng: &mut SmallRng,
+    table: &PageTable,
+    page_size: usize,
+    heads: usize,
+    frac: f64,
+) -> Vec<Vec<usize>> {
     let mut out = vec![];
     for b in 0..table.batch() {
         let n = table.seq_len(b, page_size).div_ceil(page_size);
@@ -65,7 +84,9 @@ fn random_pages(rng: &mut SmallRng, table: &PageTable, page_size: usize, heads: 
 }
 
 fn random_f16(rng: &mut SmallRng, n: usize) -> Vec<f16> {
-    (0..n).map(|_| f16::from_f32(rng.random_range(-2.0f32..2.0))).collect()
+    (0..n)
+        .map(|_| f16::from_f32(rng.random_range(-2.0f32..2.0)))
+        .collect()
 }
 
 fn poisoned<T: dusk::runtime::Element>(dev: &Device, n: usize) -> Res<Buffer<T>> {
@@ -75,11 +96,24 @@ fn poisoned<T: dusk::runtime::Element>(dev: &Device, n: usize) -> Res<Buffer<T>>
 }
 
 /// One correctness case; returns (worst code difference, score relative error).
-fn check_case(dusk: &Dusk, rng: &mut SmallRng, seq_lens: &[usize], kv_heads: usize, group: usize, bits: u32, frac: f64) -> Res<(u8, f64)> {
+fn check_case(
+    dusk: &Dusk,
+    rng: &mut SmallRng,
+    seq_lens: &[usize],
+    kv_heads: usize,
+    group: usize,
+    bits: u32,
+    frac: f64,
+) -> Res<(u8, f64)> {
     let dev = dusk.device();
     let page_size = 16;
     let (table, num_pages) = page_table(rng, seq_lens, page_size);
-    let kv = KvShape { num_pages, page_size, num_kv_heads: kv_heads, head_dim: 128 };
+    let kv = KvShape {
+        num_pages,
+        page_size,
+        num_kv_heads: kv_heads,
+        head_dim: 128,
+    };
     let k_host = random_f16(rng, kv.elements());
     let k = dev.upload(&k_host)?;
     let rows = kv.rows();
@@ -91,7 +125,11 @@ fn check_case(dusk: &Dusk, rng: &mut SmallRng, seq_lens: &[usize], kv_heads: usi
         bits,
     };
     dusk.quantize_k_into(&k, &mut qk)?;
-    let got = reference::QuantizedRows { packed: qk.packed.download()?, scale: qk.scale.download()?, zero: qk.zero.download()? };
+    let got = reference::QuantizedRows {
+        packed: qk.packed.download()?,
+        scale: qk.scale.download()?,
+        zero: qk.zero.download()?,
+    };
     let want = reference::quantize(&k_host, kv.head_dim, bits);
     if got.scale != want.scale || got.zero != want.zero {
         return Err("quantize_k: scale or zero differs from the reference".into());
@@ -111,7 +149,12 @@ fn check_case(dusk: &Dusk, rng: &mut SmallRng, seq_lens: &[usize], kv_heads: usi
     let cand = if frac >= 1.0 {
         TokenLists::all_tokens(&table, page_size, kv_heads)
     } else {
-        TokenLists::from_pages(&table, page_size, kv_heads, &random_pages(rng, &table, page_size, kv_heads, frac))
+        TokenLists::from_pages(
+            &table,
+            page_size,
+            kv_heads,
+            &random_pages(rng, &table, page_size, kv_heads, frac),
+        )
     };
     let q_heads = kv_heads * group;
     let q_host = random_f16(rng, table.batch() * q_heads * kv.head_dim);
@@ -129,11 +172,23 @@ struct BenchCase {
     quarter: bool,
 }
 
-fn bench_case(dusk: &Dusk, rng: &mut SmallRng, c: &BenchCase, copy_gbps: f64, tilings: &[(usize, u32)]) -> Res<Vec<(String, f64, f64)>> {
+fn bench_case(
+    dusk: &Dusk,
+    rng: &mut SmallRng,
+    c: &BenchCase,
+    copy_gbps: f64,
+    tilings: &[(usize, u32)],
+) -> Res<Vec<(String, f64, f64)>> {
     let dev = dusk.device();
-    let (batch, q_heads, context, page_size, d, bits) = (32usize, 32usize, 32768usize, 16usize, 128usize, 4u32);
+    let (batch, q_heads, context, page_size, d, bits) =
+        (32usize, 32usize, 32768usize, 16usize, 128usize, 4u32);
     let (table, num_pages) = page_table(rng, &vec![context; batch], page_size);
-    let kv = KvShape { num_pages, page_size, num_kv_heads: c.kv_heads, head_dim: d };
+    let kv = KvShape {
+        num_pages,
+        page_size,
+        num_kv_heads: c.kv_heads,
+        head_dim: d,
+    };
     let rows = kv.rows();
     // Random codes, scales and zeros: K is far larger than L2, so no rotation is needed.
     let mut packed = vec![0u8; rows * d / 2];
@@ -147,7 +202,12 @@ fn bench_case(dusk: &Dusk, rng: &mut SmallRng, c: &BenchCase, copy_gbps: f64, ti
     };
     drop(packed);
     let cand = if c.quarter {
-        TokenLists::from_pages(&table, page_size, c.kv_heads, &random_pages(rng, &table, page_size, c.kv_heads, 0.25))
+        TokenLists::from_pages(
+            &table,
+            page_size,
+            c.kv_heads,
+            &random_pages(rng, &table, page_size, c.kv_heads, 0.25),
+        )
     } else {
         TokenLists::all_tokens(&table, page_size, c.kv_heads)
     };
@@ -159,9 +219,20 @@ fn bench_case(dusk: &Dusk, rng: &mut SmallRng, c: &BenchCase, copy_gbps: f64, ti
     let bytes = nnz * (d * bits as usize / 8 + 4 + 4) + nnz * group * 4;
     let mut out = vec![];
     for &(tokens, warps) in tilings {
-        let plan = SpgemvPlan::with_config(dusk, kv, q_heads, bits, &table, &cand, Some((tokens, warps)))?;
+        let plan = SpgemvPlan::with_config(
+            dusk,
+            kv,
+            q_heads,
+            bits,
+            &table,
+            &cand,
+            Some((tokens, warps)),
+        )?;
         let mut scores = dev.alloc::<f32>(plan.num_scores())?;
-        let times = dev.time_us(40, 5, || plan.run(dusk, &q, &qk, &mut scores).map_err(|e| e.to_string()))?;
+        let times = dev.time_us(40, 5, || {
+            plan.run(dusk, &q, &qk, &mut scores)
+                .map_err(|e| e.to_string())
+        })?;
         let us = median(&times);
         let gbps = bytes as f64 / (us * 1e-6) / 1e9;
         println!(
@@ -177,7 +248,12 @@ fn bench_case(dusk: &Dusk, rng: &mut SmallRng, c: &BenchCase, copy_gbps: f64, ti
 
 fn main() -> Res<()> {
     let dev = Device::gpu(0)?;
-    println!("device: {} (driver {:?}, cc {:?})", dev.name(), dev.driver_version(), dev.compute_capability());
+    println!(
+        "device: {} (driver {:?}, cc {:?})",
+        dev.name(),
+        dev.driver_version(),
+        dev.compute_capability()
+    );
     let dusk = Dusk::new(dev.clone())?;
     let mut rng = SmallRng::seed_from_u64(std::process::id() as u64 ^ 0x5eed);
 
@@ -213,7 +289,10 @@ fn main() -> Res<()> {
     drop((src, dst));
     println!("device copy: {copy_gbps:.0} GB/s (read + write)");
 
-    let peer: Option<Value> = arg("--peer").map(|p| std::fs::read_to_string(p).map(|s| serde_json::from_str(&s))).transpose()?.transpose()?;
+    let peer: Option<Value> = arg("--peer")
+        .map(|p| std::fs::read_to_string(p).map(|s| serde_json::from_str(&s)))
+        .transpose()?
+        .transpose()?;
     let tilings = [(64usize, 4u32), (128, 4), (128, 8), (256, 8)];
     let mut cases = vec![];
     for kv_heads in [8usize, 32] {
@@ -224,7 +303,12 @@ fn main() -> Res<()> {
             let (_, us, bytes) = results[0];
             let cand_name = if quarter { "quarter_pages" } else { "all" };
             let peer_us = peer.as_ref().and_then(|p| {
-                p["cases"].as_array()?.iter().find(|x| x["num_kv_heads"] == kv_heads && x["candidates"] == cand_name)?["peer_us"].as_f64()
+                p["cases"]
+                    .as_array()?
+                    .iter()
+                    .find(|x| x["num_kv_heads"] == kv_heads && x["candidates"] == cand_name)?
+                    ["peer_us"]
+                    .as_f64()
             });
             let gbps = bytes / (us * 1e-6) / 1e9;
             cases.push(json!({

@@ -13,7 +13,10 @@ use inkwell::builder::Builder;
 use inkwell::context::Context;
 use inkwell::module::{Linkage, Module};
 use inkwell::types::{BasicType, BasicTypeEnum};
-use inkwell::values::{FastMathFlags, FloatValue, BasicMetadataValueEnum, BasicValue, BasicValueEnum, FunctionValue, GlobalValue, IntValue, PointerValue};
+use inkwell::values::{
+    BasicMetadataValueEnum, BasicValue, BasicValueEnum, FastMathFlags, FloatValue, FunctionValue,
+    GlobalValue, IntValue, PointerValue,
+};
 use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
 use std::collections::HashMap;
 
@@ -70,35 +73,64 @@ pub(super) fn lower<'c>(
     let md = ctx.metadata_node(&[
         func.as_global_value().as_pointer_value().into(),
         ctx.metadata_string("maxntidx").into(),
-        ctx.i32_type().const_int(k.num_threads() as u64, false).into(),
+        ctx.i32_type()
+            .const_int(k.num_threads() as u64, false)
+            .into(),
     ]);
-    module.add_global_metadata("nvvm.annotations", &md).map_err(|e| CompileError::Codegen {
-        kernel: k.name.clone(),
-        msg: format!("annotation: {e}"),
-    })?;
+    module
+        .add_global_metadata("nvvm.annotations", &md)
+        .map_err(|e| CompileError::Codegen {
+            kernel: k.name.clone(),
+            msg: format!("annotation: {e}"),
+        })?;
     let entry = ctx.append_basic_block(func, "entry");
     let b = ctx.create_builder();
     b.position_at_end(entry);
     let i32t = ctx.i32_type();
     let zero = i32t.const_zero();
-    let mut l = Lower { ctx, module, b, func, k, axes, layouts, vals: HashMap::new(), lane: zero, warp: zero, tid: zero, smem: None };
+    let mut l = Lower {
+        ctx,
+        module,
+        b,
+        func,
+        k,
+        axes,
+        layouts,
+        vals: HashMap::new(),
+        lane: zero,
+        warp: zero,
+        tid: zero,
+        smem: None,
+    };
     l.tid = l.sreg("tid.x")?;
-    l.lane = l.b.build_and(l.tid, i32t.const_int(31, false), "lane").map_err(|e| l.err(e))?;
-    l.warp = l.b.build_right_shift(l.tid, i32t.const_int(5, false), false, "warp").map_err(|e| l.err(e))?;
+    l.lane =
+        l.b.build_and(l.tid, i32t.const_int(31, false), "lane")
+            .map_err(|e| l.err(e))?;
+    l.warp =
+        l.b.build_right_shift(l.tid, i32t.const_int(5, false), false, "warp")
+            .map_err(|e| l.err(e))?;
     let smem_bytes = shared_bytes(k, layouts);
     if smem_bytes > 48 * 1024 {
-        return Err(l.err(format!("needs {smem_bytes} bytes of shared memory, more than the 48 KiB static limit")));
+        return Err(l.err(format!(
+            "needs {smem_bytes} bytes of shared memory, more than the 48 KiB static limit"
+        )));
     }
     if smem_bytes > 0 {
         let ty = ctx.i8_type().array_type(smem_bytes as u32);
-        let g = l.module.add_global(ty, Some(AddressSpace::from(SHARED)), "dusk_smem");
+        let g = l
+            .module
+            .add_global(ty, Some(AddressSpace::from(SHARED)), "dusk_smem");
         g.set_linkage(Linkage::Internal);
         g.set_alignment(16);
         g.set_initializer(&ty.get_undef());
         l.smem = Some(g);
     }
     for p in &k.params {
-        let idx = k.params.iter().position(|q| q.value == p.value).expect("param");
+        let idx = k
+            .params
+            .iter()
+            .position(|q| q.value == p.value)
+            .expect("param");
         let v = l.func.get_nth_param(idx as u32).expect("param value");
         l.vals.insert(p.value, Cv::S(v));
     }
@@ -126,13 +158,25 @@ fn shared_bytes(k: &Kernel, layouts: &Layouts) -> usize {
         let need = match &op.kind {
             OpKind::Reduce { value, axis, .. } => {
                 let t = k.ty(*value);
-                let wide = if t.elem == Elem::Num(DType::I64) { 8 } else { 4 };
+                let wide = if t.elem == Elem::Num(DType::I64) {
+                    8
+                } else {
+                    4
+                };
                 match layouts.get(*value) {
                     Layout::Blocked(b) if t.shape.len() == 2 => {
                         let a = *axis as usize;
-                        let reduce = if b.warps_per_cta[a] > 1 { b.warps_per_cta[a] * b.shape[1 - a] * wide } else { 0 };
+                        let reduce = if b.warps_per_cta[a] > 1 {
+                            b.warps_per_cta[a] * b.shape[1 - a] * wide
+                        } else {
+                            0
+                        };
                         let res = op.results[0];
-                        let convert = if layouts.get(res) != &(Layout::Slice { parent: b.clone(), dim: a }) {
+                        let convert = if layouts.get(res)
+                            != &(Layout::Slice {
+                                parent: b.clone(),
+                                dim: a,
+                            }) {
                             b.shape[1 - a] * wide
                         } else {
                             0
@@ -145,7 +189,13 @@ fn shared_bytes(k: &Kernel, layouts: &Layouts) -> usize {
             OpKind::Expand { value, axis, .. } => {
                 let t = k.ty(*value);
                 let needs_convert = match layouts.get(op.results[0]) {
-                    Layout::Blocked(parent) => layouts.get(*value) != &(Layout::Slice { parent: parent.clone(), dim: *axis as usize }),
+                    Layout::Blocked(parent) => {
+                        layouts.get(*value)
+                            != &(Layout::Slice {
+                                parent: parent.clone(),
+                                dim: *axis as usize,
+                            })
+                    }
                     _ => true,
                 };
                 let esize = t.elem.dtype().map(|d| d.size_bytes()).unwrap_or(8);
@@ -164,20 +214,36 @@ fn shared_bytes(k: &Kernel, layouts: &Layouts) -> usize {
 
 impl<'c, 'k> Lower<'c, 'k> {
     fn err(&self, msg: impl std::fmt::Display) -> CompileError {
-        CompileError::Codegen { kernel: self.k.name.clone(), msg: msg.to_string() }
+        CompileError::Codegen {
+            kernel: self.k.name.clone(),
+            msg: msg.to_string(),
+        }
     }
 
     fn sreg(&self, name: &str) -> R<IntValue<'c>> {
-        let f = self.intrinsic(&format!("llvm.nvvm.read.ptx.sreg.{name}"), self.ctx.i32_type().fn_type(&[], false));
+        let f = self.intrinsic(
+            &format!("llvm.nvvm.read.ptx.sreg.{name}"),
+            self.ctx.i32_type().fn_type(&[], false),
+        );
         let v = self.b.build_call(f, &[], name).map_err(|e| self.err(e))?;
-        Ok(v.try_as_basic_value().basic().expect("sreg value").into_int_value())
+        Ok(v.try_as_basic_value()
+            .basic()
+            .expect("sreg value")
+            .into_int_value())
     }
 
     fn intrinsic(&self, name: &str, ty: inkwell::types::FunctionType<'c>) -> FunctionValue<'c> {
-        self.module.get_function(name).unwrap_or_else(|| self.module.add_function(name, ty, None))
+        self.module
+            .get_function(name)
+            .unwrap_or_else(|| self.module.add_function(name, ty, None))
     }
 
-    fn call(&self, name: &str, ret: BasicTypeEnum<'c>, args: &[BasicValueEnum<'c>]) -> R<BasicValueEnum<'c>> {
+    fn call(
+        &self,
+        name: &str,
+        ret: BasicTypeEnum<'c>,
+        args: &[BasicValueEnum<'c>],
+    ) -> R<BasicValueEnum<'c>> {
         let arg_tys: Vec<_> = args.iter().map(|a| a.get_type().into()).collect();
         let f = self.intrinsic(name, ret.fn_type(&arg_tys, false));
         let args: Vec<BasicMetadataValueEnum> = args.iter().map(|a| (*a).into()).collect();
@@ -190,7 +256,10 @@ impl<'c, 'k> Lower<'c, 'k> {
     }
 
     fn get(&self, v: ValueId) -> Cv<'c> {
-        self.vals.get(&v).cloned().expect("value lowered before use")
+        self.vals
+            .get(&v)
+            .cloned()
+            .expect("value lowered before use")
     }
 
     fn elems(&self, v: ValueId) -> Vec<BasicValueEnum<'c>> {
@@ -209,8 +278,13 @@ impl<'c, 'k> Lower<'c, 'k> {
     /// The thread's lane and warp index along dimension `d` of a blocked layout.
     fn thread_coord(&self, bl: &Blocked, d: usize) -> R<(IntValue<'c>, IntValue<'c>)> {
         let part = |id: IntValue<'c>, stride: usize, count: usize| -> R<IntValue<'c>> {
-            let shifted = self.b.build_right_shift(id, self.i32c(stride.trailing_zeros() as i64), false, "").map_err(|x| self.err(x))?;
-            self.b.build_and(shifted, self.i32c(count as i64 - 1), "").map_err(|x| self.err(x))
+            let shifted = self
+                .b
+                .build_right_shift(id, self.i32c(stride.trailing_zeros() as i64), false, "")
+                .map_err(|x| self.err(x))?;
+            self.b
+                .build_and(shifted, self.i32c(count as i64 - 1), "")
+                .map_err(|x| self.err(x))
         };
         Ok((
             part(self.lane, bl.lane_stride(d), bl.threads_per_warp[d])?,
@@ -221,17 +295,30 @@ impl<'c, 'k> Lower<'c, 'k> {
     /// Where the thread's first element lies along `d`, before wrapping replicas.
     fn raw_base(&self, bl: &Blocked, d: usize) -> R<IntValue<'c>> {
         let (lane_d, warp_d) = self.thread_coord(bl, d)?;
-        let w = self.b.build_int_mul(warp_d, self.i32c(bl.threads_per_warp[d] as i64), "").map_err(|x| self.err(x))?;
-        let t = self.b.build_int_add(w, lane_d, "").map_err(|x| self.err(x))?;
-        self.b.build_int_mul(t, self.i32c(bl.size_per_thread[d] as i64), "").map_err(|x| self.err(x))
+        let w = self
+            .b
+            .build_int_mul(warp_d, self.i32c(bl.threads_per_warp[d] as i64), "")
+            .map_err(|x| self.err(x))?;
+        let t = self
+            .b
+            .build_int_add(w, lane_d, "")
+            .map_err(|x| self.err(x))?;
+        self.b
+            .build_int_mul(t, self.i32c(bl.size_per_thread[d] as i64), "")
+            .map_err(|x| self.err(x))
     }
 
     /// Coordinate along `d` of the thread's `i`-th element along `d`.
     fn coord(&self, bl: &Blocked, d: usize, i: usize) -> R<IntValue<'c>> {
         let base = self.raw_base(bl, d)?;
-        let c = self.b.build_int_add(base, self.i32c(bl.slot_offset(d, i) as i64), "").map_err(|x| self.err(x))?;
+        let c = self
+            .b
+            .build_int_add(base, self.i32c(bl.slot_offset(d, i) as i64), "")
+            .map_err(|x| self.err(x))?;
         if bl.tile(d) > bl.shape[d] {
-            self.b.build_and(c, self.i32c(bl.shape[d] as i64 - 1), "").map_err(|x| self.err(x))
+            self.b
+                .build_and(c, self.i32c(bl.shape[d] as i64 - 1), "")
+                .map_err(|x| self.err(x))
         } else {
             Ok(c)
         }
@@ -255,7 +342,11 @@ impl<'c, 'k> Lower<'c, 'k> {
             Layout::Blocked(bl) => {
                 for s in 0..l.slots() {
                     let idx = Self::split_slot(bl, s);
-                    let c: R<Vec<_>> = idx.iter().enumerate().map(|(d, i)| self.coord(bl, d, *i)).collect();
+                    let c: R<Vec<_>> = idx
+                        .iter()
+                        .enumerate()
+                        .map(|(d, i)| self.coord(bl, d, *i))
+                        .collect();
                     out.push(c?);
                 }
             }
@@ -275,7 +366,11 @@ impl<'c, 'k> Lower<'c, 'k> {
         let mut conds = vec![];
         match l {
             Layout::Scalar => {
-                conds.push(self.b.build_int_compare(IntPredicate::EQ, self.tid, self.i32c(0), "").map_err(|x| self.err(x))?);
+                conds.push(
+                    self.b
+                        .build_int_compare(IntPredicate::EQ, self.tid, self.i32c(0), "")
+                        .map_err(|x| self.err(x))?,
+                );
             }
             Layout::Blocked(bl) => {
                 for d in 0..bl.rank() {
@@ -285,8 +380,15 @@ impl<'c, 'k> Lower<'c, 'k> {
             Layout::Slice { parent, dim } => {
                 conds.extend(self.not_replica(parent, 1 - dim)?);
                 let (lane_d, warp_d) = self.thread_coord(parent, *dim)?;
-                let both = self.b.build_or(lane_d, warp_d, "").map_err(|x| self.err(x))?;
-                conds.push(self.b.build_int_compare(IntPredicate::EQ, both, self.i32c(0), "").map_err(|x| self.err(x))?);
+                let both = self
+                    .b
+                    .build_or(lane_d, warp_d, "")
+                    .map_err(|x| self.err(x))?;
+                conds.push(
+                    self.b
+                        .build_int_compare(IntPredicate::EQ, both, self.i32c(0), "")
+                        .map_err(|x| self.err(x))?,
+                );
             }
         }
         let mut acc: Option<IntValue<'c>> = None;
@@ -305,7 +407,9 @@ impl<'c, 'k> Lower<'c, 'k> {
             return Ok(None);
         }
         let base = self.raw_base(bl, d)?;
-        let c = self.b.build_int_compare(IntPredicate::ULT, base, self.i32c(bl.shape[d] as i64), "");
+        let c =
+            self.b
+                .build_int_compare(IntPredicate::ULT, base, self.i32c(bl.shape[d] as i64), "");
         Ok(Some(c.map_err(|x| self.err(x))?))
     }
 
@@ -325,15 +429,26 @@ impl<'c, 'k> Lower<'c, 'k> {
         use OpKind::*;
         let res = op.results.first().copied();
         let out: Cv<'c> = match &op.kind {
-            ProgramId { axis } => Cv::S(self.sreg(&format!("ctaid.{}", ["x", "y", "z"][*axis as usize]))?.into()),
-            NumPrograms { axis } => Cv::S(self.sreg(&format!("nctaid.{}", ["x", "y", "z"][*axis as usize]))?.into()),
+            ProgramId { axis } => Cv::S(
+                self.sreg(&format!("ctaid.{}", ["x", "y", "z"][*axis as usize]))?
+                    .into(),
+            ),
+            NumPrograms { axis } => Cv::S(
+                self.sreg(&format!("nctaid.{}", ["x", "y", "z"][*axis as usize]))?
+                    .into(),
+            ),
             Constant { value, dtype } => Cv::S(self.constant(*value, *dtype)),
             Arange { start, .. } => {
                 let l = self.layouts.get(res.expect("result")).clone();
                 let coords = self.slot_coords(&l)?;
                 let mut v = vec![];
                 for c in coords {
-                    v.push(self.b.build_int_add(c[0], self.i32c(*start), "").map_err(|e| self.err(e))?.into());
+                    v.push(
+                        self.b
+                            .build_int_add(c[0], self.i32c(*start), "")
+                            .map_err(|e| self.err(e))?
+                            .into(),
+                    );
                 }
                 Cv::B(v)
             }
@@ -341,7 +456,9 @@ impl<'c, 'k> Lower<'c, 'k> {
                 let s = self.elems(*value)[0];
                 Cv::B(vec![s; self.layouts.get(res.expect("result")).slots()])
             }
-            Expand { value, axis, .. } => self.expand(*value, *axis as usize, res.expect("result"))?,
+            Expand { value, axis, .. } => {
+                self.expand(*value, *axis as usize, res.expect("result"))?
+            }
             Binary { op: bop, lhs, rhs } => {
                 let d = self.ty_of(*lhs).elem.dtype().expect("number");
                 self.map2(*lhs, *rhs, |s, a, b| s.binary(*bop, d, a, b))?
@@ -358,24 +475,40 @@ impl<'c, 'k> Lower<'c, 'k> {
                 let from = self.ty_of(*value).elem.dtype().expect("number");
                 self.map1(*value, |s, a| s.cast(a, from, *to))?
             }
-            Select { cond, on_true, on_false } => {
-                let (c, t, f) = (self.elems(*cond), self.elems(*on_true), self.elems(*on_false));
+            Select {
+                cond,
+                on_true,
+                on_false,
+            } => {
+                let (c, t, f) = (
+                    self.elems(*cond),
+                    self.elems(*on_true),
+                    self.elems(*on_false),
+                );
                 let mut out = vec![];
                 for i in 0..t.len() {
                     let ci = c[if c.len() == 1 { 0 } else { i }].into_int_value();
-                    out.push(self.b.build_select(ci, t[i], f[i], "").map_err(|e| self.err(e))?);
+                    out.push(
+                        self.b
+                            .build_select(ci, t[i], f[i], "")
+                            .map_err(|e| self.err(e))?,
+                    );
                 }
                 self.wrap(*on_true, out)
             }
             AddPtr { ptr, offset } => {
-                let Elem::Ptr(d) = self.ty_of(*ptr).elem else { unreachable!("verified") };
+                let Elem::Ptr(d) = self.ty_of(*ptr).elem else {
+                    unreachable!("verified")
+                };
                 let et = llvm_type(self.ctx, d);
                 let (p, o) = (self.elems(*ptr), self.elems(*offset));
                 let mut out = vec![];
                 for i in 0..p.len() {
                     let idx = o[i].into_int_value();
                     let idx = if idx.get_type().get_bit_width() < 64 {
-                        self.b.build_int_s_extend(idx, self.ctx.i64_type(), "").map_err(|e| self.err(e))?
+                        self.b
+                            .build_int_s_extend(idx, self.ctx.i64_type(), "")
+                            .map_err(|e| self.err(e))?
                     } else {
                         idx
                     };
@@ -390,15 +523,29 @@ impl<'c, 'k> Lower<'c, 'k> {
                 self.store(*ptr, *value, *mask)?;
                 return Ok(());
             }
-            Reduce { op: rop, value, axis } => self.reduce(*rop, *value, *axis as usize, res.expect("result"))?,
-            For { lo, hi, step, init, body } => {
+            Reduce {
+                op: rop,
+                value,
+                axis,
+            } => self.reduce(*rop, *value, *axis as usize, res.expect("result"))?,
+            For {
+                lo,
+                hi,
+                step,
+                init,
+                body,
+            } => {
                 let outs = self.for_loop(*lo, *hi, *step, init, body)?;
                 for (r, v) in op.results.iter().zip(outs) {
                     self.vals.insert(*r, v);
                 }
                 return Ok(());
             }
-            If { cond, then_region, else_region } => {
+            If {
+                cond,
+                then_region,
+                else_region,
+            } => {
                 let outs = self.if_else(*cond, then_region, else_region, &op.results)?;
                 for (r, v) in op.results.iter().zip(outs) {
                     self.vals.insert(*r, v);
@@ -419,7 +566,11 @@ impl<'c, 'k> Lower<'c, 'k> {
         }
     }
 
-    fn map1(&mut self, a: ValueId, f: impl Fn(&Self, BasicValueEnum<'c>) -> R<BasicValueEnum<'c>>) -> R<Cv<'c>> {
+    fn map1(
+        &mut self,
+        a: ValueId,
+        f: impl Fn(&Self, BasicValueEnum<'c>) -> R<BasicValueEnum<'c>>,
+    ) -> R<Cv<'c>> {
         let xs = self.elems(a);
         let out: R<Vec<_>> = xs.into_iter().map(|x| f(self, x)).collect();
         Ok(self.wrap(a, out?))
@@ -451,7 +602,11 @@ impl<'c, 'k> Lower<'c, 'k> {
     /// f16/bf16 arithmetic runs in f32 and rounds back, as the interpreter does.
     fn widen(&self, v: BasicValueEnum<'c>, d: DType) -> R<BasicValueEnum<'c>> {
         if matches!(d, DType::F16 | DType::BF16) {
-            Ok(self.b.build_float_ext(v.into_float_value(), self.ctx.f32_type(), "").map_err(|e| self.err(e))?.into())
+            Ok(self
+                .b
+                .build_float_ext(v.into_float_value(), self.ctx.f32_type(), "")
+                .map_err(|e| self.err(e))?
+                .into())
         } else {
             Ok(v)
         }
@@ -460,22 +615,38 @@ impl<'c, 'k> Lower<'c, 'k> {
     fn narrow(&self, v: BasicValueEnum<'c>, d: DType) -> R<BasicValueEnum<'c>> {
         if matches!(d, DType::F16 | DType::BF16) {
             let t = llvm_type(self.ctx, d).into_float_type();
-            Ok(self.b.build_float_trunc(v.into_float_value(), t, "").map_err(|e| self.err(e))?.into())
+            Ok(self
+                .b
+                .build_float_trunc(v.into_float_value(), t, "")
+                .map_err(|e| self.err(e))?
+                .into())
         } else {
             Ok(v)
         }
     }
 
-    fn binary(&self, op: BinOp, d: DType, a: BasicValueEnum<'c>, b: BasicValueEnum<'c>) -> R<BasicValueEnum<'c>> {
+    fn binary(
+        &self,
+        op: BinOp,
+        d: DType,
+        a: BasicValueEnum<'c>,
+        b: BasicValueEnum<'c>,
+    ) -> R<BasicValueEnum<'c>> {
         let bl = &self.b;
         if d.is_float() {
-            let (x, y) = (self.widen(a, d)?.into_float_value(), self.widen(b, d)?.into_float_value());
+            let (x, y) = (
+                self.widen(a, d)?.into_float_value(),
+                self.widen(b, d)?.into_float_value(),
+            );
             let f32t = self.ctx.f32_type().into();
             let r: BasicValueEnum = match op {
                 BinOp::Add => contract(bl.build_float_add(x, y, "").map_err(|x| self.err(x))?),
                 BinOp::Sub => contract(bl.build_float_sub(x, y, "").map_err(|x| self.err(x))?),
                 BinOp::Mul => contract(bl.build_float_mul(x, y, "").map_err(|x| self.err(x))?),
-                BinOp::Div => bl.build_float_div(x, y, "").map_err(|x| self.err(x))?.into(),
+                BinOp::Div => bl
+                    .build_float_div(x, y, "")
+                    .map_err(|x| self.err(x))?
+                    .into(),
                 BinOp::Min => self.call("llvm.minnum.f32", f32t, &[x.into(), y.into()])?,
                 BinOp::Max => self.call("llvm.maxnum.f32", f32t, &[x.into(), y.into()])?,
                 _ => unreachable!("verified: integer-only op"),
@@ -499,7 +670,9 @@ impl<'c, 'k> Lower<'c, 'k> {
                     (false, true) => IntPredicate::SGT,
                     (false, false) => IntPredicate::UGT,
                 };
-                let c = bl.build_int_compare(pred, x, y, "").map_err(|x| self.err(x))?;
+                let c = bl
+                    .build_int_compare(pred, x, y, "")
+                    .map_err(|x| self.err(x))?;
                 return Ok(bl.build_select(c, x, y, "").map_err(|x| self.err(x))?);
             }
             BinOp::And => bl.build_and(x, y, ""),
@@ -511,7 +684,13 @@ impl<'c, 'k> Lower<'c, 'k> {
         Ok(r.map_err(|x| self.err(x))?.into())
     }
 
-    fn compare(&self, op: CmpOp, d: DType, a: BasicValueEnum<'c>, b: BasicValueEnum<'c>) -> R<BasicValueEnum<'c>> {
+    fn compare(
+        &self,
+        op: CmpOp,
+        d: DType,
+        a: BasicValueEnum<'c>,
+        b: BasicValueEnum<'c>,
+    ) -> R<BasicValueEnum<'c>> {
         if d.is_float() {
             let p = match op {
                 CmpOp::Eq => FloatPredicate::OEQ,
@@ -521,8 +700,15 @@ impl<'c, 'k> Lower<'c, 'k> {
                 CmpOp::Gt => FloatPredicate::OGT,
                 CmpOp::Ge => FloatPredicate::OGE,
             };
-            let (x, y) = (self.widen(a, d)?.into_float_value(), self.widen(b, d)?.into_float_value());
-            return Ok(self.b.build_float_compare(p, x, y, "").map_err(|x| self.err(x))?.into());
+            let (x, y) = (
+                self.widen(a, d)?.into_float_value(),
+                self.widen(b, d)?.into_float_value(),
+            );
+            return Ok(self
+                .b
+                .build_float_compare(p, x, y, "")
+                .map_err(|x| self.err(x))?
+                .into());
         }
         let s = d.is_signed();
         let p = match op {
@@ -537,7 +723,11 @@ impl<'c, 'k> Lower<'c, 'k> {
             CmpOp::Ge if s => IntPredicate::SGE,
             CmpOp::Ge => IntPredicate::UGE,
         };
-        Ok(self.b.build_int_compare(p, a.into_int_value(), b.into_int_value(), "").map_err(|x| self.err(x))?.into())
+        Ok(self
+            .b
+            .build_int_compare(p, a.into_int_value(), b.into_int_value(), "")
+            .map_err(|x| self.err(x))?
+            .into())
     }
 
     fn unary(&self, op: UnOp, d: DType, a: BasicValueEnum<'c>) -> R<BasicValueEnum<'c>> {
@@ -545,7 +735,11 @@ impl<'c, 'k> Lower<'c, 'k> {
             let x = self.widen(a, d)?;
             let f32t: BasicTypeEnum = self.ctx.f32_type().into();
             let r = match op {
-                UnOp::Neg => self.b.build_float_neg(x.into_float_value(), "").map_err(|x| self.err(x))?.into(),
+                UnOp::Neg => self
+                    .b
+                    .build_float_neg(x.into_float_value(), "")
+                    .map_err(|x| self.err(x))?
+                    .into(),
                 UnOp::Abs => self.call("llvm.fabs.f32", f32t, &[x])?,
                 UnOp::Exp2 => self.call("llvm.nvvm.ex2.approx.f", f32t, &[x])?,
                 UnOp::Log2 => self.call("llvm.nvvm.lg2.approx.f", f32t, &[x])?,
@@ -564,7 +758,10 @@ impl<'c, 'k> Lower<'c, 'k> {
                     return Ok(a);
                 }
                 let n = self.b.build_int_neg(x, "").map_err(|x| self.err(x))?;
-                let c = self.b.build_int_compare(IntPredicate::SLT, x, x.get_type().const_zero(), "").map_err(|x| self.err(x))?;
+                let c = self
+                    .b
+                    .build_int_compare(IntPredicate::SLT, x, x.get_type().const_zero(), "")
+                    .map_err(|x| self.err(x))?;
                 return Ok(self.b.build_select(c, n, x, "").map_err(|x| self.err(x))?);
             }
             _ => unreachable!("verified"),
@@ -581,10 +778,14 @@ impl<'c, 'k> Lower<'c, 'k> {
         if to == DType::Bool {
             return Ok(if from.is_float() {
                 let x = self.widen(a, from)?.into_float_value();
-                b.build_float_compare(FloatPredicate::UNE, x, x.get_type().const_zero(), "").map_err(|x| self.err(x))?.into()
+                b.build_float_compare(FloatPredicate::UNE, x, x.get_type().const_zero(), "")
+                    .map_err(|x| self.err(x))?
+                    .into()
             } else {
                 let x = a.into_int_value();
-                b.build_int_compare(IntPredicate::NE, x, x.get_type().const_zero(), "").map_err(|x| self.err(x))?.into()
+                b.build_int_compare(IntPredicate::NE, x, x.get_type().const_zero(), "")
+                    .map_err(|x| self.err(x))?
+                    .into()
             });
         }
         match (from.is_float(), to.is_float()) {
@@ -596,11 +797,17 @@ impl<'c, 'k> Lower<'c, 'k> {
                 let x = a.into_int_value();
                 let it = tt.into_int_type();
                 Ok(if it.get_bit_width() < x.get_type().get_bit_width() {
-                    b.build_int_truncate(x, it, "").map_err(|x| self.err(x))?.into()
+                    b.build_int_truncate(x, it, "")
+                        .map_err(|x| self.err(x))?
+                        .into()
                 } else if from.is_signed() {
-                    b.build_int_s_extend(x, it, "").map_err(|x| self.err(x))?.into()
+                    b.build_int_s_extend(x, it, "")
+                        .map_err(|x| self.err(x))?
+                        .into()
                 } else {
-                    b.build_int_z_extend(x, it, "").map_err(|x| self.err(x))?.into()
+                    b.build_int_z_extend(x, it, "")
+                        .map_err(|x| self.err(x))?
+                        .into()
                 })
             }
             (false, true) => {
@@ -609,12 +816,23 @@ impl<'c, 'k> Lower<'c, 'k> {
                 let r: BasicValueEnum = if matches!(from, DType::U8 | DType::Bool) {
                     // Small unsigned ints: place the bits in a float's mantissa (2^23 + x) and
                     // subtract 2^23, exact and cheaper than a conversion instruction.
-                    let w = b.build_int_z_extend(x, self.ctx.i32_type(), "").map_err(|x| self.err(x))?;
-                    let w = b.build_or(w, self.i32c(0x4B00_0000), "").map_err(|x| self.err(x))?;
-                    let f = b.build_bit_cast(w, f32t, "").map_err(|x| self.err(x))?.into_float_value();
-                    b.build_float_sub(f, f32t.const_float(8_388_608.0), "").map_err(|x| self.err(x))?.into()
+                    let w = b
+                        .build_int_z_extend(x, self.ctx.i32_type(), "")
+                        .map_err(|x| self.err(x))?;
+                    let w = b
+                        .build_or(w, self.i32c(0x4B00_0000), "")
+                        .map_err(|x| self.err(x))?;
+                    let f = b
+                        .build_bit_cast(w, f32t, "")
+                        .map_err(|x| self.err(x))?
+                        .into_float_value();
+                    b.build_float_sub(f, f32t.const_float(8_388_608.0), "")
+                        .map_err(|x| self.err(x))?
+                        .into()
                 } else {
-                    b.build_signed_int_to_float(x, f32t, "").map_err(|x| self.err(x))?.into()
+                    b.build_signed_int_to_float(x, f32t, "")
+                        .map_err(|x| self.err(x))?
+                        .into()
                 };
                 self.narrow(r, to)
             }
@@ -622,7 +840,11 @@ impl<'c, 'k> Lower<'c, 'k> {
                 let x = self.widen(a, from)?;
                 let it = tt.into_int_type();
                 let name = format!("llvm.fptosi.sat.i{}.f32", it.get_bit_width());
-                let name = if to == DType::U8 { "llvm.fptoui.sat.i8.f32".to_string() } else { name };
+                let name = if to == DType::U8 {
+                    "llvm.fptoui.sat.i8.f32".to_string()
+                } else {
+                    name
+                };
                 self.call(&name, tt, &[x])
             }
         }
@@ -637,17 +859,28 @@ impl<'c, 'k> Lower<'c, 'k> {
         self.convert_elems(self.elems(v), &t, &from, to)
     }
 
-    fn convert_elems(&mut self, xs: Vec<BasicValueEnum<'c>>, t: &Type, from: &Layout, to: &Layout) -> R<Vec<BasicValueEnum<'c>>> {
+    fn convert_elems(
+        &mut self,
+        xs: Vec<BasicValueEnum<'c>>,
+        t: &Type,
+        from: &Layout,
+        to: &Layout,
+    ) -> R<Vec<BasicValueEnum<'c>>> {
         if from == to {
             return Ok(xs);
         }
-        let d = t.elem.dtype().ok_or_else(|| self.err("layout conversion of pointers is not supported"))?;
+        let d = t
+            .elem
+            .dtype()
+            .ok_or_else(|| self.err("layout conversion of pointers is not supported"))?;
         let stored = if d == DType::Bool { DType::U8 } else { d };
         let st = llvm_type(self.ctx, stored);
         let n1 = if t.shape.len() == 2 { t.shape[1] } else { 1 };
         let linear = |s: &Self, c: &[IntValue<'c>]| -> R<IntValue<'c>> {
             if c.len() == 2 {
-                let r = s.b.build_int_mul(c[0], s.i32c(n1 as i64), "").map_err(|e| s.err(e))?;
+                let r =
+                    s.b.build_int_mul(c[0], s.i32c(n1 as i64), "")
+                        .map_err(|e| s.err(e))?;
                 s.b.build_int_add(r, c[1], "").map_err(|e| s.err(e))
             } else {
                 Ok(c[0])
@@ -658,7 +891,10 @@ impl<'c, 'k> Lower<'c, 'k> {
         for (x, c) in xs.iter().zip(&src) {
             let i = linear(self, c)?;
             let x = if d == DType::Bool {
-                self.b.build_int_z_extend(x.into_int_value(), self.ctx.i8_type(), "").map_err(|e| self.err(e))?.into()
+                self.b
+                    .build_int_z_extend(x.into_int_value(), self.ctx.i8_type(), "")
+                    .map_err(|e| self.err(e))?
+                    .into()
             } else {
                 *x
             };
@@ -674,20 +910,30 @@ impl<'c, 'k> Lower<'c, 'k> {
             let i = linear(self, &c)?;
             let p = self.smem_ptr(st, i)?;
             let x = self.b.build_load(st, p, "").map_err(|e| self.err(e))?;
-            out.push(if d == DType::Bool { self.cast(x, DType::U8, DType::Bool)? } else { x });
+            out.push(if d == DType::Bool {
+                self.cast(x, DType::U8, DType::Bool)?
+            } else {
+                x
+            });
         }
         self.barrier()?;
         Ok(out)
     }
 
     fn smem_ptr(&self, elem: BasicTypeEnum<'c>, index: IntValue<'c>) -> R<PointerValue<'c>> {
-        let g = self.smem.ok_or_else(|| self.err("shared memory was not reserved"))?;
+        let g = self
+            .smem
+            .ok_or_else(|| self.err("shared memory was not reserved"))?;
         // SAFETY: indices stay within the reservation computed by `shared_bytes`.
-        unsafe { self.b.build_gep(elem, g.as_pointer_value(), &[index], "") }.map_err(|e| self.err(e))
+        unsafe { self.b.build_gep(elem, g.as_pointer_value(), &[index], "") }
+            .map_err(|e| self.err(e))
     }
 
     fn barrier(&self) -> R<()> {
-        let f = self.intrinsic("llvm.nvvm.barrier0", self.ctx.void_type().fn_type(&[], false));
+        let f = self.intrinsic(
+            "llvm.nvvm.barrier0",
+            self.ctx.void_type().fn_type(&[], false),
+        );
         self.b.build_call(f, &[], "").map_err(|e| self.err(e))?;
         Ok(())
     }
@@ -697,10 +943,14 @@ impl<'c, 'k> Lower<'c, 'k> {
         let Some(c) = cond else { return body(self) };
         let then_bb = self.ctx.append_basic_block(self.func, "guard");
         let cont = self.ctx.append_basic_block(self.func, "guard_end");
-        self.b.build_conditional_branch(c, then_bb, cont).map_err(|e| self.err(e))?;
+        self.b
+            .build_conditional_branch(c, then_bb, cont)
+            .map_err(|e| self.err(e))?;
         self.b.position_at_end(then_bb);
         body(self)?;
-        self.b.build_unconditional_branch(cont).map_err(|e| self.err(e))?;
+        self.b
+            .build_unconditional_branch(cont)
+            .map_err(|e| self.err(e))?;
         self.b.position_at_end(cont);
         Ok(())
     }
@@ -709,7 +959,10 @@ impl<'c, 'k> Lower<'c, 'k> {
         let Layout::Blocked(rl) = self.layouts.get(res).clone() else {
             return Err(self.err("expand result must have a blocked layout"));
         };
-        let want = Layout::Slice { parent: rl.clone(), dim: axis };
+        let want = Layout::Slice {
+            parent: rl.clone(),
+            dim: axis,
+        };
         let xs = self.convert(v, &want)?;
         let mut out = vec![];
         for s in 0..Layout::Blocked(rl.clone()).slots() {
@@ -725,8 +978,12 @@ impl<'c, 'k> Lower<'c, 'k> {
     fn vector_width(&self, ptr: ValueId, mask: Option<ValueId>, l: &Layout, esize: usize) -> usize {
         let Layout::Blocked(bl) = l else { return 1 };
         let last = bl.rank() - 1;
-        let Some(info) = self.axes.get(ptr) else { return 1 };
-        let mut v = bl.size_per_thread[last].min(info.contiguity[last]).min(16 / esize);
+        let Some(info) = self.axes.get(ptr) else {
+            return 1;
+        };
+        let mut v = bl.size_per_thread[last]
+            .min(info.contiguity[last])
+            .min(16 / esize);
         v = v.min((info.divisibility[last] as usize / esize).max(1));
         if let Some(m) = mask {
             v = v.min(self.axes.get(m).map(|i| i.constancy[last]).unwrap_or(1));
@@ -760,8 +1017,16 @@ impl<'c, 'k> Lower<'c, 'k> {
         }
     }
 
-    fn load(&mut self, ptr: ValueId, mask: Option<ValueId>, other: Option<ValueId>, res: ValueId) -> R<Cv<'c>> {
-        let Elem::Ptr(d) = self.ty_of(ptr).elem else { unreachable!("verified") };
+    fn load(
+        &mut self,
+        ptr: ValueId,
+        mask: Option<ValueId>,
+        other: Option<ValueId>,
+        res: ValueId,
+    ) -> R<Cv<'c>> {
+        let Elem::Ptr(d) = self.ty_of(ptr).elem else {
+            unreachable!("verified")
+        };
         let l = self.layouts.get(ptr).clone();
         let esize = d.size_bytes();
         let vw = self.vector_width(ptr, mask, &l, esize);
@@ -786,15 +1051,30 @@ impl<'c, 'k> Lower<'c, 'k> {
                     BasicTypeEnum::FloatType(t) => t.vec_type(vw as u32),
                     _ => unreachable!("numbers only"),
                 };
-                let vec = self.b.build_bit_cast(raw, vt, "").map_err(|e| self.err(e))?.into_vector_value();
+                let vec = self
+                    .b
+                    .build_bit_cast(raw, vt, "")
+                    .map_err(|e| self.err(e))?
+                    .into_vector_value();
                 (0..vw)
-                    .map(|i| self.b.build_extract_element(vec, self.i32c(i as i64), "").map_err(|e| self.err(e)))
+                    .map(|i| {
+                        self.b
+                            .build_extract_element(vec, self.i32c(i as i64), "")
+                            .map_err(|e| self.err(e))
+                    })
                     .collect::<R<_>>()?
             };
             for (i, x) in parts.into_iter().enumerate() {
-                let x = if d == DType::Bool { self.cast(x, DType::U8, DType::Bool)? } else { x };
+                let x = if d == DType::Bool {
+                    self.cast(x, DType::U8, DType::Bool)?
+                } else {
+                    x
+                };
                 let x = match (m, &os) {
-                    (Some(m), Some(os)) => self.b.build_select(m, x, os[g + i], "").map_err(|e| self.err(e))?,
+                    (Some(m), Some(os)) => self
+                        .b
+                        .build_select(m, x, os[g + i], "")
+                        .map_err(|e| self.err(e))?,
                     _ => x,
                 };
                 out.push(x);
@@ -812,14 +1092,28 @@ impl<'c, 'k> Lower<'c, 'k> {
         } else {
             let v = raw.into_vector_value();
             (0..n / 4)
-                .map(|w| Ok(self.b.build_extract_element(v, self.i32c(w as i64), "").map_err(|x| self.err(x))?.into_int_value()))
+                .map(|w| {
+                    Ok(self
+                        .b
+                        .build_extract_element(v, self.i32c(w as i64), "")
+                        .map_err(|x| self.err(x))?
+                        .into_int_value())
+                })
                 .collect::<R<_>>()?
         };
         let mut out = vec![];
         for w in words {
             for j in 0..4 {
-                let s = self.b.build_right_shift(w, i32t.const_int(8 * j, false), false, "").map_err(|x| self.err(x))?;
-                out.push(self.b.build_int_truncate(s, self.ctx.i8_type(), "").map_err(|x| self.err(x))?.into());
+                let s = self
+                    .b
+                    .build_right_shift(w, i32t.const_int(8 * j, false), false, "")
+                    .map_err(|x| self.err(x))?;
+                out.push(
+                    self.b
+                        .build_int_truncate(s, self.ctx.i8_type(), "")
+                        .map_err(|x| self.err(x))?
+                        .into(),
+                );
             }
         }
         Ok(out)
@@ -827,20 +1121,36 @@ impl<'c, 'k> Lower<'c, 'k> {
 
     /// One (possibly vector) load of type `at`; where `mask` is false nothing is read and
     /// the result is zero.
-    fn masked_load(&self, at: BasicTypeEnum<'c>, p: PointerValue<'c>, mask: Option<IntValue<'c>>, bytes: usize) -> R<BasicValueEnum<'c>> {
+    fn masked_load(
+        &self,
+        at: BasicTypeEnum<'c>,
+        p: PointerValue<'c>,
+        mask: Option<IntValue<'c>>,
+        bytes: usize,
+    ) -> R<BasicValueEnum<'c>> {
         let Some(m) = mask else {
             let v = self.b.build_load(at, p, "").map_err(|x| self.err(x))?;
-            v.as_instruction_value().expect("load").set_alignment(bytes as u32).map_err(|x| self.err(x))?;
+            v.as_instruction_value()
+                .expect("load")
+                .set_alignment(bytes as u32)
+                .map_err(|x| self.err(x))?;
             return Ok(v);
         };
         let from = self.b.get_insert_block().expect("block");
         let then_bb = self.ctx.append_basic_block(self.func, "ld");
         let cont = self.ctx.append_basic_block(self.func, "ld_end");
-        self.b.build_conditional_branch(m, then_bb, cont).map_err(|x| self.err(x))?;
+        self.b
+            .build_conditional_branch(m, then_bb, cont)
+            .map_err(|x| self.err(x))?;
         self.b.position_at_end(then_bb);
         let v = self.b.build_load(at, p, "").map_err(|x| self.err(x))?;
-        v.as_instruction_value().expect("load").set_alignment(bytes as u32).map_err(|x| self.err(x))?;
-        self.b.build_unconditional_branch(cont).map_err(|x| self.err(x))?;
+        v.as_instruction_value()
+            .expect("load")
+            .set_alignment(bytes as u32)
+            .map_err(|x| self.err(x))?;
+        self.b
+            .build_unconditional_branch(cont)
+            .map_err(|x| self.err(x))?;
         self.b.position_at_end(cont);
         let phi = self.b.build_phi(at, "").map_err(|x| self.err(x))?;
         phi.add_incoming(&[(&v, then_bb), (&at.const_zero(), from)]);
@@ -848,7 +1158,9 @@ impl<'c, 'k> Lower<'c, 'k> {
     }
 
     fn store(&mut self, ptr: ValueId, value: ValueId, mask: Option<ValueId>) -> R<()> {
-        let Elem::Ptr(d) = self.ty_of(ptr).elem else { unreachable!("verified") };
+        let Elem::Ptr(d) = self.ty_of(ptr).elem else {
+            unreachable!("verified")
+        };
         let l = self.layouts.get(ptr).clone();
         let esize = d.size_bytes();
         let vw = self.vector_width(ptr, mask, &l, esize);
@@ -861,7 +1173,11 @@ impl<'c, 'k> Lower<'c, 'k> {
         for g in (0..ps.len()).step_by(vw) {
             let mut parts = vec![];
             for x in &xs[g..g + vw] {
-                parts.push(if d == DType::Bool { self.cast(*x, DType::Bool, DType::U8)? } else { *x });
+                parts.push(if d == DType::Bool {
+                    self.cast(*x, DType::Bool, DType::U8)?
+                } else {
+                    *x
+                });
             }
             let word: BasicValueEnum = if vw == 1 {
                 parts[0]
@@ -873,9 +1189,14 @@ impl<'c, 'k> Lower<'c, 'k> {
                 };
                 let mut vec = vt.get_undef();
                 for (i, x) in parts.iter().enumerate() {
-                    vec = self.b.build_insert_element(vec, *x, self.i32c(i as i64), "").map_err(|x| self.err(x))?;
+                    vec = self
+                        .b
+                        .build_insert_element(vec, *x, self.i32c(i as i64), "")
+                        .map_err(|x| self.err(x))?;
                 }
-                self.b.build_bit_cast(vec, at, "").map_err(|x| self.err(x))?
+                self.b
+                    .build_bit_cast(vec, at, "")
+                    .map_err(|x| self.err(x))?
             };
             let cond = match (owner, ms.as_ref().map(|m| m[g].into_int_value())) {
                 (Some(a), Some(b)) => Some(self.b.build_and(a, b, "").map_err(|x| self.err(x))?),
@@ -884,7 +1205,8 @@ impl<'c, 'k> Lower<'c, 'k> {
             let p = ps[g].into_pointer_value();
             self.guarded(cond, |s| {
                 let st = s.b.build_store(p, word).map_err(|x| s.err(x))?;
-                st.set_alignment((vw * esize) as u32).map_err(|x| s.err(x))?;
+                st.set_alignment((vw * esize) as u32)
+                    .map_err(|x| s.err(x))?;
                 Ok(())
             })?;
         }
@@ -897,9 +1219,13 @@ impl<'c, 'k> Lower<'c, 'k> {
         let t = reduce_type(self.ctx, d);
         match (op, t) {
             (ReduceOp::Sum, _) => t.const_zero(),
-            (_, BasicTypeEnum::FloatType(f)) => {
-                f.const_float(if op == ReduceOp::Max { f64::NEG_INFINITY } else { f64::INFINITY }).into()
-            }
+            (_, BasicTypeEnum::FloatType(f)) => f
+                .const_float(if op == ReduceOp::Max {
+                    f64::NEG_INFINITY
+                } else {
+                    f64::INFINITY
+                })
+                .into(),
             (_, BasicTypeEnum::IntType(i)) => {
                 let bits = i.get_bit_width();
                 let v: u64 = match (op, d) {
@@ -914,7 +1240,13 @@ impl<'c, 'k> Lower<'c, 'k> {
         }
     }
 
-    fn combine(&self, op: ReduceOp, d: DType, a: BasicValueEnum<'c>, b: BasicValueEnum<'c>) -> R<BasicValueEnum<'c>> {
+    fn combine(
+        &self,
+        op: ReduceOp,
+        d: DType,
+        a: BasicValueEnum<'c>,
+        b: BasicValueEnum<'c>,
+    ) -> R<BasicValueEnum<'c>> {
         let cd = match d {
             DType::F16 | DType::BF16 | DType::F32 => DType::F32,
             DType::I64 => DType::I64,
@@ -932,7 +1264,11 @@ impl<'c, 'k> Lower<'c, 'k> {
     fn to_reduce_type(&self, x: BasicValueEnum<'c>, d: DType) -> R<BasicValueEnum<'c>> {
         match d {
             DType::F16 | DType::BF16 => self.widen(x, d),
-            DType::U8 => Ok(self.b.build_int_z_extend(x.into_int_value(), self.ctx.i32_type(), "").map_err(|e| self.err(e))?.into()),
+            DType::U8 => Ok(self
+                .b
+                .build_int_z_extend(x.into_int_value(), self.ctx.i32_type(), "")
+                .map_err(|e| self.err(e))?
+                .into()),
             _ => Ok(x),
         }
     }
@@ -940,7 +1276,11 @@ impl<'c, 'k> Lower<'c, 'k> {
     fn from_reduce_type(&self, x: BasicValueEnum<'c>, d: DType) -> R<BasicValueEnum<'c>> {
         match d {
             DType::F16 | DType::BF16 => self.narrow(x, d),
-            DType::U8 => Ok(self.b.build_int_truncate(x.into_int_value(), self.ctx.i8_type(), "").map_err(|e| self.err(e))?.into()),
+            DType::U8 => Ok(self
+                .b
+                .build_int_truncate(x.into_int_value(), self.ctx.i8_type(), "")
+                .map_err(|e| self.err(e))?
+                .into()),
             _ => Ok(x),
         }
     }
@@ -950,18 +1290,38 @@ impl<'c, 'k> Lower<'c, 'k> {
         let m = self.i32c(mask as i64).into();
         let clamp = self.i32c(0x1f).into();
         match x.get_type() {
-            BasicTypeEnum::FloatType(f) => self.call("llvm.nvvm.shfl.sync.bfly.f32", f.into(), &[full, x, m, clamp]),
-            BasicTypeEnum::IntType(i) if i.get_bit_width() == 32 => {
-                self.call("llvm.nvvm.shfl.sync.bfly.i32", i.into(), &[full, x, m, clamp])
-            }
+            BasicTypeEnum::FloatType(f) => self.call(
+                "llvm.nvvm.shfl.sync.bfly.f32",
+                f.into(),
+                &[full, x, m, clamp],
+            ),
+            BasicTypeEnum::IntType(i) if i.get_bit_width() == 32 => self.call(
+                "llvm.nvvm.shfl.sync.bfly.i32",
+                i.into(),
+                &[full, x, m, clamp],
+            ),
             BasicTypeEnum::IntType(i) => {
                 let v2 = self.ctx.i32_type().vec_type(2);
-                let v = self.b.build_bit_cast(x, v2, "").map_err(|x| self.err(x))?.into_vector_value();
+                let v = self
+                    .b
+                    .build_bit_cast(x, v2, "")
+                    .map_err(|x| self.err(x))?
+                    .into_vector_value();
                 let mut out = v2.get_undef();
                 for j in 0..2 {
-                    let part = self.b.build_extract_element(v, self.i32c(j), "").map_err(|x| self.err(x))?;
-                    let s = self.call("llvm.nvvm.shfl.sync.bfly.i32", self.ctx.i32_type().into(), &[full, part, m, clamp])?;
-                    out = self.b.build_insert_element(out, s, self.i32c(j), "").map_err(|x| self.err(x))?;
+                    let part = self
+                        .b
+                        .build_extract_element(v, self.i32c(j), "")
+                        .map_err(|x| self.err(x))?;
+                    let s = self.call(
+                        "llvm.nvvm.shfl.sync.bfly.i32",
+                        self.ctx.i32_type().into(),
+                        &[full, part, m, clamp],
+                    )?;
+                    out = self
+                        .b
+                        .build_insert_element(out, s, self.i32c(j), "")
+                        .map_err(|x| self.err(x))?;
                 }
                 Ok(self.b.build_bit_cast(out, i, "").map_err(|x| self.err(x))?)
             }
@@ -973,7 +1333,11 @@ impl<'c, 'k> Lower<'c, 'k> {
         let t = self.ty_of(v).clone();
         let d = t.elem.dtype().expect("number");
         let l = self.layouts.get(v).clone();
-        let xs: Vec<BasicValueEnum<'c>> = self.elems(v).into_iter().map(|x| self.to_reduce_type(x, d)).collect::<R<_>>()?;
+        let xs: Vec<BasicValueEnum<'c>> = self
+            .elems(v)
+            .into_iter()
+            .map(|x| self.to_reduce_type(x, d))
+            .collect::<R<_>>()?;
         let id = self.identity(op, d);
         if let (1, Layout::Slice { parent, dim }) = (t.shape.len(), &l) {
             let kept = 1 - dim;
@@ -984,7 +1348,10 @@ impl<'c, 'k> Lower<'c, 'k> {
                     acc = self.combine(op, d, acc, x)?;
                 }
                 if let Some(c) = self.not_replica(parent, kept)? {
-                    acc = self.b.build_select(c, acc, id, "").map_err(|x| self.err(x))?;
+                    acc = self
+                        .b
+                        .build_select(c, acc, id, "")
+                        .map_err(|x| self.err(x))?;
                 }
                 acc = self.butterfly(op, d, acc, parent, kept)?;
                 return Ok(Cv::S(self.from_reduce_type(acc, d)?));
@@ -998,7 +1365,10 @@ impl<'c, 'k> Lower<'c, 'k> {
                 acc = self.combine(op, d, acc, x)?;
             }
             if let Some(o) = owner {
-                acc = self.b.build_select(o, acc, id, "").map_err(|x| self.err(x))?;
+                acc = self
+                    .b
+                    .build_select(o, acc, id, "")
+                    .map_err(|x| self.err(x))?;
             }
             for m in [16, 8, 4, 2, 1] {
                 let other = self.shuffle_xor(acc, m)?;
@@ -1009,7 +1379,9 @@ impl<'c, 'k> Lower<'c, 'k> {
             }
             return Ok(Cv::S(self.from_reduce_type(acc, d)?));
         }
-        let Layout::Blocked(bl) = l else { return Err(self.err("2-D blocks have blocked layouts")) };
+        let Layout::Blocked(bl) = l else {
+            return Err(self.err("2-D blocks have blocked layouts"));
+        };
         let kept = 1 - axis;
         let (n_axis, n_kept) = (bl.per_thread(axis), bl.per_thread(kept));
         let not_replica = self.not_replica(&bl, axis)?;
@@ -1017,28 +1389,43 @@ impl<'c, 'k> Lower<'c, 'k> {
         for j in 0..n_kept {
             let mut acc = id;
             for i in 0..n_axis {
-                let s = if axis == 0 { i * n_kept + j } else { j * n_axis + i };
+                let s = if axis == 0 {
+                    i * n_kept + j
+                } else {
+                    j * n_axis + i
+                };
                 acc = self.combine(op, d, acc, xs[s])?;
             }
             if let Some(c) = not_replica {
-                acc = self.b.build_select(c, acc, id, "").map_err(|x| self.err(x))?;
+                acc = self
+                    .b
+                    .build_select(c, acc, id, "")
+                    .map_err(|x| self.err(x))?;
             }
             accs.push(self.butterfly(op, d, acc, &bl, axis)?);
         }
         if bl.warps_per_cta[axis] > 1 {
             let (lane_a, warp_a) = self.thread_coord(&bl, axis)?;
-            let lead = self.b.build_int_compare(IntPredicate::EQ, lane_a, self.i32c(0), "").map_err(|x| self.err(x))?;
+            let lead = self
+                .b
+                .build_int_compare(IntPredicate::EQ, lane_a, self.i32c(0), "")
+                .map_err(|x| self.err(x))?;
             let writer = match self.not_replica(&bl, kept)? {
                 Some(c) => self.b.build_and(lead, c, "").map_err(|x| self.err(x))?,
                 None => lead,
             };
             let n = bl.shape[kept];
             let mut out = vec![];
-            let coords: Vec<IntValue<'c>> = (0..n_kept).map(|j| self.coord(&bl, kept, j)).collect::<R<_>>()?;
+            let coords: Vec<IntValue<'c>> = (0..n_kept)
+                .map(|j| self.coord(&bl, kept, j))
+                .collect::<R<_>>()?;
             // All slots go through shared memory together: write, one barrier, read.
             let rt = reduce_type(self.ctx, d);
             for (acc, c) in accs.iter().zip(&coords) {
-                let wi = self.b.build_int_mul(warp_a, self.i32c(n as i64), "").map_err(|x| self.err(x))?;
+                let wi = self
+                    .b
+                    .build_int_mul(warp_a, self.i32c(n as i64), "")
+                    .map_err(|x| self.err(x))?;
                 let idx = self.b.build_int_add(wi, *c, "").map_err(|x| self.err(x))?;
                 let p = self.smem_ptr(rt, idx)?;
                 self.guarded(Some(writer), |s| {
@@ -1050,7 +1437,10 @@ impl<'c, 'k> Lower<'c, 'k> {
             for c in &coords {
                 let mut acc = id;
                 for w in 0..bl.warps_per_cta[axis] {
-                    let idx = self.b.build_int_add(*c, self.i32c((w * n) as i64), "").map_err(|x| self.err(x))?;
+                    let idx = self
+                        .b
+                        .build_int_add(*c, self.i32c((w * n) as i64), "")
+                        .map_err(|x| self.err(x))?;
                     let p = self.smem_ptr(rt, idx)?;
                     let x = self.b.build_load(rt, p, "").map_err(|x| self.err(x))?;
                     acc = self.combine(op, d, acc, x)?;
@@ -1060,16 +1450,29 @@ impl<'c, 'k> Lower<'c, 'k> {
             self.barrier()?;
             accs = out;
         }
-        let accs: Vec<_> = accs.into_iter().map(|a| self.from_reduce_type(a, d)).collect::<R<_>>()?;
+        let accs: Vec<_> = accs
+            .into_iter()
+            .map(|a| self.from_reduce_type(a, d))
+            .collect::<R<_>>()?;
         // The result is born in the slice layout; move it if its class settled elsewhere.
-        let born = Layout::Slice { parent: bl, dim: axis };
+        let born = Layout::Slice {
+            parent: bl,
+            dim: axis,
+        };
         let want = self.layouts.get(res).clone();
         let rt = self.ty_of(res).clone();
         Ok(Cv::B(self.convert_elems(accs, &rt, &born, &want)?))
     }
 
     /// Combines `acc` over the lanes that differ only in their coordinate along `dim`.
-    fn butterfly(&self, op: ReduceOp, d: DType, mut acc: BasicValueEnum<'c>, bl: &Blocked, dim: usize) -> R<BasicValueEnum<'c>> {
+    fn butterfly(
+        &self,
+        op: ReduceOp,
+        d: DType,
+        mut acc: BasicValueEnum<'c>,
+        bl: &Blocked,
+        dim: usize,
+    ) -> R<BasicValueEnum<'c>> {
         let stride = bl.lane_stride(dim);
         let mut m = stride * bl.threads_per_warp[dim] / 2;
         while m >= stride && m > 0 {
@@ -1081,9 +1484,17 @@ impl<'c, 'k> Lower<'c, 'k> {
     }
 
     /// Combines one value per warp through shared memory; every thread gets the result.
-    fn across_warps(&self, op: ReduceOp, d: DType, acc: BasicValueEnum<'c>) -> R<BasicValueEnum<'c>> {
+    fn across_warps(
+        &self,
+        op: ReduceOp,
+        d: DType,
+        acc: BasicValueEnum<'c>,
+    ) -> R<BasicValueEnum<'c>> {
         let rt = acc.get_type();
-        let lead = self.b.build_int_compare(IntPredicate::EQ, self.lane, self.i32c(0), "").map_err(|x| self.err(x))?;
+        let lead = self
+            .b
+            .build_int_compare(IntPredicate::EQ, self.lane, self.i32c(0), "")
+            .map_err(|x| self.err(x))?;
         let p = self.smem_ptr(rt, self.warp)?;
         self.guarded(Some(lead), |s| {
             s.b.build_store(p, acc).map_err(|x| s.err(x))?;
@@ -1109,12 +1520,18 @@ impl<'c, 'k> Lower<'c, 'k> {
                     Cv::S(s) => vec![*s],
                     Cv::B(b) => b.clone(),
                 };
-                xs.iter().map(|x| self.b.build_phi(x.get_type(), "").map_err(|e| self.err(e))).collect()
+                xs.iter()
+                    .map(|x| self.b.build_phi(x.get_type(), "").map_err(|e| self.err(e)))
+                    .collect()
             })
             .collect()
     }
 
-    fn phi_values(&self, phis: &[Vec<inkwell::values::PhiValue<'c>>], like: &[ValueId]) -> Vec<Cv<'c>> {
+    fn phi_values(
+        &self,
+        phis: &[Vec<inkwell::values::PhiValue<'c>>],
+        like: &[ValueId],
+    ) -> Vec<Cv<'c>> {
         phis.iter()
             .zip(like)
             .map(|(ps, v)| {
@@ -1124,7 +1541,12 @@ impl<'c, 'k> Lower<'c, 'k> {
             .collect()
     }
 
-    fn add_incoming(&self, phis: &[Vec<inkwell::values::PhiValue<'c>>], vals: &[Cv<'c>], from: BasicBlock<'c>) {
+    fn add_incoming(
+        &self,
+        phis: &[Vec<inkwell::values::PhiValue<'c>>],
+        vals: &[Cv<'c>],
+        from: BasicBlock<'c>,
+    ) {
         for (ps, v) in phis.iter().zip(vals) {
             let xs = match v {
                 Cv::S(s) => vec![*s],
@@ -1136,51 +1558,88 @@ impl<'c, 'k> Lower<'c, 'k> {
         }
     }
 
-    fn for_loop(&mut self, lo: ValueId, hi: ValueId, step: ValueId, init: &[ValueId], body: &Region) -> R<Vec<Cv<'c>>> {
+    fn for_loop(
+        &mut self,
+        lo: ValueId,
+        hi: ValueId,
+        step: ValueId,
+        init: &[ValueId],
+        body: &Region,
+    ) -> R<Vec<Cv<'c>>> {
         let (lo_v, hi_v, step_v) = (self.elems(lo)[0], self.elems(hi)[0], self.elems(step)[0]);
         let init_v: Vec<Cv<'c>> = init.iter().map(|v| self.get(*v)).collect();
         let pre = self.b.get_insert_block().expect("block");
         let header = self.ctx.append_basic_block(self.func, "loop");
         let body_bb = self.ctx.append_basic_block(self.func, "loop_body");
         let exit = self.ctx.append_basic_block(self.func, "loop_end");
-        self.b.build_unconditional_branch(header).map_err(|x| self.err(x))?;
+        self.b
+            .build_unconditional_branch(header)
+            .map_err(|x| self.err(x))?;
         self.b.position_at_end(header);
-        let iv = self.b.build_phi(self.ctx.i32_type(), "i").map_err(|x| self.err(x))?;
+        let iv = self
+            .b
+            .build_phi(self.ctx.i32_type(), "i")
+            .map_err(|x| self.err(x))?;
         iv.add_incoming(&[(&lo_v, pre)]);
         let phis = self.phis_for(&init_v)?;
         self.add_incoming(&phis, &init_v, pre);
         let ivv = iv.as_basic_value().into_int_value();
-        let go = self.b.build_int_compare(IntPredicate::SLT, ivv, hi_v.into_int_value(), "").map_err(|x| self.err(x))?;
-        self.b.build_conditional_branch(go, body_bb, exit).map_err(|x| self.err(x))?;
+        let go = self
+            .b
+            .build_int_compare(IntPredicate::SLT, ivv, hi_v.into_int_value(), "")
+            .map_err(|x| self.err(x))?;
+        self.b
+            .build_conditional_branch(go, body_bb, exit)
+            .map_err(|x| self.err(x))?;
         self.b.position_at_end(body_bb);
         self.vals.insert(body.args[0], Cv::S(ivv.into()));
-        for (a, v) in body.args[1..].iter().zip(self.phi_values(&phis, &body.args[1..])) {
+        for (a, v) in body.args[1..]
+            .iter()
+            .zip(self.phi_values(&phis, &body.args[1..]))
+        {
             self.vals.insert(*a, v);
         }
         let next = self.region(body)?;
-        let next_iv = self.b.build_int_add(ivv, step_v.into_int_value(), "").map_err(|x| self.err(x))?;
+        let next_iv = self
+            .b
+            .build_int_add(ivv, step_v.into_int_value(), "")
+            .map_err(|x| self.err(x))?;
         let latch = self.b.get_insert_block().expect("block");
         iv.add_incoming(&[(&next_iv, latch)]);
         self.add_incoming(&phis, &next, latch);
-        self.b.build_unconditional_branch(header).map_err(|x| self.err(x))?;
+        self.b
+            .build_unconditional_branch(header)
+            .map_err(|x| self.err(x))?;
         self.b.position_at_end(exit);
         Ok(self.phi_values(&phis, &body.args[1..]))
     }
 
-    fn if_else(&mut self, cond: ValueId, then_r: &Region, else_r: &Region, results: &[ValueId]) -> R<Vec<Cv<'c>>> {
+    fn if_else(
+        &mut self,
+        cond: ValueId,
+        then_r: &Region,
+        else_r: &Region,
+        results: &[ValueId],
+    ) -> R<Vec<Cv<'c>>> {
         let c = self.elems(cond)[0].into_int_value();
         let then_bb = self.ctx.append_basic_block(self.func, "then");
         let else_bb = self.ctx.append_basic_block(self.func, "else");
         let merge = self.ctx.append_basic_block(self.func, "endif");
-        self.b.build_conditional_branch(c, then_bb, else_bb).map_err(|x| self.err(x))?;
+        self.b
+            .build_conditional_branch(c, then_bb, else_bb)
+            .map_err(|x| self.err(x))?;
         self.b.position_at_end(then_bb);
         let tv = self.region(then_r)?;
         let t_end = self.b.get_insert_block().expect("block");
-        self.b.build_unconditional_branch(merge).map_err(|x| self.err(x))?;
+        self.b
+            .build_unconditional_branch(merge)
+            .map_err(|x| self.err(x))?;
         self.b.position_at_end(else_bb);
         let ev = self.region(else_r)?;
         let e_end = self.b.get_insert_block().expect("block");
-        self.b.build_unconditional_branch(merge).map_err(|x| self.err(x))?;
+        self.b
+            .build_unconditional_branch(merge)
+            .map_err(|x| self.err(x))?;
         self.b.position_at_end(merge);
         let phis = self.phis_for(&tv)?;
         self.add_incoming(&phis, &tv, t_end);
@@ -1193,7 +1652,9 @@ impl<'c, 'k> Lower<'c, 'k> {
 /// does by default); results may differ from unfused arithmetic in the last bit.
 fn contract(v: FloatValue<'_>) -> BasicValueEnum<'_> {
     if let Some(i) = v.as_instruction_value() {
-        let _ = i.set_fast_math_flags(FastMathFlags::from_bits_retain(inkwell::llvm_sys::LLVMFastMathAllowContract));
+        let _ = i.set_fast_math_flags(FastMathFlags::from_bits_retain(
+            inkwell::llvm_sys::LLVMFastMathAllowContract,
+        ));
     }
     v.into()
 }

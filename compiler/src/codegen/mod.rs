@@ -13,7 +13,10 @@ use crate::verify::verify;
 use crate::CompileError;
 use inkwell::context::Context;
 use inkwell::passes::PassBuilderOptions;
-use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target as LlvmTarget, TargetMachine, TargetTriple};
+use inkwell::targets::{
+    CodeModel, FileType, InitializationConfig, RelocMode, Target as LlvmTarget, TargetMachine,
+    TargetTriple,
+};
 use inkwell::OptimizationLevel;
 
 /// A GPU architecture and the PTX ISA version to write for it.
@@ -33,30 +36,50 @@ const LLVM_MAX_PTX: (u32, u32) = (8, 5);
 impl Target {
     /// Hopper (H100, H200), the default.
     pub fn sm90a() -> Target {
-        Target { sm: 90, arch_specific: true, ptx_isa: (8, 0) }
+        Target {
+            sm: 90,
+            arch_specific: true,
+            ptx_isa: (8, 0),
+        }
     }
     /// Ampere (A100).
     pub fn sm80() -> Target {
-        Target { sm: 80, arch_specific: false, ptx_isa: (7, 0) }
+        Target {
+            sm: 80,
+            arch_specific: false,
+            ptx_isa: (7, 0),
+        }
     }
     /// Parses `sm_90a`, `sm_90` or `sm_80`.
     pub fn parse(name: &str) -> Option<Target> {
         match name {
             "sm_90a" => Some(Target::sm90a()),
-            "sm_90" => Some(Target { sm: 90, arch_specific: false, ptx_isa: (7, 8) }),
+            "sm_90" => Some(Target {
+                sm: 90,
+                arch_specific: false,
+                ptx_isa: (7, 8),
+            }),
             "sm_80" => Some(Target::sm80()),
             _ => None,
         }
     }
     /// `sm_90a` or `sm_80`, as ptxas and LLVM name it.
     pub fn arch_name(&self) -> String {
-        format!("sm_{}{}", self.sm, if self.arch_specific { "a" } else { "" })
+        format!(
+            "sm_{}{}",
+            self.sm,
+            if self.arch_specific { "a" } else { "" }
+        )
     }
     /// The same target writing the newest PTX ISA that both LLVM and a driver of CUDA
     /// version `driver` (major, minor) accept: a PTX ISA newer than the driver fails to load.
     pub fn for_driver(self, driver: (u32, u32)) -> Result<Target, CompileError> {
         let isa = ptx_isa_for_driver(driver).min(LLVM_MAX_PTX);
-        let needed = Target { ptx_isa: (0, 0), ..self }.minimum_isa();
+        let needed = Target {
+            ptx_isa: (0, 0),
+            ..self
+        }
+        .minimum_isa();
         if isa < needed {
             return Err(CompileError::Codegen {
                 kernel: String::new(),
@@ -72,7 +95,10 @@ impl Target {
                 ),
             });
         }
-        Ok(Target { ptx_isa: isa, ..self })
+        Ok(Target {
+            ptx_isa: isa,
+            ..self
+        })
     }
     fn minimum_isa(&self) -> (u32, u32) {
         match (self.sm, self.arch_specific) {
@@ -119,17 +145,24 @@ pub fn compile(kernel: &Kernel, target: &Target) -> Result<String, CompileError>
 
 /// Compiles a kernel, keeping the text of every stage.
 pub fn compile_stages(kernel: &Kernel, target: &Target) -> Result<Stages, CompileError> {
-    let err = |msg: String| CompileError::Codegen { kernel: kernel.name.clone(), msg };
+    let err = |msg: String| CompileError::Codegen {
+        kernel: kernel.name.clone(),
+        msg,
+    };
     verify(kernel)?;
     let axes = axis::analyze(kernel);
     let layouts = layout::assign(kernel);
-    let mut layout_text: Vec<String> =
-        layouts.of.iter().map(|(v, l)| format!("%{} : {} : {:?}", v.0, kernel.ty(*v), l)).collect();
+    let mut layout_text: Vec<String> = layouts
+        .of
+        .iter()
+        .map(|(v, l)| format!("%{} : {} : {:?}", v.0, kernel.ty(*v), l))
+        .collect();
     layout_text.sort();
 
     LlvmTarget::initialize_nvptx(&InitializationConfig::default());
     let triple = TargetTriple::create("nvptx64-nvidia-cuda");
-    let llvm_target = LlvmTarget::from_triple(&triple).map_err(|e| err(format!("no NVPTX target in LLVM: {e}")))?;
+    let llvm_target = LlvmTarget::from_triple(&triple)
+        .map_err(|e| err(format!("no NVPTX target in LLVM: {e}")))?;
     let features = format!("+ptx{}{}", target.ptx_isa.0, target.ptx_isa.1);
     let machine = llvm_target
         .create_target_machine(
@@ -140,12 +173,19 @@ pub fn compile_stages(kernel: &Kernel, target: &Target) -> Result<Stages, Compil
             RelocMode::Default,
             CodeModel::Default,
         )
-        .ok_or_else(|| err(format!("LLVM cannot target {} with {features}", target.arch_name())))?;
+        .ok_or_else(|| {
+            err(format!(
+                "LLVM cannot target {} with {features}",
+                target.arch_name()
+            ))
+        })?;
 
     let ctx = Context::create();
     let module = lower::lower(&ctx, kernel, &axes, &layouts, &machine)?;
     let llvm_unoptimized = module.print_to_string().to_string();
-    module.verify().map_err(|e| err(format!("invalid LLVM IR: {e}")))?;
+    module
+        .verify()
+        .map_err(|e| err(format!("invalid LLVM IR: {e}")))?;
     module
         .run_passes("default<O3>", &machine, PassBuilderOptions::create())
         .map_err(|e| err(format!("LLVM optimization failed: {e}")))?;
@@ -153,8 +193,16 @@ pub fn compile_stages(kernel: &Kernel, target: &Target) -> Result<Stages, Compil
     let buf = machine
         .write_to_memory_buffer(&module, FileType::Assembly)
         .map_err(|e| err(format!("PTX emission failed: {e}")))?;
-    let ptx = String::from_utf8_lossy(buf.as_slice()).trim_end_matches('\0').to_string();
-    Ok(Stages { ir: print_kernel(kernel), layouts: layout_text.join("\n"), llvm_unoptimized, llvm_optimized, ptx })
+    let ptx = String::from_utf8_lossy(buf.as_slice())
+        .trim_end_matches('\0')
+        .to_string();
+    Ok(Stages {
+        ir: print_kernel(kernel),
+        layouts: layout_text.join("\n"),
+        llvm_unoptimized,
+        llvm_optimized,
+        ptx,
+    })
 }
 
 /// Keeps `TargetMachine` in the lowering's signature without re-exporting inkwell.

@@ -30,11 +30,23 @@ impl AxisInfo {
     /// Nothing known. Scalars are treated as one dimension of one element.
     fn unknown(rank: usize) -> AxisInfo {
         let n = rank.max(1);
-        AxisInfo { contiguity: vec![1; n], divisibility: vec![1; n], constancy: vec![1; n] }
+        AxisInfo {
+            contiguity: vec![1; n],
+            divisibility: vec![1; n],
+            constancy: vec![1; n],
+        }
     }
     fn uniform(shape: &[usize], div: u64) -> AxisInfo {
-        let constancy = if shape.is_empty() { vec![1] } else { shape.to_vec() };
-        AxisInfo { contiguity: vec![1; constancy.len()], divisibility: vec![div; constancy.len()], constancy }
+        let constancy = if shape.is_empty() {
+            vec![1]
+        } else {
+            shape.to_vec()
+        };
+        AxisInfo {
+            contiguity: vec![1; constancy.len()],
+            divisibility: vec![div; constancy.len()],
+            constancy,
+        }
     }
 }
 
@@ -51,9 +63,16 @@ impl AxisInfos {
 }
 
 pub fn analyze(k: &Kernel) -> AxisInfos {
-    let mut a = AxisInfos { of: HashMap::new(), consts: HashMap::new() };
+    let mut a = AxisInfos {
+        of: HashMap::new(),
+        consts: HashMap::new(),
+    };
     for p in &k.params {
-        let div = if matches!(p.ty.elem, Elem::Ptr(_)) { 16 } else { 1 };
+        let div = if matches!(p.ty.elem, Elem::Ptr(_)) {
+            16
+        } else {
+            1
+        };
         a.of.insert(p.value, AxisInfo::uniform(&[], div));
     }
     walk_ops(&k.body, &mut |op| visit(k, &mut a, op));
@@ -62,12 +81,21 @@ pub fn analyze(k: &Kernel) -> AxisInfos {
 
 fn visit(k: &Kernel, a: &mut AxisInfos, op: &Op) {
     use OpKind::*;
-    let Some(&res) = op.results.first() else { return };
+    let Some(&res) = op.results.first() else {
+        return;
+    };
     let shape = k.ty(res).shape.clone();
     let rank = shape.len();
-    let get = |a: &AxisInfos, v: ValueId| a.of.get(&v).cloned().unwrap_or_else(|| AxisInfo::unknown(k.ty(v).shape.len()));
+    let get = |a: &AxisInfos, v: ValueId| {
+        a.of.get(&v)
+            .cloned()
+            .unwrap_or_else(|| AxisInfo::unknown(k.ty(v).shape.len()))
+    };
     let info = match &op.kind {
-        Constant { value: Const::Int(c), .. } => {
+        Constant {
+            value: Const::Int(c),
+            ..
+        } => {
             a.consts.insert(res, *c);
             AxisInfo::uniform(&[], pow2_divisor(*c))
         }
@@ -115,15 +143,27 @@ fn visit(k: &Kernel, a: &mut AxisInfos, op: &Op) {
             };
             let mut out = AxisInfo::unknown(rank);
             for d in 0..out.contiguity.len() {
-                out.contiguity[d] = o.contiguity[d].min(p.constancy[d]).max(p.contiguity[d].min(o.constancy[d]));
-                out.divisibility[d] = p.divisibility[d].min(o.divisibility[d].saturating_mul(esize)).min(MAX_DIV);
+                out.contiguity[d] = o.contiguity[d]
+                    .min(p.constancy[d])
+                    .max(p.contiguity[d].min(o.constancy[d]));
+                out.divisibility[d] = p.divisibility[d]
+                    .min(o.divisibility[d].saturating_mul(esize))
+                    .min(MAX_DIV);
                 out.constancy[d] = p.constancy[d].min(o.constancy[d]);
             }
             out
         }
         _ => return,
     };
-    if let (Binary { op: BinOp::Mul, lhs, rhs }, true) = (&op.kind, rank == 0) {
+    if let (
+        Binary {
+            op: BinOp::Mul,
+            lhs,
+            rhs,
+        },
+        true,
+    ) = (&op.kind, rank == 0)
+    {
         if let (Some(x), Some(y)) = (a.consts.get(lhs), a.consts.get(rhs)) {
             a.consts.insert(res, x.wrapping_mul(*y));
         }
@@ -139,12 +179,18 @@ fn binary(op: BinOp, x: &AxisInfo, y: &AxisInfo, const_rhs: Option<i64>, rank: u
         match op {
             BinOp::Add | BinOp::Sub => {
                 let c = x.contiguity[d].min(y.constancy[d]);
-                let c = if op == BinOp::Add { c.max(y.contiguity[d].min(x.constancy[d])) } else { c };
+                let c = if op == BinOp::Add {
+                    c.max(y.contiguity[d].min(x.constancy[d]))
+                } else {
+                    c
+                };
                 out.contiguity[d] = c.max(1);
                 out.divisibility[d] = x.divisibility[d].min(y.divisibility[d]);
             }
             BinOp::Mul => {
-                out.divisibility[d] = x.divisibility[d].saturating_mul(y.divisibility[d]).min(MAX_DIV);
+                out.divisibility[d] = x.divisibility[d]
+                    .saturating_mul(y.divisibility[d])
+                    .min(MAX_DIV);
                 if const_rhs == Some(1) {
                     out.contiguity[d] = x.contiguity[d];
                     out.divisibility[d] = x.divisibility[d];
@@ -183,7 +229,10 @@ mod tests {
         b.store(ptrs, x);
         let k = b.finish().unwrap();
         let a = analyze(&k);
-        let (ptr_id, info) = a.of.iter().find(|(v, _)| k.ty(**v) == &Type::block(Elem::Ptr(DType::U8), &[64])).unwrap();
+        let (ptr_id, info) =
+            a.of.iter()
+                .find(|(v, _)| k.ty(**v) == &Type::block(Elem::Ptr(DType::U8), &[64]))
+                .unwrap();
         let _ = ptr_id;
         assert_eq!(info.contiguity, vec![64]);
         assert_eq!(info.divisibility, vec![16]);

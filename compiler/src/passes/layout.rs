@@ -28,7 +28,10 @@ pub enum Layout {
     Blocked(Blocked),
     /// The 1-D layout left when dimension `dim` of a 2-D parent is removed: each thread holds
     /// the parent's coordinates along the other dimension.
-    Slice { parent: Blocked, dim: usize },
+    Slice {
+        parent: Blocked,
+        dim: usize,
+    },
 }
 
 impl Blocked {
@@ -57,7 +60,12 @@ impl Blocked {
             warps /= w;
         }
         wpc[0] *= warps;
-        Blocked { shape: shape.to_vec(), size_per_thread: spt, threads_per_warp: tpw, warps_per_cta: wpc }
+        Blocked {
+            shape: shape.to_vec(),
+            size_per_thread: spt,
+            threads_per_warp: tpw,
+            warps_per_cta: wpc,
+        }
     }
 
     pub fn rank(&self) -> usize {
@@ -157,7 +165,9 @@ pub fn assign(k: &Kernel) -> Layouts {
     let hints = vector_hints(k);
     let nw = k.num_warps as usize;
     let blocked_for = |shape: &[usize]| Blocked::new(shape, *hints.get(shape).unwrap_or(&4), nw);
-    let mut uf = UnionFind { parent: (0..k.types.len()).collect() };
+    let mut uf = UnionFind {
+        parent: (0..k.types.len()).collect(),
+    };
     // 1-D classes: the layouts demanded by producers (reductions) and by consumers (expands).
     let mut produced: Vec<(ValueId, Layout)> = vec![];
     let mut consumed: Vec<(ValueId, Layout)> = vec![];
@@ -169,8 +179,14 @@ pub fn assign(k: &Kernel) -> Layouts {
                 uf.union(lhs.0 as usize, rhs.0 as usize);
                 uf.union(lhs.0 as usize, res.expect("result").0 as usize);
             }
-            Unary { value, .. } | Cast { value, .. } => uf.union(value.0 as usize, res.expect("result").0 as usize),
-            Select { cond, on_true, on_false } => {
+            Unary { value, .. } | Cast { value, .. } => {
+                uf.union(value.0 as usize, res.expect("result").0 as usize)
+            }
+            Select {
+                cond,
+                on_true,
+                on_false,
+            } => {
                 let r = res.expect("result").0 as usize;
                 for v in [on_true, on_false] {
                     uf.union(v.0 as usize, r);
@@ -210,7 +226,11 @@ pub fn assign(k: &Kernel) -> Layouts {
                     }
                 }
             }
-            If { then_region, else_region, .. } => {
+            If {
+                then_region,
+                else_region,
+                ..
+            } => {
                 for r in [then_region, else_region] {
                     if let Some(Yield { values }) = r.ops.last().map(|o| &o.kind) {
                         for (v, res) in values.iter().zip(&op.results) {
@@ -223,12 +243,24 @@ pub fn assign(k: &Kernel) -> Layouts {
                 let t = k.ty(*value);
                 if t.shape.len() == 2 {
                     let parent = blocked_for(&t.shape);
-                    produced.push((res.expect("result"), Layout::Slice { parent, dim: *axis as usize }));
+                    produced.push((
+                        res.expect("result"),
+                        Layout::Slice {
+                            parent,
+                            dim: *axis as usize,
+                        },
+                    ));
                 }
             }
             Expand { value, axis, .. } => {
                 let parent = blocked_for(&k.ty(res.expect("result")).shape);
-                consumed.push((*value, Layout::Slice { parent, dim: *axis as usize }));
+                consumed.push((
+                    *value,
+                    Layout::Slice {
+                        parent,
+                        dim: *axis as usize,
+                    },
+                ));
             }
             _ => {}
         }
@@ -247,7 +279,10 @@ pub fn assign(k: &Kernel) -> Layouts {
             Layout::Blocked(blocked_for(&t.shape))
         } else {
             let c = uf.find(i);
-            class_layout.get(&c).cloned().unwrap_or_else(|| Layout::Blocked(blocked_for(&t.shape)))
+            class_layout
+                .get(&c)
+                .cloned()
+                .unwrap_or_else(|| Layout::Blocked(blocked_for(&t.shape)))
         };
         of.insert(ValueId(i as u32), l);
     }

@@ -1,0 +1,214 @@
+//! Devices: a CUDA GPU (through the driver API, loaded at run time) or the CPU, where
+//! kernels run through the IR interpreter. The same calls work on both, so code written
+//! against a [`Device`] runs on a laptop and on an H100 alike.
+
+use crate::error::{driver, Result, RuntimeError};
+use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use std::fmt;
+use std::sync::Arc;
+
+/// A device kernels run on. Cheap to clone: clones share the context and stream.
+///
+/// On the GPU every operation (copies, launches, timing events) is ordered on one
+/// dedicated stream of the device, so no cross-stream synchronisation is needed, and
+/// cudarc's per-buffer event tracking is turned off (it would add driver calls to every
+/// launch and get in the way of graph capture).
+#[derive(Clone)]
+pub struct Device {
+    pub(crate) backend: Backend,
+}
+
+#[derive(Clone)]
+pub(crate) enum Backend {
+    Cpu,
+    Gpu(Arc<Gpu>),
+}
+
+/// A GPU device: its context, its stream, and the properties queried once at creation.
+pub(crate) struct Gpu {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) ordinal: usize,
+    pub(crate) name: String,
+    pub(crate) driver_version: (u32, u32),
+    pub(crate) compute_capability: (u32, u32),
+    pub(crate) num_sms: u32,
+}
+
+impl Device {
+    /// The CPU: kernels run through the IR interpreter.
+    pub fn cpu() -> Device {
+        Device {
+            backend: Backend::Cpu,
+        }
+    }
+
+    /// GPU number `ordinal`. Fails (never panics) when the CUDA driver library is missing,
+    /// reports no device, or has fewer than `ordinal + 1` devices.
+    pub fn gpu(ordinal: usize) -> Result<Device> {
+        // cudarc's lazy loader panics when libcuda is absent: probe for it first.
+        // SAFETY: only tries to dlopen the library and drops it again.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(RuntimeError::NoGpu {
+                reason: "the CUDA driver library (libcuda.so) could not be loaded".into(),
+            });
+        }
+        // A driver older than the bindings may lack a symbol, which cudarc reports by
+        // panicking; turn that into an error too.
+        std::panic::catch_unwind(|| open_gpu(ordinal)).unwrap_or_else(|p| {
+            Err(RuntimeError::NoGpu {
+                reason: format!(
+                    "the CUDA driver could not be initialised: {}",
+                    panic_message(&*p)
+                ),
+            })
+        })
+    }
+
+    /// GPU 0 when one is usable, the CPU otherwise. Never fails, never prints.
+    pub fn best() -> Device {
+        Device::gpu(0).unwrap_or_else(|_| Device::cpu())
+    }
+
+    pub fn is_gpu(&self) -> bool {
+        matches!(self.backend, Backend::Gpu(_))
+    }
+
+    /// The GPU's name (e.g. "NVIDIA H100 80GB HBM3"), or "cpu (interpreter)".
+    pub fn name(&self) -> &str {
+        match &self.backend {
+            Backend::Cpu => "cpu (interpreter)",
+            Backend::Gpu(g) => &g.name,
+        }
+    }
+
+    /// The GPU's ordinal; `None` on the CPU.
+    pub fn ordinal(&self) -> Option<usize> {
+        self.gpu_inner().map(|g| g.ordinal)
+    }
+
+    /// The CUDA version the driver supports, as (major, minor) (`cuDriverGetVersion`);
+    /// `None` on the CPU. PTX must not use an ISA newer than this version reads.
+    pub fn driver_version(&self) -> Option<(u32, u32)> {
+        self.gpu_inner().map(|g| g.driver_version)
+    }
+
+    /// The GPU's compute capability, e.g. (9, 0) for an H100; `None` on the CPU.
+    pub fn compute_capability(&self) -> Option<(u32, u32)> {
+        self.gpu_inner().map(|g| g.compute_capability)
+    }
+
+    /// Number of streaming multiprocessors; `None` on the CPU.
+    pub fn num_sms(&self) -> Option<u32> {
+        self.gpu_inner().map(|g| g.num_sms)
+    }
+
+    /// Waits for all work queued on the device's stream and reports any error a kernel
+    /// raised asynchronously. A no-op on the CPU, where everything is synchronous.
+    pub fn synchronize(&self) -> Result<()> {
+        match &self.backend {
+            Backend::Cpu => Ok(()),
+            Backend::Gpu(g) => g
+                .stream
+                .synchronize()
+                .map_err(driver("cuStreamSynchronize")),
+        }
+    }
+
+    /// The stream all of this device's work is queued on, for callers that interoperate
+    /// with other CUDA code (order their work against it with events); `None` on the CPU.
+    pub fn cuda_stream(&self) -> Option<&Arc<CudaStream>> {
+        self.gpu_inner().map(|g| &g.stream)
+    }
+
+    pub(crate) fn gpu_inner(&self) -> Option<&Arc<Gpu>> {
+        match &self.backend {
+            Backend::Cpu => None,
+            Backend::Gpu(g) => Some(g),
+        }
+    }
+
+    /// How errors name this device.
+    pub(crate) fn describe(&self) -> String {
+        match &self.backend {
+            Backend::Cpu => "the CPU".into(),
+            Backend::Gpu(g) => format!("GPU {} ({})", g.ordinal, g.name),
+        }
+    }
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.backend {
+            Backend::Cpu => write!(f, "Device(cpu)"),
+            Backend::Gpu(g) => write!(
+                f,
+                "Device(gpu {}: {}, sm_{}{}, {} SMs, driver {}.{})",
+                g.ordinal,
+                g.name,
+                g.compute_capability.0,
+                g.compute_capability.1,
+                g.num_sms,
+                g.driver_version.0,
+                g.driver_version.1
+            ),
+        }
+    }
+}
+
+fn no_gpu(what: &str, e: cudarc::driver::DriverError) -> RuntimeError {
+    RuntimeError::NoGpu {
+        reason: format!("{what}: {}", crate::error::describe_driver_error(&e)),
+    }
+}
+
+fn open_gpu(ordinal: usize) -> Result<Device> {
+    result::init().map_err(|e| no_gpu("cuInit failed", e))?;
+    let count = result::device::get_count().map_err(|e| no_gpu("cuDeviceGetCount failed", e))?;
+    if ordinal >= count.max(0) as usize {
+        return Err(RuntimeError::NoGpu {
+            reason: format!("GPU {ordinal} was asked for, the driver reports {count}"),
+        });
+    }
+    let mut version = 0i32;
+    // SAFETY: writes one int; the driver is initialised.
+    unsafe { sys::cuDriverGetVersion(&mut version) }
+        .result()
+        .map_err(driver("cuDriverGetVersion"))?;
+    let driver_version = ((version / 1000) as u32, ((version % 1000) / 10) as u32);
+
+    let ctx = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
+    // SAFETY: all of this device's buffers are allocated, used and freed on the one stream
+    // made below, so there is nothing for per-buffer events to order. Must precede the
+    // first allocation.
+    unsafe { ctx.disable_event_tracking() };
+    let stream = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
+    let name = ctx.name().map_err(driver("cuDeviceGetName"))?;
+    let (major, minor) = ctx
+        .compute_capability()
+        .map_err(driver("cuDeviceGetAttribute"))?;
+    let sms = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(driver("cuDeviceGetAttribute"))?;
+    Ok(Device {
+        backend: Backend::Gpu(Arc::new(Gpu {
+            ctx,
+            stream,
+            ordinal,
+            name,
+            driver_version,
+            compute_capability: (major.max(0) as u32, minor.max(0) as u32),
+            num_sms: sms.max(0) as u32,
+        })),
+    })
+}
+
+pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(no message)".into()
+    }
+}

@@ -1,0 +1,202 @@
+//! Launching: every argument is checked against the kernel's parameters on the host
+//! before anything runs, then the grid goes to the GPU's stream or to the interpreter.
+
+use crate::buffer::AnyBuffer;
+use crate::device::{panic_message, Backend, Device, Gpu};
+use crate::error::{driver, Result, RuntimeError};
+use crate::kernel::{describe_param, Arg, GpuKernel, LoadedKernel};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use dusk_compiler::interp::{self, ArgValue};
+use dusk_compiler::{Elem, Kernel};
+use std::sync::Arc;
+
+/// CUDA's grid limits: x below 2^31, y and z at most 65535.
+const MAX_GRID: [u32; 3] = [(1 << 31) - 1, 65535, 65535];
+/// CUDA's limit on threads per block.
+const MAX_BLOCK: u32 = 1024;
+
+impl Device {
+    /// Runs `kernel` over `grid` programs (x fastest) with `args` in the order of its
+    /// parameters. Pointer parameters take a buffer of the pointee's element type from
+    /// this device, scalar parameters a scalar of the same type; a mismatch is an error
+    /// naming the argument, and nothing is launched. Each program has
+    /// `kernel.num_threads()` threads. A grid with a zero dimension launches nothing.
+    ///
+    /// On the GPU the launch is queued on the device's stream and this returns at once;
+    /// errors raised while the kernel runs surface at the next synchronising call
+    /// ([`Device::synchronize`], [`Buffer::download`](crate::Buffer::download)). The
+    /// kernel is trusted to stay inside the buffers it is given; host entry points check
+    /// the shapes that bound its accesses.
+    pub fn launch(&self, kernel: &LoadedKernel, grid: [u32; 3], args: &[Arg<'_>]) -> Result<()> {
+        let ir = &kernel.ir;
+        check_args(ir, args, self)?;
+        check_grid(ir, grid)?;
+        if grid.contains(&0) {
+            return Ok(());
+        }
+        match &self.backend {
+            Backend::Gpu(g) => launch_gpu(g, kernel, grid, args),
+            Backend::Cpu => launch_cpu(ir, grid, args),
+        }
+    }
+}
+
+/// Checks `args` against `ir.params`: count, kinds and element types, and that every
+/// buffer lives on `device`.
+fn check_args(ir: &Kernel, args: &[Arg<'_>], device: &Device) -> Result<()> {
+    if args.len() != ir.params.len() {
+        return Err(RuntimeError::ArgCount {
+            kernel: ir.name.clone(),
+            expected: ir.params.len(),
+            found: args.len(),
+        });
+    }
+    for (index, (p, a)) in ir.params.iter().zip(args).enumerate() {
+        let ok = p.ty.is_scalar()
+            && match (p.ty.elem, a) {
+                (Elem::Ptr(d), Arg::Buffer(b)) => b.dtype() == d,
+                (Elem::Num(d), a) => a.scalar_dtype() == Some(d),
+                _ => false,
+            };
+        if !ok {
+            return Err(RuntimeError::ArgMismatch {
+                kernel: ir.name.clone(),
+                index,
+                param: p.name.clone(),
+                expected: describe_param(&p.ty),
+                found: a.describe(),
+            });
+        }
+        if let Arg::Buffer(b) = a {
+            b.check_on(device, || {
+                format!("kernel `{}`: argument {index} (`{}`)", ir.name, p.name)
+            })?;
+        }
+    }
+    Ok(())
+}
+
+fn check_grid(ir: &Kernel, grid: [u32; 3]) -> Result<()> {
+    for (axis, (&n, &max)) in grid.iter().zip(&MAX_GRID).enumerate() {
+        if n > max {
+            return Err(RuntimeError::InvalidLaunch {
+                kernel: ir.name.clone(),
+                msg: format!(
+                    "grid {grid:?}: axis {axis} has {n} programs, CUDA allows at most {max}"
+                ),
+            });
+        }
+    }
+    let threads = ir.num_threads();
+    if threads == 0 || threads > MAX_BLOCK {
+        return Err(RuntimeError::InvalidLaunch {
+            kernel: ir.name.clone(),
+            msg: format!(
+                "{threads} threads per program ({} warps); CUDA allows 1 to {MAX_BLOCK}",
+                ir.num_warps
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn launch_gpu(g: &Arc<Gpu>, kernel: &LoadedKernel, grid: [u32; 3], args: &[Arg<'_>]) -> Result<()> {
+    let ir = &kernel.ir;
+    let gk: &GpuKernel = kernel
+        .gpu
+        .as_ref()
+        .ok_or_else(|| RuntimeError::WrongDevice {
+            what: format!("kernel `{}`", ir.name),
+            expected: format!("GPU {} ({})", g.ordinal, g.name),
+            found: "the CPU (it was loaded without PTX)".into(),
+        })?;
+    if !Arc::ptr_eq(&gk.device, g) {
+        return Err(RuntimeError::WrongDevice {
+            what: format!("kernel `{}`", ir.name),
+            expected: format!("GPU {} ({})", g.ordinal, g.name),
+            found: format!("GPU {} (another device handle)", gk.device.ordinal),
+        });
+    }
+    // The driver reads each parameter through a pointer, taking as many bytes as the
+    // parameter has: every value sits little-endian at the start of an aligned 8-byte
+    // slot, and the slots live until the launch call returns.
+    let slots: Vec<u64> = args
+        .iter()
+        .map(|a| match a {
+            Arg::Buffer(b) => b.device_ptr().unwrap_or(0),
+            Arg::I32(v) => *v as u32 as u64,
+            Arg::I64(v) => *v as u64,
+            Arg::F32(v) => v.to_bits() as u64,
+            Arg::U8(v) => *v as u64,
+            Arg::Bool(v) => *v as u64,
+        })
+        .collect();
+    let cfg = LaunchConfig {
+        grid_dim: (grid[0], grid[1], grid[2]),
+        block_dim: (ir.num_threads(), 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut launch = g.stream.launch_builder(&gk.func);
+    for s in &slots {
+        launch.arg(s);
+    }
+    // SAFETY: the arguments were checked against the kernel's parameters (count, pointer or
+    // scalar, element type, device); the function is from the module compiled from the
+    // same IR.
+    unsafe { launch.launch(cfg) }.map_err(driver("cuLaunchKernel"))?;
+    Ok(())
+}
+
+fn launch_cpu(ir: &Kernel, grid: [u32; 3], args: &[Arg<'_>]) -> Result<()> {
+    // Each distinct buffer is locked once, in address order, so two launches sharing
+    // buffers on different threads cannot deadlock.
+    let mut distinct: Vec<&AnyBuffer> = args
+        .iter()
+        .filter_map(|a| match a {
+            Arg::Buffer(b) => Some(*b),
+            _ => None,
+        })
+        .collect();
+    distinct.sort_by_key(|b| *b as *const AnyBuffer as usize);
+    distinct.dedup_by_key(|b| *b as *const AnyBuffer as usize);
+    let mut guards = Vec::with_capacity(distinct.len());
+    for b in &distinct {
+        guards.push(b.lock_cpu().ok_or_else(|| RuntimeError::WrongDevice {
+            what: format!("a buffer passed to kernel `{}`", ir.name),
+            expected: "the CPU".into(),
+            found: b.describe_owner(),
+        })?);
+    }
+    let values: Vec<ArgValue> = args
+        .iter()
+        .map(|a| match a {
+            Arg::Buffer(b) => {
+                let at = *b as *const AnyBuffer as usize;
+                let buffer = distinct
+                    .iter()
+                    .position(|d| *d as *const AnyBuffer as usize == at)
+                    .unwrap_or(0);
+                ArgValue::Ptr {
+                    buffer,
+                    offset_bytes: 0,
+                }
+            }
+            Arg::I32(v) => ArgValue::I32(*v),
+            Arg::I64(v) => ArgValue::I64(*v),
+            Arg::F32(v) => ArgValue::F32(*v),
+            Arg::U8(v) => ArgValue::U8(*v),
+            Arg::Bool(v) => ArgValue::Bool(*v),
+        })
+        .collect();
+    let mut memory: Vec<&mut [u8]> = guards.iter_mut().map(|g| g.as_mut_slice()).collect();
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        interp::run(ir, grid, &values, &mut memory)
+    }));
+    match run {
+        Ok(r) => r.map_err(RuntimeError::from),
+        Err(p) => Err(RuntimeError::InterpPanic {
+            kernel: ir.name.clone(),
+            msg: panic_message(&*p),
+        }),
+    }
+}
