@@ -285,19 +285,22 @@ impl KernelBuilder {
     #[track_caller]
     pub fn select(&mut self, cond: Value, on_true: Value, on_false: Value) -> Value {
         let loc = caller_loc(Location::caller());
-        let (t, f) = self.broadcast_pair(on_true, on_false, &loc);
-        let shape = self.ty(t).shape.clone();
-        let c = if self.ty(cond).is_scalar() && !shape.is_empty() {
-            self.push1(
+        // Scalars among the three are splatted to the block shape of the others.
+        let shape = [cond, on_true, on_false]
+            .iter()
+            .map(|v| self.ty(*v).shape.clone())
+            .find(|s| !s.is_empty());
+        let fit = |b: &mut Self, v: Value| match &shape {
+            Some(s) if b.ty(v).is_scalar() => b.push1(
                 OpKind::Splat {
-                    value: cond.0,
-                    shape,
+                    value: v.0,
+                    shape: s.clone(),
                 },
                 loc.clone(),
-            )
-        } else {
-            cond
+            ),
+            _ => v,
         };
+        let (c, t, f) = (fit(self, cond), fit(self, on_true), fit(self, on_false));
         let ph = self.ty(t).clone();
         self.push(
             OpKind::Select {
@@ -308,6 +311,31 @@ impl KernelBuilder {
             loc,
             &[ph],
         )[0]
+    }
+
+    /// The same pointer viewed as pointing to `to` elements.
+    #[track_caller]
+    pub fn ptr_cast(&mut self, ptr: Value, to: DType) -> Value {
+        let ph = self.ty(ptr).with_elem(Elem::Ptr(to));
+        self.push(
+            OpKind::PtrCast { ptr: ptr.0, to },
+            caller_loc(Location::caller()),
+            &[ph],
+        )[0]
+    }
+
+    /// `acc` plus the dot product of the two signed 16-bit halves of `pairs` with two
+    /// unsigned bytes of `bytes` (bytes 0 and 1, or 2 and 3 when `high`); see [`OpKind::Dp2a`].
+    #[track_caller]
+    pub fn dp2a(&mut self, pairs: Value, bytes: Value, acc: Value, high: bool) -> Value {
+        let ph = self.ty(pairs).clone();
+        let kind = OpKind::Dp2a {
+            pairs: pairs.0,
+            bytes: bytes.0,
+            acc: acc.0,
+            high,
+        };
+        self.push(kind, caller_loc(Location::caller()), &[ph])[0]
     }
 
     // ---- memory ----

@@ -880,6 +880,29 @@ impl<'k> Interp<'k, '_, '_> {
                 on_true,
                 on_false,
             } => select(g(cond).bools(), g(on_true), g(on_false))?,
+            PtrCast { ptr, .. } => g(ptr).clone(),
+            Dp2a {
+                pairs,
+                bytes,
+                acc,
+                high,
+            } => {
+                let (Data::I32(p), Data::I32(b), Data::I32(a)) = (g(pairs), g(bytes), g(acc))
+                else {
+                    unreachable!("verified: i32 operands")
+                };
+                let shift = if *high { 16 } else { 0 };
+                let v = (0..p.len())
+                    .map(|i| {
+                        let (lo, hi) = (p[i] as i16 as i32, (p[i] >> 16) as i16 as i32);
+                        let b0 = (b[i] as u32 >> shift) & 0xFF;
+                        let b1 = (b[i] as u32 >> (shift + 8)) & 0xFF;
+                        a[i].wrapping_add(lo.wrapping_mul(b0 as i32))
+                            .wrapping_add(hi.wrapping_mul(b1 as i32))
+                    })
+                    .collect();
+                Data::I32(v)
+            }
             AddPtr { ptr, offset } => {
                 let Elem::Ptr(d) = k.ty(*ptr).elem else {
                     unreachable!("verified: a pointer")

@@ -260,6 +260,20 @@ pub enum OpKind {
         on_true: ValueId,
         on_false: ValueId,
     },
+    /// The same address viewed as a pointer to `to` elements (offsets then count `to`s).
+    PtrCast {
+        ptr: ValueId,
+        to: DType,
+    },
+    /// Two-way 16-bit by 8-bit integer dot product with accumulate (PTX `dp2a`):
+    /// `acc + pairs.lo16 * bytes[2h] + pairs.hi16 * bytes[2h + 1]`, with the 16-bit halves of
+    /// `pairs` signed, the bytes of `bytes` unsigned, and `h` 1 when `high`. All i32.
+    Dp2a {
+        pairs: ValueId,
+        bytes: ValueId,
+        acc: ValueId,
+        high: bool,
+    },
     /// A pointer (or block of pointers) advanced by an element offset.
     AddPtr {
         ptr: ValueId,
@@ -312,6 +326,10 @@ impl OpKind {
             ProgramId { .. } | NumPrograms { .. } | Constant { .. } | Arange { .. } => vec![],
             Splat { value, .. } | Expand { value, .. } | Unary { value, .. } => vec![*value],
             Cast { value, .. } | Reduce { value, .. } => vec![*value],
+            PtrCast { ptr, .. } => vec![*ptr],
+            Dp2a {
+                pairs, bytes, acc, ..
+            } => vec![*pairs, *bytes, *acc],
             Binary { lhs, rhs, .. } | Cmp { lhs, rhs, .. } => vec![*lhs, *rhs],
             Select {
                 cond,
@@ -402,6 +420,9 @@ impl OpKind {
                 UnOp::Rsqrt => "rsqrt",
             },
             Cast { .. } => "cast",
+            PtrCast { .. } => "ptr_cast",
+            Dp2a { high: false, .. } => "dp2a_lo",
+            Dp2a { high: true, .. } => "dp2a_hi",
             Select { .. } => "select",
             AddPtr { .. } => "add_ptr",
             Load { .. } => "load",

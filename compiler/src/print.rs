@@ -43,7 +43,7 @@ fn attrs(kind: &OpKind) -> String {
         Splat { shape, .. } => format!(" shape={shape:?}"),
         Expand { axis, size, .. } => format!(" axis={axis} size={size}"),
         Reduce { axis, .. } => format!(" axis={axis}"),
-        Cast { to, .. } => format!(" to {}", to.name()),
+        Cast { to, .. } | PtrCast { to, .. } => format!(" to {}", to.name()),
         Load { mask, other, .. } => {
             let mut a = String::new();
             if mask.is_some() {

@@ -145,6 +145,26 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
             }
             one(a)
         }
+        PtrCast { ptr, to } => {
+            let p = ty(*ptr);
+            if !matches!(p.elem, Elem::Ptr(_)) {
+                return Err(format!("ptr_cast needs a pointer, found {p}"));
+            }
+            one(p.with_elem(Elem::Ptr(*to)))
+        }
+        Dp2a {
+            pairs, bytes, acc, ..
+        } => {
+            let (a, b, c) = (ty(*pairs), ty(*bytes), ty(*acc));
+            for (name, t) in [("pairs", &a), ("bytes", &b), ("acc", &c)] {
+                if t.elem != Elem::Num(DType::I32) {
+                    return Err(format!("dp2a `{name}` must be i32, found {t}"));
+                }
+            }
+            same_shape(&a, &b, "dp2a operands")?;
+            same_shape(&a, &c, "dp2a operands")?;
+            one(a)
+        }
         AddPtr { ptr, offset } => {
             let (p, o) = (ty(*ptr), ty(*offset));
             if !matches!(p.elem, Elem::Ptr(_)) {

@@ -170,6 +170,7 @@ impl QuantizedK {
 /// A validated `spgemv_quant` launch: shapes, page table and candidate lists checked and
 /// uploaded once. [`SpgemvPlan::run`] may then be called for every decode step.
 pub struct SpgemvPlan {
+    prepare_q: Arc<LoadedKernel>,
     kernel: Arc<LoadedKernel>,
     kv: KvShape,
     batch: usize,
@@ -179,6 +180,10 @@ pub struct SpgemvPlan {
     kv_page_indices: Buffer<i32>,
     cand_indptr: Buffer<i32>,
     cand_indices: Buffer<i32>,
+    /// The queries in fixed point, made by `prepare_q` at each run.
+    qpack: Buffer<i32>,
+    qscale: Buffer<f32>,
+    qsum: Buffer<f32>,
     num_scores: usize,
     grid: [u32; 3],
 }
@@ -250,7 +255,12 @@ impl SpgemvPlan {
             cfg.num_warps = warps;
         }
         let kernel = dusk.kernel(format!("{cfg:?}"), || spgemv::build(&cfg))?;
+        let prepare_q = dusk.kernel(format!("prepare_q {} {}", kv.head_dim, bits), || {
+            spgemv::build_prepare_q(&cfg)
+        })?;
         let dev = dusk.device();
+        let q_rows = table.batch() * num_q_heads;
+        let q_words = q_rows * spgemv::q_parts(bits) * spgemv::words_per_row(kv.head_dim, bits);
         let rows = cand.rows();
         let tiles = cand.max_row_len().div_ceil(cfg.block_tokens).max(1);
         ensure(
@@ -260,6 +270,7 @@ impl SpgemvPlan {
             cand.max_row_len(),
         )?;
         Ok(SpgemvPlan {
+            prepare_q,
             kernel,
             kv,
             batch: table.batch(),
@@ -269,6 +280,9 @@ impl SpgemvPlan {
             kv_page_indices: dev.upload(&table.kv_page_indices)?,
             cand_indptr: dev.upload(&cand.indptr)?,
             cand_indices: dev.upload(&cand.indices)?,
+            qpack: dev.alloc(q_words)?,
+            qscale: dev.alloc(q_rows)?,
+            qsum: dev.alloc(q_rows)?,
             num_scores,
             grid: [rows as u32, tiles as u32, 1],
         })
@@ -313,11 +327,24 @@ impl SpgemvPlan {
             format!("{} f32 values", self.num_scores),
             scores.len(),
         )?;
+        let q_rows = (self.batch * self.num_q_heads) as u32;
+        dusk.device().launch(
+            &self.prepare_q,
+            [q_rows, 1, 1],
+            &[
+                Arg::from(q),
+                Arg::from(&self.qpack),
+                Arg::from(&self.qscale),
+                Arg::from(&self.qsum),
+            ],
+        )?;
         dusk.device().launch(
             &self.kernel,
             self.grid,
             &[
-                Arg::from(q),
+                Arg::from(&self.qpack),
+                Arg::from(&self.qscale),
+                Arg::from(&self.qsum),
                 Arg::from(&k.packed),
                 Arg::from(&k.scale),
                 Arg::from(&k.zero),

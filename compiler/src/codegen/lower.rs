@@ -496,6 +496,41 @@ impl<'c, 'k> Lower<'c, 'k> {
                 }
                 self.wrap(*on_true, out)
             }
+            PtrCast { ptr, .. } => self.get(*ptr),
+            Dp2a {
+                pairs,
+                bytes,
+                acc,
+                high,
+            } => {
+                let (p, b, a) = (self.elems(*pairs), self.elems(*bytes), self.elems(*acc));
+                let i32t = self.ctx.i32_type();
+                let fn_t = i32t.fn_type(&[i32t.into(), i32t.into(), i32t.into()], false);
+                let text = format!(
+                    "dp2a.{}.s32.u32 $0, $1, $2, $3;",
+                    if *high { "hi" } else { "lo" }
+                );
+                let asm = self.ctx.create_inline_asm(
+                    fn_t,
+                    text,
+                    "=r,r,r,r".to_string(),
+                    false,
+                    false,
+                    None,
+                    false,
+                );
+                let mut out = vec![];
+                for i in 0..p.len() {
+                    let args: Vec<BasicMetadataValueEnum> =
+                        vec![p[i].into(), b[i].into(), a[i].into()];
+                    let v = self
+                        .b
+                        .build_indirect_call(fn_t, asm, &args, "")
+                        .map_err(|x| self.err(x))?;
+                    out.push(v.try_as_basic_value().basic().expect("dp2a value"));
+                }
+                self.wrap(*pairs, out)
+            }
             AddPtr { ptr, offset } => {
                 let Elem::Ptr(d) = self.ty_of(*ptr).elem else {
                     unreachable!("verified")
@@ -976,14 +1011,16 @@ impl<'c, 'k> Lower<'c, 'k> {
 
     /// Elements per vector access along the last dimension for a pointer block in layout `l`.
     fn vector_width(&self, ptr: ValueId, mask: Option<ValueId>, l: &Layout, esize: usize) -> usize {
-        let Layout::Blocked(bl) = l else { return 1 };
-        let last = bl.rank() - 1;
+        // Elements a thread holds contiguously along the value's last dimension.
+        let (run, last) = match l {
+            Layout::Blocked(bl) => (bl.size_per_thread[bl.rank() - 1], bl.rank() - 1),
+            Layout::Slice { parent, dim: 0 } => (parent.size_per_thread[1], 0),
+            _ => return 1,
+        };
         let Some(info) = self.axes.get(ptr) else {
             return 1;
         };
-        let mut v = bl.size_per_thread[last]
-            .min(info.contiguity[last])
-            .min(16 / esize);
+        let mut v = run.min(info.contiguity[last]).min(16 / esize);
         v = v.min((info.divisibility[last] as usize / esize).max(1));
         if let Some(m) = mask {
             v = v.min(self.axes.get(m).map(|i| i.constancy[last]).unwrap_or(1));

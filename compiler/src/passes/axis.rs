@@ -122,6 +122,7 @@ fn visit(k: &Kernel, a: &mut AxisInfos, op: &Op) {
             out
         }
         Cast { value, to } if to.is_int() => get(a, *value),
+        PtrCast { ptr, .. } => get(a, *ptr),
         Cmp { lhs, rhs, .. } => {
             let (x, y) = (get(a, *lhs), get(a, *rhs));
             let mut out = AxisInfo::unknown(rank);
