@@ -16,6 +16,7 @@ pub struct Value(pub ValueId);
 pub struct KernelBuilder {
     name: String,
     num_warps: u32,
+    min_programs_per_sm: u32,
     types: Vec<Type>,
     params: Vec<Param>,
     /// Open regions, innermost last.
@@ -36,6 +37,7 @@ impl KernelBuilder {
         KernelBuilder {
             name: name.to_string(),
             num_warps: 4,
+            min_programs_per_sm: 0,
             types: vec![],
             params: vec![],
             stack: vec![Region::default()],
@@ -45,6 +47,12 @@ impl KernelBuilder {
 
     pub fn set_num_warps(&mut self, n: u32) {
         self.num_warps = n;
+    }
+
+    /// Asks for `n` programs resident per multiprocessor (an occupancy floor; registers are
+    /// capped to fit it). 0 leaves the choice to ptxas.
+    pub fn set_min_programs_per_sm(&mut self, n: u32) {
+        self.min_programs_per_sm = n;
     }
 
     /// The type of a value made by this builder.
@@ -549,6 +557,7 @@ impl KernelBuilder {
             body,
             types: self.types,
             num_warps: self.num_warps,
+            min_programs_per_sm: self.min_programs_per_sm,
         };
         verify(&k)?;
         Ok(k)

@@ -457,6 +457,9 @@ pub struct Kernel {
     pub types: Vec<Type>,
     /// Warps per program (threads per block / 32).
     pub num_warps: u32,
+    /// Programs that should fit on one multiprocessor at once (0: no request). Tells ptxas
+    /// to keep registers low enough for that occupancy.
+    pub min_programs_per_sm: u32,
 }
 
 impl Kernel {

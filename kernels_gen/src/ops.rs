@@ -202,8 +202,9 @@ impl SpgemvPlan {
         Self::with_config(dusk, kv, num_q_heads, bits, table, cand, None)
     }
 
-    /// As [`SpgemvPlan::new`], with the tokens per program and warps chosen by the caller
-    /// (the default is 64 tokens and 4 warps).
+    /// As [`SpgemvPlan::new`], with `(tokens per program, warps, programs per
+    /// multiprocessor requested from ptxas or 0)` chosen by the caller (the default is 64
+    /// tokens, 2 warps, 14 programs per multiprocessor).
     pub fn with_config(
         dusk: &Dusk,
         kv: KvShape,
@@ -211,12 +212,12 @@ impl SpgemvPlan {
         bits: u32,
         table: &PageTable,
         cand: &TokenLists,
-        tiling: Option<(usize, u32)>,
+        tiling: Option<(usize, u32, u32)>,
     ) -> Result<SpgemvPlan> {
         kv.validate()?;
         ensure(matches!(bits, 4 | 8), "bits", "4 or 8", bits)?;
         ensure(
-            num_q_heads > 0 && num_q_heads % kv.num_kv_heads == 0,
+            num_q_heads > 0 && num_q_heads.is_multiple_of(kv.num_kv_heads),
             "num_q_heads",
             format!("a positive multiple of num_kv_heads ({})", kv.num_kv_heads),
             num_q_heads,
@@ -238,7 +239,7 @@ impl SpgemvPlan {
             num_scores,
         )?;
         let mut cfg = SpgemvConfig::new(kv.head_dim, kv.page_size, group, bits);
-        if let Some((tokens, warps)) = tiling {
+        if let Some((tokens, warps, min_programs)) = tiling {
             ensure(
                 tokens.is_power_of_two() && (8..=512).contains(&tokens),
                 "block_tokens",
@@ -253,6 +254,7 @@ impl SpgemvPlan {
             )?;
             cfg.block_tokens = tokens;
             cfg.num_warps = warps;
+            cfg.min_programs_per_sm = min_programs;
         }
         let kernel = dusk.kernel(format!("{cfg:?}"), || spgemv::build(&cfg))?;
         let prepare_q = dusk.kernel(format!("prepare_q {} {}", kv.head_dim, bits), || {

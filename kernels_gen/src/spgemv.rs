@@ -6,8 +6,8 @@
 //! `dequant(k) = code * scale + zero`, the score is `scale * (q . code) + zero * sum(q)`.
 //!
 //! `q . code` runs on the integer units: a small first kernel ([`build_prepare_q`]) rounds
-//! each query row to 15-bit fixed point (`q ~ q16 * qscale`, |q16| <= 16383, a relative
-//! error near 3e-5) and packs pairs of `q16` to match the codes' byte order; the scoring
+//! each query row to 15-bit fixed point (`q ~ q16 * qscale`, |q16| <= 32767, a relative
+//! error near 1.5e-5) and packs pairs of `q16` to match the codes' byte order; the scoring
 //! kernel then does two multiply-adds per `dp2a` instruction, exactly, in i32. This moves the
 //! work per 4-bit code from about five float instructions to under one.
 //!
@@ -28,9 +28,15 @@ pub struct SpgemvConfig {
     /// Candidate tokens per program.
     pub block_tokens: usize,
     pub num_warps: u32,
+    /// Occupancy floor passed to ptxas (0: none).
+    pub min_programs_per_sm: u32,
 }
 
 impl SpgemvConfig {
+    /// The default tiling: 64 tokens per program on 2 warps, 14 programs per SM (4-bit codes,
+    /// head_dim up to 128): the best
+    /// spill-free tiling of those swept on an H100 (GQA 32/8 and MHA 32/32, 32k context,
+    /// batch 32; BENCHMARKS.md lists the others).
     pub fn new(head_dim: usize, page_size: usize, group: usize, bits: u32) -> Self {
         SpgemvConfig {
             head_dim,
@@ -38,7 +44,10 @@ impl SpgemvConfig {
             group,
             bits,
             block_tokens: 64,
-            num_warps: 4,
+            num_warps: 2,
+            // Wider rows (8-bit codes, head_dim 256) need the registers an occupancy request
+            // would take away: ptxas would spill.
+            min_programs_per_sm: if bits == 4 && head_dim <= 128 { 14 } else { 0 },
         }
     }
 }
@@ -57,8 +66,9 @@ pub fn words_per_row(head_dim: usize, bits: u32) -> usize {
     head_dim * bits as usize / 32
 }
 
-/// The largest |q16|: keeps `sum(code * q16)` inside i32 for 8-bit codes and head_dim 256.
-const Q16_MAX: f32 = 16383.0;
+/// The largest |q16|. `sum(code * q16)` stays inside i32 even for 8-bit codes and head_dim
+/// 256: 255 * 32767 * 256 < 2^31.
+const Q16_MAX: f32 = 32767.0;
 
 /// Which two elements of the head each part's 16-bit pair holds, within a group of `stride`.
 /// 4 bits: a code word holds elements `8j..8j+8`, low nibbles the even ones; 8 bits: `4j..4j+4`.
@@ -148,11 +158,18 @@ pub fn build_prepare_q(cfg: &SpgemvConfig) -> Result<Kernel, CompileError> {
 /// Grid: `(batch * kv_heads, ceil(max_row / block_tokens))`.
 pub fn build(cfg: &SpgemvConfig) -> Result<Kernel, CompileError> {
     let name = format!(
-        "spgemv_quant_d{}_p{}_g{}_b{}_t{}_w{}",
-        cfg.head_dim, cfg.page_size, cfg.group, cfg.bits, cfg.block_tokens, cfg.num_warps
+        "spgemv_quant_d{}_p{}_g{}_b{}_t{}_w{}_o{}",
+        cfg.head_dim,
+        cfg.page_size,
+        cfg.group,
+        cfg.bits,
+        cfg.block_tokens,
+        cfg.num_warps,
+        cfg.min_programs_per_sm
     );
     let mut b = KernelBuilder::new(&name);
     b.set_num_warps(cfg.num_warps);
+    b.set_min_programs_per_sm(cfg.min_programs_per_sm);
     let qpack = b.param_ptr("qpack", DType::I32);
     let qscale = b.param_ptr("qscale", DType::F32);
     let qsum = b.param_ptr("qsum", DType::F32);

@@ -38,16 +38,19 @@ fn stock_kernels() -> Vec<Kernel> {
     for d in [64, 128, 256] {
         for bits in [4, 8] {
             ks.push(quantize::build(&QuantizeConfig::new(d, bits)).unwrap());
+            ks.push(spgemv::build_prepare_q(&SpgemvConfig::new(d, 16, 1, bits)).unwrap());
             for group in [1, 4, 8] {
                 ks.push(spgemv::build(&SpgemvConfig::new(d, 16, group, bits)).unwrap());
             }
         }
     }
-    for (tokens, warps) in [(128, 4), (128, 8), (256, 8)] {
-        for group in [1, 4] {
+    // The alternatives the benchmark times beside the default.
+    for (tokens, warps, programs) in [(32, 1, 0), (128, 4, 6)] {
+        for group in [1, 4, 8] {
             let cfg = SpgemvConfig {
                 block_tokens: tokens,
                 num_warps: warps,
+                min_programs_per_sm: programs,
                 ..SpgemvConfig::new(128, 16, group, 4)
             };
             ks.push(spgemv::build(&cfg).unwrap());

@@ -177,7 +177,7 @@ fn bench_case(
     rng: &mut SmallRng,
     c: &BenchCase,
     copy_gbps: f64,
-    tilings: &[(usize, u32)],
+    tilings: &[(usize, u32, u32)],
 ) -> Res<Vec<(String, f64, f64)>> {
     let dev = dusk.device();
     let (batch, q_heads, context, page_size, d, bits) =
@@ -218,7 +218,7 @@ fn bench_case(
     // the scores written.
     let bytes = nnz * (d * bits as usize / 8 + 4 + 4) + nnz * group * 4;
     let mut out = vec![];
-    for &(tokens, warps) in tilings {
+    for &(tokens, warps, occ) in tilings {
         let plan = SpgemvPlan::with_config(
             dusk,
             kv,
@@ -226,7 +226,7 @@ fn bench_case(
             bits,
             &table,
             &cand,
-            Some((tokens, warps)),
+            Some((tokens, warps, occ)),
         )?;
         let mut scores = dev.alloc::<f32>(plan.num_scores())?;
         let times = dev.time_us(40, 5, || {
@@ -236,12 +236,12 @@ fn bench_case(
         let us = median(&times);
         let gbps = bytes as f64 / (us * 1e-6) / 1e9;
         println!(
-            "  spgemv kv_heads={} {} tokens/program={tokens} warps={warps}: {us:.1} us, {gbps:.0} GB/s = {:.1}% of copy",
+            "  spgemv kv_heads={} {} tokens/program={tokens} warps={warps} min_programs/SM={occ}: {us:.1} us, {gbps:.0} GB/s = {:.1}% of copy",
             c.kv_heads,
             if c.quarter { "quarter pages" } else { "all tokens" },
             100.0 * gbps / copy_gbps
         );
-        out.push((format!("{tokens}x{warps}"), us, bytes as f64));
+        out.push((format!("{tokens}x{warps}/{occ}"), us, bytes as f64));
     }
     Ok(out)
 }
@@ -256,6 +256,22 @@ fn main() -> Res<()> {
     );
     let dusk = Dusk::new(dev.clone())?;
     let mut rng = SmallRng::seed_from_u64(std::process::id() as u64 ^ 0x5eed);
+    if let Some(t) = arg("--profile") {
+        // One GQA all-tokens case at one tiling ("64x4"), for a profiler to look at.
+        let (tokens, warps) = t.split_once('x').ok_or("--profile TOKENSxWARPS")?;
+        let c = BenchCase {
+            kv_heads: 8,
+            quarter: false,
+        };
+        bench_case(
+            &dusk,
+            &mut rng,
+            &c,
+            f64::NAN,
+            &[(tokens.parse()?, warps.parse()?, 0)],
+        )?;
+        return Ok(());
+    }
 
     println!("correctness (fresh random inputs, outputs poisoned):");
     let shapes: &[(&[usize], usize, usize, u32, f64)] = &[
@@ -293,7 +309,8 @@ fn main() -> Res<()> {
         .map(|p| std::fs::read_to_string(p).map(|s| serde_json::from_str(&s)))
         .transpose()?
         .transpose()?;
-    let tilings = [(64usize, 4u32), (128, 4), (128, 8), (256, 8)];
+    // The default tiling first (the reported figure), then alternatives from the sweep.
+    let tilings = [(64usize, 2u32, 14u32), (64, 2, 16), (32, 1, 0), (128, 4, 6)];
     let mut cases = vec![];
     for kv_heads in [8usize, 32] {
         for quarter in [false, true] {

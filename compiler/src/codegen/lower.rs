@@ -83,6 +83,21 @@ pub(super) fn lower<'c>(
             kernel: k.name.clone(),
             msg: format!("annotation: {e}"),
         })?;
+    if k.min_programs_per_sm > 0 {
+        let md = ctx.metadata_node(&[
+            func.as_global_value().as_pointer_value().into(),
+            ctx.metadata_string("minctasm").into(),
+            ctx.i32_type()
+                .const_int(k.min_programs_per_sm as u64, false)
+                .into(),
+        ]);
+        module
+            .add_global_metadata("nvvm.annotations", &md)
+            .map_err(|e| CompileError::Codegen {
+                kernel: k.name.clone(),
+                msg: format!("annotation: {e}"),
+            })?;
+    }
     let entry = ctx.append_basic_block(func, "entry");
     let b = ctx.create_builder();
     b.position_at_end(entry);
@@ -708,7 +723,7 @@ impl<'c, 'k> Lower<'c, 'k> {
                 let c = bl
                     .build_int_compare(pred, x, y, "")
                     .map_err(|x| self.err(x))?;
-                return Ok(bl.build_select(c, x, y, "").map_err(|x| self.err(x))?);
+                return bl.build_select(c, x, y, "").map_err(|x| self.err(x));
             }
             BinOp::And => bl.build_and(x, y, ""),
             BinOp::Or => bl.build_or(x, y, ""),
@@ -797,7 +812,7 @@ impl<'c, 'k> Lower<'c, 'k> {
                     .b
                     .build_int_compare(IntPredicate::SLT, x, x.get_type().const_zero(), "")
                     .map_err(|x| self.err(x))?;
-                return Ok(self.b.build_select(c, n, x, "").map_err(|x| self.err(x))?);
+                return self.b.build_select(c, n, x, "").map_err(|x| self.err(x));
             }
             _ => unreachable!("verified"),
         };
@@ -1038,7 +1053,7 @@ impl<'c, 'k> Lower<'c, 'k> {
         let et = llvm_type(self.ctx, if d == DType::Bool { DType::U8 } else { d });
         if v == 1 {
             et
-        } else if bytes % 4 == 0 {
+        } else if bytes.is_multiple_of(4) {
             let words = (bytes / 4) as u32;
             if words == 1 {
                 self.ctx.i32_type().into()
@@ -1080,7 +1095,7 @@ impl<'c, 'k> Lower<'c, 'k> {
             // Split the access back into elements.
             let parts: Vec<BasicValueEnum<'c>> = if vw == 1 {
                 vec![raw]
-            } else if esize == 1 && vw % 4 == 0 {
+            } else if esize == 1 && vw.is_multiple_of(4) {
                 self.split_bytes(raw, vw)?
             } else {
                 let vt = match mem_t {
@@ -1298,7 +1313,7 @@ impl<'c, 'k> Lower<'c, 'k> {
         self.binary(bop, signed_cd, a, b)
     }
 
-    fn to_reduce_type(&self, x: BasicValueEnum<'c>, d: DType) -> R<BasicValueEnum<'c>> {
+    fn widen_for_reduce(&self, x: BasicValueEnum<'c>, d: DType) -> R<BasicValueEnum<'c>> {
         match d {
             DType::F16 | DType::BF16 => self.widen(x, d),
             DType::U8 => Ok(self
@@ -1310,7 +1325,7 @@ impl<'c, 'k> Lower<'c, 'k> {
         }
     }
 
-    fn from_reduce_type(&self, x: BasicValueEnum<'c>, d: DType) -> R<BasicValueEnum<'c>> {
+    fn narrow_reduced(&self, x: BasicValueEnum<'c>, d: DType) -> R<BasicValueEnum<'c>> {
         match d {
             DType::F16 | DType::BF16 => self.narrow(x, d),
             DType::U8 => Ok(self
@@ -1373,7 +1388,7 @@ impl<'c, 'k> Lower<'c, 'k> {
         let xs: Vec<BasicValueEnum<'c>> = self
             .elems(v)
             .into_iter()
-            .map(|x| self.to_reduce_type(x, d))
+            .map(|x| self.widen_for_reduce(x, d))
             .collect::<R<_>>()?;
         let id = self.identity(op, d);
         if let (1, Layout::Slice { parent, dim }) = (t.shape.len(), &l) {
@@ -1391,7 +1406,7 @@ impl<'c, 'k> Lower<'c, 'k> {
                         .map_err(|x| self.err(x))?;
                 }
                 acc = self.butterfly(op, d, acc, parent, kept)?;
-                return Ok(Cv::S(self.from_reduce_type(acc, d)?));
+                return Ok(Cv::S(self.narrow_reduced(acc, d)?));
             }
         }
         if t.shape.len() == 1 {
@@ -1414,7 +1429,7 @@ impl<'c, 'k> Lower<'c, 'k> {
             if self.k.num_warps > 1 {
                 acc = self.across_warps(op, d, acc)?;
             }
-            return Ok(Cv::S(self.from_reduce_type(acc, d)?));
+            return Ok(Cv::S(self.narrow_reduced(acc, d)?));
         }
         let Layout::Blocked(bl) = l else {
             return Err(self.err("2-D blocks have blocked layouts"));
@@ -1489,7 +1504,7 @@ impl<'c, 'k> Lower<'c, 'k> {
         }
         let accs: Vec<_> = accs
             .into_iter()
-            .map(|a| self.from_reduce_type(a, d))
+            .map(|a| self.narrow_reduced(a, d))
             .collect::<R<_>>()?;
         // The result is born in the slice layout; move it if its class settled elsewhere.
         let born = Layout::Slice {
