@@ -230,11 +230,8 @@ mod tests {
         b.store(ptrs, x);
         let k = b.finish().unwrap();
         let a = analyze(&k);
-        let (ptr_id, info) =
-            a.of.iter()
-                .find(|(v, _)| k.ty(**v) == &Type::block(Elem::Ptr(DType::U8), &[64]))
-                .unwrap();
-        let _ = ptr_id;
+        let ptrs = k.body.ops.iter().find(|o| matches!(o.kind, OpKind::AddPtr { .. })).unwrap().results[0];
+        let info = a.get(ptrs).unwrap();
         assert_eq!(info.contiguity, vec![64]);
         assert_eq!(info.divisibility, vec![16]);
     }
