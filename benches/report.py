@@ -23,6 +23,10 @@ python3 benches/baselines/spgemv_torch.py --out /tmp/peer.json && \\
   .device/gpu-check --peer /tmp/peer.json --out benches/results/spgemv.json --commit <sha> --date <date>
 python3 benches/report.py > BENCHMARKS.md
 ```
+
+The same binary with `--check-only` runs just the correctness checks; under
+`compute-sanitizer --tool memcheck` and `--tool racecheck` it reports no errors.
+`benches/NOTES.md` keeps the two numbers, each version's figures and what limits it.
 """
 
 
@@ -45,7 +49,7 @@ def main():
                   f"{fmt(c.get('speedup_vs_peer'), '.2f')}x | {c['gbps']:.0f} | {100 * c['frac_of_copy_bw']:.1f}% |")
         extra = [c for c in r["cases"] if c.get("other_tilings_us")]
         if extra:
-            print("\nOther tilings (tokens per program x warps), same run:\n")
+            print("\nOther tilings (tokens per program x warps / programs per SM asked of ptxas), same run:\n")
             for c in extra:
                 tilings = ", ".join(f"{t['tiling']}: {t['us']:.1f} us" for t in c["other_tilings_us"])
                 print(f"- {c['case']}: {tilings}")

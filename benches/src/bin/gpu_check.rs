@@ -275,7 +275,7 @@ fn main() -> Res<()> {
 
     println!("correctness (fresh random inputs, outputs poisoned):");
     let shapes: &[(&[usize], usize, usize, u32, f64)] = &[
-        (&[1], 1, 1, 4, 1.0),
+        (&[1], 1, 8, 4, 1.0),
         (&[37, 300, 16], 2, 4, 4, 1.0),
         (&[1000, 77], 8, 1, 4, 0.25),
         (&[513, 129, 64], 4, 8, 4, 0.5),
