@@ -7,3 +7,8 @@
 pub use dusk_compiler as compiler;
 pub use dusk_kernels as kernels;
 pub use dusk_runtime as runtime;
+
+/// The README's examples, compiled as doc tests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
