@@ -346,6 +346,21 @@ impl KernelBuilder {
         self.push(kind, caller_loc(Location::caller()), &[ph])[0]
     }
 
+    /// `codes . q^T` on the tensor cores; see [`OpKind::DotInt4`].
+    #[track_caller]
+    pub fn dot_int4(&mut self, codes: Value, q: Value) -> Value {
+        let rows = self.ty(codes).shape.first().copied().unwrap_or(16);
+        let ph = Type::block(Elem::Num(DType::F32), &[rows, 8]);
+        self.push(
+            OpKind::DotInt4 {
+                codes: codes.0,
+                q: q.0,
+            },
+            caller_loc(Location::caller()),
+            &[ph],
+        )[0]
+    }
+
     // ---- memory ----
 
     /// `ptr + offset` in elements; a scalar pointer is splatted to the offset's shape.

@@ -881,6 +881,25 @@ impl<'k> Interp<'k, '_, '_> {
                 on_false,
             } => select(g(cond).bools(), g(on_true), g(on_false))?,
             PtrCast { ptr, .. } => g(ptr).clone(),
+            DotInt4 { codes, q } => {
+                let (Data::I32(c), Data::F(qv)) = (g(codes), g(q)) else {
+                    unreachable!("verified: i32 codes and f16 q")
+                };
+                let (m, w) = (k.ty(*codes).shape[0], k.ty(*codes).shape[1]);
+                let kd = 8 * w;
+                let mut out = vec![0f32; m * 8];
+                for r in 0..m {
+                    for n in 0..8 {
+                        let mut acc = 0f32;
+                        for d in 0..kd {
+                            let code = (c[r * w + d / 8] as u32 >> (4 * (d % 8))) & 15;
+                            acc += code as f32 * qv[n * kd + d];
+                        }
+                        out[r * 8 + n] = acc;
+                    }
+                }
+                Data::F(out)
+            }
             Dp2a {
                 pairs,
                 bytes,

@@ -274,6 +274,13 @@ pub enum OpKind {
         acc: ValueId,
         high: bool,
     },
+    /// `codes . q^T` on the tensor cores: `codes` is i32 `[M, W]`, each word eight unsigned
+    /// 4-bit values (element `8w + m` at bits `4m`); `q` is f16 `[8, 8W]`; the result is f32
+    /// `[M, 8]`, products exact and sums in f32. M must be a multiple of 16 per warp.
+    DotInt4 {
+        codes: ValueId,
+        q: ValueId,
+    },
     /// A pointer (or block of pointers) advanced by an element offset.
     AddPtr {
         ptr: ValueId,
@@ -327,6 +334,7 @@ impl OpKind {
             Splat { value, .. } | Expand { value, .. } | Unary { value, .. } => vec![*value],
             Cast { value, .. } | Reduce { value, .. } => vec![*value],
             PtrCast { ptr, .. } => vec![*ptr],
+            DotInt4 { codes, q } => vec![*codes, *q],
             Dp2a {
                 pairs, bytes, acc, ..
             } => vec![*pairs, *bytes, *acc],
@@ -421,6 +429,7 @@ impl OpKind {
             },
             Cast { .. } => "cast",
             PtrCast { .. } => "ptr_cast",
+            DotInt4 { .. } => "dot_int4",
             Dp2a { high: false, .. } => "dp2a_lo",
             Dp2a { high: true, .. } => "dp2a_hi",
             Select { .. } => "select",

@@ -165,6 +165,28 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
             same_shape(&a, &c, "dp2a operands")?;
             one(a)
         }
+        DotInt4 { codes, q } => {
+            let (c, qt) = (ty(*codes), ty(*q));
+            if c.elem != Elem::Num(DType::I32) || c.shape.len() != 2 {
+                return Err(format!("dot_int4 codes must be a 2-D i32 block, found {c}"));
+            }
+            if qt.elem != Elem::Num(DType::F16)
+                || qt.shape.len() != 2
+                || qt.shape[0] != 8
+                || qt.shape[1] != 8 * c.shape[1]
+            {
+                return Err(format!(
+                    "dot_int4 q must be f16[8x{}] for codes {c}, found {qt}",
+                    8 * c.shape[1]
+                ));
+            }
+            if c.shape[0] < 16 || qt.shape[1] < 64 {
+                return Err(format!(
+                    "dot_int4 needs at least 16 rows and 64 columns of q, found {c} and {qt}"
+                ));
+            }
+            one(Type::block(Elem::Num(DType::F32), &[c.shape[0], 8]))
+        }
         AddPtr { ptr, offset } => {
             let (p, o) = (ty(*ptr), ty(*offset));
             if !matches!(p.elem, Elem::Ptr(_)) {

@@ -170,8 +170,10 @@ impl QuantizedK {
 /// A validated `spgemv_quant` launch: shapes, page table and candidate lists checked and
 /// uploaded once. [`SpgemvPlan::run`] may then be called for every decode step.
 pub struct SpgemvPlan {
-    prepare_q: Arc<LoadedKernel>,
     kernel: Arc<LoadedKernel>,
+    config: SpgemvConfig,
+    /// For the `dp2a` kernel: the query in fixed point, made at each run.
+    fixed_q: Option<FixedQuery>,
     kv: KvShape,
     batch: usize,
     num_q_heads: usize,
@@ -180,12 +182,16 @@ pub struct SpgemvPlan {
     kv_page_indices: Buffer<i32>,
     cand_indptr: Buffer<i32>,
     cand_indices: Buffer<i32>,
-    /// The queries in fixed point, made by `prepare_q` at each run.
+    num_scores: usize,
+    grid: [u32; 3],
+}
+
+/// The `prepare_q` kernel and the buffers it fills.
+struct FixedQuery {
+    kernel: Arc<LoadedKernel>,
     qpack: Buffer<i32>,
     qscale: Buffer<f32>,
     qsum: Buffer<f32>,
-    num_scores: usize,
-    grid: [u32; 3],
 }
 
 impl SpgemvPlan {
@@ -199,12 +205,11 @@ impl SpgemvPlan {
         table: &PageTable,
         cand: &TokenLists,
     ) -> Result<SpgemvPlan> {
-        Self::with_config(dusk, kv, num_q_heads, bits, table, cand, None)
+        Self::with_config(dusk, kv, num_q_heads, bits, table, cand, |_| {})
     }
 
-    /// As [`SpgemvPlan::new`], with `(tokens per program, warps, programs per
-    /// multiprocessor requested from ptxas or 0)` chosen by the caller (the default is 64
-    /// tokens, 2 warps, 14 programs per multiprocessor).
+    /// As [`SpgemvPlan::new`], with `tune` changing the default [`SpgemvConfig`] (tiling,
+    /// occupancy request, tensor cores) before it is checked and compiled.
     pub fn with_config(
         dusk: &Dusk,
         kv: KvShape,
@@ -212,7 +217,7 @@ impl SpgemvPlan {
         bits: u32,
         table: &PageTable,
         cand: &TokenLists,
-        tiling: Option<(usize, u32, u32)>,
+        tune: impl FnOnce(&mut SpgemvConfig),
     ) -> Result<SpgemvPlan> {
         kv.validate()?;
         ensure(matches!(bits, 4 | 8), "bits", "4 or 8", bits)?;
@@ -239,30 +244,50 @@ impl SpgemvPlan {
             num_scores,
         )?;
         let mut cfg = SpgemvConfig::new(kv.head_dim, kv.page_size, group, bits);
-        if let Some((tokens, warps, min_programs)) = tiling {
+        tune(&mut cfg);
+        let (tokens, warps) = (cfg.block_tokens, cfg.num_warps);
+        ensure(
+            tokens.is_power_of_two() && (16..=512).contains(&tokens),
+            "block_tokens",
+            "a power of two in 16..=512",
+            tokens,
+        )?;
+        ensure(
+            warps.is_power_of_two() && (1..=16).contains(&warps),
+            "num_warps",
+            "1, 2, 4, 8 or 16",
+            warps,
+        )?;
+        if cfg.tensor_cores {
             ensure(
-                tokens.is_power_of_two() && (8..=512).contains(&tokens),
+                bits == 4 && (2..=8).contains(&group),
+                "tensor_cores",
+                "4-bit codes and 2 to 8 query heads per KV head",
+                format!("{bits} bits, group {group}"),
+            )?;
+            ensure(
+                tokens.is_multiple_of(16 * warps as usize),
                 "block_tokens",
-                "a power of two in 8..=512",
+                format!("a multiple of 16 per warp ({})", 16 * warps),
                 tokens,
             )?;
-            ensure(
-                warps.is_power_of_two() && (1..=16).contains(&warps),
-                "num_warps",
-                "1, 2, 4, 8 or 16",
-                warps,
-            )?;
-            cfg.block_tokens = tokens;
-            cfg.num_warps = warps;
-            cfg.min_programs_per_sm = min_programs;
         }
         let kernel = dusk.kernel(format!("{cfg:?}"), || spgemv::build(&cfg))?;
-        let prepare_q = dusk.kernel(format!("prepare_q {} {}", kv.head_dim, bits), || {
-            spgemv::build_prepare_q(&cfg)
-        })?;
         let dev = dusk.device();
         let q_rows = table.batch() * num_q_heads;
-        let q_words = q_rows * spgemv::q_parts(bits) * spgemv::words_per_row(kv.head_dim, bits);
+        let fixed_q = if cfg.tensor_cores {
+            None
+        } else {
+            let q_words = q_rows * spgemv::q_parts(bits) * spgemv::words_per_row(kv.head_dim, bits);
+            Some(FixedQuery {
+                kernel: dusk.kernel(format!("prepare_q {} {}", kv.head_dim, bits), || {
+                    spgemv::build_prepare_q(&cfg)
+                })?,
+                qpack: dev.alloc(q_words)?,
+                qscale: dev.alloc(q_rows)?,
+                qsum: dev.alloc(q_rows)?,
+            })
+        };
         let rows = cand.rows();
         let tiles = cand.max_row_len().div_ceil(cfg.block_tokens).max(1);
         ensure(
@@ -272,8 +297,9 @@ impl SpgemvPlan {
             cand.max_row_len(),
         )?;
         Ok(SpgemvPlan {
-            prepare_q,
             kernel,
+            config: cfg,
+            fixed_q,
             kv,
             batch: table.batch(),
             num_q_heads,
@@ -282,12 +308,14 @@ impl SpgemvPlan {
             kv_page_indices: dev.upload(&table.kv_page_indices)?,
             cand_indptr: dev.upload(&cand.indptr)?,
             cand_indices: dev.upload(&cand.indices)?,
-            qpack: dev.alloc(q_words)?,
-            qscale: dev.alloc(q_rows)?,
-            qsum: dev.alloc(q_rows)?,
             num_scores,
             grid: [rows as u32, tiles as u32, 1],
         })
+    }
+
+    /// The configuration the plan compiled.
+    pub fn config(&self) -> &SpgemvConfig {
+        &self.config
     }
 
     /// Length of the f32 score buffer `run` fills.
@@ -329,35 +357,36 @@ impl SpgemvPlan {
             format!("{} f32 values", self.num_scores),
             scores.len(),
         )?;
-        let q_rows = (self.batch * self.num_q_heads) as u32;
-        dusk.device().launch(
-            &self.prepare_q,
-            [q_rows, 1, 1],
-            &[
-                Arg::from(q),
-                Arg::from(&self.qpack),
-                Arg::from(&self.qscale),
-                Arg::from(&self.qsum),
-            ],
-        )?;
-        dusk.device().launch(
-            &self.kernel,
-            self.grid,
-            &[
-                Arg::from(&self.qpack),
-                Arg::from(&self.qscale),
-                Arg::from(&self.qsum),
-                Arg::from(&k.packed),
-                Arg::from(&k.scale),
-                Arg::from(&k.zero),
-                Arg::from(&self.kv_indptr),
-                Arg::from(&self.kv_page_indices),
-                Arg::from(&self.cand_indptr),
-                Arg::from(&self.cand_indices),
-                Arg::from(&*scores),
-                Arg::I32(self.kv.num_kv_heads as i32),
-            ],
-        )?;
+        let mut args: Vec<Arg> = match &self.fixed_q {
+            Some(f) => {
+                let q_rows = (self.batch * self.num_q_heads) as u32;
+                let prep = [
+                    Arg::from(q),
+                    Arg::from(&f.qpack),
+                    Arg::from(&f.qscale),
+                    Arg::from(&f.qsum),
+                ];
+                dusk.device().launch(&f.kernel, [q_rows, 1, 1], &prep)?;
+                vec![
+                    Arg::from(&f.qpack),
+                    Arg::from(&f.qscale),
+                    Arg::from(&f.qsum),
+                ]
+            }
+            None => vec![Arg::from(q)],
+        };
+        args.extend([
+            Arg::from(&k.packed),
+            Arg::from(&k.scale),
+            Arg::from(&k.zero),
+            Arg::from(&self.kv_indptr),
+            Arg::from(&self.kv_page_indices),
+            Arg::from(&self.cand_indptr),
+            Arg::from(&self.cand_indices),
+            Arg::from(&*scores),
+            Arg::I32(self.kv.num_kv_heads as i32),
+        ]);
+        dusk.device().launch(&self.kernel, self.grid, &args)?;
         Ok(())
     }
 }

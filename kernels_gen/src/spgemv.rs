@@ -30,14 +30,19 @@ pub struct SpgemvConfig {
     pub num_warps: u32,
     /// Occupancy floor passed to ptxas (0: none).
     pub min_programs_per_sm: u32,
+    /// Score on the tensor cores (`mma`, q in f16, exact products) instead of `dp2a` (q in
+    /// 15-bit fixed point). Needs 4-bit codes and a group of 2 to 8 query heads.
+    pub tensor_cores: bool,
 }
 
 impl SpgemvConfig {
-    /// The default tiling: 64 tokens per program on 2 warps, 14 programs per SM (4-bit codes,
-    /// head_dim up to 128): the best
-    /// spill-free tiling of those swept on an H100 (GQA 32/8 and MHA 32/32, 32k context,
-    /// batch 32; BENCHMARKS.md lists the others).
+    /// The defaults, from the tilings swept on an H100 (GQA 32/8 and MHA 32/32, 32k context,
+    /// batch 32; BENCHMARKS.md lists the others): 64 tokens per program on 2 warps; the tensor
+    /// cores for 4-bit codes and groups of 2 to 8 query heads; otherwise `dp2a`, with 14
+    /// programs per SM asked of ptxas where that leaves enough registers (4-bit codes,
+    /// head_dim up to 128; wider rows would spill).
     pub fn new(head_dim: usize, page_size: usize, group: usize, bits: u32) -> Self {
+        let tensor_cores = bits == 4 && (2..=8).contains(&group);
         SpgemvConfig {
             head_dim,
             page_size,
@@ -45,9 +50,12 @@ impl SpgemvConfig {
             bits,
             block_tokens: 64,
             num_warps: 2,
-            // Wider rows (8-bit codes, head_dim 256) need the registers an occupancy request
-            // would take away: ptxas would spill.
-            min_programs_per_sm: if bits == 4 && head_dim <= 128 { 14 } else { 0 },
+            min_programs_per_sm: if !tensor_cores && bits == 4 && head_dim <= 128 {
+                14
+            } else {
+                0
+            },
+            tensor_cores,
         }
     }
 }
@@ -150,29 +158,37 @@ pub fn build_prepare_q(cfg: &SpgemvConfig) -> Result<Kernel, CompileError> {
     b.finish()
 }
 
-/// Builds the scoring kernel. Parameters, in order: `qpack`, `qscale`, `qsum` (from
-/// [`build_prepare_q`]), `k_packed` (u8 `[pages, page_size, kv_heads, head_dim * bits / 8]`),
+/// Builds the scoring kernel. Parameters, in order: the query, as `q` (f16
+/// `[batch, q_heads, head_dim]`) with `tensor_cores`, else as `qpack`, `qscale`, `qsum` (from
+/// [`build_prepare_q`]); then `k_packed` (u8 `[pages, page_size, kv_heads, head_dim * bits / 8]`),
 /// `k_scale`, `k_zero` (f16 `[pages, page_size, kv_heads]`), `kv_indptr` (i32 `[batch + 1]`),
 /// `kv_page_indices` (i32), `cand_indptr` (i32 `[batch * kv_heads + 1]`), `cand_indices` (i32
 /// token positions), `scores` (f32), `num_kv_heads` (i32).
 /// Grid: `(batch * kv_heads, ceil(max_row / block_tokens))`.
 pub fn build(cfg: &SpgemvConfig) -> Result<Kernel, CompileError> {
     let name = format!(
-        "spgemv_quant_d{}_p{}_g{}_b{}_t{}_w{}_o{}",
+        "spgemv_quant_d{}_p{}_g{}_b{}_t{}_w{}_o{}{}",
         cfg.head_dim,
         cfg.page_size,
         cfg.group,
         cfg.bits,
         cfg.block_tokens,
         cfg.num_warps,
-        cfg.min_programs_per_sm
+        cfg.min_programs_per_sm,
+        if cfg.tensor_cores { "_mma" } else { "" }
     );
     let mut b = KernelBuilder::new(&name);
     b.set_num_warps(cfg.num_warps);
     b.set_min_programs_per_sm(cfg.min_programs_per_sm);
-    let qpack = b.param_ptr("qpack", DType::I32);
-    let qscale = b.param_ptr("qscale", DType::F32);
-    let qsum = b.param_ptr("qsum", DType::F32);
+    let query = if cfg.tensor_cores {
+        Query::F16(b.param_ptr("q", DType::F16))
+    } else {
+        Query::Fixed {
+            qpack: b.param_ptr("qpack", DType::I32),
+            qscale: b.param_ptr("qscale", DType::F32),
+            qsum: b.param_ptr("qsum", DType::F32),
+        }
+    };
     let k_packed = b.param_ptr("k_packed", DType::U8);
     let k_scale = b.param_ptr("k_scale", DType::F16);
     let k_zero = b.param_ptr("k_zero", DType::F16);
@@ -184,9 +200,7 @@ pub fn build(cfg: &SpgemvConfig) -> Result<Kernel, CompileError> {
     let num_kv_heads = b.param_scalar("num_kv_heads", DType::I32);
 
     let bt = cfg.block_tokens;
-    let g = cfg.group;
     let words = words_per_row(cfg.head_dim, cfg.bits);
-    let parts = q_parts(cfg.bits);
     let row = b.program_id(0);
     let tile = b.program_id(1);
     let batch = b.div(row, num_kv_heads);
@@ -244,54 +258,168 @@ pub fn build(cfg: &SpgemvConfig) -> Result<Kernel, CompileError> {
         let kp = b.add_ptr(k_words, koffs);
         let mask2 = b.expand(valid, 1, words);
         let w = b.load_masked(kp, Some(mask2), None);
-        // (codes, q part, high bytes) for each dp2a.
-        let steps: Vec<(Value, usize, bool)> = if cfg.bits == 4 {
-            let nib = b.i32(0x0F0F_0F0F);
-            let lo = b.and(w, nib);
-            let four = b.i32(4);
-            let hi = b.shr(w, four);
-            let hi = b.and(hi, nib);
-            vec![(lo, 0, false), (lo, 1, true), (hi, 2, false), (hi, 3, true)]
-        } else {
-            vec![(w, 0, false), (w, 1, true)]
+        let tile = Tile {
+            batch,
+            head,
+            start,
+            n,
+            j,
+            valid,
+            scale,
+            zero,
+            words: w,
         };
-
-        let hq = b.mul_c(num_kv_heads, g as i64);
-        for gi in 0..g {
-            let qh = b.mul_c(head, g as i64);
-            let qh = b.add_c(qh, gi as i64);
-            let qrow = b.mul(batch, hq);
-            let qrow = b.add(qrow, qh);
-            let zero_acc = b.i32(0);
-            let mut acc = b.splat(zero_acc, &[bt, words]);
-            for (codes, part, high) in &steps {
-                let base = b.mul_c(qrow, (parts * words) as i64);
-                let base = b.add_c(base, (part * words) as i64);
-                let wi = b.arange(0, words as i64);
-                let qi = b.add(base, wi);
-                let qp = b.add_ptr(qpack, qi);
-                let qv = b.load(qp);
-                let q2 = b.expand(qv, 0, bt);
-                acc = b.dp2a(q2, *codes, acc, *high);
-            }
-            let dot = b.sum(acc, 1);
-            let dot = b.cast(dot, DType::F32);
-            let p = b.add_ptr(qscale, qrow);
-            let qs = b.load(p);
-            let p = b.add_ptr(qsum, qrow);
-            let qt = b.load(p);
-            let step = b.mul(scale, qs);
-            let s = b.mul(dot, step);
-            let zq = b.mul(zero, qt);
-            let s = b.add(s, zq);
-            // scores[start * g + gi * n + j]
-            let base = b.mul_c(start, g as i64);
-            let gn = b.mul_c(n, gi as i64);
-            let base = b.add(base, gn);
-            let oi = b.add(base, j);
-            let op = b.add_ptr(scores, oi);
-            b.store_masked(op, s, Some(valid));
+        match query {
+            Query::F16(q) => score_tensor_cores(b, cfg, &tile, q, scores, num_kv_heads),
+            Query::Fixed {
+                qpack,
+                qscale,
+                qsum,
+            } => score_dp2a(b, cfg, &tile, [qpack, qscale, qsum], scores, num_kv_heads),
         }
     });
     b.finish()
+}
+
+/// How the scoring kernel receives the query.
+#[derive(Clone, Copy)]
+enum Query {
+    F16(Value),
+    Fixed {
+        qpack: Value,
+        qscale: Value,
+        qsum: Value,
+    },
+}
+
+/// What the shared prologue loaded for one tile of a candidate row.
+struct Tile {
+    batch: Value,
+    head: Value,
+    start: Value,
+    n: Value,
+    /// Candidate index within the row, its validity, and the codes' scale and zero.
+    j: Value,
+    valid: Value,
+    scale: Value,
+    zero: Value,
+    /// The packed codes, `[block_tokens, words]` i32.
+    words: Value,
+}
+
+/// Scores with `dp2a` against the fixed-point query, one query head of the group at a time.
+fn score_dp2a(
+    b: &mut KernelBuilder,
+    cfg: &SpgemvConfig,
+    t: &Tile,
+    q: [Value; 3],
+    scores: Value,
+    num_kv_heads: Value,
+) {
+    let [qpack, qscale, qsum] = q;
+    let (bt, g) = (cfg.block_tokens, cfg.group);
+    let words = words_per_row(cfg.head_dim, cfg.bits);
+    let parts = q_parts(cfg.bits);
+    // (codes, q part, high bytes) for each dp2a.
+    let steps: Vec<(Value, usize, bool)> = if cfg.bits == 4 {
+        let nib = b.i32(0x0F0F_0F0F);
+        let lo = b.and(t.words, nib);
+        let four = b.i32(4);
+        let hi = b.shr(t.words, four);
+        let hi = b.and(hi, nib);
+        vec![(lo, 0, false), (lo, 1, true), (hi, 2, false), (hi, 3, true)]
+    } else {
+        vec![(t.words, 0, false), (t.words, 1, true)]
+    };
+    let hq = b.mul_c(num_kv_heads, g as i64);
+    for gi in 0..g {
+        let qh = b.mul_c(t.head, g as i64);
+        let qh = b.add_c(qh, gi as i64);
+        let qrow = b.mul(t.batch, hq);
+        let qrow = b.add(qrow, qh);
+        let zero_acc = b.i32(0);
+        let mut acc = b.splat(zero_acc, &[bt, words]);
+        for (codes, part, high) in &steps {
+            let base = b.mul_c(qrow, (parts * words) as i64);
+            let base = b.add_c(base, (part * words) as i64);
+            let wi = b.arange(0, words as i64);
+            let qi = b.add(base, wi);
+            let qp = b.add_ptr(qpack, qi);
+            let qv = b.load(qp);
+            let q2 = b.expand(qv, 0, bt);
+            acc = b.dp2a(q2, *codes, acc, *high);
+        }
+        let dot = b.sum(acc, 1);
+        let dot = b.cast(dot, DType::F32);
+        let p = b.add_ptr(qscale, qrow);
+        let qs = b.load(p);
+        let p = b.add_ptr(qsum, qrow);
+        let qt = b.load(p);
+        let step = b.mul(t.scale, qs);
+        let s = b.mul(dot, step);
+        let zq = b.mul(t.zero, qt);
+        let s = b.add(s, zq);
+        // scores[start * g + gi * n + j]
+        let base = b.mul_c(t.start, g as i64);
+        let gn = b.mul_c(t.n, gi as i64);
+        let base = b.add(base, gn);
+        let oi = b.add(base, t.j);
+        let op = b.add_ptr(scores, oi);
+        b.store_masked(op, s, Some(t.valid));
+    }
+}
+
+/// Scores all query heads of the group at once on the tensor cores: the group's q rows
+/// (padded to 8 with zeros) are the B operand of `dot_int4`.
+fn score_tensor_cores(
+    b: &mut KernelBuilder,
+    cfg: &SpgemvConfig,
+    t: &Tile,
+    q: Value,
+    scores: Value,
+    num_kv_heads: Value,
+) {
+    let (bt, g, d) = (cfg.block_tokens, cfg.group, cfg.head_dim);
+    let heads = b.arange(0, 8);
+    let group = b.i32(g as i32);
+    let head_ok = b.lt(heads, group);
+    let hq = b.mul_c(num_kv_heads, g as i64);
+    let qrow = b.mul(t.batch, hq);
+    let first = b.mul_c(t.head, g as i64);
+    let qrow = b.add(qrow, first);
+    let rows = b.add(qrow, heads);
+    let rows = b.cast(rows, DType::I64);
+    let rows = b.mul_c(rows, d as i64);
+    let dims = b.arange(0, d as i64);
+    let dims = b.cast(dims, DType::I64);
+    let rows2 = b.expand(rows, 1, d);
+    let dims2 = b.expand(dims, 0, 8);
+    let offs = b.add(rows2, dims2);
+    let qp = b.add_ptr(q, offs);
+    let qmask = b.expand(head_ok, 1, d);
+    let qv = b.load_masked(qp, Some(qmask), None);
+    let qf = b.cast(qv, DType::F32);
+    let qsum = b.sum(qf, 1);
+    let dot = b.dot_int4(t.words, qv);
+    let scale = b.expand(t.scale, 1, 8);
+    let zero = b.expand(t.zero, 1, 8);
+    let qsum = b.expand(qsum, 0, bt);
+    let s = b.mul(dot, scale);
+    let zq = b.mul(zero, qsum);
+    let s = b.add(s, zq);
+    // scores[start * g + head * n + j]. The head indices are made afresh: the ones above are
+    // spread like q's rows, these like the result's columns.
+    let heads = b.arange(0, 8);
+    let head_ok = b.lt(heads, group);
+    let base = b.mul_c(t.start, g as i64);
+    let jj = b.add(base, t.j);
+    let hn = b.mul(heads, t.n);
+    let jj = b.expand(jj, 1, 8);
+    let hn = b.expand(hn, 0, bt);
+    let oi = b.add(jj, hn);
+    let op = b.add_ptr(scores, oi);
+    let v2 = b.expand(t.valid, 1, 8);
+    let h2 = b.expand(head_ok, 0, bt);
+    let m = b.and(v2, h2);
+    b.store_masked(op, s, Some(m));
 }

@@ -60,6 +60,23 @@ fn check(
     head_dim: usize,
     page_frac: Option<f64>,
 ) {
+    check_with(
+        seed, seq_lens, kv_heads, group, bits, head_dim, page_frac, false,
+    )
+}
+
+/// As `check`, choosing the tensor-core scoring kernel or the `dp2a` one.
+#[allow(clippy::too_many_arguments)]
+fn check_with(
+    seed: u64,
+    seq_lens: &[usize],
+    kv_heads: usize,
+    group: usize,
+    bits: u32,
+    head_dim: usize,
+    page_frac: Option<f64>,
+    tensor_cores: bool,
+) {
     let mut rng = SmallRng::seed_from_u64(seed);
     let dusk = Dusk::new(Device::cpu()).unwrap();
     let dev = dusk.device();
@@ -112,7 +129,10 @@ fn check(
     let q_heads = kv_heads * group;
     let q_host = random_f16(&mut rng, table.batch() * q_heads * head_dim);
     let q = dev.upload(&q_host).unwrap();
-    let plan = SpgemvPlan::new(&dusk, kv, q_heads, bits, &table, &cand).unwrap();
+    let plan = SpgemvPlan::with_config(&dusk, kv, q_heads, bits, &table, &cand, |c| {
+        c.tensor_cores = tensor_cores
+    })
+    .unwrap();
     let mut scores = dev.upload(&vec![f32::NAN; plan.num_scores()]).unwrap();
     plan.run(&dusk, &q, &qk, &mut scores).unwrap();
     let got_s = scores.download().unwrap();
@@ -140,6 +160,31 @@ fn gqa_ratios_and_ragged_last_pages() {
 fn page_selections_and_256_dims() {
     check(5, &[100, 200], 2, 4, 4, 256, Some(0.3));
     check(6, &[129, 64, 3], 2, 1, 8, 64, Some(0.5));
+}
+
+#[test]
+fn tensor_core_scoring() {
+    check_with(7, &[37, 16, 5], 2, 4, 4, 128, None, true);
+    check_with(8, &[70, 1], 1, 8, 4, 64, Some(0.5), true);
+    check_with(9, &[100], 2, 2, 4, 256, None, true);
+}
+
+#[test]
+fn tensor_cores_need_4_bit_codes_and_a_group() {
+    let (dusk, kv, table, _) = small_setup();
+    let cand = TokenLists::all_tokens(&table, 16, 2);
+    let e = SpgemvPlan::with_config(&dusk, kv, 2, 4, &table, &cand, |c| c.tensor_cores = true)
+        .err()
+        .unwrap();
+    assert_eq!(arg_of(e), "tensor_cores");
+    let e = SpgemvPlan::with_config(&dusk, kv, 4, 4, &table, &cand, |c| {
+        c.tensor_cores = true;
+        c.block_tokens = 16;
+        c.num_warps = 2;
+    })
+    .err()
+    .unwrap();
+    assert_eq!(arg_of(e), "block_tokens");
 }
 
 proptest! {

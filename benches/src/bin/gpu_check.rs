@@ -96,15 +96,27 @@ fn poisoned<T: dusk::runtime::Element>(dev: &Device, n: usize) -> Res<Buffer<T>>
 }
 
 /// One correctness case; returns (worst code difference, score relative error).
-fn check_case(
-    dusk: &Dusk,
-    rng: &mut SmallRng,
-    seq_lens: &[usize],
+/// One correctness case: sequence lengths, KV heads, group, code bits, fraction of pages
+/// selected (1 for all tokens), and which scoring kernel.
+#[derive(Clone, Copy)]
+struct CheckCase {
+    seqs: &'static [usize],
     kv_heads: usize,
     group: usize,
     bits: u32,
     frac: f64,
-) -> Res<(u8, f64)> {
+    tensor_cores: bool,
+}
+
+fn check_case(dusk: &Dusk, rng: &mut SmallRng, case: &CheckCase) -> Res<(u8, f64)> {
+    let CheckCase {
+        seqs: seq_lens,
+        kv_heads,
+        group,
+        bits,
+        frac,
+        tensor_cores,
+    } = *case;
     let dev = dusk.device();
     let page_size = 16;
     let (table, num_pages) = page_table(rng, seq_lens, page_size);
@@ -159,13 +171,19 @@ fn check_case(
     let q_heads = kv_heads * group;
     let q_host = random_f16(rng, table.batch() * q_heads * kv.head_dim);
     let q = dev.upload(&q_host)?;
-    let plan = SpgemvPlan::new(dusk, kv, q_heads, bits, &table, &cand)?;
+    let plan = SpgemvPlan::with_config(dusk, kv, q_heads, bits, &table, &cand, |c| {
+        c.tensor_cores = tensor_cores
+    })?;
     let mut scores = poisoned::<f32>(dev, plan.num_scores())?;
     plan.run(dusk, &q, &qk, &mut scores)?;
     let got_s = scores.download()?;
     let want_s = reference::spgemv(&q_host, q_heads, &got, bits, &kv, &table, &cand);
     Ok((worst, reference::rel_error(&got_s, &want_s)))
 }
+
+/// Tokens per program, warps, programs per SM asked of ptxas, tensor cores; `None` is the
+/// default configuration.
+type Tiling = Option<(usize, u32, u32, bool)>;
 
 struct BenchCase {
     kv_heads: usize,
@@ -177,7 +195,7 @@ fn bench_case(
     rng: &mut SmallRng,
     c: &BenchCase,
     copy_gbps: f64,
-    tilings: &[(usize, u32, u32)],
+    tilings: &[Tiling],
 ) -> Res<Vec<(String, f64, f64)>> {
     let dev = dusk.device();
     let (batch, q_heads, context, page_size, d, bits) =
@@ -217,17 +235,20 @@ fn bench_case(
     // Bytes the kernel must move: codes, scale and zero of each candidate, its index, and
     // the scores written.
     let bytes = nnz * (d * bits as usize / 8 + 4 + 4) + nnz * group * 4;
+    let group = q_heads / c.kv_heads;
     let mut out = vec![];
-    for &(tokens, warps, occ) in tilings {
-        let plan = SpgemvPlan::with_config(
-            dusk,
-            kv,
-            q_heads,
-            bits,
-            &table,
-            &cand,
-            Some((tokens, warps, occ)),
-        )?;
+    for tiling in tilings {
+        if matches!(tiling, Some((_, _, _, true))) && group == 1 {
+            continue; // the tensor cores take groups of 2 to 8 query heads
+        }
+        let plan = SpgemvPlan::with_config(dusk, kv, q_heads, bits, &table, &cand, |cfg| {
+            if let Some((tokens, warps, occ, mma)) = *tiling {
+                cfg.block_tokens = tokens;
+                cfg.num_warps = warps;
+                cfg.min_programs_per_sm = occ;
+                cfg.tensor_cores = mma;
+            }
+        })?;
         let mut scores = dev.alloc::<f32>(plan.num_scores())?;
         let times = dev.time_us(40, 5, || {
             plan.run(dusk, &q, &qk, &mut scores)
@@ -235,13 +256,26 @@ fn bench_case(
         })?;
         let us = median(&times);
         let gbps = bytes as f64 / (us * 1e-6) / 1e9;
+        let cfg = plan.config();
+        let label = format!(
+            "{}x{}/{} {}{}",
+            cfg.block_tokens,
+            cfg.num_warps,
+            cfg.min_programs_per_sm,
+            if cfg.tensor_cores { "mma" } else { "dp2a" },
+            if tiling.is_none() { " (default)" } else { "" }
+        );
         println!(
-            "  spgemv kv_heads={} {} tokens/program={tokens} warps={warps} min_programs/SM={occ}: {us:.1} us, {gbps:.0} GB/s = {:.1}% of copy",
+            "  spgemv kv_heads={} {} {label}: {us:.1} us, {gbps:.0} GB/s = {:.1}% of copy",
             c.kv_heads,
-            if c.quarter { "quarter pages" } else { "all tokens" },
+            if c.quarter {
+                "quarter pages"
+            } else {
+                "all tokens"
+            },
             100.0 * gbps / copy_gbps
         );
-        out.push((format!("{tokens}x{warps}/{occ}"), us, bytes as f64));
+        out.push((label, us, bytes as f64));
     }
     Ok(out)
 }
@@ -268,24 +302,111 @@ fn main() -> Res<()> {
             &mut rng,
             &c,
             f64::NAN,
-            &[(tokens.parse()?, warps.parse()?, 0)],
+            &[Some((tokens.parse()?, warps.parse()?, 0, false))],
         )?;
         return Ok(());
     }
 
     println!("correctness (fresh random inputs, outputs poisoned):");
-    let shapes: &[(&[usize], usize, usize, u32, f64)] = &[
-        (&[1], 1, 8, 4, 1.0),
-        (&[37, 300, 16], 2, 4, 4, 1.0),
-        (&[1000, 77], 8, 1, 4, 0.25),
-        (&[513, 129, 64], 4, 8, 4, 0.5),
-        (&[333, 1024], 8, 4, 8, 1.0),
-        (&[4096, 17, 255], 2, 8, 8, 0.25),
+    let cases = [
+        CheckCase {
+            seqs: &[1],
+            kv_heads: 1,
+            group: 8,
+            bits: 4,
+            frac: 1.0,
+            tensor_cores: false,
+        },
+        CheckCase {
+            seqs: &[37, 300, 16],
+            kv_heads: 2,
+            group: 4,
+            bits: 4,
+            frac: 1.0,
+            tensor_cores: false,
+        },
+        CheckCase {
+            seqs: &[1000, 77],
+            kv_heads: 8,
+            group: 1,
+            bits: 4,
+            frac: 0.25,
+            tensor_cores: false,
+        },
+        CheckCase {
+            seqs: &[513, 129, 64],
+            kv_heads: 4,
+            group: 8,
+            bits: 4,
+            frac: 0.5,
+            tensor_cores: false,
+        },
+        CheckCase {
+            seqs: &[333, 1024],
+            kv_heads: 8,
+            group: 4,
+            bits: 8,
+            frac: 1.0,
+            tensor_cores: false,
+        },
+        CheckCase {
+            seqs: &[4096, 17, 255],
+            kv_heads: 2,
+            group: 8,
+            bits: 8,
+            frac: 0.25,
+            tensor_cores: false,
+        },
+        CheckCase {
+            seqs: &[1],
+            kv_heads: 1,
+            group: 4,
+            bits: 4,
+            frac: 1.0,
+            tensor_cores: true,
+        },
+        CheckCase {
+            seqs: &[37, 300, 16],
+            kv_heads: 2,
+            group: 4,
+            bits: 4,
+            frac: 1.0,
+            tensor_cores: true,
+        },
+        CheckCase {
+            seqs: &[513, 129, 64],
+            kv_heads: 4,
+            group: 8,
+            bits: 4,
+            frac: 0.5,
+            tensor_cores: true,
+        },
+        CheckCase {
+            seqs: &[2048, 33],
+            kv_heads: 8,
+            group: 2,
+            bits: 4,
+            frac: 0.25,
+            tensor_cores: true,
+        },
     ];
     let mut worst_err = 0.0f64;
-    for (lens, heads, group, bits, frac) in shapes {
-        let (code_diff, err) = check_case(&dusk, &mut rng, lens, *heads, *group, *bits, *frac)?;
-        println!("  seqs {lens:?} kv_heads {heads} group {group} bits {bits} cand {frac}: codes within {code_diff}, scores rel err {err:.2e}");
+    for case in &cases {
+        let (code_diff, err) = check_case(&dusk, &mut rng, case)?;
+        let CheckCase {
+            seqs,
+            kv_heads,
+            group,
+            bits,
+            frac,
+            tensor_cores,
+        } = case;
+        let path = if *tensor_cores {
+            "tensor cores"
+        } else {
+            "dp2a"
+        };
+        println!("  seqs {seqs:?} kv_heads {kv_heads} group {group} bits {bits} cand {frac} {path}: codes within {code_diff}, scores rel err {err:.2e}");
         if err >= 1e-3 {
             return Err(format!("spgemv_quant: relative error {err:.2e} over 1e-3").into());
         }
@@ -310,14 +431,21 @@ fn main() -> Res<()> {
         .transpose()?
         .transpose()?;
     // The default tiling first (the reported figure), then alternatives from the sweep.
-    let tilings = [(64usize, 2u32, 14u32), (64, 2, 16), (32, 1, 0), (128, 4, 6)];
+    let tilings: [Tiling; 6] = [
+        None,
+        Some((64, 2, 14, false)),
+        Some((128, 4, 0, true)),
+        Some((64, 4, 0, true)),
+        Some((32, 1, 0, false)),
+        Some((128, 4, 6, false)),
+    ];
     let mut cases = vec![];
     for kv_heads in [8usize, 32] {
         for quarter in [false, true] {
             let c = BenchCase { kv_heads, quarter };
             let results = bench_case(&dusk, &mut rng, &c, copy_gbps, &tilings)?;
-            // The figure reported is the default tiling's (the first).
-            let (_, us, bytes) = results[0];
+            // The figure reported is the default configuration's (the first).
+            let (_, us, bytes) = results[0].clone();
             let cand_name = if quarter { "quarter_pages" } else { "all" };
             let peer_us = peer.as_ref().and_then(|p| {
                 p["cases"]

@@ -187,11 +187,10 @@ fn shared_bytes(k: &Kernel, layouts: &Layouts) -> usize {
                             0
                         };
                         let res = op.results[0];
-                        let convert = if layouts.get(res)
-                            != &(Layout::Slice {
-                                parent: b.clone(),
-                                dim: a,
-                            }) {
+                        let convert = if !layouts.get(res).equivalent(&Layout::Slice {
+                            parent: b.clone(),
+                            dim: a,
+                        }) {
                             b.shape[1 - a] * wide
                         } else {
                             0
@@ -204,13 +203,10 @@ fn shared_bytes(k: &Kernel, layouts: &Layouts) -> usize {
             OpKind::Expand { value, axis, .. } => {
                 let t = k.ty(*value);
                 let needs_convert = match layouts.get(op.results[0]) {
-                    Layout::Blocked(parent) => {
-                        layouts.get(*value)
-                            != &(Layout::Slice {
-                                parent: parent.clone(),
-                                dim: *axis as usize,
-                            })
-                    }
+                    Layout::Blocked(parent) => !layouts.get(*value).equivalent(&Layout::Slice {
+                        parent: parent.clone(),
+                        dim: *axis as usize,
+                    }),
                     _ => true,
                 };
                 let esize = t.elem.dtype().map(|d| d.size_bytes()).unwrap_or(8);
@@ -512,6 +508,7 @@ impl<'c, 'k> Lower<'c, 'k> {
                 self.wrap(*on_true, out)
             }
             PtrCast { ptr, .. } => self.get(*ptr),
+            DotInt4 { codes, q } => self.dot_int4(*codes, *q, res.expect("result"))?,
             Dp2a {
                 pairs,
                 bytes,
@@ -916,7 +913,7 @@ impl<'c, 'k> Lower<'c, 'k> {
         from: &Layout,
         to: &Layout,
     ) -> R<Vec<BasicValueEnum<'c>>> {
-        if from == to {
+        if from.equivalent(to) {
             return Ok(xs);
         }
         let d = t
@@ -1018,6 +1015,135 @@ impl<'c, 'k> Lower<'c, 'k> {
         for s in 0..Layout::Blocked(rl.clone()).slots() {
             let idx = Self::split_slot(&rl, s);
             out.push(xs[idx[1 - axis]]);
+        }
+        Ok(Cv::B(out))
+    }
+
+    // ---- tensor cores ----
+
+    /// `dot_int4` as `mma.sync.m16n8k16` (f16 in, f32 accumulate). The order in which the
+    /// reduction walks the head dimension is free, so each thread feeds the A fragment
+    /// straight from the codes it loaded: the two row slots of a pair of repetitions are the
+    /// tile's rows g and g + 8, and its 16-bit pairs are elements (i, i + 4) of a word, which
+    /// the magic-number trick turns into exact f16 (`(w >> 4i) & 0x000F000F | 0x64006400` is
+    /// 1024 + code, then minus 1024). q's B fragment takes the same elements.
+    fn dot_int4(&mut self, codes: ValueId, q: ValueId, res: ValueId) -> R<Cv<'c>> {
+        let (Layout::Blocked(cl), Layout::Blocked(ql), Layout::Blocked(rl)) = (
+            self.layouts.get(codes).clone(),
+            self.layouts.get(q).clone(),
+            self.layouts.get(res).clone(),
+        ) else {
+            return Err(self.err("dot_int4 operands need blocked layouts"));
+        };
+        let w = cl.shape[1];
+        let per = w / 4;
+        let fits = cl.size_per_thread == [1, per]
+            && cl.threads_per_warp == [8, 4]
+            && cl.warps_per_cta[1] == 1
+            && ql.size_per_thread == [1, 2 * w]
+            && ql.threads_per_warp == [8, 4]
+            && ql.warps_per_cta[1] == 1
+            && rl.size_per_thread == [1, 2]
+            && rl.threads_per_warp == [8, 4]
+            && rl.warps_per_cta == cl.warps_per_cta
+            && cl.per_thread(0) % 2 == 0;
+        if !fits {
+            return Err(self.err(format!(
+                "dot_int4 needs {} rows to be a multiple of 16 per warp (codes {:?}, q {:?}, result {:?})",
+                cl.shape[0], cl, ql, rl
+            )));
+        }
+        let (cs, qs) = (self.elems(codes), self.elems(q));
+        let i32t = self.ctx.i32_type();
+        let f32t = self.ctx.f32_type();
+        let h2 = self.ctx.f16_type().vec_type(2);
+        let e = |s: &Self, x: inkwell::builder::BuilderError| s.err(x);
+        // q's B fragment for half-pair h: elements (8(h/4) + h%4, +4) of the thread's quarter.
+        let pack_q = |s: &Self, h: usize| -> R<BasicValueEnum<'c>> {
+            let j = 8 * (h / 4) + h % 4;
+            let v = h2.get_undef();
+            let v =
+                s.b.build_insert_element(v, qs[j], s.i32c(0), "")
+                    .map_err(|x| e(s, x))?;
+            let v =
+                s.b.build_insert_element(v, qs[j + 4], s.i32c(1), "")
+                    .map_err(|x| e(s, x))?;
+            s.b.build_bit_cast(v, i32t, "").map_err(|x| e(s, x))
+        };
+        let k1024 = self.ctx.f16_type().const_float(1024.0);
+        let bias = inkwell::types::VectorType::const_vector(&[k1024, k1024]);
+        let code_pair = |s: &Self, word: BasicValueEnum<'c>, i: usize| -> R<BasicValueEnum<'c>> {
+            let x = word.into_int_value();
+            let x = if i > 0 {
+                s.b.build_right_shift(x, i32t.const_int(4 * i as u64, false), false, "")
+                    .map_err(|y| e(s, y))?
+            } else {
+                x
+            };
+            let x =
+                s.b.build_and(x, i32t.const_int(0x000F_000F, false), "")
+                    .map_err(|y| e(s, y))?;
+            let x =
+                s.b.build_or(x, i32t.const_int(0x6400_6400, false), "")
+                    .map_err(|y| e(s, y))?;
+            let f =
+                s.b.build_bit_cast(x, h2, "")
+                    .map_err(|y| e(s, y))?
+                    .into_vector_value();
+            let f = s.b.build_float_sub(f, bias, "").map_err(|y| e(s, y))?;
+            s.b.build_bit_cast(f, i32t, "").map_err(|y| e(s, y))
+        };
+        let acc_t = self.ctx.struct_type(&[f32t.into(); 4], false);
+        let mut arg_tys: Vec<inkwell::types::BasicMetadataTypeEnum> = vec![i32t.into(); 6];
+        arg_tys.extend([inkwell::types::BasicMetadataTypeEnum::from(f32t); 4]);
+        let fn_t = acc_t.fn_type(&arg_tys, false);
+        let asm = self.ctx.create_inline_asm(
+            fn_t,
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};".to_string(),
+            "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3".to_string(),
+            false,
+            false,
+            None,
+            false,
+        );
+        let slices = w / 2;
+        let b_frags: Vec<(BasicValueEnum<'c>, BasicValueEnum<'c>)> = (0..slices)
+            .map(|s| Ok((pack_q(self, 2 * s)?, pack_q(self, 2 * s + 1)?)))
+            .collect::<R<_>>()?;
+        let mut out = vec![];
+        for m in 0..cl.per_thread(0) / 2 {
+            let word = |rep: usize, h: usize| cs[rep * per + h / 4];
+            let mut acc: Vec<BasicValueEnum<'c>> = vec![f32t.const_zero().into(); 4];
+            for (s, (b0, b1)) in b_frags.iter().enumerate() {
+                let (h0, h1) = (2 * s, 2 * s + 1);
+                let a = [
+                    code_pair(self, word(2 * m, h0), h0 % 4)?,
+                    code_pair(self, word(2 * m + 1, h0), h0 % 4)?,
+                    code_pair(self, word(2 * m, h1), h1 % 4)?,
+                    code_pair(self, word(2 * m + 1, h1), h1 % 4)?,
+                ];
+                let mut args: Vec<BasicMetadataValueEnum> = a.iter().map(|x| (*x).into()).collect();
+                args.push((*b0).into());
+                args.push((*b1).into());
+                args.extend(acc.iter().map(|x| BasicMetadataValueEnum::from(*x)));
+                let call = self
+                    .b
+                    .build_indirect_call(fn_t, asm, &args, "")
+                    .map_err(|x| self.err(x))?;
+                let st = call
+                    .try_as_basic_value()
+                    .basic()
+                    .expect("mma result")
+                    .into_struct_value();
+                acc = (0..4)
+                    .map(|i| {
+                        self.b
+                            .build_extract_value(st, i, "")
+                            .map_err(|x| self.err(x))
+                    })
+                    .collect::<R<_>>()?;
+            }
+            out.extend(acc);
         }
         Ok(Cv::B(out))
     }

@@ -230,7 +230,13 @@ mod tests {
         b.store(ptrs, x);
         let k = b.finish().unwrap();
         let a = analyze(&k);
-        let ptrs = k.body.ops.iter().find(|o| matches!(o.kind, OpKind::AddPtr { .. })).unwrap().results[0];
+        let ptrs = k
+            .body
+            .ops
+            .iter()
+            .find(|o| matches!(o.kind, OpKind::AddPtr { .. }))
+            .unwrap()
+            .results[0];
         let info = a.get(ptrs).unwrap();
         assert_eq!(info.contiguity, vec![64]);
         assert_eq!(info.divisibility, vec![16]);

@@ -94,6 +94,24 @@ impl Blocked {
 }
 
 impl Layout {
+    /// Whether every thread holds the same elements, in the same order, under both layouts,
+    /// so no data needs to move between them. Row slices of two parents that spread rows
+    /// alike are equivalent even when the parents' columns differ.
+    pub fn equivalent(&self, other: &Layout) -> bool {
+        match (self, other) {
+            (Layout::Slice { parent: a, dim: da }, Layout::Slice { parent: b, dim: db }) => {
+                let (ka, kb) = (1 - da, 1 - db);
+                a.shape[ka] == b.shape[kb]
+                    && a.size_per_thread[ka] == b.size_per_thread[kb]
+                    && a.threads_per_warp[ka] == b.threads_per_warp[kb]
+                    && a.warps_per_cta[ka] == b.warps_per_cta[kb]
+                    && a.lane_stride(ka) == b.lane_stride(kb)
+                    && a.warp_stride(ka) == b.warp_stride(kb)
+            }
+            _ => self == other,
+        }
+    }
+
     /// Number of elements each thread holds.
     pub fn slots(&self) -> usize {
         match self {
@@ -160,9 +178,24 @@ fn vector_hints(k: &Kernel) -> HashMap<Vec<usize>, usize> {
     hints
 }
 
+/// Elements per thread along the last dimension that tensor-core ops need of their operands
+/// and result (they override the memory hints): `dot_int4` wants 4 threads per row of codes
+/// and of q, each holding a quarter of the row, and its result in pairs of columns.
+fn operand_hints(k: &Kernel, hints: &mut HashMap<Vec<usize>, usize>) {
+    walk_ops(&k.body, &mut |op| {
+        if let OpKind::DotInt4 { codes, q } = &op.kind {
+            let (c, qt) = (k.ty(*codes), k.ty(*q));
+            hints.insert(c.shape.clone(), c.shape[1] / 4);
+            hints.insert(qt.shape.clone(), qt.shape[1] / 4);
+            hints.insert(k.ty(op.results[0]).shape.clone(), 2);
+        }
+    });
+}
+
 /// Assigns a layout to every block value of `k`.
 pub fn assign(k: &Kernel) -> Layouts {
-    let hints = vector_hints(k);
+    let mut hints = vector_hints(k);
+    operand_hints(k, &mut hints);
     let nw = k.num_warps as usize;
     let blocked_for = |shape: &[usize]| Blocked::new(shape, *hints.get(shape).unwrap_or(&4), nw);
     let mut uf = UnionFind {
