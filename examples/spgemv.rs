@@ -29,21 +29,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         vec![300, 129, 1]
     };
     let mut rng = SmallRng::seed_from_u64(7);
-    let pages: Vec<usize> = seq_lens.iter().map(|n| n.div_ceil(page_size)).collect();
-    let mut kv_indptr = vec![0i32];
-    for p in &pages {
-        kv_indptr.push(kv_indptr.last().unwrap() + *p as i32);
-    }
-    let num_pages: usize = pages.iter().sum();
-    let table = PageTable {
-        kv_indptr,
-        // Pages in reverse order, so the page table matters.
-        kv_page_indices: (0..num_pages as i32).rev().collect(),
-        kv_last_page_len: seq_lens
-            .iter()
-            .map(|n| (n - (n - 1) / page_size * page_size) as i32)
-            .collect(),
-    };
+    let num_pages = PageTable::pages_needed(&seq_lens, page_size);
+    // Pages in reverse order, so the page table matters.
+    let table =
+        PageTable::from_lengths(&seq_lens, page_size, (0..num_pages as i32).rev().collect())?;
     let kv = KvShape {
         num_pages,
         page_size,

@@ -11,7 +11,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let dir = args.next().unwrap_or_else(|| "dusk-stages".into());
     let arch = args.next().unwrap_or_else(|| "sm_90a".into());
-    let target = Target::parse(&arch).ok_or(format!("unknown target {arch}: use sm_90a, sm_90 or sm_80"))?;
+    let target =
+        Target::parse(&arch).ok_or(format!("unknown target {arch}: use sm_90a, sm_90 or sm_80"))?;
     std::fs::create_dir_all(&dir)?;
     let kernels = [
         quantize::build(&QuantizeConfig::new(128, 4))?,
@@ -22,8 +23,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for k in &kernels {
         let start = std::time::Instant::now();
         let s = compile_stages(k, &target)?;
-        println!("{}: compiled in {:.1} ms", k.name, start.elapsed().as_secs_f64() * 1e3);
-        for (ext, text) in [("ir", &s.ir), ("layouts", &s.layouts), ("ll", &s.llvm_unoptimized), ("opt.ll", &s.llvm_optimized), ("ptx", &s.ptx)] {
+        println!(
+            "{}: compiled in {:.1} ms",
+            k.name,
+            start.elapsed().as_secs_f64() * 1e3
+        );
+        for (ext, text) in [
+            ("ir", &s.ir),
+            ("layouts", &s.layouts),
+            ("ll", &s.llvm_unoptimized),
+            ("opt.ll", &s.llvm_optimized),
+            ("ptx", &s.ptx),
+        ] {
             std::fs::write(format!("{dir}/{}.{ext}", k.name), text)?;
         }
     }

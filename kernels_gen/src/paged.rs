@@ -67,6 +67,44 @@ pub struct PageTable {
 }
 
 impl PageTable {
+    /// Pages that sequences of `seq_lens` tokens occupy in all.
+    pub fn pages_needed(seq_lens: &[usize], page_size: usize) -> usize {
+        seq_lens.iter().map(|n| n.div_ceil(page_size)).sum()
+    }
+
+    /// The table of sequences of `seq_lens` tokens whose pages are, in order, `page_ids`
+    /// (one id per page, [`PageTable::pages_needed`] of them).
+    pub fn from_lengths(
+        seq_lens: &[usize],
+        page_size: usize,
+        page_ids: Vec<i32>,
+    ) -> Result<PageTable> {
+        ensure(page_size > 0, "page_size", "at least 1", page_size)?;
+        let needed = Self::pages_needed(seq_lens, page_size);
+        ensure(
+            page_ids.len() == needed,
+            "page_ids",
+            format!("{needed} ids, one per page used"),
+            page_ids.len(),
+        )?;
+        let mut kv_indptr = vec![0i32];
+        let mut kv_last_page_len = vec![];
+        for n in seq_lens {
+            let pages = n.div_ceil(page_size);
+            kv_indptr.push(kv_indptr[kv_indptr.len() - 1] + pages as i32);
+            kv_last_page_len.push(if pages == 0 {
+                0
+            } else {
+                (n - (pages - 1) * page_size) as i32
+            });
+        }
+        Ok(PageTable {
+            kv_indptr,
+            kv_page_indices: page_ids,
+            kv_last_page_len,
+        })
+    }
+
     pub fn batch(&self) -> usize {
         self.kv_indptr.len().saturating_sub(1)
     }

@@ -9,36 +9,15 @@ use dusk_runtime::Device;
 use half::f16;
 use proptest::prelude::*;
 use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 fn table_for(seq_lens: &[usize], page_size: usize, rng: &mut SmallRng) -> (PageTable, usize) {
-    let pages: Vec<usize> = seq_lens.iter().map(|n| n.div_ceil(page_size)).collect();
-    let total: usize = pages.iter().sum();
+    let total = PageTable::pages_needed(seq_lens, page_size);
     let mut ids: Vec<i32> = (0..total as i32).collect();
-    for i in (1..ids.len()).rev() {
-        ids.swap(i, rng.random_range(0..=i));
-    }
-    let mut kv_indptr = vec![0];
-    for p in &pages {
-        kv_indptr.push(kv_indptr.last().unwrap() + *p as i32);
-    }
-    let kv_last_page_len = seq_lens
-        .iter()
-        .zip(&pages)
-        .map(|(n, p)| {
-            if *p == 0 {
-                0
-            } else {
-                (n - (p - 1) * page_size) as i32
-            }
-        })
-        .collect();
+    ids.shuffle(rng);
     (
-        PageTable {
-            kv_indptr,
-            kv_page_indices: ids,
-            kv_last_page_len,
-        },
+        PageTable::from_lengths(seq_lens, page_size, ids).unwrap(),
         total.max(1),
     )
 }

@@ -15,6 +15,7 @@ use dusk::kernels::reference;
 use dusk::runtime::{median, Buffer, Device};
 use half::f16;
 use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, RngCore, SeedableRng};
 use serde_json::{json, Value};
 use std::error::Error;
@@ -31,30 +32,11 @@ fn arg(name: &str) -> Option<String> {
 /// A page table over shuffled pages; the last page of each sequence is partly filled
 /// when `ragged`.
 fn page_table(rng: &mut SmallRng, seq_lens: &[usize], page_size: usize) -> (PageTable, usize) {
-    let pages: Vec<usize> = seq_lens.iter().map(|n| n.div_ceil(page_size)).collect();
-    let total: usize = pages.iter().sum();
+    let total = PageTable::pages_needed(seq_lens, page_size);
     let mut ids: Vec<i32> = (0..total as i32).collect();
-    for i in (1..ids.len()).rev() {
-        ids.swap(i, rng.random_range(0..=i));
-    }
-    let mut indptr = vec![0];
-    let mut last = vec![];
-    for (n, p) in seq_lens.iter().zip(&pages) {
-        indptr.push(indptr.last().unwrap() + *p as i32);
-        last.push(if *p == 0 {
-            0
-        } else {
-            (n - (p - 1) * page_size) as i32
-        });
-    }
-    (
-        PageTable {
-            kv_indptr: indptr,
-            kv_page_indices: ids,
-            kv_last_page_len: last,
-        },
-        total.max(1),
-    )
+    ids.shuffle(rng);
+    let table = PageTable::from_lengths(seq_lens, page_size, ids).expect("consistent page ids");
+    (table, total.max(1))
 }
 
 /// For each (batch, KV head), a random `frac` of the sequence's pages.
