@@ -36,6 +36,7 @@ def fmt(v, spec):
 
 def main():
     print(HEADER)
+    # GPU results; compile times live in results/compile/ and are rendered last.
     for path in sorted(glob.glob(os.path.join(HERE, "results", "*.json"))):
         r = json.load(open(path))
         name = os.path.splitext(os.path.basename(path))[0]
@@ -54,6 +55,31 @@ def main():
                 tilings = ", ".join(f"{t['tiling']}: {t['us']:.1f} us" for t in c["other_tilings_us"])
                 print(f"- {c['case']}: {tilings}")
         print()
+    compile_times()
+
+
+def compile_times():
+    runs = {}
+    for name in ("cold", "warm"):
+        path = os.path.join(HERE, "results", "compile", f"{name}.json")
+        if os.path.exists(path):
+            runs[name] = {k["kernel"]: k for k in json.load(open(path))["kernels"]}
+    if not runs:
+        return
+    print("## Compile times\n")
+    print("Source to PTX on the development machine (2 cores, no GPU), release build, target sm_90a:")
+    print("building the IR, then `compile_cached` on an empty disk cache (LLVM runs) and again in a")
+    print("second process (read from disk). Reproduce:\n")
+    print("```sh\nexport DUSK_CACHE_DIR=$(mktemp -d)")
+    print("cargo run --release -p dusk-bench --bin compile-times -- --out benches/results/compile/cold.json")
+    print("cargo run --release -p dusk-bench --bin compile-times -- --out benches/results/compile/warm.json\n```\n")
+    print("| kernel | build IR (ms) | LLVM to PTX (ms) | from disk cache (ms) |")
+    print("|---|---:|---:|---:|")
+    cold, warm = runs.get("cold", {}), runs.get("warm", {})
+    for name, c in cold.items():
+        w = warm.get(name, {})
+        print(f"| {name} | {c['build_ir_ms']:.2f} | {c['to_ptx_ms']:.1f} | {fmt(w.get('to_ptx_ms'), '.2f')} |")
+    print()
 
 
 if __name__ == "__main__":

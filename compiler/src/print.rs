@@ -11,9 +11,14 @@ pub fn print_kernel(k: &Kernel) -> String {
         .iter()
         .map(|p| format!("%{}: {} /*{}*/", p.value.0, p.ty, p.name))
         .collect();
+    let occupancy = if k.min_programs_per_sm > 0 {
+        format!(" min_programs_per_sm={}", k.min_programs_per_sm)
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         s,
-        "kernel @{}({}) num_warps={} {{",
+        "kernel @{}({}) num_warps={}{occupancy} {{",
         k.name,
         params.join(", "),
         k.num_warps

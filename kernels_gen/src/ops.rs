@@ -73,7 +73,7 @@ impl Dusk {
         }
         let ir = Arc::new(build()?);
         let ptx = match &self.target {
-            Some(t) => Some(codegen::compile(&ir, t)?),
+            Some(t) => Some(codegen::compile_cached(&ir, t)?.0),
             None => None,
         };
         let k = Arc::new(self.device.load_kernel(ir, ptx.as_deref())?);

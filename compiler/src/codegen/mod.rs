@@ -4,7 +4,10 @@
 //! each op to per-thread LLVM IR ([`lower`]), optimize with LLVM's O3 pipeline, and emit
 //! PTX for the target. [`compile_stages`] returns each stage's text for inspection.
 
+pub mod cache;
 mod lower;
+
+pub use cache::{compile_cached, Source};
 
 use crate::ir::Kernel;
 use crate::passes::{axis, layout};
