@@ -61,6 +61,12 @@ impl Dusk {
         self.target
     }
 
+    /// A kernel of the caller's (from `#[kernel]` or the builder), compiled for this device
+    /// (PTX cached in memory and on disk) and loaded, once per distinct kernel.
+    pub fn load(&self, kernel: Kernel) -> Result<Arc<LoadedKernel>> {
+        self.kernel(dusk_compiler::print::print_kernel(&kernel), || Ok(kernel))
+    }
+
     /// The kernel made by `build`, compiled and loaded on first use.
     fn kernel(
         &self,
