@@ -2,11 +2,20 @@
 //!
 //! This facade re-exports the parts: [`compiler`] (tile IR, interpreter, NVPTX codegen),
 //! [`runtime`] (devices, buffers, launches on the GPU or the CPU interpreter) and
-//! [`kernels`] (the stock kernels and their host entry points).
+//! [`kernels`] (the stock kernels and their host entry points), and `#[kernel]`, the kernel
+//! language (`docs/kernel-language.md`).
 
 pub use dusk_compiler as compiler;
 pub use dusk_kernels as kernels;
 pub use dusk_runtime as runtime;
+
+/// A device and the kernels compiled for it (`Dusk::load` for your own `#[kernel]`s).
+pub use dusk_kernels::ops::Dusk;
+/// `#[kernel]`: a Rust function in the kernel language to a kernel builder and a typed
+/// launch helper; see `docs/kernel-language.md`.
+pub use dusk_macros::kernel;
+/// The `f16` and `bf16` element types of buffers (used by the signatures `#[kernel]` generates).
+pub use half;
 
 /// The README's examples, compiled as doc tests so they stay true.
 #[cfg(doctest)]

@@ -1,0 +1,165 @@
+//! The three kernels of `docs/kernel-language.md`, with plain Rust references and a runner
+//! that checks each on a device against its reference. Used by the `kernel_language`
+//! example (GPU or interpreter) and by `tests/guide.rs` (interpreter, in CI).
+
+use dusk::kernel;
+use dusk::runtime::Device;
+use dusk::Dusk;
+
+#[kernel]
+pub fn vector_add<const BLOCK: usize>(x: Ptr<f32>, y: Ptr<f32>, out: Ptr<f32>, n: i32) {
+    let offs = program_id(0) * BLOCK + arange(0, BLOCK);
+    let mask = offs < n;
+    let a = load(x + offs, mask, 0.0);
+    let b = load(y + offs, mask, 0.0);
+    store(out + offs, a + b, mask);
+}
+
+#[kernel]
+pub fn softmax<const ROWS: usize, const COLS: usize>(x: Ptr<f32>, out: Ptr<f32>, rows: i32) {
+    let r = program_id(0) * ROWS + arange(0, ROWS);
+    let ok = r < rows;
+    let offs = expand(r * COLS, 1, COLS) + expand(arange(0, COLS), 0, ROWS);
+    let mask = expand(ok, 1, COLS);
+    let v = load(x + offs, mask, 0.0);
+    let m = max(v, 1);
+    let e = exp2((v - expand(m, 1, COLS)) * 1.4426950408889634);
+    let s = sum(e, 1);
+    store(out + offs, e / expand(s, 1, COLS), mask);
+}
+
+#[kernel]
+pub fn gemv<const ROWS: usize, const COLS: usize>(
+    a: Ptr<f32>,
+    x: Ptr<f32>,
+    y: Ptr<f32>,
+    rows: i32,
+    cols: i32,
+) {
+    let r = program_id(0) * ROWS + arange(0, ROWS);
+    let row_ok = r < rows;
+    let mut acc = splat(0.0, [ROWS]);
+    for c0 in (0..cols).step_by(COLS) {
+        let c = c0 + arange(0, COLS);
+        let col_ok = c < cols;
+        let offs = expand(r * cols, 1, COLS) + expand(c, 0, ROWS);
+        let tile = load(
+            a + offs,
+            expand(row_ok, 1, COLS) & expand(col_ok, 0, ROWS),
+            0.0,
+        );
+        let xv = load(x + c, col_ok, 0.0);
+        acc = acc + sum(tile * expand(xv, 0, ROWS), 1);
+    }
+    store(y + r, acc, row_ok);
+}
+
+/// `‖got - want‖ / ‖want‖`.
+pub fn rel_error(got: &[f32], want: &[f64]) -> f64 {
+    let num: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (*g as f64 - w).powi(2))
+        .sum();
+    let den: f64 = want.iter().map(|w| w * w).sum();
+    if got.iter().any(|g| !g.is_finite()) {
+        return f64::INFINITY;
+    }
+    (num / den).sqrt()
+}
+
+/// A deterministic pseudo-random sequence in [-1, 1) (no dependency needed).
+fn noise(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// Runs the three kernels on `dusk`'s device over odd sizes, outputs poisoned first, and
+/// returns each one's name and relative error against its f64 reference.
+pub fn run_all(
+    dusk: &Dusk,
+    seed: u64,
+) -> Result<Vec<(&'static str, f64)>, Box<dyn std::error::Error>> {
+    let dev: &Device = dusk.device();
+    let mut out = vec![];
+
+    let n = 1000 + (seed % 37) as usize;
+    let (xs, ys) = (noise(n, seed), noise(n, seed + 1));
+    let (x, y) = (dev.upload(&xs)?, dev.upload(&ys)?);
+    let mut z = dev.alloc::<f32>(n)?;
+    dev.fill_bytes(&mut z, 0xFF)?;
+    let k = dusk.load(vector_add::build::<256>()?)?;
+    vector_add::launch::<256>(
+        dev,
+        &k,
+        [n.div_ceil(256) as u32, 1, 1],
+        &x,
+        &y,
+        &z,
+        n as i32,
+    )?;
+    let want: Vec<f64> = xs
+        .iter()
+        .zip(&ys)
+        .map(|(a, b)| *a as f64 + *b as f64)
+        .collect();
+    out.push(("vector_add", rel_error(&z.download()?, &want)));
+
+    let (rows, cols) = (37usize, 128usize);
+    let xs = noise(rows * cols, seed + 2);
+    let x = dev.upload(&xs)?;
+    let mut o = dev.alloc::<f32>(rows * cols)?;
+    dev.fill_bytes(&mut o, 0xFF)?;
+    let k = dusk.load(softmax::build::<4, 128>()?)?;
+    softmax::launch::<4, 128>(
+        dev,
+        &k,
+        [rows.div_ceil(4) as u32, 1, 1],
+        &x,
+        &o,
+        rows as i32,
+    )?;
+    let mut want = vec![0f64; rows * cols];
+    for r in 0..rows {
+        let row = &xs[r * cols..(r + 1) * cols];
+        let m = row.iter().fold(f64::NEG_INFINITY, |a, v| a.max(*v as f64));
+        let s: f64 = row.iter().map(|v| (*v as f64 - m).exp()).sum();
+        for c in 0..cols {
+            want[r * cols + c] = (row[c] as f64 - m).exp() / s;
+        }
+    }
+    out.push(("softmax", rel_error(&o.download()?, &want)));
+
+    let (rows, cols) = (70usize, 333usize);
+    let (am, xs) = (noise(rows * cols, seed + 3), noise(cols, seed + 4));
+    let (a, x) = (dev.upload(&am)?, dev.upload(&xs)?);
+    let mut y = dev.alloc::<f32>(rows)?;
+    dev.fill_bytes(&mut y, 0xFF)?;
+    let k = dusk.load(gemv::build::<16, 64>()?)?;
+    gemv::launch::<16, 64>(
+        dev,
+        &k,
+        [rows.div_ceil(16) as u32, 1, 1],
+        &a,
+        &x,
+        &y,
+        rows as i32,
+        cols as i32,
+    )?;
+    let want: Vec<f64> = (0..rows)
+        .map(|r| {
+            (0..cols)
+                .map(|c| am[r * cols + c] as f64 * xs[c] as f64)
+                .sum()
+        })
+        .collect();
+    out.push(("gemv", rel_error(&y.download()?, &want)));
+    Ok(out)
+}

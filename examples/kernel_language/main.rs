@@ -1,0 +1,18 @@
+//! The kernel-language guide's examples (vector add, row softmax, GEMV), checked against
+//! plain Rust on the GPU when there is one and through the interpreter otherwise.
+//!
+//!     cargo run --release --example kernel_language
+
+mod kernels;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let dusk = dusk::Dusk::new(dusk::runtime::Device::best())?;
+    println!("device: {}", dusk.device().name());
+    for (name, err) in kernels::run_all(&dusk, 11)? {
+        println!("{name}: relative error {err:.2e} vs f64 reference");
+        if err > 1e-5 {
+            return Err(format!("{name}: relative error {err:.2e} over 1e-5").into());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,212 @@
+//! The kernel language's syntax tree to Rust: a module named after the kernel with
+//!
+//! - `build::<CONSTS>()`: the kernel's IR, made with the `KernelBuilder`;
+//! - `launch::<CONSTS>(device, kernel, grid, args..)`: a launch with typed arguments;
+//! - `inline::<CONSTS>(b, args..)`: the body, emitted into another kernel's builder (how
+//!   one kernel calls another).
+
+mod body;
+mod carried;
+mod support;
+mod types;
+
+use crate::parse::ast::{Kernel, ParamTy, Signature};
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned};
+use syn::ext::IdentExt;
+use syn::{Ident, LitStr};
+
+/// The module for a kernel.
+pub fn kernel(k: &Kernel) -> syn::Result<TokenStream> {
+    let b = builder_ident();
+    let mut lower = body::Lower::new(b);
+    for c in &k.sig.consts {
+        lower.declare_const(c);
+    }
+    for p in &k.sig.params {
+        lower.declare_param(p);
+    }
+    let body = lower.fn_body(&k.body, k.sig.returns)?;
+    Ok(module(&k.sig, Some(body)))
+}
+
+/// The module for a kernel whose body has errors: the same items, with bodies that are
+/// never run (the errors stop the build), so uses of the kernel do not report more errors.
+pub fn stub(sig: &Signature) -> TokenStream {
+    module(sig, None)
+}
+
+fn builder_ident() -> Ident {
+    Ident::new("__b", Span::mixed_site())
+}
+
+fn module(sig: &Signature, body: Option<TokenStream>) -> TokenStream {
+    let b = builder_ident();
+    let attrs = &sig.attrs;
+    let vis = &sig.vis;
+    let name = &sig.name;
+    let kname = name.unraw().to_string();
+
+    let const_decls: Vec<TokenStream> = sig
+        .consts
+        .iter()
+        .map(|c| {
+            let (n, t) = (&c.name, &c.ty);
+            quote!(const #n: #t)
+        })
+        .collect();
+    let const_names: Vec<&Ident> = sig.consts.iter().map(|c| &c.name).collect();
+    let (generics, turbofish) = if sig.consts.is_empty() {
+        (quote!(), quote!())
+    } else {
+        (quote!(<#(#const_decls),*>), quote!(::<#(#const_names),*>))
+    };
+
+    // The kernel's name: the function's, then each constant's name and value.
+    let mut fmt = kname.clone();
+    for c in &sig.consts {
+        fmt.push_str(&format!("_{}{{}}", c.name.unraw()));
+    }
+    let fmt = LitStr::new(&fmt, Span::call_site());
+    let name_var = Ident::new("name", Span::mixed_site());
+    let make_name = if sig.consts.is_empty() {
+        quote!(let #name_var = ::std::string::String::from(#fmt);)
+    } else {
+        quote!(let #name_var = ::std::format!(#fmt, #(#const_names),*);)
+    };
+
+    let num_warps = match &sig.options.num_warps {
+        Some(n) => quote!(#n),
+        None => quote!(4),
+    };
+    let min_programs = sig
+        .options
+        .min_programs_per_sm
+        .as_ref()
+        .map(|n| quote!(#b.set_min_programs_per_sm(#n);));
+    let k = Ident::new("kernel", Span::mixed_site());
+    let debug = sig
+        .options
+        .debug
+        .then(|| quote!(::std::eprintln!("{}", ::dusk::compiler::print::print_kernel(&#k));));
+
+    // Parameters: in `build` as builder parameters, in `inline` as values, in `launch` as
+    // host arguments.
+    let param_vals: Vec<Ident> = (0..sig.params.len())
+        .map(|i| format_ident!("__p{}", i, span = Span::mixed_site()))
+        .collect();
+    let make_params = sig.params.iter().zip(&param_vals).map(|(p, v)| {
+        let pname = LitStr::new(&p.name.unraw().to_string(), p.name.span());
+        let call = match p.ty {
+            ParamTy::Ptr(e) => {
+                let d = types::dtype(e);
+                quote!(#b.param_ptr(#pname, #d))
+            }
+            ParamTy::Scalar(e) => {
+                let d = types::dtype(e);
+                quote!(#b.param_scalar(#pname, #d))
+            }
+        };
+        quote!(let #v = #call;)
+    });
+    let call_inline = quote!(inline #turbofish(&mut #b, #(#param_vals),*));
+    let run_inline = if sig.returns.is_some() {
+        quote!(let _ = #call_inline;)
+    } else {
+        quote!(#call_inline;)
+    };
+
+    let inline_params = sig.params.iter().map(|p| {
+        let n = &p.name;
+        let m = p.mutable.then(|| quote!(mut));
+        quote!(#m #n: ::dusk::compiler::Value)
+    });
+    let inline_ret = sig
+        .returns
+        .map(|s| quote_spanned!(s=> -> ::dusk::compiler::Value));
+    let stub_allow = body
+        .is_none()
+        .then(|| quote!(#[allow(unused_variables, unused_mut)]));
+    let inline_body = match body {
+        Some(b) => b,
+        None => quote!(::core::unreachable!("this kernel failed to compile")),
+    };
+
+    let (device, kernel, grid) = (
+        Ident::new("device", Span::mixed_site()),
+        Ident::new("kernel", Span::mixed_site()),
+        Ident::new("grid", Span::mixed_site()),
+    );
+    let launch_params = sig.params.iter().map(|p| {
+        let n = &p.name;
+        let ty = types::launch_param(p.ty, p.ty_span);
+        quote!(#n: #ty)
+    });
+    let launch_args = sig
+        .params
+        .iter()
+        .map(|p| {
+            let n = &p.name;
+            types::launch_arg(p.ty, &quote!(#n))
+        })
+        .collect::<Vec<_>>();
+    let support = support::module();
+
+    let doc_build = format!(
+        " Builds kernel `{kname}` (named `{}` with its constants' values).",
+        fmt.value().replace("{}", "N")
+    );
+    let doc_launch = format!(
+        " Launches kernel `{kname}` (from [`build`], loaded on `device`) over `grid` programs, \
+         with arguments typed after the kernel's parameters."
+    );
+    quote! {
+        #(#attrs)*
+        #vis mod #name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[doc = #doc_build]
+            pub fn build #generics () -> ::core::result::Result<::dusk::compiler::Kernel, ::dusk::compiler::CompileError> {
+                #make_name
+                let mut #b = ::dusk::compiler::KernelBuilder::new(&#name_var);
+                #b.set_num_warps(#num_warps);
+                #min_programs
+                #(#make_params)*
+                #run_inline
+                let #k = #b.finish()?;
+                #debug
+                ::core::result::Result::Ok(#k)
+            }
+
+            #[doc = #doc_launch]
+            #[allow(clippy::too_many_arguments)]
+            pub fn launch #generics (
+                #device: &::dusk::runtime::Device,
+                #kernel: &::dusk::runtime::LoadedKernel,
+                #grid: [u32; 3],
+                #(#launch_params),*
+            ) -> ::core::result::Result<(), ::dusk::runtime::RuntimeError> {
+                #device.launch(#kernel, #grid, &[#(#launch_args),*])
+            }
+
+            /// Emits the kernel's body into `b` with the given parameter values: how another
+            /// kernel calls this one.
+            #[allow(
+                clippy::too_many_arguments,
+                clippy::approx_constant,
+                clippy::unnecessary_cast,
+                unused_parens
+            )]
+            #stub_allow
+            pub fn inline #generics (
+                #b: &mut ::dusk::compiler::KernelBuilder,
+                #(#inline_params),*
+            ) #inline_ret {
+                #inline_body
+            }
+
+            #support
+        }
+    }
+}

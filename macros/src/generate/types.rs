@@ -1,0 +1,62 @@
+//! Element and parameter types as the tokens the generated code uses.
+
+use crate::parse::ast::{ElemTy, ParamTy};
+use proc_macro2::{Span, TokenStream};
+use quote::{quote, quote_spanned};
+
+/// `::dusk::compiler::DType::F32`, ...
+pub fn dtype(t: ElemTy) -> TokenStream {
+    let v = match t {
+        ElemTy::F16 => quote!(F16),
+        ElemTy::BF16 => quote!(BF16),
+        ElemTy::F32 => quote!(F32),
+        ElemTy::I32 => quote!(I32),
+        ElemTy::I64 => quote!(I64),
+        ElemTy::U8 => quote!(U8),
+        ElemTy::Bool => quote!(Bool),
+    };
+    quote!(::dusk::compiler::DType::#v)
+}
+
+/// The host type of one element: what a `Buffer` of it holds, or a scalar argument is.
+pub fn host(t: ElemTy) -> TokenStream {
+    match t {
+        ElemTy::F16 => quote!(::dusk::half::f16),
+        ElemTy::BF16 => quote!(::dusk::half::bf16),
+        ElemTy::F32 => quote!(f32),
+        ElemTy::I32 => quote!(i32),
+        ElemTy::I64 => quote!(i64),
+        ElemTy::U8 => quote!(u8),
+        ElemTy::Bool => quote!(bool),
+    }
+}
+
+/// The type of a parameter in the generated `launch`, spanned at the kernel's parameter type
+/// (so type errors at a launch point at it).
+pub fn launch_param(t: ParamTy, span: Span) -> TokenStream {
+    match t {
+        ParamTy::Ptr(e) => {
+            let h = host(e);
+            quote_spanned!(span=> &::dusk::runtime::Buffer<#h>)
+        }
+        ParamTy::Scalar(e) => {
+            let h = host(e);
+            quote_spanned!(span=> #h)
+        }
+    }
+}
+
+/// `x` as a launch argument.
+pub fn launch_arg(t: ParamTy, x: &TokenStream) -> TokenStream {
+    let v = match t {
+        ParamTy::Ptr(_) => return quote!(::dusk::runtime::Arg::from(#x)),
+        ParamTy::Scalar(ElemTy::I32) => quote!(I32),
+        ParamTy::Scalar(ElemTy::I64) => quote!(I64),
+        ParamTy::Scalar(ElemTy::F32) => quote!(F32),
+        ParamTy::Scalar(ElemTy::U8) => quote!(U8),
+        ParamTy::Scalar(ElemTy::Bool) => quote!(Bool),
+        // The parser accepts no other scalar parameters.
+        ParamTy::Scalar(_) => return quote!(::dusk::runtime::Arg::from(#x)),
+    };
+    quote!(::dusk::runtime::Arg::#v(#x))
+}

@@ -1,0 +1,248 @@
+//! The kernel language's own syntax tree: what `parse` makes from syn's and `generate`
+//! turns into builder calls. Every node keeps the span of the source it came from, so the
+//! generated calls (and the builder's `#[track_caller]` locations) point at the user's code.
+
+use proc_macro2::Span;
+use syn::{Attribute, Ident, LitFloat, LitInt, Path, Type, Visibility};
+
+/// A `#[kernel]` function: its signature and its body.
+pub struct Kernel {
+    pub sig: Signature,
+    pub body: Block,
+}
+
+/// Everything about a kernel but its body: enough to generate `build` and `launch`.
+pub struct Signature {
+    /// Outer attributes of the function (doc comments, `#[allow]`), moved to the module.
+    pub attrs: Vec<Attribute>,
+    pub vis: Visibility,
+    pub name: Ident,
+    pub consts: Vec<ConstParam>,
+    pub params: Vec<Param>,
+    pub options: Options,
+    /// Whether the function declares a return type (`-> Tensor`): it is a helper whose tail
+    /// expression is its value.
+    pub returns: Option<Span>,
+}
+
+/// The attribute's arguments: `#[kernel(num_warps = 8, min_programs_per_sm = 2, debug)]`.
+#[derive(Default)]
+pub struct Options {
+    pub num_warps: Option<LitInt>,
+    pub min_programs_per_sm: Option<LitInt>,
+    pub debug: bool,
+}
+
+/// `const N: usize` (any integer type) or `const FLAG: bool`.
+pub struct ConstParam {
+    pub name: Ident,
+    pub ty: Type,
+    pub is_bool: bool,
+}
+
+/// A kernel parameter: `x: Ptr<f32>` or `n: i32`.
+pub struct Param {
+    pub name: Ident,
+    pub mutable: bool,
+    pub ty: ParamTy,
+    /// The span of the parameter's type.
+    pub ty_span: Span,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum ParamTy {
+    Ptr(ElemTy),
+    Scalar(ElemTy),
+}
+
+/// The element types of the IR, as they are spelled in kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ElemTy {
+    F16,
+    BF16,
+    F32,
+    I32,
+    I64,
+    U8,
+    Bool,
+}
+
+impl ElemTy {
+    pub fn from_name(s: &str) -> Option<ElemTy> {
+        Some(match s {
+            "f16" => ElemTy::F16,
+            "bf16" => ElemTy::BF16,
+            "f32" => ElemTy::F32,
+            "i32" => ElemTy::I32,
+            "i64" => ElemTy::I64,
+            "u8" => ElemTy::U8,
+            "bool" => ElemTy::Bool,
+            _ => return None,
+        })
+    }
+}
+
+/// `{ stmts; tail }`.
+pub struct Block {
+    pub stmts: Vec<Stmt>,
+    pub tail: Option<Box<Expr>>,
+}
+
+pub enum Stmt {
+    /// `let x = e;`, `let mut x = e;`; `name` is `None` for `let _ = e;`.
+    Let {
+        name: Option<Ident>,
+        mutable: bool,
+        init: Expr,
+        span: Span,
+    },
+    /// `x = e;` or `x op= e;` (`op` with the operator's span).
+    Assign {
+        target: Ident,
+        op: Option<(BinOp, Span)>,
+        value: Expr,
+        span: Span,
+    },
+    For(Box<For>),
+    /// An expression evaluated for its effect (`store(..)`, a helper call, an `if`).
+    Expr(Expr),
+}
+
+/// `for var in (lo..hi).step_by(step) { body }`.
+pub struct For {
+    /// `None` for `_`.
+    pub var: Option<Ident>,
+    pub lo: Expr,
+    pub hi: Expr,
+    pub step: Option<Expr>,
+    pub body: Block,
+    /// The `for` keyword.
+    pub span: Span,
+}
+
+/// `if cond { then } else { otherwise }`; `else if` is an `otherwise` block holding one `if`.
+pub struct If {
+    pub cond: Box<Expr>,
+    pub then: Block,
+    pub otherwise: Option<Block>,
+    /// The `if` keyword.
+    pub span: Span,
+}
+
+pub struct Expr {
+    pub kind: ExprKind,
+    pub span: Span,
+}
+
+pub enum ExprKind {
+    /// A local, a parameter or a const generic.
+    Var(Ident),
+    /// An integer literal; with a suffix (`4u8`) it is a constant of that type.
+    Int(LitInt, Option<ElemTy>),
+    Float(LitFloat, Option<ElemTy>),
+    Bool(bool),
+    /// `f32::INFINITY`, `i32::MAX`, ...: a compile-time number (`is_float` tells which).
+    PrimConst {
+        path: Path,
+        is_float: bool,
+    },
+    Binary {
+        op: BinOp,
+        lhs: Box<Expr>,
+        rhs: Box<Expr>,
+    },
+    Unary {
+        op: UnOp,
+        expr: Box<Expr>,
+    },
+    /// `e as T`, `e.to::<T>()`.
+    Cast {
+        expr: Box<Expr>,
+        to: ElemTy,
+    },
+    /// A builtin, called as a function or (sugar) as a method with the receiver first.
+    Builtin {
+        func: Builtin,
+        /// The turbofish type: `ptr_cast::<i32>`, `zeros::<f32>`.
+        ty: Option<ElemTy>,
+        args: Vec<Expr>,
+    },
+    /// `[d0, d1]`: only an argument of `splat` and `zeros`.
+    Shape(Vec<Expr>),
+    /// A call of another `#[kernel]` function: `helper(x)` -> `helper::inline(b, x)`.
+    Helper {
+        path: Path,
+        generics: Option<syn::AngleBracketedGenericArguments>,
+        args: Vec<Expr>,
+    },
+    If(If),
+    Block(Block),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BinOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Rem,
+    BitAnd,
+    BitOr,
+    BitXor,
+    Shl,
+    Shr,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Eq,
+    Ne,
+    /// `&&`
+    And,
+    /// `||`
+    Or,
+}
+
+impl BinOp {
+    pub fn is_cmp(self) -> bool {
+        matches!(
+            self,
+            BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge | BinOp::Eq | BinOp::Ne
+        )
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnOp {
+    Neg,
+    Not,
+}
+
+/// The builtin functions of the language.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Builtin {
+    ProgramId,
+    NumPrograms,
+    Arange,
+    Load,
+    Store,
+    Where,
+    Exp2,
+    Log2,
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Abs,
+    Minimum,
+    Maximum,
+    Sum,
+    Max,
+    Min,
+    Expand,
+    Splat,
+    Zeros,
+    PtrCast,
+    Dp2a,
+    DotInt4,
+}

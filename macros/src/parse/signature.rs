@@ -1,0 +1,233 @@
+//! The attribute's arguments and the function's signature: const generics and parameters.
+
+use super::ast::{ConstParam, ElemTy, Options, Param, ParamTy, Signature};
+use super::Errors;
+use proc_macro2::TokenStream;
+use quote::ToTokens;
+use syn::spanned::Spanned;
+use syn::{Error, FnArg, GenericArgument, GenericParam, Pat, PathArguments, ReturnType, Type};
+
+const PARAM_TYPES: &str = "kernel parameters are `Ptr<T>` (T one of f16, bf16, f32, i32, i64, u8) \
+     or the scalars i32, i64, f32, u8, bool";
+
+/// `num_warps = N`, `min_programs_per_sm = N`, `debug`.
+pub fn options(attr: TokenStream) -> syn::Result<Options> {
+    let mut o = Options::default();
+    let parser = syn::meta::parser(|meta| {
+        if meta.path.is_ident("num_warps") {
+            o.num_warps = Some(meta.value()?.parse()?);
+            Ok(())
+        } else if meta.path.is_ident("min_programs_per_sm") {
+            o.min_programs_per_sm = Some(meta.value()?.parse()?);
+            Ok(())
+        } else if meta.path.is_ident("debug") {
+            o.debug = true;
+            Ok(())
+        } else {
+            Err(meta.error(format!(
+                "unknown #[kernel] option `{}`; the options are `num_warps = N` (default 4), \
+                 `min_programs_per_sm = N` and `debug`",
+                meta.path.to_token_stream()
+            )))
+        }
+    });
+    syn::parse::Parser::parse2(parser, attr)?;
+    Ok(o)
+}
+
+pub fn signature(f: &syn::ItemFn) -> syn::Result<Signature> {
+    let mut errors = Errors::default();
+    let s = &f.sig;
+    if let Some(t) = &s.constness {
+        errors.push(Error::new(
+            t.span(),
+            "#[kernel] functions cannot be `const`",
+        ));
+    }
+    if let Some(t) = &s.asyncness {
+        errors.push(Error::new(
+            t.span(),
+            "#[kernel] functions cannot be `async`",
+        ));
+    }
+    if let Some(t) = &s.unsafety {
+        errors.push(Error::new(
+            t.span(),
+            "#[kernel] functions cannot be `unsafe`",
+        ));
+    }
+    if let Some(t) = &s.abi {
+        errors.push(Error::new(
+            t.span(),
+            "#[kernel] functions cannot have an ABI",
+        ));
+    }
+    if let Some(v) = &s.variadic {
+        errors.push(Error::new(
+            v.span(),
+            "#[kernel] functions cannot be variadic",
+        ));
+    }
+    let consts = consts(&s.generics, &mut errors);
+    let mut params = vec![];
+    for arg in &s.inputs {
+        match arg {
+            FnArg::Receiver(r) => errors.push(Error::new(
+                r.span(),
+                "#[kernel] functions take no `self`; write a free function",
+            )),
+            FnArg::Typed(pt) => {
+                if let Some(p) = errors.take(param(&pt.pat, &pt.ty)) {
+                    params.push(p);
+                }
+            }
+        }
+    }
+    let returns = match &s.output {
+        ReturnType::Default => None,
+        ReturnType::Type(_, t) => Some(t.span()),
+    };
+    errors.finish(Signature {
+        attrs: f.attrs.clone(),
+        vis: f.vis.clone(),
+        name: s.ident.clone(),
+        consts,
+        params,
+        options: Options::default(),
+        returns,
+    })
+}
+
+fn consts(g: &syn::Generics, errors: &mut Errors) -> Vec<ConstParam> {
+    let mut out = vec![];
+    for p in &g.params {
+        match p {
+            GenericParam::Const(c) => {
+                if let Some(d) = &c.default {
+                    errors.push(Error::new(d.span(), "const generics of #[kernel] functions take no default"));
+                }
+                let name = match &c.ty {
+                    Type::Path(tp) if tp.qself.is_none() => tp.path.get_ident().map(|i| i.to_string()),
+                    _ => None,
+                };
+                let is_int = matches!(
+                    name.as_deref(),
+                    Some("usize" | "u8" | "u16" | "u32" | "u64" | "isize" | "i8" | "i16" | "i32" | "i64")
+                );
+                let is_bool = name.as_deref() == Some("bool");
+                if !is_int && !is_bool {
+                    errors.push(Error::new(
+                        c.ty.span(),
+                        "const generics of #[kernel] functions are integers (`const N: usize`) or `bool`",
+                    ));
+                }
+                out.push(ConstParam {
+                    name: c.ident.clone(),
+                    ty: c.ty.clone(),
+                    is_bool,
+                });
+            }
+            GenericParam::Type(t) => errors.push(Error::new(
+                t.span(),
+                format!(
+                    "type parameter `{}`: type parameters are not supported in #[kernel] \
+                     functions; element types are fixed per kernel (write `Ptr<f32>`), and sizes \
+                     are const generics (`const N: usize`)",
+                    t.ident
+                ),
+            )),
+            GenericParam::Lifetime(l) => errors.push(Error::new(
+                l.span(),
+                "lifetimes are not supported in #[kernel] functions; kernel values are plain values",
+            )),
+        }
+    }
+    if let Some(w) = &g.where_clause {
+        errors.push(Error::new(
+            w.span(),
+            "`where` clauses are not supported in #[kernel] functions",
+        ));
+    }
+    out
+}
+
+fn param(pat: &Pat, ty: &Type) -> syn::Result<Param> {
+    let (name, mutable) = match pat {
+        Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() => {
+            (pi.ident.clone(), pi.mutability.is_some())
+        }
+        _ => {
+            return Err(Error::new(
+                pat.span(),
+                "kernel parameters are plain names (`x: Ptr<f32>`), not patterns",
+            ))
+        }
+    };
+    Ok(Param {
+        name,
+        mutable,
+        ty: param_ty(ty)?,
+        ty_span: ty.span(),
+    })
+}
+
+fn param_ty(ty: &Type) -> syn::Result<ParamTy> {
+    let bad = || {
+        Error::new_spanned(
+            ty,
+            format!("unsupported parameter type `{}`; {PARAM_TYPES}", pretty(ty)),
+        )
+    };
+    let Type::Path(tp) = ty else {
+        return Err(bad());
+    };
+    if tp.qself.is_some() {
+        return Err(bad());
+    }
+    let last = tp.path.segments.last().ok_or_else(bad)?;
+    if last.ident == "Ptr" {
+        let PathArguments::AngleBracketed(args) = &last.arguments else {
+            return Err(bad());
+        };
+        let elem = match args.args.iter().collect::<Vec<_>>()[..] {
+            [GenericArgument::Type(Type::Path(e))] if e.qself.is_none() => e
+                .path
+                .get_ident()
+                .and_then(|i| ElemTy::from_name(&i.to_string())),
+            _ => None,
+        };
+        return match elem {
+            Some(e) if e != ElemTy::Bool => Ok(ParamTy::Ptr(e)),
+            _ => Err(Error::new_spanned(
+                ty,
+                format!(
+                    "unsupported pointer element type in `{}`; pointers are `Ptr<T>` with T one \
+                     of f16, bf16, f32, i32, i64, u8",
+                    pretty(ty)
+                ),
+            )),
+        };
+    }
+    if tp.path.segments.len() != 1 || !last.arguments.is_none() {
+        return Err(bad());
+    }
+    match ElemTy::from_name(&last.ident.to_string()) {
+        Some(e @ (ElemTy::I32 | ElemTy::I64 | ElemTy::F32 | ElemTy::U8 | ElemTy::Bool)) => {
+            Ok(ParamTy::Scalar(e))
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// Tokens as a person writes them: `Vec<f32>`, not `Vec < f32 >`.
+pub fn pretty(t: &impl ToTokens) -> String {
+    let s = t.to_token_stream().to_string();
+    s.replace(" < ", "<")
+        .replace("< ", "<")
+        .replace(" <", "<")
+        .replace(" >", ">")
+        .replace(" ,", ",")
+        .replace(" :: ", "::")
+        .replace(":: ", "::")
+        .replace("& ", "&")
+}

@@ -1,0 +1,617 @@
+//! `#[kernel]` end to end: kernels written in the kernel language, built, run through the
+//! CPU interpreter with their generated `launch`, and compared with plain Rust.
+
+use dusk::kernel;
+use dusk::runtime::{Buffer, Device, LoadedKernel};
+use std::sync::Arc;
+
+fn load(dev: &Device, k: dusk::compiler::Kernel) -> LoadedKernel {
+    dev.load_kernel(Arc::new(k), None).unwrap()
+}
+
+/// A deterministic pseudo-random sequence in [-1, 1).
+fn noise(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+fn poisoned(dev: &Device, n: usize) -> Buffer<f32> {
+    let mut b = dev.alloc::<f32>(n).unwrap();
+    dev.fill_bytes(&mut b, 0xFF).unwrap();
+    b
+}
+
+fn assert_close(got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= tol * (1.0 + w.abs()),
+            "element {i}: got {g}, want {w}"
+        );
+    }
+}
+
+// ---- vector add ----
+
+#[kernel]
+fn vector_add<const BLOCK: usize>(x: Ptr<f32>, y: Ptr<f32>, out: Ptr<f32>, n: i32) {
+    let pid = program_id(0);
+    let offs = pid * BLOCK + arange(0, BLOCK);
+    let mask = offs < n;
+    let a = load(x + offs, mask, 0.0);
+    let b = load(y + offs, mask, 0.0);
+    store(out + offs, a + b, mask);
+}
+
+#[test]
+fn vector_add_at_an_odd_length() {
+    let dev = Device::cpu();
+    let n = 1001;
+    let (xs, ys) = (noise(n, 1), noise(n, 2));
+    let k = vector_add::build::<256>().unwrap();
+    assert_eq!(k.name, "vector_add_BLOCK256");
+    assert_eq!(k.num_warps, 4);
+    let k = load(&dev, k);
+    let (x, y) = (dev.upload(&xs).unwrap(), dev.upload(&ys).unwrap());
+    let out = poisoned(&dev, n);
+    let grid = [n.div_ceil(256) as u32, 1, 1];
+    vector_add::launch::<256>(&dev, &k, grid, &x, &y, &out, n as i32).unwrap();
+    let want: Vec<f32> = xs.iter().zip(&ys).map(|(a, b)| a + b).collect();
+    assert_eq!(out.download().unwrap(), want);
+}
+
+#[test]
+fn specialisations_have_their_own_names() {
+    assert_eq!(
+        vector_add::build::<64>().unwrap().name,
+        "vector_add_BLOCK64"
+    );
+    assert_ne!(
+        vector_add::build::<64>().unwrap(),
+        vector_add::build::<128>().unwrap()
+    );
+}
+
+// ---- row softmax over a 2-D block ----
+
+/// Softmax of each row of a `rows x cols` matrix (`cols <= COLS`), `ROWS` rows a program.
+#[kernel(num_warps = 8)]
+fn softmax<const ROWS: usize, const COLS: usize>(x: Ptr<f32>, out: Ptr<f32>, rows: i32, cols: i32) {
+    let r = program_id(0) * ROWS + arange(0, ROWS);
+    let c = arange(0, COLS);
+    let mask = expand(r < rows, 1, COLS) & expand(c < cols, 0, ROWS);
+    let offs = expand(r * cols, 1, COLS) + c.expand(0, ROWS);
+    let v = load(x + offs, mask, f32::NEG_INFINITY);
+    let m = max(v, 1);
+    let e = exp2((v - expand(m, 1, COLS)) * std::f32::consts::LOG2_E);
+    let s = e.sum(1);
+    store(out + offs, e / s.expand(1, COLS), mask);
+}
+
+#[test]
+fn softmax_rows_match_plain_rust() {
+    let dev = Device::cpu();
+    let (rows, cols) = (37, 100);
+    let xs: Vec<f32> = noise(rows * cols, 3).iter().map(|v| v * 4.0).collect();
+    let k = softmax::build::<4, 128>().unwrap();
+    assert_eq!(k.name, "softmax_ROWS4_COLS128");
+    assert_eq!(k.num_warps, 8);
+    let k = load(&dev, k);
+    let x = dev.upload(&xs).unwrap();
+    let out = poisoned(&dev, rows * cols);
+    let grid = [rows.div_ceil(4) as u32, 1, 1];
+    softmax::launch::<4, 128>(&dev, &k, grid, &x, &out, rows as i32, cols as i32).unwrap();
+    let mut want = vec![0f32; rows * cols];
+    for r in 0..rows {
+        let row = &xs[r * cols..(r + 1) * cols];
+        let m = row.iter().fold(f32::NEG_INFINITY, |a, v| a.max(*v));
+        let s: f32 = row.iter().map(|v| (v - m).exp()).sum();
+        for c in 0..cols {
+            want[r * cols + c] = (row[c] - m).exp() / s;
+        }
+    }
+    assert_close(&out.download().unwrap(), &want, 1e-5);
+}
+
+// ---- GEMV: a loop carrying an accumulator ----
+
+/// `y = A x` for a row-major `rows x cols` A, `ROWS` rows a program, `COLS` columns a step.
+#[kernel]
+fn gemv<const ROWS: usize, const COLS: usize>(
+    a: Ptr<f32>,
+    x: Ptr<f32>,
+    y: Ptr<f32>,
+    rows: i32,
+    cols: i32,
+) {
+    let r = program_id(0) * ROWS + arange(0, ROWS);
+    let row_ok = r < rows;
+    // 64-bit row offsets, from an i64 cast; the literal takes the offset's type.
+    let row_base = (r as i64) * (cols as i64) + 0;
+    let mut acc = zeros::<f32>([ROWS]);
+    let mut steps = 0;
+    for c0 in (0..cols).step_by(COLS) {
+        let c = c0 + arange(0, COLS);
+        let col_ok = c < cols;
+        let offs = expand(row_base, 1, COLS) + expand(c.to::<i64>(), 0, ROWS);
+        let tile = load(
+            a + offs,
+            expand(row_ok, 1, COLS) && expand(col_ok, 0, ROWS),
+            0.0,
+        );
+        let xv = load(x + c, col_ok, 0);
+        acc += sum(tile * expand(xv, 0, ROWS), 1);
+        steps += 1;
+    }
+    // `steps` is the number of column tiles; every row of y gets acc + 0 * steps.
+    store(y + r, acc + (steps * 0) as f32, row_ok);
+}
+
+#[test]
+fn gemv_with_a_carried_accumulator() {
+    let dev = Device::cpu();
+    let (rows, cols) = (70, 333);
+    let (am, xs) = (noise(rows * cols, 4), noise(cols, 5));
+    let k = load(&dev, gemv::build::<16, 64>().unwrap());
+    let (a, x) = (dev.upload(&am).unwrap(), dev.upload(&xs).unwrap());
+    let y = poisoned(&dev, rows);
+    let grid = [rows.div_ceil(16) as u32, 1, 1];
+    gemv::launch::<16, 64>(&dev, &k, grid, &a, &x, &y, rows as i32, cols as i32).unwrap();
+    let want: Vec<f32> = (0..rows)
+        .map(|r| (0..cols).map(|c| am[r * cols + c] * xs[c]).sum())
+        .collect();
+    assert_close(&y.download().unwrap(), &want, 1e-5);
+}
+
+// ---- branches ----
+
+/// Each program scales and shifts its block by values chosen from the block's sum.
+#[kernel]
+fn branchy<const BLOCK: usize>(x: Ptr<f32>, out: Ptr<f32>, n: i32, thresh: f32) {
+    let pid = program_id(0);
+    let offs = pid * BLOCK + arange(0, BLOCK);
+    let mask = offs < n;
+    let v = load(x + offs, mask, 0.0);
+    let total = sum(v, 0);
+    let mut scale = 1.0;
+    let mut shift = 0.0;
+    if total > thresh {
+        scale = 2.0;
+        shift = total;
+    } else if total < -thresh {
+        scale = -1.0;
+    }
+    let first = if pid == 0 { 10.0 } else { total * 0.5 };
+    store(out + offs, v * scale + shift + first, mask);
+}
+
+#[test]
+fn if_else_with_carried_values() {
+    let dev = Device::cpu();
+    let (n, block) = (16 * 9 + 3, 16);
+    let xs: Vec<f32> = noise(n, 6)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v + ((i / 16) as f32 - 4.0) * 0.2)
+        .collect();
+    let k = load(&dev, branchy::build::<16>().unwrap());
+    let x = dev.upload(&xs).unwrap();
+    let out = poisoned(&dev, n);
+    let thresh = 5.0f32;
+    branchy::launch::<16>(
+        &dev,
+        &k,
+        [n.div_ceil(block) as u32, 1, 1],
+        &x,
+        &out,
+        n as i32,
+        thresh,
+    )
+    .unwrap();
+    let mut want = vec![0f32; n];
+    let mut kinds = [0; 3];
+    for (p, chunk) in xs.chunks(block).enumerate() {
+        let total: f32 = chunk.iter().sum();
+        let (scale, shift, kind) = if total > thresh {
+            (2.0, total, 0)
+        } else if total < -thresh {
+            (-1.0, 0.0, 1)
+        } else {
+            (1.0, 0.0, 2)
+        };
+        kinds[kind] += 1;
+        let first = if p == 0 { 10.0 } else { total * 0.5 };
+        for (i, v) in chunk.iter().enumerate() {
+            want[p * block + i] = v * scale + shift + first;
+        }
+    }
+    assert!(
+        kinds.iter().all(|k| *k > 0),
+        "every arm is taken: {kinds:?}"
+    );
+    assert_close(&out.download().unwrap(), &want, 1e-5);
+}
+
+/// A scalar loop with a branch inside: counts and sums the positive elements of `x[..n]`.
+#[kernel(num_warps = 1)]
+fn count_positive(x: Ptr<f32>, out_count: Ptr<i32>, out_total: Ptr<f32>, n: i32) {
+    let mut count = 0;
+    let mut total = 0.0;
+    for i in 0..n {
+        let v = load(x + i);
+        if v > 0.0 {
+            count += 1;
+            total = total + v;
+        }
+    }
+    store(out_count, count);
+    store(out_total, total);
+}
+
+#[test]
+fn branch_inside_a_loop() {
+    let dev = Device::cpu();
+    let xs = noise(77, 7);
+    let k = count_positive::build().unwrap();
+    assert_eq!(k.name, "count_positive");
+    let k = load(&dev, k);
+    let x = dev.upload(&xs).unwrap();
+    let count = dev.alloc::<i32>(1).unwrap();
+    let total = dev.alloc::<f32>(1).unwrap();
+    count_positive::launch(&dev, &k, [1, 1, 1], &x, &count, &total, xs.len() as i32).unwrap();
+    let pos: Vec<f32> = xs.iter().copied().filter(|v| *v > 0.0).collect();
+    assert_eq!(count.download().unwrap(), vec![pos.len() as i32]);
+    assert_close(&total.download().unwrap(), &[pos.iter().sum()], 1e-5);
+}
+
+/// Branches on a compile-time bool are decided when the kernel is built.
+#[kernel]
+fn maybe_negate<const BLOCK: usize, const NEG: bool>(x: Ptr<f32>, out: Ptr<f32>) {
+    let offs = arange(0, BLOCK);
+    let mut v = load(x + offs);
+    if NEG {
+        v = -v;
+    }
+    // Compile-time arithmetic: HALF is an i64 known when the kernel is built.
+    let half = BLOCK / 2;
+    let lower = offs < half;
+    store(out + offs, where_(lower, v, 0.0));
+}
+
+#[test]
+fn compile_time_branches() {
+    let dev = Device::cpu();
+    let xs = noise(32, 8);
+    let x = dev.upload(&xs).unwrap();
+    for neg in [false, true] {
+        let k = if neg {
+            maybe_negate::build::<32, true>().unwrap()
+        } else {
+            maybe_negate::build::<32, false>().unwrap()
+        };
+        assert_eq!(k.name, format!("maybe_negate_BLOCK32_NEG{neg}"));
+        let k = load(&dev, k);
+        let out = poisoned(&dev, 32);
+        if neg {
+            maybe_negate::launch::<32, true>(&dev, &k, [1, 1, 1], &x, &out).unwrap();
+        } else {
+            maybe_negate::launch::<32, false>(&dev, &k, [1, 1, 1], &x, &out).unwrap();
+        }
+        let want: Vec<f32> = xs
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                if i < 16 {
+                    if neg {
+                        -v
+                    } else {
+                        *v
+                    }
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        assert_eq!(out.download().unwrap(), want);
+    }
+}
+
+/// Nested loops: the inner one carries a variable of the outer body and one from outside
+/// both; bounds from values, literals and const generics.
+#[kernel(num_warps = 1)]
+fn nested<const N: usize>(out: Ptr<i32>, n: i32) {
+    let mut total = 0;
+    let mut outer_steps = 0;
+    for i in 0..n {
+        let mut row = 0;
+        for j in (i..n).step_by(2) {
+            row += j;
+            total += 1;
+        }
+        store(out + 1 + i, row);
+        outer_steps = outer_steps + 1;
+    }
+    for _ in 0..N {
+        total -= 1;
+    }
+    let extra = if N > 4 { 100 } else { 0 };
+    store(out, total + outer_steps * 1000 + extra);
+}
+
+#[test]
+fn nested_loops() {
+    let dev = Device::cpu();
+    let n = 9;
+    let k = load(&dev, nested::build::<8>().unwrap());
+    let out = dev.alloc::<i32>(n + 1).unwrap();
+    nested::launch::<8>(&dev, &k, [1, 1, 1], &out, n as i32).unwrap();
+    let mut want = vec![0; n + 1];
+    let mut total = 0;
+    for i in 0..n {
+        want[1 + i] = (i..n).step_by(2).sum::<usize>() as i32;
+        total += (i..n).step_by(2).count() as i32;
+    }
+    want[0] = total - 8 + n as i32 * 1000 + 100;
+    assert_eq!(out.download().unwrap(), want);
+}
+
+// ---- helpers: one kernel calling another ----
+
+/// `a * x + y`, elementwise.
+#[kernel]
+fn axpy(a: f32, x: f32, y: f32) -> Tensor {
+    a * x + y
+}
+
+/// Loads `N` elements of `p` from `start`, zero past `n`.
+#[kernel]
+fn load_block<const N: usize>(p: Ptr<f32>, start: i32, n: i32) -> Tensor {
+    let offs = start + arange(0, N);
+    load(p + offs, offs < n, 0.0)
+}
+
+#[kernel]
+fn saxpy<const BLOCK: usize>(x: Ptr<f32>, y: Ptr<f32>, out: Ptr<f32>, a: f32, n: i32) {
+    let start = program_id(0) * BLOCK;
+    let xv = load_block::<BLOCK>(x, start, n);
+    let yv = load_block::<BLOCK>(y, start, n);
+    let offs = start + arange(0, BLOCK);
+    store(out + offs, axpy(a, xv, yv), offs < n);
+}
+
+#[test]
+fn helper_kernels() {
+    let dev = Device::cpu();
+    let n = 300;
+    let (xs, ys) = (noise(n, 9), noise(n, 10));
+    let k = load(&dev, saxpy::build::<128>().unwrap());
+    let (x, y) = (dev.upload(&xs).unwrap(), dev.upload(&ys).unwrap());
+    let out = poisoned(&dev, n);
+    saxpy::launch::<128>(&dev, &k, [3, 1, 1], &x, &y, &out, 2.5, n as i32).unwrap();
+    let want: Vec<f32> = xs.iter().zip(&ys).map(|(x, y)| 2.5 * x + y).collect();
+    assert_close(&out.download().unwrap(), &want, 1e-6);
+    // A helper is a kernel too.
+    let k = axpy::build().unwrap();
+    assert_eq!(k.params.len(), 3);
+}
+
+// ---- integer ops, pointer casts, dp2a ----
+
+/// Packs each pair of bytes of `src` into one i32 word through `ptr_cast`, shifts and masks,
+/// and sums two `dp2a`s.
+#[kernel(num_warps = 1)]
+fn int_ops<const N: usize>(src: Ptr<u8>, pairs: Ptr<i32>, out: Ptr<i32>, dot: Ptr<i32>) {
+    let i = arange(0, N);
+    let words = ptr_cast::<i32>(src);
+    let w = load(words + i);
+    let lo = w & 0xFF;
+    let hi = (w >> 8) & 0xFF;
+    let mut acc = lo ^ (hi << 1);
+    acc -= 1;
+    acc = acc % 1000 * -1 + 7 / 2;
+    store(out + i, acc);
+    let p = load(pairs + i);
+    let d = dp2a(p, w, zeros::<i32>([N]), false);
+    store(dot + i, dp2a(p, w, d, true));
+}
+
+#[test]
+fn integer_ops_and_dp2a() {
+    let dev = Device::cpu();
+    const N: usize = 8;
+    let bytes: Vec<u8> = (0..4 * N as u32).map(|i| (i * 37 % 251) as u8).collect();
+    let pairs: Vec<i32> = (0..N as i32)
+        .map(|i| ((i - 3) & 0xFFFF) | ((2 * i + 1) << 16))
+        .collect();
+    let k = load(&dev, int_ops::build::<N>().unwrap());
+    let src = dev.upload(&bytes).unwrap();
+    let pb = dev.upload(&pairs).unwrap();
+    let out = dev.alloc::<i32>(N).unwrap();
+    let dot = dev.alloc::<i32>(N).unwrap();
+    int_ops::launch::<N>(&dev, &k, [1, 1, 1], &src, &pb, &out, &dot).unwrap();
+    let mut want = vec![];
+    let mut want_dot = vec![];
+    for i in 0..N {
+        let b = &bytes[4 * i..4 * i + 4];
+        let w = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let (lo, hi) = (w & 0xFF, (w >> 8) & 0xFF);
+        let acc = (lo ^ (hi << 1)) - 1;
+        want.push(-(acc % 1000) + 3);
+        let (p_lo, p_hi) = (pairs[i] as i16 as i32, (pairs[i] >> 16) as i16 as i32);
+        let d = p_lo * b[0] as i32 + p_hi * b[1] as i32;
+        want_dot.push(d + p_lo * b[2] as i32 + p_hi * b[3] as i32);
+    }
+    assert_eq!(out.download().unwrap(), want);
+    assert_eq!(dot.download().unwrap(), want_dot);
+}
+
+// ---- math builtins, f16 and scalar parameters ----
+
+#[kernel]
+fn math<const BLOCK: usize>(
+    x: Ptr<f16>,
+    out: Ptr<f32>,
+    stats: Ptr<f32>,
+    scale: f32,
+    flip: bool,
+    offset: i64,
+) {
+    let i = arange(0, BLOCK);
+    let v = load(x + offset + i).to::<f32>();
+    let a = abs(v);
+    let e = v.exp();
+    let l = log(a + 1.0);
+    let r = sqrt(a) + rsqrt(a + 1.0);
+    let lo = minimum(v, 0.0);
+    let hi = maximum(0.0, v);
+    let y = where_(flip || (v < -100.0), -v, v) * scale;
+    let z = {
+        let t = e + l;
+        t * 0.5
+    };
+    let zero = 1.4426950408889634 * (BLOCK as f32) * 0.0;
+    store(out + i, y + z + r + lo * 2 - hi / 4.0 + zero);
+    store(stats, max(v, 0));
+    store(stats + 1, min(v, 0));
+    store(
+        stats + 2,
+        num_programs(0).to::<f32>() + (i32::MAX - 2147483647) as f32,
+    );
+    let s = splat(2.5, [BLOCK]);
+    store(stats + 3, sum(s, 0) / BLOCK);
+    let keep = !(i < 2);
+    store(stats + 4, sum(where_(keep, 1.0f32, 0.0), 0));
+}
+
+#[test]
+fn math_builtins_match_plain_rust() {
+    use dusk::half::f16;
+    let dev = Device::cpu();
+    const B: usize = 64;
+    let pad = 3;
+    let xs: Vec<f16> = noise(B + pad, 11)
+        .iter()
+        .map(|v| f16::from_f32(v * 3.0))
+        .collect();
+    let k = load(&dev, math::build::<B>().unwrap());
+    let x = dev.upload(&xs).unwrap();
+    for flip in [false, true] {
+        let out = poisoned(&dev, B);
+        let stats = poisoned(&dev, 5);
+        math::launch::<B>(&dev, &k, [1, 1, 1], &x, &out, &stats, 0.5, flip, pad as i64).unwrap();
+        let vs: Vec<f32> = xs[pad..].iter().map(|v| v.to_f32()).collect();
+        let want: Vec<f32> = vs
+            .iter()
+            .map(|&v| {
+                let a = v.abs();
+                let y = if flip { -v } else { v } * 0.5;
+                let z = (v.exp() + (a + 1.0).ln()) * 0.5;
+                let r = a.sqrt() + 1.0 / (a + 1.0).sqrt();
+                y + z + r + v.min(0.0) * 2.0 - v.max(0.0) / 4.0
+            })
+            .collect();
+        assert_close(&out.download().unwrap(), &want, 1e-5);
+        let mx = vs.iter().fold(f32::NEG_INFINITY, |a, v| a.max(*v));
+        let mn = vs.iter().fold(f32::INFINITY, |a, v| a.min(*v));
+        assert_eq!(
+            stats.download().unwrap(),
+            vec![mx, mn, 1.0, 2.5, (B - 2) as f32]
+        );
+    }
+}
+
+#[kernel(debug, num_warps = 2, min_programs_per_sm = 3)]
+fn options_kernel(x: Ptr<u8>, v: u8) {
+    store(x + arange(0, 32), splat(v, [32]) << 1u8);
+}
+
+#[test]
+fn kernel_options() {
+    let k = options_kernel::build().unwrap();
+    assert_eq!((k.num_warps, k.min_programs_per_sm), (2, 3));
+    let dev = Device::cpu();
+    let x = dev.alloc::<u8>(32).unwrap();
+    options_kernel::launch(&dev, &load(&dev, k), [1, 1, 1], &x, 21).unwrap();
+    assert_eq!(x.download().unwrap(), vec![42u8; 32]);
+}
+
+/// Parameter names that the generated code also uses internally do not clash with it.
+#[kernel]
+fn clashing_names(b: Ptr<i32>, name: i32, kernel: i32, grid: i32, device: i32) {
+    let __b = name + kernel;
+    store(b, __b + grid + device);
+}
+
+#[kernel]
+fn no_params() {}
+
+#[test]
+fn internal_names_are_hygienic() {
+    let dev = Device::cpu();
+    let k = load(&dev, clashing_names::build().unwrap());
+    let out = dev.alloc::<i32>(1).unwrap();
+    clashing_names::launch(&dev, &k, [1, 1, 1], &out, 1, 20, 300, 4000).unwrap();
+    assert_eq!(out.download().unwrap(), vec![4321]);
+    let k = load(&dev, no_params::build().unwrap());
+    no_params::launch(&dev, &k, [1, 1, 1]).unwrap();
+}
+
+// ---- errors found when the kernel is built ----
+
+#[kernel]
+fn mixes_types<const BLOCK: usize>(x: Ptr<f32>) {
+    let i = arange(0, BLOCK);
+    let v = load(x + i);
+    let w = v + i; // MIXES-TYPES
+    store(x + i, w);
+}
+
+#[test]
+fn build_errors_name_the_kernel_and_the_line() {
+    let line = include_str!("kernel_macro.rs")
+        .lines()
+        .position(|l| l.ends_with("// MIXES-TYPES"))
+        .unwrap()
+        + 1;
+    let e = mixes_types::build::<64>().unwrap_err().to_string();
+    assert!(e.contains("mixes_types_BLOCK64"), "{e}");
+    assert!(e.contains(&format!("kernel_macro.rs:{line}")), "{e}");
+    assert!(e.contains("f32[64]") && e.contains("i32[64]"), "{e}");
+}
+
+#[kernel]
+fn wrong_shapes(x: Ptr<f32>) {
+    let a = load(x + arange(0, 64));
+    let b = load(x + arange(0, 128));
+    store(x + arange(0, 64), a * b); // WRONG-SHAPES
+}
+
+#[test]
+fn shape_errors_point_at_the_operator() {
+    let line = include_str!("kernel_macro.rs")
+        .lines()
+        .position(|l| l.ends_with("// WRONG-SHAPES"))
+        .unwrap()
+        + 1;
+    let e = wrong_shapes::build().unwrap_err().to_string();
+    assert!(e.contains("op `mul`"), "{e}");
+    assert!(e.contains(&format!("kernel_macro.rs:{line}")), "{e}");
+}
+
+#[test]
+fn launch_checks_arguments_at_run_time_too() {
+    // The typed `launch` rules out wrong element types at compile time; a kernel of another
+    // signature loaded in its place is still caught by the runtime's checks.
+    let dev = Device::cpu();
+    let other = load(&dev, axpy::build().unwrap());
+    let x = dev.upload(&[1.0f32]).unwrap();
+    let e = vector_add::launch::<256>(&dev, &other, [1, 1, 1], &x, &x, &x, 1).unwrap_err();
+    assert!(e.to_string().contains("axpy"), "{e}");
+}
