@@ -370,7 +370,7 @@ impl Lower {
             quote!(#c)
         };
         let closure = quote_spanned! {span=>
-            move |#b: &mut ::dusk::compiler::KernelBuilder, #var: ::dusk::compiler::Value, #c_pat: &[::dusk::compiler::Value]| {
+            move |#b: &mut __dusk::compiler::KernelBuilder, #var: __dusk::compiler::Value, #c_pat: &[__dusk::compiler::Value]| {
                 #body
                 ::std::vec![#(#carried),*]
             }
@@ -526,7 +526,7 @@ impl Lower {
                 }
             }
             Ok(quote_spanned! {span=>
-                move |#b: &mut ::dusk::compiler::KernelBuilder| {
+                move |#b: &mut __dusk::compiler::KernelBuilder| {
                     #body
                     ::std::vec![#(#results),*]
                 }
@@ -536,7 +536,7 @@ impl Lower {
             let mut body = TokenStream::new();
             self.block_stmts(&i.then, false, &mut body);
             out.extend(quote_spanned! {span=>
-                #b.if_then(#c, move |#b: &mut ::dusk::compiler::KernelBuilder| { #body });
+                #b.if_then(#c, move |#b: &mut __dusk::compiler::KernelBuilder| { #body });
             });
             return Ok(None);
         }
@@ -636,7 +636,7 @@ impl Lower {
                 // Typed, so a helper with no value used as one is reported at the call.
                 let call = self.helper_call(e, out)?;
                 let t = self.temp();
-                out.extend(quote_spanned!(span=> let #t: ::dusk::compiler::Value = #call;));
+                out.extend(quote_spanned!(span=> let #t: __dusk::compiler::Value = #call;));
                 Ok(Gen {
                     kind: Kind::Value,
                     ts: quote!(#t),

@@ -88,7 +88,7 @@ fn module(sig: &Signature, body: Option<TokenStream>) -> TokenStream {
     let debug = sig
         .options
         .debug
-        .then(|| quote!(::std::eprintln!("{}", ::dusk::compiler::print::print_kernel(&#k));));
+        .then(|| quote!(::std::eprintln!("{}", __dusk::compiler::print::print_kernel(&#k));));
 
     // Parameters: in `build` as builder parameters, in `inline` as values, in `launch` as
     // host arguments.
@@ -119,11 +119,11 @@ fn module(sig: &Signature, body: Option<TokenStream>) -> TokenStream {
     let inline_params = sig.params.iter().map(|p| {
         let n = &p.name;
         let m = p.mutable.then(|| quote!(mut));
-        quote!(#m #n: ::dusk::compiler::Value)
+        quote!(#m #n: __dusk::compiler::Value)
     });
     let inline_ret = sig
         .returns
-        .map(|s| quote_spanned!(s=> -> ::dusk::compiler::Value));
+        .map(|s| quote_spanned!(s=> -> __dusk::compiler::Value));
     let stub_allow = body
         .is_none()
         .then(|| quote!(#[allow(unused_variables, unused_mut)]));
@@ -151,6 +151,10 @@ fn module(sig: &Signature, body: Option<TokenStream>) -> TokenStream {
         })
         .collect::<Vec<_>>();
     let support = support::module();
+    let root = match &sig.options.krate {
+        Some(p) => quote!(#p),
+        None => quote!(::dusk),
+    };
 
     let doc_build = format!(
         " Builds kernel `{kname}` (named `{}` with its constants' values).",
@@ -165,11 +169,14 @@ fn module(sig: &Signature, body: Option<TokenStream>) -> TokenStream {
         #vis mod #name {
             #[allow(unused_imports)]
             use super::*;
+            /// Where dusk's crates are: `::dusk`, or the path given by `#[kernel(crate = "...")]`.
+            #[allow(unused_imports)]
+            use #root as __dusk;
 
             #[doc = #doc_build]
-            pub fn build #generics () -> ::core::result::Result<::dusk::compiler::Kernel, ::dusk::compiler::CompileError> {
+            pub fn build #generics () -> ::core::result::Result<__dusk::compiler::Kernel, __dusk::compiler::CompileError> {
                 #make_name
-                let mut #b = ::dusk::compiler::KernelBuilder::new(&#name_var);
+                let mut #b = __dusk::compiler::KernelBuilder::new(&#name_var);
                 #b.set_num_warps(#num_warps);
                 #min_programs
                 #(#make_params)*
@@ -182,11 +189,11 @@ fn module(sig: &Signature, body: Option<TokenStream>) -> TokenStream {
             #[doc = #doc_launch]
             #[allow(clippy::too_many_arguments)]
             pub fn launch #generics (
-                #device: &::dusk::runtime::Device,
-                #kernel: &::dusk::runtime::LoadedKernel,
+                #device: &__dusk::runtime::Device,
+                #kernel: &__dusk::runtime::LoadedKernel,
                 #grid: [u32; 3],
                 #(#launch_params),*
-            ) -> ::core::result::Result<(), ::dusk::runtime::RuntimeError> {
+            ) -> ::core::result::Result<(), __dusk::runtime::RuntimeError> {
                 #device.launch(#kernel, #grid, &[#(#launch_args),*])
             }
 
@@ -200,7 +207,7 @@ fn module(sig: &Signature, body: Option<TokenStream>) -> TokenStream {
             )]
             #stub_allow
             pub fn inline #generics (
-                #b: &mut ::dusk::compiler::KernelBuilder,
+                #b: &mut __dusk::compiler::KernelBuilder,
                 #(#inline_params),*
             ) #inline_ret {
                 #inline_body

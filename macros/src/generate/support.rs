@@ -8,7 +8,8 @@ pub fn module() -> TokenStream {
     quote! {
         #[allow(dead_code)]
         mod __dusk_rt {
-            use ::dusk::compiler::{Const, DType, Elem, KernelBuilder, Value};
+            use super::__dusk;
+            use __dusk::compiler::{Const, DType, Elem, KernelBuilder, Value};
 
             /// The type a number combined with `v` takes: `v`'s element type, or i32 (an
             /// offset) when `v` is a pointer.

@@ -4,7 +4,7 @@ use crate::parse::ast::{ElemTy, ParamTy};
 use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
 
-/// `::dusk::compiler::DType::F32`, ...
+/// `dusk::compiler::DType::F32`, ...
 pub fn dtype(t: ElemTy) -> TokenStream {
     let v = match t {
         ElemTy::F16 => quote!(F16),
@@ -15,14 +15,14 @@ pub fn dtype(t: ElemTy) -> TokenStream {
         ElemTy::U8 => quote!(U8),
         ElemTy::Bool => quote!(Bool),
     };
-    quote!(::dusk::compiler::DType::#v)
+    quote!(__dusk::compiler::DType::#v)
 }
 
 /// The host type of one element: what a `Buffer` of it holds, or a scalar argument is.
 pub fn host(t: ElemTy) -> TokenStream {
     match t {
-        ElemTy::F16 => quote!(::dusk::half::f16),
-        ElemTy::BF16 => quote!(::dusk::half::bf16),
+        ElemTy::F16 => quote!(__dusk::half::f16),
+        ElemTy::BF16 => quote!(__dusk::half::bf16),
         ElemTy::F32 => quote!(f32),
         ElemTy::I32 => quote!(i32),
         ElemTy::I64 => quote!(i64),
@@ -37,7 +37,7 @@ pub fn launch_param(t: ParamTy, span: Span) -> TokenStream {
     match t {
         ParamTy::Ptr(e) => {
             let h = host(e);
-            quote_spanned!(span=> &::dusk::runtime::Buffer<#h>)
+            quote_spanned!(span=> &__dusk::runtime::Buffer<#h>)
         }
         ParamTy::Scalar(e) => {
             let h = host(e);
@@ -49,14 +49,14 @@ pub fn launch_param(t: ParamTy, span: Span) -> TokenStream {
 /// `x` as a launch argument.
 pub fn launch_arg(t: ParamTy, x: &TokenStream) -> TokenStream {
     let v = match t {
-        ParamTy::Ptr(_) => return quote!(::dusk::runtime::Arg::from(#x)),
+        ParamTy::Ptr(_) => return quote!(__dusk::runtime::Arg::from(#x)),
         ParamTy::Scalar(ElemTy::I32) => quote!(I32),
         ParamTy::Scalar(ElemTy::I64) => quote!(I64),
         ParamTy::Scalar(ElemTy::F32) => quote!(F32),
         ParamTy::Scalar(ElemTy::U8) => quote!(U8),
         ParamTy::Scalar(ElemTy::Bool) => quote!(Bool),
         // The parser accepts no other scalar parameters.
-        ParamTy::Scalar(_) => return quote!(::dusk::runtime::Arg::from(#x)),
+        ParamTy::Scalar(_) => return quote!(__dusk::runtime::Arg::from(#x)),
     };
-    quote!(::dusk::runtime::Arg::#v(#x))
+    quote!(__dusk::runtime::Arg::#v(#x))
 }

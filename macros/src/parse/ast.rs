@@ -25,12 +25,15 @@ pub struct Signature {
     pub returns: Option<Span>,
 }
 
-/// The attribute's arguments: `#[kernel(num_warps = 8, min_programs_per_sm = 2, debug)]`.
+/// The attribute's arguments: `#[kernel(num_warps = 8, min_programs_per_sm = 2, debug)]`,
+/// and `crate = "path"` where dusk's crates are reached through another path than `::dusk`
+/// (a module re-exporting `compiler`, `runtime` and `half`, as inside dusk itself).
 #[derive(Default)]
 pub struct Options {
     pub num_warps: Option<LitInt>,
     pub min_programs_per_sm: Option<LitInt>,
     pub debug: bool,
+    pub krate: Option<syn::Path>,
 }
 
 /// `const N: usize` (any integer type) or `const FLAG: bool`.

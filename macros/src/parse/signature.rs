@@ -10,7 +10,7 @@ use syn::{Error, FnArg, GenericArgument, GenericParam, Pat, PathArguments, Retur
 const PARAM_TYPES: &str = "kernel parameters are `Ptr<T>` (T one of f16, bf16, f32, i32, i64, u8) \
      or the scalars i32, i64, f32, u8, bool";
 
-/// `num_warps = N`, `min_programs_per_sm = N`, `debug`.
+/// `num_warps = N`, `min_programs_per_sm = N`, `debug`, `crate = "path"`.
 pub fn options(attr: TokenStream) -> syn::Result<Options> {
     let mut o = Options::default();
     let parser = syn::meta::parser(|meta| {
@@ -23,10 +23,14 @@ pub fn options(attr: TokenStream) -> syn::Result<Options> {
         } else if meta.path.is_ident("debug") {
             o.debug = true;
             Ok(())
+        } else if meta.path.is_ident("crate") {
+            let lit: syn::LitStr = meta.value()?.parse()?;
+            o.krate = Some(lit.parse()?);
+            Ok(())
         } else {
             Err(meta.error(format!(
                 "unknown #[kernel] option `{}`; the options are `num_warps = N` (default 4), \
-                 `min_programs_per_sm = N` and `debug`",
+                 `min_programs_per_sm = N`, `debug` and `crate = \"path\"`",
                 meta.path.to_token_stream()
             )))
         }
