@@ -14,3 +14,12 @@ pub mod reference;
 pub mod spgemv;
 
 pub use error::{DuskError, Result};
+
+/// The paths `#[kernel(crate = "crate::dusk_paths")]` reaches dusk's crates through (the
+/// facade `dusk` depends on this crate, so kernels here cannot name it).
+#[doc(hidden)]
+pub mod dusk_paths {
+    pub use dusk_compiler as compiler;
+    pub use dusk_runtime as runtime;
+    pub use half;
+}

@@ -1,12 +1,16 @@
 //! `quantize_k`: f16 K rows to packed 4- or 8-bit codes with a per-row f16 scale and zero
-//! (Twilight Section 4.2: asymmetric, per token and head).
+//! (Twilight Section 4.2: asymmetric, per token and head), written in the kernel language.
 //!
 //! For each row (one token of one KV head) of `head_dim` values:
 //! `scale = (max - min) / (2^bits - 1)`, `zero = min`, both rounded to f16, and
 //! `code = min(trunc((k - zero) / scale + 0.5), 2^bits - 1)` (round half up; 0 when the row is
 //! constant). 4-bit codes pack two a byte, the even element in the low nibble.
+//!
+//! Parameters of both kernels: `k` (f16, rows x head_dim), `packed` (u8), `scale`, `zero`
+//! (f16 per row), `num_rows` (i32). Grid: `ceil(num_rows / block_rows)`.
 
-use dusk_compiler::{CompileError, DType, Kernel, KernelBuilder, Value};
+use dusk_compiler::{CompileError, Kernel};
+use dusk_macros::kernel;
 
 /// Compile-time choices of `quantize_k`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -15,7 +19,6 @@ pub struct QuantizeConfig {
     pub bits: u32,
     /// Rows (token, head pairs) per program.
     pub block_rows: usize,
-    pub num_warps: u32,
 }
 
 impl QuantizeConfig {
@@ -24,7 +27,6 @@ impl QuantizeConfig {
             head_dim,
             bits,
             block_rows: 16,
-            num_warps: 4,
         }
     }
     /// Bytes of codes per row.
@@ -33,110 +35,93 @@ impl QuantizeConfig {
     }
 }
 
-/// Builds the kernel. Parameters: `k` (f16, rows x head_dim), `packed` (u8),
-/// `scale`, `zero` (f16 per row), `num_rows` (i32). Grid: `ceil(num_rows / block_rows)`.
+/// 4 bits: the even and odd elements of each row as two `[ROWS, HALF]` blocks (HALF =
+/// head_dim / 2), one code of each per output byte.
+#[kernel(crate = "crate::dusk_paths")]
+pub fn quantize_k4<const HALF: usize, const ROWS: usize>(
+    k: Ptr<f16>,
+    packed: Ptr<u8>,
+    scale: Ptr<f16>,
+    zero: Ptr<f16>,
+    num_rows: i32,
+) {
+    let rows = program_id(0) * ROWS + arange(0, ROWS);
+    let row_ok = rows < num_rows;
+    let rows64 = rows as i64;
+    let offs = expand(rows64 * (2 * HALF), 1, HALF) + expand((arange(0, HALF) * 2) as i64, 0, ROWS);
+    let mask = expand(row_ok, 1, HALF);
+    let even = load(k + offs, mask) as f32;
+    let odd = load(k + (offs + 1), mask) as f32;
+    let hi = maximum(max(even, 1), max(odd, 1));
+    let lo = minimum(min(even, 1), min(odd, 1));
+    // Scale and zero as stored (f16): codes are computed against what dequantization reads.
+    let scale16 = ((hi - lo) / 15.0) as f16;
+    let zero16 = lo as f16;
+    store(scale + rows64, scale16, row_ok);
+    store(zero + rows64, zero16, row_ok);
+    let step = scale16 as f32;
+    let has_span = step > 0.0;
+    let inv = where_(has_span, 1.0 / where_(has_span, step, 1.0), 0.0);
+    let inv2 = expand(inv, 1, HALF);
+    let zero2 = expand(zero16 as f32, 1, HALF);
+    let lo_code = maximum(minimum((even - zero2) * inv2 + 0.5, 15.0), 0.0) as u8;
+    let hi_code = maximum(minimum((odd - zero2) * inv2 + 0.5, 15.0), 0.0) as u8;
+    let out = expand(rows64 * HALF, 1, HALF) + expand(arange(0, HALF) as i64, 0, ROWS);
+    store(packed + out, lo_code | (hi_code << 4), mask);
+}
+
+/// 8 bits: one code a byte.
+#[kernel(crate = "crate::dusk_paths")]
+pub fn quantize_k8<const D: usize, const ROWS: usize>(
+    k: Ptr<f16>,
+    packed: Ptr<u8>,
+    scale: Ptr<f16>,
+    zero: Ptr<f16>,
+    num_rows: i32,
+) {
+    let rows = program_id(0) * ROWS + arange(0, ROWS);
+    let row_ok = rows < num_rows;
+    let rows64 = rows as i64;
+    let offs = expand(rows64 * D, 1, D) + expand(arange(0, D) as i64, 0, ROWS);
+    let mask = expand(row_ok, 1, D);
+    let x = load(k + offs, mask) as f32;
+    let hi = max(x, 1);
+    let lo = min(x, 1);
+    let scale16 = ((hi - lo) / 255.0) as f16;
+    let zero16 = lo as f16;
+    store(scale + rows64, scale16, row_ok);
+    store(zero + rows64, zero16, row_ok);
+    let step = scale16 as f32;
+    let has_span = step > 0.0;
+    let inv = where_(has_span, 1.0 / where_(has_span, step, 1.0), 0.0);
+    let code = maximum(
+        minimum(
+            (x - expand(zero16 as f32, 1, D)) * expand(inv, 1, D) + 0.5,
+            255.0,
+        ),
+        0.0,
+    ) as u8;
+    store(packed + offs, code, mask);
+}
+
+/// The kernel for `cfg` (head_dim 64, 128 or 256; 4 or 8 bits; 16 rows a program).
 pub fn build(cfg: &QuantizeConfig) -> Result<Kernel, CompileError> {
-    let name = format!("quantize_k_d{}_b{}", cfg.head_dim, cfg.bits);
-    let mut b = KernelBuilder::new(&name);
-    b.set_num_warps(cfg.num_warps);
-    let k = b.param_ptr("k", DType::F16);
-    let packed = b.param_ptr("packed", DType::U8);
-    let scale_out = b.param_ptr("scale", DType::F16);
-    let zero_out = b.param_ptr("zero", DType::F16);
-    let num_rows = b.param_scalar("num_rows", DType::I32);
-
-    let br = cfg.block_rows;
-    let d = cfg.head_dim;
-    let levels = ((1u32 << cfg.bits) - 1) as f32;
-    let pid = b.program_id(0);
-    let c_br = b.i32(br as i32);
-    let first = b.mul(pid, c_br);
-    let rows_i = b.arange(0, br as i64);
-    let rows = b.add(first, rows_i);
-    let row_ok = b.lt(rows, num_rows);
-    let rows64 = b.cast(rows, DType::I64);
-
-    // Even and odd elements of each row as two [rows, d/2] blocks (or the whole row for 8 bits).
-    let lanes = if cfg.bits == 4 { d / 2 } else { d };
-    let stride = if cfg.bits == 4 { 2 } else { 1 };
-    let c_d = b.i64(d as i64);
-    let row_base = b.mul(rows64, c_d);
-    let cols = b.arange(0, lanes as i64);
-    let c_stride = b.i32(stride);
-    let cols = b.mul(cols, c_stride);
-    let cols64 = b.cast(cols, DType::I64);
-    let row_base2 = b.expand(row_base, 1, lanes);
-    let cols2 = b.expand(cols64, 0, br);
-    let offs = b.add(row_base2, cols2);
-    let mask2 = b.expand(row_ok, 1, lanes);
-    let load_part = |b: &mut KernelBuilder, extra: i64| -> Value {
-        let e = b.i64(extra);
-        let o = b.add(offs, e);
-        let p = b.add_ptr(k, o);
-        let x = b.load_masked(p, Some(mask2), None);
-        b.cast(x, DType::F32)
+    let unsupported = || CompileError::Build {
+        kernel: "quantize_k".into(),
+        op: "build".into(),
+        loc: String::new(),
+        msg: format!("no quantize_k for {cfg:?}: head_dim 64, 128 or 256, 4 or 8 bits, 16 rows"),
     };
-    let parts: Vec<Value> = if cfg.bits == 4 {
-        vec![load_part(&mut b, 0), load_part(&mut b, 1)]
-    } else {
-        vec![load_part(&mut b, 0)]
-    };
-
-    let mut hi = b.max(parts[0], 1);
-    let mut lo = b.min(parts[0], 1);
-    for p in &parts[1..] {
-        let m = b.max(*p, 1);
-        hi = b.maximum(hi, m);
-        let m = b.min(*p, 1);
-        lo = b.minimum(lo, m);
+    if cfg.block_rows != 16 {
+        return Err(unsupported());
     }
-    // Scale and zero as stored (f16), so codes are computed against what dequantization reads.
-    let span = b.sub(hi, lo);
-    let c_levels = b.f32(levels);
-    let scale = b.div(span, c_levels);
-    let scale16 = b.cast(scale, DType::F16);
-    let zero16 = b.cast(lo, DType::F16);
-    let scale = b.cast(scale16, DType::F32);
-    let zero = b.cast(zero16, DType::F32);
-    let p = b.add_ptr(scale_out, rows64);
-    b.store_masked(p, scale16, Some(row_ok));
-    let p = b.add_ptr(zero_out, rows64);
-    b.store_masked(p, zero16, Some(row_ok));
-    let zero_f = b.f32(0.0);
-    let one = b.f32(1.0);
-    let has_span = b.gt(scale, zero_f);
-    let safe = b.select(has_span, scale, one);
-    let inv = b.div(one, safe);
-    let inv = b.select(has_span, inv, zero_f);
-    let inv2 = b.expand(inv, 1, lanes);
-    let zero2 = b.expand(zero, 1, lanes);
-    let half = b.f32(0.5);
-    let codes: Vec<Value> = parts
-        .iter()
-        .map(|x| {
-            let c = b.sub(*x, zero2);
-            let c = b.mul(c, inv2);
-            let c = b.add(c, half);
-            let c = b.minimum(c, c_levels);
-            let c = b.maximum(c, zero_f);
-            b.cast(c, DType::U8)
-        })
-        .collect();
-    let byte = if cfg.bits == 4 {
-        let four = b.constant(dusk_compiler::Const::Int(4), DType::U8);
-        let hi_n = b.shl(codes[1], four);
-        b.or(codes[0], hi_n)
-    } else {
-        codes[0]
-    };
-    let out_cols = b.arange(0, lanes as i64);
-    let out_cols = b.cast(out_cols, DType::I64);
-    let c_row_bytes = b.i64(cfg.packed_row_bytes() as i64);
-    let out_base = b.mul(rows64, c_row_bytes);
-    let out_base2 = b.expand(out_base, 1, lanes);
-    let out_cols2 = b.expand(out_cols, 0, br);
-    let out_offs = b.add(out_base2, out_cols2);
-    let p = b.add_ptr(packed, out_offs);
-    b.store_masked(p, byte, Some(mask2));
-    b.finish()
+    match (cfg.bits, cfg.head_dim) {
+        (4, 64) => quantize_k4::build::<32, 16>(),
+        (4, 128) => quantize_k4::build::<64, 16>(),
+        (4, 256) => quantize_k4::build::<128, 16>(),
+        (8, 64) => quantize_k8::build::<64, 16>(),
+        (8, 128) => quantize_k8::build::<128, 16>(),
+        (8, 256) => quantize_k8::build::<256, 16>(),
+        _ => Err(unsupported()),
+    }
 }
