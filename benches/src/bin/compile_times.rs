@@ -22,7 +22,7 @@ fn ms(t: Instant) -> f64 {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let target = Target::sm90a();
     let builds: [(&str, Build); 4] = [
-        ("quantize_k (4 bits, d128)", || {
+        ("quantize_k (4 bits, d128; #[kernel])", || {
             quantize::build(&QuantizeConfig::new(128, 4))
         }),
         ("spgemv prepare_q (d128)", || {
