@@ -615,3 +615,31 @@ fn launch_checks_arguments_at_run_time_too() {
     let e = vector_add::launch::<256>(&dev, &other, [1, 1, 1], &x, &x, &x, 1).unwrap_err();
     assert!(e.to_string().contains("axpy"), "{e}");
 }
+
+// ---- launch hints from constant generics ----
+
+#[kernel(num_warps = WARPS, min_programs_per_sm = PROGRAMS)]
+fn tuned_copy<const BLOCK: usize, const WARPS: usize, const PROGRAMS: usize>(
+    x: Ptr<f32>,
+    y: Ptr<f32>,
+    n: i32,
+) {
+    let offs = program_id(0) * BLOCK + arange(0, BLOCK);
+    let mask = offs < n;
+    store(y + offs, load(x + offs, mask, 0.0), mask);
+}
+
+#[test]
+fn launch_hints_can_come_from_constant_generics() {
+    let k = tuned_copy::build::<256, 2, 12>().unwrap();
+    assert_eq!((k.num_warps, k.min_programs_per_sm), (2, 12));
+    let k = tuned_copy::build::<256, 8, 0>().unwrap();
+    assert_eq!((k.num_warps, k.min_programs_per_sm), (8, 0));
+    let dev = Device::cpu();
+    let xs = noise(300, 9);
+    let x = dev.upload(&xs).unwrap();
+    let y = poisoned(&dev, 300);
+    let k = load(&dev, k);
+    tuned_copy::launch::<256, 8, 0>(&dev, &k, [2, 1, 1], &x, &y, 300).unwrap();
+    assert_eq!(y.download().unwrap(), xs);
+}

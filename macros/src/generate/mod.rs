@@ -10,7 +10,7 @@ mod carried;
 mod support;
 mod types;
 
-use crate::parse::ast::{Kernel, ParamTy, Signature};
+use crate::parse::ast::{Kernel, LitOrConst, ParamTy, Signature};
 use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::ext::IdentExt;
@@ -75,15 +75,20 @@ fn module(sig: &Signature, body: Option<TokenStream>) -> TokenStream {
         quote!(let #name_var = ::std::format!(#fmt, #(#const_names),*);)
     };
 
-    let num_warps = match &sig.options.num_warps {
-        Some(n) => quote!(#n),
-        None => quote!(4),
+    let option = |o: &LitOrConst| match o {
+        LitOrConst::Lit(n) => quote!(#n),
+        LitOrConst::Const(c) => quote!((#c as u32)),
     };
-    let min_programs = sig
+    let num_warps = sig
         .options
-        .min_programs_per_sm
+        .num_warps
         .as_ref()
-        .map(|n| quote!(#b.set_min_programs_per_sm(#n);));
+        .map(option)
+        .unwrap_or_else(|| quote!(4));
+    let min_programs = sig.options.min_programs_per_sm.as_ref().map(|n| {
+        let n = option(n);
+        quote!(#b.set_min_programs_per_sm(#n);)
+    });
     let k = Ident::new("kernel", Span::mixed_site());
     let debug = sig
         .options

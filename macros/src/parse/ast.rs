@@ -25,15 +25,34 @@ pub struct Signature {
     pub returns: Option<Span>,
 }
 
-/// The attribute's arguments: `#[kernel(num_warps = 8, min_programs_per_sm = 2, debug)]`,
+/// The attribute's arguments: `#[kernel(num_warps = 8, min_programs_per_sm = 2, debug)]`
+/// (the numbers may be constant generics of the kernel),
 /// and `crate = "path"` where dusk's crates are reached through another path than `::dusk`
 /// (a module re-exporting `compiler`, `runtime` and `half`, as inside dusk itself).
 #[derive(Default)]
 pub struct Options {
-    pub num_warps: Option<LitInt>,
-    pub min_programs_per_sm: Option<LitInt>,
+    /// A literal or a constant generic of the kernel (`num_warps = WARPS`).
+    pub num_warps: Option<LitOrConst>,
+    pub min_programs_per_sm: Option<LitOrConst>,
     pub debug: bool,
     pub krate: Option<syn::Path>,
+}
+
+/// An option's value: an integer literal, or the name of one of the kernel's constant
+/// generics, so that one definition serves every launch configuration.
+pub enum LitOrConst {
+    Lit(LitInt),
+    Const(Ident),
+}
+
+impl syn::parse::Parse for LitOrConst {
+    fn parse(input: syn::parse::ParseStream) -> syn::Result<Self> {
+        if input.peek(LitInt) {
+            Ok(LitOrConst::Lit(input.parse()?))
+        } else {
+            Ok(LitOrConst::Const(input.parse()?))
+        }
+    }
 }
 
 /// `const N: usize` (any integer type) or `const FLAG: bool`.

@@ -10,7 +10,8 @@ use syn::{Error, FnArg, GenericArgument, GenericParam, Pat, PathArguments, Retur
 const PARAM_TYPES: &str = "kernel parameters are `Ptr<T>` (T one of f16, bf16, f32, i32, i64, u8) \
      or the scalars i32, i64, f32, u8, bool";
 
-/// `num_warps = N`, `min_programs_per_sm = N`, `debug`, `crate = "path"`.
+/// `num_warps = N`, `min_programs_per_sm = N` (literals or constant generics), `debug`,
+/// `crate = "path"`.
 pub fn options(attr: TokenStream) -> syn::Result<Options> {
     let mut o = Options::default();
     let parser = syn::meta::parser(|meta| {
