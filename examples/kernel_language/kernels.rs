@@ -3,6 +3,7 @@
 //! example (GPU or interpreter) and by `tests/guide.rs` (interpreter, in CI).
 
 use dusk::kernel;
+use dusk::kernels::reference::rel_error;
 use dusk::runtime::Device;
 use dusk::Dusk;
 
@@ -52,20 +53,6 @@ pub fn gemv<const ROWS: usize, const COLS: usize>(
         acc = acc + sum(tile * expand(xv, 0, ROWS), 1);
     }
     store(y + r, acc, row_ok);
-}
-
-/// `‖got - want‖ / ‖want‖`.
-pub fn rel_error(got: &[f32], want: &[f64]) -> f64 {
-    let num: f64 = got
-        .iter()
-        .zip(want)
-        .map(|(g, w)| (*g as f64 - w).powi(2))
-        .sum();
-    let den: f64 = want.iter().map(|w| w * w).sum();
-    if got.iter().any(|g| !g.is_finite()) {
-        return f64::INFINITY;
-    }
-    (num / den).sqrt()
 }
 
 /// A deterministic pseudo-random sequence in [-1, 1) (no dependency needed).
