@@ -14,6 +14,9 @@ pub use dusk_kernels::ops::Dusk;
 /// `#[kernel]`: a Rust function in the kernel language to a kernel builder and a typed
 /// launch helper; see `docs/kernel-language.md`.
 pub use dusk_macros::kernel;
+/// `#[policy]`: a pruning rule (a monotone predicate over the kept set) that the fused
+/// threshold search runs; see `dusk::kernels::policies` for the stock ones.
+pub use dusk_macros::policy;
 /// The `f16` and `bf16` element types of buffers (used by the signatures `#[kernel]` generates).
 pub use half;
 

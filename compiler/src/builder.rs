@@ -462,6 +462,17 @@ impl KernelBuilder {
 
     // ---- control flow ----
 
+    /// Inclusive prefix sum of a 1-D i32 or f32 block; see [`OpKind::Scan`].
+    #[track_caller]
+    pub fn cumsum(&mut self, v: Value) -> Value {
+        let t = self.ty(v).clone();
+        self.push(
+            OpKind::Scan { value: v.0 },
+            caller_loc(Location::caller()),
+            &[t],
+        )[0]
+    }
+
     /// `for i in (lo..hi).step_by(step)`, carrying `init` through `body`, which returns the
     /// next carried values. Returns the final carried values.
     #[track_caller]

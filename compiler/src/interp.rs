@@ -842,6 +842,15 @@ impl<'k> Interp<'k, '_, '_> {
                         self.set(*r, d);
                     }
                 }
+                OpKind::MultiReduce { ops, values } => {
+                    for ((r, rop), v) in op.results.iter().zip(ops).zip(values) {
+                        let t = self.k.ty(*v);
+                        let d = t.elem.dtype().expect("verified: numbers");
+                        let x = reduce(*rop, d, get(&self.env, *v), &t.shape, 0)
+                            .map_err(|m| self.fault(op, m))?;
+                        self.set(*r, x);
+                    }
+                }
                 _ => {
                     if let Some(d) = self.simple(op).map_err(|m| self.fault(op, m))? {
                         self.set(op.results[0], d);
@@ -967,6 +976,26 @@ impl<'k> Interp<'k, '_, '_> {
             Reduce { op, value, axis } => {
                 reduce(*op, elem_ty(value), g(value), &k.ty(*value).shape, *axis)?
             }
+            Scan { value } => match g(value) {
+                Data::I32(v) => Data::I32(
+                    v.iter()
+                        .scan(0i32, |a, &x| {
+                            *a = a.wrapping_add(x);
+                            Some(*a)
+                        })
+                        .collect(),
+                ),
+                Data::F(v) => Data::F(
+                    v.iter()
+                        .scan(0f32, |a, &x| {
+                            *a += x;
+                            Some(*a)
+                        })
+                        .collect(),
+                ),
+                _ => return Err("cumsum takes i32 or f32".into()),
+            },
+            MultiReduce { .. } => unreachable!("handled by `region`: several results"),
             For { .. } | If { .. } | Yield { .. } => unreachable!("handled by `region`"),
         }))
     }

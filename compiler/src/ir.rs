@@ -304,6 +304,18 @@ pub enum OpKind {
         value: ValueId,
         axis: u8,
     },
+    /// Several 1-D-to-scalar reductions computed together, one result each. The
+    /// `fuse_reductions` pass makes it from independent reductions over blocks of one shape
+    /// (Algorithm 1's where/max/sum), so they share one exchange through shared memory.
+    MultiReduce {
+        ops: Vec<ReduceOp>,
+        values: Vec<ValueId>,
+    },
+    /// Inclusive prefix sum of a 1-D i32 or f32 block: `out[i] = x[0] + ... + x[i]`. Ordered
+    /// stream compaction uses it: a kept element's rank among the kept ones.
+    Scan {
+        value: ValueId,
+    },
     /// `for i in (lo..hi).step_by(step)` with carried values. `body.args` are `[i, carried..]`;
     /// the body ends with `Yield` of the next carried values; the results are their final
     /// values.
@@ -332,7 +344,8 @@ impl OpKind {
         match self {
             ProgramId { .. } | NumPrograms { .. } | Constant { .. } | Arange { .. } => vec![],
             Splat { value, .. } | Expand { value, .. } | Unary { value, .. } => vec![*value],
-            Cast { value, .. } | Reduce { value, .. } => vec![*value],
+            Cast { value, .. } | Reduce { value, .. } | Scan { value } => vec![*value],
+            MultiReduce { values, .. } => values.clone(),
             PtrCast { ptr, .. } => vec![*ptr],
             DotInt4 { codes, q } => vec![*codes, *q],
             Dp2a {
@@ -441,6 +454,8 @@ impl OpKind {
                 ReduceOp::Max => "max_reduce",
                 ReduceOp::Min => "min_reduce",
             },
+            MultiReduce { .. } => "multi_reduce",
+            Scan { .. } => "cumsum",
             For { .. } => "for",
             If { .. } => "if",
             Yield { .. } => "yield",

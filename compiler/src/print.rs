@@ -48,6 +48,17 @@ fn attrs(kind: &OpKind) -> String {
         Splat { shape, .. } => format!(" shape={shape:?}"),
         Expand { axis, size, .. } => format!(" axis={axis} size={size}"),
         Reduce { axis, .. } => format!(" axis={axis}"),
+        MultiReduce { ops, .. } => {
+            let names: Vec<&str> = ops
+                .iter()
+                .map(|o| match o {
+                    ReduceOp::Sum => "sum",
+                    ReduceOp::Max => "max",
+                    ReduceOp::Min => "min",
+                })
+                .collect();
+            format!(" [{}]", names.join(", "))
+        }
         Cast { to, .. } | PtrCast { to, .. } => format!(" to {}", to.name()),
         Load { mask, other, .. } => {
             let mut a = String::new();

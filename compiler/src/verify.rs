@@ -255,6 +255,35 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
                 _ => Err(format!("cannot reduce {t} along axis {axis}")),
             }
         }
+        MultiReduce { ops, values } => {
+            if ops.len() != values.len() || values.len() < 2 {
+                return Err(format!(
+                    "{} reductions of {} values: one each, at least two",
+                    ops.len(),
+                    values.len()
+                ));
+            }
+            let first = ty(values[0]);
+            let mut out = vec![];
+            for v in values {
+                let t = ty(*v);
+                same_shape(&first, &t, "fused reductions")?;
+                let d = num(&t, "operand")?;
+                if d == DType::Bool || t.shape.len() != 1 {
+                    return Err(format!("fused reductions take 1-D numbers, found {t}"));
+                }
+                out.push(Type::scalar(d));
+            }
+            Ok(out)
+        }
+        Scan { value } => {
+            let t = ty(*value);
+            let d = num(&t, "operand")?;
+            if t.shape.len() != 1 || !matches!(d, DType::I32 | DType::F32) {
+                return Err(format!("cumsum takes a 1-D i32 or f32 block, found {t}"));
+            }
+            one(t)
+        }
         For {
             lo,
             hi,

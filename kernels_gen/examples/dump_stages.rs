@@ -30,6 +30,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         for (ext, text) in [
             ("ir", &s.ir),
+            ("fused.ir", &s.fused_ir),
             ("layouts", &s.layouts),
             ("ll", &s.llvm_unoptimized),
             ("opt.ll", &s.llvm_optimized),

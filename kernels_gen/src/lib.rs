@@ -2,6 +2,8 @@
 //!
 //! - [`quantize`]: f16 K to 4- or 8-bit codes with per-row scale and zero.
 //! - [`spgemv`]: scores of query heads against candidate tokens, reading quantized K.
+//! - [`threshold`]: the fused threshold search (top-p and other [`policies`]) and
+//!   [`prune`], its validated plan: scores in, compacted CSR token lists out.
 //! - [`ops`]: validated, compiled-once entry points for both ([`ops::Dusk`]).
 //! - [`paged`]: the paged KV cache and token-list descriptions the entry points check.
 //! - [`reference`]: plain host versions, the oracles of tests and GPU checks.
@@ -9,9 +11,12 @@
 pub mod error;
 pub mod ops;
 pub mod paged;
+pub mod policies;
+pub mod prune;
 pub mod quantize;
 pub mod reference;
 pub mod spgemv;
+pub mod threshold;
 
 pub use error::{DuskError, Result};
 
@@ -19,6 +24,7 @@ pub use error::{DuskError, Result};
 /// facade `dusk` depends on this crate, so kernels here cannot name it).
 #[doc(hidden)]
 pub mod dusk_paths {
+    pub use crate as kernels;
     pub use dusk_compiler as compiler;
     pub use dusk_runtime as runtime;
     pub use half;

@@ -111,3 +111,94 @@ pub fn rel_error(a: &[f32], b: &[f64]) -> f64 {
     }
     (num / den.max(f64::MIN_POSITIVE)).sqrt()
 }
+
+/// `softmax(scores * scale)` in f64.
+pub fn softmax(scores: &[f32], scale: f64) -> Vec<f64> {
+    let m = scores
+        .iter()
+        .map(|s| *s as f64 * scale)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = scores
+        .iter()
+        .map(|s| (*s as f64 * scale - m).exp())
+        .collect();
+    let z: f64 = e.iter().sum();
+    e.into_iter().map(|x| x / z).collect()
+}
+
+/// The sort-based oracle of a threshold policy: weights sorted descending and grouped into
+/// levels of equal weight; the first level at which `holds(mass, count)` of everything up
+/// to it is true is the cut, and every weight at or above it is kept (ties together).
+/// Everything is kept when no level satisfies it.
+pub fn threshold_oracle(w: &[f64], holds: impl Fn(f64, usize) -> bool) -> Vec<bool> {
+    let mut order: Vec<usize> = (0..w.len()).collect();
+    order.sort_by(|a, b| w[*b].total_cmp(&w[*a]));
+    let mut kept = vec![true; w.len()];
+    let (mut mass, mut i) = (0.0, 0);
+    while i < order.len() {
+        let level = w[order[i]];
+        let mut j = i;
+        while j < order.len() && w[order[j]] == level {
+            mass += w[order[j]];
+            j += 1;
+        }
+        if holds(mass, j) {
+            for &o in &order[j..] {
+                kept[o] = false;
+            }
+            break;
+        }
+        i = j;
+    }
+    kept
+}
+
+/// Checks a kept set against the oracle's. They may differ only by elements whose weight
+/// is within float rounding (relative 4e-6) of the oracle's cut (f32 weights tie where f64
+/// ones do not), or, where `near_cut(mass before the cut level, mass with it)` says the cut
+/// lies within rounding of the target, by the one weight level next to the cut.
+pub fn check_kept(
+    w: &[f64],
+    kept: &[bool],
+    oracle: &[bool],
+    near_cut: impl Fn(f64, f64) -> bool,
+) -> Result<(), String> {
+    if kept == oracle {
+        return Ok(());
+    }
+    let cut = (0..w.len())
+        .filter(|i| oracle[*i])
+        .map(|i| w[i])
+        .fold(f64::INFINITY, f64::min);
+    let diff: Vec<usize> = (0..w.len()).filter(|i| kept[*i] != oracle[*i]).collect();
+    if diff.iter().all(|i| (w[*i] - cut).abs() <= 4e-6 * cut) {
+        return Ok(());
+    }
+    let mass_with: f64 = (0..w.len()).filter(|i| oracle[*i]).map(|i| w[i]).sum();
+    let mass_before: f64 = (0..w.len())
+        .filter(|i| oracle[*i] && w[*i] > cut)
+        .map(|i| w[i])
+        .sum();
+    let one_level = diff.iter().all(|i| w[*i] == w[diff[0]]);
+    let adjacent = diff.iter().all(|i| kept[*i] != oracle[*i] && !kept[*i]) && w[diff[0]] == cut
+        || diff.iter().all(|i| kept[*i])
+            && (0..w.len())
+                .filter(|i| !oracle[*i] && w[*i] > w[diff[0]])
+                .count()
+                == 0;
+    if one_level && adjacent && near_cut(mass_before, mass_with) {
+        return Ok(());
+    }
+    Err(format!(
+        "kept {} of {}, oracle {}; {} differ (first: weight {:e}, kept {}); oracle cut {:e}, mass before/with the cut {:.9}/{:.9}",
+        kept.iter().filter(|k| **k).count(),
+        w.len(),
+        oracle.iter().filter(|k| **k).count(),
+        diff.len(),
+        w[diff[0]],
+        kept[diff[0]],
+        cut,
+        mass_before,
+        mass_with
+    ))
+}

@@ -10,9 +10,11 @@
 //! turns that into builder calls.
 
 use proc_macro::TokenStream;
+use proc_macro2::TokenStream as TokenStream2;
 
 mod generate;
 mod parse;
+mod policy;
 
 /// Turns a function in the kernel language into a module with `build`, `launch` and
 /// `inline`. Options: `num_warps = N` (default 4), `min_programs_per_sm = N`, `debug`
@@ -23,7 +25,7 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     let out = match (parsed.sig, parsed.body) {
         (Ok(sig), Ok(body)) => {
             let k = parse::ast::Kernel { sig, body };
-            match generate::kernel(&k) {
+            match generate::kernel(&k, TokenStream2::new()) {
                 Ok(ts) => ts,
                 Err(e) => {
                     let mut ts = e.to_compile_error();
@@ -45,4 +47,24 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
     out.into()
+}
+
+/// A pruning policy: a monotone predicate over the set of candidates kept at a threshold,
+/// written in the kernel language, that the fused threshold search runs (see
+/// `dusk::kernels::threshold`). Parameters named `mass` (f32, the kept weights' sum),
+/// `count` (i32), `threshold` (f32, the smallest kept weight), `below` (f32, the largest
+/// weight left out, negative when none is), `max_weight` (f32) and `candidates` (i32) are
+/// the kept set's statistics; every other parameter (f32 or i32) is the policy's own, a value
+/// per row, checked on the host by its `#[check(expr)]` attribute. Expands to a module with
+/// the predicate's `inline` and `POLICY`, the descriptor the search is built from.
+///
+/// ```ignore
+/// #[dusk::policy]
+/// pub fn top_p(mass: f32, #[check(p > 0.0 && p <= 1.0)] p: f32) -> bool {
+///     mass >= p
+/// }
+/// ```
+#[proc_macro_attribute]
+pub fn policy(attr: TokenStream, item: TokenStream) -> TokenStream {
+    policy::expand(attr.into(), item.into()).into()
 }

@@ -200,6 +200,13 @@ fn shared_bytes(k: &Kernel, layouts: &Layouts) -> usize {
                     _ => k.num_warps as usize * wide,
                 }
             }
+            OpKind::MultiReduce { values, .. } => values.len() * k.num_warps as usize * 8,
+            OpKind::Scan { value } => match layouts.get(*value) {
+                Layout::Blocked(b) => {
+                    (b.per_thread(0) / b.size_per_thread[0]) * b.warps_per_cta[0] * 4
+                }
+                _ => 0,
+            },
             OpKind::Expand { value, axis, .. } => {
                 let t = k.ty(*value);
                 let needs_convert = match layouts.get(op.results[0]) {
@@ -575,6 +582,14 @@ impl<'c, 'k> Lower<'c, 'k> {
                 value,
                 axis,
             } => self.reduce(*rop, *value, *axis as usize, res.expect("result"))?,
+            MultiReduce { ops, values } => {
+                let outs = self.multi_reduce(ops, values)?;
+                for (r, v) in op.results.iter().zip(outs) {
+                    self.vals.insert(*r, v);
+                }
+                return Ok(());
+            }
+            Scan { value } => self.scan(*value)?,
             For {
                 lo,
                 hi,
@@ -1517,44 +1532,13 @@ impl<'c, 'k> Lower<'c, 'k> {
             .map(|x| self.widen_for_reduce(x, d))
             .collect::<R<_>>()?;
         let id = self.identity(op, d);
-        if let (1, Layout::Slice { parent, dim }) = (t.shape.len(), &l) {
-            let kept = 1 - dim;
-            if parent.warps_per_cta[kept] == 1 {
-                // Every warp holds the whole vector: fold within the warp only, no shared memory.
-                let mut acc = id;
-                for x in xs {
-                    acc = self.combine(op, d, acc, x)?;
-                }
-                if let Some(c) = self.not_replica(parent, kept)? {
-                    acc = self
-                        .b
-                        .build_select(c, acc, id, "")
-                        .map_err(|x| self.err(x))?;
-                }
-                acc = self.butterfly(op, d, acc, parent, kept)?;
-                return Ok(Cv::S(self.narrow_reduced(acc, d)?));
-            }
-        }
         if t.shape.len() == 1 {
-            // Everything to one scalar: fold owned elements, then all lanes, then all warps.
-            let owner = self.owner(&l)?;
-            let mut acc = id;
-            for x in xs {
-                acc = self.combine(op, d, acc, x)?;
-            }
-            if let Some(o) = owner {
-                acc = self
-                    .b
-                    .build_select(o, acc, id, "")
-                    .map_err(|x| self.err(x))?;
-            }
-            for m in [16, 8, 4, 2, 1] {
-                let other = self.shuffle_xor(acc, m)?;
-                acc = self.combine(op, d, acc, other)?;
-            }
-            if self.k.num_warps > 1 {
-                acc = self.across_warps(op, d, acc)?;
-            }
+            let (acc, across) = self.warp_partial(op, v)?;
+            let acc = if across {
+                self.across_warps(&[(op, d, acc)])?[0]
+            } else {
+                acc
+            };
             return Ok(Cv::S(self.narrow_reduced(acc, d)?));
         }
         let Layout::Blocked(bl) = l else {
@@ -1661,32 +1645,230 @@ impl<'c, 'k> Lower<'c, 'k> {
         Ok(acc)
     }
 
-    /// Combines one value per warp through shared memory; every thread gets the result.
+    /// A 1-D block reduced within each warp: the thread's elements, then the lanes. Returns
+    /// the partial and whether the warps still have to be combined (they need not when
+    /// every warp holds the whole vector).
+    fn warp_partial(&self, op: ReduceOp, v: ValueId) -> R<(BasicValueEnum<'c>, bool)> {
+        let d = self.ty_of(v).elem.dtype().expect("number");
+        let l = self.layouts.get(v).clone();
+        let id = self.identity(op, d);
+        let mut acc = id;
+        for x in self.elems(v) {
+            let x = self.widen_for_reduce(x, d)?;
+            acc = self.combine(op, d, acc, x)?;
+        }
+        if let Layout::Slice { parent, dim } = &l {
+            let kept = 1 - dim;
+            if parent.warps_per_cta[kept] == 1 {
+                if let Some(c) = self.not_replica(parent, kept)? {
+                    acc = self
+                        .b
+                        .build_select(c, acc, id, "")
+                        .map_err(|x| self.err(x))?;
+                }
+                return Ok((self.butterfly(op, d, acc, parent, kept)?, false));
+            }
+        }
+        if let Some(o) = self.owner(&l)? {
+            acc = self
+                .b
+                .build_select(o, acc, id, "")
+                .map_err(|x| self.err(x))?;
+        }
+        for m in [16, 8, 4, 2, 1] {
+            let other = self.shuffle_xor(acc, m)?;
+            acc = self.combine(op, d, acc, other)?;
+        }
+        Ok((acc, self.k.num_warps > 1))
+    }
+
+    /// Several reductions of 1-D blocks at once (`MultiReduce`): each folded within the
+    /// warps, then all of them combined across warps through one shared-memory exchange.
+    fn multi_reduce(&mut self, ops: &[ReduceOp], values: &[ValueId]) -> R<Vec<Cv<'c>>> {
+        let mut parts = vec![];
+        let mut pending = vec![];
+        for (i, (&op, &v)) in ops.iter().zip(values).enumerate() {
+            let d = self.ty_of(v).elem.dtype().expect("number");
+            let (acc, across) = self.warp_partial(op, v)?;
+            if across {
+                pending.push((i, (op, d, acc)));
+            }
+            parts.push((d, acc));
+        }
+        if !pending.is_empty() {
+            let ins: Vec<_> = pending.iter().map(|(_, x)| *x).collect();
+            let outs = self.across_warps(&ins)?;
+            for ((i, _), o) in pending.iter().zip(outs) {
+                parts[*i].1 = o;
+            }
+        }
+        parts
+            .into_iter()
+            .map(|(d, a)| Ok(Cv::S(self.narrow_reduced(a, d)?)))
+            .collect()
+    }
+
+    /// Combines one value per warp for each of `vals` through shared memory, with one
+    /// barrier pair for all of them; every thread gets the results. Value `i` of warp `w`
+    /// sits at byte `8 * (i * num_warps + w)`.
     fn across_warps(
         &self,
-        op: ReduceOp,
-        d: DType,
-        acc: BasicValueEnum<'c>,
-    ) -> R<BasicValueEnum<'c>> {
-        let rt = acc.get_type();
+        vals: &[(ReduceOp, DType, BasicValueEnum<'c>)],
+    ) -> R<Vec<BasicValueEnum<'c>>> {
+        let nw = self.k.num_warps as i64;
         let lead = self
             .b
             .build_int_compare(IntPredicate::EQ, self.lane, self.i32c(0), "")
             .map_err(|x| self.err(x))?;
-        let p = self.smem_ptr(rt, self.warp)?;
-        self.guarded(Some(lead), |s| {
-            s.b.build_store(p, acc).map_err(|x| s.err(x))?;
-            Ok(())
-        })?;
-        self.barrier()?;
-        let mut out = self.identity(op, d);
-        for w in 0..self.k.num_warps {
-            let p = self.smem_ptr(rt, self.i32c(w as i64))?;
-            let x = self.b.build_load(rt, p, "").map_err(|x| self.err(x))?;
-            out = self.combine(op, d, out, x)?;
+        let slot = |i: usize, w: IntValue<'c>, rt: BasicTypeEnum<'c>| -> R<PointerValue<'c>> {
+            // Indices in units of the value's own width, regions 8 bytes a slot apart.
+            let bytes = match rt {
+                BasicTypeEnum::IntType(t) => t.get_bit_width() as i64 / 8,
+                _ => 4,
+            };
+            let per = 8 / bytes;
+            let base = self.i32c(i as i64 * nw * per);
+            let wi = self
+                .b
+                .build_int_mul(w, self.i32c(per), "")
+                .map_err(|x| self.err(x))?;
+            let idx = self
+                .b
+                .build_int_add(base, wi, "")
+                .map_err(|x| self.err(x))?;
+            self.smem_ptr(rt, idx)
+        };
+        for (i, (_, _, acc)) in vals.iter().enumerate() {
+            let p = slot(i, self.warp, acc.get_type())?;
+            self.guarded(Some(lead), |s| {
+                s.b.build_store(p, *acc).map_err(|x| s.err(x))?;
+                Ok(())
+            })?;
         }
         self.barrier()?;
-        Ok(out)
+        let mut outs = vec![];
+        for (i, (op, d, acc)) in vals.iter().enumerate() {
+            let rt = acc.get_type();
+            let mut out = self.identity(*op, *d);
+            for w in 0..nw {
+                let p = slot(i, self.i32c(w), rt)?;
+                let x = self.b.build_load(rt, p, "").map_err(|x| self.err(x))?;
+                out = self.combine(*op, *d, out, x)?;
+            }
+            outs.push(out);
+        }
+        self.barrier()?;
+        Ok(outs)
+    }
+
+    /// Inclusive prefix sum of a 1-D blocked block. Each repetition of the layout's tile is
+    /// scanned in turn: the thread's own run of elements, the lanes by shuffles up, then the
+    /// warps' totals through shared memory (one barrier pair for all repetitions); earlier
+    /// repetitions' totals carry into later ones.
+    fn scan(&mut self, v: ValueId) -> R<Cv<'c>> {
+        let d = self.ty_of(v).elem.dtype().expect("number");
+        let Layout::Blocked(bl) = self.layouts.get(v).clone() else {
+            return Err(
+                self.err("cumsum needs its block in a blocked layout (not a reduction's slice)")
+            );
+        };
+        if bl.tile(0) > bl.shape[0] {
+            return Err(self.err(format!(
+                "cumsum of a {}-element block needs at least {} elements ({} per thread x 32 lanes x {} warps)",
+                bl.shape[0],
+                bl.tile(0),
+                bl.size_per_thread[0],
+                bl.warps_per_cta[0]
+            )));
+        }
+        let add = |a: BasicValueEnum<'c>, b: BasicValueEnum<'c>| self.binary(BinOp::Add, d, a, b);
+        let rt = llvm_type(self.ctx, d);
+        let zero = rt.const_zero();
+        let spt = bl.size_per_thread[0];
+        let reps = bl.per_thread(0) / spt;
+        let nw = bl.warps_per_cta[0] as i64;
+        let xs = self.elems(v);
+        let mut local = Vec::with_capacity(xs.len());
+        let mut totals = vec![];
+        for r in 0..reps {
+            let mut acc = zero;
+            for i in 0..spt {
+                acc = add(acc, xs[r * spt + i])?;
+                local.push(acc);
+            }
+            totals.push(acc);
+        }
+        let mut incl = totals.clone();
+        for delta in [1i64, 2, 4, 8, 16] {
+            let has = self
+                .b
+                .build_int_compare(IntPredicate::SGE, self.lane, self.i32c(delta), "")
+                .map_err(|x| self.err(x))?;
+            for x in incl.iter_mut() {
+                let y = self.shuffle_up(*x, delta as u32)?;
+                let sum = add(*x, y)?;
+                *x = self
+                    .b
+                    .build_select(has, sum, *x, "")
+                    .map_err(|e| self.err(e))?;
+            }
+        }
+        let last = self
+            .b
+            .build_int_compare(IntPredicate::EQ, self.lane, self.i32c(31), "")
+            .map_err(|x| self.err(x))?;
+        for (r, x) in incl.iter().enumerate() {
+            let idx = self
+                .b
+                .build_int_add(self.warp, self.i32c(r as i64 * nw), "")
+                .map_err(|e| self.err(e))?;
+            let p = self.smem_ptr(rt, idx)?;
+            self.guarded(Some(last), |s| {
+                s.b.build_store(p, *x).map_err(|e| s.err(e))?;
+                Ok(())
+            })?;
+        }
+        self.barrier()?;
+        let mut carry = zero;
+        let mut out = Vec::with_capacity(xs.len());
+        for r in 0..reps {
+            let mut before = zero;
+            let mut all = zero;
+            for w in 0..nw {
+                let p = self.smem_ptr(rt, self.i32c(r as i64 * nw + w))?;
+                let t = self.b.build_load(rt, p, "").map_err(|e| self.err(e))?;
+                let earlier = self
+                    .b
+                    .build_int_compare(IntPredicate::SLT, self.i32c(w), self.warp, "")
+                    .map_err(|e| self.err(e))?;
+                let part = self
+                    .b
+                    .build_select(earlier, t, zero, "")
+                    .map_err(|e| self.err(e))?;
+                before = add(before, part)?;
+                all = add(all, t)?;
+            }
+            // Everything before this thread's run: earlier repetitions, warps and lanes.
+            let lanes_before = self.binary(BinOp::Sub, d, incl[r], totals[r])?;
+            let offset = add(add(carry, before)?, lanes_before)?;
+            for i in 0..spt {
+                out.push(add(offset, local[r * spt + i])?);
+            }
+            carry = add(carry, all)?;
+        }
+        self.barrier()?;
+        Ok(Cv::B(out))
+    }
+
+    fn shuffle_up(&self, x: BasicValueEnum<'c>, delta: u32) -> R<BasicValueEnum<'c>> {
+        let full = self.i32c(-1).into();
+        let dl = self.i32c(delta as i64).into();
+        let clamp = self.i32c(0).into();
+        let (name, t): (&str, BasicTypeEnum<'c>) = match x.get_type() {
+            BasicTypeEnum::FloatType(f) => ("llvm.nvvm.shfl.sync.up.f32", f.into()),
+            other => ("llvm.nvvm.shfl.sync.up.i32", other),
+        };
+        self.call(name, t, &[full, x, dl, clamp])
     }
 
     // ---- control flow ----

@@ -1,6 +1,6 @@
 //! NVPTX code generation through LLVM 19 (inkwell): tile IR to PTX text.
 //!
-//! The stages, in order: verify, analyze axes (for vector widths), assign layouts, lower
+//! The stages, in order: verify, fuse reductions, analyze axes (for vector widths), assign layouts, lower
 //! each op to per-thread LLVM IR ([`lower`]), optimize with LLVM's O3 pipeline, and emit
 //! PTX for the target. [`compile_stages`] returns each stage's text for inspection.
 
@@ -10,7 +10,7 @@ mod lower;
 pub use cache::{compile_cached, Source};
 
 use crate::ir::Kernel;
-use crate::passes::{axis, layout};
+use crate::passes::{axis, fuse, layout};
 use crate::print::print_kernel;
 use crate::verify::verify;
 use crate::CompileError;
@@ -135,6 +135,8 @@ pub fn ptx_isa_for_driver(driver: (u32, u32)) -> (u32, u32) {
 #[derive(Clone, Debug)]
 pub struct Stages {
     pub ir: String,
+    /// The IR after `fuse_reductions`.
+    pub fused_ir: String,
     pub layouts: String,
     pub llvm_unoptimized: String,
     pub llvm_optimized: String,
@@ -153,6 +155,10 @@ pub fn compile_stages(kernel: &Kernel, target: &Target) -> Result<Stages, Compil
         msg,
     };
     verify(kernel)?;
+    let original = kernel;
+    let fused = fuse::fuse_reductions(kernel);
+    verify(&fused)?;
+    let kernel = &fused;
     let axes = axis::analyze(kernel);
     let layouts = layout::assign(kernel);
     let mut layout_text: Vec<String> = layouts
@@ -200,7 +206,8 @@ pub fn compile_stages(kernel: &Kernel, target: &Target) -> Result<Stages, Compil
         .trim_end_matches('\0')
         .to_string();
     Ok(Stages {
-        ir: print_kernel(kernel),
+        ir: print_kernel(original),
+        fused_ir: print_kernel(kernel),
         layouts: layout_text.join("\n"),
         llvm_unoptimized,
         llvm_optimized,

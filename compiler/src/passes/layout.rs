@@ -212,9 +212,10 @@ pub fn assign(k: &Kernel) -> Layouts {
                 uf.union(lhs.0 as usize, rhs.0 as usize);
                 uf.union(lhs.0 as usize, res.expect("result").0 as usize);
             }
-            Unary { value, .. } | Cast { value, .. } | PtrCast { ptr: value, .. } => {
-                uf.union(value.0 as usize, res.expect("result").0 as usize)
-            }
+            Unary { value, .. }
+            | Cast { value, .. }
+            | PtrCast { ptr: value, .. }
+            | Scan { value } => uf.union(value.0 as usize, res.expect("result").0 as usize),
             Dp2a {
                 pairs, bytes, acc, ..
             } => {

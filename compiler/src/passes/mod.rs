@@ -1,4 +1,5 @@
 //! Analyses and transformations over the tile IR, run in order before code generation.
 
 pub mod axis;
+pub mod fuse;
 pub mod layout;

@@ -16,8 +16,8 @@ use quote::{format_ident, quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::{Ident, LitStr};
 
-/// The module for a kernel.
-pub fn kernel(k: &Kernel) -> syn::Result<TokenStream> {
+/// The module for a kernel, with `extra` items added inside it (a policy's descriptor).
+pub fn kernel(k: &Kernel, extra: TokenStream) -> syn::Result<TokenStream> {
     let b = builder_ident();
     let mut lower = body::Lower::new(b);
     for c in &k.sig.consts {
@@ -27,20 +27,20 @@ pub fn kernel(k: &Kernel) -> syn::Result<TokenStream> {
         lower.declare_param(p);
     }
     let body = lower.fn_body(&k.body, k.sig.returns)?;
-    Ok(module(&k.sig, Some(body)))
+    Ok(module(&k.sig, Some(body), extra))
 }
 
 /// The module for a kernel whose body has errors: the same items, with bodies that are
 /// never run (the errors stop the build), so uses of the kernel do not report more errors.
 pub fn stub(sig: &Signature) -> TokenStream {
-    module(sig, None)
+    module(sig, None, TokenStream::new())
 }
 
 fn builder_ident() -> Ident {
     Ident::new("__b", Span::mixed_site())
 }
 
-fn module(sig: &Signature, body: Option<TokenStream>) -> TokenStream {
+fn module(sig: &Signature, body: Option<TokenStream>, extra: TokenStream) -> TokenStream {
     let b = builder_ident();
     let attrs = &sig.attrs;
     let vis = &sig.vis;
@@ -219,6 +219,8 @@ fn module(sig: &Signature, body: Option<TokenStream>) -> TokenStream {
             }
 
             #support
+
+            #extra
         }
     }
 }

@@ -1,0 +1,324 @@
+//! The pruner's host side: a plan that validates a candidate selection and a policy's
+//! parameters once, compiles the fused threshold search, and sizes every buffer; its `run`
+//! launches the search and the packing kernel with no allocation and no host sync, so it
+//! can sit in a captured decode step. Scores in (as `spgemv_quant` writes them), compacted
+//! CSR token lists out.
+
+use crate::error::{ensure, invalid, Result};
+use crate::ops::Dusk;
+use crate::paged::TokenLists;
+use crate::threshold::{self, Policy, SearchConfig, MAX_BLOCK};
+use dusk_compiler::DType;
+use dusk_runtime::{Arg, Buffer, LoadedKernel};
+use std::sync::Arc;
+
+/// A policy parameter's values: one for every row, or one per query row (head).
+#[derive(Clone, Debug, PartialEq)]
+pub enum ParamValues {
+    Uniform(f64),
+    PerRow(Vec<f64>),
+}
+
+/// A parameter's values on the device, typed as the policy declares.
+enum ParamBuffer {
+    F32(Buffer<f32>),
+    I32(Buffer<i32>),
+}
+
+/// A validated, compiled threshold search over a fixed candidate selection.
+pub struct PrunePlan {
+    policy: Policy,
+    cfg: SearchConfig,
+    rows: usize,
+    nnz: usize,
+    scale_log2e: f32,
+    search: Arc<LoadedKernel>,
+    pack: Arc<LoadedKernel>,
+    cand_indptr: Buffer<i32>,
+    cand_indices: Buffer<i32>,
+    params: Vec<ParamBuffer>,
+    staged: Buffer<i32>,
+    budget: Buffer<i32>,
+    kept_mass: Buffer<f32>,
+    flags: Buffer<i32>,
+    sel_indptr: Buffer<i32>,
+    sel_indices: Buffer<i32>,
+}
+
+impl PrunePlan {
+    /// Plans `policy` over `cand` (one candidate row per (batch, KV head), positions
+    /// ascending), for `group` query heads per row, softmax scale `scale` (usually
+    /// `1/sqrt(head_dim)`), and the policy's parameters in its declared order.
+    pub fn new(
+        dusk: &Dusk,
+        policy: &Policy,
+        cand: &TokenLists,
+        group: usize,
+        scale: f32,
+        params: &[ParamValues],
+    ) -> Result<PrunePlan> {
+        ensure(
+            (1..=64).contains(&group),
+            "group",
+            "1 to 64 query heads per candidate row",
+            group,
+        )?;
+        ensure(
+            scale.is_finite() && scale > 0.0,
+            "scale",
+            "a finite positive softmax scale",
+            scale,
+        )?;
+        check_lists(cand)?;
+        let nnz = cand.indices.len();
+        let longest = cand.max_row_len();
+        ensure(
+            longest <= MAX_BLOCK,
+            "cand",
+            format!("rows of at most {MAX_BLOCK} candidates"),
+            format!("a row of {longest}"),
+        )?;
+        ensure(
+            nnz * group < i32::MAX as usize,
+            "cand",
+            "fewer than 2^31 scores (candidates x group)",
+            nnz * group,
+        )?;
+        let cfg = SearchConfig::for_rows(longest, group);
+        Self::with_config(dusk, policy, cand, cfg, scale, params)
+    }
+
+    /// As [`PrunePlan::new`] with a chosen kernel configuration (for tuning).
+    pub fn with_config(
+        dusk: &Dusk,
+        policy: &Policy,
+        cand: &TokenLists,
+        cfg: SearchConfig,
+        scale: f32,
+        params: &[ParamValues],
+    ) -> Result<PrunePlan> {
+        check_lists(cand)?;
+        let longest = cand.max_row_len();
+        ensure(
+            cfg.block.is_power_of_two()
+                && (threshold::MIN_BLOCK..=MAX_BLOCK).contains(&cfg.block)
+                && cfg.block >= longest,
+            "cfg.block",
+            format!(
+                "a power of two in {}..={MAX_BLOCK}, at least the longest row ({longest})",
+                threshold::MIN_BLOCK
+            ),
+            cfg.block,
+        )?;
+        ensure(
+            [1, 2, 4, 8, 16, 32].contains(&cfg.num_warps)
+                && cfg.block >= 32 * 4 * cfg.num_warps as usize,
+            "cfg.num_warps",
+            "1 to 32 (a power of two) with block >= 128 x num_warps",
+            cfg.num_warps,
+        )?;
+        let rows = cand.rows();
+        let device = dusk.device();
+        let search = dusk.load(threshold::build_search(policy, &cfg)?)?;
+        let pack = dusk.load(threshold::build_pack(4)?)?;
+        let nnz = cand.indices.len();
+        let mut plan = PrunePlan {
+            policy: *policy,
+            cfg,
+            rows,
+            nnz,
+            scale_log2e: scale * std::f32::consts::LOG2_E,
+            search,
+            pack,
+            cand_indptr: device.upload(&cand.indptr)?,
+            cand_indices: device.upload(&padded(&cand.indices))?,
+            params: vec![],
+            staged: device.alloc(nnz.max(1))?,
+            budget: device.alloc(rows.max(1))?,
+            kept_mass: device.alloc((rows * cfg.group).max(1))?,
+            flags: device.alloc((rows * cfg.group).max(1))?,
+            sel_indptr: device.alloc(rows + 1)?,
+            sel_indices: device.alloc(nnz.max(1))?,
+        };
+        plan.set_params(dusk, params)?;
+        Ok(plan)
+    }
+
+    /// Replaces the policy's parameters (checked first; nothing changes on an error).
+    pub fn set_params(&mut self, dusk: &Dusk, params: &[ParamValues]) -> Result<()> {
+        let spec = self.policy.params;
+        ensure(
+            params.len() == spec.len(),
+            "params",
+            format!(
+                "{} values for policy `{}` ({})",
+                spec.len(),
+                self.policy.name,
+                spec.iter().map(|p| p.name).collect::<Vec<_>>().join(", ")
+            ),
+            params.len(),
+        )?;
+        let qrows = self.rows * self.cfg.group;
+        let mut host = vec![];
+        for (p, v) in spec.iter().zip(params) {
+            let vals = match v {
+                ParamValues::Uniform(x) => vec![*x; qrows],
+                ParamValues::PerRow(xs) => {
+                    ensure(
+                        xs.len() == qrows,
+                        "params",
+                        format!("{qrows} values of `{}` (one per query row)", p.name),
+                        xs.len(),
+                    )?;
+                    xs.clone()
+                }
+            };
+            if let Some(bad) = vals.iter().find(|x| !(p.check)(**x)) {
+                return Err(invalid(
+                    "params",
+                    format!("`{}` with {}", p.name, p.expected),
+                    bad,
+                ));
+            }
+            host.push((p.dtype, vals));
+        }
+        let device = dusk.device();
+        let mut bufs = vec![];
+        for (d, vals) in host {
+            bufs.push(match d {
+                DType::I32 => ParamBuffer::I32(
+                    device.upload(&padded(&vals.iter().map(|x| *x as i32).collect::<Vec<_>>()))?,
+                ),
+                _ => ParamBuffer::F32(
+                    device.upload(&padded(&vals.iter().map(|x| *x as f32).collect::<Vec<_>>()))?,
+                ),
+            });
+        }
+        self.params = bufs;
+        Ok(())
+    }
+
+    /// Scores the plan reads: candidates times the group.
+    pub fn num_scores(&self) -> usize {
+        self.nnz * self.cfg.group
+    }
+
+    /// The kernel configuration in use.
+    pub fn config(&self) -> SearchConfig {
+        self.cfg
+    }
+
+    /// Searches every query row of `scores` and packs the kept positions: launches only.
+    pub fn run(&mut self, dusk: &Dusk, scores: &Buffer<f32>) -> Result<()> {
+        ensure(
+            scores.len() >= self.num_scores(),
+            "scores",
+            format!("at least {} scores", self.num_scores()),
+            scores.len(),
+        )?;
+        if self.rows == 0 {
+            return Ok(());
+        }
+        let device = dusk.device();
+        let mut args = vec![
+            Arg::from(scores),
+            Arg::from(&self.cand_indptr),
+            Arg::from(&self.cand_indices),
+        ];
+        for p in &self.params {
+            args.push(match p {
+                ParamBuffer::F32(b) => Arg::from(b),
+                ParamBuffer::I32(b) => Arg::from(b),
+            });
+        }
+        args.extend([
+            Arg::F32(self.scale_log2e),
+            Arg::from(&self.staged),
+            Arg::from(&self.budget),
+            Arg::from(&self.kept_mass),
+            Arg::from(&self.flags),
+        ]);
+        device.launch(&self.search, [self.rows as u32, 1, 1], &args)?;
+        device.launch(
+            &self.pack,
+            [self.rows as u32, 1, 1],
+            &[
+                Arg::from(&self.budget),
+                Arg::from(&self.cand_indptr),
+                Arg::from(&self.staged),
+                Arg::from(&self.sel_indptr),
+                Arg::from(&self.sel_indices),
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// The kept positions' CSR row pointers (one row per candidate row, rows + 1 entries).
+    pub fn sel_indptr(&self) -> &Buffer<i32> {
+        &self.sel_indptr
+    }
+    /// The kept positions, ascending within each row (capacity: every candidate).
+    pub fn sel_indices(&self) -> &Buffer<i32> {
+        &self.sel_indices
+    }
+    /// Kept candidates per candidate row (the union over the group).
+    pub fn budgets(&self) -> &Buffer<i32> {
+        &self.budget
+    }
+    /// The weight each query row kept (1 for rows marked invalid).
+    pub fn kept_mass(&self) -> &Buffer<f32> {
+        &self.kept_mass
+    }
+    /// 1 where a query row's logits held NaN or infinity (it keeps every candidate).
+    pub fn flags(&self) -> &Buffer<i32> {
+        &self.flags
+    }
+}
+
+/// The CSR structure, and positions ascending within each row (the output keeps their order).
+fn check_lists(cand: &TokenLists) -> Result<()> {
+    ensure(
+        !cand.indptr.is_empty() && cand.indptr[0] == 0,
+        "cand",
+        "indptr starting at 0",
+        format!("{:?}", cand.indptr.first()),
+    )?;
+    for w in cand.indptr.windows(2) {
+        ensure(
+            w[0] <= w[1],
+            "cand",
+            "non-decreasing indptr",
+            format!("{} then {}", w[0], w[1]),
+        )?;
+    }
+    let nnz = *cand.indptr.last().expect("non-empty") as usize;
+    ensure(
+        nnz == cand.indices.len(),
+        "cand",
+        format!("{nnz} indices (indptr[rows])"),
+        cand.indices.len(),
+    )?;
+    for r in 0..cand.rows() {
+        let row = cand.row(r);
+        if let Some(w) = row.windows(2).find(|w| w[0] >= w[1]) {
+            return Err(invalid(
+                "cand",
+                format!("ascending token positions in row {r}"),
+                format!("{} then {}", w[0], w[1]),
+            ));
+        }
+        if let Some(t) = row.iter().find(|t| **t < 0) {
+            return Err(invalid("cand", "non-negative token positions", t));
+        }
+    }
+    Ok(())
+}
+
+/// A device buffer needs at least one element.
+fn padded<T: Copy + Default>(v: &[T]) -> Vec<T> {
+    if v.is_empty() {
+        vec![T::default()]
+    } else {
+        v.to_vec()
+    }
+}

@@ -1,0 +1,414 @@
+//! The fused threshold search (Twilight Section 4.2, Algorithm 1) and the pruning policies
+//! it runs.
+//!
+//! For one row of estimated logits `s` (one query head's scores over its candidates),
+//! `w = softmax(s * scale)`. A [`Policy`] is a predicate over the set kept at threshold `t`,
+//! `{i : w_i >= t}`, that holds for small `t` and fails past one point (it is monotone: the
+//! kept set only shrinks as `t` grows). The search finds the largest weight `t*` at which it
+//! holds and keeps `{i : w_i >= t*}`; ties at the cut stay together. Top-p is
+//! `mass >= p`, top-k `count >= k`.
+//!
+//! The search, per row, with the row in registers (read from memory once):
+//! - softmax statistics: row max, then `e_i = 2^((s_i - max) * scale * log2 e)` and their
+//!   sum `z` (weights are `e / z`; `e` of the maximum is exactly 1);
+//! - bounds `lo = 0` (assumed to hold: everything kept) and `hi = 1` (the maximum's `e`);
+//! - each step tries `mid` between them (the geometric mean, so the first steps find the
+//!   octave of the cut), and one pass over the row computes, for the set `e >= mid`, the
+//!   mass and the count, and the nearest elements on either side of `mid`. Written as
+//!   separate `where`/`sum`/`max`/`min`, the compiler's `fuse_reductions` pass makes them
+//!   one pass with one exchange between warps. If the policy holds at `mid` the lower bound
+//!   moves up to the smallest element at or above `mid`, else the upper bound moves down to
+//!   the largest element below it. Both bounds are element values, so the search stops
+//!   when they meet: no weight lies strictly between them and `lo` is `t*`. An iteration
+//!   cap (64) is a safety net that keeps the set at `lo`, which always holds.
+//!
+//! Arithmetic is IEEE f32 (no flush to zero): denormal weights compare and add exactly.
+//!
+//! Rows with a NaN or infinite logit are marked invalid (flag 1) and keep every candidate;
+//! other rows are unaffected. An empty row keeps nothing.
+//!
+//! With GQA the candidates are per (batch, KV head) and each of the group's query heads is
+//! searched on its own scores; the output is the union of the group's kept sets (Twilight
+//! Appendix B.2), so attention reads each kept token's K and V once per group.
+
+use dusk_compiler::{CompileError, DType, Kernel, KernelBuilder, Value};
+
+/// The statistics of the set kept at a candidate threshold that a policy may read.
+pub struct KeptStats {
+    /// Sum of the kept weights (weights sum to 1 over the row), f32.
+    pub mass: Value,
+    /// Number of kept candidates, i32.
+    pub count: Value,
+    /// The smallest kept weight, f32.
+    pub threshold: Value,
+    /// The largest weight left out (negative when every candidate is kept), f32.
+    pub below: Value,
+    /// The row's largest weight, f32.
+    pub max_weight: Value,
+    /// Candidates in the row, i32.
+    pub candidates: Value,
+}
+
+/// One parameter of a policy: a value per row (query head), given when the plan is made
+/// and checked on the host before any launch.
+#[derive(Clone, Copy, Debug)]
+pub struct PolicyParam {
+    pub name: &'static str,
+    /// `F32` or `I32`.
+    pub dtype: DType,
+    /// Whether a value is allowed.
+    pub check: fn(f64) -> bool,
+    /// What `check` asks, for errors: `p > 0.0 && p <= 1.0`.
+    pub expected: &'static str,
+}
+
+/// A pruning policy: the predicate the search runs, usually made by `#[dusk::policy]`.
+#[derive(Clone, Copy)]
+pub struct Policy {
+    pub name: &'static str,
+    pub params: &'static [PolicyParam],
+    /// Emits the predicate (an i1 scalar) into the search kernel, given the kept set's
+    /// statistics and the row's parameter values (in the order of `params`).
+    pub predicate: fn(&mut KernelBuilder, &KeptStats, &[Value]) -> Value,
+}
+
+impl std::fmt::Debug for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Policy")
+            .field("name", &self.name)
+            .field("params", &self.params)
+            .finish()
+    }
+}
+
+/// Compile-time choices of the search kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SearchConfig {
+    /// Candidates a program holds in registers: a power of two, at least every row's length.
+    pub block: usize,
+    /// Query heads per candidate row (GQA group; 1 for MHA).
+    pub group: usize,
+    pub num_warps: u32,
+}
+
+/// Upper bound on search steps; each one moves a bound onto an element, so real rows stop
+/// far sooner (about 20 steps for 32k candidates).
+pub const MAX_STEPS: i32 = 64;
+
+/// The fewest candidates a program holds: the compaction's prefix sum needs a full tile.
+pub const MIN_BLOCK: usize = 1024;
+
+/// The most candidates a program holds in registers.
+pub const MAX_BLOCK: usize = 32768;
+
+impl SearchConfig {
+    /// The default for rows of up to `max_len` candidates: the block rounded up to a power
+    /// of two, with enough warps that each thread holds at most 32 candidates.
+    pub fn for_rows(max_len: usize, group: usize) -> SearchConfig {
+        let block = max_len.next_power_of_two().max(MIN_BLOCK);
+        let num_warps = (block / (32 * 32)).clamp(4, 32) as u32;
+        SearchConfig {
+            block,
+            group,
+            num_warps,
+        }
+    }
+}
+
+/// The kernel name of `policy`'s search for `cfg`.
+pub fn search_name(policy: &Policy, cfg: &SearchConfig) -> String {
+    format!(
+        "threshold_{}_b{}_g{}_w{}",
+        policy.name, cfg.block, cfg.group, cfg.num_warps
+    )
+}
+
+/// Builds the search kernel. Parameters: `scores` (f32; candidate row `r` with `n`
+/// candidates from `start` holds query head `g` at `scores[start * group + g * n ..]`, as
+/// `spgemv_quant` writes them), `cand_indptr`, `cand_indices` (i32 CSR per candidate row),
+/// one pointer per policy parameter (a value per query row), `scale_log2e` (f32: the
+/// softmax scale times log2 e), and the outputs `staged` (i32, like `cand_indices`: each
+/// row's kept positions, ascending, from the row's start), `budget` (i32 per candidate row:
+/// how many), `kept_mass` (f32 per query row) and `flags` (i32 per query row: 1 when the
+/// row's logits held NaN or infinity). Grid: one program per candidate row.
+pub fn build_search(policy: &Policy, cfg: &SearchConfig) -> Result<Kernel, CompileError> {
+    let mut b = KernelBuilder::new(&search_name(policy, cfg));
+    b.set_num_warps(cfg.num_warps);
+    let scores = b.param_ptr("scores", DType::F32);
+    let indptr = b.param_ptr("cand_indptr", DType::I32);
+    let indices = b.param_ptr("cand_indices", DType::I32);
+    let params: Vec<Value> = policy
+        .params
+        .iter()
+        .map(|p| b.param_ptr(p.name, p.dtype))
+        .collect();
+    let scale = b.param_scalar("scale_log2e", DType::F32);
+    let staged = b.param_ptr("staged", DType::I32);
+    let budget = b.param_ptr("budget", DType::I32);
+    let kept_mass = b.param_ptr("kept_mass", DType::F32);
+    let flags = b.param_ptr("flags", DType::I32);
+
+    let row = b.program_id(0);
+    let p0 = b.add_ptr(indptr, row);
+    let start = b.load(p0);
+    let one = b.i32(1);
+    let next = b.add(row, one);
+    let p1 = b.add_ptr(indptr, next);
+    let end = b.load(p1);
+    let n = b.sub(end, start);
+    let offs = b.arange(0, cfg.block as i64);
+    let valid = b.lt(offs, n);
+
+    let zero_i = b.i32(0);
+    let none = b.splat(zero_i, &[cfg.block]);
+    let (lo_g, hi_g, step) = (b.i32(0), b.i32(cfg.group as i32), b.i32(1));
+    let keep = b.for_range(lo_g, hi_g, step, &[none], |b, g, carried| {
+        let kept = search_row(
+            b,
+            policy,
+            cfg,
+            &RowArgs {
+                scores,
+                params: &params,
+                scale,
+                kept_mass,
+                flags,
+                row,
+                g,
+                start,
+                n,
+                offs,
+                valid,
+            },
+        );
+        let kept = b.cast(kept, DType::I32);
+        vec![b.maximum(carried[0], kept)]
+    })[0];
+
+    // Ordered compaction of the union: a kept candidate's rank among the kept ones.
+    let rank = b.cumsum(keep);
+    let total = b.sum(keep, 0);
+    let one_b = b.splat(one, &[cfg.block]);
+    let is_kept = b.eq(keep, one_b);
+    let start64 = b.cast(start, DType::I64);
+    let src_row = b.add_ptr(indices, start64);
+    let src = b.add_ptr(src_row, offs);
+    let tok = b.load_masked(src, Some(is_kept), None);
+    let dst_row = b.add_ptr(staged, start64);
+    let slot = b.sub(rank, one);
+    let dst = b.add_ptr(dst_row, slot);
+    b.store_masked(dst, tok, Some(is_kept));
+    let pb = b.add_ptr(budget, row);
+    b.store(pb, total);
+    b.finish()
+}
+
+/// What `search_row` reads: the program's candidate row and the kernel's parameters.
+struct RowArgs<'a> {
+    scores: Value,
+    params: &'a [Value],
+    scale: Value,
+    kept_mass: Value,
+    flags: Value,
+    row: Value,
+    g: Value,
+    start: Value,
+    n: Value,
+    offs: Value,
+    valid: Value,
+}
+
+/// Searches query head `g`'s row; stores its kept mass and flag and returns its kept set
+/// (an i1 block over the candidates).
+fn search_row(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig, a: &RowArgs) -> Value {
+    let group = b.i32(cfg.group as i32);
+    let qrow0 = b.mul(a.row, group);
+    let qrow = b.add(qrow0, a.g);
+    // scores[start * group + g * n + j]
+    let start64 = b.cast(a.start, DType::I64);
+    let base = b.mul_c(start64, cfg.group as i64);
+    let gn = b.mul(a.g, a.n);
+    let gn64 = b.cast(gn, DType::I64);
+    let base = b.add(base, gn64);
+    let row_ptr = b.add_ptr(a.scores, base);
+    let ptrs = b.add_ptr(row_ptr, a.offs);
+    let zero = b.f32(0.0);
+    let s = b.load_masked(ptrs, Some(a.valid), Some(zero));
+
+    // NaN or infinite logits make the row invalid.
+    let mag = b.abs(s);
+    let inf = b.f32(f32::INFINITY);
+    let finite = b.lt(mag, inf);
+    let not_finite = b.not(finite);
+    let bad_here = b.and(a.valid, not_finite);
+    let one_i = b.i32(1);
+    let zero_i = b.i32(0);
+    let bad_i = b.select(bad_here, one_i, zero_i);
+    let bad_count = b.sum(bad_i, 0);
+    let neg_inf = b.f32(f32::NEG_INFINITY);
+    let s_valid = b.select(a.valid, s, neg_inf);
+    let m = b.max(s_valid, 0);
+    let bad = b.gt(bad_count, zero_i);
+    let empty = b.le(a.n, zero_i);
+    let skip = b.or(bad, empty);
+
+    let centred = b.sub(s, m);
+    let scaled = b.mul(centred, a.scale);
+    let e_raw = b.exp2(scaled);
+    let e = b.select(a.valid, e_raw, zero);
+    let z = b.sum(e, 0);
+    // Out-of-row slots sit at -1: never at or above a positive `mid`.
+    let minus_one = b.f32(-1.0);
+    let es = b.select(a.valid, e_raw, minus_one);
+
+    let param_vals: Vec<Value> = a
+        .params
+        .iter()
+        .map(|p| {
+            let ptr = b.add_ptr(*p, qrow);
+            b.load(ptr)
+        })
+        .collect();
+
+    let onef = b.f32(1.0);
+    let hi0 = b.select(skip, zero, onef);
+    let (s_lo, s_hi, s_step) = (b.i32(0), b.i32(MAX_STEPS), b.i32(1));
+    let init = [zero, hi0, z, a.n];
+    let fin = b.for_range(s_lo, s_hi, s_step, &init, |b, _, c| {
+        let (lo, hi, lo_mass, lo_count) = (c[0], c[1], c[2], c[3]);
+        let open = b.lt(lo, hi);
+        b.if_else(
+            open,
+            |b| {
+                // mid: the geometric mean of the bounds (the lower one floored at hi * 2^-64,
+                // so the first steps halve the exponent), kept inside (lo, hi].
+                let tiny = b.f32(5.421_011e-20);
+                let floor = b.mul(hi, tiny);
+                let lo_f = b.maximum(lo, floor);
+                let r1 = b.sqrt(lo_f);
+                let r2 = b.sqrt(hi);
+                let mid = b.mul(r1, r2);
+                let above_lo = b.gt(mid, lo);
+                let mid = b.select(above_lo, mid, hi);
+                let mid = b.minimum(mid, hi);
+
+                let ge = b.ge(es, mid);
+                let zf = b.f32(0.0);
+                let in_mass = b.select(ge, es, zf);
+                let mass = b.sum(in_mass, 0);
+                let one_i = b.i32(1);
+                let zero_i = b.i32(0);
+                let in_count = b.select(ge, one_i, zero_i);
+                let count = b.sum(in_count, 0);
+                let inf = b.f32(f32::INFINITY);
+                let at_or_above = b.select(ge, es, inf);
+                let next_up = b.min(at_or_above, 0);
+                let minus_one = b.f32(-1.0);
+                let below = b.select(ge, minus_one, es);
+                let next_down = b.max(below, 0);
+
+                // Below 1 whenever a positive weight is left out, even when the f32 sum cannot
+                // tell (tiny tails round away): p = 1 keeps every positive weight.
+                let mass_n = b.div(mass, z);
+                let below_one = b.f32(1.0 - f32::EPSILON / 2.0);
+                let capped = b.minimum(mass_n, below_one);
+                let zf0 = b.f32(0.0);
+                let left_out = b.gt(next_down, zf0);
+                let mass_n = b.select(left_out, capped, mass_n);
+                let thr_n = b.div(next_up, z);
+                let below_n = b.div(next_down, z);
+                let one = b.f32(1.0);
+                let max_n = b.div(one, z);
+                let stats = KeptStats {
+                    mass: mass_n,
+                    count,
+                    threshold: thr_n,
+                    below: below_n,
+                    max_weight: max_n,
+                    candidates: a.n,
+                };
+                let holds = (policy.predicate)(b, &stats, &param_vals);
+                let new_lo = b.select(holds, next_up, lo);
+                let down = b.maximum(next_down, lo);
+                let new_hi = b.select(holds, hi, down);
+                let new_mass = b.select(holds, mass, lo_mass);
+                let new_count = b.select(holds, count, lo_count);
+                vec![new_lo, new_hi, new_mass, new_count]
+            },
+            |_| vec![lo, hi, lo_mass, lo_count],
+        )
+    });
+    let (lo, lo_mass) = (fin[0], fin[2]);
+
+    let zf = b.f32(0.0);
+    let mass_n = b.div(lo_mass, z);
+    let mass_n = b.select(bad, onef, mass_n);
+    let mass_n = b.select(empty, zf, mass_n);
+    let pm = b.add_ptr(a.kept_mass, qrow);
+    b.store(pm, mass_n);
+    let flag = b.select(bad, one_i, zero_i);
+    let pf = b.add_ptr(a.flags, qrow);
+    b.store(pf, flag);
+
+    let at_cut = b.ge(es, lo);
+    let kept = b.or(at_cut, bad);
+    b.and(kept, a.valid)
+}
+
+/// Builds the kernel that packs each row's staged positions into one CSR list. Parameters:
+/// `budget` (i32 per row), `cand_indptr` (i32, where each row's staged positions start),
+/// `staged` (i32), `sel_indptr` (i32, rows + 1), `sel_indices` (i32). A
+/// program per row sums the budgets before it (rows are few: 2048 budgets are 8 KB).
+pub fn build_pack(num_warps: u32) -> Result<Kernel, CompileError> {
+    const TILE: usize = 1024;
+    let mut b = KernelBuilder::new(&format!("threshold_pack_w{num_warps}"));
+    b.set_num_warps(num_warps);
+    let budget = b.param_ptr("budget", DType::I32);
+    let indptr = b.param_ptr("cand_indptr", DType::I32);
+    let staged = b.param_ptr("staged", DType::I32);
+    let sel_indptr = b.param_ptr("sel_indptr", DType::I32);
+    let sel_indices = b.param_ptr("sel_indices", DType::I32);
+
+    let row = b.program_id(0);
+    let zero = b.i32(0);
+    let tile = b.i32(TILE as i32);
+    let before = b.for_range(zero, row, tile, &[zero], |b, t0, c| {
+        let offs = b.arange(0, TILE as i64);
+        let idx = b.add(offs, t0);
+        let m = b.lt(idx, row);
+        let p = b.add_ptr(budget, idx);
+        let zero = b.i32(0);
+        let v = b.load_masked(p, Some(m), Some(zero));
+        let s = b.sum(v, 0);
+        vec![b.add(c[0], s)]
+    })[0];
+    let pb = b.add_ptr(budget, row);
+    let count = b.load(pb);
+    let ps = b.add_ptr(indptr, row);
+    let start = b.load(ps);
+    let start64 = b.cast(start, DType::I64);
+    let src_row = b.add_ptr(staged, start64);
+    let before64 = b.cast(before, DType::I64);
+    let dst_row = b.add_ptr(sel_indices, before64);
+    b.for_range(zero, count, tile, &[], |b, t0, _| {
+        let offs = b.arange(0, TILE as i64);
+        let idx = b.add(offs, t0);
+        let m = b.lt(idx, count);
+        let src = b.add_ptr(src_row, idx);
+        let v = b.load_masked(src, Some(m), None);
+        let dst = b.add_ptr(dst_row, idx);
+        b.store_masked(dst, v, Some(m));
+        vec![]
+    });
+    let one = b.i32(1);
+    let next = b.add(row, one);
+    let pe = b.add_ptr(sel_indptr, next);
+    let end = b.add(before, count);
+    b.store(pe, end);
+    let first = b.eq(row, zero);
+    b.if_then(first, |b| {
+        let zero = b.i32(0);
+        b.store(sel_indptr, zero);
+    });
+    b.finish()
+}

@@ -1,0 +1,399 @@
+//! The fused threshold search through the CPU interpreter, against the sort-based oracle
+//! (`reference::threshold_oracle`) on random rows: focused and diffuse weights, ties,
+//! denormal weights, GQA unions, every stock policy and a user-written one; and the edge
+//! cases and error paths of the plan.
+
+use dusk_kernels::ops::Dusk;
+use dusk_kernels::paged::TokenLists;
+use dusk_kernels::policies::{ratio_to_max, top_k, top_p, top_p_bounded};
+use dusk_kernels::prune::{ParamValues, PrunePlan};
+use dusk_kernels::reference::{check_kept, softmax, threshold_oracle};
+use dusk_kernels::threshold::Policy;
+use dusk_kernels::DuskError;
+use dusk_macros::policy;
+use dusk_runtime::Device;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+/// A user's policy, as the guide shows: top-p, but never fewer than 4 candidates.
+#[policy(crate = "dusk_kernels::dusk_paths")]
+fn top_p_at_least_4(mass: f32, count: i32, #[check(p > 0.0 && p <= 1.0)] p: f32) -> bool {
+    mass >= p && count >= 4
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Shape {
+    Focused,
+    Diffuse,
+    Ties,
+    Denormal,
+}
+
+fn logits(rng: &mut SmallRng, n: usize, shape: Shape) -> Vec<f32> {
+    (0..n)
+        .map(|_| match shape {
+            Shape::Focused => {
+                let base: f32 = rng.random_range(-4.0..4.0);
+                if rng.random_bool(0.02) {
+                    base + 30.0
+                } else {
+                    base
+                }
+            }
+            Shape::Diffuse => rng.random_range(-1.0..1.0),
+            Shape::Ties => rng.random_range(0..4) as f32 * 0.75,
+            Shape::Denormal => rng.random_range(-110.0f32..0.0),
+        })
+        .collect()
+}
+
+/// One search over `rows` (one query head each: group 1); returns each row's kept set and
+/// kept mass.
+fn run(
+    dusk: &Dusk,
+    policy: &Policy,
+    rows: &[Vec<f32>],
+    scale: f32,
+    params: &[ParamValues],
+) -> (Vec<Vec<bool>>, Vec<f32>, Vec<i32>) {
+    let mut indptr = vec![0i32];
+    let mut indices = vec![];
+    let mut scores = vec![];
+    for r in rows {
+        // Candidate positions: ascending with gaps, as a selector's output is.
+        indices.extend((0..r.len() as i32).map(|j| 3 * j + 1));
+        indptr.push(indices.len() as i32);
+        scores.extend_from_slice(r);
+    }
+    let cand = TokenLists { indptr, indices };
+    let mut plan = PrunePlan::new(dusk, policy, &cand, 1, scale, params).unwrap();
+    let s = dusk.device().upload(&scores).unwrap();
+    plan.run(dusk, &s).unwrap();
+    let sel_indptr = plan.sel_indptr().download().unwrap();
+    let sel = plan.sel_indices().download().unwrap();
+    let mass = plan.kept_mass().download().unwrap();
+    let flags = plan.flags().download().unwrap();
+    let budgets = plan.budgets().download().unwrap();
+    let mut kept = vec![];
+    for (i, r) in rows.iter().enumerate() {
+        let toks = &sel[sel_indptr[i] as usize..sel_indptr[i + 1] as usize];
+        assert_eq!(toks.len() as i32, budgets[i], "row {i}: budget");
+        assert!(toks.windows(2).all(|w| w[0] < w[1]), "row {i}: ascending");
+        let mut k = vec![false; r.len()];
+        for t in toks {
+            assert_eq!(t % 3, 1, "row {i}: a candidate position");
+            k[(t / 3) as usize] = true;
+        }
+        kept.push(k);
+    }
+    (kept, mass, flags)
+}
+
+fn near_p(p: f64) -> impl Fn(f64, f64) -> bool {
+    move |before, with| (before - p).abs() < 1e-5 || (with - p).abs() < 1e-5
+}
+
+#[test]
+fn top_p_matches_the_oracle_on_random_rows() {
+    let dusk = Dusk::new(Device::cpu()).unwrap();
+    let mut rng = SmallRng::seed_from_u64(7);
+    let shapes = [Shape::Focused, Shape::Diffuse, Shape::Ties, Shape::Denormal];
+    let mut checked = 0;
+    for (batch, shape) in shapes.iter().cycle().take(8).enumerate() {
+        let rows: Vec<Vec<f32>> = (0..160)
+            .map(|_| {
+                let n = rng.random_range(1..=1000);
+                logits(&mut rng, n, *shape)
+            })
+            .collect();
+        let ps: Vec<f64> = (0..rows.len())
+            .map(|_| [0.5, 0.8, 0.9, 0.95, 0.99, 1e-3][rng.random_range(0..6)])
+            .collect();
+        let scale = if batch % 2 == 0 { 1.0 } else { 0.125 };
+        let (kept, mass, flags) = run(
+            &dusk,
+            &top_p::POLICY,
+            &rows,
+            scale,
+            &[ParamValues::PerRow(ps.clone())],
+        );
+        for (i, r) in rows.iter().enumerate() {
+            let w = softmax(r, scale as f64);
+            let oracle = threshold_oracle(&w, |m, _| m >= ps[i]);
+            check_kept(&w, &kept[i], &oracle, near_p(ps[i]))
+                .unwrap_or_else(|e| panic!("{shape:?} row {i} (p {}): {e}", ps[i]));
+            let m: f64 = (0..w.len()).filter(|j| kept[i][*j]).map(|j| w[j]).sum();
+            assert!((mass[i] as f64 - m).abs() < 1e-4, "row {i}: kept mass");
+            assert!(mass[i] as f64 >= ps[i] - 1e-5, "row {i}: mass below p");
+            assert_eq!(flags[i], 0);
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 1280);
+}
+
+#[test]
+fn stock_and_user_policies_match_their_oracles() {
+    let dusk = Dusk::new(Device::cpu()).unwrap();
+    let mut rng = SmallRng::seed_from_u64(11);
+    let rows: Vec<Vec<f32>> = (0..120)
+        .map(|i| {
+            let n = rng.random_range(1..=700);
+            let shape = [Shape::Focused, Shape::Diffuse, Shape::Ties][i % 3];
+            logits(&mut rng, n, shape)
+        })
+        .collect();
+    let ks: Vec<f64> = (0..rows.len())
+        .map(|_| rng.random_range(1..=64) as f64)
+        .collect();
+    let (kept, _, _) = run(
+        &dusk,
+        &top_k::POLICY,
+        &rows,
+        1.0,
+        &[ParamValues::PerRow(ks.clone())],
+    );
+    for (i, r) in rows.iter().enumerate() {
+        let w = softmax(r, 1.0);
+        let oracle = threshold_oracle(&w, |_, c| c >= ks[i] as usize);
+        check_kept(&w, &kept[i], &oracle, |_, _| false)
+            .unwrap_or_else(|e| panic!("top_k row {i}: {e}"));
+    }
+
+    let (kept, _, _) = run(
+        &dusk,
+        &ratio_to_max::POLICY,
+        &rows,
+        1.0,
+        &[ParamValues::Uniform(0.05)],
+    );
+    for (i, r) in rows.iter().enumerate() {
+        let w = softmax(r, 1.0);
+        let wmax = w.iter().cloned().fold(0.0, f64::max);
+        let oracle: Vec<bool> = w.iter().map(|x| *x >= 0.05 * wmax).collect();
+        check_kept(&w, &kept[i], &oracle, |_, _| false)
+            .unwrap_or_else(|e| panic!("ratio_to_max row {i}: {e}"));
+    }
+
+    let params = [
+        ParamValues::Uniform(0.9),
+        ParamValues::Uniform(8.0),
+        ParamValues::Uniform(40.0),
+    ];
+    let (kept, _, _) = run(&dusk, &top_p_bounded::POLICY, &rows, 1.0, &params);
+    for (i, r) in rows.iter().enumerate() {
+        let w = softmax(r, 1.0);
+        let oracle = threshold_oracle(&w, |m, c| (m >= 0.9 && c >= 8) || c >= 40);
+        check_kept(&w, &kept[i], &oracle, near_p(0.9))
+            .unwrap_or_else(|e| panic!("top_p_bounded row {i}: {e}"));
+        let n = kept[i].iter().filter(|k| **k).count();
+        assert!(n >= 8.min(r.len()), "row {i}: floor");
+    }
+
+    let (kept, _, _) = run(
+        &dusk,
+        &top_p_at_least_4::POLICY,
+        &rows,
+        1.0,
+        &[ParamValues::Uniform(0.5)],
+    );
+    for (i, r) in rows.iter().enumerate() {
+        let w = softmax(r, 1.0);
+        let oracle = threshold_oracle(&w, |m, c| m >= 0.5 && c >= 4);
+        check_kept(&w, &kept[i], &oracle, near_p(0.5))
+            .unwrap_or_else(|e| panic!("user policy row {i}: {e}"));
+    }
+}
+
+#[test]
+fn gqa_keeps_the_union_of_the_group() {
+    let dusk = Dusk::new(Device::cpu()).unwrap();
+    let mut rng = SmallRng::seed_from_u64(3);
+    let group = 4;
+    let lens: Vec<usize> = vec![0, 1, 257, 900, 1000, 33];
+    let mut indptr = vec![0i32];
+    let mut indices = vec![];
+    let mut scores = vec![];
+    let mut heads = vec![];
+    for &n in &lens {
+        indices.extend(0..n as i32);
+        indptr.push(indices.len() as i32);
+        for _ in 0..group {
+            let r = logits(&mut rng, n, Shape::Focused);
+            scores.extend_from_slice(&r);
+            heads.push(r);
+        }
+    }
+    let cand = TokenLists { indptr, indices };
+    let p = 0.9;
+    let mut plan = PrunePlan::new(
+        &dusk,
+        &top_p::POLICY,
+        &cand,
+        group,
+        0.5,
+        &[ParamValues::Uniform(p)],
+    )
+    .unwrap();
+    let s = dusk.device().upload(&scores).unwrap();
+    plan.run(&dusk, &s).unwrap();
+    let sel_indptr = plan.sel_indptr().download().unwrap();
+    let sel = plan.sel_indices().download().unwrap();
+    for (r, &n) in lens.iter().enumerate() {
+        let mut union = vec![false; n];
+        for g in 0..group {
+            let w = softmax(&heads[r * group + g], 0.5);
+            let o = threshold_oracle(&w, |m, _| m >= p);
+            for j in 0..n {
+                union[j] |= o[j];
+            }
+        }
+        let mut kept = vec![false; n];
+        for t in &sel[sel_indptr[r] as usize..sel_indptr[r + 1] as usize] {
+            kept[*t as usize] = true;
+        }
+        assert_eq!(kept, union, "candidate row {r} ({n} candidates)");
+    }
+}
+
+#[test]
+fn edge_cases() {
+    let dusk = Dusk::new(Device::cpu()).unwrap();
+    let p1 = [ParamValues::Uniform(1.0)];
+    // Empty row, one candidate, all equal, p = 1 (every positive weight kept), tiny p.
+    let rows = vec![
+        vec![],
+        vec![2.5],
+        vec![0.25; 300],
+        (0..500).map(|i| -(i as f32) * 0.05).collect::<Vec<_>>(),
+    ];
+    let (kept, mass, flags) = run(&dusk, &top_p::POLICY, &rows, 1.0, &p1);
+    assert!(kept[0].is_empty());
+    assert_eq!(mass[0], 0.0);
+    assert_eq!(kept[1], vec![true]);
+    assert!(kept[2].iter().all(|k| *k), "all equal weights: all kept");
+    assert!(
+        kept[3].iter().all(|k| *k),
+        "p = 1 keeps every positive weight: kept {} of 500, mass {}",
+        kept[3].iter().filter(|k| **k).count(),
+        mass[3]
+    );
+    assert!(flags.iter().all(|f| *f == 0));
+
+    let tiny = [ParamValues::Uniform(1e-6)];
+    let (kept, _, _) = run(&dusk, &top_p::POLICY, &rows[3..], 1.0, &tiny);
+    assert_eq!(
+        kept[0].iter().filter(|k| **k).count(),
+        1,
+        "tiny p: the maximum alone"
+    );
+
+    // Ties at the cut stay together: weights 4, 4, 4, 1, 1 (unnormalised); p = 0.5 needs
+    // two of the three equal ones, so all three are kept.
+    let l4 = (4.0f32).ln();
+    let ties = vec![vec![l4, 0.0, l4, 0.0, l4]];
+    let (kept, _, _) = run(
+        &dusk,
+        &top_p::POLICY,
+        &ties,
+        1.0,
+        &[ParamValues::Uniform(0.5)],
+    );
+    assert_eq!(kept[0], vec![true, false, true, false, true]);
+
+    // NaN and infinite logits: the row keeps everything and is flagged; others unaffected.
+    let mut bad = vec![
+        vec![0.0f32, 1.0, f32::NAN, 2.0],
+        vec![0.0, f32::INFINITY, 1.0],
+    ];
+    bad.push(vec![0.0, 5.0, 0.0, 0.0]);
+    let (kept, mass, flags) = run(
+        &dusk,
+        &top_p::POLICY,
+        &bad,
+        1.0,
+        &[ParamValues::Uniform(0.5)],
+    );
+    assert_eq!(flags, vec![1, 1, 0]);
+    assert!(kept[0].iter().all(|k| *k) && kept[1].iter().all(|k| *k));
+    assert_eq!(kept[2], vec![false, true, false, false]);
+    assert_eq!(mass[0], 1.0);
+}
+
+#[test]
+fn bad_arguments_are_rejected_before_launch() {
+    let dusk = Dusk::new(Device::cpu()).unwrap();
+    let cand = TokenLists {
+        indptr: vec![0, 3],
+        indices: vec![0, 4, 9],
+    };
+    let arg_of = |r: Result<PrunePlan, DuskError>| match r {
+        Err(DuskError::InvalidArgument { arg, .. }) => arg,
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("accepted"),
+    };
+    for p in [0.0, -0.5, 1.5, f64::NAN] {
+        let r = PrunePlan::new(
+            &dusk,
+            &top_p::POLICY,
+            &cand,
+            1,
+            1.0,
+            &[ParamValues::Uniform(p)],
+        );
+        assert_eq!(arg_of(r), "params", "p = {p}");
+    }
+    let r = PrunePlan::new(
+        &dusk,
+        &top_k::POLICY,
+        &cand,
+        1,
+        1.0,
+        &[ParamValues::Uniform(0.0)],
+    );
+    assert_eq!(arg_of(r), "params", "k = 0");
+    let r = PrunePlan::new(
+        &dusk,
+        &top_k::POLICY,
+        &cand,
+        1,
+        1.0,
+        &[ParamValues::Uniform(2.5)],
+    );
+    assert_eq!(arg_of(r), "params", "k = 2.5");
+    let r = PrunePlan::new(&dusk, &top_p::POLICY, &cand, 1, 1.0, &[]);
+    assert_eq!(arg_of(r), "params", "missing p");
+    let r = PrunePlan::new(
+        &dusk,
+        &top_p::POLICY,
+        &cand,
+        1,
+        1.0,
+        &[ParamValues::PerRow(vec![0.5, 0.5])],
+    );
+    assert_eq!(arg_of(r), "params", "one p per row");
+    let p = [ParamValues::Uniform(0.9)];
+    let r = PrunePlan::new(&dusk, &top_p::POLICY, &cand, 0, 1.0, &p);
+    assert_eq!(arg_of(r), "group");
+    let r = PrunePlan::new(&dusk, &top_p::POLICY, &cand, 1, f32::NAN, &p);
+    assert_eq!(arg_of(r), "scale");
+    let unsorted = TokenLists {
+        indptr: vec![0, 3],
+        indices: vec![0, 9, 4],
+    };
+    let r = PrunePlan::new(&dusk, &top_p::POLICY, &unsorted, 1, 1.0, &p);
+    assert_eq!(arg_of(r), "cand");
+    let long = TokenLists {
+        indptr: vec![0, 40000],
+        indices: (0..40000).collect(),
+    };
+    let r = PrunePlan::new(&dusk, &top_p::POLICY, &long, 1, 1.0, &p);
+    assert_eq!(arg_of(r), "cand");
+
+    let mut plan = PrunePlan::new(&dusk, &top_p::POLICY, &cand, 2, 1.0, &p).unwrap();
+    let short = dusk.device().upload(&[0.0f32; 5]).unwrap();
+    match plan.run(&dusk, &short) {
+        Err(DuskError::InvalidArgument { arg, .. }) => assert_eq!(arg, "scores"),
+        other => panic!("short scores: {other:?}"),
+    }
+}
