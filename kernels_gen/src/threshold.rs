@@ -98,15 +98,16 @@ pub const MAX_STEPS: i32 = 64;
 /// The fewest candidates a program holds: the compaction's prefix sum needs a full tile.
 pub const MIN_BLOCK: usize = 1024;
 
-/// The most candidates a program holds in registers.
-pub const MAX_BLOCK: usize = 32768;
+/// The most candidates a program holds in registers: 32 a thread on 8 warps (150 to 200
+/// registers, no spills). Longer rows need the row in shared memory (not yet written).
+pub const MAX_BLOCK: usize = 8192;
 
 impl SearchConfig {
     /// The default for rows of up to `max_len` candidates: the block rounded up to a power
     /// of two, with enough warps that each thread holds at most 32 candidates.
     pub fn for_rows(max_len: usize, group: usize) -> SearchConfig {
         let block = max_len.next_power_of_two().max(MIN_BLOCK);
-        let num_warps = (block / (32 * 32)).clamp(4, 32) as u32;
+        let num_warps = (block / (32 * 32)).clamp(4, 8) as u32;
         SearchConfig {
             block,
             group,
@@ -257,9 +258,11 @@ fn search_row(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig, a: &Ro
     let e_raw = b.exp2(scaled);
     let e = b.select(a.valid, e_raw, zero);
     let z = b.sum(e, 0);
-    // Out-of-row slots sit at -1: never at or above a positive `mid`.
+    // Out-of-row slots sit at -1: never at or above a positive `mid`, nor kept. An invalid
+    // row's candidates sit at +inf: all kept, with no search (its bounds start equal).
     let minus_one = b.f32(-1.0);
-    let es = b.select(a.valid, e_raw, minus_one);
+    let e_or_all = b.select(bad, inf, e_raw);
+    let es = b.select(a.valid, e_or_all, minus_one);
 
     let param_vals: Vec<Value> = a
         .params
@@ -350,9 +353,7 @@ fn search_row(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig, a: &Ro
     let pf = b.add_ptr(a.flags, qrow);
     b.store(pf, flag);
 
-    let at_cut = b.ge(es, lo);
-    let kept = b.or(at_cut, bad);
-    b.and(kept, a.valid)
+    b.ge(es, lo)
 }
 
 /// Builds the kernel that packs each row's staged positions into one CSR list. Parameters:

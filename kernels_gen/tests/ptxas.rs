@@ -139,3 +139,35 @@ fn ptx_isa_follows_the_driver() {
         "sm_90a needs PTX 8.0, which a CUDA 11.8 driver lacks"
     );
 }
+
+#[test]
+fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
+    use dusk_compiler::codegen::compile_stages;
+    use dusk_kernels::policies::{top_k, top_p, top_p_bounded};
+    use dusk_kernels::threshold::{self, SearchConfig};
+    let ptxas = ptxas();
+    let mut ks = vec![threshold::build_pack(4).unwrap()];
+    for (len, group) in [(1000, 1), (4096, 1), (8192, 1), (8192, 4), (8192, 8)] {
+        let cfg = SearchConfig::for_rows(len, group);
+        ks.push(threshold::build_search(&top_p::POLICY, &cfg).unwrap());
+    }
+    let cfg = SearchConfig::for_rows(8192, 1);
+    ks.push(threshold::build_search(&top_k::POLICY, &cfg).unwrap());
+    ks.push(threshold::build_search(&top_p_bounded::POLICY, &cfg).unwrap());
+    for k in ks {
+        for target in [Target::sm90a(), Target::sm80()] {
+            let stages = compile_stages(&k, &target).unwrap();
+            if k.name.starts_with("threshold_top") {
+                // Each search step's where/sum/min/max is one fused pass.
+                assert!(stages.fused_ir.contains("multi_reduce"), "{}", stages.fused_ir);
+            }
+            let arch = target.arch_name();
+            let report = assemble(&ptxas, &stages.ptx, &arch, &k.name);
+            assert!(
+                report.contains("0 bytes spill stores, 0 bytes spill loads"),
+                "{} spills on {arch}:\n{report}",
+                k.name
+            );
+        }
+    }
+}
