@@ -198,6 +198,18 @@ impl PrunePlan {
         Ok(())
     }
 
+    /// Fills every output with `byte`: checks poison the outputs first to prove that a run
+    /// writes each value it reports.
+    pub fn poison_outputs(&mut self, dusk: &Dusk, byte: u8) -> Result<()> {
+        let d = dusk.device();
+        d.fill_bytes(&mut self.sel_indptr, byte)?;
+        d.fill_bytes(&mut self.sel_indices, byte)?;
+        d.fill_bytes(&mut self.budget, byte)?;
+        d.fill_bytes(&mut self.kept_mass, byte)?;
+        d.fill_bytes(&mut self.flags, byte)?;
+        Ok(())
+    }
+
     /// Scores the plan reads: candidates times the group.
     pub fn num_scores(&self) -> usize {
         self.nnz * self.cfg.group

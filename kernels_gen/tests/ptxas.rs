@@ -159,7 +159,11 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
             let stages = compile_stages(&k, &target).unwrap();
             if k.name.starts_with("threshold_top") {
                 // Each search step's where/sum/min/max is one fused pass.
-                assert!(stages.fused_ir.contains("multi_reduce"), "{}", stages.fused_ir);
+                assert!(
+                    stages.fused_ir.contains("multi_reduce"),
+                    "{}",
+                    stages.fused_ir
+                );
             }
             let arch = target.arch_name();
             let report = assemble(&ptxas, &stages.ptx, &arch, &k.name);

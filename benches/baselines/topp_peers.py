@@ -1,0 +1,141 @@
+"""Peers of dusk's fused top-p threshold search, timed in one process on the same shapes:
+
+- flashinfer: `flashinfer.sampling.top_p_renorm_probs` (the kernel Twilight's top-p was
+  forked from), on probabilities (its softmax is not timed);
+- torch: softmax, sort, cumsum, mask (the sort-based oracle on the GPU);
+- triton: the same algorithm as dusk's kernel (softmax in registers, binary search with
+  bounds snapped to elements, one fused where/sum/min/max pass a step), writing a keep mask.
+
+Inputs rotate over two score sets of rows x n f32 (larger than L2 together). Writes JSON
+with each peer's median time (CUDA events) and the device copy bandwidth.
+
+    python3 benches/baselines/topp_peers.py --out peers.json
+"""
+import argparse
+import json
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+def median_us(fn, iters=30, warmup=5):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def copy_gbps():
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
+    b = torch.empty_like(a)
+    us = median_us(lambda: b.copy_(a), iters=20)
+    return 2 * n / (us * 1e-6) / 1e9
+
+
+@triton.jit
+def topp_search(s_ptr, p_ptr, keep_ptr, n, scale_log2e, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    valid = offs < n
+    base = row.to(tl.int64) * n
+    s = tl.load(s_ptr + base + offs, mask=valid, other=-float("inf"))
+    m = tl.max(s, 0)
+    e = tl.where(valid, tl.exp2((s - m) * scale_log2e), 0.0)
+    z = tl.sum(e, 0)
+    es = tl.where(valid, e, -1.0)
+    p = tl.load(p_ptr + row)
+    lo = tl.full([], 0.0, tl.float32)
+    hi = tl.full([], 1.0, tl.float32)
+    it = 0
+    while (lo < hi) & (it < 64):
+        lof = tl.maximum(lo, hi * 5.421011e-20)
+        mid = tl.sqrt(lof) * tl.sqrt(hi)
+        mid = tl.where(mid > lo, mid, hi)
+        mid = tl.minimum(mid, hi)
+        ge = es >= mid
+        mass = tl.sum(tl.where(ge, es, 0.0), 0)
+        up = tl.min(tl.where(ge, es, float("inf")), 0)
+        down = tl.max(tl.where(ge, -1.0, es), 0)
+        ok = mass / z >= p
+        lo = tl.where(ok, up, lo)
+        hi = tl.where(ok, hi, tl.maximum(down, lo))
+        it += 1
+    tl.store(keep_ptr + base + offs, (es >= lo).to(tl.int8), mask=valid)
+
+
+def torch_topp(s, p, scale):
+    probs = torch.softmax(s * scale, dim=-1)
+    sp, idx = torch.sort(probs, dim=-1, descending=True)
+    cs = torch.cumsum(sp, dim=-1)
+    keep_sorted = (cs - sp) < p
+    keep = torch.zeros_like(keep_sorted)
+    keep.scatter_(-1, idx, keep_sorted)
+    return keep
+
+
+def logits(rows, n, gen):
+    # Attention-like rows: a few heavy tokens over a diffuse background.
+    s = torch.randn(rows, n, device="cuda", generator=gen) * 2.0
+    spikes = torch.rand(rows, n, device="cuda", generator=gen) < 0.01
+    return s + spikes * 6.0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(1)
+    out = {"copy_gbps": copy_gbps(), "cases": []}
+    scale = 1.0 / (128 ** 0.5)
+    try:
+        import flashinfer.sampling as fis
+    except Exception as e:  # noqa: BLE001
+        fis = None
+        out["flashinfer_error"] = repr(e)
+    for rows, n in [(2048, 8192), (2048, 4096)]:
+        sets = [logits(rows, n, gen) for _ in range(2)]
+        probs = [torch.softmax(s * scale, dim=-1) for s in sets]
+        p = torch.full((rows,), 0.9, device="cuda")
+        keep = torch.empty(rows, n, dtype=torch.int8, device="cuda")
+        case = {"rows": rows, "n": n, "p": 0.9}
+        k = [0]
+
+        def rot(xs):
+            k[0] ^= 1
+            return xs[k[0]]
+
+        block = triton.next_power_of_2(n)
+        tri = lambda: topp_search[(rows,)](rot(sets), p, keep, n, scale * LOG2E, BLOCK=block, num_warps=8)
+        case["triton_us"] = median_us(tri)
+        # The Triton kernel's sets against the sort-based ones, on the last input.
+        ref = torch_topp(sets[k[0]], 0.9, scale)
+        case["triton_rows_equal_to_sort"] = int((keep.bool() == ref).all(dim=-1).sum().item())
+        case["torch_us"] = median_us(lambda: torch_topp(rot(sets), 0.9, scale))
+        if fis is not None:
+            try:
+                case["flashinfer_us"] = median_us(lambda: fis.top_p_renorm_probs(rot(probs), p))
+            except Exception as e:  # noqa: BLE001
+                case["flashinfer_error"] = repr(e)
+        print(case, flush=True)
+        out["cases"].append(case)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

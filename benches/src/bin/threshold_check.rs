@@ -1,0 +1,282 @@
+//! The GPU check and benchmark of the fused threshold search, run on the device machine:
+//!
+//! 1. top-p on thousands of fresh random rows (focused, diffuse, tied, denormal weights;
+//!    lengths 1 to 8192; outputs poisoned first) against the sort-based oracle; GQA (group
+//!    4) against the union of the same kernel's per-head sets; NaN rows flagged;
+//! 2. device-to-device copy bandwidth;
+//! 3. 2048 rows (batch 64 x 32 heads) of 8192 and 4096 candidates, p = 0.9, scores rotated
+//!    over two sets larger than L2 together, beside the peers' times (`--peer`, written by
+//!    `benches/baselines/topp_peers.py` in the same command).
+//!
+//!     threshold-check --peer peers.json --out benches/results/threshold_search.json
+
+use dusk::kernels::ops::Dusk;
+use dusk::kernels::paged::TokenLists;
+use dusk::kernels::policies::top_p;
+use dusk::kernels::prune::{ParamValues, PrunePlan};
+use dusk::kernels::reference::{check_kept, softmax, threshold_oracle};
+use dusk::runtime::{median, Device};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+use std::error::Error;
+
+type Res<T> = Result<T, Box<dyn Error>>;
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+fn normal(rng: &mut SmallRng) -> f32 {
+    let (u, v): (f32, f32) = (rng.random_range(1e-7..1.0), rng.random());
+    (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()
+}
+
+/// Rows of logits: attention-like (a diffuse background with a few heavy tokens), diffuse,
+/// tied, or with weights down in the denormals.
+fn logits(rng: &mut SmallRng, n: usize, kind: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| match kind % 4 {
+            0 => normal(rng) * 2.0 + if rng.random_bool(0.01) { 6.0 } else { 0.0 },
+            1 => rng.random_range(-1.0..1.0),
+            2 => rng.random_range(0..5) as f32 * 0.5,
+            _ => rng.random_range(-120.0..0.0),
+        })
+        .collect()
+}
+
+fn lists(lens: &[usize]) -> TokenLists {
+    let mut indptr = vec![0i32];
+    let mut indices = vec![];
+    for &n in lens {
+        indices.extend(0..n as i32);
+        indptr.push(indices.len() as i32);
+    }
+    TokenLists { indptr, indices }
+}
+
+/// Each row's kept set, from the plan's CSR output.
+fn kept_sets(plan: &PrunePlan, lens: &[usize]) -> Res<Vec<Vec<bool>>> {
+    let ip = plan.sel_indptr().download()?;
+    let sel = plan.sel_indices().download()?;
+    let budgets = plan.budgets().download()?;
+    let mut out = vec![];
+    for (r, &n) in lens.iter().enumerate() {
+        let toks = &sel[ip[r] as usize..ip[r + 1] as usize];
+        if toks.len() as i32 != budgets[r] || toks.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(format!("row {r}: budget {} or order wrong", budgets[r]).into());
+        }
+        let mut k = vec![false; n];
+        for &t in toks {
+            *k.get_mut(t as usize).ok_or("position out of range")? = true;
+        }
+        out.push(k);
+    }
+    Ok(out)
+}
+
+/// Top-p on `rows` random rows against the oracle; GQA unions against per-head runs.
+fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
+    let scale = 1.0 / (128f32).sqrt();
+    let lens: Vec<usize> = (0..rows)
+        .map(|i| match i % 5 {
+            0 => rng.random_range(1..=16),
+            1 => 8192,
+            _ => rng.random_range(1..=8192),
+        })
+        .collect();
+    let rows_s: Vec<Vec<f32>> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| logits(rng, n, i / 5))
+        .collect();
+    let ps: Vec<f64> = (0..rows)
+        .map(|_| [0.5, 0.85, 0.9, 0.95, 0.99, 1.0, 1e-4][rng.random_range(0..7)])
+        .collect();
+    let scores: Vec<f32> = rows_s.concat();
+    let cand = lists(&lens);
+    let mut plan = PrunePlan::new(
+        dusk,
+        &top_p::POLICY,
+        &cand,
+        1,
+        scale,
+        &[ParamValues::PerRow(ps.clone())],
+    )?;
+    plan.poison_outputs(dusk, 0xFF)?;
+    let s = dusk.device().upload(&scores)?;
+    plan.run(dusk, &s)?;
+    dusk.device().synchronize()?;
+    let kept = kept_sets(&plan, &lens)?;
+    let mass = plan.kept_mass().download()?;
+    let mut near_ties = 0;
+    for r in 0..rows {
+        let w = softmax(&rows_s[r], scale as f64);
+        let oracle = threshold_oracle(&w, |m, _| m >= ps[r]);
+        let p = ps[r];
+        check_kept(&w, &kept[r], &oracle, |b, a| {
+            (b - p).abs() < 1e-5 || (a - p).abs() < 1e-5
+        })
+        .map_err(|e| format!("row {r} (n {}, p {p}): {e}", lens[r]))?;
+        near_ties += (kept[r] != oracle) as usize;
+        if !(mass[r] as f64 >= p.min(1.0) - 1e-5) {
+            return Err(format!("row {r}: kept mass {} below p {p}", mass[r]).into());
+        }
+    }
+
+    // GQA: groups of 4 query heads over one candidate list; the union must equal the union
+    // of the same rows searched one head at a time (the scores layout is the same).
+    let groups = rows / 4;
+    let glens = &lens[..groups];
+    let per_head: Vec<usize> = glens.iter().flat_map(|&n| [n; 4]).collect();
+    let scores: Vec<f32> = per_head
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &n)| logits(rng, n, i))
+        .collect();
+    let s = dusk.device().upload(&scores)?;
+    let p = [ParamValues::Uniform(0.9)];
+    let mut heads = PrunePlan::new(dusk, &top_p::POLICY, &lists(&per_head), 1, scale, &p)?;
+    heads.run(dusk, &s)?;
+    let one = kept_sets(&heads, &per_head)?;
+    let mut gqa = PrunePlan::new(dusk, &top_p::POLICY, &lists(glens), 4, scale, &p)?;
+    gqa.poison_outputs(dusk, 0xFF)?;
+    gqa.run(dusk, &s)?;
+    let union = kept_sets(&gqa, glens)?;
+    for (r, u) in union.iter().enumerate() {
+        let want: Vec<bool> = (0..glens[r])
+            .map(|j| (0..4).any(|g| one[r * 4 + g][j]))
+            .collect();
+        if *u != want {
+            return Err(format!("GQA row {r}: union differs from the per-head sets").into());
+        }
+    }
+
+    // A NaN row is flagged and keeps all; its neighbours are unaffected.
+    let mut bad = logits(rng, 300, 0);
+    bad[17] = f32::NAN;
+    let good = logits(rng, 300, 0);
+    let s = dusk.device().upload(&[bad, good.clone()].concat())?;
+    let mut plan = PrunePlan::new(dusk, &top_p::POLICY, &lists(&[300, 300]), 1, scale, &p)?;
+    plan.poison_outputs(dusk, 0xFF)?;
+    plan.run(dusk, &s)?;
+    let kept = kept_sets(&plan, &[300, 300])?;
+    let flags = plan.flags().download()?;
+    let w = softmax(&good, scale as f64);
+    let oracle = threshold_oracle(&w, |m, _| m >= 0.9);
+    if flags != [1, 0] || !kept[0].iter().all(|k| *k) || kept[1] != oracle {
+        return Err("NaN row handling".into());
+    }
+    Ok((rows + groups, near_ties))
+}
+
+fn main() -> Res<()> {
+    let dev = Device::best();
+    println!("device: {}", dev.name());
+    let dusk = Dusk::new(dev.clone())?;
+    let mut rng = SmallRng::seed_from_u64(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_nanos() as u64,
+    );
+    let rows = if dev.is_gpu() { 4000 } else { 60 };
+    let (checked, near) = check(&dusk, &mut rng, rows)?;
+    println!("threshold search: {checked} rows agree with the oracle ({near} differ at a cut within rounding of p)");
+    if std::env::args().any(|a| a == "--check-only") {
+        println!("all checks passed");
+        return Ok(());
+    }
+
+    let n_copy = 1usize << 30;
+    let src = dev.upload(&vec![0x5Au8; n_copy])?;
+    let mut dst = dev.alloc::<u8>(n_copy)?;
+    let t = dev.time_us(20, 3, || dst.copy_from(&src).map_err(|e| e.to_string()))?;
+    let copy_gbps = 2.0 * n_copy as f64 / (median(&t) * 1e-6) / 1e9;
+    drop((src, dst));
+    println!("device copy: {copy_gbps:.0} GB/s (read + write)");
+
+    let peer: Option<Value> = arg("--peer")
+        .map(|p| std::fs::read_to_string(p).map(|s| serde_json::from_str(&s)))
+        .transpose()?
+        .transpose()?;
+    let scale = 1.0 / (128f32).sqrt();
+    let mut cases = vec![];
+    for n in [8192usize, 4096] {
+        let (batch, heads) = (64usize, 32usize);
+        let rows = batch * heads;
+        let lens = vec![n; rows];
+        let sets: Vec<_> = (0..2)
+            .map(|i| {
+                let s: Vec<f32> = (0..rows).flat_map(|_| logits(&mut rng, n, 0)).collect();
+                let _ = i;
+                dev.upload(&s)
+            })
+            .collect::<Result<_, _>>()?;
+        let mut plan = PrunePlan::new(
+            &dusk,
+            &top_p::POLICY,
+            &lists(&lens),
+            1,
+            scale,
+            &[ParamValues::Uniform(0.9)],
+        )?;
+        let mut k = 0usize;
+        let t = dev.time_us(30, 5, || {
+            k ^= 1;
+            plan.run(&dusk, &sets[k])
+        })?;
+        let us = median(&t);
+        let bytes = (rows * n * 4) as f64;
+        let gbps = bytes / (us * 1e-6) / 1e9;
+        // Reading the scores once at the copy rate (bytes moved per second, read + write).
+        let read_us = bytes / (copy_gbps * 1e9) * 1e6;
+        println!(
+            "top-p {rows} rows x {n}: {us:.1} us; reading the scores once at the copy rate: {read_us:.1} us ({:.2}x); {:.1}% of copy BW",
+            us / read_us,
+            100.0 * gbps / copy_gbps
+        );
+        let pc = peer.as_ref().and_then(|p| {
+            p["cases"]
+                .as_array()?
+                .iter()
+                .find(|c| c["n"] == n && c["rows"] == rows)
+                .cloned()
+        });
+        for name in ["flashinfer", "torch", "triton"] {
+            let peer_us = pc.as_ref().and_then(|c| c[format!("{name}_us")].as_f64());
+            cases.push(json!({
+                "case": format!("top_p_b{batch}_h{heads}_n{n}_vs_{name}"),
+                "shape": {"batch": batch, "num_q_heads": heads, "candidates": n, "p_permille": 900},
+                "ours_us": us,
+                "peer": name,
+                "peer_us": peer_us,
+                "speedup_vs_peer": peer_us.map(|p| p / us),
+                "bytes": bytes as u64,
+                "gbps": gbps,
+                "frac_of_copy_bw": gbps / copy_gbps,
+                "time_over_one_read": us / read_us,
+            }));
+        }
+    }
+    let result = json!({
+        "device": dev.name(),
+        "driver": dev.driver_version().map(|(a, b)| format!("{a}.{b}")),
+        "commit": arg("--commit"),
+        "date": arg("--date"),
+        "copy_gbps": copy_gbps,
+        "peer_copy_gbps": peer.as_ref().and_then(|p| p["copy_gbps"].as_f64()),
+        "checked_rows": checked,
+        "near_tie_rows": near,
+        "triton_rows_equal_to_sort": peer.as_ref().map(|p| p["cases"].clone()),
+        "cases": cases,
+    });
+    let text = serde_json::to_string_pretty(&result)?;
+    println!("{text}");
+    if let Some(path) = arg("--out") {
+        std::fs::write(path, text)?;
+    }
+    Ok(())
+}
