@@ -182,7 +182,11 @@ fn main() -> Res<()> {
             .duration_since(std::time::UNIX_EPOCH)?
             .as_nanos() as u64,
     );
-    let rows = if dev.is_gpu() { 4000 } else { 60 };
+    let rows = match arg("--rows") {
+        Some(r) => r.parse()?,
+        None if dev.is_gpu() => 4000,
+        None => 60,
+    };
     let (checked, near) = check(&dusk, &mut rng, rows)?;
     println!("threshold search: {checked} rows agree with the oracle ({near} differ at a cut within rounding of p)");
     if std::env::args().any(|a| a == "--check-only") {
