@@ -67,6 +67,9 @@ pub struct PolicyParam {
 pub struct Policy {
     pub name: &'static str,
     pub params: &'static [PolicyParam],
+    /// The statistics the predicate reads (`"count"`, ...): the search computes `count`
+    /// only when it is read.
+    pub reads: &'static [&'static str],
     /// Emits the predicate (an i1 scalar) into the search kernel, given the kept set's
     /// statistics and the row's parameter values (in the order of `params`).
     pub predicate: fn(&mut KernelBuilder, &KeptStats, &[Value]) -> Value,
@@ -98,16 +101,17 @@ pub const MAX_STEPS: i32 = 64;
 /// The fewest candidates a program holds: the compaction's prefix sum needs a full tile.
 pub const MIN_BLOCK: usize = 1024;
 
-/// The most candidates a program holds in registers: 32 a thread on 8 warps (150 to 200
+/// The most candidates a program holds in registers: 16 a thread on 16 warps (about 100
 /// registers, no spills). Longer rows need the row in shared memory (not yet written).
 pub const MAX_BLOCK: usize = 8192;
 
 impl SearchConfig {
     /// The default for rows of up to `max_len` candidates: the block rounded up to a power
-    /// of two, with enough warps that each thread holds at most 32 candidates.
+    /// of two, with enough warps that each thread holds at most 16 candidates (a search
+    /// step keeps several values per candidate live: 16 a thread need about 100 registers).
     pub fn for_rows(max_len: usize, group: usize) -> SearchConfig {
         let block = max_len.next_power_of_two().max(MIN_BLOCK);
-        let num_warps = (block / (32 * 32)).clamp(4, 8) as u32;
+        let num_warps = (block / (32 * 16)).clamp(4, 16) as u32;
         SearchConfig {
             block,
             group,
@@ -163,28 +167,31 @@ pub fn build_search(policy: &Policy, cfg: &SearchConfig) -> Result<Kernel, Compi
     let zero_i = b.i32(0);
     let none = b.splat(zero_i, &[cfg.block]);
     let (lo_g, hi_g, step) = (b.i32(0), b.i32(cfg.group as i32), b.i32(1));
-    let keep = b.for_range(lo_g, hi_g, step, &[none], |b, g, carried| {
-        let kept = search_row(
-            b,
-            policy,
-            cfg,
-            &RowArgs {
-                scores,
-                params: &params,
-                scale,
-                kept_mass,
-                flags,
-                row,
-                g,
-                start,
-                n,
-                offs,
-                valid,
-            },
-        );
-        let kept = b.cast(kept, DType::I32);
-        vec![b.maximum(carried[0], kept)]
-    })[0];
+    let row_args = |g| RowArgs {
+        scores,
+        params: &params,
+        scale,
+        kept_mass,
+        flags,
+        row,
+        g,
+        start,
+        n,
+        offs,
+        valid,
+    };
+    let keep = if cfg.group == 1 {
+        // One query head: its own set, no union to carry.
+        let g = b.i32(0);
+        let kept = search_row(&mut b, policy, cfg, &row_args(g));
+        b.cast(kept, DType::I32)
+    } else {
+        b.for_range(lo_g, hi_g, step, &[none], |b, g, carried| {
+            let kept = search_row(b, policy, cfg, &row_args(g));
+            let kept = b.cast(kept, DType::I32);
+            vec![b.maximum(carried[0], kept)]
+        })[0]
+    };
 
     // Ordered compaction of the union: a kept candidate's rank among the kept ones.
     let rank = b.cumsum(keep);
@@ -299,10 +306,14 @@ fn search_row(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig, a: &Ro
                 let zf = b.f32(0.0);
                 let in_mass = b.select(ge, es, zf);
                 let mass = b.sum(in_mass, 0);
-                let one_i = b.i32(1);
-                let zero_i = b.i32(0);
-                let in_count = b.select(ge, one_i, zero_i);
-                let count = b.sum(in_count, 0);
+                let count = if policy.reads.contains(&"count") {
+                    let one_i = b.i32(1);
+                    let zero_i = b.i32(0);
+                    let in_count = b.select(ge, one_i, zero_i);
+                    b.sum(in_count, 0)
+                } else {
+                    lo_count
+                };
                 let inf = b.f32(f32::INFINITY);
                 let at_or_above = b.select(ge, es, inf);
                 let next_up = b.min(at_or_above, 0);

@@ -170,6 +170,13 @@ fn descriptor(name: &Ident, args: &[Arg]) -> TokenStream {
         }
     }
     let pname = LitStr::new(&name.to_string(), name.span());
+    let reads: Vec<LitStr> = args
+        .iter()
+        .filter_map(|a| match a {
+            Arg::Stat(n) => Some(LitStr::new(&n.to_string(), n.span())),
+            Arg::Param { .. } => None,
+        })
+        .collect();
     quote! {
         fn __predicate(
             #b: &mut __dusk::compiler::KernelBuilder,
@@ -184,6 +191,7 @@ fn descriptor(name: &Ident, args: &[Arg]) -> TokenStream {
         pub const POLICY: __dusk::kernels::threshold::Policy = __dusk::kernels::threshold::Policy {
             name: #pname,
             params: &[#(#params),*],
+            reads: &[#(#reads),*],
             predicate: __predicate,
         };
     }

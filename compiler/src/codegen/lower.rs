@@ -197,7 +197,8 @@ fn shared_bytes(k: &Kernel, layouts: &Layouts) -> usize {
                         };
                         reduce.max(convert)
                     }
-                    _ => k.num_warps as usize * wide,
+                    // One 8-byte slot a warp (see `across_warps`).
+                    _ => k.num_warps as usize * 8,
                 }
             }
             OpKind::MultiReduce { values, .. } => values.len() * k.num_warps as usize * 8,
@@ -1652,11 +1653,12 @@ impl<'c, 'k> Lower<'c, 'k> {
         let d = self.ty_of(v).elem.dtype().expect("number");
         let l = self.layouts.get(v).clone();
         let id = self.identity(op, d);
-        let mut acc = id;
-        for x in self.elems(v) {
-            let x = self.widen_for_reduce(x, d)?;
-            acc = self.combine(op, d, acc, x)?;
-        }
+        let xs: Vec<_> = self
+            .elems(v)
+            .into_iter()
+            .map(|x| self.widen_for_reduce(x, d))
+            .collect::<R<_>>()?;
+        let mut acc = self.fold_tree(op, d, xs, id)?;
         if let Layout::Slice { parent, dim } = &l {
             let kept = 1 - dim;
             if parent.warps_per_cta[kept] == 1 {
@@ -1680,6 +1682,32 @@ impl<'c, 'k> Lower<'c, 'k> {
             acc = self.combine(op, d, acc, other)?;
         }
         Ok((acc, self.k.num_warps > 1))
+    }
+
+    /// Combines a thread's elements pairwise: a chain of log2(n) dependent steps instead of
+    /// n, so several reductions of one step overlap their latencies.
+    fn fold_tree(
+        &self,
+        op: ReduceOp,
+        d: DType,
+        mut xs: Vec<BasicValueEnum<'c>>,
+        id: BasicValueEnum<'c>,
+    ) -> R<BasicValueEnum<'c>> {
+        if xs.is_empty() {
+            return Ok(id);
+        }
+        while xs.len() > 1 {
+            let mut next = Vec::with_capacity(xs.len().div_ceil(2));
+            for pair in xs.chunks(2) {
+                next.push(match pair {
+                    [a, b] => self.combine(op, d, *a, *b)?,
+                    [a] => *a,
+                    _ => unreachable!("chunks of two"),
+                });
+            }
+            xs = next;
+        }
+        Ok(xs[0])
     }
 
     /// Several reductions of 1-D blocks at once (`MultiReduce`): each folded within the
