@@ -1,4 +1,5 @@
-//! dusk-kernels: the stock kernels, written with the builder, and their host entry points.
+//! dusk-kernels: the stock kernels, written in the kernel language (`#[kernel]`), and their
+//! host entry points.
 //!
 //! - [`quantize`]: f16 K to 4- or 8-bit codes with per-row scale and zero.
 //! - [`spgemv`]: scores of query heads against candidate tokens, reading quantized K.

@@ -237,12 +237,10 @@ fn generic_path(ty: &Type) -> Option<(String, Option<&Type>)> {
 
 /// The `T` of `Ptr<T>` (`whole` is the parameter's type, for the error).
 fn ptr_elem(whole: &Type, arg: &Type) -> syn::Result<ElemTy> {
-    match generic_path(arg) {
-        Some((n, None)) => match ElemTy::from_name(&n) {
-            Some(e) if e != ElemTy::Bool => return Ok(e),
-            _ => {}
-        },
-        _ => {}
+    if let Some((n, None)) = generic_path(arg) {
+        if let Some(e) = ElemTy::from_name(&n).filter(|e| *e != ElemTy::Bool) {
+            return Ok(e);
+        }
     }
     Err(Error::new_spanned(
         whole,
