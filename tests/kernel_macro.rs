@@ -491,6 +491,23 @@ fn taps<const B: usize, const TAPS: usize>(x: Ptr<f32>, out: Ptr<f32>) {
     store(out + i, acc);
 }
 
+#[kernel]
+fn zero_step(x: Ptr<f32>) {
+    #[unroll]
+    for i in (0..4).step_by(0) {
+        store(x + i, 1.0);
+    }
+}
+
+#[test]
+fn unrolled_loops_need_a_positive_step() {
+    let e = zero_step::build().unwrap_err().to_string();
+    assert!(
+        e.contains("zero_step") && e.contains("at least 1, found 0"),
+        "{e}"
+    );
+}
+
 #[test]
 fn unrolled_loops_run_when_the_kernel_is_built() {
     let k = taps::build::<32, 7>().unwrap();

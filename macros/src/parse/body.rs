@@ -206,7 +206,7 @@ fn binary_op(op: &syn::BinOp) -> Option<BinOp> {
 const FOR_FORMS: &str = "`for i in lo..hi` or `for i in (lo..hi).step_by(step)`";
 
 const WHILE_FORM: &str = "`#[bound(n)] while cond { .. }`, which stops after `n` iterations \
-     if `cond` still holds (`n` a compile-time integer)";
+     if `cond` still holds (`n` a constant or an i32 value)";
 
 /// Whether a `for` loop is marked `#[unroll]`; any other attribute is an error.
 fn unroll_attr(attrs: &[syn::Attribute]) -> Result<bool> {
