@@ -420,8 +420,9 @@ specialisations! {
         (64, 8; 64, 2, 0; 1 2 4 8 16),
         (128, 8; 64, 2, 0; 1 2 4 8 16),
         (256, 8; 64, 2, 0; 1 2 4 8 16),
-        // The benchmark's other tilings.
+        // The benchmark's other tilings, and its `--profile 64x4` case (GQA 32/8).
         (128, 4; 64, 2, 14; 2 4 8),
+        (128, 4; 64, 4, 0; 4),
         (128, 4; 32, 1, 0; 1 2 4 8 16),
         (128, 4; 128, 4, 6; 1 2 4 8 16),
     ],
