@@ -149,13 +149,13 @@ fn key_rows<const PAGE: usize>(
     num_kv_heads: i32,
 ) -> Block<i64> {
     let p = cand_indices + (start + j);
-    let none = 0i32;
-    let pos = load(p, valid, none);
+    let zero = 0i32;
+    let pos = load(p, valid, zero);
     let first_page = load(kv_indptr + batch);
     let ps = PAGE as i32;
     let page_in_seq = pos / ps;
     let slot = pos % ps;
-    let page = load(kv_page_indices + (first_page + page_in_seq), valid, none);
+    let page = load(kv_page_indices + (first_page + page_in_seq), valid, zero);
     let tok = (page as i64) * PAGE + (slot as i64);
     let heads = num_kv_heads as i64;
     let head = head as i64;

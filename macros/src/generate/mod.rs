@@ -3,7 +3,9 @@
 //! - `build::<CONSTS>()`: the kernel's IR, made with the `KernelBuilder`;
 //! - `launch::<CONSTS>(device, kernel, grid, args..)`: a launch with typed arguments;
 //! - `inline::<CONSTS>(b, args..)`: the body, emitted into another kernel's builder (how
-//!   one kernel calls another).
+//!   one kernel calls another), after checking each argument against its parameter's type.
+//!
+//! A kernel with `Block<T>` parameters is a helper only: its module has just `inline`.
 
 mod body;
 mod carried;
