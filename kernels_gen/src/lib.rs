@@ -5,7 +5,7 @@
 //! - [`spgemv`]: scores of query heads against candidate tokens, reading quantized K.
 //! - [`ops`]: validated, compiled-once entry points for both ([`ops::Dusk`]).
 //! - [`paged`]: the paged KV cache and token-list descriptions the entry points check.
-//! - [`reference`]: plain host versions, the oracles of tests and GPU checks.
+//! - [`mod@reference`]: plain host versions, the oracles of tests and GPU checks.
 
 pub mod error;
 pub mod ops;
