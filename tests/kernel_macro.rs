@@ -364,9 +364,9 @@ fn nested_loops() {
 
 // ---- helpers: one kernel calling another ----
 
-/// `a * x + y`, elementwise.
+/// `a * x + y`, elementwise: a helper taking blocks, so it has `inline` only.
 #[kernel]
-fn axpy(a: f32, x: f32, y: f32) -> Tensor {
+fn axpy(a: f32, x: Block<f32>, y: Block<f32>) -> Block<f32> {
     a * x + y
 }
 
@@ -397,9 +397,140 @@ fn helper_kernels() {
     saxpy::launch::<128>(&dev, &k, [3, 1, 1], &x, &y, &out, 2.5, n as i32).unwrap();
     let want: Vec<f32> = xs.iter().zip(&ys).map(|(x, y)| 2.5 * x + y).collect();
     assert_close(&out.download().unwrap(), &want, 1e-6);
-    // A helper is a kernel too.
-    let k = axpy::build().unwrap();
+    // A helper taking no blocks is a kernel too.
+    let k = load_block::build::<64>().unwrap();
     assert_eq!(k.params.len(), 3);
+}
+
+/// Doubles its argument.
+#[kernel]
+fn twice(x: Block<f32>) -> Block<f32> {
+    x * 2.0
+}
+
+#[kernel]
+fn passes_ints(x: Ptr<i32>) {
+    let v = load(x + arange(0, 16));
+    store(x + arange(0, 16), twice(v)); // PASSES-INTS
+}
+
+#[test]
+fn helper_arguments_are_checked_against_their_declared_types() {
+    let e = passes_ints::build().unwrap_err().to_string();
+    assert!(
+        e.contains(
+            "`twice`'s parameter `x` is declared `Block<f32>`, but the argument is `i32[16]`"
+        ),
+        "{e}"
+    );
+}
+
+// ---- bounded `while`, `#[unroll]` ----
+
+/// Per program: halves `x[pid]` while it is at least 1, at most `MAX` times, and counts the
+/// halvings.
+#[kernel(num_warps = 1)]
+fn halvings<const MAX: usize>(x: Ptr<f32>, steps: Ptr<i32>) {
+    let pid = program_id(0);
+    let mut v = load(x + pid);
+    let mut n = 0;
+    #[bound(MAX)]
+    while v >= 1.0 {
+        v = v / 2.0;
+        n += 1;
+    }
+    store(x + pid, v);
+    store(steps + pid, n);
+}
+
+#[test]
+fn bounded_while_stops_at_its_condition_or_its_bound() {
+    let dev = Device::cpu();
+    let xs = [0.5f32, 1.0, 3.0, 1000.0, 1e30, 7.0];
+    let k = halvings::build::<64>().unwrap();
+    let text = dusk::compiler::print::print_kernel(&k);
+    assert!(text.contains("for") && text.contains("if"), "{text}");
+    let k = load(&dev, k);
+    let x = dev.upload(&xs).unwrap();
+    let steps = dev.alloc::<i32>(xs.len()).unwrap();
+    halvings::launch::<64>(&dev, &k, [xs.len() as u32, 1, 1], &x, &steps).unwrap();
+    let (mut want_x, mut want_n) = (vec![], vec![]);
+    for &x0 in &xs {
+        let (mut v, mut n) = (x0, 0);
+        while v >= 1.0 && n < 64 {
+            v /= 2.0;
+            n += 1;
+        }
+        want_x.push(v);
+        want_n.push(n);
+    }
+    assert_eq!(want_n[4], 64, "1e30 needs more halvings than the bound");
+    assert_eq!(x.download().unwrap(), want_x);
+    assert_eq!(steps.download().unwrap(), want_n);
+}
+
+#[test]
+fn bounded_while_compiles_to_ptx() {
+    let k = halvings::build::<16>().unwrap();
+    let ptx =
+        dusk::compiler::codegen::compile(&k, &dusk::compiler::codegen::Target::sm90a()).unwrap();
+    assert!(ptx.contains(".entry halvings_MAX16"), "{ptx}");
+}
+
+/// `out[i] = sum over taps s = 0, 2, 4, .. of (s + 1) * x[i + s]`, the taps unrolled when the
+/// kernel is built; odd-numbered taps of a multiple of 4 are also negated.
+#[kernel(num_warps = 1)]
+fn taps<const B: usize, const TAPS: usize>(x: Ptr<f32>, out: Ptr<f32>) {
+    let i = arange(0, B);
+    let mut acc = zeros::<f32>([B]);
+    #[unroll]
+    for s in (0..TAPS).step_by(2) {
+        let w = if s % 4 == 0 { s + 1 } else { -(s + 1) };
+        acc = acc + load(x + (i + s)) * w;
+    }
+    store(out + i, acc);
+}
+
+#[kernel]
+fn zero_step(x: Ptr<f32>) {
+    #[unroll]
+    for i in (0..4).step_by(0) {
+        store(x + i, 1.0);
+    }
+}
+
+#[test]
+fn unrolled_loops_need_a_positive_step() {
+    let e = zero_step::build().unwrap_err().to_string();
+    assert!(
+        e.contains("zero_step") && e.contains("at least 1, found 0"),
+        "{e}"
+    );
+}
+
+#[test]
+fn unrolled_loops_run_when_the_kernel_is_built() {
+    let k = taps::build::<32, 7>().unwrap();
+    let text = dusk::compiler::print::print_kernel(&k);
+    assert!(!text.contains("for"), "{text}");
+    assert_eq!(text.matches("load").count(), 4, "{text}");
+    let dev = Device::cpu();
+    let xs = noise(40, 3);
+    let x = dev.upload(&xs).unwrap();
+    let out = poisoned(&dev, 32);
+    taps::launch::<32, 7>(&dev, &load(&dev, k), [1, 1, 1], &x, &out).unwrap();
+    let want: Vec<f32> = (0..32)
+        .map(|i| {
+            (0..7)
+                .step_by(2)
+                .map(|s| {
+                    let w = if s % 4 == 0 { s + 1 } else { -(s + 1) };
+                    w as f32 * xs[i + s as usize]
+                })
+                .sum()
+        })
+        .collect();
+    assert_close(&out.download().unwrap(), &want, 1e-6);
 }
 
 // ---- integer ops, pointer casts, dp2a ----
@@ -610,10 +741,10 @@ fn launch_checks_arguments_at_run_time_too() {
     // The typed `launch` rules out wrong element types at compile time; a kernel of another
     // signature loaded in its place is still caught by the runtime's checks.
     let dev = Device::cpu();
-    let other = load(&dev, axpy::build().unwrap());
+    let other = load(&dev, load_block::build::<64>().unwrap());
     let x = dev.upload(&[1.0f32]).unwrap();
     let e = vector_add::launch::<256>(&dev, &other, [1, 1, 1], &x, &x, &x, 1).unwrap_err();
-    assert!(e.to_string().contains("axpy"), "{e}");
+    assert!(e.to_string().contains("load_block"), "{e}");
 }
 
 // ---- launch hints from constant generics ----

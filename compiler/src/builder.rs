@@ -103,6 +103,14 @@ impl KernelBuilder {
         self.push(kind, loc, &[Type::scalar(DType::I32)])[0]
     }
 
+    /// Records a build error at the caller's source line (the first error is the one
+    /// `finish` returns): for checks that code generated from kernels makes as it builds.
+    #[track_caller]
+    pub fn report(&mut self, op: &str, msg: impl Into<String>) {
+        let loc = caller_loc(Location::caller());
+        self.fail(op, &loc, msg.into());
+    }
+
     // ---- parameters ----
 
     /// A pointer parameter to global memory holding `dtype` elements.

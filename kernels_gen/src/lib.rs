@@ -1,4 +1,5 @@
-//! dusk-kernels: the stock kernels, written with the builder, and their host entry points.
+//! dusk-kernels: the stock kernels, written in the kernel language (`#[kernel]`), and their
+//! host entry points.
 //!
 //! - [`quantize`]: f16 K to 4- or 8-bit codes with per-row scale and zero.
 //! - [`spgemv`]: scores of query heads against candidate tokens, reading quantized K.
@@ -6,7 +7,7 @@
 //!   [`prune`], its validated plan: scores in, compacted CSR token lists out.
 //! - [`ops`]: validated, compiled-once entry points for both ([`ops::Dusk`]).
 //! - [`paged`]: the paged KV cache and token-list descriptions the entry points check.
-//! - [`reference`]: plain host versions, the oracles of tests and GPU checks.
+//! - [`mod@reference`]: plain host versions, the oracles of tests and GPU checks.
 
 pub mod error;
 pub mod ops;

@@ -278,6 +278,19 @@ impl SpgemvPlan {
                 tokens,
             )?;
         }
+        ensure(
+            kv.page_size == 16,
+            "page_size",
+            "16 (the page size spgemv_quant is compiled for)",
+            kv.page_size,
+        )?;
+        ensure(
+            spgemv::specialised(&cfg),
+            "config",
+            "a tiling compiled into dusk-kernels: the default, or for head_dim 128 and 4-bit \
+             codes one the benchmark sweeps (see `SpgemvConfig`)",
+            format!("{cfg:?}"),
+        )?;
         let kernel = dusk.kernel(format!("{cfg:?}"), || spgemv::build(&cfg))?;
         let dev = dusk.device();
         let q_rows = table.batch() * num_q_heads;

@@ -166,6 +166,30 @@ fn tensor_cores_need_4_bit_codes_and_a_group() {
     assert_eq!(arg_of(e), "block_tokens");
 }
 
+#[test]
+fn configurations_not_compiled_in_are_rejected() {
+    let (dusk, kv, table, _) = small_setup();
+    let cand = TokenLists::all_tokens(&table, 16, 2);
+    let e = SpgemvPlan::with_config(&dusk, kv, 4, 4, &table, &cand, |c| c.block_tokens = 256)
+        .err()
+        .unwrap();
+    assert_eq!(arg_of(e), "config");
+    let kv32 = KvShape {
+        page_size: 32,
+        ..kv
+    };
+    let table32 = PageTable {
+        kv_indptr: vec![0, 1, 2],
+        kv_page_indices: vec![0, 1],
+        kv_last_page_len: vec![20, 32],
+    };
+    let cand = TokenLists::all_tokens(&table32, 32, 2);
+    let e = SpgemvPlan::new(&dusk, kv32, 4, 4, &table32, &cand)
+        .err()
+        .unwrap();
+    assert_eq!(arg_of(e), "page_size");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 6, .. ProptestConfig::default() })]
     #[test]

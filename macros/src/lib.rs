@@ -17,7 +17,7 @@ mod parse;
 mod policy;
 
 /// Turns a function in the kernel language into a module with `build`, `launch` and
-/// `inline`. Options: `num_warps = N` (default 4), `min_programs_per_sm = N`, `debug`
+/// `inline` (only `inline` for a helper taking `Block<T>` parameters). Options: `num_warps = N` (default 4), `min_programs_per_sm = N`, `debug`
 /// (print the IR when built).
 #[proc_macro_attribute]
 pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {

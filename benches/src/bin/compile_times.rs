@@ -25,18 +25,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("quantize_k (4 bits, d128; #[kernel])", || {
             quantize::build(&QuantizeConfig::new(128, 4))
         }),
-        ("spgemv prepare_q (d128)", || {
+        ("spgemv prepare_q (d128; #[kernel])", || {
             spgemv::build_prepare_q(&SpgemvConfig::new(128, 16, 1, 4))
         }),
-        ("spgemv_quant MHA (dp2a)", || {
+        ("spgemv_quant MHA (dp2a; #[kernel])", || {
             spgemv::build(&SpgemvConfig::new(128, 16, 1, 4))
         }),
-        ("spgemv_quant GQA 4 (tensor cores)", || {
+        ("spgemv_quant GQA 4 (tensor cores; #[kernel])", || {
             spgemv::build(&SpgemvConfig::new(128, 16, 4, 4))
         }),
     ];
     println!(
-        "{:<36} {:>10} {:>14} {:>12}",
+        "{:<46} {:>10} {:>14} {:>12}",
         "kernel", "build IR", "to PTX", "again"
     );
     let total = Instant::now();
@@ -52,7 +52,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         compile_cached(&k, &target)?;
         let again_ms = ms(t);
         println!(
-            "{name:<36} {build_ms:>7.2} ms {first_ms:>8.2} ms ({source:?}) {again_ms:>6.3} ms"
+            "{name:<46} {build_ms:>7.2} ms {first_ms:>8.2} ms ({source:?}) {again_ms:>6.3} ms"
         );
         rows.push(
             json!({"kernel": name, "build_ir_ms": build_ms, "to_ptx_ms": first_ms,

@@ -273,7 +273,8 @@ fn main() -> Res<()> {
     let dusk = Dusk::new(dev.clone())?;
     let mut rng = SmallRng::seed_from_u64(std::process::id() as u64 ^ 0x5eed);
     if let Some(t) = arg("--profile") {
-        // One GQA all-tokens case at one tiling ("64x4"), for a profiler to look at.
+        // One GQA all-tokens case at one tiling ("64x4"), for a profiler to look at; the
+        // tiling must be one compiled into dusk-kernels (`spgemv::specialised`).
         let (tokens, warps) = t.split_once('x').ok_or("--profile TOKENSxWARPS")?;
         let c = BenchCase {
             kv_heads: 8,

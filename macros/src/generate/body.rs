@@ -326,6 +326,9 @@ impl Lower {
     }
 
     fn for_(&mut self, f: &For, out: &mut TokenStream) -> Result<()> {
+        if f.unroll {
+            return self.unrolled_for(f, out);
+        }
         let b = self.b.clone();
         let span = f.span;
         let lo = self.index(&f.lo, out)?;
@@ -377,6 +380,43 @@ impl Lower {
         };
         let call = quote_spanned!(span=> #b.for_range(#lo, #hi, #step, &[#(#carried),*], #closure));
         self.finish_region(call, &carried, None, span, out);
+        Ok(())
+    }
+
+    /// `#[unroll] for`: a Rust loop run when the kernel is built, its variable a
+    /// compile-time integer; variables it assigns are plain Rust assignments.
+    fn unrolled_for(&mut self, f: &For, out: &mut TokenStream) -> Result<()> {
+        let b = self.b.clone();
+        let span = f.span;
+        let what = "a bound of an `#[unroll]` loop";
+        let lo = self.const_int(&f.lo, what, out)?;
+        let hi = self.const_int(&f.hi, what, out)?;
+        let step = match &f.step {
+            Some(s) => self.const_int(s, "the step of an `#[unroll]` loop", out)?,
+            None => quote_spanned!(span=> 1i64),
+        };
+        self.scopes.push(vec![]);
+        if let Some(v) = &f.var {
+            self.declare(
+                v,
+                Var {
+                    kind: Kind::Int,
+                    mutable: false,
+                    konst: false,
+                },
+            );
+        }
+        let mut body = TokenStream::new();
+        self.block_stmts(&f.body, false, &mut body);
+        self.scopes.pop();
+        let var = match &f.var {
+            Some(v) => quote!(#v),
+            None => quote!(_),
+        };
+        let rt = rt(span);
+        out.extend(quote_spanned! {span=>
+            for #var in #rt::unrolled(#b, #lo, #hi, #step) { #body }
+        });
         Ok(())
     }
 

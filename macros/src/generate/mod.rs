@@ -3,7 +3,9 @@
 //! - `build::<CONSTS>()`: the kernel's IR, made with the `KernelBuilder`;
 //! - `launch::<CONSTS>(device, kernel, grid, args..)`: a launch with typed arguments;
 //! - `inline::<CONSTS>(b, args..)`: the body, emitted into another kernel's builder (how
-//!   one kernel calls another).
+//!   one kernel calls another), after checking each argument against its parameter's type.
+//!
+//! A kernel with `Block<T>` parameters is a helper only: its module has just `inline`.
 
 mod body;
 mod carried;
@@ -100,6 +102,11 @@ fn module(sig: &Signature, body: Option<TokenStream>, extra: TokenStream) -> Tok
     let param_vals: Vec<Ident> = (0..sig.params.len())
         .map(|i| format_ident!("__p{}", i, span = Span::mixed_site()))
         .collect();
+    // A kernel with block parameters is a helper only: there is nothing to build or launch.
+    let helper_only = sig
+        .params
+        .iter()
+        .any(|p| matches!(p.ty, ParamTy::Block { .. }));
     let make_params = sig.params.iter().zip(&param_vals).map(|(p, v)| {
         let pname = LitStr::new(&p.name.unraw().to_string(), p.name.span());
         let call = match p.ty {
@@ -111,6 +118,7 @@ fn module(sig: &Signature, body: Option<TokenStream>, extra: TokenStream) -> Tok
                 let d = types::dtype(e);
                 quote!(#b.param_scalar(#pname, #d))
             }
+            ParamTy::Block { .. } => unreachable!("no `build` for kernels with block parameters"),
         };
         quote!(let #v = #call;)
     });
@@ -129,6 +137,14 @@ fn module(sig: &Signature, body: Option<TokenStream>, extra: TokenStream) -> Tok
     let inline_ret = sig
         .returns
         .map(|s| quote_spanned!(s=> -> __dusk::compiler::Value));
+    // Each argument checked against its declared type as the helper is inlined.
+    let check_args = sig.params.iter().map(|p| {
+        let n = &p.name;
+        let (elem, block) = types::elem_of(p.ty);
+        let declared = LitStr::new(&types::spelled(p.ty), p.ty_span);
+        let pname = LitStr::new(&n.unraw().to_string(), n.span());
+        quote_spanned!(p.ty_span=> self::__dusk_rt::check_arg(#b, #n, #kname, #pname, #elem, #block, #declared);)
+    });
     let stub_allow = body
         .is_none()
         .then(|| quote!(#[allow(unused_variables, unused_mut)]));
@@ -169,15 +185,8 @@ fn module(sig: &Signature, body: Option<TokenStream>, extra: TokenStream) -> Tok
         " Launches kernel `{kname}` (from [`build`], loaded on `device`) over `grid` programs, \
          with arguments typed after the kernel's parameters."
     );
-    quote! {
-        #(#attrs)*
-        #vis mod #name {
-            #[allow(unused_imports)]
-            use super::*;
-            /// Where dusk's crates are: `::dusk`, or the path given by `#[kernel(crate = "...")]`.
-            #[allow(unused_imports)]
-            use #root as __dusk;
-
+    let entry = (!helper_only).then(|| {
+        quote! {
             #[doc = #doc_build]
             pub fn build #generics () -> ::core::result::Result<__dusk::compiler::Kernel, __dusk::compiler::CompileError> {
                 #make_name
@@ -201,6 +210,18 @@ fn module(sig: &Signature, body: Option<TokenStream>, extra: TokenStream) -> Tok
             ) -> ::core::result::Result<(), __dusk::runtime::RuntimeError> {
                 #device.launch(#kernel, #grid, &[#(#launch_args),*])
             }
+        }
+    });
+    quote! {
+        #(#attrs)*
+        #vis mod #name {
+            #[allow(unused_imports)]
+            use super::*;
+            /// Where dusk's crates are: `::dusk`, or the path given by `#[kernel(crate = "...")]`.
+            #[allow(unused_imports)]
+            use #root as __dusk;
+
+            #entry
 
             /// Emits the kernel's body into `b` with the given parameter values: how another
             /// kernel calls this one.
@@ -215,6 +236,7 @@ fn module(sig: &Signature, body: Option<TokenStream>, extra: TokenStream) -> Tok
                 #b: &mut __dusk::compiler::KernelBuilder,
                 #(#inline_params),*
             ) #inline_ret {
+                #(#check_args)*
                 #inline_body
             }
 

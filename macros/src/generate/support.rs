@@ -82,6 +82,45 @@ pub fn module() -> TokenStream {
                 float_const(b, if d.is_float() { d } else { DType::F32 }, v)
             }
 
+            /// The values of an `#[unroll]` loop's variable; a step below 1 is a build error.
+            #[track_caller]
+            pub(super) fn unrolled(
+                b: &mut KernelBuilder,
+                lo: i64,
+                hi: i64,
+                step: i64,
+            ) -> ::core::iter::StepBy<::core::ops::Range<i64>> {
+                if step < 1 {
+                    b.report(
+                        "unroll",
+                        ::std::format!("the step of an `#[unroll]` loop must be at least 1, found {step}"),
+                    );
+                    return (0..0).step_by(1);
+                }
+                (lo..hi).step_by(step as usize)
+            }
+
+            /// Checks that a helper's argument `v` has its parameter's declared type:
+            /// `elem`, and a block (of any shape) when `block`, else a scalar.
+            #[track_caller]
+            pub(super) fn check_arg(
+                b: &mut KernelBuilder,
+                v: Value,
+                helper: &str,
+                param: &str,
+                elem: Elem,
+                block: bool,
+                declared: &str,
+            ) {
+                let t = b.ty(v);
+                if t.elem != elem || t.is_scalar() == block {
+                    let msg = ::std::format!(
+                        "`{helper}`'s parameter `{param}` is declared `{declared}`, but the argument is `{t}`"
+                    );
+                    b.report("call", msg);
+                }
+            }
+
             /// `x + y`: pointer arithmetic when either side is a pointer.
             #[track_caller]
             pub(super) fn add(b: &mut KernelBuilder, x: Value, y: Value) -> Value {

@@ -43,13 +43,41 @@ pub fn launch_param(t: ParamTy, span: Span) -> TokenStream {
             let h = host(e);
             quote_spanned!(span=> #h)
         }
+        ParamTy::Block { .. } => unreachable!("no `launch` for kernels with block parameters"),
+    }
+}
+
+/// A parameter's element (`dusk::compiler::Elem`) and whether it is a block.
+pub fn elem_of(t: ParamTy) -> (TokenStream, bool) {
+    let (e, ptr, block) = match t {
+        ParamTy::Ptr(e) => (e, true, false),
+        ParamTy::Scalar(e) => (e, false, false),
+        ParamTy::Block { elem, ptr } => (elem, ptr, true),
+    };
+    let d = dtype(e);
+    let elem = if ptr {
+        quote!(__dusk::compiler::Elem::Ptr(#d))
+    } else {
+        quote!(__dusk::compiler::Elem::Num(#d))
+    };
+    (elem, block)
+}
+
+/// A parameter type as the kernel spells it: `Block<Ptr<f16>>`.
+pub fn spelled(t: ParamTy) -> String {
+    let name = |e: ElemTy| format!("{e:?}").to_lowercase();
+    match t {
+        ParamTy::Ptr(e) => format!("Ptr<{}>", name(e)),
+        ParamTy::Scalar(e) => name(e),
+        ParamTy::Block { elem, ptr: true } => format!("Block<Ptr<{}>>", name(elem)),
+        ParamTy::Block { elem, ptr: false } => format!("Block<{}>", name(elem)),
     }
 }
 
 /// `x` as a launch argument.
 pub fn launch_arg(t: ParamTy, x: &TokenStream) -> TokenStream {
     let v = match t {
-        ParamTy::Ptr(_) => return quote!(__dusk::runtime::Arg::from(#x)),
+        ParamTy::Ptr(_) | ParamTy::Block { .. } => return quote!(__dusk::runtime::Arg::from(#x)),
         ParamTy::Scalar(ElemTy::I32) => quote!(I32),
         ParamTy::Scalar(ElemTy::I64) => quote!(I64),
         ParamTy::Scalar(ElemTy::F32) => quote!(F32),

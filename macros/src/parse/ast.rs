@@ -75,6 +75,12 @@ pub struct Param {
 pub enum ParamTy {
     Ptr(ElemTy),
     Scalar(ElemTy),
+    /// `Block<T>` or `Block<Ptr<T>>` (`ptr`): a block of any shape, a parameter of helpers
+    /// only (a kernel launched from the host takes pointers and scalars).
+    Block {
+        elem: ElemTy,
+        ptr: bool,
+    },
 }
 
 /// The element types of the IR, as they are spelled in kernels.
@@ -130,7 +136,8 @@ pub enum Stmt {
     Expr(Expr),
 }
 
-/// `for var in (lo..hi).step_by(step) { body }`.
+/// `for var in (lo..hi).step_by(step) { body }`; `#[bound(n)] while cond { body }` is parsed
+/// as `for _ in 0..n { if cond { body } }`.
 pub struct For {
     /// `None` for `_`.
     pub var: Option<Ident>,
@@ -138,7 +145,10 @@ pub struct For {
     pub hi: Expr,
     pub step: Option<Expr>,
     pub body: Block,
-    /// The `for` keyword.
+    /// `#[unroll]`: the loop runs when the kernel is built (the bounds are compile-time
+    /// integers, the variable is one), repeating its body in the IR.
+    pub unroll: bool,
+    /// The `for` (or `while`) keyword.
     pub span: Span,
 }
 

@@ -36,7 +36,7 @@ fn block(b: &syn::Block, errors: &mut Errors) -> Block {
             syn::Stmt::Macro(m) => errors.push(macro_error(&m.mac)),
             syn::Stmt::Expr(e, semi) => {
                 let last = i + 1 == n && semi.is_none();
-                if last && !matches!(e, syn::Expr::ForLoop(_)) {
+                if last && !matches!(e, syn::Expr::ForLoop(_) | syn::Expr::While(_)) {
                     let Some(e) = errors.take(expr(e)) else {
                         continue;
                     };
@@ -134,6 +134,7 @@ fn stmt_expr(e: &syn::Expr) -> Result<Stmt> {
             span: b.op.span(),
         }),
         syn::Expr::ForLoop(f) => for_loop(f).map(|f| Stmt::For(Box::new(f))),
+        syn::Expr::While(w) => while_loop(w).map(|f| Stmt::For(Box::new(f))),
         e => expr(e).map(Stmt::Expr),
     }
 }
@@ -204,7 +205,97 @@ fn binary_op(op: &syn::BinOp) -> Option<BinOp> {
 
 const FOR_FORMS: &str = "`for i in lo..hi` or `for i in (lo..hi).step_by(step)`";
 
+const WHILE_FORM: &str = "`#[bound(n)] while cond { .. }`, which stops after `n` iterations \
+     if `cond` still holds (`n` a constant or an i32 value)";
+
+/// Whether a `for` loop is marked `#[unroll]`; any other attribute is an error.
+fn unroll_attr(attrs: &[syn::Attribute]) -> Result<bool> {
+    let mut unroll = false;
+    for a in attrs {
+        if a.path().is_ident("unroll") {
+            a.meta.require_path_only()?;
+            unroll = true;
+        } else {
+            return Err(Error::new_spanned(
+                a,
+                "the only attribute of a `for` loop in #[kernel] functions is `#[unroll]` (run \
+                 the loop when the kernel is built, over compile-time bounds)",
+            ));
+        }
+    }
+    Ok(unroll)
+}
+
+/// `#[bound(n)] while cond { body }` as `for _ in 0..n { if cond { body } }`: once `cond`
+/// fails nothing in the body runs, so nothing it reads changes and the rest of the
+/// iterations do nothing.
+fn while_loop(w: &syn::ExprWhile) -> Result<For> {
+    if let Some(l) = &w.label {
+        return Err(Error::new_spanned(
+            l,
+            "loop labels are not supported in #[kernel] functions (there is no `break`)",
+        ));
+    }
+    if let syn::Expr::Let(l) = &*w.cond {
+        return Err(Error::new_spanned(
+            l,
+            format!("`while let` is not supported in #[kernel] functions; write {WHILE_FORM}"),
+        ));
+    }
+    let mut bound = None;
+    for a in &w.attrs {
+        if a.path().is_ident("bound") && bound.is_none() {
+            bound = Some(expr(&a.parse_args::<syn::Expr>()?)?);
+        } else {
+            return Err(Error::new_spanned(
+                a,
+                format!("the only attribute of a `while` loop in #[kernel] functions is `#[bound(n)]`: {WHILE_FORM}"),
+            ));
+        }
+    }
+    let span = w.while_token.span;
+    let Some(hi) = bound else {
+        return Err(Error::new(
+            span,
+            format!(
+                "a `while` loop in a #[kernel] function needs an iteration bound (a GPU loop \
+                 must end): write {WHILE_FORM}"
+            ),
+        ));
+    };
+    let (cond, then) = both(expr(&w.cond), {
+        let mut errors = Errors::default();
+        let b = block(&w.body, &mut errors);
+        errors.finish(b)
+    })?;
+    let guarded = Expr {
+        kind: ExprKind::If(If {
+            cond: Box::new(cond),
+            then,
+            otherwise: None,
+            span,
+        }),
+        span,
+    };
+    Ok(For {
+        var: None,
+        lo: Expr {
+            kind: ExprKind::Int(syn::LitInt::new("0", span), None),
+            span,
+        },
+        hi,
+        step: None,
+        body: Block {
+            stmts: vec![Stmt::Expr(guarded)],
+            tail: None,
+        },
+        unroll: false,
+        span,
+    })
+}
+
 fn for_loop(f: &syn::ExprForLoop) -> Result<For> {
+    let unroll = unroll_attr(&f.attrs)?;
     if let Some(l) = &f.label {
         return Err(Error::new_spanned(
             l,
@@ -261,6 +352,7 @@ fn for_loop(f: &syn::ExprForLoop) -> Result<For> {
             let b = block(&f.body, &mut errors);
             errors.finish(b)?
         },
+        unroll,
         span: f.for_token.span,
     })
 }
@@ -712,15 +804,13 @@ fn unsupported(e: &syn::Expr) -> Error {
         ),
         E::While(w) => Error::new(
             w.while_token.span,
-            format!(
-                "`while` loops are not supported in #[kernel] functions; use a counted loop \
-                 ({FOR_FORMS}) with an `if` inside"
-            ),
+            "a `while` loop is a statement in #[kernel] functions; it has no value",
         ),
         E::Loop(l) => Error::new(
             l.loop_token.span,
             format!(
-                "`loop` is not supported in #[kernel] functions; use a counted loop ({FOR_FORMS})"
+                "`loop` is not supported in #[kernel] functions; use a counted loop ({FOR_FORMS}) \
+                 or a bounded one ({WHILE_FORM})"
             ),
         ),
         E::ForLoop(f) => Error::new(

@@ -8,7 +8,8 @@ use syn::spanned::Spanned;
 use syn::{Error, FnArg, GenericArgument, GenericParam, Pat, PathArguments, ReturnType, Type};
 
 const PARAM_TYPES: &str = "kernel parameters are `Ptr<T>` (T one of f16, bf16, f32, i32, i64, u8) \
-     or the scalars i32, i64, f32, u8, bool";
+     or the scalars i32, i64, f32, u8, bool; helpers may also take blocks, `Block<T>` or \
+     `Block<Ptr<T>>`";
 
 /// `num_warps = N`, `min_programs_per_sm = N` (literals or constant generics), `debug`,
 /// `crate = "path"`.
@@ -183,45 +184,72 @@ fn param_ty(ty: &Type) -> syn::Result<ParamTy> {
             format!("unsupported parameter type `{}`; {PARAM_TYPES}", pretty(ty)),
         )
     };
-    let Type::Path(tp) = ty else {
+    let Some((name, arg)) = generic_path(ty) else {
         return Err(bad());
     };
-    if tp.qself.is_some() {
-        return Err(bad());
-    }
-    let last = tp.path.segments.last().ok_or_else(bad)?;
-    if last.ident == "Ptr" {
-        let PathArguments::AngleBracketed(args) = &last.arguments else {
-            return Err(bad());
-        };
-        let elem = match args.args.iter().collect::<Vec<_>>()[..] {
-            [GenericArgument::Type(Type::Path(e))] if e.qself.is_none() => e
-                .path
-                .get_ident()
-                .and_then(|i| ElemTy::from_name(&i.to_string())),
-            _ => None,
-        };
-        return match elem {
-            Some(e) if e != ElemTy::Bool => Ok(ParamTy::Ptr(e)),
-            _ => Err(Error::new_spanned(
-                ty,
-                format!(
-                    "unsupported pointer element type in `{}`; pointers are `Ptr<T>` with T one \
-                     of f16, bf16, f32, i32, i64, u8",
-                    pretty(ty)
-                ),
-            )),
-        };
-    }
-    if tp.path.segments.len() != 1 || !last.arguments.is_none() {
-        return Err(bad());
-    }
-    match ElemTy::from_name(&last.ident.to_string()) {
-        Some(e @ (ElemTy::I32 | ElemTy::I64 | ElemTy::F32 | ElemTy::U8 | ElemTy::Bool)) => {
-            Ok(ParamTy::Scalar(e))
-        }
+    match (name.as_str(), arg) {
+        ("Ptr", Some(arg)) => ptr_elem(ty, arg).map(ParamTy::Ptr),
+        ("Block", Some(arg)) => match generic_path(arg) {
+            Some((inner, Some(p))) if inner == "Ptr" => Ok(ParamTy::Block {
+                elem: ptr_elem(ty, p)?,
+                ptr: true,
+            }),
+            Some((inner, None)) => match ElemTy::from_name(&inner) {
+                Some(elem) => Ok(ParamTy::Block { elem, ptr: false }),
+                None => Err(Error::new_spanned(
+                    ty,
+                    format!(
+                        "unsupported block element type in `{}`; blocks are `Block<T>` or \
+                         `Block<Ptr<T>>` with T one of f16, bf16, f32, i32, i64, u8 (or bool)",
+                        pretty(ty)
+                    ),
+                )),
+            },
+            _ => Err(bad()),
+        },
+        (scalar, None) => match ElemTy::from_name(scalar) {
+            Some(e @ (ElemTy::I32 | ElemTy::I64 | ElemTy::F32 | ElemTy::U8 | ElemTy::Bool)) => {
+                Ok(ParamTy::Scalar(e))
+            }
+            _ => Err(bad()),
+        },
         _ => Err(bad()),
     }
+}
+
+/// `Name` or `path::Name<Arg>`: the last segment's name and its one type argument.
+fn generic_path(ty: &Type) -> Option<(String, Option<&Type>)> {
+    let Type::Path(tp) = ty else { return None };
+    if tp.qself.is_some() {
+        return None;
+    }
+    let last = tp.path.segments.last()?;
+    let name = last.ident.to_string();
+    match &last.arguments {
+        PathArguments::None if tp.path.segments.len() == 1 => Some((name, None)),
+        PathArguments::AngleBracketed(args) => match args.args.iter().collect::<Vec<_>>()[..] {
+            [GenericArgument::Type(t)] => Some((name, Some(t))),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The `T` of `Ptr<T>` (`whole` is the parameter's type, for the error).
+fn ptr_elem(whole: &Type, arg: &Type) -> syn::Result<ElemTy> {
+    if let Some((n, None)) = generic_path(arg) {
+        if let Some(e) = ElemTy::from_name(&n).filter(|e| *e != ElemTy::Bool) {
+            return Ok(e);
+        }
+    }
+    Err(Error::new_spanned(
+        whole,
+        format!(
+            "unsupported pointer element type in `{}`; pointers are `Ptr<T>` with T one \
+             of f16, bf16, f32, i32, i64, u8",
+            pretty(whole)
+        ),
+    ))
 }
 
 /// Tokens as a person writes them: `Vec<f32>`, not `Vec < f32 >`.
