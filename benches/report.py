@@ -18,14 +18,17 @@ Reproduce (build here, run on the GPU machine with the binaries carried in `.dev
 
 ```sh
 ../shared/tools/device-stage --release -p dusk-bench --bin gpu-check
-# on the GPU machine, from the repository root:
+../shared/tools/device-wheels          # FlashInfer, for the top-p peer
+# on the GPU machine, from the repository root (FlashInfer installed from .device/whl):
 python3 benches/baselines/spgemv_torch.py --out /tmp/peer.json && \\
-  .device/gpu-check --peer /tmp/peer.json --out benches/results/spgemv.json --commit <sha> --date <date>
+  .device/gpu-check spgemv --peer /tmp/peer.json --out benches/results/spgemv.json --commit <sha> --date <date>
+python3 benches/baselines/topp_peers.py --out /tmp/topp.json && \\
+  .device/gpu-check threshold --peer /tmp/topp.json --out benches/results/threshold_search.json --commit <sha> --date <date>
 python3 benches/report.py > BENCHMARKS.md
 ```
 
-The same binary with `--check-only` runs just the correctness checks; under
-`compute-sanitizer --tool memcheck` and `--tool racecheck` it reports no errors.
+Each subcommand with `--check-only` runs just the correctness checks; under
+`compute-sanitizer --tool memcheck` and `--tool racecheck` they report no errors.
 `benches/NOTES.md` keeps the two numbers, each version's figures and what limits it.
 """
 

@@ -37,6 +37,8 @@ pub struct PrunePlan {
     cand_indptr: Buffer<i32>,
     cand_indices: Buffer<i32>,
     params: Vec<ParamBuffer>,
+    /// Each candidate's weight, for the streaming search.
+    work: Option<Buffer<f32>>,
     staged: Buffer<i32>,
     budget: Buffer<i32>,
     kept_mass: Buffer<f32>,
@@ -73,12 +75,6 @@ impl PrunePlan {
         let nnz = cand.indices.len();
         let longest = cand.max_row_len();
         ensure(
-            longest <= MAX_BLOCK,
-            "cand",
-            format!("rows of at most {MAX_BLOCK} candidates"),
-            format!("a row of {longest}"),
-        )?;
-        ensure(
             nnz * group < i32::MAX as usize,
             "cand",
             "fewer than 2^31 scores (candidates x group)",
@@ -99,13 +95,14 @@ impl PrunePlan {
     ) -> Result<PrunePlan> {
         check_lists(cand)?;
         let longest = cand.max_row_len();
+        let fits = cfg.stream || cfg.block >= longest;
         ensure(
             cfg.block.is_power_of_two()
                 && (threshold::MIN_BLOCK..=MAX_BLOCK).contains(&cfg.block)
-                && cfg.block >= longest,
+                && fits,
             "cfg.block",
             format!(
-                "a power of two in {}..={MAX_BLOCK}, at least the longest row ({longest})",
+                "a power of two in {}..={MAX_BLOCK}, at least the longest row ({longest}) unless streaming",
                 threshold::MIN_BLOCK
             ),
             cfg.block,
@@ -117,9 +114,15 @@ impl PrunePlan {
             "1 to 32 (a power of two) with block >= 128 x num_warps",
             cfg.num_warps,
         )?;
+        ensure(
+            (1..=64).contains(&cfg.group),
+            "cfg.group",
+            "1 to 64 query heads per candidate row",
+            cfg.group,
+        )?;
         let rows = cand.rows();
         let device = dusk.device();
-        let search = dusk.load(threshold::build_search(policy, &cfg)?)?;
+        let search = dusk.load(threshold::build(policy, &cfg)?)?;
         let pack = dusk.load(threshold::build_pack(4)?)?;
         let nnz = cand.indices.len();
         let mut plan = PrunePlan {
@@ -133,6 +136,11 @@ impl PrunePlan {
             cand_indptr: device.upload(&cand.indptr)?,
             cand_indices: device.upload(&padded(&cand.indices))?,
             params: vec![],
+            work: if cfg.stream {
+                Some(device.alloc((nnz * cfg.group).max(1))?)
+            } else {
+                None
+            },
             staged: device.alloc(nnz.max(1))?,
             budget: device.alloc(rows.max(1))?,
             kept_mass: device.alloc((rows * cfg.group).max(1))?,
@@ -232,11 +240,11 @@ impl PrunePlan {
             return Ok(());
         }
         let device = dusk.device();
-        let mut args = vec![
-            Arg::from(scores),
-            Arg::from(&self.cand_indptr),
-            Arg::from(&self.cand_indices),
-        ];
+        let mut args = vec![Arg::from(scores)];
+        if let Some(w) = &self.work {
+            args.push(Arg::from(w));
+        }
+        args.extend([Arg::from(&self.cand_indptr), Arg::from(&self.cand_indices)]);
         for p in &self.params {
             args.push(match p {
                 ParamBuffer::F32(b) => Arg::from(b),

@@ -153,6 +153,17 @@ pub fn threshold_oracle(w: &[f64], holds: impl Fn(f64, usize) -> bool) -> Vec<bo
     kept
 }
 
+/// Top-p's oracle: the fewest heaviest weights whose sum reaches `p`; at `p = 1`, every
+/// weight that is positive in f32 relative to the largest (an f64 sum reaches 1 before the
+/// tiniest weights are added, and none may be dropped for that).
+pub fn top_p_oracle(w: &[f64], p: f64) -> Vec<bool> {
+    if p >= 1.0 {
+        let top = w.iter().cloned().fold(0.0, f64::max);
+        return w.iter().map(|x| (*x / top) as f32 > 0.0).collect();
+    }
+    threshold_oracle(w, |m, _| m >= p)
+}
+
 /// Checks a kept set against the oracle's. They may differ only by elements whose weight
 /// is within float rounding (relative 4e-6) of the oracle's cut (f32 weights tie where f64
 /// ones do not), or, where `near_cut(mass before the cut level, mass with it)` says the cut

@@ -29,7 +29,7 @@ use dusk_macros::kernel;
 /// defaults ([`SpgemvConfig::new`]) for head_dim 64, 128 and 256, 4 and 8 bits and groups of
 /// 1 to 16 (and the same tiling on `dp2a` where the default is the tensor cores); for
 /// head_dim 128 and 4-bit codes, the tilings the benchmark sweeps
-/// (`benches/src/bin/gpu_check.rs`).
+/// (`benches/src/bin/gpu_check/spgemv.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SpgemvConfig {
     pub head_dim: usize,

@@ -87,11 +87,14 @@ impl std::fmt::Debug for Policy {
 /// Compile-time choices of the search kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SearchConfig {
-    /// Candidates a program holds in registers: a power of two, at least every row's length.
+    /// Candidates a program holds in registers (a power of two): every row's, or with
+    /// `stream` one tile's.
     pub block: usize,
     /// Query heads per candidate row (GQA group; 1 for MHA).
     pub group: usize,
     pub num_warps: u32,
+    /// Rows stream through in tiles of `block` ([`build_search_streaming`]): any length.
+    pub stream: bool,
 }
 
 /// Upper bound on search steps; each one moves a bound onto an element, so real rows stop
@@ -102,20 +105,33 @@ pub const MAX_STEPS: i32 = 64;
 pub const MIN_BLOCK: usize = 1024;
 
 /// The most candidates a program holds in registers: 16 a thread on 16 warps (about 100
-/// registers, no spills). Longer rows need the row in shared memory (not yet written).
+/// registers, no spills). Longer rows stream ([`build_search_streaming`]).
 pub const MAX_BLOCK: usize = 8192;
 
+/// The tile of the streaming search.
+pub const STREAM_TILE: usize = 4096;
+
 impl SearchConfig {
-    /// The default for rows of up to `max_len` candidates: the block rounded up to a power
-    /// of two, with enough warps that each thread holds at most 16 candidates (a search
-    /// step keeps several values per candidate live: 16 a thread need about 100 registers).
+    /// The default for rows of up to `max_len` candidates: in registers when they fit, the
+    /// block rounded up to a power of two, with enough warps that each thread holds at most
+    /// 16 candidates (a search step keeps several values per candidate live: 16 a thread
+    /// need about 100 registers); else streaming in tiles of [`STREAM_TILE`].
     pub fn for_rows(max_len: usize, group: usize) -> SearchConfig {
+        if max_len > MAX_BLOCK {
+            return SearchConfig {
+                block: STREAM_TILE,
+                group,
+                num_warps: 8,
+                stream: true,
+            };
+        }
         let block = max_len.next_power_of_two().max(MIN_BLOCK);
         let num_warps = (block / (32 * 16)).clamp(4, 16) as u32;
         SearchConfig {
             block,
             group,
             num_warps,
+            stream: false,
         }
     }
 }
@@ -123,9 +139,22 @@ impl SearchConfig {
 /// The kernel name of `policy`'s search for `cfg`.
 pub fn search_name(policy: &Policy, cfg: &SearchConfig) -> String {
     format!(
-        "threshold_{}_b{}_g{}_w{}",
-        policy.name, cfg.block, cfg.group, cfg.num_warps
+        "threshold_{}_{}{}_g{}_w{}",
+        policy.name,
+        if cfg.stream { "t" } else { "b" },
+        cfg.block,
+        cfg.group,
+        cfg.num_warps
     )
+}
+
+/// The search kernel `cfg` asks for: [`build_search`] or [`build_search_streaming`].
+pub fn build(policy: &Policy, cfg: &SearchConfig) -> Result<Kernel, CompileError> {
+    if cfg.stream {
+        build_search_streaming(policy, cfg)
+    } else {
+        build_search(policy, cfg)
+    }
 }
 
 /// Builds the search kernel. Parameters: `scores` (f32; candidate row `r` with `n`
@@ -271,29 +300,303 @@ fn search_row(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig, a: &Ro
     let e_or_all = b.select(bad, inf, e_raw);
     let es = b.select(a.valid, e_or_all, minus_one);
 
-    let param_vals: Vec<Value> = a
+    let param_vals = load_params(b, a.params, qrow);
+    let count = policy.reads.contains(&"count");
+    let lo = search(
+        b,
+        policy,
+        &param_vals,
+        z,
+        a.n,
+        skip,
+        a.kept_mass,
+        a.flags,
+        qrow,
+        bad,
+        |b, mid| tally(b, es, mid, count),
+    );
+    b.ge(es, lo)
+}
+
+/// Builds the search for rows longer than a program's registers hold (any length): the
+/// row streams through in tiles of `cfg.block` candidates. A first pass finds the row's maximum
+/// (and NaN or infinite logits), a second writes each `e` to `work` (f32, laid out like
+/// `scores`) and sums them, and every search step then reads `work` back (from L2 while the
+/// row fits there). Parameters as [`build_search`], with `work` after `scores`. Grid: one
+/// program per candidate row.
+pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Kernel, CompileError> {
+    let (tile, group) = (cfg.block, cfg.group);
+    let mut b = KernelBuilder::new(&search_name(policy, cfg));
+    b.set_num_warps(cfg.num_warps);
+    let scores = b.param_ptr("scores", DType::F32);
+    let work = b.param_ptr("work", DType::F32);
+    let indptr = b.param_ptr("cand_indptr", DType::I32);
+    let indices = b.param_ptr("cand_indices", DType::I32);
+    let params: Vec<Value> = policy
         .params
+        .iter()
+        .map(|p| b.param_ptr(p.name, p.dtype))
+        .collect();
+    let scale = b.param_scalar("scale_log2e", DType::F32);
+    let staged = b.param_ptr("staged", DType::I32);
+    let budget = b.param_ptr("budget", DType::I32);
+    let kept_mass = b.param_ptr("kept_mass", DType::F32);
+    let flags = b.param_ptr("flags", DType::I32);
+
+    let row = b.program_id(0);
+    let p0 = b.add_ptr(indptr, row);
+    let start = b.load(p0);
+    let one = b.i32(1);
+    let next = b.add(row, one);
+    let p1 = b.add_ptr(indptr, next);
+    let end = b.load(p1);
+    let n = b.sub(end, start);
+    let start64 = b.cast(start, DType::I64);
+    let count = policy.reads.contains(&"count");
+    let gpad = group.next_power_of_two();
+    let zero_i = b.i32(0);
+    let tile_i = b.i32(tile as i32);
+
+    // Each query head's threshold, kept in a small block for the compaction.
+    let zf = b.f32(0.0);
+    let none = b.splat(zf, &[gpad]);
+    let (g_lo, g_hi) = (b.i32(0), b.i32(group as i32));
+    let thresholds = b.for_range(g_lo, g_hi, one, &[none], |b, g, carried| {
+        let group_i = b.i32(group as i32);
+        let qrow0 = b.mul(row, group_i);
+        let qrow = b.add(qrow0, g);
+        let base = b.mul_c(start64, group as i64);
+        let gn = b.mul(g, n);
+        let gn64 = b.cast(gn, DType::I64);
+        let base = b.add(base, gn64);
+        let s_row = b.add_ptr(scores, base);
+        let w_row = b.add_ptr(work, base);
+        let zero_i = b.i32(0);
+
+        // Pass 1: the maximum, and whether any logit is NaN or infinite.
+        let ninf = b.f32(f32::NEG_INFINITY);
+        let stats = b.for_range(zero_i, n, tile_i, &[zero_i, ninf], |b, t0, c| {
+            let ar = b.arange(0, tile as i64);
+            let offs = b.add(ar, t0);
+            let valid = b.lt(offs, n);
+            let ptrs = b.add_ptr(s_row, offs);
+            let zero = b.f32(0.0);
+            let s = b.load_masked(ptrs, Some(valid), Some(zero));
+            let mag = b.abs(s);
+            let inf = b.f32(f32::INFINITY);
+            let finite = b.lt(mag, inf);
+            let not_finite = b.not(finite);
+            let bad_here = b.and(valid, not_finite);
+            let (one_i, zero_i) = (b.i32(1), b.i32(0));
+            let bad_i = b.select(bad_here, one_i, zero_i);
+            let bad_count = b.sum(bad_i, 0);
+            let ninf = b.f32(f32::NEG_INFINITY);
+            let s_valid = b.select(valid, s, ninf);
+            let m = b.max(s_valid, 0);
+            vec![b.add(c[0], bad_count), b.maximum(c[1], m)]
+        });
+        let bad = b.gt(stats[0], zero_i);
+        let m = stats[1];
+        let empty = b.le(n, zero_i);
+        let skip = b.or(bad, empty);
+
+        // Pass 2: e to `work` (-1 past the row, +inf for an invalid row's candidates).
+        let zf = b.f32(0.0);
+        let z = b.for_range(zero_i, n, tile_i, &[zf], |b, t0, c| {
+            let ar = b.arange(0, tile as i64);
+            let offs = b.add(ar, t0);
+            let valid = b.lt(offs, n);
+            let ptrs = b.add_ptr(s_row, offs);
+            let zero = b.f32(0.0);
+            let s = b.load_masked(ptrs, Some(valid), Some(zero));
+            let centred = b.sub(s, m);
+            let scaled = b.mul(centred, scale);
+            let e_raw = b.exp2(scaled);
+            let e = b.select(valid, e_raw, zero);
+            let inf = b.f32(f32::INFINITY);
+            let e_or_all = b.select(bad, inf, e_raw);
+            let wp = b.add_ptr(w_row, offs);
+            b.store_masked(wp, e_or_all, Some(valid));
+            let part = b.sum(e, 0);
+            vec![b.add(c[0], part)]
+        })[0];
+
+        let param_vals = load_params(b, &params, qrow);
+        let lo = search(
+            b,
+            policy,
+            &param_vals,
+            z,
+            n,
+            skip,
+            kept_mass,
+            flags,
+            qrow,
+            bad,
+            |b, mid| {
+                let zf = b.f32(0.0);
+                let zero_i = b.i32(0);
+                let inf = b.f32(f32::INFINITY);
+                let minus_one = b.f32(-1.0);
+                let init = [zf, zero_i, inf, minus_one];
+                let r = b.for_range(zero_i, n, tile_i, &init, |b, t0, c| {
+                    let ar = b.arange(0, tile as i64);
+                    let offs = b.add(ar, t0);
+                    let valid = b.lt(offs, n);
+                    let wp = b.add_ptr(w_row, offs);
+                    let minus_one = b.f32(-1.0);
+                    let es = b.load_masked(wp, Some(valid), Some(minus_one));
+                    let t = tally(b, es, mid, count);
+                    vec![
+                        b.add(c[0], t.mass),
+                        b.add(c[1], t.count),
+                        b.minimum(c[2], t.next_up),
+                        b.maximum(c[3], t.next_down),
+                    ]
+                });
+                Tally {
+                    mass: r[0],
+                    count: r[1],
+                    next_up: r[2],
+                    next_down: r[3],
+                }
+            },
+        );
+        let slots = b.arange(0, gpad as i64);
+        let mine = b.eq(slots, g);
+        vec![b.select(mine, lo, carried[0])]
+    })[0];
+
+    // Ordered compaction, a tile at a time: the union of the heads' sets.
+    let total = b.for_range(zero_i, n, tile_i, &[zero_i], |b, t0, c| {
+        let ar = b.arange(0, tile as i64);
+        let offs = b.add(ar, t0);
+        let valid = b.lt(offs, n);
+        let zero_i = b.i32(0);
+        let none = b.splat(zero_i, &[tile]);
+        let (g_lo, g_hi, one) = (b.i32(0), b.i32(group as i32), b.i32(1));
+        let keep = b.for_range(g_lo, g_hi, one, &[none], |b, g, k| {
+            let slots = b.arange(0, gpad as i64);
+            let mine = b.eq(slots, g);
+            let zf = b.f32(0.0);
+            let picked = b.select(mine, thresholds, zf);
+            let t = b.sum(picked, 0);
+            let base = b.mul_c(start64, group as i64);
+            let gn = b.mul(g, n);
+            let gn64 = b.cast(gn, DType::I64);
+            let base = b.add(base, gn64);
+            let w_row = b.add_ptr(work, base);
+            let wp = b.add_ptr(w_row, offs);
+            let minus_one = b.f32(-1.0);
+            let es = b.load_masked(wp, Some(valid), Some(minus_one));
+            let kept = b.ge(es, t);
+            let kept = b.cast(kept, DType::I32);
+            vec![b.maximum(k[0], kept)]
+        })[0];
+        let rank = b.cumsum(keep);
+        let one = b.i32(1);
+        let one_b = b.splat(one, &[tile]);
+        let is_kept = b.eq(keep, one_b);
+        let src_row = b.add_ptr(indices, start64);
+        let src = b.add_ptr(src_row, offs);
+        let tok = b.load_masked(src, Some(is_kept), None);
+        let dst_row = b.add_ptr(staged, start64);
+        let before = b.sub(c[0], one);
+        let dst_row = b.add_ptr(dst_row, before);
+        let dst = b.add_ptr(dst_row, rank);
+        b.store_masked(dst, tok, Some(is_kept));
+        let kept_here = b.sum(keep, 0);
+        vec![b.add(c[0], kept_here)]
+    })[0];
+    let pb = b.add_ptr(budget, row);
+    b.store(pb, total);
+    b.finish()
+}
+
+/// The row's value of each policy parameter.
+fn load_params(b: &mut KernelBuilder, params: &[Value], qrow: Value) -> Vec<Value> {
+    params
         .iter()
         .map(|p| {
             let ptr = b.add_ptr(*p, qrow);
             b.load(ptr)
         })
-        .collect();
+        .collect()
+}
 
+/// What one search step measures of the set `e >= mid`: its mass and count, the smallest
+/// element in it and the largest one left out (-1 when none is).
+struct Tally {
+    mass: Value,
+    count: Value,
+    next_up: Value,
+    next_down: Value,
+}
+
+/// The step's where/sum/min/max over one block of `es` (the `fuse_reductions` pass makes
+/// them one pass). The count is made only when `count` is wanted (the policy reads it).
+fn tally(b: &mut KernelBuilder, es: Value, mid: Value, count: bool) -> Tally {
+    let ge = b.ge(es, mid);
+    let zf = b.f32(0.0);
+    let in_mass = b.select(ge, es, zf);
+    let mass = b.sum(in_mass, 0);
+    let one_i = b.i32(1);
+    let zero_i = b.i32(0);
+    let count = if count {
+        let in_count = b.select(ge, one_i, zero_i);
+        b.sum(in_count, 0)
+    } else {
+        zero_i
+    };
+    let inf = b.f32(f32::INFINITY);
+    let at_or_above = b.select(ge, es, inf);
+    let next_up = b.min(at_or_above, 0);
+    let minus_one = b.f32(-1.0);
+    let below = b.select(ge, minus_one, es);
+    let next_down = b.max(below, 0);
+    Tally {
+        mass,
+        count,
+        next_up,
+        next_down,
+    }
+}
+
+/// The search over one query row whose unnormalised weights sum to `z`; `measure(b, mid)`
+/// tallies the set at `mid`. Stores the row's kept mass and flag; returns `t*` (in units of
+/// `e`): the row keeps `e >= t*`. Rows to `skip` (invalid or empty) start with equal bounds.
+#[allow(clippy::too_many_arguments)]
+fn search(
+    b: &mut KernelBuilder,
+    policy: &Policy,
+    params: &[Value],
+    z: Value,
+    n: Value,
+    skip: Value,
+    kept_mass: Value,
+    flags: Value,
+    qrow: Value,
+    bad: Value,
+    measure: impl Fn(&mut KernelBuilder, Value) -> Tally,
+) -> Value {
+    let zero = b.f32(0.0);
     let onef = b.f32(1.0);
     let hi0 = b.select(skip, zero, onef);
     let (s_lo, s_hi, s_step) = (b.i32(0), b.i32(MAX_STEPS), b.i32(1));
-    let init = [zero, hi0, z, a.n];
+    let init = [zero, hi0, z, n];
     let fin = b.for_range(s_lo, s_hi, s_step, &init, |b, _, c| {
         let (lo, hi, lo_mass, lo_count) = (c[0], c[1], c[2], c[3]);
         let open = b.lt(lo, hi);
         b.if_else(
             open,
             |b| {
-                // mid: the geometric mean of the bounds (the lower one floored at hi * 2^-64,
-                // so the first steps halve the exponent), kept inside (lo, hi].
+                // mid: the geometric mean of the bounds (the lower one floored at hi * 2^-64
+                // and at the smallest positive f32, so the first steps halve the exponent,
+                // down into the denormals), kept inside (lo, hi].
                 let tiny = b.f32(5.421_011e-20);
                 let floor = b.mul(hi, tiny);
+                let least = b.f32(f32::from_bits(1));
+                let floor = b.maximum(floor, least);
                 let lo_f = b.maximum(lo, floor);
                 let r1 = b.sqrt(lo_f);
                 let r2 = b.sqrt(hi);
@@ -301,36 +604,23 @@ fn search_row(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig, a: &Ro
                 let above_lo = b.gt(mid, lo);
                 let mid = b.select(above_lo, mid, hi);
                 let mid = b.minimum(mid, hi);
-
-                let ge = b.ge(es, mid);
-                let zf = b.f32(0.0);
-                let in_mass = b.select(ge, es, zf);
-                let mass = b.sum(in_mass, 0);
+                let t = measure(b, mid);
                 let count = if policy.reads.contains(&"count") {
-                    let one_i = b.i32(1);
-                    let zero_i = b.i32(0);
-                    let in_count = b.select(ge, one_i, zero_i);
-                    b.sum(in_count, 0)
+                    t.count
                 } else {
                     lo_count
                 };
-                let inf = b.f32(f32::INFINITY);
-                let at_or_above = b.select(ge, es, inf);
-                let next_up = b.min(at_or_above, 0);
-                let minus_one = b.f32(-1.0);
-                let below = b.select(ge, minus_one, es);
-                let next_down = b.max(below, 0);
 
                 // Below 1 whenever a positive weight is left out, even when the f32 sum cannot
                 // tell (tiny tails round away): p = 1 keeps every positive weight.
-                let mass_n = b.div(mass, z);
+                let mass_n = b.div(t.mass, z);
                 let below_one = b.f32(1.0 - f32::EPSILON / 2.0);
                 let capped = b.minimum(mass_n, below_one);
                 let zf0 = b.f32(0.0);
-                let left_out = b.gt(next_down, zf0);
+                let left_out = b.gt(t.next_down, zf0);
                 let mass_n = b.select(left_out, capped, mass_n);
-                let thr_n = b.div(next_up, z);
-                let below_n = b.div(next_down, z);
+                let thr_n = b.div(t.next_up, z);
+                let below_n = b.div(t.next_down, z);
                 let one = b.f32(1.0);
                 let max_n = b.div(one, z);
                 let stats = KeptStats {
@@ -339,13 +629,13 @@ fn search_row(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig, a: &Ro
                     threshold: thr_n,
                     below: below_n,
                     max_weight: max_n,
-                    candidates: a.n,
+                    candidates: n,
                 };
-                let holds = (policy.predicate)(b, &stats, &param_vals);
-                let new_lo = b.select(holds, next_up, lo);
-                let down = b.maximum(next_down, lo);
+                let holds = (policy.predicate)(b, &stats, params);
+                let new_lo = b.select(holds, t.next_up, lo);
+                let down = b.maximum(t.next_down, lo);
                 let new_hi = b.select(holds, hi, down);
-                let new_mass = b.select(holds, mass, lo_mass);
+                let new_mass = b.select(holds, t.mass, lo_mass);
                 let new_count = b.select(holds, count, lo_count);
                 vec![new_lo, new_hi, new_mass, new_count]
             },
@@ -357,14 +647,16 @@ fn search_row(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig, a: &Ro
     let zf = b.f32(0.0);
     let mass_n = b.div(lo_mass, z);
     let mass_n = b.select(bad, onef, mass_n);
+    let zero_i = b.i32(0);
+    let empty = b.le(n, zero_i);
     let mass_n = b.select(empty, zf, mass_n);
-    let pm = b.add_ptr(a.kept_mass, qrow);
+    let pm = b.add_ptr(kept_mass, qrow);
     b.store(pm, mass_n);
+    let one_i = b.i32(1);
     let flag = b.select(bad, one_i, zero_i);
-    let pf = b.add_ptr(a.flags, qrow);
+    let pf = b.add_ptr(flags, qrow);
     b.store(pf, flag);
-
-    b.ge(es, lo)
+    lo
 }
 
 /// Builds the kernel that packs each row's staged positions into one CSR list. Parameters:

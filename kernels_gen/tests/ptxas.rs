@@ -147,9 +147,17 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
     use dusk_kernels::threshold::{self, SearchConfig};
     let ptxas = ptxas();
     let mut ks = vec![threshold::build_pack(4).unwrap()];
-    for (len, group) in [(1000, 1), (4096, 1), (8192, 1), (8192, 4), (8192, 8)] {
+    for (len, group) in [
+        (1000, 1),
+        (4096, 1),
+        (8192, 1),
+        (8192, 4),
+        (8192, 8),
+        (32768, 1),
+        (131072, 4),
+    ] {
         let cfg = SearchConfig::for_rows(len, group);
-        ks.push(threshold::build_search(&top_p::POLICY, &cfg).unwrap());
+        ks.push(threshold::build(&top_p::POLICY, &cfg).unwrap());
     }
     let cfg = SearchConfig::for_rows(8192, 1);
     ks.push(threshold::build_search(&top_k::POLICY, &cfg).unwrap());

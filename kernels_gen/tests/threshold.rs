@@ -7,8 +7,8 @@ use dusk_kernels::ops::Dusk;
 use dusk_kernels::paged::TokenLists;
 use dusk_kernels::policies::{ratio_to_max, top_k, top_p, top_p_bounded};
 use dusk_kernels::prune::{ParamValues, PrunePlan};
-use dusk_kernels::reference::{check_kept, softmax, threshold_oracle};
-use dusk_kernels::threshold::Policy;
+use dusk_kernels::reference::{check_kept, softmax, threshold_oracle, top_p_oracle};
+use dusk_kernels::threshold::{Policy, SearchConfig};
 use dusk_kernels::DuskError;
 use dusk_macros::policy;
 use dusk_runtime::Device;
@@ -107,7 +107,7 @@ fn top_p_matches_the_oracle_on_random_rows() {
             })
             .collect();
         let ps: Vec<f64> = (0..rows.len())
-            .map(|_| [0.5, 0.8, 0.9, 0.95, 0.99, 1e-3][rng.random_range(0..6)])
+            .map(|_| [0.5, 0.8, 0.9, 0.95, 0.99, 1e-3, 1.0][rng.random_range(0..7)])
             .collect();
         let scale = if batch % 2 == 0 { 1.0 } else { 0.125 };
         let (kept, mass, flags) = run(
@@ -119,7 +119,7 @@ fn top_p_matches_the_oracle_on_random_rows() {
         );
         for (i, r) in rows.iter().enumerate() {
             let w = softmax(r, scale as f64);
-            let oracle = threshold_oracle(&w, |m, _| m >= ps[i]);
+            let oracle = top_p_oracle(&w, ps[i]);
             check_kept(&w, &kept[i], &oracle, near_p(ps[i]))
                 .unwrap_or_else(|e| panic!("{shape:?} row {i} (p {}): {e}", ps[i]));
             let m: f64 = (0..w.len()).filter(|j| kept[i][*j]).map(|j| w[j]).sum();
@@ -243,7 +243,7 @@ fn gqa_keeps_the_union_of_the_group() {
         let mut union = vec![false; n];
         for g in 0..group {
             let w = softmax(&heads[r * group + g], 0.5);
-            let o = threshold_oracle(&w, |m, _| m >= p);
+            let o = top_p_oracle(&w, p);
             for j in 0..n {
                 union[j] |= o[j];
             }
@@ -383,17 +383,124 @@ fn bad_arguments_are_rejected_before_launch() {
     };
     let r = PrunePlan::new(&dusk, &top_p::POLICY, &unsorted, 1, 1.0, &p);
     assert_eq!(arg_of(r), "cand");
-    let long = TokenLists {
-        indptr: vec![0, 9000],
-        indices: (0..9000).collect(),
-    };
-    let r = PrunePlan::new(&dusk, &top_p::POLICY, &long, 1, 1.0, &p);
-    assert_eq!(arg_of(r), "cand");
-
     let mut plan = PrunePlan::new(&dusk, &top_p::POLICY, &cand, 2, 1.0, &p).unwrap();
     let short = dusk.device().upload(&[0.0f32; 5]).unwrap();
     match plan.run(&dusk, &short) {
         Err(DuskError::InvalidArgument { arg, .. }) => assert_eq!(arg, "scores"),
         other => panic!("short scores: {other:?}"),
+    }
+}
+
+/// Rows longer than registers hold stream through tiles: checked on rows of 9000 to 20000
+/// candidates (group 1 and 2, with an empty and a NaN row among them), and on short rows
+/// forced through the streaming kernel with small tiles.
+#[test]
+fn streaming_search_matches_the_oracle() {
+    let dusk = Dusk::new(Device::cpu()).unwrap();
+    let mut rng = SmallRng::seed_from_u64(5);
+    for group in [1usize, 2] {
+        let lens = [9000usize, 0, 20000, 12345];
+        let mut indptr = vec![0i32];
+        let mut indices = vec![];
+        let mut heads = vec![];
+        for &n in &lens {
+            indices.extend(0..n as i32);
+            indptr.push(indices.len() as i32);
+            for g in 0..group {
+                let mut r = logits(&mut rng, n, [Shape::Focused, Shape::Diffuse][g % 2]);
+                if n == 12345 && g == 0 {
+                    r[77] = f32::NAN;
+                }
+                heads.push(r);
+            }
+        }
+        let cand = TokenLists { indptr, indices };
+        let p = 0.9;
+        let mut plan = PrunePlan::new(
+            &dusk,
+            &top_p::POLICY,
+            &cand,
+            group,
+            1.0,
+            &[ParamValues::Uniform(p)],
+        )
+        .unwrap();
+        assert!(plan.config().stream);
+        plan.run(&dusk, &dusk.device().upload(&heads.concat()).unwrap())
+            .unwrap();
+        let ip = plan.sel_indptr().download().unwrap();
+        let sel = plan.sel_indices().download().unwrap();
+        let flags = plan.flags().download().unwrap();
+        for (r, &n) in lens.iter().enumerate() {
+            let mut union = vec![false; n];
+            for g in 0..group {
+                let h = &heads[r * group + g];
+                let o = if h.iter().any(|x| x.is_nan()) {
+                    assert_eq!(flags[r * group + g], 1);
+                    vec![true; n]
+                } else {
+                    let w = softmax(h, 1.0);
+                    top_p_oracle(&w, p)
+                };
+                for j in 0..n {
+                    union[j] |= o[j];
+                }
+            }
+            let mut kept = vec![false; n];
+            for t in &sel[ip[r] as usize..ip[r + 1] as usize] {
+                kept[*t as usize] = true;
+            }
+            assert_eq!(kept, union, "group {group}, row {r} ({n} candidates)");
+        }
+    }
+
+    let rows: Vec<Vec<f32>> = (0..40)
+        .map(|i| {
+            let n = rng.random_range(1..=3000);
+            logits(
+                &mut rng,
+                n,
+                [Shape::Focused, Shape::Ties, Shape::Denormal][i % 3],
+            )
+        })
+        .collect();
+    let mut indptr = vec![0i32];
+    let mut indices = vec![];
+    for r in &rows {
+        indices.extend(0..r.len() as i32);
+        indptr.push(indices.len() as i32);
+    }
+    let cand = TokenLists { indptr, indices };
+    let cfg = SearchConfig {
+        block: 1024,
+        group: 1,
+        num_warps: 4,
+        stream: true,
+    };
+    let ps: Vec<f64> = (0..rows.len())
+        .map(|i| [0.5, 0.9, 0.99, 1.0][i % 4])
+        .collect();
+    let mut plan = PrunePlan::with_config(
+        &dusk,
+        &top_p::POLICY,
+        &cand,
+        cfg,
+        1.0,
+        &[ParamValues::PerRow(ps.clone())],
+    )
+    .unwrap();
+    plan.run(&dusk, &dusk.device().upload(&rows.concat()).unwrap())
+        .unwrap();
+    let ip = plan.sel_indptr().download().unwrap();
+    let sel = plan.sel_indices().download().unwrap();
+    for (r, row) in rows.iter().enumerate() {
+        let w = softmax(row, 1.0);
+        let oracle = top_p_oracle(&w, ps[r]);
+        let mut kept = vec![false; row.len()];
+        for t in &sel[ip[r] as usize..ip[r + 1] as usize] {
+            kept[*t as usize] = true;
+        }
+        check_kept(&w, &kept, &oracle, near_p(ps[r]))
+            .unwrap_or_else(|e| panic!("streamed row {r} (p {}): {e}", ps[r]));
     }
 }

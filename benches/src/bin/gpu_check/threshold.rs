@@ -4,31 +4,22 @@
 //!    lengths 1 to 8192; outputs poisoned first) against the sort-based oracle; GQA (group
 //!    4) against the union of the same kernel's per-head sets; NaN rows flagged;
 //! 2. device-to-device copy bandwidth;
-//! 3. 2048 rows (batch 64 x 32 heads) of 8192 and 4096 candidates, p = 0.9, scores rotated
+//! 3. 2048 rows (batch 64 x 32 heads) of 8192, 32768 and 4096 candidates, p = 0.9, scores rotated
 //!    over two sets larger than L2 together, beside the peers' times (`--peer`, written by
 //!    `benches/baselines/topp_peers.py` in the same command).
 //!
-//!     threshold-check --peer peers.json --out benches/results/threshold_search.json
+//!     gpu-check threshold --peer peers.json --out benches/results/threshold_search.json
 
+use crate::common::{arg, Res};
 use dusk::kernels::ops::Dusk;
 use dusk::kernels::paged::TokenLists;
 use dusk::kernels::policies::top_p;
 use dusk::kernels::prune::{ParamValues, PrunePlan};
-use dusk::kernels::reference::{check_kept, softmax, threshold_oracle};
+use dusk::kernels::reference::{check_kept, softmax, top_p_oracle};
 use dusk::runtime::{median, Device};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
-use std::error::Error;
-
-type Res<T> = Result<T, Box<dyn Error>>;
-
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
-}
 
 fn normal(rng: &mut SmallRng) -> f32 {
     let (u, v): (f32, f32) = (rng.random_range(1e-7..1.0), rng.random());
@@ -115,14 +106,15 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
     let mut near_ties = 0;
     for r in 0..rows {
         let w = softmax(&rows_s[r], scale as f64);
-        let oracle = threshold_oracle(&w, |m, _| m >= ps[r]);
+        let oracle = top_p_oracle(&w, ps[r]);
         let p = ps[r];
         check_kept(&w, &kept[r], &oracle, |b, a| {
             (b - p).abs() < 1e-5 || (a - p).abs() < 1e-5
         })
         .map_err(|e| format!("row {r} (n {}, p {p}): {e}", lens[r]))?;
         near_ties += (kept[r] != oracle) as usize;
-        if !(mass[r] as f64 >= p.min(1.0) - 1e-5) {
+        let enough = mass[r] as f64 >= p.min(1.0) - 1e-5;
+        if !enough {
             return Err(format!("row {r}: kept mass {} below p {p}", mass[r]).into());
         }
     }
@@ -166,14 +158,14 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
     let kept = kept_sets(&plan, &[300, 300])?;
     let flags = plan.flags().download()?;
     let w = softmax(&good, scale as f64);
-    let oracle = threshold_oracle(&w, |m, _| m >= 0.9);
+    let oracle = top_p_oracle(&w, 0.9);
     if flags != [1, 0] || !kept[0].iter().all(|k| *k) || kept[1] != oracle {
         return Err("NaN row handling".into());
     }
     Ok((rows + groups, near_ties))
 }
 
-fn main() -> Res<()> {
+pub fn run() -> Res<()> {
     let dev = Device::best();
     println!("device: {}", dev.name());
     let dusk = Dusk::new(dev.clone())?;
@@ -208,7 +200,7 @@ fn main() -> Res<()> {
         .transpose()?;
     let scale = 1.0 / (128f32).sqrt();
     let mut cases = vec![];
-    for n in [8192usize, 4096] {
+    for n in [8192usize, 32768, 4096] {
         let (batch, heads) = (64usize, 32usize);
         let rows = batch * heads;
         let lens = vec![n; rows];

@@ -7,8 +7,9 @@
 //!    all tokens and a random quarter of the pages, beside the PyTorch peer's times
 //!    (`--peer`, written by `benches/baselines/spgemv_torch.py` in the same command).
 //!
-//!     gpu_check --peer peer.json --out benches/results/spgemv.json --commit <sha>
+//!     gpu-check spgemv --peer peer.json --out benches/results/spgemv.json --commit <sha>
 
+use crate::common::{arg, Res};
 use dusk::kernels::ops::{Dusk, QuantizedK, SpgemvPlan};
 use dusk::kernels::paged::{KvShape, PageTable, TokenLists};
 use dusk::kernels::reference;
@@ -18,16 +19,6 @@ use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, RngCore, SeedableRng};
 use serde_json::{json, Value};
-use std::error::Error;
-
-type Res<T> = Result<T, Box<dyn Error>>;
-
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
-}
 
 /// A page table over shuffled pages; the last page of each sequence is partly filled
 /// when `ragged`.
@@ -262,7 +253,7 @@ fn bench_case(
     Ok(out)
 }
 
-fn main() -> Res<()> {
+pub fn run() -> Res<()> {
     let dev = Device::gpu(0)?;
     println!(
         "device: {} (driver {:?}, cc {:?})",
