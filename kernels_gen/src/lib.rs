@@ -1,11 +1,14 @@
 //! dusk-kernels: the stock kernels, written with the builder, and their host entry points.
 //!
 //! - [`quantize`]: f16 K to 4- or 8-bit codes with per-row scale and zero.
+//! - [`attention`], [`attention_ops`]: varlen paged decode attention, split and merged.
 //! - [`spgemv`]: scores of query heads against candidate tokens, reading quantized K.
 //! - [`ops`]: validated, compiled-once entry points for both ([`ops::Dusk`]).
 //! - [`paged`]: the paged KV cache and token-list descriptions the entry points check.
 //! - [`reference`]: plain host versions, the oracles of tests and GPU checks.
 
+pub mod attention;
+pub mod attention_ops;
 pub mod error;
 pub mod ops;
 pub mod paged;
