@@ -69,11 +69,13 @@ const ITEMS_PER_SM: usize = 8;
 const MAX_CHUNK: usize = 1024;
 
 impl AttentionTuning {
-    /// Defaults: 16 tokens a step on 4 warps (8 warps for head_dim 256); chunks sized so
+    /// Defaults: 16 tokens a step on 4 warps; 8 warps for head_dim 256 or 8 query heads a
+    /// program, and 8 tokens a step for both (each head keeps a `[tokens, head_dim]` f32
+    /// accumulator, which would otherwise spill); chunks sized so
     /// that, were every row `max_tokens` long, about 8 work items per SM would exist
     /// (`num_sms`, 132 when unknown), between 2 steps and 1024 tokens.
     pub fn for_spec(spec: &AttentionSpec, num_sms: usize) -> AttentionTuning {
-        let block_tokens = 16;
+        let (block_tokens, num_warps) = default_tiling(spec.kv.head_dim, program_group(spec));
         let rows = spec.batch * spec.num_q_heads / program_group(spec);
         let want = (ITEMS_PER_SM * num_sms).max(1);
         let per_item = (spec.max_tokens * rows).div_ceil(want);
@@ -84,9 +86,18 @@ impl AttentionTuning {
             .min(MAX_CHUNK);
         AttentionTuning {
             block_tokens,
-            num_warps: if spec.kv.head_dim >= 256 { 8 } else { 4 },
+            num_warps,
             chunk_tokens: chunk,
         }
+    }
+}
+
+/// Tokens a step and warps of a split program by default, see [`AttentionTuning::for_spec`].
+pub fn default_tiling(head_dim: usize, group: usize) -> (usize, u32) {
+    match (head_dim >= 256, group >= 8) {
+        (true, true) => (8, 8),
+        (false, false) => (16, 4),
+        _ => (16, 8),
     }
 }
 
@@ -139,6 +150,18 @@ pub struct AttentionMeta {
 pub struct SparqMix<'a, T: Element> {
     pub alpha: &'a Buffer<f32>,
     pub v_mean: &'a Buffer<T>,
+}
+
+impl AttentionMeta {
+    /// The device token lists (`sel_indptr`, `sel_indices`) of a list mode, for whatever
+    /// writes the next step's lists in place (the pruner, or a copy from the host) so that a
+    /// captured graph, which holds these buffers' addresses, sees them.
+    pub fn lists_mut(&mut self) -> Option<(&mut Buffer<i32>, &mut Buffer<i32>)> {
+        match (&mut self.sel_indptr, &mut self.sel_indices) {
+            (Some(a), Some(b)) => Some((a, b)),
+            _ => None,
+        }
+    }
 }
 
 impl AttentionPlan {
@@ -401,6 +424,7 @@ impl AttentionPlan {
     /// `meta` selects; writes `out` (same shape as `q`) and `lse` (f32 per query row,
     /// natural log, `-inf` for an empty row, whose output is zero). `sparq` must be given
     /// exactly when the plan was made with `sparq`. Two launches; no allocation, no sync.
+    #[allow(clippy::too_many_arguments)]
     pub fn run<T: Element>(
         &self,
         dusk: &Dusk,

@@ -175,7 +175,7 @@ fn check<T: Val>(seed: u64, c: &Case) {
     let (ab, vmb) = (dev.upload(&alpha).unwrap(), dev.upload(&v_mean).unwrap());
     let mut out = dev.upload(&vec![T::from_f32(f32::NAN); q.len()]).unwrap();
     let mut lse = dev.upload(&vec![f32::NAN; batch * hq]).unwrap();
-    let mix = c.sparq.then(|| SparqMix {
+    let mix = c.sparq.then_some(SparqMix {
         alpha: &ab,
         v_mean: &vmb,
     });
