@@ -25,7 +25,7 @@
 //! Token positions outside `0..seq_len` are treated as absent (the host checks lists it is
 //! given; this keeps lists made on the device from reading outside the cache).
 
-use dusk_compiler::{CompileError, DType, Kernel, KernelBuilder};
+use dusk_compiler::{CompileError, DType, Kernel, KernelBuilder, Value};
 
 /// Where a row's token positions come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -53,6 +53,9 @@ pub struct SplitConfig {
     /// Tokens per loop iteration.
     pub block_tokens: usize,
     pub num_warps: u32,
+    /// Bytes of a K or V row each thread reads (16 or 32): 32 halves the lanes a row spans
+    /// and so the shuffles of each score's reduction, at twice the registers per row.
+    pub vector_bytes: u32,
 }
 
 /// Compile-time choices of the merge kernel.
@@ -89,7 +92,7 @@ fn unsupported(kernel: &str, what: String) -> CompileError {
 pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let (d, bt, g_n) = (cfg.head_dim, cfg.block_tokens, cfg.group);
     let name = format!(
-        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}",
+        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}",
         match cfg.source {
             TokenSource::Dense => "dense",
             TokenSource::Lists => "lists",
@@ -100,7 +103,8 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         g_n,
         cfg.dtype.name(),
         bt,
-        cfg.num_warps
+        cfg.num_warps,
+        cfg.vector_bytes
     );
     if !matches!(d, 64 | 128 | 256)
         || !cfg.page_size.is_power_of_two()
@@ -108,6 +112,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         || g_n > 16
         || !bt.is_power_of_two()
         || !matches!(cfg.dtype, DType::F16 | DType::BF16)
+        || !matches!(cfg.vector_bytes, 16 | 32)
     {
         return Err(unsupported(
             &name,
@@ -116,6 +121,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     }
     let mut b = KernelBuilder::new(&name);
     b.set_num_warps(cfg.num_warps);
+    b.set_vector_bytes(cfg.vector_bytes);
     let q = b.param_ptr("q", cfg.dtype);
     let k = b.param_ptr("k", cfg.dtype);
     let v = b.param_ptr("v", cfg.dtype);
@@ -223,49 +229,49 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                 let qv = b.cast(qv, DType::F32);
                 qs.push(b.mul(qv, scale_log2));
             }
-            let masked = b.f32(MASKED);
-            let zero_f = b.f32(0.0);
-            let m0 = b.splat(masked, &[bt]);
-            let l0 = b.splat(zero_f, &[bt]);
-            let a0 = b.splat(zero_f, &[bt, d]);
-            let mut init = vec![];
-            for _ in 0..g_n {
-                init.extend([m0, l0, a0]);
-            }
             let c_bt = b.i32(bt as i32);
             let kvh64 = b.cast(kvh, DType::I64);
             let hkv64 = b.cast(num_kv_heads, DType::I64);
-            let fin = b.for_range(t0, t1, c_bt, &init, |b, t, carried| {
+            let lists = sel_indices.is_some();
+            // The loop is software-pipelined so that no load waits on another in the same
+            // iteration: while tile t is computed, the K and V rows of tile t+1 are read,
+            // the page-table entries of tile t+2, and (lists) the positions of tile t+3.
+            // Positions travel as `pos` with -1 for "absent" (past the chunk, outside the
+            // sequence), so one i32 block carries both.
+            let positions = |b: &mut KernelBuilder, tile: Value| -> Value {
                 let j = b.arange(0, bt as i64);
-                let j = b.add(t, j);
+                let j = b.add(tile, j);
                 let inb = b.lt(j, t1);
+                let minus1 = b.i32(-1);
                 let pos = match sel_indices {
                     None => j,
                     Some(ix) => {
                         let e = b.add(list_start, j);
                         let p = b.add_ptr(ix, e);
-                        let z = b.i32(0);
-                        b.load_masked(p, Some(inb), Some(z))
+                        b.load_masked(p, Some(inb), Some(minus1))
                     }
                 };
                 let z = b.i32(0);
                 let nonneg = b.ge(pos, z);
                 let in_seq = b.lt(pos, seq_len);
-                let valid = b.and(inb, nonneg);
-                let valid = b.and(valid, in_seq);
-                let valid = if cfg.source == TokenSource::Padded {
-                    let counted = b.lt(j, n_valid);
-                    b.and(valid, counted)
-                } else {
-                    valid
-                };
-                // Position -> physical row of the cache.
+                let ok = b.and(inb, nonneg);
+                let ok = b.and(ok, in_seq);
+                b.select(ok, pos, minus1)
+            };
+            let page_of = |b: &mut KernelBuilder, pos: Value| -> Value {
+                let z = b.i32(0);
+                let ok = b.ge(pos, z);
                 let c_ps = b.i32(cfg.page_size as i32);
                 let page_in_seq = b.div(pos, c_ps);
-                let slot = b.rem(pos, c_ps);
                 let pi = b.add(page_base, page_in_seq);
                 let p = b.add_ptr(kv_page_indices, pi);
-                let page = b.load_masked(p, Some(valid), Some(z));
+                b.load_masked(p, Some(ok), Some(z))
+            };
+            let load_kv = |b: &mut KernelBuilder, pos: Value, page: Value| -> (Value, Value) {
+                let z = b.i32(0);
+                let ok = b.ge(pos, z);
+                let c_ps = b.i32(cfg.page_size as i32);
+                let slot = b.rem(pos, c_ps);
                 let page64 = b.cast(page, DType::I64);
                 let tok = b.mul_c(page64, ps);
                 let slot64 = b.cast(slot, DType::I64);
@@ -277,19 +283,72 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                 let dcol = b.cast(dr, DType::I64);
                 let dcol = b.expand(dcol, 0, bt);
                 let off2 = b.add(off2, dcol);
-                let mask2 = b.expand(valid, 1, d);
-                // K and V are both requested before any arithmetic, so their loads overlap.
+                let mask2 = b.expand(ok, 1, d);
                 let kp = b.add_ptr(k, off2);
                 let kt = b.load_masked(kp, Some(mask2), None);
                 let vp = b.add_ptr(v, off2);
                 let vt = b.load_masked(vp, Some(mask2), None);
+                (kt, vt)
+            };
+            let tile1 = b.add(t0, c_bt);
+            let tile2 = b.add(tile1, c_bt);
+            let pos0 = positions(b, t0);
+            let page0 = page_of(b, pos0);
+            let (kt0, vt0) = load_kv(b, pos0, page0);
+            let pos1 = positions(b, tile1);
+            let page1 = page_of(b, pos1);
+            let mut init = vec![kt0, vt0, pos0, pos1, page1];
+            if lists {
+                init.push(positions(b, tile2));
+            }
+            let stages = init.len();
+            let masked = b.f32(MASKED);
+            let zero_f = b.f32(0.0);
+            let m0 = b.splat(masked, &[bt]);
+            let l0 = b.splat(zero_f, &[bt]);
+            let a0 = b.splat(zero_f, &[bt, d]);
+            for _ in 0..g_n {
+                init.extend([m0, l0, a0]);
+            }
+            let fin = b.for_range(t0, t1, c_bt, &init, |b, t, carried| {
+                let (kt, vt, pos, pos1, page1) =
+                    (carried[0], carried[1], carried[2], carried[3], carried[4]);
+                let (kt1, vt1) = load_kv(b, pos1, page1);
+                let c_bt = b.i32(bt as i32);
+                let two = b.i32(2 * bt as i32);
+                let tile2 = b.add(t, two);
+                let pos2 = if lists {
+                    carried[5]
+                } else {
+                    positions(b, tile2)
+                };
+                let page2 = page_of(b, pos2);
+                let mut next = vec![kt1, vt1, pos1, pos2, page2];
+                if lists {
+                    let tile3 = b.add(tile2, c_bt);
+                    next.push(positions(b, tile3));
+                }
+                let z = b.i32(0);
+                let valid = b.ge(pos, z);
+                let valid = match (cfg.source, sel_lens) {
+                    (TokenSource::Padded, Some(_)) => {
+                        let j = b.arange(0, bt as i64);
+                        let j = b.add(t, j);
+                        let counted = b.lt(j, n_valid);
+                        b.and(valid, counted)
+                    }
+                    _ => valid,
+                };
                 let kt = b.cast(kt, DType::F32);
                 let vt = b.cast(vt, DType::F32);
                 let masked = b.f32(MASKED);
                 let zero_f = b.f32(0.0);
-                let mut next = vec![];
                 for (g, qv) in qs.iter().enumerate() {
-                    let (m, l, acc) = (carried[3 * g], carried[3 * g + 1], carried[3 * g + 2]);
+                    let (m, l, acc) = (
+                        carried[stages + 3 * g],
+                        carried[stages + 3 * g + 1],
+                        carried[stages + 3 * g + 2],
+                    );
                     let qe = b.expand(*qv, 0, bt);
                     let prod = b.mul(kt, qe);
                     let s = b.sum(prod, 1);
@@ -311,6 +370,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                 }
                 next
             });
+            let fin = &fin[stages..];
             // Combine the slots, normalise, write the chunk's partial result per head.
             let one = b.f32(1.0);
             let zero_f = b.f32(0.0);

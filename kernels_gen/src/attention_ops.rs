@@ -60,6 +60,9 @@ pub struct AttentionTuning {
     pub num_warps: u32,
     /// Tokens per work item (a multiple of `block_tokens`).
     pub chunk_tokens: usize,
+    /// Bytes of a K or V row each thread reads: 16 or 32 (see
+    /// [`SplitConfig::vector_bytes`](crate::attention::SplitConfig)).
+    pub vector_bytes: u32,
 }
 
 /// Work items the default chunk size aims for, per multiprocessor.
@@ -69,8 +72,8 @@ const ITEMS_PER_SM: usize = 8;
 const MAX_CHUNK: usize = 1024;
 
 impl AttentionTuning {
-    /// Defaults: 16 tokens a step on 4 warps; 8 warps for head_dim 256 or 8 query heads a
-    /// program, and 8 tokens a step for both (each head keeps a `[tokens, head_dim]` f32
+    /// Defaults (timed on an H100, BENCHMARKS.md): 8 tokens a step on 4 warps; 16 on 8
+    /// warps for head_dim 256 or 8 query heads a program, and 8 tokens a step for both (each head keeps a `[tokens, head_dim]` f32
     /// accumulator, which would otherwise spill); chunks sized so
     /// that, were every row `max_tokens` long, about 8 work items per SM would exist
     /// (`num_sms`, 132 when unknown), between 2 steps and 1024 tokens.
@@ -88,6 +91,7 @@ impl AttentionTuning {
             block_tokens,
             num_warps,
             chunk_tokens: chunk,
+            vector_bytes: 16,
         }
     }
 }
@@ -96,7 +100,7 @@ impl AttentionTuning {
 pub fn default_tiling(head_dim: usize, group: usize) -> (usize, u32) {
     match (head_dim >= 256, group >= 8) {
         (true, true) => (8, 8),
-        (false, false) => (16, 4),
+        (false, false) => (8, 4),
         _ => (16, 8),
     }
 }
@@ -229,6 +233,12 @@ impl AttentionPlan {
             tuning.num_warps,
         )?;
         ensure(
+            matches!(tuning.vector_bytes, 16 | 32),
+            "vector_bytes",
+            "16 or 32",
+            tuning.vector_bytes,
+        )?;
+        ensure(
             tuning.chunk_tokens > 0 && tuning.chunk_tokens.is_multiple_of(bt),
             "chunk_tokens",
             format!("a positive multiple of block_tokens ({bt})"),
@@ -262,6 +272,7 @@ impl AttentionPlan {
             },
             block_tokens: bt,
             num_warps: tuning.num_warps,
+            vector_bytes: tuning.vector_bytes,
         };
         let merge_cfg = MergeConfig {
             head_dim: spec.kv.head_dim,

@@ -97,6 +97,7 @@ fn attention_kernels() -> Vec<Kernel> {
                     source,
                     block_tokens,
                     num_warps,
+                    vector_bytes: 16,
                 };
                 ks.push(attention::build_split(&cfg).unwrap());
             }
@@ -111,7 +112,16 @@ fn attention_kernels() -> Vec<Kernel> {
             }
         }
     }
-    for (group, bt, warps) in [(1, 16, 8), (1, 32, 4), (4, 16, 8), (4, 32, 4), (4, 32, 8)] {
+    for (group, bt, warps, vector_bytes) in [
+        (1, 16, 4, 16),
+        (1, 8, 2, 16),
+        (1, 16, 4, 32),
+        (1, 32, 4, 32),
+        (4, 16, 4, 16),
+        (4, 8, 2, 16),
+        (4, 16, 8, 16),
+        (4, 16, 4, 32),
+    ] {
         let cfg = SplitConfig {
             head_dim: 128,
             page_size: 16,
@@ -120,6 +130,7 @@ fn attention_kernels() -> Vec<Kernel> {
             source: TokenSource::Dense,
             block_tokens: bt,
             num_warps: warps,
+            vector_bytes,
         };
         ks.push(attention::build_split(&cfg).unwrap());
     }
@@ -136,6 +147,7 @@ fn attention_reads_kv_in_16_byte_vectors() {
         source: TokenSource::Lists,
         block_tokens: 16,
         num_warps: 4,
+        vector_bytes: 16,
     };
     let ptx = compile(&attention::build_split(&cfg).unwrap(), &Target::sm90a()).unwrap();
     let v4 = ptx.matches("ld.global.v4").count();

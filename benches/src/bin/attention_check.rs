@@ -549,6 +549,67 @@ fn time_plan(
     Ok(median(&t))
 }
 
+/// An alternative tuning to time beside the default: `BTxW[vBYTES][cCHUNK]`, e.g. `8x4`,
+/// `16x4v32`, `8x4c256` (tokens a step, warps, bytes per thread and row, chunk tokens).
+#[derive(Clone, Copy)]
+struct Tiling {
+    block_tokens: usize,
+    num_warps: u32,
+    vector_bytes: u32,
+    chunk: Option<usize>,
+}
+
+fn parse_tiling(t: &str) -> Option<Tiling> {
+    let (t, chunk) = match t.split_once('c') {
+        Some((a, c)) => (a, Some(c.parse().ok()?)),
+        None => (t, None),
+    };
+    let (t, vector_bytes) = match t.split_once('v') {
+        Some((a, v)) => (a, v.parse().ok()?),
+        None => (t, 16),
+    };
+    let (bt, w) = t.split_once('x')?;
+    Some(Tiling {
+        block_tokens: bt.parse().ok()?,
+        num_warps: w.parse().ok()?,
+        vector_bytes,
+        chunk,
+    })
+}
+
+fn describe(t: &AttentionTuning) -> String {
+    format!(
+        "{}x{}v{} chunk {}",
+        t.block_tokens, t.num_warps, t.vector_bytes, t.chunk_tokens
+    )
+}
+
+/// Times `spec` under each of `tilings`; returns `[{"tiling", "us"}]`.
+fn time_tilings(
+    dusk: &Dusk,
+    spec: AttentionSpec,
+    table: &PageTable,
+    lists: Option<&TokenLists>,
+    c: &Cache,
+    q: &Buffer<f16>,
+    tilings: &[Tiling],
+) -> Res<Vec<Value>> {
+    let mut out = vec![];
+    for t in tilings {
+        let p = AttentionPlan::with_tuning(dusk, spec, |u: &mut AttentionTuning| {
+            u.block_tokens = t.block_tokens;
+            u.num_warps = t.num_warps;
+            u.vector_bytes = t.vector_bytes;
+            u.chunk_tokens =
+                t.chunk.unwrap_or(u.chunk_tokens).div_ceil(t.block_tokens) * t.block_tokens;
+        })?;
+        let m = p.upload_meta(dusk, table, lists)?;
+        let us = time_plan(dusk, &p, c, &m, q)?;
+        out.push(json!({"tiling": describe(p.tuning()), "us": us}));
+    }
+    Ok(out)
+}
+
 struct Bench<'a> {
     dusk: &'a Dusk,
     fill: Arc<LoadedKernel>,
@@ -608,7 +669,7 @@ impl Bench<'_> {
         hq: usize,
         hkv: usize,
         ctx: usize,
-        tilings: &[(usize, u32)],
+        tilings: &[Tiling],
     ) -> Res<()> {
         let (table, num_pages) = page_table(&mut self.rng, &vec![ctx; batch]);
         let kv = KvShape {
@@ -633,25 +694,13 @@ impl Bench<'_> {
         let plan = AttentionPlan::new(self.dusk, spec)?;
         let meta = plan.upload_meta(self.dusk, &table, None)?;
         let us = time_plan(self.dusk, &plan, &c, &meta, &q)?;
-        let mut others = vec![];
-        for &(bt, w) in tilings {
-            let p = AttentionPlan::with_tuning(self.dusk, spec, |t: &mut AttentionTuning| {
-                let chunk = t.chunk_tokens;
-                t.block_tokens = bt;
-                t.num_warps = w;
-                t.chunk_tokens = chunk.div_ceil(bt) * bt;
-            })?;
-            let m = p.upload_meta(self.dusk, &table, None)?;
-            let t = time_plan(self.dusk, &p, &c, &m, &q)?;
-            let tu = p.tuning();
-            others.push(json!({"tiling": format!("{}x{} chunk {}", tu.block_tokens, tu.num_warps, tu.chunk_tokens), "us": t}));
-        }
+        let others = time_tilings(self.dusk, spec, &table, None, &c, &q, tilings)?;
         let tu = plan.tuning();
         let name = format!("dense_b{batch}_h{hq}x{hkv}_ctx{ctx}");
         let shape = json!({"batch": batch, "num_q_heads": hq, "num_kv_heads": hkv, "head_dim": D,
                            "page_size": PAGE, "context": ctx});
         let extra = json!({
-            "tuning": format!("{}x{} chunk {}", tu.block_tokens, tu.num_warps, tu.chunk_tokens),
+            "tuning": describe(tu),
             "other_tilings_us": others,
         });
         let fi = self.peer(&name, "flashinfer_us");
@@ -663,7 +712,14 @@ impl Bench<'_> {
 
     /// A random quarter of each sequence's pages (the same for every KV head, as FlashInfer
     /// takes them), as group lists; beside FlashInfer given those pages.
-    fn quarter(&mut self, batch: usize, hq: usize, hkv: usize, ctx: usize) -> Res<()> {
+    fn quarter(
+        &mut self,
+        batch: usize,
+        hq: usize,
+        hkv: usize,
+        ctx: usize,
+        tilings: &[Tiling],
+    ) -> Res<()> {
         let (table, num_pages) = page_table(&mut self.rng, &vec![ctx; batch]);
         let kv = KvShape {
             num_pages,
@@ -700,17 +756,26 @@ impl Bench<'_> {
         let plan = AttentionPlan::new(self.dusk, spec)?;
         let meta = plan.upload_meta(self.dusk, &table, Some(&lists))?;
         let us = time_plan(self.dusk, &plan, &c, &meta, &q)?;
+        let others = time_tilings(self.dusk, spec, &table, Some(&lists), &c, &q, tilings)?;
         let name = format!("quarter_b{batch}_h{hq}x{hkv}_ctx{ctx}");
         let shape = json!({"batch": batch, "num_q_heads": hq, "num_kv_heads": hkv, "head_dim": D,
                            "page_size": PAGE, "context": ctx, "kept_pages_pct": 25});
         let fi = self.peer(&name, "flashinfer_us");
-        self.record(&name, shape, us, "flashinfer", fi, bytes, json!({}));
+        let extra = json!({"tuning": describe(plan.tuning()), "other_tilings_us": others});
+        self.record(&name, shape, us, "flashinfer", fi, bytes, extra);
         Ok(())
     }
 
     /// Group varlen on log-normal per-group budgets (mean 256, at most 4096) against the
     /// padded baseline (every group padded to 4096).
-    fn skewed(&mut self, batch: usize, hq: usize, hkv: usize, ctx: usize) -> Res<()> {
+    fn skewed(
+        &mut self,
+        batch: usize,
+        hq: usize,
+        hkv: usize,
+        ctx: usize,
+        tilings: &[Tiling],
+    ) -> Res<()> {
         let (table, num_pages) = page_table(&mut self.rng, &vec![ctx; batch]);
         let kv = KvShape {
             num_pages,
@@ -734,6 +799,8 @@ impl Bench<'_> {
         let c = cache(self.dusk, &self.fill, kv, bytes)?;
         let q = random_device(self.dusk, &self.fill, batch * hq * D, 11)?;
         let mut us = [0.0; 2];
+        let mut others = vec![];
+        let mut tuning = String::new();
         for (i, mode) in [AttentionMode::GroupVarlen, AttentionMode::Padded]
             .into_iter()
             .enumerate()
@@ -751,13 +818,18 @@ impl Bench<'_> {
             let plan = AttentionPlan::new(self.dusk, spec)?;
             let meta = plan.upload_meta(self.dusk, &table, Some(&lists))?;
             us[i] = time_plan(self.dusk, &plan, &c, &meta, &q)?;
+            if i == 0 {
+                tuning = describe(plan.tuning());
+                others = time_tilings(self.dusk, spec, &table, Some(&lists), &c, &q, tilings)?;
+            }
         }
         let name = format!("skewed_b{batch}_h{hq}x{hkv}_ctx{ctx}");
         let mean = tokens as f64 / lens.len() as f64;
         let shape = json!({"batch": batch, "num_q_heads": hq, "num_kv_heads": hkv, "head_dim": D,
                            "page_size": PAGE, "context": ctx, "budget_mean": 256, "budget_max": max});
         let extra = json!({"kept_tokens": tokens, "measured_mean_budget": mean,
-                           "longest_budget": lists.max_row_len()});
+                           "longest_budget": lists.max_row_len(), "tuning": tuning,
+                           "other_tilings_us": others});
         self.record(&name, shape, us[0], "padded", Some(us[1]), bytes, extra);
         Ok(())
     }
@@ -813,16 +885,13 @@ fn main() -> Res<()> {
         peers,
         cases: vec![],
     };
-    let sweep: Vec<(usize, u32)> = arg("--sweep")
-        .map(|s| {
-            s.split(',')
-                .filter_map(|t| {
-                    let (a, b) = t.split_once('x')?;
-                    Some((a.parse().ok()?, b.parse().ok()?))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let tilings = |name: &str| -> Vec<Tiling> {
+        arg(name)
+            .map(|s| s.split(',').filter_map(parse_tiling).collect())
+            .unwrap_or_default()
+    };
+    // `--sweep` applies to the dense cases, `--sweep-lists` to the list ones.
+    let (sweep, sweep_lists) = (tilings("--sweep"), tilings("--sweep-lists"));
     println!("timings (median of 30, caches under 256 MB rotated):");
     for batch in [1usize, 32, 64] {
         for ctx in [8192usize, 32768] {
@@ -832,9 +901,9 @@ fn main() -> Res<()> {
         }
     }
     for hkv in [8usize, 32] {
-        bench.quarter(32, 32, hkv, 32768)?;
+        bench.quarter(32, 32, hkv, 32768, &sweep_lists)?;
     }
-    bench.skewed(64, 32, 8, 32768)?;
+    bench.skewed(64, 32, 8, 32768, &sweep_lists)?;
     let result = json!({
         "device": dev.name(),
         "driver": dev.driver_version().map(|(a, b)| format!("{a}.{b}")),
