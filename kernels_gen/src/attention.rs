@@ -56,6 +56,11 @@ pub struct SplitConfig {
     /// Bytes of a K or V row each thread reads (16 or 32): 32 halves the lanes a row spans
     /// and so the shuffles of each score's reduction, at twice the registers per row.
     pub vector_bytes: u32,
+    /// Tiles of K and V in flight ahead of the one being computed (1 or 2): the bytes each
+    /// thread keeps in flight, which the GQA kernels, with few programs per SM, need.
+    pub prefetch: usize,
+    /// Programs per SM asked of ptxas (0: none), capping registers to fit them.
+    pub min_programs_per_sm: u32,
 }
 
 /// Compile-time choices of the merge kernel.
@@ -92,7 +97,7 @@ fn unsupported(kernel: &str, what: String) -> CompileError {
 pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let (d, bt, g_n) = (cfg.head_dim, cfg.block_tokens, cfg.group);
     let name = format!(
-        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}",
+        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}",
         match cfg.source {
             TokenSource::Dense => "dense",
             TokenSource::Lists => "lists",
@@ -104,7 +109,9 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         cfg.dtype.name(),
         bt,
         cfg.num_warps,
-        cfg.vector_bytes
+        cfg.vector_bytes,
+        cfg.prefetch,
+        cfg.min_programs_per_sm
     );
     if !matches!(d, 64 | 128 | 256)
         || !cfg.page_size.is_power_of_two()
@@ -113,6 +120,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         || !bt.is_power_of_two()
         || !matches!(cfg.dtype, DType::F16 | DType::BF16)
         || !matches!(cfg.vector_bytes, 16 | 32)
+        || !matches!(cfg.prefetch, 1 | 2)
     {
         return Err(unsupported(
             &name,
@@ -122,6 +130,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let mut b = KernelBuilder::new(&name);
     b.set_num_warps(cfg.num_warps);
     b.set_vector_bytes(cfg.vector_bytes);
+    b.set_min_programs_per_sm(cfg.min_programs_per_sm);
     let q = b.param_ptr("q", cfg.dtype);
     let k = b.param_ptr("k", cfg.dtype);
     let v = b.param_ptr("v", cfg.dtype);
@@ -234,8 +243,9 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
             let hkv64 = b.cast(num_kv_heads, DType::I64);
             let lists = sel_indices.is_some();
             // The loop is software-pipelined so that no load waits on another in the same
-            // iteration: while tile t is computed, the K and V rows of tile t+1 are read,
-            // the page-table entries of tile t+2, and (lists) the positions of tile t+3.
+            // iteration: while tile t is computed, the K and V rows of tiles t+1..=t+P are in
+            // flight (P = `prefetch`), the page-table entries of tile t+P+1 and (lists) the
+            // positions of tile t+P+2.
             // Positions travel as `pos` with -1 for "absent" (past the chunk, outside the
             // sequence), so one i32 block carries both.
             let positions = |b: &mut KernelBuilder, tile: Value| -> Value {
@@ -290,16 +300,30 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                 let vt = b.load_masked(vp, Some(mask2), None);
                 (kt, vt)
             };
-            let tile1 = b.add(t0, c_bt);
-            let tile2 = b.add(tile1, c_bt);
-            let pos0 = positions(b, t0);
-            let page0 = page_of(b, pos0);
-            let (kt0, vt0) = load_kv(b, pos0, page0);
-            let pos1 = positions(b, tile1);
-            let page1 = page_of(b, pos1);
-            let mut init = vec![kt0, vt0, pos0, pos1, page1];
+            // Prologue: K and V of tiles 0..P, pages of tile P, (lists) positions of P+1.
+            let pf = cfg.prefetch;
+            let tile_at = |b: &mut KernelBuilder, base: Value, i: usize| -> Value {
+                let c = b.i32((i * bt) as i32);
+                b.add(base, c)
+            };
+            let mut init = vec![];
+            let mut poss = vec![];
+            for i in 0..pf {
+                let tile = tile_at(b, t0, i);
+                let pos = positions(b, tile);
+                let page = page_of(b, pos);
+                let (kt, vt) = load_kv(b, pos, page);
+                init.extend([kt, vt]);
+                poss.push(pos);
+            }
+            init.extend(poss);
+            let tile = tile_at(b, t0, pf);
+            let pos_p = positions(b, tile);
+            let page_p = page_of(b, pos_p);
+            init.extend([pos_p, page_p]);
             if lists {
-                init.push(positions(b, tile2));
+                let tile = tile_at(b, t0, pf + 1);
+                init.push(positions(b, tile));
             }
             let stages = init.len();
             let masked = b.f32(MASKED);
@@ -311,22 +335,24 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                 init.extend([m0, l0, a0]);
             }
             let fin = b.for_range(t0, t1, c_bt, &init, |b, t, carried| {
-                let (kt, vt, pos, pos1, page1) =
-                    (carried[0], carried[1], carried[2], carried[3], carried[4]);
-                let (kt1, vt1) = load_kv(b, pos1, page1);
-                let c_bt = b.i32(bt as i32);
-                let two = b.i32(2 * bt as i32);
-                let tile2 = b.add(t, two);
-                let pos2 = if lists {
-                    carried[5]
+                let (kt, vt, pos) = (carried[0], carried[1], carried[2 * pf]);
+                let (pos_p, page_p) = (carried[3 * pf], carried[3 * pf + 1]);
+                // Tile t+P's K and V, tile t+P+1's pages, (lists) tile t+P+2's positions.
+                let (kt_p, vt_p) = load_kv(b, pos_p, page_p);
+                let tile = tile_at(b, t, pf + 1);
+                let pos_p1 = if lists {
+                    carried[3 * pf + 2]
                 } else {
-                    positions(b, tile2)
+                    positions(b, tile)
                 };
-                let page2 = page_of(b, pos2);
-                let mut next = vec![kt1, vt1, pos1, pos2, page2];
+                let page_p1 = page_of(b, pos_p1);
+                let mut next = carried[2..2 * pf].to_vec();
+                next.extend([kt_p, vt_p]);
+                next.extend(carried[2 * pf + 1..3 * pf].iter().copied());
+                next.extend([pos_p, pos_p1, page_p1]);
                 if lists {
-                    let tile3 = b.add(tile2, c_bt);
-                    next.push(positions(b, tile3));
+                    let tile = tile_at(b, t, pf + 2);
+                    next.push(positions(b, tile));
                 }
                 let z = b.i32(0);
                 let valid = b.ge(pos, z);

@@ -63,22 +63,34 @@ pub struct AttentionTuning {
     /// Bytes of a K or V row each thread reads: 16 or 32 (see
     /// [`SplitConfig::vector_bytes`](crate::attention::SplitConfig)).
     pub vector_bytes: u32,
+    /// Tiles of K and V in flight ahead of the one computed: 1 or 2.
+    pub prefetch: usize,
+    /// Programs per SM asked of ptxas (0: none).
+    pub min_programs_per_sm: u32,
 }
 
 /// Work items the default chunk size aims for, per multiprocessor.
 const ITEMS_PER_SM: usize = 8;
 /// The longest default chunk: long enough that partials cost under 1% of the KV traffic,
-/// short enough that one long row does not become the tail of a skewed batch.
+/// short enough that one long row does not become the tail of the batch. Token lists get
+/// shorter chunks: their lengths are unknown when planning, and skewed budgets (Twilight's
+/// Figure 11) leave a few long rows as the tail (measured on an H100, BENCHMARKS.md:
+/// 512 against 1024 took 64 us instead of 87 on the skewed case, 456 instead of 518 on
+/// a quarter of the pages).
 const MAX_CHUNK: usize = 1024;
+const MAX_CHUNK_LISTS: usize = 512;
 
 impl AttentionTuning {
-    /// Defaults (timed on an H100, BENCHMARKS.md): 8 tokens a step on 4 warps; 16 on 8
+    /// Defaults (timed on an H100, BENCHMARKS.md): 8 tokens a step on 4 warps, two tiles
+    /// of K and V prefetched when a program serves several query heads (its registers allow
+    /// only 4 programs per SM, so each thread must keep more bytes in flight); 16 tokens on 8
     /// warps for head_dim 256 or 8 query heads a program, and 8 tokens a step for both (each head keeps a `[tokens, head_dim]` f32
     /// accumulator, which would otherwise spill); chunks sized so
     /// that, were every row `max_tokens` long, about 8 work items per SM would exist
     /// (`num_sms`, 132 when unknown), between 2 steps and 1024 tokens.
     pub fn for_spec(spec: &AttentionSpec, num_sms: usize) -> AttentionTuning {
-        let (block_tokens, num_warps) = default_tiling(spec.kv.head_dim, program_group(spec));
+        let (block_tokens, num_warps, prefetch) =
+            default_tiling(spec.kv.head_dim, program_group(spec));
         let rows = spec.batch * spec.num_q_heads / program_group(spec);
         let want = (ITEMS_PER_SM * num_sms).max(1);
         let per_item = (spec.max_tokens * rows).div_ceil(want);
@@ -86,22 +98,29 @@ impl AttentionTuning {
             .div_ceil(block_tokens)
             .max(2)
             .saturating_mul(block_tokens)
-            .min(MAX_CHUNK);
+            .min(if spec.mode == AttentionMode::Dense {
+                MAX_CHUNK
+            } else {
+                MAX_CHUNK_LISTS
+            });
         AttentionTuning {
             block_tokens,
             num_warps,
             chunk_tokens: chunk,
             vector_bytes: 16,
+            prefetch,
+            min_programs_per_sm: 0,
         }
     }
 }
 
-/// Tokens a step and warps of a split program by default, see [`AttentionTuning::for_spec`].
-pub fn default_tiling(head_dim: usize, group: usize) -> (usize, u32) {
+/// Tokens a step, warps and tiles prefetched of a split program serving `group` query
+/// heads, by default; see [`AttentionTuning::for_spec`].
+pub fn default_tiling(head_dim: usize, group: usize) -> (usize, u32, usize) {
     match (head_dim >= 256, group >= 8) {
-        (true, true) => (8, 8),
-        (false, false) => (8, 4),
-        _ => (16, 8),
+        (true, true) => (8, 8, 1),
+        (false, false) => (8, 4, if group > 1 { 2 } else { 1 }),
+        _ => (16, 8, 1),
     }
 }
 
@@ -239,6 +258,18 @@ impl AttentionPlan {
             tuning.vector_bytes,
         )?;
         ensure(
+            matches!(tuning.prefetch, 1 | 2),
+            "prefetch",
+            "1 or 2",
+            tuning.prefetch,
+        )?;
+        ensure(
+            tuning.min_programs_per_sm <= 32,
+            "min_programs_per_sm",
+            "at most 32",
+            tuning.min_programs_per_sm,
+        )?;
+        ensure(
             tuning.chunk_tokens > 0 && tuning.chunk_tokens.is_multiple_of(bt),
             "chunk_tokens",
             format!("a positive multiple of block_tokens ({bt})"),
@@ -273,6 +304,8 @@ impl AttentionPlan {
             block_tokens: bt,
             num_warps: tuning.num_warps,
             vector_bytes: tuning.vector_bytes,
+            prefetch: tuning.prefetch,
+            min_programs_per_sm: tuning.min_programs_per_sm,
         };
         let merge_cfg = MergeConfig {
             head_dim: spec.kv.head_dim,

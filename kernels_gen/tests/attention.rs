@@ -254,6 +254,13 @@ fn dense_one_chunk_per_row_and_partial_pages() {
         ..case(&[5, 129, 64], 1, 8, 64, DENSE)
     };
     check::<f16>(4, &c);
+    // One step per chunk: the prefetched tiles all lie past the chunk.
+    let c = Case {
+        chunk: 8,
+        lens: &[9, 1, 30],
+        ..case(&[33, 17], 2, 2, 64, GROUP)
+    };
+    check::<f16>(11, &c);
 }
 
 #[test]

@@ -88,7 +88,7 @@ fn attention_kernels() -> Vec<Kernel> {
                 (TokenSource::Lists, 8),
                 (TokenSource::Padded, 4),
             ] {
-                let (block_tokens, num_warps) = attention_ops::default_tiling(d, group);
+                let (block_tokens, num_warps, prefetch) = attention_ops::default_tiling(d, group);
                 let cfg = SplitConfig {
                     head_dim: d,
                     page_size: 16,
@@ -98,6 +98,8 @@ fn attention_kernels() -> Vec<Kernel> {
                     block_tokens,
                     num_warps,
                     vector_bytes: 16,
+                    prefetch,
+                    min_programs_per_sm: 0,
                 };
                 ks.push(attention::build_split(&cfg).unwrap());
             }
@@ -112,15 +114,18 @@ fn attention_kernels() -> Vec<Kernel> {
             }
         }
     }
-    for (group, bt, warps, vector_bytes) in [
-        (1, 16, 4, 16),
-        (1, 8, 2, 16),
-        (1, 16, 4, 32),
-        (1, 32, 4, 32),
-        (4, 16, 4, 16),
-        (4, 8, 2, 16),
-        (4, 16, 8, 16),
-        (4, 16, 4, 32),
+    for (group, bt, warps, vector_bytes, prefetch) in [
+        (1, 8, 4, 16, 2),
+        (1, 16, 4, 16, 1),
+        (1, 8, 2, 16, 1),
+        (1, 16, 4, 32, 1),
+        (1, 32, 4, 32, 1),
+        (4, 8, 4, 16, 1),
+        (4, 16, 4, 16, 1),
+        (4, 8, 2, 16, 1),
+        (4, 16, 8, 16, 1),
+        (4, 16, 8, 16, 2),
+        (4, 16, 4, 32, 1),
     ] {
         let cfg = SplitConfig {
             head_dim: 128,
@@ -131,6 +136,8 @@ fn attention_kernels() -> Vec<Kernel> {
             block_tokens: bt,
             num_warps: warps,
             vector_bytes,
+            prefetch,
+            min_programs_per_sm: 0,
         };
         ks.push(attention::build_split(&cfg).unwrap());
     }
@@ -148,6 +155,8 @@ fn attention_reads_kv_in_16_byte_vectors() {
         block_tokens: 16,
         num_warps: 4,
         vector_bytes: 16,
+        prefetch: 1,
+        min_programs_per_sm: 0,
     };
     let ptx = compile(&attention::build_split(&cfg).unwrap(), &Target::sm90a()).unwrap();
     let v4 = ptx.matches("ld.global.v4").count();

@@ -12,6 +12,10 @@
 //!    `benches/baselines/attention_peers.py` in the same command).
 //!
 //!     attention-check --peers peers.json --out varlen_attention.json --commit <sha>
+//!
+//! `--check-only` stops after 1 and 2 (for compute-sanitizer); `--sweep` and
+//! `--sweep-lists` name other tunings to time beside the defaults (see [`Tiling`]);
+//! `--profile` times one dense GQA case only, for `ncu`; `--cpu` runs 1 on the interpreter.
 
 use dusk::compiler::{DType, KernelBuilder};
 use dusk::kernels::attention_ops::{
@@ -549,38 +553,51 @@ fn time_plan(
     Ok(median(&t))
 }
 
-/// An alternative tuning to time beside the default: `BTxW[vBYTES][cCHUNK]`, e.g. `8x4`,
-/// `16x4v32`, `8x4c256` (tokens a step, warps, bytes per thread and row, chunk tokens).
+/// An alternative tuning to time beside the default: `BTxW` then optional `vBYTES`
+/// (bytes per thread and row), `fP` (tiles prefetched), `cCHUNK` (chunk tokens), e.g. `8x4`,
+/// `16x4v32`, `8x4f2c256`.
 #[derive(Clone, Copy)]
 struct Tiling {
     block_tokens: usize,
     num_warps: u32,
-    vector_bytes: u32,
+    vector_bytes: Option<u32>,
+    prefetch: Option<usize>,
     chunk: Option<usize>,
 }
 
 fn parse_tiling(t: &str) -> Option<Tiling> {
-    let (t, chunk) = match t.split_once('c') {
-        Some((a, c)) => (a, Some(c.parse().ok()?)),
-        None => (t, None),
+    // Split "8x4f2c256" into ("8", 'x', "4"), ('f', "2"), ('c', "256").
+    let mut fields: Vec<(char, String)> = vec![(' ', String::new())];
+    for ch in t.chars() {
+        if ch.is_ascii_digit() {
+            fields.last_mut()?.1.push(ch);
+        } else {
+            fields.push((ch, String::new()));
+        }
+    }
+    let mut out = Tiling {
+        block_tokens: fields.first()?.1.parse().ok()?,
+        num_warps: 0,
+        vector_bytes: None,
+        prefetch: None,
+        chunk: None,
     };
-    let (t, vector_bytes) = match t.split_once('v') {
-        Some((a, v)) => (a, v.parse().ok()?),
-        None => (t, 16),
-    };
-    let (bt, w) = t.split_once('x')?;
-    Some(Tiling {
-        block_tokens: bt.parse().ok()?,
-        num_warps: w.parse().ok()?,
-        vector_bytes,
-        chunk,
-    })
+    for (k, v) in &fields[1..] {
+        match k {
+            'x' => out.num_warps = v.parse().ok()?,
+            'v' => out.vector_bytes = Some(v.parse().ok()?),
+            'f' => out.prefetch = Some(v.parse().ok()?),
+            'c' => out.chunk = Some(v.parse().ok()?),
+            _ => return None,
+        }
+    }
+    (out.num_warps > 0).then_some(out)
 }
 
 fn describe(t: &AttentionTuning) -> String {
     format!(
-        "{}x{}v{} chunk {}",
-        t.block_tokens, t.num_warps, t.vector_bytes, t.chunk_tokens
+        "{}x{}v{}f{} chunk {}",
+        t.block_tokens, t.num_warps, t.vector_bytes, t.prefetch, t.chunk_tokens
     )
 }
 
@@ -599,7 +616,8 @@ fn time_tilings(
         let p = AttentionPlan::with_tuning(dusk, spec, |u: &mut AttentionTuning| {
             u.block_tokens = t.block_tokens;
             u.num_warps = t.num_warps;
-            u.vector_bytes = t.vector_bytes;
+            u.vector_bytes = t.vector_bytes.unwrap_or(u.vector_bytes);
+            u.prefetch = t.prefetch.unwrap_or(u.prefetch);
             u.chunk_tokens =
                 t.chunk.unwrap_or(u.chunk_tokens).div_ceil(t.block_tokens) * t.block_tokens;
         })?;
@@ -851,6 +869,19 @@ fn main() -> Res<()> {
     );
     let dusk = Dusk::new(dev.clone())?;
     let mut rng = SmallRng::seed_from_u64(std::process::id() as u64 ^ 0xa77e);
+    if flag("--profile") {
+        // One case for a profiler: dense GQA 32/8, batch 32, 32k context, default tuning
+        // (5 untimed then 30 timed runs).
+        let mut bench = Bench {
+            dusk: &dusk,
+            fill: fill_kernel(&dusk)?,
+            rng,
+            copy_gbps: f64::NAN,
+            peers: None,
+            cases: vec![],
+        };
+        return bench.dense(32, 32, 8, 32768, &[]);
+    }
     let worst = correctness(&dusk, &mut rng)?;
     if !dev.is_gpu() {
         println!("checks passed on the CPU");
