@@ -24,7 +24,16 @@ python3 benches/baselines/spgemv_torch.py --out /tmp/peer.json && \\
 python3 benches/report.py > BENCHMARKS.md
 ```
 
-The same binary with `--check-only` runs just the correctness checks; under
+Varlen paged decode attention (`varlen_attention`), the same way:
+
+```sh
+cargo build --release -p dusk-bench --bin attention-check   # then carry the binary
+# on the GPU machine (FlashInfer 0.5.3 wheels installed, see ../shared/tools/device-wheels):
+python3 benches/baselines/attention_peers.py --out /tmp/peers.json && \\
+  attention-check --peers /tmp/peers.json --out benches/results/varlen_attention.json --commit <sha> --date <date>
+```
+
+The same binaries with `--check-only` run just the correctness checks; under
 `compute-sanitizer --tool memcheck` and `--tool racecheck` it reports no errors.
 `benches/NOTES.md` keeps the two numbers, each version's figures and what limits it.
 """
@@ -43,6 +52,8 @@ def main():
         print(f"## {name}\n")
         print(f"Device: {r.get('device')}, driver {r.get('driver')}, commit `{r.get('commit')}`, "
               f"{r.get('date')}. Device copy bandwidth in this run: {r.get('copy_gbps', 0):.0f} GB/s.\n")
+        if r.get("selection"):
+            print(r["selection"] + "\n")
         print("| case | ours (us) | peer | peer (us) | speedup | GB/s | of copy BW |")
         print("|---|---:|---|---:|---:|---:|---:|")
         for c in r["cases"]:
@@ -50,7 +61,9 @@ def main():
                   f"{fmt(c.get('speedup_vs_peer'), '.2f')}x | {c['gbps']:.0f} | {100 * c['frac_of_copy_bw']:.1f}% |")
         extra = [c for c in r["cases"] if c.get("other_tilings_us")]
         if extra:
-            print("\nOther tilings (tokens per program x warps / programs per SM asked of ptxas), same run:\n")
+            print("\nOther tilings, same run (spgemv: tokens per program x warps / programs per SM asked of "
+                  "ptxas; attention: tokens a step x warps, bytes per thread and row, tiles prefetched, "
+                  "chunk tokens):\n")
             for c in extra:
                 tilings = ", ".join(f"{t['tiling']}: {t['us']:.1f} us" for t in c["other_tilings_us"])
                 print(f"- {c['case']}: {tilings}")

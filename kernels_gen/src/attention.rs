@@ -56,8 +56,8 @@ pub struct SplitConfig {
     /// Bytes of a K or V row each thread reads (16 or 32): 32 halves the lanes a row spans
     /// and so the shuffles of each score's reduction, at twice the registers per row.
     pub vector_bytes: u32,
-    /// Tiles of K and V in flight ahead of the one being computed (1 or 2): the bytes each
-    /// thread keeps in flight, which the GQA kernels, with few programs per SM, need.
+    /// Tiles of K and V in flight ahead of the one being computed (1 or 2). On an H100, 2
+    /// was slower for GQA and within 1% for MHA (benches/NOTES.md); it stays a tuning knob.
     pub prefetch: usize,
     /// Programs per SM asked of ptxas (0: none), capping registers to fit them.
     pub min_programs_per_sm: u32,

@@ -81,10 +81,10 @@ const MAX_CHUNK: usize = 1024;
 const MAX_CHUNK_LISTS: usize = 512;
 
 impl AttentionTuning {
-    /// Defaults (timed on an H100, BENCHMARKS.md): 8 tokens a step on 4 warps, two tiles
-    /// of K and V prefetched when a program serves several query heads (its registers allow
-    /// only 4 programs per SM, so each thread must keep more bytes in flight); 16 tokens on 8
-    /// warps for head_dim 256 or 8 query heads a program, and 8 tokens a step for both (each head keeps a `[tokens, head_dim]` f32
+    /// Defaults (timed on an H100, BENCHMARKS.md and benches/NOTES.md): 8 tokens a step on
+    /// 4 warps with one tile of K and V prefetched (two was slower for GQA, within 1% for MHA);
+    /// 16 tokens on 8 warps for head_dim 256 or 8 query heads a program, and 8 tokens a step
+    /// for both (each head keeps a `[tokens, head_dim]` f32
     /// accumulator, which would otherwise spill); chunks sized so
     /// that, were every row `max_tokens` long, about 8 work items per SM would exist
     /// (`num_sms`, 132 when unknown), between 2 steps and 1024 tokens.
@@ -119,7 +119,7 @@ impl AttentionTuning {
 pub fn default_tiling(head_dim: usize, group: usize) -> (usize, u32, usize) {
     match (head_dim >= 256, group >= 8) {
         (true, true) => (8, 8, 1),
-        (false, false) => (8, 4, if group > 1 { 2 } else { 1 }),
+        (false, false) => (8, 4, 1),
         _ => (16, 8, 1),
     }
 }
