@@ -92,7 +92,9 @@ fn unsupported(kernel: &str, what: String) -> CompileError {
 /// with [`TokenSource::Lists`] `sel_indptr`, `sel_indices`; with [`TokenSource::Padded`]
 /// `sel_indices`, `sel_lens`; then `part_o` (f32 `[batch * q_heads, max_chunks, D]`),
 /// `part_lse` (f32 `[batch * q_heads, max_chunks]`), and the i32 scalars `num_q_heads`,
-/// `num_kv_heads`, `chunk_tokens`, `max_chunks`, (padded only) `max_len`, and the f32
+/// `num_kv_heads`, `chunk_tokens`, `max_chunks`, (lists only) `num_indices` (entries of
+/// `sel_indices`: entries outside it are absent, whatever `sel_indptr` says), (padded only)
+/// `max_len`, and the f32
 /// `scale_log2` (softmax scale times log2(e)). Grid: `(batch * q_heads / group, max_chunks)`.
 pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let (d, bt, g_n) = (cfg.head_dim, cfg.block_tokens, cfg.group);
@@ -156,6 +158,10 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let num_kv_heads = b.param_scalar("num_kv_heads", DType::I32);
     let chunk_tokens = b.param_scalar("chunk_tokens", DType::I32);
     let max_chunks = b.param_scalar("max_chunks", DType::I32);
+    let num_indices = match cfg.source {
+        TokenSource::Lists => Some(b.param_scalar("num_indices", DType::I32)),
+        _ => None,
+    };
     let max_len = match cfg.source {
         TokenSource::Padded => Some(b.param_scalar("max_len", DType::I32)),
         _ => None,
@@ -257,8 +263,18 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     None => j,
                     Some(ix) => {
                         let e = b.add(list_start, j);
+                        let readable = match num_indices {
+                            Some(n) => {
+                                let z = b.i32(0);
+                                let lo = b.ge(e, z);
+                                let hi = b.lt(e, n);
+                                let inside = b.and(lo, hi);
+                                b.and(inb, inside)
+                            }
+                            None => inb,
+                        };
                         let p = b.add_ptr(ix, e);
-                        b.load_masked(p, Some(inb), Some(minus1))
+                        b.load_masked(p, Some(readable), Some(minus1))
                     }
                 };
                 let z = b.i32(0);

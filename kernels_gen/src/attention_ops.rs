@@ -411,8 +411,9 @@ impl AttentionPlan {
 
     /// Metadata around token lists that the GPU wrote (e.g. the top-p pruner's output):
     /// `sel_indptr` must have one entry per row plus one. Their contents are not read on the
-    /// host; the kernel skips positions outside their sequence and stops each row at the
-    /// plan's `max_tokens`, so bad lists give wrong answers but never bad memory accesses.
+    /// host; the kernel reads no entry outside `sel_indices`, skips positions outside their
+    /// sequence and stops each row at the plan's `max_tokens`, so bad lists give wrong
+    /// answers but never bad memory accesses.
     pub fn device_meta(
         &self,
         dusk: &Dusk,
@@ -576,8 +577,13 @@ impl AttentionPlan {
             Arg::I32(self.tuning.chunk_tokens as i32),
             Arg::I32(self.max_chunks as i32),
         ]);
-        if spec.mode == AttentionMode::Padded {
-            args.push(Arg::I32(spec.max_tokens as i32));
+        match spec.mode {
+            AttentionMode::Dense => {}
+            AttentionMode::Padded => args.push(Arg::I32(spec.max_tokens as i32)),
+            _ => {
+                let n = meta.sel_indices.as_ref().expect("list meta").len();
+                args.push(Arg::I32(n.min(i32::MAX as usize) as i32));
+            }
         }
         args.push(Arg::F32(self.scale_log2));
         let dev = dusk.device();

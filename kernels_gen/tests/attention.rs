@@ -461,3 +461,64 @@ fn bad_shapes_are_rejected() {
         "sm_scale"
     );
 }
+
+/// Lists written on the device are not checked on the host: an `indptr` that runs past
+/// the indices and positions outside the sequence must be skipped, never read through.
+#[test]
+fn device_lists_never_read_out_of_bounds() {
+    let dusk = Dusk::new(Device::cpu()).unwrap();
+    let (plan, table) = small_plan(&dusk, GROUP, 64);
+    let dev = dusk.device();
+    let kv = plan.spec().kv;
+    // Sequence 0 (40 tokens), KV heads 0 and 1; sequence 1 (20 tokens), heads 0 and 1.
+    // Row 0 holds a position past its sequence (45); row 3 runs 60 entries past the buffer.
+    let indices = vec![0, 7, 39, 45, 3, 19, 2];
+    let indptr = vec![0, 4, 5, 6, 66];
+    let meta = plan
+        .device_meta(
+            &dusk,
+            &table,
+            dev.upload(&indptr).unwrap(),
+            dev.upload(&indices).unwrap(),
+        )
+        .unwrap();
+    let mut rng = SmallRng::seed_from_u64(12);
+    let gen = |rng: &mut SmallRng, n: usize| -> Vec<f16> {
+        (0..n)
+            .map(|_| f16::from_f32(rng.random_range(-2.0f32..2.0)))
+            .collect()
+    };
+    let (q, k, v) = (
+        gen(&mut rng, 2 * 4 * 64),
+        gen(&mut rng, kv.elements()),
+        gen(&mut rng, kv.elements()),
+    );
+    let mut out = dev.alloc::<f16>(q.len()).unwrap();
+    let mut lse = dev.alloc::<f32>(8).unwrap();
+    let (qb, kb, vb) = (
+        dev.upload(&q).unwrap(),
+        dev.upload(&k).unwrap(),
+        dev.upload(&v).unwrap(),
+    );
+    plan.run(&dusk, &qb, &kb, &vb, &meta, None, &mut out, &mut lse)
+        .unwrap();
+    // What the kernel must have used: the in-range entries of each row.
+    let clean = TokenLists {
+        indptr: vec![0, 3, 4, 5, 6],
+        indices: vec![0, 7, 39, 3, 19, 2],
+    };
+    let f = |x: &[f16]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
+    let (want, _) = reference::attention(
+        &f(&q),
+        &f(&k),
+        &f(&v),
+        4,
+        &kv,
+        &table,
+        &per_query_rows(GROUP, &table, Some(&clean), &kv, 4),
+        1.0 / 8.0,
+        None,
+    );
+    let err = reference::rel_error(&f(&out.download().unwrap()), &want);
+    assert!(err < 2e-3, "rel err {err:.2e}");
+}
