@@ -1,7 +1,8 @@
 //! Varlen paged decode attention through the CPU interpreter against the f64 reference:
 //! every mode, head_dim 64/128/256, MHA and GQA, rows split into several chunks, empty rows,
 //! one-token rows, skewed lengths, partly filled last pages, SparQ's transform, bf16; and
-//! the errors bad metadata gets before anything is launched.
+//! the errors bad metadata gets before anything is launched. A property test draws random
+//! shapes, modes, chunk sizes and budgets.
 
 use dusk_compiler::DType;
 use dusk_kernels::attention_ops::{
@@ -12,6 +13,7 @@ use dusk_kernels::paged::{KvShape, PageTable, TokenLists};
 use dusk_kernels::{reference, DuskError};
 use dusk_runtime::{Device, Element};
 use half::{bf16, f16};
+use proptest::prelude::*;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -148,8 +150,9 @@ fn check<T: Val>(seed: u64, c: &Case) {
         sparq: c.sparq,
         dtype: T::DT,
     };
+    // Chunks are whole steps: `c.chunk` rounded up to the tiling's tokens a step.
     let plan = AttentionPlan::with_tuning(&dusk, spec, |t: &mut AttentionTuning| {
-        t.chunk_tokens = c.chunk
+        t.chunk_tokens = c.chunk.div_ceil(t.block_tokens) * t.block_tokens
     })
     .unwrap();
     let meta = plan.upload_meta(&dusk, &table, lists.as_ref()).unwrap();
@@ -312,6 +315,38 @@ fn bf16_inputs() {
         ..case(&[50, 21], 1, 4, 128, GROUP)
     };
     check::<bf16>(10, &c);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, .. ProptestConfig::default() })]
+    /// Random shapes and budgets: 1 to 3 sequences of 0 to 150 tokens, 1 or 2 KV heads,
+    /// groups of 1 to 8, every mode, chunks of 8 to 64 tokens, lists of random lengths
+    /// (empty ones included).
+    #[test]
+    fn random_shapes_and_budgets(
+        seed in 0u64..10_000,
+        seqs in proptest::collection::vec(0usize..150, 1..4),
+        kv_heads in 1usize..3,
+        group_log in 0u32..4,
+        wide in any::<bool>(),
+        mode in 0usize..4,
+        chunk_log in 3u32..7,
+        lens in proptest::collection::vec(0usize..120, 1..6),
+    ) {
+        prop_assume!(seqs.iter().any(|n| *n > 0));
+        let c = Case {
+            seqs: &seqs,
+            kv_heads,
+            group: 1 << group_log,
+            head_dim: if wide { 128 } else { 64 },
+            page_size: 16,
+            mode: [DENSE, HEAD, GROUP, PADDED][mode],
+            lens: &lens,
+            chunk: 1 << chunk_log,
+            sparq: false,
+        };
+        check::<f16>(seed, &c);
+    }
 }
 
 fn small_plan(dusk: &Dusk, mode: AttentionMode, max_tokens: usize) -> (AttentionPlan, PageTable) {
