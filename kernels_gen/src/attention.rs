@@ -22,8 +22,17 @@
 //! warps; the slots are combined once at the end. Masked slots use a finite sentinel
 //! (`-1e30`) so no `inf - inf` can make a NaN.
 //!
-//! Token positions outside `0..seq_len` are treated as absent (the host checks lists it is
-//! given; this keeps lists made on the device from reading outside the cache).
+//! GQA: the G query heads of a program are a static loop over the group inside the tile
+//! loop (the IR has 2-D blocks), each with its own `[block_tokens, head_dim]` accumulator;
+//! registers grow with `block_tokens * G`, which is what bounds occupancy for GQA.
+//!
+//! The tile loop is software-pipelined: the K and V rows of the next tile, the page-table
+//! entries of the one after and (lists) the positions of the one after that are requested
+//! before the current tile is computed, so the chain position -> page -> row never stalls.
+//!
+//! Token positions outside `0..seq_len`, and list entries outside `sel_indices`, are treated
+//! as absent (the host checks lists it is given; this keeps lists made on the device from
+//! reading outside the cache or the lists).
 
 use dusk_compiler::{CompileError, DType, Kernel, KernelBuilder, Value};
 
