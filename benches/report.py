@@ -24,6 +24,8 @@ python3 benches/baselines/spgemv_torch.py --out /tmp/peer.json && \\
   .device/gpu-check spgemv --peer /tmp/peer.json --out benches/results/spgemv.json --commit <sha> --date <date>
 python3 benches/baselines/topp_peers.py --out /tmp/topp.json && \\
   .device/gpu-check threshold --peer /tmp/topp.json --out benches/results/threshold_search.json --commit <sha> --date <date>
+python3 benches/baselines/attention_peers.py --out /tmp/attn.json && \\
+  .device/gpu-check attention --peers /tmp/attn.json --out benches/results/varlen_attention.json --commit <sha> --date <date>
 python3 benches/report.py > BENCHMARKS.md
 ```
 
@@ -46,6 +48,8 @@ def main():
         print(f"## {name}\n")
         print(f"Device: {r.get('device')}, driver {r.get('driver')}, commit `{r.get('commit')}`, "
               f"{r.get('date')}. Device copy bandwidth in this run: {r.get('copy_gbps', 0):.0f} GB/s.\n")
+        if r.get("selection"):
+            print(r["selection"] + "\n")
         print("| case | ours (us) | peer | peer (us) | speedup | GB/s | of copy BW |")
         print("|---|---:|---|---:|---:|---:|---:|")
         for c in r["cases"]:
@@ -53,7 +57,9 @@ def main():
                   f"{fmt(c.get('speedup_vs_peer'), '.2f')}x | {c['gbps']:.0f} | {100 * c['frac_of_copy_bw']:.1f}% |")
         extra = [c for c in r["cases"] if c.get("other_tilings_us")]
         if extra:
-            print("\nOther tilings (tokens per program x warps / programs per SM asked of ptxas), same run:\n")
+            print("\nOther tilings, same run (spgemv: tokens per program x warps / programs per SM asked of "
+                  "ptxas; attention: tokens a step x warps, bytes per thread and row, tiles prefetched, "
+                  "chunk tokens):\n")
             for c in extra:
                 tilings = ", ".join(f"{t['tiling']}: {t['us']:.1f} us" for t in c["other_tilings_us"])
                 print(f"- {c['case']}: {tilings}")

@@ -17,6 +17,7 @@ pub struct KernelBuilder {
     name: String,
     num_warps: u32,
     min_programs_per_sm: u32,
+    vector_bytes: u32,
     types: Vec<Type>,
     params: Vec<Param>,
     /// Open regions, innermost last.
@@ -38,6 +39,7 @@ impl KernelBuilder {
             name: name.to_string(),
             num_warps: 4,
             min_programs_per_sm: 0,
+            vector_bytes: 16,
             types: vec![],
             params: vec![],
             stack: vec![Region::default()],
@@ -53,6 +55,12 @@ impl KernelBuilder {
     /// capped to fit it). 0 leaves the choice to ptxas.
     pub fn set_min_programs_per_sm(&mut self, n: u32) {
         self.min_programs_per_sm = n;
+    }
+
+    /// Bytes each thread holds contiguously along the last dimension of loaded or stored
+    /// blocks (see [`Kernel::vector_bytes`]; 16 unless set).
+    pub fn set_vector_bytes(&mut self, n: u32) {
+        self.vector_bytes = n;
     }
 
     /// The type of a value made by this builder.
@@ -592,6 +600,7 @@ impl KernelBuilder {
             types: self.types,
             num_warps: self.num_warps,
             min_programs_per_sm: self.min_programs_per_sm,
+            vector_bytes: self.vector_bytes,
         };
         verify(&k)?;
         Ok(k)

@@ -484,6 +484,11 @@ pub struct Kernel {
     /// Programs that should fit on one multiprocessor at once (0: no request). Tells ptxas
     /// to keep registers low enough for that occupancy.
     pub min_programs_per_sm: u32,
+    /// Bytes each thread holds contiguously along the last dimension of blocks that are
+    /// loaded or stored (a power of two, 4 to 64; 16 by default, one 16-byte access). 32
+    /// gives each thread two accesses per row and halves the lanes a row spans, so
+    /// reductions along rows take one shuffle step less.
+    pub vector_bytes: u32,
 }
 
 impl Kernel {

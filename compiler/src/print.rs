@@ -16,6 +16,11 @@ pub fn print_kernel(k: &Kernel) -> String {
     } else {
         String::new()
     };
+    let occupancy = if k.vector_bytes != 16 {
+        format!("{occupancy} vector_bytes={}", k.vector_bytes)
+    } else {
+        occupancy
+    };
     let _ = writeln!(
         s,
         "kernel @{}({}) num_warps={}{occupancy} {{",

@@ -398,6 +398,16 @@ pub fn verify(k: &Kernel) -> Result<(), CompileError> {
             format!("num_warps {} must be a power of two in 1..=32", k.num_warps),
         ));
     }
+    if !(4..=64).contains(&k.vector_bytes) || !k.vector_bytes.is_power_of_two() {
+        return Err(err(
+            "kernel",
+            &Loc::default(),
+            format!(
+                "vector_bytes {} must be a power of two in 4..=64",
+                k.vector_bytes
+            ),
+        ));
+    }
     let mut defined: HashSet<ValueId> = HashSet::new();
     for p in &k.params {
         if !p.ty.is_scalar() {

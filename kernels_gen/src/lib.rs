@@ -2,6 +2,7 @@
 //! host entry points.
 //!
 //! - [`quantize`]: f16 K to 4- or 8-bit codes with per-row scale and zero.
+//! - [`attention`], [`attention_ops`]: varlen paged decode attention, split and merged.
 //! - [`spgemv`]: scores of query heads against candidate tokens, reading quantized K.
 //! - [`threshold`]: the fused threshold search (top-p and other [`policies`]) and
 //!   [`prune`], its validated plan: scores in, compacted CSR token lists out.
@@ -9,6 +10,8 @@
 //! - [`paged`]: the paged KV cache and token-list descriptions the entry points check.
 //! - [`mod@reference`]: plain host versions, the oracles of tests and GPU checks.
 
+pub mod attention;
+pub mod attention_ops;
 pub mod error;
 pub mod ops;
 pub mod paged;

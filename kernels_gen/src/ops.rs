@@ -68,7 +68,7 @@ impl Dusk {
     }
 
     /// The kernel made by `build`, compiled and loaded on first use.
-    fn kernel(
+    pub(crate) fn kernel(
         &self,
         key: String,
         build: impl FnOnce() -> std::result::Result<Kernel, dusk_compiler::CompileError>,

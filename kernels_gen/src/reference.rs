@@ -213,3 +213,69 @@ pub fn check_kept(
         mass_with
     ))
 }
+
+/// Decode attention in f64: for each query row `(b, h)` (`q` is `[batch, num_q_heads, D]`)
+/// over the positions `tokens[b * num_q_heads + h]` of sequence `b`, softmax scaled by
+/// `scale`. Returns the outputs (`[batch * num_q_heads, D]`) and the natural-log LSE per
+/// row; an empty row gives zeros and `-inf`. With `sparq = Some((alpha, v_mean))` the
+/// output is `alpha * y + (1 - alpha) * v_mean[b, kv head]`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    num_q_heads: usize,
+    kv: &KvShape,
+    table: &PageTable,
+    tokens: &[Vec<i32>],
+    scale: f64,
+    sparq: Option<(&[f32], &[f32])>,
+) -> (Vec<f64>, Vec<f64>) {
+    let d = kv.head_dim;
+    let group = num_q_heads / kv.num_kv_heads;
+    let mut out = vec![0.0; tokens.len() * d];
+    let mut lse = vec![f64::NEG_INFINITY; tokens.len()];
+    for (r, toks) in tokens.iter().enumerate() {
+        let (b, h) = (r / num_q_heads, r % num_q_heads);
+        let kvh = h / group;
+        let qrow = &q[r * d..(r + 1) * d];
+        let rows: Vec<usize> = toks
+            .iter()
+            .map(|&pos| {
+                let pos = pos as usize;
+                let page = table.kv_page_indices[table.kv_indptr[b] as usize + pos / kv.page_size]
+                    as usize;
+                ((page * kv.page_size + pos % kv.page_size) * kv.num_kv_heads + kvh) * d
+            })
+            .collect();
+        let s: Vec<f64> = rows
+            .iter()
+            .map(|&o| {
+                (0..d)
+                    .map(|i| qrow[i] as f64 * k[o + i] as f64)
+                    .sum::<f64>()
+                    * scale
+            })
+            .collect();
+        let y = &mut out[r * d..(r + 1) * d];
+        if !s.is_empty() {
+            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let sum: f64 = w.iter().sum();
+            for (wi, &o) in w.iter().zip(&rows) {
+                for i in 0..d {
+                    y[i] += wi / sum * v[o + i] as f64;
+                }
+            }
+            lse[r] = m + sum.ln();
+        }
+        if let Some((alpha, v_mean)) = sparq {
+            let a = alpha[r] as f64;
+            let vm = &v_mean[(b * kv.num_kv_heads + kvh) * d..][..d];
+            for i in 0..d {
+                y[i] = a * y[i] + (1.0 - a) * vm[i] as f64;
+            }
+        }
+    }
+    (out, lse)
+}

@@ -3,7 +3,10 @@
 //! nvidia-cuda-nvcc (`./dev.sh test` installs it).
 
 use dusk_compiler::codegen::{compile, Target};
+use dusk_compiler::DType;
 use dusk_compiler::Kernel;
+use dusk_kernels::attention::{self, MergeConfig, SplitConfig, TokenSource};
+use dusk_kernels::attention_ops;
 use dusk_kernels::quantize::{self, QuantizeConfig};
 use dusk_kernels::spgemv::{self, SpgemvConfig};
 use std::path::PathBuf;
@@ -44,6 +47,7 @@ fn stock_kernels() -> Vec<Kernel> {
             }
         }
     }
+    ks.extend(attention_kernels());
     // The alternatives the benchmark times beside the defaults.
     for (tokens, warps, programs, mma) in [
         (64, 2, 14, false),
@@ -67,6 +71,96 @@ fn stock_kernels() -> Vec<Kernel> {
         }
     }
     ks
+}
+
+/// The attention kernels the plans build: every head_dim, source and group used, f16 and
+/// bf16, with the default tilings, and the alternatives the benchmark sweeps.
+fn attention_kernels() -> Vec<Kernel> {
+    let mut ks = vec![];
+    for d in [64, 128, 256] {
+        for dtype in [DType::F16, DType::BF16] {
+            for (source, group) in [
+                (TokenSource::Dense, 1),
+                (TokenSource::Dense, 4),
+                (TokenSource::Dense, 8),
+                (TokenSource::Lists, 1),
+                (TokenSource::Lists, 4),
+                (TokenSource::Lists, 8),
+                (TokenSource::Padded, 4),
+            ] {
+                let (block_tokens, num_warps, prefetch) = attention_ops::default_tiling(d, group);
+                let cfg = SplitConfig {
+                    head_dim: d,
+                    page_size: 16,
+                    group,
+                    dtype,
+                    source,
+                    block_tokens,
+                    num_warps,
+                    vector_bytes: 16,
+                    prefetch,
+                    min_programs_per_sm: 0,
+                };
+                ks.push(attention::build_split(&cfg).unwrap());
+            }
+            for sparq in [false, true] {
+                let cfg = MergeConfig {
+                    head_dim: d,
+                    dtype,
+                    sparq,
+                    block_chunks: 8,
+                };
+                ks.push(attention::build_merge(&cfg).unwrap());
+            }
+        }
+    }
+    for (group, bt, warps, vector_bytes, prefetch) in [
+        (1, 8, 4, 16, 2),
+        (1, 16, 4, 16, 1),
+        (1, 8, 2, 16, 1),
+        (1, 16, 4, 32, 1),
+        (1, 32, 4, 32, 1),
+        (4, 8, 4, 16, 1),
+        (4, 16, 4, 16, 1),
+        (4, 8, 2, 16, 1),
+        (4, 16, 8, 16, 1),
+        (4, 16, 8, 16, 2),
+        (4, 16, 4, 32, 1),
+    ] {
+        let cfg = SplitConfig {
+            head_dim: 128,
+            page_size: 16,
+            group,
+            dtype: DType::F16,
+            source: TokenSource::Dense,
+            block_tokens: bt,
+            num_warps: warps,
+            vector_bytes,
+            prefetch,
+            min_programs_per_sm: 0,
+        };
+        ks.push(attention::build_split(&cfg).unwrap());
+    }
+    ks
+}
+
+#[test]
+fn attention_reads_kv_in_16_byte_vectors() {
+    let cfg = SplitConfig {
+        head_dim: 128,
+        page_size: 16,
+        group: 4,
+        dtype: DType::F16,
+        source: TokenSource::Lists,
+        block_tokens: 16,
+        num_warps: 4,
+        vector_bytes: 16,
+        prefetch: 1,
+        min_programs_per_sm: 0,
+    };
+    let ptx = compile(&attention::build_split(&cfg).unwrap(), &Target::sm90a()).unwrap();
+    let v4 = ptx.matches("ld.global.v4").count();
+    assert!(v4 >= 2, "K and V not read in 16-byte vectors:\n{ptx}");
 }
 
 /// Assembles `ptx` for `arch`; returns ptxas's resource report.

@@ -159,8 +159,9 @@ impl UnionFind {
     }
 }
 
-/// Elements per thread along the last dimension: enough for 16-byte accesses of the
-/// narrowest type loaded or stored at each shape (4 when a shape touches no memory).
+/// Elements per thread along the last dimension: enough for accesses of the kernel's
+/// `vector_bytes` (16 unless set) of the narrowest type loaded or stored at each shape (4
+/// when a shape touches no memory).
 fn vector_hints(k: &Kernel) -> HashMap<Vec<usize>, usize> {
     let mut hints: HashMap<Vec<usize>, usize> = HashMap::new();
     walk_ops(&k.body, &mut |op| {
@@ -170,7 +171,7 @@ fn vector_hints(k: &Kernel) -> HashMap<Vec<usize>, usize> {
         };
         let t = k.ty(ptr);
         if let (Elem::Ptr(d), false) = (t.elem, t.is_scalar()) {
-            let v = 16 / d.size_bytes();
+            let v = (k.vector_bytes as usize / d.size_bytes()).max(1);
             let e = hints.entry(t.shape.clone()).or_insert(v);
             *e = (*e).max(v);
         }
@@ -343,6 +344,43 @@ mod tests {
         assert_eq!(b.warps_per_cta, vec![4, 1]);
         assert_eq!(b.per_thread(0), 2);
         assert_eq!(Layout::Blocked(b).slots(), 32);
+    }
+
+    /// A `[16, 128]` f16 load: 16 bytes a thread (8 elements, 16 lanes a row) by default,
+    /// 32 bytes (16 elements, 8 lanes a row) with `vector_bytes = 32`; the verifier takes
+    /// powers of two from 4 to 64 only.
+    #[test]
+    fn vector_bytes_sets_elements_per_thread() {
+        use crate::builder::KernelBuilder;
+        let build = |bytes: u32| {
+            let mut b = KernelBuilder::new("wide");
+            b.set_vector_bytes(bytes);
+            let x = b.param_ptr("x", DType::F16);
+            let r = b.arange(0, 16);
+            let r = b.mul_c(r, 128);
+            let r = b.expand(r, 1, 128);
+            let c = b.arange(0, 128);
+            let c = b.expand(c, 0, 16);
+            let o = b.add(r, c);
+            let p = b.add_ptr(x, o);
+            let v = b.load(p);
+            b.store(p, v);
+            b.finish()
+        };
+        for (bytes, spt, lanes) in [(16, 8, 16), (32, 16, 8)] {
+            let k = build(bytes).unwrap();
+            let l = assign(&k);
+            let Some(Layout::Blocked(bl)) = l.of.values().find(|l| match l {
+                Layout::Blocked(b) => b.shape == vec![16, 128],
+                _ => false,
+            }) else {
+                panic!("no [16, 128] layout")
+            };
+            assert_eq!(bl.size_per_thread, vec![1, spt]);
+            assert_eq!(bl.threads_per_warp[1], lanes);
+        }
+        assert!(build(24).is_err());
+        assert!(build(128).is_err());
     }
 
     #[test]

@@ -5,9 +5,11 @@
 //!
 //!     gpu-check spgemv    [--check-only] [--peer peer.json] [--out spgemv.json]
 //!     gpu-check threshold [--check-only] [--rows N] [--peer peers.json] [--out threshold_search.json]
+//!     gpu-check attention [--check-only] [--peers peers.json] [--out varlen_attention.json] [--sweep ..]
 //!
 //! `--commit` and `--date` are copied into the results.
 
+mod attention;
 mod common;
 mod spgemv;
 mod threshold;
@@ -16,8 +18,9 @@ fn main() -> common::Res<()> {
     match std::env::args().nth(1).as_deref() {
         Some("spgemv") => spgemv::run(),
         Some("threshold") => threshold::run(),
+        Some("attention") => attention::run(),
         other => Err(format!(
-            "usage: gpu-check spgemv|threshold [options] (found {})",
+            "usage: gpu-check spgemv|threshold|attention [options] (found {})",
             other.unwrap_or("no subcommand")
         )
         .into()),

@@ -1,0 +1,947 @@
+//! GPU check and benchmark of varlen paged decode attention, run on the device machine:
+//!
+//! 1. every mode (dense, head varlen, group varlen, padded, SparQ transform, bf16) against
+//!    the f64 reference on fresh random inputs, outputs poisoned first;
+//! 2. a decode step captured in a CUDA graph and replayed, with the query and the token
+//!    lists changed in place between replays (the plan's `run` allocates nothing and never
+//!    syncs, so it can be captured);
+//! 3. (unless `--check-only`) device-to-device copy bandwidth, then timings: dense at
+//!    batch 1/32/64, 8k/32k context, GQA 32/8 and MHA 32/32; a random quarter of the pages
+//!    at batch 32; group varlen against padded on log-normal budgets (mean 256, max 4096,
+//!    32k context, batch 64), each beside the peers' times (`--peers`, written by
+//!    `benches/baselines/attention_peers.py` in the same command).
+//!
+//!     gpu-check attention --peers peers.json --out varlen_attention.json --commit <sha>
+//!
+//! `--check-only` stops after 1 and 2 (for compute-sanitizer); `--sweep` and
+//! `--sweep-lists` name other tunings to time beside the defaults (see [`Tiling`]);
+//! `--profile` times one dense GQA case only, for `ncu`; `--cpu` runs 1 on the interpreter.
+
+use crate::common::{arg, Res};
+use dusk::compiler::{DType, KernelBuilder};
+use dusk::kernels::attention_ops::{
+    AttentionMeta, AttentionMode, AttentionPlan, AttentionSpec, AttentionTuning, SparqMix,
+};
+use dusk::kernels::ops::Dusk;
+use dusk::kernels::paged::{KvShape, PageTable, TokenLists};
+use dusk::kernels::reference;
+use dusk::runtime::{median, Arg, Buffer, Device, Element, LoadedKernel};
+use half::{bf16, f16};
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+const D: usize = 128;
+const PAGE: usize = 16;
+/// Caches smaller than this are rotated through several copies so reads come from DRAM.
+const ROTATE_BYTES: usize = 256 << 20;
+
+fn flag(name: &str) -> bool {
+    std::env::args().any(|a| a == name)
+}
+
+fn page_table(rng: &mut SmallRng, seq_lens: &[usize]) -> (PageTable, usize) {
+    let total = PageTable::pages_needed(seq_lens, PAGE);
+    let mut ids: Vec<i32> = (0..total as i32).collect();
+    ids.shuffle(rng);
+    let table = PageTable::from_lengths(seq_lens, PAGE, ids).expect("consistent page ids");
+    (table, total.max(1))
+}
+
+/// Random ascending lists of the given lengths (cycled over rows), clamped to each sequence.
+fn random_lists(
+    rng: &mut SmallRng,
+    table: &PageTable,
+    heads_per_batch: usize,
+    lens: &[usize],
+) -> TokenLists {
+    let mut indptr = vec![0i32];
+    let mut indices = vec![];
+    for r in 0..table.batch() * heads_per_batch {
+        let n = table.seq_len(r / heads_per_batch, PAGE);
+        let want = lens[r % lens.len()].min(n);
+        let mut row: Vec<i32> = rand::seq::index::sample(rng, n, want)
+            .into_iter()
+            .map(|x| x as i32)
+            .collect();
+        row.sort_unstable();
+        indices.extend(row);
+        indptr.push(indices.len() as i32);
+    }
+    TokenLists { indptr, indices }
+}
+
+trait Val: Element {
+    const DT: DType;
+    fn from_f32(x: f32) -> Self;
+    fn to_f32(self) -> f32;
+}
+impl Val for f16 {
+    const DT: DType = DType::F16;
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+}
+impl Val for bf16 {
+    const DT: DType = DType::BF16;
+    fn from_f32(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+}
+
+fn poisoned<T: Element>(dev: &Device, n: usize) -> Res<Buffer<T>> {
+    let mut b = dev.alloc::<T>(n)?;
+    dev.fill_bytes(&mut b, 0xFF)?;
+    Ok(b)
+}
+
+struct CheckCase {
+    seqs: Vec<usize>,
+    kv_heads: usize,
+    group: usize,
+    head_dim: usize,
+    mode: AttentionMode,
+    lens: Vec<usize>,
+    sparq: bool,
+    /// Tokens per work item (`None`: the plan's default).
+    chunk: Option<usize>,
+}
+
+/// The positions each query row attends to, for the reference.
+fn per_query_rows(
+    mode: AttentionMode,
+    table: &PageTable,
+    lists: Option<&TokenLists>,
+    kv: &KvShape,
+    hq: usize,
+) -> Vec<Vec<i32>> {
+    let group = hq / kv.num_kv_heads;
+    (0..table.batch() * hq)
+        .map(|r| {
+            let (b, h) = (r / hq, r % hq);
+            match (mode, lists) {
+                (AttentionMode::Dense, _) => (0..table.seq_len(b, kv.page_size) as i32).collect(),
+                (AttentionMode::HeadVarlen, Some(l)) => l.row(r).to_vec(),
+                (_, Some(l)) => l.row(b * kv.num_kv_heads + h / group).to_vec(),
+                _ => unreachable!("list modes have lists"),
+            }
+        })
+        .collect()
+}
+
+/// One correctness case on the GPU; returns (output rel err, worst lse abs err).
+fn check_case<T: Val>(dusk: &Dusk, rng: &mut SmallRng, c: &CheckCase) -> Res<(f64, f64)> {
+    let dev = dusk.device();
+    let (table, num_pages) = page_table(rng, &c.seqs);
+    let kv = KvShape {
+        num_pages,
+        page_size: PAGE,
+        num_kv_heads: c.kv_heads,
+        head_dim: c.head_dim,
+    };
+    let hq = c.kv_heads * c.group;
+    let batch = c.seqs.len();
+    let lists = match c.mode {
+        AttentionMode::Dense => None,
+        AttentionMode::HeadVarlen => Some(random_lists(rng, &table, hq, &c.lens)),
+        _ => Some(random_lists(rng, &table, c.kv_heads, &c.lens)),
+    };
+    let longest = lists
+        .as_ref()
+        .map(|l| l.max_row_len())
+        .unwrap_or(*c.seqs.iter().max().unwrap_or(&1));
+    let spec = AttentionSpec {
+        kv,
+        batch,
+        num_q_heads: hq,
+        mode: c.mode,
+        max_tokens: longest.max(1),
+        sm_scale: None,
+        sparq: c.sparq,
+        dtype: T::DT,
+    };
+    let plan = AttentionPlan::with_tuning(dusk, spec, |t| {
+        if let Some(ch) = c.chunk {
+            t.chunk_tokens = ch;
+        }
+    })?;
+    let meta = plan.upload_meta(dusk, &table, lists.as_ref())?;
+    let gen = |rng: &mut SmallRng, n: usize| -> Vec<T> {
+        (0..n)
+            .map(|_| T::from_f32(rng.random_range(-2.0f32..2.0)))
+            .collect()
+    };
+    let q = gen(rng, batch * hq * c.head_dim);
+    let k = gen(rng, kv.elements());
+    let v = gen(rng, kv.elements());
+    let alpha: Vec<f32> = (0..batch * hq)
+        .map(|_| rng.random_range(0.0..1.0))
+        .collect();
+    let v_mean = gen(rng, batch * c.kv_heads * c.head_dim);
+    let (qb, kb, vb) = (dev.upload(&q)?, dev.upload(&k)?, dev.upload(&v)?);
+    let (ab, vmb) = (dev.upload(&alpha)?, dev.upload(&v_mean)?);
+    let mut out = poisoned::<T>(dev, q.len())?;
+    let mut lse = poisoned::<f32>(dev, batch * hq)?;
+    let mix = c.sparq.then_some(SparqMix {
+        alpha: &ab,
+        v_mean: &vmb,
+    });
+    plan.run(dusk, &qb, &kb, &vb, &meta, mix, &mut out, &mut lse)?;
+    let f = |x: &[T]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
+    let vm = f(&v_mean);
+    let (want, want_lse) = reference::attention(
+        &f(&q),
+        &f(&k),
+        &f(&v),
+        hq,
+        &kv,
+        &table,
+        &per_query_rows(c.mode, &table, lists.as_ref(), &kv, hq),
+        1.0 / (c.head_dim as f64).sqrt(),
+        c.sparq.then_some((&alpha[..], &vm[..])),
+    );
+    let got = f(&out.download()?);
+    let got_lse = lse.download()?;
+    let err = reference::rel_error(&got, &want);
+    let mut lse_err = 0.0f64;
+    for (a, b) in got_lse.iter().zip(&want_lse) {
+        if b.is_infinite() {
+            if *a != f32::NEG_INFINITY {
+                return Err(format!("empty row: lse {a}, want -inf").into());
+            }
+        } else {
+            lse_err = lse_err.max((*a as f64 - b).abs());
+        }
+    }
+    Ok((err, lse_err))
+}
+
+fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<f64> {
+    use AttentionMode::*;
+    let cases = vec![
+        (
+            Dense,
+            vec![1, 300, 4097],
+            8,
+            4,
+            128,
+            vec![],
+            false,
+            None,
+            false,
+        ),
+        (
+            Dense,
+            vec![777, 16, 33],
+            4,
+            1,
+            64,
+            vec![],
+            false,
+            Some(64),
+            false,
+        ),
+        (Dense, vec![2000], 2, 8, 256, vec![], false, None, false),
+        (
+            HeadVarlen,
+            vec![3000, 500],
+            4,
+            2,
+            128,
+            vec![0, 1, 2707, 27, 300],
+            false,
+            Some(128),
+            false,
+        ),
+        (
+            GroupVarlen,
+            vec![5000, 1200, 40],
+            8,
+            4,
+            128,
+            vec![27, 2707, 0, 1, 600],
+            false,
+            None,
+            false,
+        ),
+        (
+            GroupVarlen,
+            vec![1500, 700],
+            2,
+            8,
+            64,
+            vec![1000, 3],
+            false,
+            Some(256),
+            false,
+        ),
+        (
+            Padded,
+            vec![2500, 900],
+            8,
+            4,
+            128,
+            vec![2000, 50, 0, 700],
+            false,
+            None,
+            false,
+        ),
+        (
+            GroupVarlen,
+            vec![900, 400],
+            4,
+            4,
+            128,
+            vec![300, 77],
+            true,
+            None,
+            false,
+        ),
+        (
+            GroupVarlen,
+            vec![1800, 64],
+            8,
+            4,
+            128,
+            vec![1000, 9],
+            false,
+            None,
+            true,
+        ),
+    ];
+    let mut worst = 0.0f64;
+    println!("correctness (fresh random inputs, outputs poisoned, f64 reference):");
+    for (mode, seqs, kv_heads, group, head_dim, lens, sparq, chunk, bf) in cases {
+        let c = CheckCase {
+            seqs,
+            kv_heads,
+            group,
+            head_dim,
+            mode,
+            lens,
+            sparq,
+            chunk,
+        };
+        let (err, lse_err) = if bf {
+            check_case::<bf16>(dusk, rng, &c)?
+        } else {
+            check_case::<f16>(dusk, rng, &c)?
+        };
+        let tol = if bf { 1e-2 } else { 2e-3 };
+        println!(
+            "  {mode:?} seqs {:?} kv_heads {kv_heads} group {group} d {head_dim} lens {:?}{}{}: rel err {err:.2e}, lse abs err {lse_err:.1e}",
+            c.seqs,
+            c.lens,
+            if sparq { " sparq" } else { "" },
+            if bf { " bf16" } else { " f16" }
+        );
+        if err >= tol || lse_err > 1e-2 {
+            return Err(format!(
+                "attention: rel err {err:.2e} (tol {tol:.0e}), lse err {lse_err:.1e}"
+            )
+            .into());
+        }
+        if !bf {
+            worst = worst.max(err);
+        }
+    }
+    Ok(worst)
+}
+
+/// A decode step captured in a CUDA graph: replayed, checked; the query and the device
+/// token lists then changed in place, replayed again, checked again.
+fn graph_replay(dusk: &Dusk, rng: &mut SmallRng) -> Res<(f64, f64, f64)> {
+    use cudarc::driver::sys;
+    let dev = dusk.device();
+    let stream = dev.cuda_stream().ok_or("no stream")?.clone();
+    let seqs = [3000usize, 1000, 2048, 77];
+    let (table, num_pages) = page_table(rng, &seqs);
+    let kv = KvShape {
+        num_pages,
+        page_size: PAGE,
+        num_kv_heads: 8,
+        head_dim: D,
+    };
+    let hq = 32;
+    let budget = 1024;
+    let spec = AttentionSpec {
+        kv,
+        batch: seqs.len(),
+        num_q_heads: hq,
+        mode: AttentionMode::GroupVarlen,
+        max_tokens: budget,
+        sm_scale: None,
+        sparq: false,
+        dtype: DType::F16,
+    };
+    let plan = AttentionPlan::new(dusk, spec)?;
+    // Lists of a fixed capacity (each row `budget` slots), so a step can rewrite them in
+    // place: the pruner's contract.
+    let make = |rng: &mut SmallRng| -> TokenLists {
+        let lens: Vec<usize> = (0..8).map(|_| rng.random_range(0..=budget)).collect();
+        random_lists(rng, &table, 8, &lens)
+    };
+    let pad = |l: &TokenLists| -> (Vec<i32>, Vec<i32>) {
+        let mut idx = l.indices.clone();
+        idx.resize(seqs.len() * 8 * budget, 0);
+        (l.indptr.clone(), idx)
+    };
+    let lists1 = make(rng);
+    let (ip1, ix1) = pad(&lists1);
+    let ip_dev = dev.upload(&ip1)?;
+    let ix_dev = dev.upload(&ix1)?;
+    let mut meta: AttentionMeta = plan.device_meta(dusk, &table, ip_dev, ix_dev)?;
+    let gen = |rng: &mut SmallRng, n: usize| -> Vec<f16> {
+        (0..n)
+            .map(|_| f16::from_f32(rng.random_range(-2.0f32..2.0)))
+            .collect()
+    };
+    let q1 = gen(rng, seqs.len() * hq * D);
+    let k = gen(rng, kv.elements());
+    let v = gen(rng, kv.elements());
+    let mut qb = dev.upload(&q1)?;
+    let (kb, vb) = (dev.upload(&k)?, dev.upload(&v)?);
+    let mut out = poisoned::<f16>(dev, q1.len())?;
+    let mut lse = poisoned::<f32>(dev, seqs.len() * hq)?;
+    dev.synchronize()?;
+    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let captured = plan.run(dusk, &qb, &kb, &vb, &meta, None, &mut out, &mut lse);
+    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0))?;
+    captured?;
+    let graph = graph.ok_or("empty graph")?;
+    let f = |x: &[f16]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
+    let (kf, vf) = (f(&k), f(&v));
+    let check = |q: &[f16], lists: &TokenLists, out: &Buffer<f16>| -> Res<f64> {
+        let rows = per_query_rows(AttentionMode::GroupVarlen, &table, Some(lists), &kv, hq);
+        let (want, _) = reference::attention(
+            &f(q),
+            &kf,
+            &vf,
+            hq,
+            &kv,
+            &table,
+            &rows,
+            1.0 / (D as f64).sqrt(),
+            None,
+        );
+        Ok(reference::rel_error(&f(&out.download()?), &want))
+    };
+    graph.launch()?;
+    let e1 = check(&q1, &lists1, &out)?;
+    // New step: new query, new lists, written in place; same graph.
+    let q2 = gen(rng, q1.len());
+    qb.copy_from_host(&q2)?;
+    let lists2 = make(rng);
+    let (ip2, ix2) = pad(&lists2);
+    let (ipb, ixb) = meta.lists_mut().ok_or("list metadata")?;
+    ipb.copy_from_host(&ip2)?;
+    ixb.copy_from_host(&ix2)?;
+    graph.launch()?;
+    let e2 = check(&q2, &lists2, &out)?;
+    if e1.max(e2) >= 2e-3 {
+        return Err(format!("graph replay: rel err {e1:.2e}, {e2:.2e}").into());
+    }
+    // Replay time against plain launches of the same step.
+    let replay = median(&dev.time_us(50, 5, || graph.launch())?);
+    Ok((e1, e2, replay))
+}
+
+/// Fills f16 buffers on the device with a hash of the index (uniform in [-1, 1)): the
+/// benchmark caches reach 34 GB, too much to make on the host.
+fn fill_kernel(dusk: &Dusk) -> Res<Arc<LoadedKernel>> {
+    const BLOCK: i64 = 2048;
+    let mut b = KernelBuilder::new("bench_fill_f16");
+    let x = b.param_ptr("x", DType::F16);
+    let n = b.param_scalar("n", DType::I64);
+    let seed = b.param_scalar("seed", DType::I64);
+    let pid = b.program_id(0);
+    let pid = b.cast(pid, DType::I64);
+    let base = b.mul_c(pid, BLOCK);
+    let r = b.arange(0, BLOCK);
+    let r = b.cast(r, DType::I64);
+    let i = b.add(base, r);
+    let ok = b.lt(i, n);
+    let mut h = b.add(i, seed);
+    for _ in 0..2 {
+        let c16 = b.i64(16);
+        let sh = b.shr(h, c16);
+        let mask = b.i64(0xFFFF_FFFF);
+        let sh = b.and(sh, mask);
+        h = b.xor(h, sh);
+        h = b.mul_c(h, 0x45d9f3b);
+        let m = b.i64(0xFFFF_FFFF);
+        h = b.and(h, m);
+    }
+    let m = b.i64(0xFFFF);
+    let h = b.and(h, m);
+    let hf = b.cast(h, DType::F32);
+    let s = b.f32(1.0 / 32768.0);
+    let hf = b.mul(hf, s);
+    let one = b.f32(1.0);
+    let hf = b.sub(hf, one);
+    let hv = b.cast(hf, DType::F16);
+    let p = b.add_ptr(x, i);
+    b.store_masked(p, hv, Some(ok));
+    Ok(dusk.load(b.finish()?)?)
+}
+
+fn random_device(dusk: &Dusk, fill: &LoadedKernel, n: usize, seed: i64) -> Res<Buffer<f16>> {
+    let buf = dusk.device().alloc::<f16>(n)?;
+    let grid = n.div_ceil(2048) as u32;
+    dusk.device().launch(
+        fill,
+        [grid, 1, 1],
+        &[Arg::from(&buf), Arg::I64(n as i64), Arg::I64(seed)],
+    )?;
+    Ok(buf)
+}
+
+/// A benchmark cache: `copies` K/V pairs (rotated so reads come from DRAM).
+struct Cache {
+    pairs: Vec<(Buffer<f16>, Buffer<f16>)>,
+}
+
+fn cache(dusk: &Dusk, fill: &LoadedKernel, kv: KvShape, read_bytes: usize) -> Res<Cache> {
+    let copies = ROTATE_BYTES.div_ceil(read_bytes.max(1)).max(1);
+    let mut pairs = vec![];
+    for c in 0..copies {
+        let s = 2 * c as i64 * kv.elements() as i64;
+        pairs.push((
+            random_device(dusk, fill, kv.elements(), s)?,
+            random_device(dusk, fill, kv.elements(), s + kv.elements() as i64)?,
+        ));
+    }
+    Ok(Cache { pairs })
+}
+
+/// Median time of `plan.run` over the cache's copies, in us.
+fn time_plan(
+    dusk: &Dusk,
+    plan: &AttentionPlan,
+    c: &Cache,
+    meta: &AttentionMeta,
+    q: &Buffer<f16>,
+) -> Res<f64> {
+    let dev = dusk.device();
+    let rows = plan.spec().batch * plan.spec().num_q_heads;
+    let mut out = dev.alloc::<f16>(rows * D)?;
+    let mut lse = dev.alloc::<f32>(rows)?;
+    let mut i = 0;
+    let t = dev.time_us(30, 5, || {
+        let (k, v) = &c.pairs[i % c.pairs.len()];
+        i += 1;
+        plan.run(dusk, q, k, v, meta, None, &mut out, &mut lse)
+            .map_err(|e| e.to_string())
+    })?;
+    Ok(median(&t))
+}
+
+/// An alternative tuning to time beside the default: `BTxW` then optional `vBYTES`
+/// (bytes per thread and row), `fP` (tiles prefetched), `cCHUNK` (chunk tokens), e.g. `8x4`,
+/// `16x4v32`, `8x4f2c256`.
+#[derive(Clone, Copy)]
+struct Tiling {
+    block_tokens: usize,
+    num_warps: u32,
+    vector_bytes: Option<u32>,
+    prefetch: Option<usize>,
+    chunk: Option<usize>,
+}
+
+fn parse_tiling(t: &str) -> Option<Tiling> {
+    // Split "8x4f2c256" into ("8", 'x', "4"), ('f', "2"), ('c', "256").
+    let mut fields: Vec<(char, String)> = vec![(' ', String::new())];
+    for ch in t.chars() {
+        if ch.is_ascii_digit() {
+            fields.last_mut()?.1.push(ch);
+        } else {
+            fields.push((ch, String::new()));
+        }
+    }
+    let mut out = Tiling {
+        block_tokens: fields.first()?.1.parse().ok()?,
+        num_warps: 0,
+        vector_bytes: None,
+        prefetch: None,
+        chunk: None,
+    };
+    for (k, v) in &fields[1..] {
+        match k {
+            'x' => out.num_warps = v.parse().ok()?,
+            'v' => out.vector_bytes = Some(v.parse().ok()?),
+            'f' => out.prefetch = Some(v.parse().ok()?),
+            'c' => out.chunk = Some(v.parse().ok()?),
+            _ => return None,
+        }
+    }
+    (out.num_warps > 0).then_some(out)
+}
+
+fn describe(t: &AttentionTuning) -> String {
+    format!(
+        "{}x{}v{}f{} chunk {}",
+        t.block_tokens, t.num_warps, t.vector_bytes, t.prefetch, t.chunk_tokens
+    )
+}
+
+/// Times `spec` under each of `tilings`; returns `[{"tiling", "us"}]`.
+fn time_tilings(
+    dusk: &Dusk,
+    spec: AttentionSpec,
+    table: &PageTable,
+    lists: Option<&TokenLists>,
+    c: &Cache,
+    q: &Buffer<f16>,
+    tilings: &[Tiling],
+) -> Res<Vec<Value>> {
+    let mut out = vec![];
+    for t in tilings {
+        let p = AttentionPlan::with_tuning(dusk, spec, |u: &mut AttentionTuning| {
+            u.block_tokens = t.block_tokens;
+            u.num_warps = t.num_warps;
+            u.vector_bytes = t.vector_bytes.unwrap_or(u.vector_bytes);
+            u.prefetch = t.prefetch.unwrap_or(u.prefetch);
+            u.chunk_tokens =
+                t.chunk.unwrap_or(u.chunk_tokens).div_ceil(t.block_tokens) * t.block_tokens;
+        })?;
+        let m = p.upload_meta(dusk, table, lists)?;
+        let us = time_plan(dusk, &p, c, &m, q)?;
+        out.push(json!({"tiling": describe(p.tuning()), "us": us}));
+    }
+    Ok(out)
+}
+
+struct Bench<'a> {
+    dusk: &'a Dusk,
+    fill: Arc<LoadedKernel>,
+    rng: SmallRng,
+    copy_gbps: f64,
+    peers: Option<Value>,
+    cases: Vec<Value>,
+}
+
+impl Bench<'_> {
+    fn peer(&self, case: &str, key: &str) -> Option<f64> {
+        self.peers.as_ref()?["cases"]
+            .as_array()?
+            .iter()
+            .find(|c| c["case"] == case)?[key]
+            .as_f64()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &mut self,
+        case: &str,
+        shape: Value,
+        us: f64,
+        peer: &str,
+        peer_us: Option<f64>,
+        bytes: usize,
+        extra: Value,
+    ) {
+        let gbps = bytes as f64 / (us * 1e-6) / 1e9;
+        println!(
+            "  {case} vs {peer}: {us:.1} us (peer {}), {gbps:.0} GB/s = {:.1}% of copy",
+            peer_us.map_or("n/a".into(), |p| format!("{p:.1} us, {:.2}x", p / us)),
+            100.0 * gbps / self.copy_gbps
+        );
+        let mut c = json!({
+            "case": format!("{case}_vs_{peer}"),
+            "shape": shape,
+            "ours_us": us,
+            "peer": peer,
+            "peer_us": peer_us,
+            "speedup_vs_peer": peer_us.map(|p| p / us),
+            "bytes": bytes as u64,
+            "gbps": gbps,
+            "frac_of_copy_bw": gbps / self.copy_gbps,
+        });
+        if let (Some(o), Some(e)) = (c.as_object_mut(), extra.as_object()) {
+            o.extend(e.clone());
+        }
+        self.cases.push(c);
+    }
+
+    /// Dense decode, beside FlashInfer and SDPA (flash); `tilings` are timed too.
+    fn dense(
+        &mut self,
+        batch: usize,
+        hq: usize,
+        hkv: usize,
+        ctx: usize,
+        tilings: &[Tiling],
+    ) -> Res<()> {
+        let (table, num_pages) = page_table(&mut self.rng, &vec![ctx; batch]);
+        let kv = KvShape {
+            num_pages,
+            page_size: PAGE,
+            num_kv_heads: hkv,
+            head_dim: D,
+        };
+        let bytes = 2 * kv.elements() * 2;
+        let c = cache(self.dusk, &self.fill, kv, bytes)?;
+        let q = random_device(self.dusk, &self.fill, batch * hq * D, 7)?;
+        let spec = AttentionSpec {
+            kv,
+            batch,
+            num_q_heads: hq,
+            mode: AttentionMode::Dense,
+            max_tokens: ctx,
+            sm_scale: None,
+            sparq: false,
+            dtype: DType::F16,
+        };
+        let plan = AttentionPlan::new(self.dusk, spec)?;
+        let meta = plan.upload_meta(self.dusk, &table, None)?;
+        let us = time_plan(self.dusk, &plan, &c, &meta, &q)?;
+        let others = time_tilings(self.dusk, spec, &table, None, &c, &q, tilings)?;
+        let tu = plan.tuning();
+        let name = format!("dense_b{batch}_h{hq}x{hkv}_ctx{ctx}");
+        let shape = json!({"batch": batch, "num_q_heads": hq, "num_kv_heads": hkv, "head_dim": D,
+                           "page_size": PAGE, "context": ctx});
+        let extra = json!({
+            "tuning": describe(tu),
+            "other_tilings_us": others,
+        });
+        let fi = self.peer(&name, "flashinfer_us");
+        self.record(&name, shape.clone(), us, "flashinfer", fi, bytes, extra);
+        let sd = self.peer(&name, "sdpa_flash_us");
+        self.record(&name, shape, us, "sdpa-flash", sd, bytes, json!({}));
+        Ok(())
+    }
+
+    /// A random quarter of each sequence's pages (the same for every KV head, as FlashInfer
+    /// takes them), as group lists; beside FlashInfer given those pages.
+    fn quarter(
+        &mut self,
+        batch: usize,
+        hq: usize,
+        hkv: usize,
+        ctx: usize,
+        tilings: &[Tiling],
+    ) -> Res<()> {
+        let (table, num_pages) = page_table(&mut self.rng, &vec![ctx; batch]);
+        let kv = KvShape {
+            num_pages,
+            page_size: PAGE,
+            num_kv_heads: hkv,
+            head_dim: D,
+        };
+        let pages_per_seq = ctx / PAGE;
+        let keep = pages_per_seq / 4;
+        let mut sel = vec![];
+        for _ in 0..batch {
+            let mut chosen: Vec<usize> =
+                rand::seq::index::sample(&mut self.rng, pages_per_seq, keep).into_vec();
+            chosen.sort_unstable();
+            for _ in 0..hkv {
+                sel.push(chosen.clone());
+            }
+        }
+        let lists = TokenLists::from_pages(&table, PAGE, hkv, &sel);
+        let tokens = lists.indices.len();
+        let bytes = tokens * (2 * D * 2 + 4);
+        let c = cache(self.dusk, &self.fill, kv, bytes)?;
+        let q = random_device(self.dusk, &self.fill, batch * hq * D, 9)?;
+        let spec = AttentionSpec {
+            kv,
+            batch,
+            num_q_heads: hq,
+            mode: AttentionMode::GroupVarlen,
+            max_tokens: keep * PAGE,
+            sm_scale: None,
+            sparq: false,
+            dtype: DType::F16,
+        };
+        let plan = AttentionPlan::new(self.dusk, spec)?;
+        let meta = plan.upload_meta(self.dusk, &table, Some(&lists))?;
+        let us = time_plan(self.dusk, &plan, &c, &meta, &q)?;
+        let others = time_tilings(self.dusk, spec, &table, Some(&lists), &c, &q, tilings)?;
+        let name = format!("quarter_b{batch}_h{hq}x{hkv}_ctx{ctx}");
+        let shape = json!({"batch": batch, "num_q_heads": hq, "num_kv_heads": hkv, "head_dim": D,
+                           "page_size": PAGE, "context": ctx, "kept_pages_pct": 25});
+        let fi = self.peer(&name, "flashinfer_us");
+        let extra = json!({"tuning": describe(plan.tuning()), "other_tilings_us": others});
+        self.record(&name, shape, us, "flashinfer", fi, bytes, extra);
+        Ok(())
+    }
+
+    /// Group varlen on log-normal per-group budgets (mean 256, at most 4096) against the
+    /// padded baseline (every group padded to 4096).
+    fn skewed(
+        &mut self,
+        batch: usize,
+        hq: usize,
+        hkv: usize,
+        ctx: usize,
+        tilings: &[Tiling],
+    ) -> Res<()> {
+        let (table, num_pages) = page_table(&mut self.rng, &vec![ctx; batch]);
+        let kv = KvShape {
+            num_pages,
+            page_size: PAGE,
+            num_kv_heads: hkv,
+            head_dim: D,
+        };
+        // Log-normal with sigma 1 and mean 256: mu = ln 256 - 1/2.
+        let (sigma, max) = (1.0f64, 4096usize);
+        let mu = (256f64).ln() - sigma * sigma / 2.0;
+        let lens: Vec<usize> = (0..batch * hkv)
+            .map(|_| {
+                let (u1, u2): (f64, f64) = (self.rng.random(), self.rng.random());
+                let z = (-2.0 * (1.0 - u1).ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+                ((mu + sigma * z).exp().round() as usize).clamp(1, max)
+            })
+            .collect();
+        let lists = random_lists(&mut self.rng, &table, hkv, &lens);
+        let tokens = lists.indices.len();
+        let bytes = tokens * (2 * D * 2 + 4);
+        let c = cache(self.dusk, &self.fill, kv, bytes)?;
+        let q = random_device(self.dusk, &self.fill, batch * hq * D, 11)?;
+        let mut us = [0.0; 2];
+        let mut others = vec![];
+        let mut tuning = String::new();
+        for (i, mode) in [AttentionMode::GroupVarlen, AttentionMode::Padded]
+            .into_iter()
+            .enumerate()
+        {
+            let spec = AttentionSpec {
+                kv,
+                batch,
+                num_q_heads: hq,
+                mode,
+                max_tokens: max,
+                sm_scale: None,
+                sparq: false,
+                dtype: DType::F16,
+            };
+            let plan = AttentionPlan::new(self.dusk, spec)?;
+            let meta = plan.upload_meta(self.dusk, &table, Some(&lists))?;
+            us[i] = time_plan(self.dusk, &plan, &c, &meta, &q)?;
+            if i == 0 {
+                tuning = describe(plan.tuning());
+                others = time_tilings(self.dusk, spec, &table, Some(&lists), &c, &q, tilings)?;
+            }
+        }
+        let name = format!("skewed_b{batch}_h{hq}x{hkv}_ctx{ctx}");
+        let mean = tokens as f64 / lens.len() as f64;
+        let shape = json!({"batch": batch, "num_q_heads": hq, "num_kv_heads": hkv, "head_dim": D,
+                           "page_size": PAGE, "context": ctx, "budget_mean": 256, "budget_max": max});
+        let extra = json!({"kept_tokens": tokens, "measured_mean_budget": mean,
+                           "longest_budget": lists.max_row_len(), "tuning": tuning,
+                           "other_tilings_us": others});
+        self.record(&name, shape, us[0], "padded", Some(us[1]), bytes, extra);
+        Ok(())
+    }
+}
+
+pub fn run() -> Res<()> {
+    // `--cpu`: the correctness checks through the interpreter (to test this program).
+    let dev = if flag("--cpu") {
+        Device::cpu()
+    } else {
+        Device::gpu(0)?
+    };
+    println!(
+        "device: {} (driver {:?}, cc {:?}, {} SMs)",
+        dev.name(),
+        dev.driver_version(),
+        dev.compute_capability(),
+        dev.num_sms().unwrap_or(0)
+    );
+    let dusk = Dusk::new(dev.clone())?;
+    let mut rng = SmallRng::seed_from_u64(std::process::id() as u64 ^ 0xa77e);
+    if flag("--profile") {
+        // One case for a profiler: dense GQA 32/8, batch 32, 32k context, default tuning
+        // (5 untimed then 30 timed runs).
+        let mut bench = Bench {
+            dusk: &dusk,
+            fill: fill_kernel(&dusk)?,
+            rng,
+            copy_gbps: f64::NAN,
+            peers: None,
+            cases: vec![],
+        };
+        return bench.dense(32, 32, 8, 32768, &[]);
+    }
+    let worst = correctness(&dusk, &mut rng)?;
+    if !dev.is_gpu() {
+        println!("checks passed on the CPU");
+        return Ok(());
+    }
+    let graph = graph_replay(&dusk, &mut rng)?;
+    println!(
+        "graph replay: rel err {:.2e}, then {:.2e} after new q and lists written in place; replay {:.1} us",
+        graph.0, graph.1, graph.2
+    );
+    if flag("--check-only") {
+        println!("all checks passed");
+        return Ok(());
+    }
+
+    // Copy bandwidth: 1 GiB each way, device to device.
+    let n = 1usize << 30;
+    let src = dev.upload(&vec![0x5Au8; n])?;
+    let mut dst = dev.alloc::<u8>(n)?;
+    let t = dev.time_us(20, 3, || dst.copy_from(&src).map_err(|e| e.to_string()))?;
+    let copy_gbps = 2.0 * n as f64 / (median(&t) * 1e-6) / 1e9;
+    drop((src, dst));
+    println!("device copy: {copy_gbps:.0} GB/s (read + write)");
+    let peers: Option<Value> = arg("--peers")
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .and_then(|s| serde_json::from_str(&s).ok());
+    let mut bench = Bench {
+        dusk: &dusk,
+        fill: fill_kernel(&dusk)?,
+        rng,
+        copy_gbps,
+        peers,
+        cases: vec![],
+    };
+    let tilings = |name: &str| -> Vec<Tiling> {
+        arg(name)
+            .map(|s| s.split(',').filter_map(parse_tiling).collect())
+            .unwrap_or_default()
+    };
+    // `--sweep` applies to the dense cases, `--sweep-lists` to the list ones.
+    let (sweep, sweep_lists) = (tilings("--sweep"), tilings("--sweep-lists"));
+    println!("timings (median of 30, caches under 256 MB rotated):");
+    for batch in [1usize, 32, 64] {
+        for ctx in [8192usize, 32768] {
+            for (hq, hkv) in [(32usize, 8usize), (32, 32)] {
+                bench.dense(batch, hq, hkv, ctx, &sweep)?;
+            }
+        }
+    }
+    for hkv in [8usize, 32] {
+        bench.quarter(32, 32, hkv, 32768, &sweep_lists)?;
+    }
+    bench.skewed(64, 32, 8, 32768, &sweep_lists)?;
+    let result = json!({
+        "device": dev.name(),
+        "driver": dev.driver_version().map(|(a, b)| format!("{a}.{b}")),
+        "commit": arg("--commit"),
+        "date": arg("--date"),
+        "copy_gbps": copy_gbps,
+        "peer_copy_gbps": bench.peers.as_ref().and_then(|p| p["copy_gbps"].as_f64()),
+        "peer_versions": bench.peers.as_ref().map(|p| json!({"torch": p["torch"], "flashinfer": p["flashinfer"]})),
+        "check_max_rel_error": worst,
+        "graph_replay": {"rel_err_step1": graph.0, "rel_err_step2": graph.1, "replay_us": graph.2},
+        "cases": bench.cases,
+    });
+    let text = serde_json::to_string_pretty(&result)?;
+    println!("{text}");
+    if let Some(path) = arg("--out") {
+        std::fs::write(path, text)?;
+    }
+    Ok(())
+}

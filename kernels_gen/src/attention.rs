@@ -1,0 +1,616 @@
+//! Varlen sparse paged decode attention (Twilight Section 4.2 "Load Balancing", Appendix
+//! B.2), split over the KV sequence and merged by log-sum-exp (flash-decoding).
+//!
+//! Two kernels, one source for every mode:
+//!
+//! - [`build_split`]: one program per work item (row, chunk). A row is one query head (head
+//!   varlen, G = 1) or one KV head with its whole group of G query heads (dense, group
+//!   varlen, padded: each K and V row is read once and used for all G heads). A chunk is
+//!   `chunk_tokens` consecutive entries of the row's token list. The program walks its
+//!   chunk `block_tokens` at a time and writes, per query head, the chunk's normalised
+//!   output and its log-sum-exp (base 2) to the partial buffers; a chunk past the end of
+//!   its row writes only `lse = -inf`, so the merge needs no metadata.
+//! - [`build_merge`]: one program per (batch, query head): combines the row's chunks by
+//!   their log-sum-exp, writes the output in the input dtype and the natural-log LSE, and
+//!   optionally applies SparQ's output transform `alpha * y + (1 - alpha) * v_mean`.
+//!
+//! The grid is `(rows, max_chunks)`, fixed by the plan from a maximum budget, so lists that
+//! the GPU pruner writes can change every step without the host seeing them.
+//!
+//! Softmax inside a program keeps one running maximum *per token slot* of the tile (a
+//! `[block_tokens]` vector) rather than one per row, so the loop needs no reduction across
+//! warps; the slots are combined once at the end. Masked slots use a finite sentinel
+//! (`-1e30`) so no `inf - inf` can make a NaN.
+//!
+//! GQA: the G query heads of a program are a static loop over the group inside the tile
+//! loop (the IR has 2-D blocks), each with its own `[block_tokens, head_dim]` accumulator;
+//! registers grow with `block_tokens * G`, which is what bounds occupancy for GQA.
+//!
+//! The tile loop is software-pipelined: the K and V rows of the next tile, the page-table
+//! entries of the one after and (lists) the positions of the one after that are requested
+//! before the current tile is computed, so the chain position -> page -> row never stalls.
+//!
+//! Token positions outside `0..seq_len`, and list entries outside `sel_indices`, are treated
+//! as absent (the host checks lists it is given; this keeps lists made on the device from
+//! reading outside the cache or the lists).
+
+use dusk_compiler::{CompileError, DType, Kernel, KernelBuilder, Value};
+
+/// Where a row's token positions come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TokenSource {
+    /// Every token of the sequence, from the page table alone.
+    Dense,
+    /// A CSR list per row (`sel_indptr`, `sel_indices`).
+    Lists,
+    /// Every row padded to `max_len` entries (`sel_indices` is `[rows, max_len]`), with the
+    /// true lengths in `sel_lens`: all `max_len` K and V rows are read, the padding masked
+    /// out of the softmax. The baseline that varlen is measured against.
+    Padded,
+}
+
+/// Compile-time choices of the split kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SplitConfig {
+    pub head_dim: usize,
+    pub page_size: usize,
+    /// Query heads per program: 1 (head varlen) or the GQA group (read K and V once).
+    pub group: usize,
+    /// Element type of q, K and V (f16 or bf16).
+    pub dtype: DType,
+    pub source: TokenSource,
+    /// Tokens per loop iteration.
+    pub block_tokens: usize,
+    pub num_warps: u32,
+    /// Bytes of a K or V row each thread reads (16 or 32): 32 halves the lanes a row spans
+    /// and so the shuffles of each score's reduction, at twice the registers per row.
+    pub vector_bytes: u32,
+    /// Tiles of K and V in flight ahead of the one being computed (1 or 2). On an H100, 2
+    /// was slower for GQA and within 1% for MHA (benches/NOTES.md); it stays a tuning knob.
+    pub prefetch: usize,
+    /// Programs per SM asked of ptxas (0: none), capping registers to fit them.
+    pub min_programs_per_sm: u32,
+}
+
+/// Compile-time choices of the merge kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MergeConfig {
+    pub head_dim: usize,
+    /// Element type of the output and of `v_mean`.
+    pub dtype: DType,
+    /// Apply SparQ's output transform (parameters `alpha`, `v_mean`).
+    pub sparq: bool,
+    /// Chunks combined per loop iteration.
+    pub block_chunks: usize,
+}
+
+/// The score of masked slots: far below any real score, yet finite.
+const MASKED: f32 = -1e30;
+
+fn unsupported(kernel: &str, what: String) -> CompileError {
+    CompileError::Build {
+        kernel: kernel.into(),
+        op: "build".into(),
+        loc: String::new(),
+        msg: what,
+    }
+}
+
+/// Builds the split kernel. Parameters, in order: `q` (`[batch, q_heads, D]`), `k`, `v`
+/// (`[pages, page_size, kv_heads, D]`), `kv_indptr`, `kv_page_indices`, `kv_last_page_len`;
+/// with [`TokenSource::Lists`] `sel_indptr`, `sel_indices`; with [`TokenSource::Padded`]
+/// `sel_indices`, `sel_lens`; then `part_o` (f32 `[batch * q_heads, max_chunks, D]`),
+/// `part_lse` (f32 `[batch * q_heads, max_chunks]`), and the i32 scalars `num_q_heads`,
+/// `num_kv_heads`, `chunk_tokens`, `max_chunks`, (lists only) `num_indices` (entries of
+/// `sel_indices`: entries outside it are absent, whatever `sel_indptr` says), (padded only)
+/// `max_len`, and the f32
+/// `scale_log2` (softmax scale times log2(e)). Grid: `(batch * q_heads / group, max_chunks)`.
+pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
+    let (d, bt, g_n) = (cfg.head_dim, cfg.block_tokens, cfg.group);
+    let name = format!(
+        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}",
+        match cfg.source {
+            TokenSource::Dense => "dense",
+            TokenSource::Lists => "lists",
+            TokenSource::Padded => "padded",
+        },
+        d,
+        cfg.page_size,
+        g_n,
+        cfg.dtype.name(),
+        bt,
+        cfg.num_warps,
+        cfg.vector_bytes,
+        cfg.prefetch,
+        cfg.min_programs_per_sm
+    );
+    if !matches!(d, 64 | 128 | 256)
+        || !cfg.page_size.is_power_of_two()
+        || !g_n.is_power_of_two()
+        || g_n > 16
+        || !bt.is_power_of_two()
+        || !matches!(cfg.dtype, DType::F16 | DType::BF16)
+        || !matches!(cfg.vector_bytes, 16 | 32)
+        || !matches!(cfg.prefetch, 1 | 2)
+    {
+        return Err(unsupported(
+            &name,
+            format!("unsupported configuration {cfg:?}"),
+        ));
+    }
+    let mut b = KernelBuilder::new(&name);
+    b.set_num_warps(cfg.num_warps);
+    b.set_vector_bytes(cfg.vector_bytes);
+    b.set_min_programs_per_sm(cfg.min_programs_per_sm);
+    let q = b.param_ptr("q", cfg.dtype);
+    let k = b.param_ptr("k", cfg.dtype);
+    let v = b.param_ptr("v", cfg.dtype);
+    let kv_indptr = b.param_ptr("kv_indptr", DType::I32);
+    let kv_page_indices = b.param_ptr("kv_page_indices", DType::I32);
+    let kv_last_page_len = b.param_ptr("kv_last_page_len", DType::I32);
+    let (sel_indptr, sel_indices, sel_lens) = match cfg.source {
+        TokenSource::Dense => (None, None, None),
+        TokenSource::Lists => (
+            Some(b.param_ptr("sel_indptr", DType::I32)),
+            Some(b.param_ptr("sel_indices", DType::I32)),
+            None,
+        ),
+        TokenSource::Padded => (
+            None,
+            Some(b.param_ptr("sel_indices", DType::I32)),
+            Some(b.param_ptr("sel_lens", DType::I32)),
+        ),
+    };
+    let part_o = b.param_ptr("part_o", DType::F32);
+    let part_lse = b.param_ptr("part_lse", DType::F32);
+    let num_q_heads = b.param_scalar("num_q_heads", DType::I32);
+    let num_kv_heads = b.param_scalar("num_kv_heads", DType::I32);
+    let chunk_tokens = b.param_scalar("chunk_tokens", DType::I32);
+    let max_chunks = b.param_scalar("max_chunks", DType::I32);
+    let num_indices = match cfg.source {
+        TokenSource::Lists => Some(b.param_scalar("num_indices", DType::I32)),
+        _ => None,
+    };
+    let max_len = match cfg.source {
+        TokenSource::Padded => Some(b.param_scalar("max_len", DType::I32)),
+        _ => None,
+    };
+    let scale_log2 = b.param_scalar("scale_log2", DType::F32);
+
+    let row = b.program_id(0);
+    let chunk = b.program_id(1);
+    // Row -> (batch, first query head, KV head).
+    let c_group = b.i32(g_n as i32);
+    let rows_per_batch = b.div(num_q_heads, c_group);
+    let batch = b.div(row, rows_per_batch);
+    let r = b.rem(row, rows_per_batch);
+    let qh0 = b.mul(r, c_group);
+    let q_per_kv = b.div(num_q_heads, num_kv_heads);
+    let kvh = b.div(qh0, q_per_kv);
+
+    // The sequence: its first page entry and its length.
+    let p = b.add_ptr(kv_indptr, batch);
+    let page_base = b.load(p);
+    let b1 = b.add_c(batch, 1);
+    let p = b.add_ptr(kv_indptr, b1);
+    let page_end = b.load(p);
+    let p = b.add_ptr(kv_last_page_len, batch);
+    let last = b.load(p);
+    let pages = b.sub(page_end, page_base);
+    let ps = cfg.page_size as i64;
+    let full = b.mul_c(pages, ps);
+    let full = b.add_c(full, -ps);
+    let seq_len = b.add(full, last);
+    let zero_i = b.i32(0);
+    let seq_len = b.maximum(seq_len, zero_i);
+
+    // The row's list: where it starts, entries to visit, entries that count.
+    let (list_start, n_work, n_valid) = match cfg.source {
+        TokenSource::Dense => (zero_i, seq_len, seq_len),
+        TokenSource::Lists => {
+            let ip = sel_indptr.expect("lists");
+            let p = b.add_ptr(ip, row);
+            let s = b.load(p);
+            let row1 = b.add_c(row, 1);
+            let p = b.add_ptr(ip, row1);
+            let e = b.load(p);
+            let n = b.sub(e, s);
+            (s, n, n)
+        }
+        TokenSource::Padded => {
+            let ml = max_len.expect("padded");
+            let s = b.mul(row, ml);
+            let p = b.add_ptr(sel_lens.expect("padded"), row);
+            let n = b.load(p);
+            (s, ml, n)
+        }
+    };
+    let t0 = b.mul(chunk, chunk_tokens);
+    let t_end = b.add(t0, chunk_tokens);
+    let t1 = b.minimum(t_end, n_work);
+    let live = b.lt(t0, t1);
+    // Partial slot of query head qh0 + g: (row * G + g) * max_chunks + chunk.
+    let row_g = b.mul(row, c_group);
+    let slot0 = b.mul(row_g, max_chunks);
+    let slot0 = b.add(slot0, chunk);
+    let neg_inf = b.f32(f32::NEG_INFINITY);
+
+    b.if_else(
+        live,
+        |b| {
+            let dr = b.arange(0, d as i64);
+            // Queries, scaled so that scores come out in log2 units.
+            let bq = b.mul(batch, num_q_heads);
+            let bq = b.add(bq, qh0);
+            let bq64 = b.cast(bq, DType::I64);
+            let mut qs = vec![];
+            for g in 0..g_n {
+                let base = b.add_c(bq64, g as i64);
+                let base = b.mul_c(base, d as i64);
+                let qp = b.add_ptr(q, base);
+                let qp = b.add_ptr(qp, dr);
+                let qv = b.load(qp);
+                let qv = b.cast(qv, DType::F32);
+                qs.push(b.mul(qv, scale_log2));
+            }
+            let c_bt = b.i32(bt as i32);
+            let kvh64 = b.cast(kvh, DType::I64);
+            let hkv64 = b.cast(num_kv_heads, DType::I64);
+            let lists = sel_indices.is_some();
+            // The loop is software-pipelined so that no load waits on another in the same
+            // iteration: while tile t is computed, the K and V rows of tiles t+1..=t+P are in
+            // flight (P = `prefetch`), the page-table entries of tile t+P+1 and (lists) the
+            // positions of tile t+P+2.
+            // Positions travel as `pos` with -1 for "absent" (past the chunk, outside the
+            // sequence), so one i32 block carries both.
+            let positions = |b: &mut KernelBuilder, tile: Value| -> Value {
+                let j = b.arange(0, bt as i64);
+                let j = b.add(tile, j);
+                let inb = b.lt(j, t1);
+                let minus1 = b.i32(-1);
+                let pos = match sel_indices {
+                    None => j,
+                    Some(ix) => {
+                        let e = b.add(list_start, j);
+                        let readable = match num_indices {
+                            Some(n) => {
+                                let z = b.i32(0);
+                                let lo = b.ge(e, z);
+                                let hi = b.lt(e, n);
+                                let inside = b.and(lo, hi);
+                                b.and(inb, inside)
+                            }
+                            None => inb,
+                        };
+                        let p = b.add_ptr(ix, e);
+                        b.load_masked(p, Some(readable), Some(minus1))
+                    }
+                };
+                let z = b.i32(0);
+                let nonneg = b.ge(pos, z);
+                let in_seq = b.lt(pos, seq_len);
+                let ok = b.and(inb, nonneg);
+                let ok = b.and(ok, in_seq);
+                b.select(ok, pos, minus1)
+            };
+            let page_of = |b: &mut KernelBuilder, pos: Value| -> Value {
+                let z = b.i32(0);
+                let ok = b.ge(pos, z);
+                let c_ps = b.i32(cfg.page_size as i32);
+                let page_in_seq = b.div(pos, c_ps);
+                let pi = b.add(page_base, page_in_seq);
+                let p = b.add_ptr(kv_page_indices, pi);
+                b.load_masked(p, Some(ok), Some(z))
+            };
+            let load_kv = |b: &mut KernelBuilder, pos: Value, page: Value| -> (Value, Value) {
+                let z = b.i32(0);
+                let ok = b.ge(pos, z);
+                let c_ps = b.i32(cfg.page_size as i32);
+                let slot = b.rem(pos, c_ps);
+                let page64 = b.cast(page, DType::I64);
+                let tok = b.mul_c(page64, ps);
+                let slot64 = b.cast(slot, DType::I64);
+                let tok = b.add(tok, slot64);
+                let krow = b.mul(tok, hkv64);
+                let krow = b.add(krow, kvh64);
+                let off = b.mul_c(krow, d as i64);
+                let off2 = b.expand(off, 1, d);
+                let dcol = b.cast(dr, DType::I64);
+                let dcol = b.expand(dcol, 0, bt);
+                let off2 = b.add(off2, dcol);
+                let mask2 = b.expand(ok, 1, d);
+                let kp = b.add_ptr(k, off2);
+                let kt = b.load_masked(kp, Some(mask2), None);
+                let vp = b.add_ptr(v, off2);
+                let vt = b.load_masked(vp, Some(mask2), None);
+                (kt, vt)
+            };
+            // Prologue: K and V of tiles 0..P, pages of tile P, (lists) positions of P+1.
+            let pf = cfg.prefetch;
+            let tile_at = |b: &mut KernelBuilder, base: Value, i: usize| -> Value {
+                let c = b.i32((i * bt) as i32);
+                b.add(base, c)
+            };
+            let mut init = vec![];
+            let mut poss = vec![];
+            for i in 0..pf {
+                let tile = tile_at(b, t0, i);
+                let pos = positions(b, tile);
+                let page = page_of(b, pos);
+                let (kt, vt) = load_kv(b, pos, page);
+                init.extend([kt, vt]);
+                poss.push(pos);
+            }
+            init.extend(poss);
+            let tile = tile_at(b, t0, pf);
+            let pos_p = positions(b, tile);
+            let page_p = page_of(b, pos_p);
+            init.extend([pos_p, page_p]);
+            if lists {
+                let tile = tile_at(b, t0, pf + 1);
+                init.push(positions(b, tile));
+            }
+            let stages = init.len();
+            let masked = b.f32(MASKED);
+            let zero_f = b.f32(0.0);
+            let m0 = b.splat(masked, &[bt]);
+            let l0 = b.splat(zero_f, &[bt]);
+            let a0 = b.splat(zero_f, &[bt, d]);
+            for _ in 0..g_n {
+                init.extend([m0, l0, a0]);
+            }
+            let fin = b.for_range(t0, t1, c_bt, &init, |b, t, carried| {
+                let (kt, vt, pos) = (carried[0], carried[1], carried[2 * pf]);
+                let (pos_p, page_p) = (carried[3 * pf], carried[3 * pf + 1]);
+                // Tile t+P's K and V, tile t+P+1's pages, (lists) tile t+P+2's positions.
+                let (kt_p, vt_p) = load_kv(b, pos_p, page_p);
+                let tile = tile_at(b, t, pf + 1);
+                let pos_p1 = if lists {
+                    carried[3 * pf + 2]
+                } else {
+                    positions(b, tile)
+                };
+                let page_p1 = page_of(b, pos_p1);
+                let mut next = carried[2..2 * pf].to_vec();
+                next.extend([kt_p, vt_p]);
+                next.extend(carried[2 * pf + 1..3 * pf].iter().copied());
+                next.extend([pos_p, pos_p1, page_p1]);
+                if lists {
+                    let tile = tile_at(b, t, pf + 2);
+                    next.push(positions(b, tile));
+                }
+                let z = b.i32(0);
+                let valid = b.ge(pos, z);
+                let valid = match (cfg.source, sel_lens) {
+                    (TokenSource::Padded, Some(_)) => {
+                        let j = b.arange(0, bt as i64);
+                        let j = b.add(t, j);
+                        let counted = b.lt(j, n_valid);
+                        b.and(valid, counted)
+                    }
+                    _ => valid,
+                };
+                let kt = b.cast(kt, DType::F32);
+                let vt = b.cast(vt, DType::F32);
+                let masked = b.f32(MASKED);
+                let zero_f = b.f32(0.0);
+                for (g, qv) in qs.iter().enumerate() {
+                    let (m, l, acc) = (
+                        carried[stages + 3 * g],
+                        carried[stages + 3 * g + 1],
+                        carried[stages + 3 * g + 2],
+                    );
+                    let qe = b.expand(*qv, 0, bt);
+                    let prod = b.mul(kt, qe);
+                    let s = b.sum(prod, 1);
+                    let s = b.select(valid, s, masked);
+                    let m_new = b.maximum(m, s);
+                    let dm = b.sub(m, m_new);
+                    let alpha = b.exp2(dm);
+                    let ds = b.sub(s, m_new);
+                    let e = b.exp2(ds);
+                    let pr = b.select(valid, e, zero_f);
+                    let l = b.mul(l, alpha);
+                    let l = b.add(l, pr);
+                    let ae = b.expand(alpha, 1, d);
+                    let acc = b.mul(acc, ae);
+                    let pe = b.expand(pr, 1, d);
+                    let pv = b.mul(vt, pe);
+                    let acc = b.add(acc, pv);
+                    next.extend([m_new, l, acc]);
+                }
+                next
+            });
+            let fin = &fin[stages..];
+            // Combine the slots, normalise, write the chunk's partial result per head.
+            let one = b.f32(1.0);
+            let zero_f = b.f32(0.0);
+            for g in 0..g_n {
+                let (m, l, acc) = (fin[3 * g], fin[3 * g + 1], fin[3 * g + 2]);
+                let mx = b.max(m, 0);
+                let dm = b.sub(m, mx);
+                let f = b.exp2(dm);
+                let lf = b.mul(l, f);
+                let lsum = b.sum(lf, 0);
+                let fe = b.expand(f, 1, d);
+                let af = b.mul(acc, fe);
+                let o = b.sum(af, 0);
+                let has = b.gt(lsum, zero_f);
+                let safe = b.select(has, lsum, one);
+                let inv = b.div(one, safe);
+                let inv = b.select(has, inv, zero_f);
+                let o = b.mul(o, inv);
+                let lg = b.log2(safe);
+                let lse = b.add(mx, lg);
+                let lse = b.select(has, lse, neg_inf);
+                let c = b.i32(g as i32);
+                let c = b.mul(c, max_chunks);
+                let slot = b.add(slot0, c);
+                let p = b.add_ptr(part_lse, slot);
+                b.store(p, lse);
+                let slot64 = b.cast(slot, DType::I64);
+                let base = b.mul_c(slot64, d as i64);
+                let p = b.add_ptr(part_o, base);
+                let p = b.add_ptr(p, dr);
+                b.store(p, o);
+            }
+            vec![]
+        },
+        |b| {
+            // Nothing to do in this chunk: say so to the merge.
+            for g in 0..g_n {
+                let c = b.i32(g as i32);
+                let c = b.mul(c, max_chunks);
+                let slot = b.add(slot0, c);
+                let p = b.add_ptr(part_lse, slot);
+                b.store(p, neg_inf);
+            }
+            vec![]
+        },
+    );
+    b.finish()
+}
+
+/// Builds the merge kernel. Parameters, in order: `part_o`, `part_lse` (from the split
+/// kernel), `out` (`[batch * q_heads, D]`, the config's dtype), `lse` (f32
+/// `[batch * q_heads]`, natural log; `-inf` for an empty row), with `sparq` also `alpha`
+/// (f32 per query row) and `v_mean` (`[batch * kv_heads, D]`); then the i32 scalars
+/// `max_chunks` and, with `sparq`, `num_q_heads`, `num_kv_heads`. Grid: `batch * q_heads`.
+pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
+    let (d, cb) = (cfg.head_dim, cfg.block_chunks);
+    let name = format!(
+        "attn_merge_d{}_{}_c{}{}",
+        d,
+        cfg.dtype.name(),
+        cb,
+        if cfg.sparq { "_sparq" } else { "" }
+    );
+    if !matches!(d, 64 | 128 | 256)
+        || !cb.is_power_of_two()
+        || !matches!(cfg.dtype, DType::F16 | DType::BF16)
+    {
+        return Err(unsupported(
+            &name,
+            format!("unsupported configuration {cfg:?}"),
+        ));
+    }
+    let mut b = KernelBuilder::new(&name);
+    b.set_num_warps(if d >= 256 { 4 } else { 2 });
+    let part_o = b.param_ptr("part_o", DType::F32);
+    let part_lse = b.param_ptr("part_lse", DType::F32);
+    let out = b.param_ptr("out", cfg.dtype);
+    let lse_out = b.param_ptr("lse", DType::F32);
+    let sparq = if cfg.sparq {
+        Some((
+            b.param_ptr("alpha", DType::F32),
+            b.param_ptr("v_mean", cfg.dtype),
+        ))
+    } else {
+        None
+    };
+    let max_chunks = b.param_scalar("max_chunks", DType::I32);
+    let heads = if cfg.sparq {
+        Some((
+            b.param_scalar("num_q_heads", DType::I32),
+            b.param_scalar("num_kv_heads", DType::I32),
+        ))
+    } else {
+        None
+    };
+    let row = b.program_id(0);
+    let base = b.mul(row, max_chunks);
+    let zero_i = b.i32(0);
+    let step = b.i32(cb as i32);
+    let neg_inf = b.f32(f32::NEG_INFINITY);
+    let m0 = b.splat(neg_inf, &[cb]);
+    // Pass 1: the largest chunk LSE.
+    let mv = b.for_range(zero_i, max_chunks, step, &[m0], |b, c0, carried| {
+        let c = b.arange(0, cb as i64);
+        let c = b.add(c0, c);
+        let ok = b.lt(c, max_chunks);
+        let e = b.add(base, c);
+        let p = b.add_ptr(part_lse, e);
+        let l = b.load_masked(p, Some(ok), Some(neg_inf));
+        vec![b.maximum(carried[0], l)]
+    })[0];
+    let mx = b.max(mv, 0);
+    let live = b.gt(mx, neg_inf);
+    let zero_f = b.f32(0.0);
+    let m_safe = b.select(live, mx, zero_f);
+    // Pass 2: chunk outputs weighted by exp2(lse - max).
+    let a0 = b.splat(zero_f, &[cb, d]);
+    let w0 = b.splat(zero_f, &[cb]);
+    let dr = b.arange(0, d as i64);
+    let fin = b.for_range(zero_i, max_chunks, step, &[a0, w0], |b, c0, carried| {
+        let c = b.arange(0, cb as i64);
+        let c = b.add(c0, c);
+        let ok = b.lt(c, max_chunks);
+        let e = b.add(base, c);
+        let p = b.add_ptr(part_lse, e);
+        let l = b.load_masked(p, Some(ok), Some(neg_inf));
+        let has = b.gt(l, neg_inf);
+        let ok = b.and(ok, has);
+        let dl = b.sub(l, m_safe);
+        let w = b.exp2(dl);
+        let w = b.select(ok, w, zero_f);
+        let e64 = b.cast(e, DType::I64);
+        let off = b.mul_c(e64, d as i64);
+        let off = b.expand(off, 1, d);
+        let dc = b.cast(dr, DType::I64);
+        let dc = b.expand(dc, 0, cb);
+        let off = b.add(off, dc);
+        let p = b.add_ptr(part_o, off);
+        let okx = b.expand(ok, 1, d);
+        let o = b.load_masked(p, Some(okx), None);
+        let we = b.expand(w, 1, d);
+        let ow = b.mul(o, we);
+        let acc = b.add(carried[0], ow);
+        let ws = b.add(carried[1], w);
+        vec![acc, ws]
+    });
+    let y = b.sum(fin[0], 0);
+    let s = b.sum(fin[1], 0);
+    let pos = b.gt(s, zero_f);
+    let one = b.f32(1.0);
+    let s_safe = b.select(pos, s, one);
+    let inv = b.div(one, s_safe);
+    let inv = b.select(pos, inv, zero_f);
+    let y = b.mul(y, inv);
+    let lg = b.log2(s_safe);
+    let lse2 = b.add(mx, lg);
+    let ln2 = b.f32(std::f32::consts::LN_2);
+    let lse = b.mul(lse2, ln2);
+    let lse = b.select(pos, lse, neg_inf);
+    let p = b.add_ptr(lse_out, row);
+    b.store(p, lse);
+    let y = match (sparq, heads) {
+        (Some((alpha, v_mean)), Some((hq, hkv))) => {
+            let p = b.add_ptr(alpha, row);
+            let a = b.load(p);
+            let batch = b.div(row, hq);
+            let qh = b.rem(row, hq);
+            let qpk = b.div(hq, hkv);
+            let kvh = b.div(qh, qpk);
+            let vr = b.mul(batch, hkv);
+            let vr = b.add(vr, kvh);
+            let vr64 = b.cast(vr, DType::I64);
+            let vo = b.mul_c(vr64, d as i64);
+            let p = b.add_ptr(v_mean, vo);
+            let p = b.add_ptr(p, dr);
+            let vm = b.load(p);
+            let vm = b.cast(vm, DType::F32);
+            let ay = b.mul(y, a);
+            let one_m = b.sub(one, a);
+            let bv = b.mul(vm, one_m);
+            b.add(ay, bv)
+        }
+        _ => y,
+    };
+    let y = b.cast(y, cfg.dtype);
+    let row64 = b.cast(row, DType::I64);
+    let o = b.mul_c(row64, d as i64);
+    let p = b.add_ptr(out, o);
+    let p = b.add_ptr(p, dr);
+    b.store(p, y);
+    b.finish()
+}

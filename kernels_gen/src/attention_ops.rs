@@ -1,0 +1,619 @@
+//! Host entry points of varlen paged decode attention ([`crate::attention`]).
+//!
+//! As serving engines do, the work is split in two:
+//! - [`AttentionPlan::new`] checks the shapes, compiles the kernels, picks the chunk size
+//!   and the grid for a *maximum* budget, and allocates the partial-result buffers, once;
+//! - [`AttentionPlan::run`] checks buffer lengths and queues two launches: no allocation,
+//!   no host sync, so a decode step can be captured in a CUDA graph and replayed while the
+//!   token lists (written on the device by the pruner) change from step to step.
+//!
+//! The metadata (page table, token lists) lives on the device in an [`AttentionMeta`],
+//! either uploaded from host lists (fully validated) or wrapping lists the GPU wrote.
+
+use crate::attention::{self, MergeConfig, SplitConfig, TokenSource};
+use crate::error::{ensure, invalid, Result};
+use crate::ops::Dusk;
+use crate::paged::{KvShape, PageTable, TokenLists};
+use dusk_compiler::DType;
+use dusk_runtime::{Arg, Buffer, Element, LoadedKernel};
+use std::sync::Arc;
+
+/// Which tokens each query attends to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttentionMode {
+    /// Every token of its sequence (from the page table).
+    Dense,
+    /// One token list per (batch, query head) (MHA head-wise budgets; with GQA each query
+    /// head reads its KV head's rows on its own).
+    HeadVarlen,
+    /// One token list per (batch, KV head), shared by the group's query heads (the union of
+    /// their selections, Twilight Appendix B.2): K and V are read once per group.
+    GroupVarlen,
+    /// Group lists padded to the plan's `max_tokens` (padding read, then masked): the
+    /// baseline that [`AttentionMode::GroupVarlen`] is measured against.
+    Padded,
+}
+
+/// What a plan is made for.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionSpec {
+    pub kv: KvShape,
+    pub batch: usize,
+    pub num_q_heads: usize,
+    pub mode: AttentionMode,
+    /// The most tokens any row will attend to (dense: the longest sequence; lists: the
+    /// budget). Rows longer than this are cut at this length by the kernel.
+    pub max_tokens: usize,
+    /// Softmax scale; `None` is `1 / sqrt(head_dim)`.
+    pub sm_scale: Option<f32>,
+    /// Apply SparQ's output transform `alpha * y + (1 - alpha) * v_mean` in the merge.
+    pub sparq: bool,
+    /// Element type of q, K, V and the output: f16 or bf16.
+    pub dtype: DType,
+}
+
+/// Tuning knobs, with defaults from [`AttentionTuning::for_spec`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionTuning {
+    /// Tokens per loop iteration of the split kernel.
+    pub block_tokens: usize,
+    pub num_warps: u32,
+    /// Tokens per work item (a multiple of `block_tokens`).
+    pub chunk_tokens: usize,
+    /// Bytes of a K or V row each thread reads: 16 or 32 (see
+    /// [`SplitConfig::vector_bytes`](crate::attention::SplitConfig)).
+    pub vector_bytes: u32,
+    /// Tiles of K and V in flight ahead of the one computed: 1 or 2.
+    pub prefetch: usize,
+    /// Programs per SM asked of ptxas (0: none).
+    pub min_programs_per_sm: u32,
+}
+
+/// Work items the default chunk size aims for, per multiprocessor.
+const ITEMS_PER_SM: usize = 8;
+/// The longest default chunk: long enough that partials cost under 1% of the KV traffic,
+/// short enough that one long row does not become the tail of the batch. Token lists get
+/// shorter chunks: their lengths are unknown when planning, and skewed budgets (Twilight's
+/// Figure 11) leave a few long rows as the tail (measured on an H100, BENCHMARKS.md:
+/// 512 against 1024 took 64 us instead of 87 on the skewed case, 456 instead of 518 on
+/// a quarter of the pages).
+const MAX_CHUNK: usize = 1024;
+const MAX_CHUNK_LISTS: usize = 512;
+
+impl AttentionTuning {
+    /// Defaults (timed on an H100, BENCHMARKS.md and benches/NOTES.md): 8 tokens a step on
+    /// 4 warps with one tile of K and V prefetched (two was slower for GQA, within 1% for MHA);
+    /// 16 tokens on 8 warps for head_dim 256 or 8 query heads a program, and 8 tokens a step
+    /// for both (each head keeps a `[tokens, head_dim]` f32
+    /// accumulator, which would otherwise spill); chunks sized so
+    /// that, were every row `max_tokens` long, about 8 work items per SM would exist
+    /// (`num_sms`, 132 when unknown), between 2 steps and 1024 tokens.
+    pub fn for_spec(spec: &AttentionSpec, num_sms: usize) -> AttentionTuning {
+        let (block_tokens, num_warps, prefetch) =
+            default_tiling(spec.kv.head_dim, program_group(spec));
+        let rows = spec.batch * spec.num_q_heads / program_group(spec);
+        let want = (ITEMS_PER_SM * num_sms).max(1);
+        let per_item = (spec.max_tokens * rows).div_ceil(want);
+        let chunk = per_item
+            .div_ceil(block_tokens)
+            .max(2)
+            .saturating_mul(block_tokens)
+            .min(if spec.mode == AttentionMode::Dense {
+                MAX_CHUNK
+            } else {
+                MAX_CHUNK_LISTS
+            });
+        AttentionTuning {
+            block_tokens,
+            num_warps,
+            chunk_tokens: chunk,
+            vector_bytes: 16,
+            prefetch,
+            min_programs_per_sm: 0,
+        }
+    }
+}
+
+/// Tokens a step, warps and tiles prefetched of a split program serving `group` query
+/// heads, by default; see [`AttentionTuning::for_spec`].
+pub fn default_tiling(head_dim: usize, group: usize) -> (usize, u32, usize) {
+    match (head_dim >= 256, group >= 8) {
+        (true, true) => (8, 8, 1),
+        (false, false) => (8, 4, 1),
+        _ => (16, 8, 1),
+    }
+}
+
+/// Query heads one program serves: the group, except in head varlen mode.
+fn program_group(spec: &AttentionSpec) -> usize {
+    match spec.mode {
+        AttentionMode::HeadVarlen => 1,
+        _ => spec.num_q_heads / spec.kv.num_kv_heads.max(1),
+    }
+}
+
+/// Token-list rows per sequence in `mode`.
+fn rows_per_batch(spec: &AttentionSpec) -> usize {
+    match spec.mode {
+        AttentionMode::HeadVarlen => spec.num_q_heads,
+        _ => spec.kv.num_kv_heads,
+    }
+}
+
+/// A compiled, sized attention launch. See the module docs.
+pub struct AttentionPlan {
+    spec: AttentionSpec,
+    tuning: AttentionTuning,
+    split: Arc<LoadedKernel>,
+    merge: Arc<LoadedKernel>,
+    part_o: Buffer<f32>,
+    part_lse: Buffer<f32>,
+    max_chunks: usize,
+    rows: usize,
+    scale_log2: f32,
+}
+
+/// The page table and token lists of one step, on the device.
+pub struct AttentionMeta {
+    mode: AttentionMode,
+    batch: usize,
+    kv_indptr: Buffer<i32>,
+    kv_page_indices: Buffer<i32>,
+    kv_last_page_len: Buffer<i32>,
+    /// Lists: CSR offsets.
+    sel_indptr: Option<Buffer<i32>>,
+    /// Lists: positions; padded: `[rows, max_tokens]` positions.
+    sel_indices: Option<Buffer<i32>>,
+    /// Padded: the true length of each row.
+    sel_lens: Option<Buffer<i32>>,
+}
+
+/// SparQ's output transform inputs: `alpha` per (batch, query head), f32, and the running
+/// mean of V per (batch, KV head), `[batch * num_kv_heads, head_dim]`.
+pub struct SparqMix<'a, T: Element> {
+    pub alpha: &'a Buffer<f32>,
+    pub v_mean: &'a Buffer<T>,
+}
+
+impl AttentionMeta {
+    /// The device token lists (`sel_indptr`, `sel_indices`) of a list mode, for whatever
+    /// writes the next step's lists in place (the pruner, or a copy from the host) so that a
+    /// captured graph, which holds these buffers' addresses, sees them.
+    pub fn lists_mut(&mut self) -> Option<(&mut Buffer<i32>, &mut Buffer<i32>)> {
+        match (&mut self.sel_indptr, &mut self.sel_indices) {
+            (Some(a), Some(b)) => Some((a, b)),
+            _ => None,
+        }
+    }
+}
+
+impl AttentionPlan {
+    /// Plans `spec` with the default tuning.
+    pub fn new(dusk: &Dusk, spec: AttentionSpec) -> Result<AttentionPlan> {
+        Self::with_tuning(dusk, spec, |_| {})
+    }
+
+    /// As [`AttentionPlan::new`], with `tune` changing the default [`AttentionTuning`].
+    pub fn with_tuning(
+        dusk: &Dusk,
+        spec: AttentionSpec,
+        tune: impl FnOnce(&mut AttentionTuning),
+    ) -> Result<AttentionPlan> {
+        spec.kv.validate()?;
+        ensure(spec.batch > 0, "batch", "at least 1", spec.batch)?;
+        let hkv = spec.kv.num_kv_heads;
+        ensure(
+            spec.num_q_heads > 0 && spec.num_q_heads.is_multiple_of(hkv),
+            "num_q_heads",
+            format!("a positive multiple of num_kv_heads ({hkv})"),
+            spec.num_q_heads,
+        )?;
+        let group = spec.num_q_heads / hkv;
+        ensure(
+            group.is_power_of_two() && group <= 16,
+            "num_q_heads",
+            "a group (q heads per KV head) of 1, 2, 4, 8 or 16",
+            group,
+        )?;
+        ensure(
+            matches!(spec.dtype, DType::F16 | DType::BF16),
+            "dtype",
+            "f16 or bf16",
+            spec.dtype.name(),
+        )?;
+        ensure(
+            spec.max_tokens > 0 && spec.max_tokens < (1 << 30),
+            "max_tokens",
+            "1 to 2^30 - 1",
+            spec.max_tokens,
+        )?;
+        if let Some(s) = spec.sm_scale {
+            ensure(
+                s.is_finite() && s > 0.0,
+                "sm_scale",
+                "a finite positive scale",
+                s,
+            )?;
+        }
+        let sms = dusk.device().num_sms().unwrap_or(132) as usize;
+        let mut tuning = AttentionTuning::for_spec(&spec, sms);
+        tune(&mut tuning);
+        let bt = tuning.block_tokens;
+        ensure(
+            bt.is_power_of_two() && (8..=128).contains(&bt),
+            "block_tokens",
+            "a power of two in 8..=128",
+            bt,
+        )?;
+        ensure(
+            tuning.num_warps.is_power_of_two() && (1..=16).contains(&tuning.num_warps),
+            "num_warps",
+            "1, 2, 4, 8 or 16",
+            tuning.num_warps,
+        )?;
+        ensure(
+            matches!(tuning.vector_bytes, 16 | 32),
+            "vector_bytes",
+            "16 or 32",
+            tuning.vector_bytes,
+        )?;
+        ensure(
+            matches!(tuning.prefetch, 1 | 2),
+            "prefetch",
+            "1 or 2",
+            tuning.prefetch,
+        )?;
+        ensure(
+            tuning.min_programs_per_sm <= 32,
+            "min_programs_per_sm",
+            "at most 32",
+            tuning.min_programs_per_sm,
+        )?;
+        ensure(
+            tuning.chunk_tokens > 0 && tuning.chunk_tokens.is_multiple_of(bt),
+            "chunk_tokens",
+            format!("a positive multiple of block_tokens ({bt})"),
+            tuning.chunk_tokens,
+        )?;
+        let pg = program_group(&spec);
+        let rows = spec.batch * spec.num_q_heads / pg;
+        let max_chunks = spec.max_tokens.div_ceil(tuning.chunk_tokens);
+        ensure(
+            max_chunks <= 65535,
+            "chunk_tokens",
+            "at most 65535 chunks per row",
+            max_chunks,
+        )?;
+        let q_rows = spec.batch * spec.num_q_heads;
+        ensure(
+            q_rows * max_chunks * spec.kv.head_dim < (1 << 31),
+            "max_tokens",
+            "partial results under 2^31 values",
+            q_rows * max_chunks * spec.kv.head_dim,
+        )?;
+        let split_cfg = SplitConfig {
+            head_dim: spec.kv.head_dim,
+            page_size: spec.kv.page_size,
+            group: pg,
+            dtype: spec.dtype,
+            source: match spec.mode {
+                AttentionMode::Dense => TokenSource::Dense,
+                AttentionMode::Padded => TokenSource::Padded,
+                _ => TokenSource::Lists,
+            },
+            block_tokens: bt,
+            num_warps: tuning.num_warps,
+            vector_bytes: tuning.vector_bytes,
+            prefetch: tuning.prefetch,
+            min_programs_per_sm: tuning.min_programs_per_sm,
+        };
+        let merge_cfg = MergeConfig {
+            head_dim: spec.kv.head_dim,
+            dtype: spec.dtype,
+            sparq: spec.sparq,
+            block_chunks: 8,
+        };
+        let split = dusk.kernel(format!("{split_cfg:?}"), || {
+            attention::build_split(&split_cfg)
+        })?;
+        let merge = dusk.kernel(format!("{merge_cfg:?}"), || {
+            attention::build_merge(&merge_cfg)
+        })?;
+        let dev = dusk.device();
+        let scale = spec
+            .sm_scale
+            .unwrap_or(1.0 / (spec.kv.head_dim as f32).sqrt());
+        Ok(AttentionPlan {
+            spec,
+            tuning,
+            split,
+            merge,
+            part_o: dev.alloc(q_rows * max_chunks * spec.kv.head_dim)?,
+            part_lse: dev.alloc(q_rows * max_chunks)?,
+            max_chunks,
+            rows,
+            scale_log2: scale * std::f32::consts::LOG2_E,
+        })
+    }
+
+    pub fn spec(&self) -> &AttentionSpec {
+        &self.spec
+    }
+    pub fn tuning(&self) -> &AttentionTuning {
+        &self.tuning
+    }
+    /// The split kernel's grid: (rows, chunks per row).
+    pub fn grid(&self) -> [u32; 3] {
+        [self.rows as u32, self.max_chunks as u32, 1]
+    }
+
+    /// Uploads `table` and (for the list modes) `lists`, after checking them: the page
+    /// table against the cache, each list's rows against the mode (one per query head in
+    /// head varlen, per KV head otherwise), every position inside its sequence, and no row
+    /// (dense: no sequence) longer than the plan's `max_tokens`.
+    pub fn upload_meta(
+        &self,
+        dusk: &Dusk,
+        table: &PageTable,
+        lists: Option<&TokenLists>,
+    ) -> Result<AttentionMeta> {
+        let spec = &self.spec;
+        let ps = spec.kv.page_size;
+        let dev = dusk.device();
+        let mut meta = self.upload_meta_table(dusk, table)?;
+        if spec.mode == AttentionMode::Dense {
+            if lists.is_some() {
+                return Err(invalid("lists", "none in dense mode", "token lists"));
+            }
+            let longest = (0..spec.batch)
+                .map(|b| table.seq_len(b, ps))
+                .max()
+                .unwrap_or(0);
+            ensure(
+                longest <= spec.max_tokens,
+                "kv_last_page_len",
+                format!("sequences of at most max_tokens ({})", spec.max_tokens),
+                longest,
+            )?;
+            return Ok(meta);
+        }
+        let lists = lists.ok_or_else(|| {
+            invalid(
+                "lists",
+                format!("token lists in {:?} mode", spec.mode),
+                "none",
+            )
+        })?;
+        lists.validate("lists", table, ps, rows_per_batch(spec))?;
+        ensure(
+            lists.max_row_len() <= spec.max_tokens,
+            "lists",
+            format!("rows of at most max_tokens ({})", spec.max_tokens),
+            lists.max_row_len(),
+        )?;
+        if spec.mode == AttentionMode::Padded {
+            let w = spec.max_tokens;
+            let mut padded = vec![0i32; lists.rows() * w];
+            let mut lens = vec![];
+            for r in 0..lists.rows() {
+                let row = lists.row(r);
+                padded[r * w..r * w + row.len()].copy_from_slice(row);
+                lens.push(row.len() as i32);
+            }
+            meta.sel_indices = Some(dev.upload(&padded)?);
+            meta.sel_lens = Some(dev.upload(&lens)?);
+        } else {
+            meta.sel_indptr = Some(dev.upload(&lists.indptr)?);
+            meta.sel_indices = Some(dev.upload(&nonempty(&lists.indices))?);
+        }
+        Ok(meta)
+    }
+
+    /// Metadata around token lists that the GPU wrote (e.g. the top-p pruner's output):
+    /// `sel_indptr` must have one entry per row plus one. Their contents are not read on the
+    /// host; the kernel reads no entry outside `sel_indices`, skips positions outside their
+    /// sequence and stops each row at the plan's `max_tokens`, so bad lists give wrong
+    /// answers but never bad memory accesses.
+    pub fn device_meta(
+        &self,
+        dusk: &Dusk,
+        table: &PageTable,
+        sel_indptr: Buffer<i32>,
+        sel_indices: Buffer<i32>,
+    ) -> Result<AttentionMeta> {
+        let spec = &self.spec;
+        ensure(
+            matches!(
+                spec.mode,
+                AttentionMode::HeadVarlen | AttentionMode::GroupVarlen
+            ),
+            "mode",
+            "HeadVarlen or GroupVarlen for device lists",
+            format!("{:?}", spec.mode),
+        )?;
+        let rows = spec.batch * rows_per_batch(spec);
+        ensure(
+            sel_indptr.len() == rows + 1,
+            "sel_indptr",
+            format!("{} entries (rows + 1)", rows + 1),
+            sel_indptr.len(),
+        )?;
+        let mut meta = self.upload_meta_table(dusk, table)?;
+        meta.sel_indptr = Some(sel_indptr);
+        meta.sel_indices = Some(sel_indices);
+        Ok(meta)
+    }
+
+    fn upload_meta_table(&self, dusk: &Dusk, table: &PageTable) -> Result<AttentionMeta> {
+        table.validate(&self.spec.kv)?;
+        ensure(
+            table.batch() == self.spec.batch,
+            "kv_indptr",
+            format!("{} sequences (the plan's batch)", self.spec.batch),
+            table.batch(),
+        )?;
+        let dev = dusk.device();
+        Ok(AttentionMeta {
+            mode: self.spec.mode,
+            batch: self.spec.batch,
+            kv_indptr: dev.upload(&table.kv_indptr)?,
+            kv_page_indices: dev.upload(&nonempty(&table.kv_page_indices))?,
+            kv_last_page_len: dev.upload(&table.kv_last_page_len)?,
+            sel_indptr: None,
+            sel_indices: None,
+            sel_lens: None,
+        })
+    }
+
+    /// Attention of `q` (`[batch, num_q_heads, head_dim]`) over `k` and `v` (the cache) as
+    /// `meta` selects; writes `out` (same shape as `q`) and `lse` (f32 per query row,
+    /// natural log, `-inf` for an empty row, whose output is zero). `sparq` must be given
+    /// exactly when the plan was made with `sparq`. Two launches; no allocation, no sync.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run<T: Element>(
+        &self,
+        dusk: &Dusk,
+        q: &Buffer<T>,
+        k: &Buffer<T>,
+        v: &Buffer<T>,
+        meta: &AttentionMeta,
+        sparq: Option<SparqMix<'_, T>>,
+        out: &mut Buffer<T>,
+        lse: &mut Buffer<f32>,
+    ) -> Result<()> {
+        let spec = &self.spec;
+        ensure(
+            T::DTYPE == spec.dtype,
+            "q",
+            format!("{} values (the plan's dtype)", spec.dtype.name()),
+            T::DTYPE.name(),
+        )?;
+        let d = spec.kv.head_dim;
+        let q_rows = spec.batch * spec.num_q_heads;
+        ensure(
+            q.len() == q_rows * d,
+            "q",
+            format!("{} values (batch x q heads x head_dim)", q_rows * d),
+            q.len(),
+        )?;
+        for (name, b) in [("k", k), ("v", v)] {
+            ensure(
+                b.len() == spec.kv.elements(),
+                name,
+                format!("{} values ({:?})", spec.kv.elements(), spec.kv),
+                b.len(),
+            )?;
+        }
+        ensure(
+            out.len() == q_rows * d,
+            "out",
+            format!("{} values", q_rows * d),
+            out.len(),
+        )?;
+        ensure(
+            lse.len() == q_rows,
+            "lse",
+            format!("{q_rows} values"),
+            lse.len(),
+        )?;
+        ensure(
+            meta.mode == spec.mode && meta.batch == spec.batch,
+            "meta",
+            format!(
+                "metadata of this plan ({:?}, batch {})",
+                spec.mode, spec.batch
+            ),
+            format!("{:?}, batch {}", meta.mode, meta.batch),
+        )?;
+        ensure(
+            sparq.is_some() == spec.sparq,
+            "sparq",
+            if spec.sparq {
+                "alpha and v_mean (the plan applies SparQ's transform)"
+            } else {
+                "none (the plan was made without sparq)"
+            },
+            if sparq.is_some() { "given" } else { "none" },
+        )?;
+        if let Some(s) = &sparq {
+            ensure(
+                s.alpha.len() == q_rows,
+                "alpha",
+                format!("{q_rows} values"),
+                s.alpha.len(),
+            )?;
+            let vm = spec.batch * spec.kv.num_kv_heads * d;
+            ensure(
+                s.v_mean.len() == vm,
+                "v_mean",
+                format!("{vm} values"),
+                s.v_mean.len(),
+            )?;
+        }
+        let mut args = vec![
+            Arg::from(q),
+            Arg::from(k),
+            Arg::from(v),
+            Arg::from(&meta.kv_indptr),
+            Arg::from(&meta.kv_page_indices),
+            Arg::from(&meta.kv_last_page_len),
+        ];
+        match spec.mode {
+            AttentionMode::Dense => {}
+            AttentionMode::Padded => {
+                args.push(Arg::from(meta.sel_indices.as_ref().expect("padded meta")));
+                args.push(Arg::from(meta.sel_lens.as_ref().expect("padded meta")));
+            }
+            _ => {
+                args.push(Arg::from(meta.sel_indptr.as_ref().expect("list meta")));
+                args.push(Arg::from(meta.sel_indices.as_ref().expect("list meta")));
+            }
+        }
+        args.extend([
+            Arg::from(&self.part_o),
+            Arg::from(&self.part_lse),
+            Arg::I32(spec.num_q_heads as i32),
+            Arg::I32(spec.kv.num_kv_heads as i32),
+            Arg::I32(self.tuning.chunk_tokens as i32),
+            Arg::I32(self.max_chunks as i32),
+        ]);
+        match spec.mode {
+            AttentionMode::Dense => {}
+            AttentionMode::Padded => args.push(Arg::I32(spec.max_tokens as i32)),
+            _ => {
+                let n = meta.sel_indices.as_ref().expect("list meta").len();
+                args.push(Arg::I32(n.min(i32::MAX as usize) as i32));
+            }
+        }
+        args.push(Arg::F32(self.scale_log2));
+        let dev = dusk.device();
+        dev.launch(&self.split, self.grid(), &args)?;
+        let mut margs = vec![
+            Arg::from(&self.part_o),
+            Arg::from(&self.part_lse),
+            Arg::from(&*out),
+            Arg::from(&*lse),
+        ];
+        if let Some(s) = &sparq {
+            margs.push(Arg::from(s.alpha));
+            margs.push(Arg::from(s.v_mean));
+        }
+        margs.push(Arg::I32(self.max_chunks as i32));
+        if spec.sparq {
+            margs.push(Arg::I32(spec.num_q_heads as i32));
+            margs.push(Arg::I32(spec.kv.num_kv_heads as i32));
+        }
+        dev.launch(&self.merge, [q_rows as u32, 1, 1], &margs)?;
+        Ok(())
+    }
+}
+
+/// `v`, or one zero when it is empty (devices refuse empty allocations; the kernel reads
+/// no entry of an empty table).
+fn nonempty(v: &[i32]) -> Vec<i32> {
+    if v.is_empty() {
+        vec![0]
+    } else {
+        v.to_vec()
+    }
+}

@@ -1,0 +1,559 @@
+//! Varlen paged decode attention through the CPU interpreter against the f64 reference:
+//! every mode, head_dim 64/128/256, MHA and GQA, rows split into several chunks, empty rows,
+//! one-token rows, skewed lengths, partly filled last pages, SparQ's transform, bf16; and
+//! the errors bad metadata gets before anything is launched. A property test draws random
+//! shapes, modes, chunk sizes and budgets.
+
+use dusk_compiler::DType;
+use dusk_kernels::attention_ops::{
+    AttentionMode, AttentionPlan, AttentionSpec, AttentionTuning, SparqMix,
+};
+use dusk_kernels::ops::Dusk;
+use dusk_kernels::paged::{KvShape, PageTable, TokenLists};
+use dusk_kernels::{reference, DuskError};
+use dusk_runtime::{Device, Element};
+use half::{bf16, f16};
+use proptest::prelude::*;
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+fn table_for(seq_lens: &[usize], page_size: usize, rng: &mut SmallRng) -> (PageTable, usize) {
+    let total = PageTable::pages_needed(seq_lens, page_size);
+    let mut ids: Vec<i32> = (0..total as i32).collect();
+    ids.shuffle(rng);
+    (
+        PageTable::from_lengths(seq_lens, page_size, ids).unwrap(),
+        total.max(1),
+    )
+}
+
+/// Random ascending lists, one per (batch, `heads_per_batch` row), of lengths drawn from
+/// `lens` in turn (clamped to the sequence).
+fn random_lists(
+    rng: &mut SmallRng,
+    table: &PageTable,
+    page_size: usize,
+    heads_per_batch: usize,
+    lens: &[usize],
+) -> TokenLists {
+    let mut indptr = vec![0i32];
+    let mut indices = vec![];
+    for r in 0..table.batch() * heads_per_batch {
+        let n = table.seq_len(r / heads_per_batch, page_size);
+        let want = lens[r % lens.len()].min(n);
+        let mut all: Vec<i32> = (0..n as i32).collect();
+        all.shuffle(rng);
+        let mut row = all[..want].to_vec();
+        row.sort_unstable();
+        indices.extend(row);
+        indptr.push(indices.len() as i32);
+    }
+    TokenLists { indptr, indices }
+}
+
+/// The positions each query row attends to, for the reference.
+fn per_query_rows(
+    mode: AttentionMode,
+    table: &PageTable,
+    lists: Option<&TokenLists>,
+    kv: &KvShape,
+    num_q_heads: usize,
+) -> Vec<Vec<i32>> {
+    let group = num_q_heads / kv.num_kv_heads;
+    (0..table.batch() * num_q_heads)
+        .map(|r| {
+            let (b, h) = (r / num_q_heads, r % num_q_heads);
+            match (mode, lists) {
+                (AttentionMode::Dense, _) => (0..table.seq_len(b, kv.page_size) as i32).collect(),
+                (AttentionMode::HeadVarlen, Some(l)) => l.row(r).to_vec(),
+                (_, Some(l)) => l.row(b * kv.num_kv_heads + h / group).to_vec(),
+                _ => unreachable!("list modes have lists"),
+            }
+        })
+        .collect()
+}
+
+trait Val: Element {
+    const DT: DType;
+    fn from_f32(x: f32) -> Self;
+    fn to_f32(self) -> f32;
+}
+impl Val for f16 {
+    const DT: DType = DType::F16;
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+}
+impl Val for bf16 {
+    const DT: DType = DType::BF16;
+    fn from_f32(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+}
+
+struct Case<'a> {
+    seqs: &'a [usize],
+    kv_heads: usize,
+    group: usize,
+    head_dim: usize,
+    page_size: usize,
+    mode: AttentionMode,
+    /// List lengths (cycled over rows); ignored in dense mode.
+    lens: &'a [usize],
+    /// Tokens per work item (small, so rows split into several chunks).
+    chunk: usize,
+    sparq: bool,
+}
+
+fn check<T: Val>(seed: u64, c: &Case) {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let dusk = Dusk::new(Device::cpu()).unwrap();
+    let dev = dusk.device();
+    let (table, num_pages) = table_for(c.seqs, c.page_size, &mut rng);
+    let kv = KvShape {
+        num_pages,
+        page_size: c.page_size,
+        num_kv_heads: c.kv_heads,
+        head_dim: c.head_dim,
+    };
+    let hq = c.kv_heads * c.group;
+    let batch = c.seqs.len();
+    let lists = match c.mode {
+        AttentionMode::Dense => None,
+        AttentionMode::HeadVarlen => Some(random_lists(&mut rng, &table, c.page_size, hq, c.lens)),
+        _ => Some(random_lists(
+            &mut rng,
+            &table,
+            c.page_size,
+            c.kv_heads,
+            c.lens,
+        )),
+    };
+    let longest = match &lists {
+        None => *c.seqs.iter().max().unwrap(),
+        Some(l) => l.max_row_len(),
+    };
+    let spec = AttentionSpec {
+        kv,
+        batch,
+        num_q_heads: hq,
+        mode: c.mode,
+        max_tokens: longest.max(1),
+        sm_scale: None,
+        sparq: c.sparq,
+        dtype: T::DT,
+    };
+    // Chunks are whole steps: `c.chunk` rounded up to the tiling's tokens a step.
+    let plan = AttentionPlan::with_tuning(&dusk, spec, |t: &mut AttentionTuning| {
+        t.chunk_tokens = c.chunk.div_ceil(t.block_tokens) * t.block_tokens
+    })
+    .unwrap();
+    let meta = plan.upload_meta(&dusk, &table, lists.as_ref()).unwrap();
+    let gen = |rng: &mut SmallRng, n: usize| -> Vec<T> {
+        (0..n)
+            .map(|_| T::from_f32(rng.random_range(-2.0f32..2.0)))
+            .collect()
+    };
+    let (q, k, v) = (
+        gen(&mut rng, batch * hq * c.head_dim),
+        gen(&mut rng, kv.elements()),
+        gen(&mut rng, kv.elements()),
+    );
+    let alpha: Vec<f32> = (0..batch * hq)
+        .map(|_| rng.random_range(0.0..1.0))
+        .collect();
+    let v_mean = gen(&mut rng, batch * c.kv_heads * c.head_dim);
+    let (qb, kb, vb) = (
+        dev.upload(&q).unwrap(),
+        dev.upload(&k).unwrap(),
+        dev.upload(&v).unwrap(),
+    );
+    let (ab, vmb) = (dev.upload(&alpha).unwrap(), dev.upload(&v_mean).unwrap());
+    let mut out = dev.upload(&vec![T::from_f32(f32::NAN); q.len()]).unwrap();
+    let mut lse = dev.upload(&vec![f32::NAN; batch * hq]).unwrap();
+    let mix = c.sparq.then_some(SparqMix {
+        alpha: &ab,
+        v_mean: &vmb,
+    });
+    plan.run(&dusk, &qb, &kb, &vb, &meta, mix, &mut out, &mut lse)
+        .unwrap();
+    let f = |x: &[T]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
+    let vm = f(&v_mean);
+    let (want, want_lse) = reference::attention(
+        &f(&q),
+        &f(&k),
+        &f(&v),
+        hq,
+        &kv,
+        &table,
+        &per_query_rows(c.mode, &table, lists.as_ref(), &kv, hq),
+        1.0 / (c.head_dim as f64).sqrt(),
+        c.sparq.then_some((&alpha[..], &vm[..])),
+    );
+    let got = f(&out.download().unwrap());
+    let got_lse = lse.download().unwrap();
+    let err = reference::rel_error(&got, &want);
+    let tol = if T::DT == DType::BF16 { 1e-2 } else { 2e-3 };
+    assert!(err < tol, "output rel err {err:.2e} (seed {seed})");
+    for (r, (a, b)) in got_lse.iter().zip(&want_lse).enumerate() {
+        if b.is_infinite() {
+            assert!(
+                *a == f32::NEG_INFINITY,
+                "row {r}: lse {a}, want -inf (empty row)"
+            );
+            assert!(
+                got[r * c.head_dim..(r + 1) * c.head_dim]
+                    .iter()
+                    .all(|x| c.sparq || *x == 0.0),
+                "row {r}: an empty row must give zeros"
+            );
+        } else {
+            assert!(
+                (*a as f64 - b).abs() < 1e-3 * b.abs().max(1.0),
+                "row {r}: lse {a}, want {b}"
+            );
+        }
+    }
+}
+
+const DENSE: AttentionMode = AttentionMode::Dense;
+const HEAD: AttentionMode = AttentionMode::HeadVarlen;
+const GROUP: AttentionMode = AttentionMode::GroupVarlen;
+const PADDED: AttentionMode = AttentionMode::Padded;
+
+fn case(seqs: &[usize], kv_heads: usize, group: usize, d: usize, mode: AttentionMode) -> Case<'_> {
+    Case {
+        seqs,
+        kv_heads,
+        group,
+        head_dim: d,
+        page_size: 16,
+        mode,
+        lens: &[1],
+        chunk: 32,
+        sparq: false,
+    }
+}
+
+#[test]
+fn dense_mha_and_gqa_over_head_dims() {
+    check::<f16>(1, &case(&[37, 100, 1], 2, 1, 64, DENSE));
+    check::<f16>(2, &case(&[70, 16], 2, 4, 128, DENSE));
+    check::<f16>(3, &case(&[45], 1, 2, 256, DENSE));
+}
+
+#[test]
+fn dense_one_chunk_per_row_and_partial_pages() {
+    let c = Case {
+        chunk: 128,
+        page_size: 8,
+        ..case(&[5, 129, 64], 1, 8, 64, DENSE)
+    };
+    check::<f16>(4, &c);
+    // One step per chunk: the prefetched tiles all lie past the chunk.
+    let c = Case {
+        chunk: 8,
+        lens: &[9, 1, 30],
+        ..case(&[33, 17], 2, 2, 64, GROUP)
+    };
+    check::<f16>(11, &c);
+}
+
+#[test]
+fn head_varlen_with_empty_single_and_skewed_rows() {
+    let c = Case {
+        lens: &[0, 1, 90, 3, 17],
+        ..case(&[120, 95], 2, 2, 128, HEAD)
+    };
+    check::<f16>(5, &c);
+}
+
+#[test]
+fn group_varlen_reads_the_union_once_per_group() {
+    let c = Case {
+        lens: &[60, 0, 1, 33],
+        ..case(&[80, 64, 10], 2, 4, 64, GROUP)
+    };
+    check::<f16>(6, &c);
+    let c = Case {
+        lens: &[200, 5],
+        ..case(&[230], 2, 8, 256, GROUP)
+    };
+    check::<f16>(7, &c);
+}
+
+#[test]
+fn padded_baseline_matches_varlen() {
+    let c = Case {
+        lens: &[50, 2, 0, 31],
+        ..case(&[64, 55], 2, 4, 128, PADDED)
+    };
+    check::<f16>(8, &c);
+}
+
+#[test]
+fn sparq_output_transform() {
+    let c = Case {
+        lens: &[20, 7],
+        sparq: true,
+        ..case(&[40, 33], 2, 4, 64, GROUP)
+    };
+    check::<f16>(9, &c);
+}
+
+#[test]
+fn bf16_inputs() {
+    let c = Case {
+        lens: &[40, 13],
+        ..case(&[50, 21], 1, 4, 128, GROUP)
+    };
+    check::<bf16>(10, &c);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, .. ProptestConfig::default() })]
+    /// Random shapes and budgets: 1 to 3 sequences of 0 to 150 tokens, 1 or 2 KV heads,
+    /// groups of 1 to 8, every mode, chunks of 8 to 64 tokens, lists of random lengths
+    /// (empty ones included).
+    #[test]
+    fn random_shapes_and_budgets(
+        seed in 0u64..10_000,
+        seqs in proptest::collection::vec(0usize..150, 1..4),
+        kv_heads in 1usize..3,
+        group_log in 0u32..4,
+        wide in any::<bool>(),
+        mode in 0usize..4,
+        chunk_log in 3u32..7,
+        lens in proptest::collection::vec(0usize..120, 1..6),
+    ) {
+        prop_assume!(seqs.iter().any(|n| *n > 0));
+        let c = Case {
+            seqs: &seqs,
+            kv_heads,
+            group: 1 << group_log,
+            head_dim: if wide { 128 } else { 64 },
+            page_size: 16,
+            mode: [DENSE, HEAD, GROUP, PADDED][mode],
+            lens: &lens,
+            chunk: 1 << chunk_log,
+            sparq: false,
+        };
+        check::<f16>(seed, &c);
+    }
+}
+
+fn small_plan(dusk: &Dusk, mode: AttentionMode, max_tokens: usize) -> (AttentionPlan, PageTable) {
+    let kv = KvShape {
+        num_pages: 8,
+        page_size: 16,
+        num_kv_heads: 2,
+        head_dim: 64,
+    };
+    let table = PageTable::from_lengths(&[40, 20], 16, vec![0, 1, 2, 3, 4]).unwrap();
+    let spec = AttentionSpec {
+        kv,
+        batch: 2,
+        num_q_heads: 4,
+        mode,
+        max_tokens,
+        sm_scale: None,
+        sparq: false,
+        dtype: DType::F16,
+    };
+    (AttentionPlan::new(dusk, spec).unwrap(), table)
+}
+
+fn arg_of(e: DuskError) -> &'static str {
+    match e {
+        DuskError::InvalidArgument { arg, .. } => arg,
+        other => panic!("expected an invalid argument, got {other}"),
+    }
+}
+
+#[test]
+fn bad_metadata_is_rejected_before_launch() {
+    let dusk = Dusk::new(Device::cpu()).unwrap();
+    let (plan, table) = small_plan(&dusk, GROUP, 64);
+    // A position past its sequence (sequence 1 has 20 tokens).
+    let lists = TokenLists {
+        indptr: vec![0, 1, 2, 3, 4],
+        indices: vec![0, 39, 20, 3],
+    };
+    let e = plan.upload_meta(&dusk, &table, Some(&lists)).err().unwrap();
+    assert_eq!(arg_of(e), "lists");
+    // Negative positions.
+    let lists = TokenLists {
+        indptr: vec![0, 1, 2, 3, 4],
+        indices: vec![0, -1, 2, 3],
+    };
+    assert_eq!(
+        arg_of(plan.upload_meta(&dusk, &table, Some(&lists)).err().unwrap()),
+        "lists"
+    );
+    // Rows for the wrong mode (per query head in a group plan).
+    let lists = TokenLists::all_tokens(&table, 16, 4);
+    assert_eq!(
+        arg_of(plan.upload_meta(&dusk, &table, Some(&lists)).err().unwrap()),
+        "lists"
+    );
+    // No lists at all.
+    assert_eq!(
+        arg_of(plan.upload_meta(&dusk, &table, None).err().unwrap()),
+        "lists"
+    );
+    // A row over the planned budget.
+    let (small, _) = small_plan(&dusk, GROUP, 8);
+    let lists = TokenLists::all_tokens(&table, 16, 2);
+    assert_eq!(
+        arg_of(
+            small
+                .upload_meta(&dusk, &table, Some(&lists))
+                .err()
+                .unwrap()
+        ),
+        "lists"
+    );
+    // A page id outside the cache.
+    let bad = PageTable {
+        kv_page_indices: vec![0, 1, 9, 3, 4],
+        ..table.clone()
+    };
+    let lists = TokenLists::all_tokens(&table, 16, 2);
+    assert_eq!(
+        arg_of(plan.upload_meta(&dusk, &bad, Some(&lists)).err().unwrap()),
+        "kv_page_indices"
+    );
+    // A sequence longer than a dense plan's max_tokens.
+    let (dense, _) = small_plan(&dusk, DENSE, 32);
+    assert_eq!(
+        arg_of(dense.upload_meta(&dusk, &table, None).err().unwrap()),
+        "kv_last_page_len"
+    );
+}
+
+#[test]
+fn bad_shapes_are_rejected() {
+    let dusk = Dusk::new(Device::cpu()).unwrap();
+    let (plan, table) = small_plan(&dusk, DENSE, 64);
+    let meta = plan.upload_meta(&dusk, &table, None).unwrap();
+    let dev = dusk.device();
+    let kv = plan.spec().kv;
+    let k = dev.alloc::<f16>(kv.elements()).unwrap();
+    let q = dev.alloc::<f16>(2 * 4 * 64).unwrap();
+    let mut out = dev.alloc::<f16>(2 * 4 * 64).unwrap();
+    let mut lse = dev.alloc::<f32>(8).unwrap();
+    let short = dev.alloc::<f16>(10).unwrap();
+    let e = plan
+        .run(&dusk, &short, &k, &k, &meta, None, &mut out, &mut lse)
+        .err()
+        .unwrap();
+    assert_eq!(arg_of(e), "q");
+    let mut bad_lse = dev.alloc::<f32>(3).unwrap();
+    let e = plan
+        .run(&dusk, &q, &k, &k, &meta, None, &mut out, &mut bad_lse)
+        .err()
+        .unwrap();
+    assert_eq!(arg_of(e), "lse");
+    // bf16 buffers to an f16 plan.
+    let qb = dev.alloc::<bf16>(2 * 4 * 64).unwrap();
+    let kb = dev.alloc::<bf16>(kv.elements()).unwrap();
+    let mut ob = dev.alloc::<bf16>(2 * 4 * 64).unwrap();
+    let e = plan
+        .run(&dusk, &qb, &kb, &kb, &meta, None, &mut ob, &mut lse)
+        .err()
+        .unwrap();
+    assert_eq!(arg_of(e), "q");
+    // A group that is not a power of two, a head_dim without kernels.
+    let spec = AttentionSpec {
+        num_q_heads: 6,
+        ..*plan.spec()
+    };
+    assert_eq!(
+        arg_of(AttentionPlan::new(&dusk, spec).err().unwrap()),
+        "num_q_heads"
+    );
+    let spec = AttentionSpec {
+        kv: KvShape { head_dim: 96, ..kv },
+        ..*plan.spec()
+    };
+    assert_eq!(
+        arg_of(AttentionPlan::new(&dusk, spec).err().unwrap()),
+        "head_dim"
+    );
+    let spec = AttentionSpec {
+        sm_scale: Some(f32::NAN),
+        ..*plan.spec()
+    };
+    assert_eq!(
+        arg_of(AttentionPlan::new(&dusk, spec).err().unwrap()),
+        "sm_scale"
+    );
+}
+
+/// Lists written on the device are not checked on the host: an `indptr` that runs past
+/// the indices and positions outside the sequence must be skipped, never read through.
+#[test]
+fn device_lists_never_read_out_of_bounds() {
+    let dusk = Dusk::new(Device::cpu()).unwrap();
+    let (plan, table) = small_plan(&dusk, GROUP, 64);
+    let dev = dusk.device();
+    let kv = plan.spec().kv;
+    // Sequence 0 (40 tokens), KV heads 0 and 1; sequence 1 (20 tokens), heads 0 and 1.
+    // Row 0 holds a position past its sequence (45); row 3 runs 60 entries past the buffer.
+    let indices = vec![0, 7, 39, 45, 3, 19, 2];
+    let indptr = vec![0, 4, 5, 6, 66];
+    let meta = plan
+        .device_meta(
+            &dusk,
+            &table,
+            dev.upload(&indptr).unwrap(),
+            dev.upload(&indices).unwrap(),
+        )
+        .unwrap();
+    let mut rng = SmallRng::seed_from_u64(12);
+    let gen = |rng: &mut SmallRng, n: usize| -> Vec<f16> {
+        (0..n)
+            .map(|_| f16::from_f32(rng.random_range(-2.0f32..2.0)))
+            .collect()
+    };
+    let (q, k, v) = (
+        gen(&mut rng, 2 * 4 * 64),
+        gen(&mut rng, kv.elements()),
+        gen(&mut rng, kv.elements()),
+    );
+    let mut out = dev.alloc::<f16>(q.len()).unwrap();
+    let mut lse = dev.alloc::<f32>(8).unwrap();
+    let (qb, kb, vb) = (
+        dev.upload(&q).unwrap(),
+        dev.upload(&k).unwrap(),
+        dev.upload(&v).unwrap(),
+    );
+    plan.run(&dusk, &qb, &kb, &vb, &meta, None, &mut out, &mut lse)
+        .unwrap();
+    // What the kernel must have used: the in-range entries of each row.
+    let clean = TokenLists {
+        indptr: vec![0, 3, 4, 5, 6],
+        indices: vec![0, 7, 39, 3, 19, 2],
+    };
+    let f = |x: &[f16]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
+    let (want, _) = reference::attention(
+        &f(&q),
+        &f(&k),
+        &f(&v),
+        4,
+        &kv,
+        &table,
+        &per_query_rows(GROUP, &table, Some(&clean), &kv, 4),
+        1.0 / 8.0,
+        None,
+    );
+    let err = reference::rel_error(&f(&out.download().unwrap()), &want);
+    assert!(err < 2e-3, "rel err {err:.2e}");
+}
