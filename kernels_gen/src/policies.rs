@@ -6,14 +6,14 @@
 use dusk_macros::policy;
 
 /// Top-p (Twilight): the fewest heaviest candidates whose weights sum to at least `p`.
-#[policy(crate = "crate::dusk_paths")]
+#[policy(crate = "crate::dusk_paths", target(mass = p))]
 pub fn top_p(mass: f32, #[check(p > 0.0 && p <= 1.0)] p: f32) -> bool {
     mass >= p
 }
 
 /// Top-k: the `k` heaviest candidates (more when weights tie at the cut; all when a row
 /// has fewer).
-#[policy(crate = "crate::dusk_paths")]
+#[policy(crate = "crate::dusk_paths", target(count = k))]
 pub fn top_k(count: i32, #[check(k >= 1)] k: i32) -> bool {
     count >= k
 }
@@ -31,7 +31,7 @@ pub fn ratio_to_max(
 
 /// Top-p with a floor and a cap on the budget: at least `min_k` candidates (when the row
 /// has them) and at most `max_k`, whatever the mass.
-#[policy(crate = "crate::dusk_paths")]
+#[policy(crate = "crate::dusk_paths", target(mass = p))]
 pub fn top_p_bounded(
     mass: f32,
     count: i32,

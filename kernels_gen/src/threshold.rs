@@ -62,6 +62,14 @@ pub struct PolicyParam {
     pub expected: &'static str,
 }
 
+/// The statistic a policy's cut sits at, for the search to interpolate toward: the kept
+/// mass reaching parameter `i` (top-p's `p`), or the count reaching it (top-k's `k`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SearchTarget {
+    Mass(usize),
+    Count(usize),
+}
+
 /// A pruning policy: the predicate the search runs, usually made by `#[dusk::policy]`.
 #[derive(Clone, Copy)]
 pub struct Policy {
@@ -70,6 +78,9 @@ pub struct Policy {
     /// The statistics the predicate reads (`"count"`, ...): the search computes `count`
     /// only when it is read.
     pub reads: &'static [&'static str],
+    /// Where the cut usually sits, if the policy says (`#[policy(target(mass = p))]`):
+    /// lets the search interpolate instead of bisecting.
+    pub target: Option<SearchTarget>,
     /// Emits the predicate (an i1 scalar) into the search kernel, given the kept set's
     /// statistics and the row's parameter values (in the order of `params`).
     pub predicate: fn(&mut KernelBuilder, &KeptStats, &[Value]) -> Value,
@@ -301,7 +312,7 @@ fn search_row(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig, a: &Ro
     let es = b.select(a.valid, e_or_all, minus_one);
 
     let param_vals = load_params(b, a.params, qrow);
-    let count = policy.reads.contains(&"count");
+    let count = needs_count(policy);
     let lo = search(
         b,
         policy,
@@ -352,7 +363,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     let end = b.load(p1);
     let n = b.sub(end, start);
     let start64 = b.cast(start, DType::I64);
-    let count = policy.reads.contains(&"count");
+    let count = needs_count(policy);
     let gpad = group.next_power_of_two();
     let zero_i = b.i32(0);
     let tile_i = b.i32(tile as i32);
@@ -513,6 +524,11 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     b.finish()
 }
 
+/// Whether the search tallies the count: the policy reads it or interpolates on it.
+fn needs_count(policy: &Policy) -> bool {
+    policy.reads.contains(&"count") || matches!(policy.target, Some(SearchTarget::Count(_)))
+}
+
 /// The row's value of each policy parameter.
 fn load_params(b: &mut KernelBuilder, params: &[Value], qrow: Value) -> Vec<Value> {
     params
@@ -565,6 +581,13 @@ fn tally(b: &mut KernelBuilder, es: Value, mid: Value, count: bool) -> Tally {
 /// The search over one query row whose unnormalised weights sum to `z`; `measure(b, mid)`
 /// tallies the set at `mid`. Stores the row's kept mass and flag; returns `t*` (in units of
 /// `e`): the row keeps `e >= t*`. Rows to `skip` (invalid or empty) start with equal bounds.
+///
+/// Where to try next: in log space between the bounds (the lower one floored at hi * 2^-64
+/// and at the least positive f32, so the first steps find the exponent, down into the
+/// denormals). With a policy's [`SearchTarget`] the point is interpolated from the tallies
+/// at the two bounds (mass or count against log threshold), kept a sixteenth away from
+/// either bound, and every third step bisects, so a bad guess costs at most a factor two
+/// in steps. Exactness never depends on the guess: bounds only ever move onto elements.
 #[allow(clippy::too_many_arguments)]
 fn search(
     b: &mut KernelBuilder,
@@ -581,65 +604,118 @@ fn search(
 ) -> Value {
     let zero = b.f32(0.0);
     let onef = b.f32(1.0);
+    let inv_z = b.div(onef, z);
     let hi0 = b.select(skip, zero, onef);
-    let (s_lo, s_hi, s_step) = (b.i32(0), b.i32(MAX_STEPS), b.i32(1));
-    let init = [zero, hi0, z, n];
-    let fin = b.for_range(s_lo, s_hi, s_step, &init, |b, _, c| {
-        let (lo, hi, lo_mass, lo_count) = (c[0], c[1], c[2], c[3]);
+    let one_i = b.i32(1);
+    // The tallies at the bounds: everything at lo = 0; at hi = the maximum, at least its e.
+    let init = [zero, hi0, z, n, onef, one_i];
+    let target = policy.target.map(|t| match t {
+        SearchTarget::Mass(i) => {
+            let p = b.cast(params[i], DType::F32);
+            (true, b.mul(p, z))
+        }
+        SearchTarget::Count(i) => (false, b.cast(params[i], DType::F32)),
+    });
+    let (s_lo, s_hi) = (b.i32(0), b.i32(MAX_STEPS));
+    let fin = b.for_range(s_lo, s_hi, one_i, &init, |b, step, c| {
+        let (lo, hi, lo_mass, lo_count, hi_mass, hi_count) = (c[0], c[1], c[2], c[3], c[4], c[5]);
         let open = b.lt(lo, hi);
         b.if_else(
             open,
             |b| {
-                // mid: the geometric mean of the bounds (the lower one floored at hi * 2^-64
-                // and at the smallest positive f32, so the first steps halve the exponent,
-                // down into the denormals), kept inside (lo, hi].
                 let tiny = b.f32(5.421_011e-20);
                 let floor = b.mul(hi, tiny);
                 let least = b.f32(f32::from_bits(1));
                 let floor = b.maximum(floor, least);
                 let lo_f = b.maximum(lo, floor);
-                let r1 = b.sqrt(lo_f);
-                let r2 = b.sqrt(hi);
-                let mid = b.mul(r1, r2);
+                let x_lo = b.log2(lo_f);
+                let x_hi = b.log2(hi);
+                let half = b.f32(0.5);
+                let frac = match target {
+                    None => half,
+                    Some((by_mass, want)) => {
+                        let (at_lo, at_hi) = if by_mass {
+                            (lo_mass, hi_mass)
+                        } else {
+                            (b.cast(lo_count, DType::F32), b.cast(hi_count, DType::F32))
+                        };
+                        let num = b.sub(at_lo, want);
+                        let den = b.sub(at_lo, at_hi);
+                        let f = b.div(num, den);
+                        let (lo_f, hi_f) = (b.f32(1.0 / 16.0), b.f32(15.0 / 16.0));
+                        let f = b.maximum(f, lo_f);
+                        let f = b.minimum(f, hi_f);
+                        let three = b.i32(3);
+                        let phase = b.rem(step, three);
+                        let two = b.i32(2);
+                        let bisect = b.eq(phase, two);
+                        b.select(bisect, half, f)
+                    }
+                };
+                let span = b.sub(x_hi, x_lo);
+                let dx = b.mul(span, frac);
+                let x_mid = b.add(x_lo, dx);
+                let mid = b.exp2(x_mid);
                 let above_lo = b.gt(mid, lo);
                 let mid = b.select(above_lo, mid, hi);
                 let mid = b.minimum(mid, hi);
                 let t = measure(b, mid);
-                let count = if policy.reads.contains(&"count") {
+                let count = if needs_count(policy) {
                     t.count
                 } else {
                     lo_count
                 };
 
-                // Below 1 whenever a positive weight is left out, even when the f32 sum cannot
-                // tell (tiny tails round away): p = 1 keeps every positive weight.
-                let mass_n = b.div(t.mass, z);
+                // mass = M / z, exactly 1 when nothing is left out, and below 1 whenever a
+                // positive weight is (the f32 sum cannot tell when tiny tails round away):
+                // p = 1 keeps every positive weight.
+                let everything = b.eq(t.mass, z);
+                let scaled = b.mul(t.mass, inv_z);
+                let mass_n = b.select(everything, onef, scaled);
                 let below_one = b.f32(1.0 - f32::EPSILON / 2.0);
                 let capped = b.minimum(mass_n, below_one);
                 let zf0 = b.f32(0.0);
                 let left_out = b.gt(t.next_down, zf0);
                 let mass_n = b.select(left_out, capped, mass_n);
-                let thr_n = b.div(t.next_up, z);
-                let below_n = b.div(t.next_down, z);
-                let one = b.f32(1.0);
-                let max_n = b.div(one, z);
+                let reads = |s: &str| policy.reads.contains(&s);
                 let stats = KeptStats {
                     mass: mass_n,
                     count,
-                    threshold: thr_n,
-                    below: below_n,
-                    max_weight: max_n,
+                    threshold: if reads("threshold") {
+                        b.mul(t.next_up, inv_z)
+                    } else {
+                        zf0
+                    },
+                    below: if reads("below") {
+                        b.mul(t.next_down, inv_z)
+                    } else {
+                        zf0
+                    },
+                    max_weight: inv_z,
                     candidates: n,
                 };
                 let holds = (policy.predicate)(b, &stats, params);
                 let new_lo = b.select(holds, t.next_up, lo);
                 let down = b.maximum(t.next_down, lo);
                 let new_hi = b.select(holds, hi, down);
-                let new_mass = b.select(holds, t.mass, lo_mass);
-                let new_count = b.select(holds, count, lo_count);
-                vec![new_lo, new_hi, new_mass, new_count]
+                let new_lo_mass = b.select(holds, t.mass, lo_mass);
+                let new_lo_count = b.select(holds, count, lo_count);
+                // The tally at the new upper bound is at least what was above mid plus it.
+                let up_mass = b.add(t.mass, down);
+                let new_hi_mass = b.select(holds, hi_mass, up_mass);
+                let one = b.i32(1);
+                let up_count = b.add(count, one);
+                let new_hi_count = b.select(holds, hi_count, up_count);
+                vec![
+                    new_lo,
+                    new_hi,
+                    new_lo_mass,
+                    new_lo_count,
+                    new_hi_mass,
+                    new_hi_count,
+                ]
             },
-            |_| vec![lo, hi, lo_mass, lo_count],
+            |_| vec![lo, hi, lo_mass, lo_count, hi_mass, hi_count],
         )
     });
     let (lo, lo_mass) = (fin[0], fin[2]);
@@ -652,7 +728,6 @@ fn search(
     let mass_n = b.select(empty, zf, mass_n);
     let pm = b.add_ptr(kept_mass, qrow);
     b.store(pm, mass_n);
-    let one_i = b.i32(1);
     let flag = b.select(bad, one_i, zero_i);
     let pf = b.add_ptr(flags, qrow);
     b.store(pf, flag);

@@ -104,6 +104,7 @@ fn expand_inner(attr: TokenStream, item: TokenStream) -> syn::Result<TokenStream
         }
     }
 
+    let (attr, target) = split_target(attr, &args)?;
     let parsed = parse::kernel(attr, quote!(#func));
     let sig = parsed.sig?;
     if !sig.consts.is_empty() {
@@ -114,12 +115,12 @@ fn expand_inner(attr: TokenStream, item: TokenStream) -> syn::Result<TokenStream
     }
     let body = parsed.body?;
     let k = parse::ast::Kernel { sig, body };
-    let extra = descriptor(&k.sig.name, &args);
+    let extra = descriptor(&k.sig.name, &args, target);
     generate::kernel(&k, extra)
 }
 
 /// `POLICY` and the function that calls the predicate with the search's values.
-fn descriptor(name: &Ident, args: &[Arg]) -> TokenStream {
+fn descriptor(name: &Ident, args: &[Arg], target: TokenStream) -> TokenStream {
     let b = Ident::new("__b", Span::mixed_site());
     let stats = Ident::new("__stats", Span::mixed_site());
     let vals = Ident::new("__params", Span::mixed_site());
@@ -192,7 +193,62 @@ fn descriptor(name: &Ident, args: &[Arg]) -> TokenStream {
             name: #pname,
             params: &[#(#params),*],
             reads: &[#(#reads),*],
+            target: #target,
             predicate: __predicate,
         };
     }
+}
+
+/// Takes `target(mass = p)` or `target(count = k)` out of the attribute's options: the
+/// search's interpolation hint, naming one of the policy's own parameters. The other
+/// options go to the kernel language as they are.
+fn split_target(attr: TokenStream, args: &[Arg]) -> syn::Result<(TokenStream, TokenStream)> {
+    use syn::punctuated::Punctuated;
+    use syn::{Meta, Token};
+    let metas: Punctuated<Meta, Token![,]> =
+        syn::parse::Parser::parse2(Punctuated::parse_terminated, attr)?;
+    let mut rest = Punctuated::<Meta, Token![,]>::new();
+    let mut target = quote!(::core::option::Option::None);
+    for m in metas {
+        if !m.path().is_ident("target") {
+            rest.push(m);
+            continue;
+        }
+        let list = m.require_list()?;
+        let nv: syn::MetaNameValue = list.parse_args()?;
+        let kind = match nv.path.get_ident().map(|i| i.to_string()).as_deref() {
+            Some("mass") => quote!(Mass),
+            Some("count") => quote!(Count),
+            _ => {
+                return Err(Error::new(
+                    nv.path.span(),
+                    "the search's target is `target(mass = param)` or `target(count = param)`",
+                ))
+            }
+        };
+        let syn::Expr::Path(pe) = &nv.value else {
+            return Err(Error::new(
+                nv.value.span(),
+                "name one of the policy's parameters",
+            ));
+        };
+        let wanted = pe.path.get_ident().cloned();
+        let index = args
+            .iter()
+            .filter_map(|a| match a {
+                Arg::Param { name, .. } => Some(name),
+                Arg::Stat(_) => None,
+            })
+            .position(|n| Some(n) == wanted.as_ref())
+            .ok_or_else(|| {
+                Error::new(
+                    nv.value.span(),
+                    "the target names one of the policy's own parameters",
+                )
+            })?;
+        target = quote!(::core::option::Option::Some(
+            __dusk::kernels::threshold::SearchTarget::#kind(#index)
+        ));
+    }
+    Ok((quote!(#rest), target))
 }
