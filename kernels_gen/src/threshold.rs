@@ -384,9 +384,12 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         let w_row = b.add_ptr(work, base);
         let zero_i = b.i32(0);
 
-        // Pass 1: the maximum, and whether any logit is NaN or infinite.
+        // Pass 1: the maximum, and whether any logit is NaN or infinite. Tiles fold into
+        // per-thread accumulators, reduced across the program once at the end.
         let ninf = b.f32(f32::NEG_INFINITY);
-        let stats = b.for_range(zero_i, n, tile_i, &[zero_i, ninf], |b, t0, c| {
+        let bad0 = b.splat(zero_i, &[tile]);
+        let max0 = b.splat(ninf, &[tile]);
+        let acc = b.for_range(zero_i, n, tile_i, &[bad0, max0], |b, t0, c| {
             let ar = b.arange(0, tile as i64);
             let offs = b.add(ar, t0);
             let valid = b.lt(offs, n);
@@ -400,12 +403,11 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             let bad_here = b.and(valid, not_finite);
             let (one_i, zero_i) = (b.i32(1), b.i32(0));
             let bad_i = b.select(bad_here, one_i, zero_i);
-            let bad_count = b.sum(bad_i, 0);
             let ninf = b.f32(f32::NEG_INFINITY);
             let s_valid = b.select(valid, s, ninf);
-            let m = b.max(s_valid, 0);
-            vec![b.add(c[0], bad_count), b.maximum(c[1], m)]
+            vec![b.add(c[0], bad_i), b.maximum(c[1], s_valid)]
         });
+        let stats = [b.sum(acc[0], 0), b.max(acc[1], 0)];
         let bad = b.gt(stats[0], zero_i);
         let m = stats[1];
         let empty = b.le(n, zero_i);
@@ -413,7 +415,8 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
 
         // Pass 2: e to `work` (-1 past the row, +inf for an invalid row's candidates).
         let zf = b.f32(0.0);
-        let z = b.for_range(zero_i, n, tile_i, &[zf], |b, t0, c| {
+        let z0 = b.splat(zf, &[tile]);
+        let z_acc = b.for_range(zero_i, n, tile_i, &[z0], |b, t0, c| {
             let ar = b.arange(0, tile as i64);
             let offs = b.add(ar, t0);
             let valid = b.lt(offs, n);
@@ -428,9 +431,11 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             let e_or_all = b.select(bad, inf, e_raw);
             let wp = b.add_ptr(w_row, offs);
             b.store_masked(wp, e_or_all, Some(valid));
-            let part = b.sum(e, 0);
-            vec![b.add(c[0], part)]
+            vec![b.add(c[0], e)]
         })[0];
+        // The same fold as each step's mass (slot by slot over the tiles, then the same
+        // tree), so the mass of every candidate equals z exactly.
+        let z = b.sum(z_acc, 0);
 
         let param_vals = load_params(b, &params, qrow);
         let lo = search(
@@ -445,31 +450,50 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             qrow,
             bad,
             |b, mid| {
+                // Per-thread accumulators over the tiles, one fused reduction at the end.
                 let zf = b.f32(0.0);
                 let zero_i = b.i32(0);
                 let inf = b.f32(f32::INFINITY);
                 let minus_one = b.f32(-1.0);
-                let init = [zf, zero_i, inf, minus_one];
-                let r = b.for_range(zero_i, n, tile_i, &init, |b, t0, c| {
+                let init = [
+                    b.splat(zf, &[tile]),
+                    b.splat(zero_i, &[tile]),
+                    b.splat(inf, &[tile]),
+                    b.splat(minus_one, &[tile]),
+                ];
+                let acc = b.for_range(zero_i, n, tile_i, &init, |b, t0, c| {
                     let ar = b.arange(0, tile as i64);
                     let offs = b.add(ar, t0);
                     let valid = b.lt(offs, n);
                     let wp = b.add_ptr(w_row, offs);
                     let minus_one = b.f32(-1.0);
                     let es = b.load_masked(wp, Some(valid), Some(minus_one));
-                    let t = tally(b, es, mid, count);
+                    let ge = b.ge(es, mid);
+                    let zf = b.f32(0.0);
+                    let in_mass = b.select(ge, es, zf);
+                    let mass = b.add(c[0], in_mass);
+                    let count = if count {
+                        let (one_i, zero_i) = (b.i32(1), b.i32(0));
+                        let in_count = b.select(ge, one_i, zero_i);
+                        b.add(c[1], in_count)
+                    } else {
+                        c[1]
+                    };
+                    let inf = b.f32(f32::INFINITY);
+                    let at_or_above = b.select(ge, es, inf);
+                    let below = b.select(ge, minus_one, es);
                     vec![
-                        b.add(c[0], t.mass),
-                        b.add(c[1], t.count),
-                        b.minimum(c[2], t.next_up),
-                        b.maximum(c[3], t.next_down),
+                        mass,
+                        count,
+                        b.minimum(c[2], at_or_above),
+                        b.maximum(c[3], below),
                     ]
                 });
                 Tally {
-                    mass: r[0],
-                    count: r[1],
-                    next_up: r[2],
-                    next_down: r[3],
+                    mass: b.sum(acc[0], 0),
+                    count: if count { b.sum(acc[1], 0) } else { zero_i },
+                    next_up: b.min(acc[2], 0),
+                    next_down: b.max(acc[3], 0),
                 }
             },
         );
