@@ -147,6 +147,61 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         }
     }
 
+    // Rows longer than registers hold stream (128k candidates among them): group 1 against
+    // the oracle, group 2 against the union of per-head runs.
+    let long = [9000usize, 33000, 0, 131072, 20000];
+    let rows_l: Vec<Vec<f32>> = long
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| logits(rng, n, i))
+        .collect();
+    let s = dusk.device().upload(&rows_l.concat())?;
+    let ps_l = [0.9, 0.5, 0.9, 0.95, 1.0];
+    let mut plan = PrunePlan::new(
+        dusk,
+        &top_p::POLICY,
+        &lists(&long),
+        1,
+        scale,
+        &[ParamValues::PerRow(ps_l.to_vec())],
+    )?;
+    if !plan.config().stream {
+        return Err("long rows should stream".into());
+    }
+    plan.poison_outputs(dusk, 0xFF)?;
+    plan.run(dusk, &s)?;
+    let kept = kept_sets(&plan, &long)?;
+    for (r, row) in rows_l.iter().enumerate() {
+        let w = softmax(row, scale as f64);
+        let oracle = top_p_oracle(&w, ps_l[r]);
+        let p = ps_l[r];
+        check_kept(&w, &kept[r], &oracle, |b, a| {
+            (b - p).abs() < 1e-5 || (a - p).abs() < 1e-5
+        })
+        .map_err(|e| format!("long row {r} (n {}): {e}", long[r]))?;
+    }
+    let pairs: Vec<usize> = long.iter().flat_map(|&n| [n; 2]).collect();
+    let scores: Vec<f32> = pairs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &n)| logits(rng, n, i))
+        .collect();
+    let s = dusk.device().upload(&scores)?;
+    let mut heads = PrunePlan::new(dusk, &top_p::POLICY, &lists(&pairs), 1, scale, &p)?;
+    heads.run(dusk, &s)?;
+    let one = kept_sets(&heads, &pairs)?;
+    let mut gqa = PrunePlan::new(dusk, &top_p::POLICY, &lists(&long), 2, scale, &p)?;
+    gqa.poison_outputs(dusk, 0xFF)?;
+    gqa.run(dusk, &s)?;
+    for (r, u) in kept_sets(&gqa, &long)?.iter().enumerate() {
+        let want: Vec<bool> = (0..long[r])
+            .map(|j| one[2 * r][j] || one[2 * r + 1][j])
+            .collect();
+        if *u != want {
+            return Err(format!("streamed GQA row {r}: union differs").into());
+        }
+    }
+
     // A NaN row is flagged and keeps all; its neighbours are unaffected.
     let mut bad = logits(rng, 300, 0);
     bad[17] = f32::NAN;
@@ -162,7 +217,7 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
     if flags != [1, 0] || !kept[0].iter().all(|k| *k) || kept[1] != oracle {
         return Err("NaN row handling".into());
     }
-    Ok((rows + groups, near_ties))
+    Ok((rows + groups + 2 * long.len(), near_ties))
 }
 
 pub fn run() -> Res<()> {
