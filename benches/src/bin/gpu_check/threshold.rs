@@ -4,9 +4,10 @@
 //!    lengths 1 to 8192; outputs poisoned first) against the sort-based oracle; GQA (group
 //!    4) against the union of the same kernel's per-head sets; NaN rows flagged;
 //! 2. device-to-device copy bandwidth;
-//! 3. 2048 rows (batch 64 x 32 heads) of 8192, 32768 and 4096 candidates, p = 0.9, scores rotated
-//!    over two sets larger than L2 together, beside the peers' times (`--peer`, written by
-//!    `benches/baselines/topp_peers.py` in the same command).
+//! 3. 2048 rows (batch 64 x 32 heads) of 8192, 32768 and 4096 candidates, p = 0.9, scores
+//!    rotated over two sets larger than L2 together, beside the peers' times (`--peer`,
+//!    written by `benches/baselines/topp_peers.py` in the same command). `--profile N`
+//!    skips the checks and times rows of N candidates only (for ncu).
 //!
 //!     gpu-check threshold --peer peers.json --out benches/results/threshold_search.json
 
@@ -234,7 +235,13 @@ pub fn run() -> Res<()> {
         None if dev.is_gpu() => 4000,
         None => 60,
     };
-    let (checked, near) = check(&dusk, &mut rng, rows)?;
+    // `--profile N`: no checks, only the timing of rows of N candidates (for ncu).
+    let profile: Option<usize> = arg("--profile").map(|n| n.parse()).transpose()?;
+    let (checked, near) = if profile.is_some() {
+        (0, 0)
+    } else {
+        check(&dusk, &mut rng, rows)?
+    };
     println!("threshold search: {checked} rows agree with the oracle ({near} differ at a cut within rounding of p)");
     if std::env::args().any(|a| a == "--check-only") {
         println!("all checks passed");
@@ -255,7 +262,11 @@ pub fn run() -> Res<()> {
         .transpose()?;
     let scale = 1.0 / (128f32).sqrt();
     let mut cases = vec![];
-    for n in [8192usize, 32768, 4096] {
+    let sizes = match profile {
+        Some(n) => vec![n],
+        None => vec![8192usize, 32768, 4096],
+    };
+    for n in sizes {
         let (batch, heads) = (64usize, 32usize);
         let rows = batch * heads;
         let lens = vec![n; rows];
