@@ -110,7 +110,7 @@ pub struct SearchConfig {
 
 /// Upper bound on search steps; each one moves a bound onto an element, so real rows stop
 /// far sooner (about 20 steps for 32k candidates).
-pub const MAX_STEPS: i32 = 64;
+pub const MAX_STEPS: i32 = 128;
 
 /// The fewest candidates a program holds: the compaction's prefix sum needs a full tile.
 pub const MIN_BLOCK: usize = 1024;
@@ -305,6 +305,9 @@ fn search_row(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig, a: &Ro
     let e_raw = b.exp2(scaled);
     let e = b.select(a.valid, e_raw, zero);
     let z = b.sum(e, 0);
+    let positive = b.gt(e, zero);
+    let pos_i = b.select(positive, one_i, zero_i);
+    let n_pos = b.sum(pos_i, 0);
     // Out-of-row slots sit at -1: never at or above a positive `mid`, nor kept. An invalid
     // row's candidates sit at +inf: all kept, with no search (its bounds start equal).
     let minus_one = b.f32(-1.0);
@@ -312,20 +315,22 @@ fn search_row(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig, a: &Ro
     let es = b.select(a.valid, e_or_all, minus_one);
 
     let param_vals = load_params(b, a.params, qrow);
-    let count = needs_count(policy);
-    let lo = search(
-        b,
-        policy,
-        &param_vals,
+    let bounds = needs_bounds(policy);
+    let row = RowTotals {
         z,
-        a.n,
+        n: a.n,
+        n_pos,
         skip,
-        a.kept_mass,
-        a.flags,
-        qrow,
         bad,
-        |b, mid| tally(b, es, mid, count),
-    );
+    };
+    let out = Outputs {
+        kept_mass: a.kept_mass,
+        flags: a.flags,
+        qrow,
+    };
+    let lo = search(b, policy, &param_vals, &row, &out, |b, mid| {
+        tally(b, es, mid, bounds)
+    });
     b.ge(es, lo)
 }
 
@@ -363,7 +368,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     let end = b.load(p1);
     let n = b.sub(end, start);
     let start64 = b.cast(start, DType::I64);
-    let count = needs_count(policy);
+    let bounds = needs_bounds(policy);
     let gpad = group.next_power_of_two();
     let zero_i = b.i32(0);
     let tile_i = b.i32(tile as i32);
@@ -416,7 +421,8 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         // Pass 2: e to `work` (-1 past the row, +inf for an invalid row's candidates).
         let zf = b.f32(0.0);
         let z0 = b.splat(zf, &[tile]);
-        let z_acc = b.for_range(zero_i, n, tile_i, &[z0], |b, t0, c| {
+        let pos0 = b.splat(zero_i, &[tile]);
+        let acc = b.for_range(zero_i, n, tile_i, &[z0, pos0], |b, t0, c| {
             let ar = b.arange(0, tile as i64);
             let offs = b.add(ar, t0);
             let valid = b.lt(offs, n);
@@ -431,72 +437,74 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             let e_or_all = b.select(bad, inf, e_raw);
             let wp = b.add_ptr(w_row, offs);
             b.store_masked(wp, e_or_all, Some(valid));
-            vec![b.add(c[0], e)]
-        })[0];
+            let positive = b.gt(e, zero);
+            let (one_i, zero_i) = (b.i32(1), b.i32(0));
+            let pos_i = b.select(positive, one_i, zero_i);
+            vec![b.add(c[0], e), b.add(c[1], pos_i)]
+        });
         // The same fold as each step's mass (slot by slot over the tiles, then the same
         // tree), so the mass of every candidate equals z exactly.
-        let z = b.sum(z_acc, 0);
+        let z = b.sum(acc[0], 0);
+        let n_pos = b.sum(acc[1], 0);
 
         let param_vals = load_params(b, &params, qrow);
-        let lo = search(
-            b,
-            policy,
-            &param_vals,
+        let row = RowTotals {
             z,
             n,
+            n_pos,
             skip,
+            bad,
+        };
+        let out = Outputs {
             kept_mass,
             flags,
             qrow,
-            bad,
-            |b, mid| {
-                // Per-thread accumulators over the tiles, one fused reduction at the end.
-                let zf = b.f32(0.0);
-                let zero_i = b.i32(0);
-                let inf = b.f32(f32::INFINITY);
+        };
+        let lo = search(b, policy, &param_vals, &row, &out, |b, mid| {
+            // Per-thread accumulators over the tiles, one fused reduction at the end.
+            let zf = b.f32(0.0);
+            let zero_i = b.i32(0);
+            let inf = b.f32(f32::INFINITY);
+            let minus_one = b.f32(-1.0);
+            let mut init = vec![b.splat(zf, &[tile]), b.splat(zero_i, &[tile])];
+            if bounds {
+                init.push(b.splat(inf, &[tile]));
+                init.push(b.splat(minus_one, &[tile]));
+            }
+            let acc = b.for_range(zero_i, n, tile_i, &init, |b, t0, c| {
+                let ar = b.arange(0, tile as i64);
+                let offs = b.add(ar, t0);
+                let valid = b.lt(offs, n);
+                let wp = b.add_ptr(w_row, offs);
                 let minus_one = b.f32(-1.0);
-                let init = [
-                    b.splat(zf, &[tile]),
-                    b.splat(zero_i, &[tile]),
-                    b.splat(inf, &[tile]),
-                    b.splat(minus_one, &[tile]),
-                ];
-                let acc = b.for_range(zero_i, n, tile_i, &init, |b, t0, c| {
-                    let ar = b.arange(0, tile as i64);
-                    let offs = b.add(ar, t0);
-                    let valid = b.lt(offs, n);
-                    let wp = b.add_ptr(w_row, offs);
-                    let minus_one = b.f32(-1.0);
-                    let es = b.load_masked(wp, Some(valid), Some(minus_one));
-                    let ge = b.ge(es, mid);
-                    let zf = b.f32(0.0);
-                    let in_mass = b.select(ge, es, zf);
-                    let mass = b.add(c[0], in_mass);
-                    let count = if count {
-                        let (one_i, zero_i) = (b.i32(1), b.i32(0));
-                        let in_count = b.select(ge, one_i, zero_i);
-                        b.add(c[1], in_count)
-                    } else {
-                        c[1]
-                    };
+                let es = b.load_masked(wp, Some(valid), Some(minus_one));
+                let ge = b.ge(es, mid);
+                let zf = b.f32(0.0);
+                let in_mass = b.select(ge, es, zf);
+                let (one_i, zero_i) = (b.i32(1), b.i32(0));
+                let in_count = b.select(ge, one_i, zero_i);
+                let mut next = vec![b.add(c[0], in_mass), b.add(c[1], in_count)];
+                if bounds {
                     let inf = b.f32(f32::INFINITY);
                     let at_or_above = b.select(ge, es, inf);
                     let below = b.select(ge, minus_one, es);
-                    vec![
-                        mass,
-                        count,
-                        b.minimum(c[2], at_or_above),
-                        b.maximum(c[3], below),
-                    ]
-                });
-                Tally {
-                    mass: b.sum(acc[0], 0),
-                    count: if count { b.sum(acc[1], 0) } else { zero_i },
-                    next_up: b.min(acc[2], 0),
-                    next_down: b.max(acc[3], 0),
+                    next.push(b.minimum(c[2], at_or_above));
+                    next.push(b.maximum(c[3], below));
                 }
-            },
-        );
+                next
+            });
+            let (next_up, next_down) = if bounds {
+                (b.min(acc[2], 0), b.max(acc[3], 0))
+            } else {
+                (zf, zf)
+            };
+            Tally {
+                mass: b.sum(acc[0], 0),
+                count: b.sum(acc[1], 0),
+                next_up,
+                next_down,
+            }
+        });
         let slots = b.arange(0, gpad as i64);
         let mine = b.eq(slots, g);
         vec![b.select(mine, lo, carried[0])]
@@ -548,11 +556,6 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     b.finish()
 }
 
-/// Whether the search tallies the count: the policy reads it or interpolates on it.
-fn needs_count(policy: &Policy) -> bool {
-    policy.reads.contains(&"count") || matches!(policy.target, Some(SearchTarget::Count(_)))
-}
-
 /// The row's value of each policy parameter.
 fn load_params(b: &mut KernelBuilder, params: &[Value], qrow: Value) -> Vec<Value> {
     params
@@ -564,8 +567,9 @@ fn load_params(b: &mut KernelBuilder, params: &[Value], qrow: Value) -> Vec<Valu
         .collect()
 }
 
-/// What one search step measures of the set `e >= mid`: its mass and count, the smallest
-/// element in it and the largest one left out (-1 when none is).
+/// What one search step measures of the set `e >= mid`: its mass and count and, for
+/// policies that read them, the smallest element in it and the largest one left out (-1
+/// when none is).
 struct Tally {
     mass: Value,
     count: Value,
@@ -573,27 +577,32 @@ struct Tally {
     next_down: Value,
 }
 
-/// The step's where/sum/min/max over one block of `es` (the `fuse_reductions` pass makes
-/// them one pass). The count is made only when `count` is wanted (the policy reads it).
-fn tally(b: &mut KernelBuilder, es: Value, mid: Value, count: bool) -> Tally {
+/// Whether the search tallies the nearest elements around each `mid`: only for policies
+/// that read `threshold` or `below`.
+fn needs_bounds(policy: &Policy) -> bool {
+    policy.reads.contains(&"threshold") || policy.reads.contains(&"below")
+}
+
+/// The step's where/sum (and min/max) over one block of `es`; the `fuse_reductions` pass
+/// makes them one pass with one exchange between warps.
+fn tally(b: &mut KernelBuilder, es: Value, mid: Value, bounds: bool) -> Tally {
     let ge = b.ge(es, mid);
     let zf = b.f32(0.0);
     let in_mass = b.select(ge, es, zf);
     let mass = b.sum(in_mass, 0);
     let one_i = b.i32(1);
     let zero_i = b.i32(0);
-    let count = if count {
-        let in_count = b.select(ge, one_i, zero_i);
-        b.sum(in_count, 0)
+    let in_count = b.select(ge, one_i, zero_i);
+    let count = b.sum(in_count, 0);
+    let (next_up, next_down) = if bounds {
+        let inf = b.f32(f32::INFINITY);
+        let at_or_above = b.select(ge, es, inf);
+        let minus_one = b.f32(-1.0);
+        let below = b.select(ge, minus_one, es);
+        (b.min(at_or_above, 0), b.max(below, 0))
     } else {
-        zero_i
+        (zf, zf)
     };
-    let inf = b.f32(f32::INFINITY);
-    let at_or_above = b.select(ge, es, inf);
-    let next_up = b.min(at_or_above, 0);
-    let minus_one = b.f32(-1.0);
-    let below = b.select(ge, minus_one, es);
-    let next_down = b.max(below, 0);
     Tally {
         mass,
         count,
@@ -602,37 +611,57 @@ fn tally(b: &mut KernelBuilder, es: Value, mid: Value, count: bool) -> Tally {
     }
 }
 
-/// The search over one query row whose unnormalised weights sum to `z`; `measure(b, mid)`
-/// tallies the set at `mid`. Stores the row's kept mass and flag; returns `t*` (in units of
-/// `e`): the row keeps `e >= t*`. Rows to `skip` (invalid or empty) start with equal bounds.
+/// A row's totals: the sum of its `e`, its candidates, how many have `e > 0`, and whether
+/// to skip the search (an invalid or empty row) and why (`bad`: NaN or infinite logits).
+struct RowTotals {
+    z: Value,
+    n: Value,
+    n_pos: Value,
+    skip: Value,
+    bad: Value,
+}
+
+/// Where the search stores its per-row results: kept mass and flag of query row `qrow`.
+struct Outputs {
+    kept_mass: Value,
+    flags: Value,
+    qrow: Value,
+}
+
+/// The search over one query row; `measure(b, mid)` tallies the set `e >= mid`. Stores the
+/// row's kept mass and flag; returns `lo`: the row keeps `e >= lo`.
 ///
-/// Where to try next: in log space between the bounds (the lower one floored at hi * 2^-64
-/// and at the least positive f32, so the first steps find the exponent, down into the
-/// denormals). With a policy's [`SearchTarget`] the point is interpolated from the tallies
-/// at the two bounds (mass or count against log threshold), kept a sixteenth away from
-/// either bound, and every third step bisects, so a bad guess costs at most a factor two
-/// in steps. Exactness never depends on the guess: bounds only ever move onto elements.
-#[allow(clippy::too_many_arguments)]
+/// The bracket: `lo` is a threshold at which the policy holds (0 at first: everything
+/// kept), `hi` one at which it fails (just above the maximum's e = 1 at first: nothing
+/// kept). Each step tries a point strictly between and moves one bound onto it; the search
+/// stops when the two sets differ by one candidate, or when f32 cannot split the bracket
+/// (every candidate inside it is then equal). `{e >= lo}` is then the policy's set: every
+/// candidate above the cut, ties at the cut together. Each step is one fused pass counting
+/// and summing the set at `mid` (two operations a candidate).
+///
+/// Where to try: while the bounds are more than an octave apart, the geometric mean (the
+/// lower bound floored at hi * 2^-64 and at the least positive f32), so the first steps
+/// find the octave of the cut, down into the denormals; then, for a policy with a
+/// [`SearchTarget`], the point where the mass (or count) interpolated between the bounds
+/// meets the target, kept a sixteenth away from either bound, every third step bisecting.
+/// Exactness never depends on the guess.
 fn search(
     b: &mut KernelBuilder,
     policy: &Policy,
     params: &[Value],
-    z: Value,
-    n: Value,
-    skip: Value,
-    kept_mass: Value,
-    flags: Value,
-    qrow: Value,
-    bad: Value,
+    row: &RowTotals,
+    out: &Outputs,
     measure: impl Fn(&mut KernelBuilder, Value) -> Tally,
 ) -> Value {
+    let z = row.z;
     let zero = b.f32(0.0);
     let onef = b.f32(1.0);
     let inv_z = b.div(onef, z);
-    let hi0 = b.select(skip, zero, onef);
-    let one_i = b.i32(1);
-    // The tallies at the bounds: everything at lo = 0; at hi = the maximum, at least its e.
-    let init = [zero, hi0, z, n, onef, one_i];
+    let above_max = b.f32(1.0 + f32::EPSILON);
+    let hi0 = b.select(row.skip, zero, above_max);
+    let (one_i, zero_i) = (b.i32(1), b.i32(0));
+    // Tallies at the bounds: everything at lo = 0, nothing above the maximum.
+    let init = [zero, hi0, z, row.n, zero, zero_i];
     let target = policy.target.map(|t| match t {
         SearchTarget::Mass(i) => {
             let p = b.cast(params[i], DType::F32);
@@ -642,94 +671,71 @@ fn search(
     });
     let (s_lo, s_hi) = (b.i32(0), b.i32(MAX_STEPS));
     let fin = b.for_range(s_lo, s_hi, one_i, &init, |b, step, c| {
-        let (lo, hi, lo_mass, lo_count, hi_mass, hi_count) = (c[0], c[1], c[2], c[3], c[4], c[5]);
-        let open = b.lt(lo, hi);
+        let bracket = Bracket {
+            lo: c[0],
+            hi: c[1],
+            lo_mass: c[2],
+            lo_count: c[3],
+            hi_mass: c[4],
+            hi_count: c[5],
+        };
+        let one_i = b.i32(1);
+        let gap = b.sub(bracket.lo_count, bracket.hi_count);
+        let several = b.gt(gap, one_i);
+        let apart = b.lt(bracket.lo, bracket.hi);
+        let open = b.and(several, apart);
         b.if_else(
             open,
             |b| {
-                let tiny = b.f32(5.421_011e-20);
-                let floor = b.mul(hi, tiny);
-                let least = b.f32(f32::from_bits(1));
-                let floor = b.maximum(floor, least);
-                let lo_f = b.maximum(lo, floor);
-                let x_lo = b.log2(lo_f);
-                let x_hi = b.log2(hi);
-                let half = b.f32(0.5);
-                let frac = match target {
-                    None => half,
-                    Some((by_mass, want)) => {
-                        let (at_lo, at_hi) = if by_mass {
-                            (lo_mass, hi_mass)
-                        } else {
-                            (b.cast(lo_count, DType::F32), b.cast(hi_count, DType::F32))
-                        };
-                        let num = b.sub(at_lo, want);
-                        let den = b.sub(at_lo, at_hi);
-                        let f = b.div(num, den);
-                        let (lo_f, hi_f) = (b.f32(1.0 / 16.0), b.f32(15.0 / 16.0));
-                        let f = b.maximum(f, lo_f);
-                        let f = b.minimum(f, hi_f);
-                        let three = b.i32(3);
-                        let phase = b.rem(step, three);
-                        let two = b.i32(2);
-                        let bisect = b.eq(phase, two);
-                        b.select(bisect, half, f)
-                    }
-                };
-                let span = b.sub(x_hi, x_lo);
-                let dx = b.mul(span, frac);
-                let x_mid = b.add(x_lo, dx);
-                let mid = b.exp2(x_mid);
-                let above_lo = b.gt(mid, lo);
-                let mid = b.select(above_lo, mid, hi);
-                let mid = b.minimum(mid, hi);
+                let mid = next_point(b, &bracket, step, target);
+                // A point that does not split the bracket: every candidate in it is equal.
+                let above_lo = b.gt(mid, bracket.lo);
+                let below_hi = b.lt(mid, bracket.hi);
+                let inside = b.and(above_lo, below_hi);
                 let t = measure(b, mid);
-                let count = if needs_count(policy) {
-                    t.count
-                } else {
-                    lo_count
-                };
-
-                // mass = M / z, exactly 1 when nothing is left out, and below 1 whenever a
-                // positive weight is (the f32 sum cannot tell when tiny tails round away):
-                // p = 1 keeps every positive weight.
+                let onef = b.f32(1.0);
+                let zf = b.f32(0.0);
+                // mass = M / z, exactly 1 when nothing positive is left out (the same fold
+                // as z), and below 1 whenever a positive weight is, even when the f32 sum
+                // cannot tell: p = 1 keeps every positive weight.
                 let everything = b.eq(t.mass, z);
                 let scaled = b.mul(t.mass, inv_z);
                 let mass_n = b.select(everything, onef, scaled);
                 let below_one = b.f32(1.0 - f32::EPSILON / 2.0);
                 let capped = b.minimum(mass_n, below_one);
-                let zf0 = b.f32(0.0);
-                let left_out = b.gt(t.next_down, zf0);
+                let left_out = b.lt(t.count, row.n_pos);
                 let mass_n = b.select(left_out, capped, mass_n);
                 let reads = |s: &str| policy.reads.contains(&s);
+                let threshold = if reads("threshold") {
+                    b.mul(t.next_up, inv_z)
+                } else {
+                    zf
+                };
+                let below = if reads("below") {
+                    b.mul(t.next_down, inv_z)
+                } else {
+                    zf
+                };
                 let stats = KeptStats {
                     mass: mass_n,
-                    count,
-                    threshold: if reads("threshold") {
-                        b.mul(t.next_up, inv_z)
-                    } else {
-                        zf0
-                    },
-                    below: if reads("below") {
-                        b.mul(t.next_down, inv_z)
-                    } else {
-                        zf0
-                    },
+                    count: t.count,
+                    threshold,
+                    below,
                     max_weight: inv_z,
-                    candidates: n,
+                    candidates: row.n,
                 };
                 let holds = (policy.predicate)(b, &stats, params);
-                let new_lo = b.select(holds, t.next_up, lo);
-                let down = b.maximum(t.next_down, lo);
-                let new_hi = b.select(holds, hi, down);
-                let new_lo_mass = b.select(holds, t.mass, lo_mass);
-                let new_lo_count = b.select(holds, count, lo_count);
-                // The tally at the new upper bound is at least what was above mid plus it.
-                let up_mass = b.add(t.mass, down);
-                let new_hi_mass = b.select(holds, hi_mass, up_mass);
-                let one = b.i32(1);
-                let up_count = b.add(count, one);
-                let new_hi_count = b.select(holds, hi_count, up_count);
+                let holds = b.and(holds, inside);
+                let fails = b.not(holds);
+                let fails = b.and(fails, inside);
+                let new_lo = b.select(holds, mid, bracket.lo);
+                let new_lo_mass = b.select(holds, t.mass, bracket.lo_mass);
+                let new_lo_count = b.select(holds, t.count, bracket.lo_count);
+                // Not split: close the bracket at lo.
+                let hi_or_lo = b.select(inside, bracket.hi, bracket.lo);
+                let new_hi = b.select(fails, mid, hi_or_lo);
+                let new_hi_mass = b.select(fails, t.mass, bracket.hi_mass);
+                let new_hi_count = b.select(fails, t.count, bracket.hi_count);
                 vec![
                     new_lo,
                     new_hi,
@@ -739,23 +745,84 @@ fn search(
                     new_hi_count,
                 ]
             },
-            |_| vec![lo, hi, lo_mass, lo_count, hi_mass, hi_count],
+            |_| c.to_vec(),
         )
     });
     let (lo, lo_mass) = (fin[0], fin[2]);
 
     let zf = b.f32(0.0);
     let mass_n = b.div(lo_mass, z);
-    let mass_n = b.select(bad, onef, mass_n);
-    let zero_i = b.i32(0);
-    let empty = b.le(n, zero_i);
+    let mass_n = b.select(row.bad, onef, mass_n);
+    let empty = b.le(row.n, zero_i);
     let mass_n = b.select(empty, zf, mass_n);
-    let pm = b.add_ptr(kept_mass, qrow);
+    let pm = b.add_ptr(out.kept_mass, out.qrow);
     b.store(pm, mass_n);
-    let flag = b.select(bad, one_i, zero_i);
-    let pf = b.add_ptr(flags, qrow);
+    let flag = b.select(row.bad, one_i, zero_i);
+    let pf = b.add_ptr(out.flags, out.qrow);
     b.store(pf, flag);
     lo
+}
+
+/// The search's bracket and the tallies at its two ends.
+struct Bracket {
+    lo: Value,
+    hi: Value,
+    lo_mass: Value,
+    lo_count: Value,
+    hi_mass: Value,
+    hi_count: Value,
+}
+
+/// The point a search step tries (see [`search`]); not always strictly inside the bracket
+/// (f32 may not split a narrow one): the caller checks.
+fn next_point(
+    b: &mut KernelBuilder,
+    k: &Bracket,
+    step: Value,
+    target: Option<(bool, Value)>,
+) -> Value {
+    let tiny = b.f32(5.421_011e-20);
+    let floor = b.mul(k.hi, tiny);
+    let least = b.f32(f32::from_bits(1));
+    let floor = b.maximum(floor, least);
+    let lo_f = b.maximum(k.lo, floor);
+    let x_lo = b.log2(lo_f);
+    let x_hi = b.log2(k.hi);
+    let half = b.f32(0.5);
+    let sum = b.add(x_lo, x_hi);
+    let x_mid = b.mul(sum, half);
+    let geometric = b.exp2(x_mid);
+    let span = b.sub(k.hi, k.lo);
+    let half_span = b.mul(span, half);
+    let arithmetic = b.add(k.lo, half_span);
+    let two = b.f32(2.0);
+    let twice_lo = b.mul(k.lo, two);
+    let wide = b.gt(k.hi, twice_lo);
+    let Some((by_mass, want)) = target else {
+        return b.select(wide, geometric, arithmetic);
+    };
+    let (at_lo, at_hi) = if by_mass {
+        (k.lo_mass, k.hi_mass)
+    } else {
+        (
+            b.cast(k.lo_count, DType::F32),
+            b.cast(k.hi_count, DType::F32),
+        )
+    };
+    let num = b.sub(at_lo, want);
+    let den = b.sub(at_lo, at_hi);
+    let f = b.div(num, den);
+    let (f_lo, f_hi) = (b.f32(1.0 / 16.0), b.f32(15.0 / 16.0));
+    let f = b.maximum(f, f_lo);
+    let f = b.minimum(f, f_hi);
+    let three = b.i32(3);
+    let phase = b.rem(step, three);
+    let two_i = b.i32(2);
+    let bisect = b.eq(phase, two_i);
+    let f = b.select(bisect, half, f);
+    let d = b.mul(span, f);
+    let interpolated = b.add(k.lo, d);
+    b.select(wide, geometric, interpolated)
 }
 
 /// Builds the kernel that packs each row's staged positions into one CSR list. Parameters:

@@ -1775,14 +1775,49 @@ impl<'c, 'k> Lower<'c, 'k> {
         }
         self.barrier()?;
         let mut outs = vec![];
+        // Few warps: every thread folds the warps' values. Many: lane w reads warp w's, and
+        // a butterfly combines them (5 shuffles instead of a load and a combine per warp;
+        // commutative steps, so every lane ends with the same bits).
+        let by_lanes = nw > 8;
+        let reader = if by_lanes {
+            Some(
+                self.b
+                    .build_int_compare(IntPredicate::ULT, self.lane, self.i32c(nw), "")
+                    .map_err(|x| self.err(x))?,
+            )
+        } else {
+            None
+        };
         for (i, (op, d, acc)) in vals.iter().enumerate() {
             let rt = acc.get_type();
-            let mut out = self.identity(*op, *d);
-            for w in 0..nw {
-                let p = slot(i, self.i32c(w), rt)?;
-                let x = self.b.build_load(rt, p, "").map_err(|x| self.err(x))?;
-                out = self.combine(*op, *d, out, x)?;
-            }
+            let id = self.identity(*op, *d);
+            let out = match reader {
+                Some(r) => {
+                    // Lanes past the last warp read warp 0's slot and drop it.
+                    let w = self
+                        .b
+                        .build_select(r, self.lane, self.i32c(0), "")
+                        .map_err(|x| self.err(x))?
+                        .into_int_value();
+                    let p = slot(i, w, rt)?;
+                    let x = self.b.build_load(rt, p, "").map_err(|x| self.err(x))?;
+                    let mut out = self.b.build_select(r, x, id, "").map_err(|x| self.err(x))?;
+                    for m in [16, 8, 4, 2, 1] {
+                        let other = self.shuffle_xor(out, m)?;
+                        out = self.combine(*op, *d, out, other)?;
+                    }
+                    out
+                }
+                None => {
+                    let mut out = id;
+                    for w in 0..nw {
+                        let p = slot(i, self.i32c(w), rt)?;
+                        let x = self.b.build_load(rt, p, "").map_err(|x| self.err(x))?;
+                        out = self.combine(*op, *d, out, x)?;
+                    }
+                    out
+                }
+            };
             outs.push(out);
         }
         self.barrier()?;
