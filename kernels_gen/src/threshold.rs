@@ -115,8 +115,8 @@ pub const MAX_STEPS: i32 = 128;
 /// The fewest candidates a program holds: the compaction's prefix sum needs a full tile.
 pub const MIN_BLOCK: usize = 1024;
 
-/// The most candidates a program holds in registers: 16 a thread on 16 warps (about 100
-/// registers, no spills). Longer rows stream ([`build_search_streaming`]).
+/// The most candidates a program holds in registers: 8 a thread on 32 warps (58 registers,
+/// no spills). Longer rows stream ([`build_search_streaming`]).
 pub const MAX_BLOCK: usize = 8192;
 
 /// The tile of the streaming search.
@@ -125,8 +125,9 @@ pub const STREAM_TILE: usize = 4096;
 impl SearchConfig {
     /// The default for rows of up to `max_len` candidates: in registers when they fit, the
     /// block rounded up to a power of two, with enough warps that each thread holds at most
-    /// 16 candidates (a search step keeps several values per candidate live: 16 a thread
-    /// need about 100 registers); else streaming in tiles of [`STREAM_TILE`].
+    /// 8 candidates (about 60 registers: 8192 candidates on 32 warps fill a multiprocessor's
+    /// register file once; 4096 on 16 warps, twice), 16 for a GQA group (whose union of
+    /// kept sets is carried too); else streaming in tiles of [`STREAM_TILE`].
     pub fn for_rows(max_len: usize, group: usize) -> SearchConfig {
         if max_len > MAX_BLOCK {
             return SearchConfig {
@@ -137,7 +138,9 @@ impl SearchConfig {
             };
         }
         let block = max_len.next_power_of_two().max(MIN_BLOCK);
-        let num_warps = (block / (32 * 16)).clamp(4, 16) as u32;
+        // A group carries the union of its heads' sets too: 16 candidates a thread there.
+        let per_thread = if group > 1 { 16 } else { 8 };
+        let num_warps = (block / (32 * per_thread)).clamp(4, 32) as u32;
         SearchConfig {
             block,
             group,
@@ -639,12 +642,13 @@ struct Outputs {
 /// candidate above the cut, ties at the cut together. Each step is one fused pass counting
 /// and summing the set at `mid` (two operations a candidate).
 ///
-/// Where to try: while the bounds are more than an octave apart, the geometric mean (the
-/// lower bound floored at hi * 2^-64 and at the least positive f32), so the first steps
-/// find the octave of the cut, down into the denormals; then, for a policy with a
-/// [`SearchTarget`], the point where the mass (or count) interpolated between the bounds
-/// meets the target, kept a sixteenth away from either bound, every third step bisecting.
-/// Exactness never depends on the guess.
+/// Where to try: from the start, a quarter of the upper bound a few times (most cuts lie
+/// within a few octaves of the maximum); while the bounds are more than an octave apart,
+/// their geometric mean (the lower one floored at hi * 2^-64 and at the least positive
+/// f32, so the cut's octave is found in a few steps, down into the denormals); then, for a
+/// policy with a [`SearchTarget`], regula falsi on the mass (or count) at the two bounds
+/// with the Illinois rule (a bound kept twice has its pull halved, so both close in), else
+/// bisection. Exactness never depends on the guess.
 fn search(
     b: &mut KernelBuilder,
     policy: &Policy,
@@ -661,7 +665,8 @@ fn search(
     let hi0 = b.select(row.skip, zero, above_max);
     let (one_i, zero_i) = (b.i32(1), b.i32(0));
     // Tallies at the bounds: everything at lo = 0, nothing above the maximum.
-    let init = [zero, hi0, z, row.n, zero, zero_i];
+    // Which bound moved last (1 lo, -1 hi) and the Illinois weights of the two tallies.
+    let init = [zero, hi0, z, row.n, zero, zero_i, zero_i, onef, onef];
     let target = policy.target.map(|t| match t {
         SearchTarget::Mass(i) => {
             let p = b.cast(params[i], DType::F32);
@@ -678,6 +683,9 @@ fn search(
             lo_count: c[3],
             hi_mass: c[4],
             hi_count: c[5],
+            last: c[6],
+            w_lo: c[7],
+            w_hi: c[8],
         };
         let one_i = b.i32(1);
         let gap = b.sub(bracket.lo_count, bracket.hi_count);
@@ -687,8 +695,18 @@ fn search(
         b.if_else(
             open,
             |b| {
-                let mid = next_point(b, &bracket, step, target);
-                // A point that does not split the bracket: every candidate in it is equal.
+                let guess = next_point(b, &bracket, step, target);
+                // A guess outside the bracket (rounding) falls back to the midpoint; when
+                // even that does not split it, lo and hi are adjacent floats and every
+                // candidate inside equals lo.
+                let above_lo = b.gt(guess, bracket.lo);
+                let below_hi = b.lt(guess, bracket.hi);
+                let fits = b.and(above_lo, below_hi);
+                let half = b.f32(0.5);
+                let span = b.sub(bracket.hi, bracket.lo);
+                let half_span = b.mul(span, half);
+                let middle = b.add(bracket.lo, half_span);
+                let mid = b.select(fits, guess, middle);
                 let above_lo = b.gt(mid, bracket.lo);
                 let below_hi = b.lt(mid, bracket.hi);
                 let inside = b.and(above_lo, below_hi);
@@ -736,6 +754,20 @@ fn search(
                 let new_hi = b.select(fails, mid, hi_or_lo);
                 let new_hi_mass = b.select(fails, t.mass, bracket.hi_mass);
                 let new_hi_count = b.select(fails, t.count, bracket.hi_count);
+                // Illinois: a bound kept twice in a row has its tally's pull halved, so the
+                // next guess lands on its side and both bounds close in.
+                let (one_i, minus_one_i) = (b.i32(1), b.i32(-1));
+                let lo_again = b.eq(bracket.last, one_i);
+                let hi_again = b.eq(bracket.last, minus_one_i);
+                let half = b.f32(0.5);
+                let w_hi_half = b.mul(bracket.w_hi, half);
+                let w_lo_half = b.mul(bracket.w_lo, half);
+                let w_hi_if_lo = b.select(lo_again, w_hi_half, onef);
+                let w_lo_if_hi = b.select(hi_again, w_lo_half, onef);
+                let new_w_hi = b.select(holds, w_hi_if_lo, onef);
+                let new_w_lo = b.select(fails, w_lo_if_hi, onef);
+                let moved = b.select(fails, minus_one_i, bracket.last);
+                let new_last = b.select(holds, one_i, moved);
                 vec![
                     new_lo,
                     new_hi,
@@ -743,6 +775,9 @@ fn search(
                     new_lo_count,
                     new_hi_mass,
                     new_hi_count,
+                    new_last,
+                    new_w_lo,
+                    new_w_hi,
                 ]
             },
             |_| c.to_vec(),
@@ -763,7 +798,8 @@ fn search(
     lo
 }
 
-/// The search's bracket and the tallies at its two ends.
+/// The search's bracket, the tallies at its two ends, which end moved last and the
+/// Illinois weights of the two tallies.
 struct Bracket {
     lo: Value,
     hi: Value,
@@ -771,7 +807,14 @@ struct Bracket {
     lo_count: Value,
     hi_mass: Value,
     hi_count: Value,
+    last: Value,
+    w_lo: Value,
+    w_hi: Value,
 }
+
+/// Descending steps tried from the maximum while the lower bound is still 0: each tries a
+/// quarter of the upper bound (weights of interest are rarely far below the maximum).
+const DESCENTS: i32 = 4;
 
 /// The point a search step tries (see [`search`]); not always strictly inside the bracket
 /// (f32 may not split a narrow one): the caller checks.
@@ -792,14 +835,22 @@ fn next_point(
     let sum = b.add(x_lo, x_hi);
     let x_mid = b.mul(sum, half);
     let geometric = b.exp2(x_mid);
+    let quarter = b.f32(0.25);
+    let descend = b.mul(k.hi, quarter);
+    let zero = b.f32(0.0);
+    let at_zero = b.eq(k.lo, zero);
+    let descents = b.i32(DESCENTS);
+    let early = b.lt(step, descents);
+    let descending = b.and(at_zero, early);
+    let wide_guess = b.select(descending, descend, geometric);
     let span = b.sub(k.hi, k.lo);
-    let half_span = b.mul(span, half);
-    let arithmetic = b.add(k.lo, half_span);
     let two = b.f32(2.0);
     let twice_lo = b.mul(k.lo, two);
     let wide = b.gt(k.hi, twice_lo);
     let Some((by_mass, want)) = target else {
-        return b.select(wide, geometric, arithmetic);
+        let half_span = b.mul(span, half);
+        let arithmetic = b.add(k.lo, half_span);
+        return b.select(wide, wide_guess, arithmetic);
     };
     let (at_lo, at_hi) = if by_mass {
         (k.lo_mass, k.hi_mass)
@@ -809,20 +860,27 @@ fn next_point(
             b.cast(k.hi_count, DType::F32),
         )
     };
-    let num = b.sub(at_lo, want);
-    let den = b.sub(at_lo, at_hi);
-    let f = b.div(num, den);
-    let (f_lo, f_hi) = (b.f32(1.0 / 16.0), b.f32(15.0 / 16.0));
-    let f = b.maximum(f, f_lo);
-    let f = b.minimum(f, f_hi);
-    let three = b.i32(3);
-    let phase = b.rem(step, three);
-    let two_i = b.i32(2);
-    let bisect = b.eq(phase, two_i);
-    let f = b.select(bisect, half, f);
+    // Regula falsi on (threshold, tally - target), with the Illinois weights.
+    let f_lo = b.sub(at_lo, want);
+    let f_lo = b.mul(f_lo, k.w_lo);
+    let f_hi = b.sub(at_hi, want);
+    let f_hi = b.mul(f_hi, k.w_hi);
+    let den = b.sub(f_lo, f_hi);
+    let f = b.div(f_lo, den);
+    let (f_min, f_max) = (b.f32(1.0 / 64.0), b.f32(63.0 / 64.0));
+    let f = b.maximum(f, f_min);
+    let f = b.minimum(f, f_max);
     let d = b.mul(span, f);
     let interpolated = b.add(k.lo, d);
-    b.select(wide, geometric, interpolated)
+    // The target must lie between the tallies (a policy may hold for another reason, as a
+    // budget floor does): otherwise bisect.
+    let reached = b.ge(at_lo, want);
+    let short = b.lt(at_hi, want);
+    let bracketed = b.and(reached, short);
+    let half_span = b.mul(span, half);
+    let arithmetic = b.add(k.lo, half_span);
+    let narrow_guess = b.select(bracketed, interpolated, arithmetic);
+    b.select(wide, wide_guess, narrow_guess)
 }
 
 /// Builds the kernel that packs each row's staged positions into one CSR list. Parameters:
