@@ -16,6 +16,7 @@ use dusk::kernels::ops::Dusk;
 use dusk::kernels::paged::TokenLists;
 use dusk::kernels::policies::top_p;
 use dusk::kernels::prune::{ParamValues, PrunePlan};
+use dusk::kernels::threshold::SearchConfig;
 use dusk::kernels::reference::{check_kept, softmax, top_p_oracle};
 use dusk::runtime::{median, Device};
 use rand::rngs::SmallRng;
@@ -38,6 +39,21 @@ fn logits(rng: &mut SmallRng, n: usize, kind: usize) -> Vec<f32> {
             _ => rng.random_range(-120.0..0.0),
         })
         .collect()
+}
+
+/// Configurations timed beside the default for rows of `n` candidates.
+fn sweep(n: usize) -> Vec<SearchConfig> {
+    let cfg = |block, num_warps, stream| SearchConfig {
+        block,
+        group: 1,
+        num_warps,
+        stream,
+    };
+    match n {
+        8192 => vec![cfg(8192, 8, false), cfg(8192, 16, false), cfg(4096, 8, true)],
+        4096 => vec![cfg(4096, 4, false), cfg(4096, 8, false), cfg(4096, 8, true)],
+        _ => vec![cfg(2048, 8, true), cfg(4096, 16, true), cfg(8192, 16, true)],
+    }
 }
 
 fn lists(lens: &[usize]) -> TokenLists {
@@ -300,6 +316,30 @@ pub fn run() -> Res<()> {
             us / read_us,
             100.0 * gbps / copy_gbps
         );
+        // Other configurations beside the default, same inputs (tuning's raw material).
+        let mut others = vec![];
+        for cfg in sweep(n) {
+            let mut alt = PrunePlan::with_config(
+                &dusk,
+                &top_p::POLICY,
+                &lists(&lens),
+                cfg,
+                scale,
+                &[ParamValues::Uniform(0.9)],
+            )?;
+            let t = dev.time_us(20, 3, || {
+                k ^= 1;
+                alt.run(&dusk, &sets[k])
+            })?;
+            let name = format!(
+                "{}{}w{}",
+                if cfg.stream { "stream t" } else { "b" },
+                cfg.block,
+                cfg.num_warps
+            );
+            println!("  {name}: {:.1} us", median(&t));
+            others.push(json!({"config": name, "us": median(&t)}));
+        }
         let pc = peer.as_ref().and_then(|p| {
             p["cases"]
                 .as_array()?
@@ -320,6 +360,7 @@ pub fn run() -> Res<()> {
                 "gbps": gbps,
                 "frac_of_copy_bw": gbps / copy_gbps,
                 "time_over_one_read": us / read_us,
+                "other_configs_us": others,
             }));
         }
     }
