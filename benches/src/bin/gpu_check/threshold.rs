@@ -49,11 +49,18 @@ fn sweep(n: usize) -> Vec<SearchConfig> {
         num_warps,
         stream,
     };
-    match n {
-        8192 => vec![cfg(8192, 8, false), cfg(8192, 16, false), cfg(4096, 8, true)],
-        4096 => vec![cfg(4096, 4, false), cfg(4096, 8, false), cfg(4096, 8, true)],
-        _ => vec![cfg(2048, 8, true), cfg(4096, 16, true), cfg(8192, 16, true)],
+    let mut out = vec![];
+    for (tile, warps) in [(1024, 4), (2048, 4), (4096, 4), (2048, 8), (1024, 8)] {
+        out.push(cfg(tile, warps, true));
     }
+    if n <= 8192 {
+        for warps in [4, 8, 16] {
+            if n >= 128 * warps as usize {
+                out.push(cfg(n, warps, false));
+            }
+        }
+    }
+    out
 }
 
 fn lists(lens: &[usize]) -> TokenLists {
