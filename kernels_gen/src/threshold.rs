@@ -119,33 +119,33 @@ pub const MIN_BLOCK: usize = 1024;
 /// no spills). Longer rows stream ([`build_search_streaming`]).
 pub const MAX_BLOCK: usize = 8192;
 
-/// The tile of the streaming search.
+/// The longest rows the default configuration keeps in registers.
+pub const RESIDENT_ROWS: usize = 4096;
+
+/// The tile of the streaming search for long rows.
 pub const STREAM_TILE: usize = 4096;
 
 impl SearchConfig {
-    /// The default for rows of up to `max_len` candidates: in registers when they fit, the
-    /// block rounded up to a power of two, with enough warps that each thread holds at most
-    /// 8 candidates (about 60 registers: 8192 candidates on 32 warps fill a multiprocessor's
-    /// register file once; 4096 on 16 warps, twice), 16 for a GQA group (whose union of
-    /// kept sets is carried too); else streaming in tiles of [`STREAM_TILE`].
+    /// The default for rows of up to `max_len` candidates, from the configurations timed on
+    /// an H100 (`gpu-check threshold` sweeps them; BENCHMARKS.md has the figures): few warps
+    /// a row win, since each search step's fixed cost (the exchange between warps, the
+    /// scalar bookkeeping every thread repeats) is paid per warp. Rows of up to
+    /// [`RESIDENT_ROWS`] sit in the registers of 4 warps; longer ones stream, in tiles of
+    /// 2048 on 4 warps up to 8192 candidates (the row stays in L1), of [`STREAM_TILE`] on 8
+    /// beyond.
     pub fn for_rows(max_len: usize, group: usize) -> SearchConfig {
-        if max_len > MAX_BLOCK {
-            return SearchConfig {
-                block: STREAM_TILE,
-                group,
-                num_warps: 8,
-                stream: true,
-            };
-        }
-        let block = max_len.next_power_of_two().max(MIN_BLOCK);
-        // A group carries the union of its heads' sets too: 16 candidates a thread there.
-        let per_thread = if group > 1 { 16 } else { 8 };
-        let num_warps = (block / (32 * per_thread)).clamp(4, 32) as u32;
+        let (block, num_warps, stream) = if max_len <= RESIDENT_ROWS {
+            (max_len.next_power_of_two().max(MIN_BLOCK), 4, false)
+        } else if max_len <= 8192 {
+            (2048, 4, true)
+        } else {
+            (STREAM_TILE, 8, true)
+        };
         SearchConfig {
             block,
             group,
             num_warps,
-            stream: false,
+            stream,
         }
     }
 }

@@ -16,8 +16,8 @@ use dusk::kernels::ops::Dusk;
 use dusk::kernels::paged::TokenLists;
 use dusk::kernels::policies::top_p;
 use dusk::kernels::prune::{ParamValues, PrunePlan};
-use dusk::kernels::threshold::SearchConfig;
 use dusk::kernels::reference::{check_kept, softmax, top_p_oracle};
+use dusk::kernels::threshold::SearchConfig;
 use dusk::runtime::{median, Device};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -113,33 +113,44 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         .collect();
     let scores: Vec<f32> = rows_s.concat();
     let cand = lists(&lens);
-    let mut plan = PrunePlan::new(
-        dusk,
-        &top_p::POLICY,
-        &cand,
-        1,
-        scale,
-        &[ParamValues::PerRow(ps.clone())],
-    )?;
-    plan.poison_outputs(dusk, 0xFF)?;
     let s = dusk.device().upload(&scores)?;
-    plan.run(dusk, &s)?;
-    dusk.device().synchronize()?;
-    let kept = kept_sets(&plan, &lens)?;
-    let mass = plan.kept_mass().download()?;
     let mut near_ties = 0;
-    for r in 0..rows {
-        let w = softmax(&rows_s[r], scale as f64);
-        let oracle = top_p_oracle(&w, ps[r]);
-        let p = ps[r];
-        check_kept(&w, &kept[r], &oracle, |b, a| {
-            (b - p).abs() < 1e-5 || (a - p).abs() < 1e-5
-        })
-        .map_err(|e| format!("row {r} (n {}, p {p}): {e}", lens[r]))?;
-        near_ties += (kept[r] != oracle) as usize;
-        let enough = mass[r] as f64 >= p.min(1.0) - 1e-5;
-        if !enough {
-            return Err(format!("row {r}: kept mass {} below p {p}", mass[r]).into());
+    // The default configuration (rows of 8192 stream) and the rows held in registers.
+    let resident = SearchConfig {
+        block: 8192,
+        group: 1,
+        num_warps: 16,
+        stream: false,
+    };
+    for cfg in [None, Some(resident)] {
+        let params = [ParamValues::PerRow(ps.clone())];
+        let mut plan = match cfg {
+            None => PrunePlan::new(dusk, &top_p::POLICY, &cand, 1, scale, &params)?,
+            Some(c) => PrunePlan::with_config(dusk, &top_p::POLICY, &cand, c, scale, &params)?,
+        };
+        plan.poison_outputs(dusk, 0xFF)?;
+        plan.run(dusk, &s)?;
+        dusk.device().synchronize()?;
+        let kept = kept_sets(&plan, &lens)?;
+        let mass = plan.kept_mass().download()?;
+        let label = if plan.config().stream {
+            "streamed"
+        } else {
+            "resident"
+        };
+        for r in 0..rows {
+            let w = softmax(&rows_s[r], scale as f64);
+            let oracle = top_p_oracle(&w, ps[r]);
+            let p = ps[r];
+            check_kept(&w, &kept[r], &oracle, |b, a| {
+                (b - p).abs() < 1e-5 || (a - p).abs() < 1e-5
+            })
+            .map_err(|e| format!("{label} row {r} (n {}, p {p}): {e}", lens[r]))?;
+            near_ties += (kept[r] != oracle) as usize;
+            let enough = mass[r] as f64 >= p.min(1.0) - 1e-5;
+            if !enough {
+                return Err(format!("{label} row {r}: kept mass {} below p {p}", mass[r]).into());
+            }
         }
     }
 
@@ -241,7 +252,7 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
     if flags != [1, 0] || !kept[0].iter().all(|k| *k) || kept[1] != oracle {
         return Err("NaN row handling".into());
     }
-    Ok((rows + groups + 2 * long.len(), near_ties))
+    Ok((2 * rows + groups + 2 * long.len(), near_ties))
 }
 
 pub fn run() -> Res<()> {
