@@ -119,7 +119,8 @@ pub struct SpgemvProblem<'d> {
     host_k: QuantizedRows,
     /// Candidate rows the check compares (up to 8, spread over the batch).
     sample: Vec<usize>,
-    /// Bytes a run must move: codes, scale, zero and index of each candidate, the scores.
+    /// Bytes a run must move: codes, scale and zero (f16) and index of each candidate, and
+    /// the scores.
     pub bytes: usize,
 }
 
@@ -166,7 +167,7 @@ impl<'d> SpgemvProblem<'d> {
         let row_bytes = shape.head_dim * shape.bits as usize / 8;
         let q_len = shape.batch * shape.num_q_heads * shape.head_dim;
         let nnz = cand.indices.len();
-        let bytes = nnz * (row_bytes + 4 + 4 + 4) + nnz * shape.group() * 4;
+        let bytes = nnz * (row_bytes + 4 + 4) + nnz * shape.group() * 4;
         let copies = (2 * L2_BYTES).div_ceil(bytes.max(1)).clamp(1, 8);
         let dev = dusk.device();
         let mut sets = vec![];

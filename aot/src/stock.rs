@@ -65,43 +65,74 @@ pub fn spgemv_kernel(cfg: &SpgemvConfig) -> Result<BundleKernel> {
     })
 }
 
-/// The kernels of the stock bundle, in manifest order.
-pub fn kernels() -> Result<Vec<BundleKernel>> {
-    let qcfg = QuantizeConfig::new(128, 4);
-    let mha = SpgemvConfig::new(128, 16, 1, 4);
-    let gqa = SpgemvConfig::new(128, 16, 4, 4);
-    let search = SearchConfig::for_rows(8192, 1);
-    let mut out = vec![
-        BundleKernel {
-            name: "quantize_k4_d128".into(),
-            family: "quantize_k".into(),
-            kernel: quantize::build(&qcfg)?,
-            inputs: vec![],
-            grid: [vec![factor("num_rows", qcfg.block_rows)], vec![], vec![]],
-            config: obj(json!({"head_dim": 128, "bits": 4, "block_rows": qcfg.block_rows})),
-        },
-        BundleKernel {
-            name: "spgemv_prepare_q_d128_b4".into(),
-            family: "spgemv_prepare_q".into(),
-            kernel: spgemv::build_prepare_q(&mha)?,
-            inputs: vec!["q_rows".into()],
-            grid: [vec![factor("q_rows", 1)], vec![], vec![]],
-            config: obj(json!({"head_dim": 128, "bits": 4})),
-        },
-    ];
-    out.push(spgemv_kernel(&mha)?);
-    out.push(spgemv_kernel(&gqa)?);
+fn quantize_kernel(head_dim: usize, bits: u32) -> Result<BundleKernel> {
+    let c = QuantizeConfig::new(head_dim, bits);
+    Ok(BundleKernel {
+        name: format!("quantize_k{bits}_d{head_dim}"),
+        family: "quantize_k".into(),
+        kernel: quantize::build(&c)?,
+        inputs: vec![],
+        grid: [vec![factor("num_rows", c.block_rows)], vec![], vec![]],
+        config: obj(json!({"head_dim": head_dim, "bits": bits, "block_rows": c.block_rows})),
+    })
+}
+
+fn prepare_q_kernel(head_dim: usize, bits: u32) -> Result<BundleKernel> {
+    Ok(BundleKernel {
+        name: format!("spgemv_prepare_q_d{head_dim}_b{bits}"),
+        family: "spgemv_prepare_q".into(),
+        kernel: spgemv::build_prepare_q(&SpgemvConfig::new(head_dim, 16, 1, bits))?,
+        inputs: vec!["q_rows".into()],
+        grid: [vec![factor("q_rows", 1)], vec![], vec![]],
+        config: obj(json!({"head_dim": head_dim, "bits": bits})),
+    })
+}
+
+fn search_kernel(search: &SearchConfig) -> Result<BundleKernel> {
     let policy = &top_p::POLICY;
-    out.push(BundleKernel {
-        name: threshold::search_name(policy, &search),
+    Ok(BundleKernel {
+        name: threshold::search_name(policy, search),
         family: "threshold_search".into(),
-        kernel: threshold::build(policy, &search)?,
+        kernel: threshold::build(policy, search)?,
         inputs: vec!["rows".into()],
         grid: [vec![factor("rows", 1)], vec![], vec![]],
         config: obj(json!({
             "policy": policy.name, "block": search.block, "group": search.group,
             "num_warps": search.num_warps, "stream": search.stream,
         })),
-    });
+    })
+}
+
+/// The kernels of the stock bundle, in manifest order.
+pub fn kernels() -> Result<Vec<BundleKernel>> {
+    Ok(vec![
+        quantize_kernel(128, 4)?,
+        prepare_q_kernel(128, 4)?,
+        spgemv_kernel(&SpgemvConfig::new(128, 16, 1, 4))?,
+        spgemv_kernel(&SpgemvConfig::new(128, 16, 4, 4))?,
+        search_kernel(&SearchConfig::for_rows(8192, 1))?,
+    ])
+}
+
+/// Every configuration of the stock families this crate can bundle: quantization and
+/// query preparation for head_dim 64, 128, 256 and 4 or 8 bits, every `spgemv_quant`
+/// specialisation, and the top-p search's defaults for rows of 1k to 8k candidates and
+/// streaming, for groups 1 and 4 (`dusk compile --all`).
+pub fn all_kernels() -> Result<Vec<BundleKernel>> {
+    let mut out = vec![];
+    for d in [64, 128, 256] {
+        for bits in [4, 8] {
+            out.push(quantize_kernel(d, bits)?);
+            out.push(prepare_q_kernel(d, bits)?);
+        }
+    }
+    for c in spgemv::specialised_configs() {
+        out.push(spgemv_kernel(&c)?);
+    }
+    for group in [1, 4] {
+        for len in [1024, 2048, 4096, 8192, 32768] {
+            out.push(search_kernel(&SearchConfig::for_rows(len, group))?);
+        }
+    }
     Ok(out)
 }

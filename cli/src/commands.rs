@@ -1,0 +1,573 @@
+//! The subcommands. Each returns an error to `main`, which prints it without a backtrace.
+
+use dusk_aot::bundle::{self, BundleKernel};
+use dusk_aot::space::Limits;
+use dusk_aot::spgemv_tune::{self, SpgemvProblem, SpgemvShape};
+use dusk_aot::stock;
+use dusk_aot::tune::{self, DeviceId, Status, TuneCache};
+use dusk_compiler::codegen::{compile_cached, compile_stages, Source, Target};
+use dusk_kernels::ops::Dusk;
+use dusk_runtime::{median, Device};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+pub type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+fn fail(msg: impl Into<String>) -> Box<dyn std::error::Error> {
+    msg.into().into()
+}
+
+fn parse_target(s: &str) -> Result<Target, String> {
+    Target::parse(s).ok_or_else(|| format!("unknown target `{s}`: use sm_90a, sm_90 or sm_80"))
+}
+
+/// The stock kernels named (all when `names` is empty), from the stock bundle's set or,
+/// with `all`, from every bundleable configuration.
+fn select(names: &[String], all: bool) -> Res<Vec<BundleKernel>> {
+    let all = if all {
+        stock::all_kernels()?
+    } else {
+        stock::kernels()?
+    };
+    if names.is_empty() {
+        return Ok(all);
+    }
+    names
+        .iter()
+        .map(|n| {
+            all.iter().find(|k| &k.name == n).cloned().ok_or_else(|| {
+                fail(format!(
+                    "no stock kernel `{n}`; `dusk list` shows them: {}",
+                    all.iter()
+                        .map(|k| k.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            })
+        })
+        .collect()
+}
+
+pub fn list(all: bool) -> Res {
+    println!("{:<44} {:<18} {:>7}  config", "name", "family", "threads");
+    for k in select(&[], all)? {
+        println!(
+            "{:<44} {:<18} {:>7}  {}",
+            k.name,
+            k.family,
+            k.kernel.num_threads(),
+            Value::Object(k.config.clone())
+        );
+    }
+    Ok(())
+}
+
+/// A stage of the compiler whose text `--emit` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Stage {
+    /// The tile IR as built.
+    Ir,
+    /// The IR after reduction fusion.
+    FusedIr,
+    /// The layout of every block value (elements per thread, threads, warps).
+    Layouts,
+    /// LLVM IR as lowered, before optimisation.
+    Llvm,
+    /// LLVM IR after the O3 pipeline.
+    LlvmOpt,
+    /// The PTX.
+    Ptx,
+}
+
+impl Stage {
+    fn ext(self) -> &'static str {
+        match self {
+            Stage::Ir => "ir",
+            Stage::FusedIr => "fused.ir",
+            Stage::Layouts => "layouts.txt",
+            Stage::Llvm => "ll",
+            Stage::LlvmOpt => "opt.ll",
+            Stage::Ptx => "ptx",
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct CompileArgs {
+    /// Stock kernels to compile (see `dusk list`); all of them when none is named.
+    kernels: Vec<String>,
+    /// GPU architecture: sm_90a (H100/H200, the default), sm_90 or sm_80 (A100).
+    #[arg(long, default_value = "sm_90a", value_parser = parse_target)]
+    target: Target,
+    /// The bundle directory to write.
+    #[arg(long, short, default_value_os_t = crate::default_out())]
+    out: PathBuf,
+    /// Also write these stages' text for each kernel to OUT/stages/<kernel>.<stage>
+    /// (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    emit: Vec<Stage>,
+    /// Choose from every bundleable configuration (`dusk list --all`), not only the stock
+    /// bundle's.
+    #[arg(long)]
+    all: bool,
+    /// Put the results of this tuning cache into the manifest (see `dusk tune`).
+    #[arg(long)]
+    tuning: Option<PathBuf>,
+}
+
+pub fn compile(a: CompileArgs) -> Res {
+    let t0 = Instant::now();
+    let kernels = select(&a.kernels, a.all)?;
+    let tuning = a.tuning.as_deref().map(TuneCache::open).transpose()?;
+    if !a.emit.is_empty() {
+        let dir = a.out.join("stages");
+        std::fs::create_dir_all(&dir).map_err(|e| fail(format!("{}: {e}", dir.display())))?;
+        for k in &kernels {
+            let stages = compile_stages(&k.kernel, &a.target)?;
+            for s in &a.emit {
+                let text = match s {
+                    Stage::Ir => &stages.ir,
+                    Stage::FusedIr => &stages.fused_ir,
+                    Stage::Layouts => &stages.layouts,
+                    Stage::Llvm => &stages.llvm_unoptimized,
+                    Stage::LlvmOpt => &stages.llvm_optimized,
+                    Stage::Ptx => &stages.ptx,
+                };
+                let path = dir.join(format!("{}.{}", k.name, s.ext()));
+                std::fs::write(&path, text)
+                    .map_err(|e| fail(format!("{}: {e}", path.display())))?;
+                println!("wrote {}", path.display());
+            }
+        }
+    }
+    let written = bundle::write(&a.out, &a.target, &kernels, tuning.as_ref())?;
+    for w in &written {
+        let how = match w.source {
+            Source::Compiled => "compiled",
+            Source::Disk => "from the disk cache",
+            Source::Memory => "from memory",
+        };
+        println!("  {:<44} {how}", w.name);
+    }
+    println!(
+        "bundle {} ({} kernels, {}) in {:.2} s",
+        a.out.display(),
+        written.len(),
+        a.target.arch_name(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+#[derive(clap::Args)]
+pub struct InspectArgs {
+    /// Stock kernels to inspect (see `dusk list`); all of them when none is named.
+    kernels: Vec<String>,
+    /// Choose from every bundleable configuration, not only the stock bundle's.
+    #[arg(long)]
+    all: bool,
+    /// GPU architecture ptxas assembles for.
+    #[arg(long, default_value = "sm_90a", value_parser = parse_target)]
+    target: Target,
+    /// Print the IR after each pass (as built, after fusion, the layouts).
+    #[arg(long)]
+    ir: bool,
+    /// The ptxas to run (else $DUSK_PTXAS, ptxas on the PATH, or the one of the PyPI
+    /// package nvidia-cuda-nvcc).
+    #[arg(long)]
+    ptxas: Option<PathBuf>,
+}
+
+fn find_ptxas(given: Option<PathBuf>) -> Option<PathBuf> {
+    if given.is_some() {
+        return given;
+    }
+    if let Some(p) = std::env::var_os("DUSK_PTXAS") {
+        return Some(p.into());
+    }
+    let run = |cmd: &str, args: &[&str]| {
+        Command::new(cmd)
+            .args(args)
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .filter(|s| !s.is_empty())
+    };
+    run("sh", &["-c", "command -v ptxas"])
+        .or_else(|| {
+            run(
+                "python3",
+                &[
+                    "-c",
+                    "import glob,site,os;r=site.getsitepackages()+[site.getusersitepackages()];\
+                     print(next((p for d in r for p in sorted(glob.glob(os.path.join(d,'nvidia','cu*','bin','ptxas')))),''))",
+                ],
+            )
+        })
+        .map(PathBuf::from)
+}
+
+/// ptxas's `-v` figures of one kernel.
+#[derive(Default)]
+struct PtxasInfo {
+    registers: Option<u64>,
+    smem: Option<u64>,
+    spill_stores: Option<u64>,
+    spill_loads: Option<u64>,
+}
+
+/// The number just before `unit` in `line` ("40 registers", "0 bytes smem").
+fn number_before(line: &str, unit: &str) -> Option<u64> {
+    let at = line.find(unit)?;
+    line[..at].split_whitespace().last()?.parse().ok()
+}
+
+fn ptxas_info(ptxas: &Path, ptx: &str, target: &Target, name: &str) -> Res<PtxasInfo> {
+    let file = std::env::temp_dir().join(format!("dusk-inspect-{}-{name}.ptx", std::process::id()));
+    std::fs::write(&file, ptx)?;
+    let out = Command::new(ptxas)
+        .arg(format!("-arch={}", target.arch_name()))
+        .args(["-v", "-o", "/dev/null"])
+        .arg(&file)
+        .output()
+        .map_err(|e| fail(format!("cannot run {}: {e}", ptxas.display())))?;
+    let _ = std::fs::remove_file(&file);
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(fail(format!("ptxas rejected {name}: {}", text.trim())));
+    }
+    let mut info = PtxasInfo::default();
+    for line in text.lines() {
+        info.registers = info.registers.or(number_before(line, "registers"));
+        info.smem = info.smem.or(number_before(line, "bytes smem"));
+        info.spill_stores = info
+            .spill_stores
+            .or(number_before(line, "bytes spill stores"));
+        info.spill_loads = info
+            .spill_loads
+            .or(number_before(line, "bytes spill loads"));
+    }
+    Ok(info)
+}
+
+pub fn inspect(a: InspectArgs) -> Res {
+    let kernels = select(&a.kernels, a.all)?;
+    let ptxas = find_ptxas(a.ptxas);
+    if ptxas.is_none() {
+        eprintln!(
+            "note: no ptxas found (set DUSK_PTXAS or `pip install nvidia-cuda-nvcc`): \
+             registers, shared memory and spills are not shown"
+        );
+    }
+    let show = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+    println!(
+        "{:<44} {:>7} {:>9} {:>10} {:>12} {:>11}",
+        "kernel", "threads", "registers", "smem bytes", "spill stores", "spill loads"
+    );
+    for k in &kernels {
+        if a.ir {
+            let s = compile_stages(&k.kernel, &a.target)?;
+            println!(
+                "==== {}: IR as built\n{}\n==== {}: IR after reduction fusion\n{}\n==== {}: layouts\n{}",
+                k.name, s.ir, k.name, s.fused_ir, k.name, s.layouts
+            );
+        }
+        let info = match &ptxas {
+            Some(p) => ptxas_info(
+                p,
+                &compile_cached(&k.kernel, &a.target)?.0,
+                &a.target,
+                &k.name,
+            )?,
+            None => PtxasInfo::default(),
+        };
+        println!(
+            "{:<44} {:>7} {:>9} {:>10} {:>12} {:>11}",
+            k.name,
+            k.kernel.num_threads(),
+            show(info.registers),
+            show(info.smem),
+            show(info.spill_stores),
+            show(info.spill_loads)
+        );
+    }
+    Ok(())
+}
+
+/// Kernel families the tuner knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Family {
+    /// The quantized SpGEMV (`spgemv_quant`): tokens per program, warps, occupancy
+    /// request, dp2a or tensor cores.
+    Spgemv,
+}
+
+/// `batch=32,heads=32/8,context=32768[,pages=0.25][,head_dim=128][,bits=4]`.
+fn parse_shape(s: &str) -> Result<SpgemvShape, String> {
+    let mut shape = SpgemvShape {
+        batch: 0,
+        num_q_heads: 0,
+        num_kv_heads: 0,
+        head_dim: 128,
+        context: 0,
+        bits: 4,
+        page_frac: 1.0,
+    };
+    let bad = |part: &str| {
+        format!("`{part}` in shape `{s}`: expected batch=N, heads=Q/KV, context=N, pages=F, head_dim=N or bits=N")
+    };
+    for part in s.split(',') {
+        let (k, v) = part.split_once('=').ok_or_else(|| bad(part))?;
+        let num = |v: &str| v.parse::<usize>().map_err(|_| bad(part));
+        match k.trim() {
+            "batch" => shape.batch = num(v)?,
+            "context" => shape.context = num(v)?,
+            "head_dim" => shape.head_dim = num(v)?,
+            "bits" => shape.bits = num(v)? as u32,
+            "pages" => shape.page_frac = v.parse().map_err(|_| bad(part))?,
+            "heads" => {
+                let (q, kv) = v.split_once('/').unwrap_or((v, v));
+                shape.num_q_heads = num(q)?;
+                shape.num_kv_heads = num(kv)?;
+            }
+            _ => return Err(bad(part)),
+        }
+    }
+    if shape.batch == 0 || shape.context == 0 || shape.num_kv_heads == 0 {
+        return Err(format!(
+            "shape `{s}` needs batch, heads and context (all above 0)"
+        ));
+    }
+    if !(shape.page_frac > 0.0 && shape.page_frac <= 1.0) {
+        return Err(format!(
+            "pages={} in `{s}`: a fraction in (0, 1]",
+            shape.page_frac
+        ));
+    }
+    Ok(shape)
+}
+
+#[derive(clap::Args)]
+pub struct TuneArgs {
+    /// The kernel family to tune.
+    #[arg(value_enum)]
+    family: Family,
+    /// A shape to tune for, repeatable: batch=32,heads=32/8,context=32768 with optional
+    /// pages=0.25 (fraction of pages that are candidates), head_dim=128, bits=4.
+    #[arg(long, required = true, value_parser = parse_shape)]
+    shape: Vec<SpgemvShape>,
+    /// The tuning cache (default: tuning.json in dusk's cache folder, $DUSK_CACHE_DIR).
+    #[arg(long)]
+    cache: Option<PathBuf>,
+    /// Tune again even when the cache has a result for the shape's bucket.
+    #[arg(long)]
+    force: bool,
+    /// Write the tuned-versus-default figures as a benchmark result file
+    /// (benches/results format, peer "default-config").
+    #[arg(long)]
+    results: Option<PathBuf>,
+    /// The commit to record in the results file.
+    #[arg(long)]
+    commit: Option<String>,
+    /// The date to record in the results file.
+    #[arg(long)]
+    date: Option<String>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn open_cache(path: Option<PathBuf>) -> Res<TuneCache> {
+    Ok(match path.or_else(TuneCache::default_path) {
+        Some(p) => TuneCache::open(&p)?,
+        None => TuneCache::in_memory(),
+    })
+}
+
+/// Device-to-device copy bandwidth (read + write), the yardstick of `frac_of_copy_bw`.
+fn copy_gbps(dev: &Device) -> Res<Option<f64>> {
+    if !dev.is_gpu() {
+        return Ok(None);
+    }
+    let n = 1usize << 30;
+    let src = dev.upload(&vec![0x5Au8; n])?;
+    let mut dst = dev.alloc::<u8>(n)?;
+    let t = dev.time_us(20, 3, || dst.copy_from(&src))?;
+    Ok(Some(2.0 * n as f64 / (median(&t) * 1e-6) / 1e9))
+}
+
+fn shape_json(s: &SpgemvShape) -> Value {
+    json!({
+        "batch": s.batch, "num_q_heads": s.num_q_heads, "num_kv_heads": s.num_kv_heads,
+        "head_dim": s.head_dim, "page_size": 16, "context": s.context, "bits": s.bits,
+        "candidate_pages_pct": (s.page_frac * 100.0).round() as u64,
+    })
+}
+
+fn print_record(rec: &tune::TuneRecord) {
+    for (i, t) in rec.trials.iter().enumerate() {
+        let mark = match (Some(i) == rec.best, i == rec.default) {
+            (true, true) => " <- best, default",
+            (true, false) => " <- best",
+            (false, true) => " (default)",
+            _ => "",
+        };
+        let what = match &t.status {
+            Status::Ok { us } => format!("{us:9.1} us"),
+            Status::Wrong { error } => format!("WRONG: {error}"),
+            Status::Failed { stage, error } => format!("failed at {stage}: {error}"),
+            Status::Pruned { reason } => format!("pruned: {reason}"),
+        };
+        println!("    {:<18} {what}{mark}", t.label);
+    }
+}
+
+pub fn tune(a: TuneArgs) -> Res {
+    let Family::Spgemv = a.family;
+    let dev = Device::best();
+    if !dev.is_gpu() {
+        eprintln!("note: no GPU; tuning on the CPU interpreter (slow; small shapes only)");
+    }
+    let dusk = Dusk::new(dev.clone())?;
+    let id = DeviceId::of(&dev);
+    let mut cache = open_cache(a.cache)?;
+    let copy = copy_gbps(&dev)?;
+    if let Some(c) = copy {
+        println!(
+            "{} (sm {}, driver {}); device copy {c:.0} GB/s",
+            id.name, id.compute_capability, id.driver
+        );
+    }
+    let mut cases = vec![];
+    for shape in &a.shape {
+        let (configs, pruned) = shape.space(&Limits::H100);
+        let key = shape.key().to_string();
+        println!(
+            "{} [{key}]: {} configs, {} pruned",
+            shape.case_name(),
+            configs.len(),
+            pruned.len()
+        );
+        let problem = SpgemvProblem::new(&dusk, *shape, 0x5eed)?;
+        let candidates = problem.candidates(&configs);
+        let ckey = TuneCache::key(&tune::space_hash(&candidates), &id, &key);
+        let rec = match cache.get(&ckey) {
+            Some(r) if !a.force => {
+                println!("  (from the tuning cache; --force tunes again)");
+                r.clone()
+            }
+            _ => {
+                let pruned = pruned
+                    .iter()
+                    .map(|(c, why)| {
+                        (
+                            spgemv_tune::label(c),
+                            stock::spgemv_config_json(c),
+                            why.clone(),
+                        )
+                    })
+                    .collect();
+                let rec = tune::run(&key, &id, candidates, pruned, !a.quiet);
+                cache.insert(ckey, rec.clone());
+                cache.save()?;
+                rec
+            }
+        };
+        print_record(&rec);
+        if let Some((default_us, best_us)) = rec.default_and_best_us() {
+            let gbps = problem.bytes as f64 / (best_us * 1e-6) / 1e9;
+            println!(
+                "  tuned {} {best_us:.1} us vs default {default_us:.1} us: {:.2}x",
+                rec.best_trial().map_or("", |t| t.label.as_str()),
+                default_us / best_us
+            );
+            cases.push(json!({
+                "case": shape.case_name(),
+                "shape": shape_json(shape),
+                "ours_us": best_us,
+                "peer": "default-config",
+                "peer_us": default_us,
+                "speedup_vs_peer": default_us / best_us,
+                "bytes": problem.bytes as u64,
+                "gbps": gbps,
+                "frac_of_copy_bw": copy.map(|c| gbps / c),
+                "tuned_config": rec.best_trial().map(|t| t.config.clone()),
+                "trials": rec.trials,
+            }));
+        } else {
+            println!("  no config both passed the check and was timed, or the default failed");
+        }
+    }
+    if let Some(path) = a.results {
+        let out = json!({
+            "device": id.name,
+            "driver": id.driver,
+            "commit": a.commit,
+            "date": a.date,
+            "copy_gbps": copy,
+            "cases": cases,
+        });
+        std::fs::write(&path, serde_json::to_string_pretty(&out)? + "\n")
+            .map_err(|e| fail(format!("{}: {e}", path.display())))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// The kernel family to time.
+    #[arg(value_enum)]
+    family: Family,
+    /// A shape, repeatable (as for `dusk tune`).
+    #[arg(long, required = true, value_parser = parse_shape)]
+    shape: Vec<SpgemvShape>,
+    /// The tuning cache to take tuned configs from.
+    #[arg(long)]
+    cache: Option<PathBuf>,
+}
+
+pub fn bench(a: BenchArgs) -> Res {
+    let Family::Spgemv = a.family;
+    let dev = Device::best();
+    let dusk = Dusk::new(dev.clone())?;
+    let id = DeviceId::of(&dev);
+    let cache = open_cache(a.cache)?;
+    let copy = copy_gbps(&dev)?;
+    println!(
+        "{} {}",
+        id.name,
+        copy.map_or(String::new(), |c| format!("(device copy {c:.0} GB/s)"))
+    );
+    for shape in &a.shape {
+        let (configs, _) = shape.space(&Limits::H100);
+        let key = shape.key().to_string();
+        let problem = SpgemvProblem::new(&dusk, *shape, 0x5eed)?;
+        let ckey = TuneCache::key(&tune::space_hash(&problem.candidates(&configs)), &id, &key);
+        // The default, and the cached best when it is another config.
+        let mut chosen = vec![configs[0]];
+        if let Some(best) = cache.get(&ckey).and_then(|r| r.best) {
+            if best != 0 && best < configs.len() {
+                chosen.push(configs[best]);
+            }
+        }
+        let rec = tune::run(&key, &id, problem.candidates(&chosen), vec![], false);
+        println!("{} [{key}]", shape.case_name());
+        for t in &rec.trials {
+            match &t.status {
+                Status::Ok { us } => {
+                    let gbps = problem.bytes as f64 / (us * 1e-6) / 1e9;
+                    let frac = copy.map_or(String::new(), |c| {
+                        format!(", {:.1}% of copy", 100.0 * gbps / c)
+                    });
+                    println!("    {:<18} {us:9.1} us  {gbps:6.0} GB/s{frac}", t.label);
+                }
+                other => println!("    {:<18} {other:?}", t.label),
+            }
+        }
+    }
+    Ok(())
+}
