@@ -9,7 +9,8 @@
 //!   drops configs that cannot fit before compiling, and the tuning key that buckets shapes.
 //! - [`tune`]: the tuner: every surviving config checked against the reference before it
 //!   is timed, results kept in a persistent cache.
-//! - [`spgemv_tune`]: `spgemv_quant` as a tuning problem (inputs, reference, candidates).
+//! - [`spgemv_tune`], [`search_tune`]: `spgemv_quant` and the top-p threshold search as
+//!   tuning problems (inputs, reference, candidates).
 //!
 //! Writing the stock bundle and reading it back:
 //!
@@ -25,6 +26,7 @@
 //! ```
 
 pub mod bundle;
+pub mod search_tune;
 pub mod space;
 pub mod spgemv_tune;
 pub mod stock;

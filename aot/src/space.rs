@@ -119,11 +119,21 @@ pub fn spgemv_fit(c: &SpgemvConfig) -> Fit {
 }
 
 /// The threshold search's space for rows of up to `max_len` candidates: blocks (powers of
-/// two from the row length up to [`MAX_BLOCK`]) times 4, 8 or 16 warps, the default first.
+/// two from the row length up to [`MAX_BLOCK`]) times 4, 8 or 16 warps, or for longer rows
+/// the streaming search on 4, 8 or 16 warps; the default first.
 pub fn search(max_len: usize, group: usize) -> Vec<SearchConfig> {
     let default = SearchConfig::for_rows(max_len, group);
     let mut out = vec![default];
     if default.stream {
+        for num_warps in [4, 8, 16] {
+            let c = SearchConfig {
+                num_warps,
+                ..default
+            };
+            if !out.contains(&c) {
+                out.push(c);
+            }
+        }
         return out;
     }
     let mut block = max_len.next_power_of_two().max(MIN_BLOCK);

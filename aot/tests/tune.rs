@@ -174,3 +174,23 @@ fn spgemv_tunes_on_the_interpreter_and_the_cache_round_trips() {
     assert_eq!(again.results_for(&rec.trials[0].ir_hash).len(), 1);
     let _ = std::fs::remove_file(&path);
 }
+
+#[test]
+fn top_p_search_tunes_on_the_interpreter_with_pruning() {
+    use dusk_aot::search_tune::{SearchProblem, SearchShape};
+    let dusk = Dusk::new(Device::cpu()).unwrap();
+    let shape = SearchShape {
+        rows: 2,
+        len: 1500,
+        p: 0.9,
+    };
+    let (configs, pruned) = shape.space(&Limits::H100);
+    // 8192 candidates on 4 warps would need 64 a thread: dropped before compiling.
+    assert!(pruned.iter().any(|(c, _)| c.block == 8192 && c.num_warps == 4));
+    let problem = SearchProblem::new(&dusk, shape, 3).unwrap();
+    let dev = DeviceId::of(dusk.device());
+    let rec = tune::run("search", &dev, problem.candidates(&configs[..2]), vec![], false);
+    for t in &rec.trials {
+        assert!(matches!(t.status, Status::Ok { .. }), "{t:?}");
+    }
+}

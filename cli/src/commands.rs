@@ -1,6 +1,7 @@
 //! The subcommands. Each returns an error to `main`, which prints it without a backtrace.
 
 use dusk_aot::bundle::{self, BundleKernel};
+use dusk_aot::search_tune::{self, SearchProblem, SearchShape};
 use dusk_aot::space::Limits;
 use dusk_aot::spgemv_tune::{self, SpgemvProblem, SpgemvShape};
 use dusk_aot::stock;
@@ -301,12 +302,20 @@ pub fn inspect(a: InspectArgs) -> Res {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Family {
     /// The quantized SpGEMV (`spgemv_quant`): tokens per program, warps, occupancy
-    /// request, dp2a or tensor cores.
+    /// request, dp2a or tensor cores. Shapes: batch=32,heads=32/8,context=32768 with
+    /// optional pages=0.25 (fraction of pages that are candidates), head_dim=128, bits=4.
     Spgemv,
+    /// The fused top-p threshold search: candidates held per program, warps. Shapes:
+    /// rows=2048,len=8192 with optional p=0.9.
+    Search,
+}
+
+fn bad_part(s: &str, part: &str, expected: &str) -> String {
+    format!("`{part}` in shape `{s}`: expected {expected}")
 }
 
 /// `batch=32,heads=32/8,context=32768[,pages=0.25][,head_dim=128][,bits=4]`.
-fn parse_shape(s: &str) -> Result<SpgemvShape, String> {
+fn parse_spgemv(s: &str) -> Result<SpgemvShape, String> {
     let mut shape = SpgemvShape {
         batch: 0,
         num_q_heads: 0,
@@ -316,24 +325,23 @@ fn parse_shape(s: &str) -> Result<SpgemvShape, String> {
         bits: 4,
         page_frac: 1.0,
     };
-    let bad = |part: &str| {
-        format!("`{part}` in shape `{s}`: expected batch=N, heads=Q/KV, context=N, pages=F, head_dim=N or bits=N")
-    };
+    let expected = "batch=N, heads=Q/KV, context=N, pages=F, head_dim=N or bits=N";
     for part in s.split(',') {
-        let (k, v) = part.split_once('=').ok_or_else(|| bad(part))?;
-        let num = |v: &str| v.parse::<usize>().map_err(|_| bad(part));
+        let bad = || bad_part(s, part, expected);
+        let (k, v) = part.split_once('=').ok_or_else(bad)?;
+        let num = |v: &str| v.parse::<usize>().map_err(|_| bad());
         match k.trim() {
             "batch" => shape.batch = num(v)?,
             "context" => shape.context = num(v)?,
             "head_dim" => shape.head_dim = num(v)?,
             "bits" => shape.bits = num(v)? as u32,
-            "pages" => shape.page_frac = v.parse().map_err(|_| bad(part))?,
+            "pages" => shape.page_frac = v.parse().map_err(|_| bad())?,
             "heads" => {
                 let (q, kv) = v.split_once('/').unwrap_or((v, v));
                 shape.num_q_heads = num(q)?;
                 shape.num_kv_heads = num(kv)?;
             }
-            _ => return Err(bad(part)),
+            _ => return Err(bad()),
         }
     }
     if shape.batch == 0 || shape.context == 0 || shape.num_kv_heads == 0 {
@@ -350,15 +358,39 @@ fn parse_shape(s: &str) -> Result<SpgemvShape, String> {
     Ok(shape)
 }
 
+/// `rows=2048,len=8192[,p=0.9]`.
+fn parse_search(s: &str) -> Result<SearchShape, String> {
+    let mut shape = SearchShape {
+        rows: 0,
+        len: 0,
+        p: 0.9,
+    };
+    for part in s.split(',') {
+        let bad = || bad_part(s, part, "rows=N, len=N or p=F");
+        let (k, v) = part.split_once('=').ok_or_else(bad)?;
+        match k.trim() {
+            "rows" => shape.rows = v.parse().map_err(|_| bad())?,
+            "len" => shape.len = v.parse().map_err(|_| bad())?,
+            "p" => shape.p = v.parse().map_err(|_| bad())?,
+            _ => return Err(bad()),
+        }
+    }
+    if shape.rows == 0 || shape.len == 0 || !(shape.p > 0.0 && shape.p <= 1.0) {
+        return Err(format!(
+            "shape `{s}` needs rows and len above 0 and p in (0, 1]"
+        ));
+    }
+    Ok(shape)
+}
+
 #[derive(clap::Args)]
 pub struct TuneArgs {
     /// The kernel family to tune.
     #[arg(value_enum)]
     family: Family,
-    /// A shape to tune for, repeatable: batch=32,heads=32/8,context=32768 with optional
-    /// pages=0.25 (fraction of pages that are candidates), head_dim=128, bits=4.
-    #[arg(long, required = true, value_parser = parse_shape)]
-    shape: Vec<SpgemvShape>,
+    /// A shape to tune for, repeatable; its fields depend on the family (see above).
+    #[arg(long, required = true)]
+    shape: Vec<String>,
     /// The tuning cache (default: tuning.json in dusk's cache folder, $DUSK_CACHE_DIR).
     #[arg(long)]
     cache: Option<PathBuf>,
@@ -399,7 +431,7 @@ fn copy_gbps(dev: &Device) -> Res<Option<f64>> {
     Ok(Some(2.0 * n as f64 / (median(&t) * 1e-6) / 1e9))
 }
 
-fn shape_json(s: &SpgemvShape) -> Value {
+fn spgemv_shape_json(s: &SpgemvShape) -> Value {
     json!({
         "batch": s.batch, "num_q_heads": s.num_q_heads, "num_kv_heads": s.num_kv_heads,
         "head_dim": s.head_dim, "page_size": 16, "context": s.context, "bits": s.bits,
@@ -425,90 +457,156 @@ fn print_record(rec: &tune::TuneRecord) {
     }
 }
 
+/// What `tune` shares across families.
+struct Session<'a> {
+    id: DeviceId,
+    cache: &'a mut TuneCache,
+    copy: Option<f64>,
+    force: bool,
+    progress: bool,
+    cases: Vec<Value>,
+}
+
+/// One shape: a space of candidates tuned (or read from the cache), printed, and added to
+/// the results.
+struct Case<'c> {
+    name: String,
+    key: String,
+    shape: Value,
+    bytes: usize,
+    candidates: Vec<Box<dyn tune::Candidate + 'c>>,
+    pruned: Vec<(String, Value, String)>,
+}
+
+impl Session<'_> {
+    fn tune(&mut self, c: Case<'_>) -> Res {
+        println!(
+            "{} [{}]: {} configs, {} pruned",
+            c.name,
+            c.key,
+            c.candidates.len(),
+            c.pruned.len()
+        );
+        let ckey = TuneCache::key(&tune::space_hash(&c.candidates), &self.id, &c.key);
+        let rec = match self.cache.get(&ckey) {
+            Some(r) if !self.force => {
+                println!("  (from the tuning cache; --force tunes again)");
+                r.clone()
+            }
+            _ => {
+                let rec = tune::run(&c.key, &self.id, c.candidates, c.pruned, self.progress);
+                self.cache.insert(ckey, rec.clone());
+                self.cache.save()?;
+                rec
+            }
+        };
+        print_record(&rec);
+        let Some((default_us, best_us)) = rec.default_and_best_us() else {
+            println!("  the default config or every config failed: no comparison");
+            return Ok(());
+        };
+        let gbps = c.bytes as f64 / (best_us * 1e-6) / 1e9;
+        println!(
+            "  tuned {} {best_us:.1} us vs default {default_us:.1} us: {:.2}x",
+            rec.best_trial().map_or("", |t| t.label.as_str()),
+            default_us / best_us
+        );
+        self.cases.push(json!({
+            "case": c.name,
+            "shape": c.shape,
+            "ours_us": best_us,
+            "peer": "default-config",
+            "peer_us": default_us,
+            "speedup_vs_peer": default_us / best_us,
+            "bytes": c.bytes as u64,
+            "gbps": gbps,
+            "frac_of_copy_bw": self.copy.map(|x| gbps / x),
+            "tuned_config": rec.best_trial().map(|t| t.label.clone()),
+            "trials": rec.trials,
+        }));
+        Ok(())
+    }
+}
+
 pub fn tune(a: TuneArgs) -> Res {
-    let Family::Spgemv = a.family;
     let dev = Device::best();
     if !dev.is_gpu() {
         eprintln!("note: no GPU; tuning on the CPU interpreter (slow; small shapes only)");
     }
     let dusk = Dusk::new(dev.clone())?;
-    let id = DeviceId::of(&dev);
     let mut cache = open_cache(a.cache)?;
     let copy = copy_gbps(&dev)?;
+    let mut s = Session {
+        id: DeviceId::of(&dev),
+        cache: &mut cache,
+        copy,
+        force: a.force,
+        progress: !a.quiet,
+        cases: vec![],
+    };
     if let Some(c) = copy {
         println!(
             "{} (sm {}, driver {}); device copy {c:.0} GB/s",
-            id.name, id.compute_capability, id.driver
+            s.id.name, s.id.compute_capability, s.id.driver
         );
     }
-    let mut cases = vec![];
-    for shape in &a.shape {
-        let (configs, pruned) = shape.space(&Limits::H100);
-        let key = shape.key().to_string();
-        println!(
-            "{} [{key}]: {} configs, {} pruned",
-            shape.case_name(),
-            configs.len(),
-            pruned.len()
-        );
-        let problem = SpgemvProblem::new(&dusk, *shape, 0x5eed)?;
-        let candidates = problem.candidates(&configs);
-        let ckey = TuneCache::key(&tune::space_hash(&candidates), &id, &key);
-        let rec = match cache.get(&ckey) {
-            Some(r) if !a.force => {
-                println!("  (from the tuning cache; --force tunes again)");
-                r.clone()
+    for text in &a.shape {
+        match a.family {
+            Family::Spgemv => {
+                let shape = parse_spgemv(text)?;
+                let (configs, pruned) = shape.space(&Limits::H100);
+                let problem = SpgemvProblem::new(&dusk, shape, 0x5eed)?;
+                s.tune(Case {
+                    name: shape.case_name(),
+                    key: shape.key().to_string(),
+                    shape: spgemv_shape_json(&shape),
+                    bytes: problem.bytes,
+                    candidates: problem.candidates(&configs),
+                    pruned: pruned
+                        .iter()
+                        .map(|(c, why)| {
+                            (
+                                spgemv_tune::label(c),
+                                stock::spgemv_config_json(c),
+                                why.clone(),
+                            )
+                        })
+                        .collect(),
+                })?;
             }
-            _ => {
-                let pruned = pruned
-                    .iter()
-                    .map(|(c, why)| {
-                        (
-                            spgemv_tune::label(c),
-                            stock::spgemv_config_json(c),
-                            why.clone(),
-                        )
-                    })
-                    .collect();
-                let rec = tune::run(&key, &id, candidates, pruned, !a.quiet);
-                cache.insert(ckey, rec.clone());
-                cache.save()?;
-                rec
+            Family::Search => {
+                let shape = parse_search(text)?;
+                let (configs, pruned) = shape.space(&Limits::H100);
+                let problem = SearchProblem::new(&dusk, shape, 0x5eed)?;
+                s.tune(Case {
+                    name: shape.case_name(),
+                    key: shape.key().to_string(),
+                    shape: json!({"rows": shape.rows, "candidates": shape.len, "p": shape.p}),
+                    bytes: shape.bytes(),
+                    candidates: problem.candidates(&configs),
+                    pruned: pruned
+                        .iter()
+                        .map(|(c, why)| {
+                            (
+                                search_tune::label(c),
+                                search_tune::config_json(c),
+                                why.clone(),
+                            )
+                        })
+                        .collect(),
+                })?;
             }
-        };
-        print_record(&rec);
-        if let Some((default_us, best_us)) = rec.default_and_best_us() {
-            let gbps = problem.bytes as f64 / (best_us * 1e-6) / 1e9;
-            println!(
-                "  tuned {} {best_us:.1} us vs default {default_us:.1} us: {:.2}x",
-                rec.best_trial().map_or("", |t| t.label.as_str()),
-                default_us / best_us
-            );
-            cases.push(json!({
-                "case": shape.case_name(),
-                "shape": shape_json(shape),
-                "ours_us": best_us,
-                "peer": "default-config",
-                "peer_us": default_us,
-                "speedup_vs_peer": default_us / best_us,
-                "bytes": problem.bytes as u64,
-                "gbps": gbps,
-                "frac_of_copy_bw": copy.map(|c| gbps / c),
-                "tuned_config": rec.best_trial().map(|t| t.config.clone()),
-                "trials": rec.trials,
-            }));
-        } else {
-            println!("  no config both passed the check and was timed, or the default failed");
         }
     }
     if let Some(path) = a.results {
         let out = json!({
-            "device": id.name,
-            "driver": id.driver,
+            "device": s.id.name,
+            "driver": s.id.driver,
             "commit": a.commit,
             "date": a.date,
             "copy_gbps": copy,
-            "cases": cases,
+            "command": std::env::args().collect::<Vec<_>>().join(" "),
+            "cases": s.cases,
         });
         std::fs::write(&path, serde_json::to_string_pretty(&out)? + "\n")
             .map_err(|e| fail(format!("{}: {e}", path.display())))?;
@@ -523,15 +621,55 @@ pub struct BenchArgs {
     #[arg(value_enum)]
     family: Family,
     /// A shape, repeatable (as for `dusk tune`).
-    #[arg(long, required = true, value_parser = parse_shape)]
-    shape: Vec<SpgemvShape>,
+    #[arg(long, required = true)]
+    shape: Vec<String>,
     /// The tuning cache to take tuned configs from.
     #[arg(long)]
     cache: Option<PathBuf>,
 }
 
+/// Times the default (first) config and the cached best, checking both first.
+fn bench_case(
+    id: &DeviceId,
+    cache: &TuneCache,
+    copy: Option<f64>,
+    name: &str,
+    key: &str,
+    bytes: usize,
+    all: Vec<Box<dyn tune::Candidate + '_>>,
+) {
+    let ckey = TuneCache::key(&tune::space_hash(&all), id, key);
+    let best = cache.get(&ckey).and_then(|r| r.best).filter(|b| *b != 0);
+    let chosen: Vec<_> = all
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| *i == 0 || Some(*i) == best)
+        .map(|(_, c)| c)
+        .collect();
+    let rec = tune::run(key, id, chosen, vec![], false);
+    println!(
+        "{name} [{key}]{}",
+        if best.is_some() {
+            ""
+        } else {
+            " (no tuned config cached)"
+        }
+    );
+    for t in &rec.trials {
+        match &t.status {
+            Status::Ok { us } => {
+                let gbps = bytes as f64 / (us * 1e-6) / 1e9;
+                let frac = copy.map_or(String::new(), |c| {
+                    format!(", {:.1}% of copy", 100.0 * gbps / c)
+                });
+                println!("    {:<18} {us:9.1} us  {gbps:6.0} GB/s{frac}", t.label);
+            }
+            other => println!("    {:<18} {other:?}", t.label),
+        }
+    }
+}
+
 pub fn bench(a: BenchArgs) -> Res {
-    let Family::Spgemv = a.family;
     let dev = Device::best();
     let dusk = Dusk::new(dev.clone())?;
     let id = DeviceId::of(&dev);
@@ -542,30 +680,37 @@ pub fn bench(a: BenchArgs) -> Res {
         id.name,
         copy.map_or(String::new(), |c| format!("(device copy {c:.0} GB/s)"))
     );
-    for shape in &a.shape {
-        let (configs, _) = shape.space(&Limits::H100);
-        let key = shape.key().to_string();
-        let problem = SpgemvProblem::new(&dusk, *shape, 0x5eed)?;
-        let ckey = TuneCache::key(&tune::space_hash(&problem.candidates(&configs)), &id, &key);
-        // The default, and the cached best when it is another config.
-        let mut chosen = vec![configs[0]];
-        if let Some(best) = cache.get(&ckey).and_then(|r| r.best) {
-            if best != 0 && best < configs.len() {
-                chosen.push(configs[best]);
+    for text in &a.shape {
+        match a.family {
+            Family::Spgemv => {
+                let shape = parse_spgemv(text)?;
+                let (configs, _) = shape.space(&Limits::H100);
+                let problem = SpgemvProblem::new(&dusk, shape, 0x5eed)?;
+                let key = shape.key().to_string();
+                bench_case(
+                    &id,
+                    &cache,
+                    copy,
+                    &shape.case_name(),
+                    &key,
+                    problem.bytes,
+                    problem.candidates(&configs),
+                );
             }
-        }
-        let rec = tune::run(&key, &id, problem.candidates(&chosen), vec![], false);
-        println!("{} [{key}]", shape.case_name());
-        for t in &rec.trials {
-            match &t.status {
-                Status::Ok { us } => {
-                    let gbps = problem.bytes as f64 / (us * 1e-6) / 1e9;
-                    let frac = copy.map_or(String::new(), |c| {
-                        format!(", {:.1}% of copy", 100.0 * gbps / c)
-                    });
-                    println!("    {:<18} {us:9.1} us  {gbps:6.0} GB/s{frac}", t.label);
-                }
-                other => println!("    {:<18} {other:?}", t.label),
+            Family::Search => {
+                let shape = parse_search(text)?;
+                let (configs, _) = shape.space(&Limits::H100);
+                let problem = SearchProblem::new(&dusk, shape, 0x5eed)?;
+                let key = shape.key().to_string();
+                bench_case(
+                    &id,
+                    &cache,
+                    copy,
+                    &shape.case_name(),
+                    &key,
+                    shape.bytes(),
+                    problem.candidates(&configs),
+                );
             }
         }
     }
