@@ -9,8 +9,9 @@
 //!   drops configs that cannot fit before compiling, and the tuning key that buckets shapes.
 //! - [`tune`]: the tuner: every surviving config checked against the reference before it
 //!   is timed, results kept in a persistent cache.
-//! - [`spgemv_tune`], [`search_tune`]: `spgemv_quant` and the top-p threshold search as
-//!   tuning problems (inputs, reference, candidates).
+//! - [`spgemv_tune`], [`search_tune`], [`attention_tune`]: `spgemv_quant`, the top-p
+//!   threshold search and dense paged decode attention as tuning problems (inputs,
+//!   reference, candidates).
 //!
 //! Writing the stock bundle and reading it back:
 //!
@@ -25,6 +26,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod attention_tune;
 pub mod bundle;
 pub mod search_tune;
 pub mod space;

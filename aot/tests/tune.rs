@@ -186,10 +186,41 @@ fn top_p_search_tunes_on_the_interpreter_with_pruning() {
     };
     let (configs, pruned) = shape.space(&Limits::H100);
     // 8192 candidates on 4 warps would need 64 a thread: dropped before compiling.
-    assert!(pruned.iter().any(|(c, _)| c.block == 8192 && c.num_warps == 4));
+    assert!(pruned
+        .iter()
+        .any(|(c, _)| c.block == 8192 && c.num_warps == 4));
     let problem = SearchProblem::new(&dusk, shape, 3).unwrap();
     let dev = DeviceId::of(dusk.device());
-    let rec = tune::run("search", &dev, problem.candidates(&configs[..2]), vec![], false);
+    let rec = tune::run(
+        "search",
+        &dev,
+        problem.candidates(&configs[..2]),
+        vec![],
+        false,
+    );
+    for t in &rec.trials {
+        assert!(matches!(t.status, Status::Ok { .. }), "{t:?}");
+    }
+}
+
+#[test]
+fn dense_attention_tunes_on_the_interpreter() {
+    use dusk_aot::attention_tune::{AttentionProblem, AttentionShape};
+    let dusk = Dusk::new(Device::cpu()).unwrap();
+    let shape = AttentionShape {
+        batch: 1,
+        num_q_heads: 4,
+        num_kv_heads: 2,
+        head_dim: 128,
+        context: 100,
+    };
+    let (configs, pruned) = shape.space(&Limits::H100, 132);
+    assert!(configs.len() >= 8);
+    // 32 tokens a step on 4 warps with two tiles prefetched cannot fit with group 2.
+    assert!(pruned.is_empty() || pruned.iter().all(|(t, _)| t.block_tokens == 32));
+    let problem = AttentionProblem::new(&dusk, shape, 5).unwrap();
+    let dev = DeviceId::of(dusk.device());
+    let rec = tune::run("attention", &dev, problem.candidates(&configs[..2]), vec![], false);
     for t in &rec.trials {
         assert!(matches!(t.status, Status::Ok { .. }), "{t:?}");
     }

@@ -1,5 +1,6 @@
 //! The subcommands. Each returns an error to `main`, which prints it without a backtrace.
 
+use dusk_aot::attention_tune::{self, AttentionProblem, AttentionShape};
 use dusk_aot::bundle::{self, BundleKernel};
 use dusk_aot::search_tune::{self, SearchProblem, SearchShape};
 use dusk_aot::space::Limits;
@@ -308,6 +309,10 @@ pub enum Family {
     /// The fused top-p threshold search: candidates held per program, warps. Shapes:
     /// rows=2048,len=8192 with optional p=0.9.
     Search,
+    /// Dense paged decode attention (split and merge): tokens a step, warps, tiles
+    /// prefetched, chunk size. Shapes: batch=8,heads=32/8,context=32768 with optional
+    /// head_dim=128.
+    Attention,
 }
 
 fn bad_part(s: &str, part: &str, expected: &str) -> String {
@@ -356,6 +361,23 @@ fn parse_spgemv(s: &str) -> Result<SpgemvShape, String> {
         ));
     }
     Ok(shape)
+}
+
+/// `batch=8,heads=32/8,context=32768[,head_dim=128]`: the SpGEMV fields that apply.
+fn parse_attention(s: &str) -> Result<AttentionShape, String> {
+    if s.contains("pages=") || s.contains("bits=") {
+        return Err(format!(
+            "shape `{s}`: attention takes batch, heads, context, head_dim"
+        ));
+    }
+    let x = parse_spgemv(s)?;
+    Ok(AttentionShape {
+        batch: x.batch,
+        num_q_heads: x.num_q_heads,
+        num_kv_heads: x.num_kv_heads,
+        head_dim: x.head_dim,
+        context: x.context,
+    })
 }
 
 /// `rows=2048,len=8192[,p=0.9]`.
@@ -534,6 +556,7 @@ pub fn tune(a: TuneArgs) -> Res {
         eprintln!("note: no GPU; tuning on the CPU interpreter (slow; small shapes only)");
     }
     let dusk = Dusk::new(dev.clone())?;
+    let num_sms = dev.num_sms().unwrap_or(132) as usize;
     let mut cache = open_cache(a.cache)?;
     let copy = copy_gbps(&dev)?;
     let mut s = Session {
@@ -568,6 +591,32 @@ pub fn tune(a: TuneArgs) -> Res {
                             (
                                 spgemv_tune::label(c),
                                 stock::spgemv_config_json(c),
+                                why.clone(),
+                            )
+                        })
+                        .collect(),
+                })?;
+            }
+            Family::Attention => {
+                let shape = parse_attention(text)?;
+                let (configs, pruned) = shape.space(&Limits::H100, num_sms);
+                let problem = AttentionProblem::new(&dusk, shape, 0x5eed)?;
+                s.tune(Case {
+                    name: shape.case_name(),
+                    key: shape.key().to_string(),
+                    shape: json!({
+                        "batch": shape.batch, "num_q_heads": shape.num_q_heads,
+                        "num_kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim,
+                        "page_size": 16, "context": shape.context,
+                    }),
+                    bytes: shape.bytes(),
+                    candidates: problem.candidates(&configs),
+                    pruned: pruned
+                        .iter()
+                        .map(|(c, why)| {
+                            (
+                                attention_tune::label(c),
+                                attention_tune::config_json(c),
                                 why.clone(),
                             )
                         })
@@ -694,6 +743,22 @@ pub fn bench(a: BenchArgs) -> Res {
                     &shape.case_name(),
                     &key,
                     problem.bytes,
+                    problem.candidates(&configs),
+                );
+            }
+            Family::Attention => {
+                let shape = parse_attention(text)?;
+                let (configs, _) =
+                    shape.space(&Limits::H100, dev.num_sms().unwrap_or(132) as usize);
+                let problem = AttentionProblem::new(&dusk, shape, 0x5eed)?;
+                let key = shape.key().to_string();
+                bench_case(
+                    &id,
+                    &cache,
+                    copy,
+                    &shape.case_name(),
+                    &key,
+                    shape.bytes(),
                     problem.candidates(&configs),
                 );
             }
