@@ -220,7 +220,13 @@ fn dense_attention_tunes_on_the_interpreter() {
     assert!(pruned.is_empty() || pruned.iter().all(|(t, _)| t.block_tokens == 32));
     let problem = AttentionProblem::new(&dusk, shape, 5).unwrap();
     let dev = DeviceId::of(dusk.device());
-    let rec = tune::run("attention", &dev, problem.candidates(&configs[..2]), vec![], false);
+    let rec = tune::run(
+        "attention",
+        &dev,
+        problem.candidates(&configs[..2]),
+        vec![],
+        false,
+    );
     for t in &rec.trials {
         assert!(matches!(t.status, Status::Ok { .. }), "{t:?}");
     }
