@@ -290,7 +290,25 @@ impl Candidate for AttentionCandidate<'_> {
         config_json(&self.tuning)
     }
 
-    fn prepare(&mut self) -> Result<String, String> {
+    fn kernel_hash(&self) -> Result<String, String> {
+        let t = self.tuning;
+        let split = attention::build_split(&SplitConfig {
+            head_dim: self.problem.shape.head_dim,
+            page_size: 16,
+            group: self.problem.shape.group(),
+            dtype: DType::F16,
+            source: TokenSource::Dense,
+            block_tokens: t.block_tokens,
+            num_warps: t.num_warps,
+            vector_bytes: t.vector_bytes,
+            prefetch: t.prefetch,
+            min_programs_per_sm: t.min_programs_per_sm,
+        })
+        .map_err(|e| e.to_string())?;
+        Ok(ir_hash(&split))
+    }
+
+    fn prepare(&mut self) -> Result<(), String> {
         let p = self.problem;
         let e = |e: dusk_kernels::DuskError| e.to_string();
         let t = self.tuning;
@@ -308,20 +326,7 @@ impl Candidate for AttentionCandidate<'_> {
             out,
             lse,
         });
-        let split = attention::build_split(&SplitConfig {
-            head_dim: p.shape.head_dim,
-            page_size: 16,
-            group: p.shape.group(),
-            dtype: DType::F16,
-            source: TokenSource::Dense,
-            block_tokens: t.block_tokens,
-            num_warps: t.num_warps,
-            vector_bytes: t.vector_bytes,
-            prefetch: t.prefetch,
-            min_programs_per_sm: t.min_programs_per_sm,
-        })
-        .map_err(|e| e.to_string())?;
-        Ok(ir_hash(&split))
+        Ok(())
     }
 
     fn check(&mut self) -> Result<(), Rejection> {

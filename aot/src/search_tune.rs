@@ -153,15 +153,19 @@ impl Candidate for SearchCandidate<'_> {
         config_json(&self.cfg)
     }
 
-    fn prepare(&mut self) -> Result<String, String> {
+    fn kernel_hash(&self) -> Result<String, String> {
+        let ir = threshold::build(&top_p::POLICY, &self.cfg).map_err(|e| e.to_string())?;
+        Ok(ir_hash(&ir))
+    }
+
+    fn prepare(&mut self) -> Result<(), String> {
         let p = self.problem;
         let params = [ParamValues::Uniform(p.shape.p)];
         let plan =
             PrunePlan::with_config(p.dusk, &top_p::POLICY, &p.cand, self.cfg, SCALE, &params)
                 .map_err(|e| e.to_string())?;
         self.plan = Some(plan);
-        let ir = threshold::build(&top_p::POLICY, &self.cfg).map_err(|e| e.to_string())?;
-        Ok(ir_hash(&ir))
+        Ok(())
     }
 
     fn check(&mut self) -> Result<(), Rejection> {

@@ -4,7 +4,7 @@
 
 use crate::space::{self, Limits, TuneKey};
 use crate::stock::{spgemv_config_json, spgemv_name};
-use crate::tune::{Candidate, Rejection};
+use crate::tune::{space_hash_of, Candidate, DeviceId, Rejection, TuneCache};
 use crate::Result;
 use dusk_kernels::ops::{Dusk, QuantizedK, SpgemvPlan};
 use dusk_kernels::paged::{KvShape, PageTable, TokenLists};
@@ -81,6 +81,36 @@ impl SpgemvShape {
         )
     }
 
+    /// The tuned config of this shape's bucket on `dev`, when `cache` holds one: what an
+    /// engine passes to `SpgemvPlan::with_config`.
+    ///
+    /// ```
+    /// use dusk_aot::space::Limits;
+    /// use dusk_aot::spgemv_tune::SpgemvShape;
+    /// use dusk_aot::tune::{DeviceId, TuneCache};
+    /// let shape = SpgemvShape { batch: 32, num_q_heads: 32, num_kv_heads: 8, head_dim: 128,
+    ///                           context: 32768, bits: 4, page_frac: 1.0 };
+    /// let dev = DeviceId::of(&dusk_runtime::Device::cpu());
+    /// let cfg = shape.tuned(&TuneCache::in_memory(), &dev, &Limits::H100);
+    /// assert_eq!(cfg, None); // nothing tuned yet: the plan keeps its default
+    /// ```
+    pub fn tuned(
+        &self,
+        cache: &TuneCache,
+        dev: &DeviceId,
+        limits: &Limits,
+    ) -> Option<SpgemvConfig> {
+        let (configs, _) = self.space(limits);
+        let hash = space_hash_of(configs.iter().map(|c| {
+            let h = spgemv::build(c)
+                .map(|k| crate::bundle::ir_hash(&k))
+                .unwrap_or_else(|e| e.to_string());
+            (h, label(c), candidate_config(c))
+        }));
+        let rec = cache.get(&TuneCache::key(&hash, dev, &self.key().to_string()))?;
+        configs.get(rec.best?).copied()
+    }
+
     /// The configs of this shape's space that fit `limits`, and the pruned ones with why.
     pub fn space(&self, limits: &Limits) -> (Vec<SpgemvConfig>, Vec<(SpgemvConfig, String)>) {
         space::prune(
@@ -100,6 +130,13 @@ pub fn label(c: &SpgemvConfig) -> String {
         c.min_programs_per_sm,
         if c.tensor_cores { "mma" } else { "dp2a" }
     )
+}
+
+/// A config as a tuning record names it: its fields and its bundle name.
+fn candidate_config(c: &SpgemvConfig) -> serde_json::Value {
+    let mut v = spgemv_config_json(c);
+    v["name"] = spgemv_name(c).into();
+    v
 }
 
 struct InputSet {
@@ -270,12 +307,15 @@ impl Candidate for SpgemvCandidate<'_> {
     }
 
     fn config(&self) -> serde_json::Value {
-        let mut v = spgemv_config_json(&self.cfg);
-        v["name"] = spgemv_name(&self.cfg).into();
-        v
+        candidate_config(&self.cfg)
     }
 
-    fn prepare(&mut self) -> Result<String, String> {
+    fn kernel_hash(&self) -> Result<String, String> {
+        let ir = spgemv::build(&self.cfg).map_err(|e| e.to_string())?;
+        Ok(crate::bundle::ir_hash(&ir))
+    }
+
+    fn prepare(&mut self) -> Result<(), String> {
         let p = self.problem;
         let cfg = self.cfg;
         let plan = SpgemvPlan::with_config(
@@ -295,8 +335,7 @@ impl Candidate for SpgemvCandidate<'_> {
                 .map_err(|e| e.to_string())?,
         );
         self.plan = Some(plan);
-        let ir = spgemv::build(&cfg).map_err(|e| e.to_string())?;
-        Ok(crate::bundle::ir_hash(&ir))
+        Ok(())
     }
 
     fn check(&mut self) -> Result<(), Rejection> {

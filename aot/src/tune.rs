@@ -20,9 +20,11 @@ pub trait Candidate {
     fn label(&self) -> String;
     /// The configuration, as the manifest records it.
     fn config(&self) -> serde_json::Value;
-    /// Compiles and loads the kernel(s); returns the kernel hash (the manifest's
-    /// `ir_hash`).
-    fn prepare(&mut self) -> Result<String, String>;
+    /// The hash of the kernel's IR (the manifest's `ir_hash`), from building the IR only:
+    /// part of the cache key, known before anything is compiled.
+    fn kernel_hash(&self) -> Result<String, String>;
+    /// Compiles and loads the kernel(s) and allocates what a run needs.
+    fn prepare(&mut self) -> Result<(), String>;
     /// Runs once on outputs poisoned with NaN and compares with the reference.
     fn check(&mut self) -> Result<(), Rejection>;
     /// Times it (CUDA events on the GPU: warm-up, then the median of many runs, inputs
@@ -193,11 +195,14 @@ impl TuneCache {
         for r in self.entries.values() {
             for (i, t) in r.trials.iter().enumerate() {
                 if t.ir_hash == ir_hash {
-                    out.push(serde_json::json!({
-                        "key": r.key, "device": r.device,
-                        "compute_capability": r.compute_capability, "driver": r.driver,
-                        "status": t.status, "best": r.best == Some(i),
-                    }));
+                    // {"status": "ok", "us": ...} and where it was measured.
+                    let mut v = serde_json::to_value(&t.status).expect("a status serialises");
+                    v["key"] = r.key.clone().into();
+                    v["device"] = r.device.clone().into();
+                    v["compute_capability"] = r.compute_capability.clone().into();
+                    v["driver"] = r.driver.clone().into();
+                    v["best"] = (r.best == Some(i)).into();
+                    out.push(v);
                 }
             }
         }
@@ -205,14 +210,27 @@ impl TuneCache {
     }
 }
 
-/// The hash naming a space in cache keys: of its candidates' labels and configs (the
-/// kernels' IR is part of each trial's `ir_hash`; the space hash also covers dusk's
-/// version, so a new compiler is a new entry).
+/// The kernel hash of a space in cache keys: of every candidate's kernel hash (its IR),
+/// label and config, and dusk's version, so that a changed kernel, a changed space or a
+/// new compiler is a new entry.
 pub fn space_hash(candidates: &[Box<dyn Candidate + '_>]) -> String {
+    space_hash_of(
+        candidates
+            .iter()
+            .map(|c| (c.kernel_hash().unwrap_or_else(|e| e), c.label(), c.config())),
+    )
+}
+
+/// [`space_hash`] from each candidate's (kernel hash or build error, label, config), for
+/// looking a result up without making inputs.
+pub fn space_hash_of(
+    items: impl IntoIterator<Item = (String, String, serde_json::Value)>,
+) -> String {
     let mut s = format!("dusk {}", env!("CARGO_PKG_VERSION"));
-    for c in candidates {
-        s.push_str(&c.label());
-        s.push_str(&c.config().to_string());
+    for (hash, label, config) in items {
+        s.push_str(&hash);
+        s.push_str(&label);
+        s.push_str(&config.to_string());
     }
     fnv_hex(&s)
 }
@@ -243,29 +261,26 @@ pub fn run(
     for c in candidates.iter_mut() {
         let label = c.label();
         let config = c.config();
-        let mut ir_hash = String::new();
-        let status = match c.prepare() {
+        let ir_hash = c.kernel_hash().unwrap_or_default();
+        let status = match c.kernel_hash().and_then(|_| c.prepare()) {
             Err(error) => Status::Failed {
                 stage: "compile".into(),
                 error,
             },
-            Ok(h) => {
-                ir_hash = h;
-                match c.check() {
-                    Err(Rejection::Wrong(error)) => Status::Wrong { error },
-                    Err(Rejection::Failed(error)) => Status::Failed {
-                        stage: "check".into(),
+            Ok(()) => match c.check() {
+                Err(Rejection::Wrong(error)) => Status::Wrong { error },
+                Err(Rejection::Failed(error)) => Status::Failed {
+                    stage: "check".into(),
+                    error,
+                },
+                Ok(()) => match c.time_us() {
+                    Ok(us) => Status::Ok { us },
+                    Err(error) => Status::Failed {
+                        stage: "time".into(),
                         error,
                     },
-                    Ok(()) => match c.time_us() {
-                        Ok(us) => Status::Ok { us },
-                        Err(error) => Status::Failed {
-                            stage: "time".into(),
-                            error,
-                        },
-                    },
-                }
-            }
+                },
+            },
         };
         if let Status::Ok { us } = status {
             if best.is_none_or(|(_, b)| us < b) {

@@ -122,3 +122,33 @@ fn header_compiles_as_c_and_cxx() {
         );
     }
 }
+
+#[test]
+fn manifest_carries_tuning_results_of_its_kernels() {
+    use dusk_aot::tune::{Status, Trial, TuneCache, TuneRecord};
+    let kernels = stock::kernels().unwrap();
+    let hash = bundle::ir_hash(&kernels[2].kernel);
+    let mut cache = TuneCache::in_memory();
+    cache.insert(
+        "k".into(),
+        TuneRecord {
+            key: "spgemv_quant head_dim=128".into(),
+            device: "NVIDIA H100 80GB HBM3".into(),
+            compute_capability: "9.0".into(),
+            driver: "13.0".into(),
+            best: Some(0),
+            default: 0,
+            trials: vec![Trial {
+                label: "64x2/14 dp2a".into(),
+                config: serde_json::json!({}),
+                ir_hash: hash,
+                status: Status::Ok { us: 100.0 },
+            }],
+        },
+    );
+    let m = bundle::manifest(&Target::sm90a(), &kernels, Some(&cache));
+    assert_eq!(m.kernels[2].tuning.len(), 1);
+    assert_eq!(m.kernels[2].tuning[0]["best"], true);
+    assert_eq!(m.kernels[2].tuning[0]["us"], 100.0);
+    assert!(m.kernels[0].tuning.is_empty());
+}

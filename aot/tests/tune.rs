@@ -62,15 +62,13 @@ impl Candidate for Doubling<'_> {
     fn config(&self) -> serde_json::Value {
         serde_json::json!({"block": self.block, "planted": self.planted})
     }
-    fn prepare(&mut self) -> Result<String, String> {
-        let ir = double(self.block);
-        let hash = dusk_aot::bundle::ir_hash(&ir);
-        self.kernel = Some(
-            self.dev
-                .load_kernel(Arc::new(ir), None)
-                .map_err(|e| e.to_string())?,
-        );
-        Ok(hash)
+    fn kernel_hash(&self) -> Result<String, String> {
+        Ok(dusk_aot::bundle::ir_hash(&double(self.block)))
+    }
+    fn prepare(&mut self) -> Result<(), String> {
+        let ir = Arc::new(double(self.block));
+        self.kernel = Some(self.dev.load_kernel(ir, None).map_err(|e| e.to_string())?);
+        Ok(())
     }
     fn check(&mut self) -> Result<(), Rejection> {
         let fail = |e: dusk_runtime::RuntimeError| Rejection::Failed(e.to_string());
@@ -98,6 +96,30 @@ impl Candidate for Doubling<'_> {
     }
 }
 
+/// A config that cannot be compiled (as ptxas or an out-of-resources load would fail).
+struct Broken;
+
+impl Candidate for Broken {
+    fn label(&self) -> String {
+        "broken".into()
+    }
+    fn config(&self) -> serde_json::Value {
+        serde_json::json!({"broken": true})
+    }
+    fn kernel_hash(&self) -> Result<String, String> {
+        Ok("0".repeat(16))
+    }
+    fn prepare(&mut self) -> Result<(), String> {
+        Err("ptxas: too many resources requested for launch".into())
+    }
+    fn check(&mut self) -> Result<(), Rejection> {
+        unreachable!("never prepared")
+    }
+    fn time_us(&mut self) -> Result<f64, String> {
+        unreachable!("never prepared")
+    }
+}
+
 #[test]
 fn a_planted_fast_wrong_config_never_wins() {
     let dev = Device::cpu();
@@ -114,12 +136,19 @@ fn a_planted_fast_wrong_config_never_wins() {
         kernel: None,
     };
     // The planted config is first among its block size and does half the work.
+    // A config that fails to compile is recorded, and tuning goes on.
     let cands: Vec<Box<dyn Candidate>> = vec![
         Box::new(make(256, false)),
         Box::new(make(1024, true)),
+        Box::new(Broken),
         Box::new(make(1024, false)),
     ];
     let rec = tune::run("double n<=16384", &DeviceId::of(&dev), cands, vec![], false);
+    assert!(
+        matches!(&rec.trials[2].status, Status::Failed { stage, .. } if stage == "compile"),
+        "{:?}",
+        rec.trials[2]
+    );
     assert!(
         matches!(rec.trials[1].status, Status::Wrong { .. }),
         "{:?}",
@@ -166,12 +195,24 @@ fn spgemv_tunes_on_the_interpreter_and_the_cache_round_trips() {
     let path = std::env::temp_dir().join(format!("dusk-tune-test-{}.json", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let mut cache = TuneCache::open(&path).unwrap();
-    let ckey = TuneCache::key("space", &dev, &key);
+    let space = tune::space_hash(&problem.candidates(&[configs[0], dp2a]));
+    let ckey = TuneCache::key(&space, &dev, &key);
     cache.insert(ckey.clone(), rec.clone());
     cache.save().unwrap();
     let again = TuneCache::open(&path).unwrap();
     assert_eq!(again.get(&ckey), Some(&rec));
     assert_eq!(again.results_for(&rec.trials[0].ir_hash).len(), 1);
+    // Looked up by shape alone (no inputs), as an engine would: over the whole space.
+    let whole = tune::space_hash(&problem.candidates(&configs));
+    let mut full = rec.clone();
+    full.best = Some(2);
+    cache.insert(TuneCache::key(&whole, &dev, &key), full);
+    assert_eq!(shape.tuned(&cache, &dev, &Limits::H100), Some(configs[2]));
+    let other = SpgemvShape {
+        context: 4096,
+        ..shape
+    };
+    assert_eq!(other.tuned(&cache, &dev, &Limits::H100), None);
     let _ = std::fs::remove_file(&path);
 }
 
