@@ -550,7 +550,20 @@ impl Session<'_> {
     }
 }
 
+/// Parses every shape before any work starts, so a typo fails at once.
+fn check_shapes(family: Family, shapes: &[String]) -> Res {
+    for s in shapes {
+        match family {
+            Family::Spgemv => parse_spgemv(s).map(|_| ())?,
+            Family::Search => parse_search(s).map(|_| ())?,
+            Family::Attention => parse_attention(s).map(|_| ())?,
+        }
+    }
+    Ok(())
+}
+
 pub fn tune(a: TuneArgs) -> Res {
+    check_shapes(a.family, &a.shape)?;
     let dev = Device::best();
     if !dev.is_gpu() {
         eprintln!("note: no GPU; tuning on the CPU interpreter (slow; small shapes only)");
@@ -719,6 +732,7 @@ fn bench_case(
 }
 
 pub fn bench(a: BenchArgs) -> Res {
+    check_shapes(a.family, &a.shape)?;
     let dev = Device::best();
     let dusk = Dusk::new(dev.clone())?;
     let id = DeviceId::of(&dev);
