@@ -15,14 +15,16 @@
 //!
 //! Writing the stock bundle and reading it back:
 //!
-//! ```no_run
+//! ```
 //! use dusk_aot::{bundle, stock};
 //! use dusk_compiler::codegen::Target;
 //! # fn main() -> Result<(), dusk_aot::AotError> {
-//! let dir = std::env::temp_dir().join("dusk-bundle");
+//! let dir = std::env::temp_dir().join(format!("dusk-bundle-doc-{}", std::process::id()));
 //! bundle::write(&dir, &Target::sm90a(), &stock::kernels()?, None)?;
 //! let b = dusk_runtime::Bundle::open(&dir)?;
 //! assert!(b.kernel("quantize_k4_d128").is_ok());
+//! assert!(std::fs::read_to_string(dir.join("dusk.h")).unwrap().contains("dusk_quantize_k4_d128("));
+//! # std::fs::remove_dir_all(&dir).ok();
 //! # Ok(()) }
 //! ```
 

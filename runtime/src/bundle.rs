@@ -42,6 +42,9 @@
 //! let args = [Arg::from(&x), Arg::I32(1000)];
 //! bundle.check_args("fill", &args)?;
 //! assert_eq!(bundle.grid("fill", &args, &[])?, [8, 1, 1]);
+//! // An sm_90a bundle runs on Hopper only.
+//! assert!(bundle.check_arch(Some((9, 0))).is_ok());
+//! assert!(bundle.check_arch(Some((8, 0))).is_err());
 //! // A wrong element type is refused before anything runs.
 //! let y = Device::cpu().alloc::<i32>(1000)?;
 //! assert!(bundle.check_args("fill", &[Arg::from(&y), Arg::I32(1000)]).is_err());
@@ -338,6 +341,7 @@ impl Bundle {
                  (dusk-kernels) through the interpreter",
             ));
         }
+        self.check_arch(device.compute_capability())?;
         let mut kernels = HashMap::new();
         for k in &self.manifest.kernels {
             // The launch checks read the parameters and warps of the IR: a kernel with
@@ -364,9 +368,58 @@ impl Bundle {
         })
     }
 
+    /// Fails unless a device of compute capability `cc` runs this bundle's architecture:
+    /// `sm_90a` only on 9.0, `sm_XY` on X.Y or newer.
+    pub fn check_arch(&self, cc: Option<(u32, u32)>) -> Result<()> {
+        let arch = &self.manifest.target.arch;
+        let digits: String = arch
+            .strip_prefix("sm_")
+            .unwrap_or("")
+            .chars()
+            .take_while(|c| c.is_ascii_digit())
+            .collect();
+        let want: u32 = digits
+            .parse()
+            .map_err(|_| bad(&self.dir, format!("unknown arch `{arch}`")))?;
+        let specific = arch.ends_with('a');
+        let Some((major, minor)) = cc else {
+            return Ok(());
+        };
+        let have = major * 10 + minor;
+        if (specific && have != want) || have < want {
+            return Err(bad(
+                &self.dir,
+                format!(
+                    "built for {arch}, but the GPU has compute capability {major}.{minor}; \
+                     write a bundle for it (`dusk compile --target ...`)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Loads every kernel into the CUDA context current on this thread, for launches on
     /// the caller's streams ([`RawBundle::launch`]).
     pub fn load_in_current_context(&self) -> Result<RawBundle> {
+        let mut dev: sys::CUdevice = 0;
+        // SAFETY: writes one device handle; fails cleanly when no context is current.
+        unsafe { sys::cuCtxGetDevice(&mut dev) }
+            .result()
+            .map_err(driver("cuCtxGetDevice"))?;
+        let attr = |a| {
+            let mut v = 0i32;
+            // SAFETY: writes one int for a valid device handle.
+            unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) }
+                .result()
+                .map(|_| v.max(0) as u32)
+                .map_err(driver("cuDeviceGetAttribute"))
+        };
+        use sys::CUdevice_attribute::*;
+        let cc = (
+            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
+        self.check_arch(Some(cc))?;
         let mut kernels = HashMap::new();
         let mut modules = Vec::new();
         for k in &self.manifest.kernels {
