@@ -18,6 +18,13 @@ if [ ! -x /usr/lib/llvm-19/bin/llvm-config ]; then
     llvm-19-dev libpolly-19-dev zlib1g-dev libzstd-dev
 fi
 
+# gcc (and g++): the C example and the bundle's C header are built in the tests.
+if ! command -v gcc >/dev/null || ! command -v g++ >/dev/null; then
+  echo "dev.sh: installing gcc and g++" >&2
+  sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get update -q
+  sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -q gcc g++
+fi
+
 # ptxas, from the PyPI package nvidia-cuda-nvcc (no CUDA toolkit or GPU needed).
 find_ptxas() {
   command -v ptxas 2>/dev/null && return

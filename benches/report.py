@@ -55,6 +55,17 @@ def main():
         for c in r["cases"]:
             print(f"| {c['case']} | {c['ours_us']:.1f} | {c['peer']} | {fmt(c.get('peer_us'), '.1f')} | "
                   f"{fmt(c.get('speedup_vs_peer'), '.2f')}x | {c['gbps']:.0f} | {100 * c['frac_of_copy_bw']:.1f}% |")
+        if r.get("command"):
+            print(f"\nCommand (run in the GPU machine's `.device-aot/`): `{r['command']}`")
+        tuned = [c for c in r["cases"] if c.get("peer") == "default-config"]
+        if tuned:
+            print("\nTuned config (ours) against the default (peer), both checked against the reference "
+                  "first; every config tried, same run:\n")
+            for c in tuned:
+                tried = ", ".join(
+                    f"{t['label']}: " + (f"{t['us']:.1f} us" if t["status"] == "ok" else t["status"])
+                    for t in c["trials"])
+                print(f"- {c['case']}: tuned `{c['tuned_config']}`; {tried}")
         extra = [c for c in r["cases"] if c.get("other_tilings_us")]
         if extra:
             print("\nOther tilings, same run (spgemv: tokens per program x warps / programs per SM asked of "
@@ -65,6 +76,22 @@ def main():
                 print(f"- {c['case']}: {tilings}")
         print()
     compile_times()
+    dusk_compile()
+
+
+def dusk_compile():
+    path = os.path.join(HERE, "results", "compile", "dusk_compile.json")
+    if not os.path.exists(path):
+        return
+    r = json.load(open(path))
+    print("## dusk compile\n")
+    print(f"`dusk compile` writing a bundle ({r['target']}) on the {r['machine']}, {r['date']}: "
+          "first with an empty compile cache (`DUSK_CACHE_DIR=$(mktemp -d)`), then again (warm cache).\n")
+    print("| bundle | command | cold (s) | warm (s) |")
+    print("|---|---|---:|---:|")
+    for x in r["runs"]:
+        print(f"| {x['what']} | `{x['command']}` | {x['cold_s']:.2f} | {x['warm_s']:.2f} |")
+    print()
 
 
 def compile_times():

@@ -405,6 +405,21 @@ macro_rules! specialisations {
                 _ => return None,
             })
         }
+
+        /// Every configuration this crate holds a scoring kernel for (the rows of the
+        /// specialisation table): the config space the tuner searches.
+        pub fn specialised_configs() -> Vec<SpgemvConfig> {
+            vec![
+                $($(SpgemvConfig {
+                    head_dim: $d, page_size: 16, group: $g, bits: $b, block_tokens: $t,
+                    num_warps: $w, min_programs_per_sm: $o, tensor_cores: false,
+                },)*)*
+                $($(SpgemvConfig {
+                    head_dim: $md, page_size: 16, group: $mg, bits: 4, block_tokens: $mt,
+                    num_warps: $mw, min_programs_per_sm: $mo, tensor_cores: true,
+                },)*)*
+            ]
+        }
     };
 }
 

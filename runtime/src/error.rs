@@ -90,6 +90,10 @@ pub enum RuntimeError {
     #[error("kernel `{kernel}`: the interpreter panicked: {msg}")]
     InterpPanic { kernel: String, msg: String },
 
+    /// A bundle directory that cannot be read or whose manifest and PTX disagree.
+    #[error("bundle {path}: {msg}")]
+    Bundle { path: String, msg: String },
+
     /// The closure given to [`Device::time_us`](crate::Device::time_us) failed.
     #[error("the timed closure failed: {0}")]
     Timed(#[source] Box<dyn std::error::Error + Send + Sync>),

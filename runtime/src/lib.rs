@@ -12,6 +12,7 @@
 //!   [`Buffer::copy_from`] (device to device), [`Device::fill_bytes`] (poisoning).
 //! - [`LoadedKernel`]: [`Device::load_kernel`] from the IR and, on the GPU, its PTX;
 //!   [`Device::launch`] checks every [`Arg`] against the kernel's parameters first.
+//! - [`Bundle`]: ahead-of-time PTX and a manifest, loaded with no LLVM ([`bundle`]).
 //! - Timing: [`Device::time_us`] (CUDA events on the GPU) and [`median`].
 //!
 //! Buffers round-trip on any device:
@@ -55,6 +56,7 @@
 //! ```
 
 mod buffer;
+pub mod bundle;
 mod device;
 mod error;
 mod kernel;
@@ -62,6 +64,7 @@ mod launch;
 mod timing;
 
 pub use buffer::{AnyBuffer, Buffer, Element};
+pub use bundle::{Bundle, LoadedBundle, Manifest, RawBundle};
 pub use device::Device;
 pub use error::{Result, RuntimeError};
 pub use kernel::{Arg, LoadedKernel};

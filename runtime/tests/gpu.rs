@@ -361,3 +361,53 @@ fn timing_and_copy_bandwidth() {
     let e = dev.time_us(2, 0, || Err("stop")).unwrap_err();
     assert!(matches!(e, RuntimeError::Timed(_)), "{e}");
 }
+
+/// The committed stock bundle (or `$DUSK_BUNDLE`), loaded with no LLVM and launched by
+/// name: `quantize_k4_d128` on rows `r` holding `(r % 64) / 4 + d / 8` (exact in f16: min
+/// `(r % 64) / 4`, range 15.875).
+#[test]
+fn stock_bundle_launches_by_name() {
+    let dir = std::env::var("DUSK_BUNDLE")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels_gen/bundle").into());
+    let bundle = dusk_runtime::Bundle::open(&dir).unwrap();
+    let dev = gpu();
+    let loaded = bundle.load(&dev).unwrap();
+    let rows = 1000usize;
+    let k: Vec<f16> = (0..rows * 128)
+        .map(|i| f16::from_f32((i / 128 % 64) as f32 * 0.25 + (i % 128) as f32 / 8.0))
+        .collect();
+    let k = dev.upload(&k).unwrap();
+    let mut packed = dev.alloc::<u8>(rows * 64).unwrap();
+    let mut scale = dev.alloc::<f16>(rows).unwrap();
+    let mut zero = dev.alloc::<f16>(rows).unwrap();
+    dev.fill_bytes(&mut packed, 0xFF).unwrap();
+    dev.fill_bytes(&mut scale, 0xFF).unwrap();
+    dev.fill_bytes(&mut zero, 0xFF).unwrap();
+    let args = [
+        Arg::from(&k),
+        Arg::from(&packed),
+        Arg::from(&scale),
+        Arg::from(&zero),
+        Arg::I32(rows as i32),
+    ];
+    loaded.launch("quantize_k4_d128", &args, &[]).unwrap();
+    let (packed, scale, zero) = (
+        packed.download().unwrap(),
+        scale.download().unwrap(),
+        zero.download().unwrap(),
+    );
+    for r in 0..rows {
+        assert_eq!(zero[r], f16::from_f32((r % 64) as f32 * 0.25), "row {r}");
+        assert_eq!(scale[r], f16::from_f32(15.875 / 15.0), "row {r}");
+        // Code of element d: round((d / 8) / scale); the first is 0, the last 15.
+        assert_eq!(packed[r * 64] & 15, 0);
+        assert_eq!(packed[r * 64 + 63] >> 4, 15);
+    }
+    // A wrong argument is refused before launching.
+    let bad = [args[1], args[0], args[2], args[3], args[4]];
+    assert!(matches!(
+        loaded.launch("quantize_k4_d128", &bad, &[]),
+        Err(RuntimeError::ArgMismatch { index: 0, .. })
+    ));
+    println!("stock bundle: quantize_k4_d128 launched by name, {rows} rows checked");
+}

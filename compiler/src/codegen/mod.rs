@@ -143,6 +143,11 @@ pub struct Stages {
     pub ptx: String,
 }
 
+/// The version of the LLVM this crate links (major, minor, patch).
+pub fn llvm_version() -> (u32, u32, u32) {
+    inkwell::support::get_llvm_version()
+}
+
 /// Compiles a kernel to PTX text.
 pub fn compile(kernel: &Kernel, target: &Target) -> Result<String, CompileError> {
     compile_stages(kernel, target).map(|s| s.ptx)

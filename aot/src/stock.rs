@@ -1,0 +1,138 @@
+//! The stock kernels of the committed bundle (`kernels_gen/bundle/`): a few representative
+//! configurations of each family, head_dim 128, pages of 16 tokens, 4-bit K codes.
+//!
+//! | name | kernel | grid |
+//! |---|---|---|
+//! | `quantize_k4_d128` | [`quantize`](dusk_kernels::quantize), 16 rows a program | `ceil(num_rows / 16)` |
+//! | `spgemv_prepare_q_d128_b4` | query to 15-bit fixed point | `q_rows` |
+//! | `spgemv_quant_dp2a_d128_g1_b4_t64_w2_o14` | SpGEMV, MHA default (`dp2a`) | `rows, ceil(max_row_len / 64)` |
+//! | `spgemv_quant_mma_d128_g4_b4_t64_w2_o0` | SpGEMV, GQA 4 default (tensor cores) | `rows, ceil(max_row_len / 64)` |
+//! | `threshold_top_p_b8192_g1_w16` | top-p search, rows up to 8192 candidates | `rows` |
+//!
+//! `rows` is the number of candidate rows (batch x KV heads), `max_row_len` the longest.
+
+use crate::bundle::{factor, BundleKernel};
+use crate::Result;
+use dusk_kernels::policies::top_p;
+use dusk_kernels::quantize::{self, QuantizeConfig};
+use dusk_kernels::spgemv::{self, SpgemvConfig};
+use dusk_kernels::threshold::{self, SearchConfig};
+use serde_json::{json, Map, Value};
+
+fn obj(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    }
+}
+
+/// The bundle name of a `spgemv_quant` configuration.
+pub fn spgemv_name(c: &SpgemvConfig) -> String {
+    format!(
+        "spgemv_quant_{}_d{}_g{}_b{}_t{}_w{}_o{}",
+        if c.tensor_cores { "mma" } else { "dp2a" },
+        c.head_dim,
+        c.group,
+        c.bits,
+        c.block_tokens,
+        c.num_warps,
+        c.min_programs_per_sm
+    )
+}
+
+/// A `spgemv_quant` configuration as JSON (the manifest's `config`, tuning records).
+pub fn spgemv_config_json(c: &SpgemvConfig) -> Value {
+    json!({
+        "head_dim": c.head_dim, "page_size": c.page_size, "group": c.group, "bits": c.bits,
+        "block_tokens": c.block_tokens, "num_warps": c.num_warps,
+        "min_programs_per_sm": c.min_programs_per_sm, "tensor_cores": c.tensor_cores,
+    })
+}
+
+/// The scoring kernel of `cfg` as a bundle entry.
+pub fn spgemv_kernel(cfg: &SpgemvConfig) -> Result<BundleKernel> {
+    Ok(BundleKernel {
+        name: spgemv_name(cfg),
+        family: "spgemv_quant".into(),
+        kernel: spgemv::build(cfg)?,
+        inputs: vec!["rows".into(), "max_row_len".into()],
+        grid: [
+            vec![factor("rows", 1)],
+            vec![factor("max_row_len", cfg.block_tokens)],
+            vec![],
+        ],
+        config: obj(spgemv_config_json(cfg)),
+    })
+}
+
+fn quantize_kernel(head_dim: usize, bits: u32) -> Result<BundleKernel> {
+    let c = QuantizeConfig::new(head_dim, bits);
+    Ok(BundleKernel {
+        name: format!("quantize_k{bits}_d{head_dim}"),
+        family: "quantize_k".into(),
+        kernel: quantize::build(&c)?,
+        inputs: vec![],
+        grid: [vec![factor("num_rows", c.block_rows)], vec![], vec![]],
+        config: obj(json!({"head_dim": head_dim, "bits": bits, "block_rows": c.block_rows})),
+    })
+}
+
+fn prepare_q_kernel(head_dim: usize, bits: u32) -> Result<BundleKernel> {
+    Ok(BundleKernel {
+        name: format!("spgemv_prepare_q_d{head_dim}_b{bits}"),
+        family: "spgemv_prepare_q".into(),
+        kernel: spgemv::build_prepare_q(&SpgemvConfig::new(head_dim, 16, 1, bits))?,
+        inputs: vec!["q_rows".into()],
+        grid: [vec![factor("q_rows", 1)], vec![], vec![]],
+        config: obj(json!({"head_dim": head_dim, "bits": bits})),
+    })
+}
+
+fn search_kernel(search: &SearchConfig) -> Result<BundleKernel> {
+    let policy = &top_p::POLICY;
+    Ok(BundleKernel {
+        name: threshold::search_name(policy, search),
+        family: "threshold_search".into(),
+        kernel: threshold::build(policy, search)?,
+        inputs: vec!["rows".into()],
+        grid: [vec![factor("rows", 1)], vec![], vec![]],
+        config: obj(json!({
+            "policy": policy.name, "block": search.block, "group": search.group,
+            "num_warps": search.num_warps, "stream": search.stream,
+        })),
+    })
+}
+
+/// The kernels of the stock bundle, in manifest order.
+pub fn kernels() -> Result<Vec<BundleKernel>> {
+    Ok(vec![
+        quantize_kernel(128, 4)?,
+        prepare_q_kernel(128, 4)?,
+        spgemv_kernel(&SpgemvConfig::new(128, 16, 1, 4))?,
+        spgemv_kernel(&SpgemvConfig::new(128, 16, 4, 4))?,
+        search_kernel(&SearchConfig::for_rows(8192, 1))?,
+    ])
+}
+
+/// Every configuration of the stock families this crate can bundle: quantization and
+/// query preparation for head_dim 64, 128, 256 and 4 or 8 bits, every `spgemv_quant`
+/// specialisation, and the top-p search's defaults for rows of 1k to 8k candidates and
+/// streaming, for groups 1 and 4 (`dusk compile --all`).
+pub fn all_kernels() -> Result<Vec<BundleKernel>> {
+    let mut out = vec![];
+    for d in [64, 128, 256] {
+        for bits in [4, 8] {
+            out.push(quantize_kernel(d, bits)?);
+            out.push(prepare_q_kernel(d, bits)?);
+        }
+    }
+    for c in spgemv::specialised_configs() {
+        out.push(spgemv_kernel(&c)?);
+    }
+    for group in [1, 4] {
+        for len in [1024, 2048, 4096, 8192, 32768] {
+            out.push(search_kernel(&SearchConfig::for_rows(len, group))?);
+        }
+    }
+    Ok(out)
+}

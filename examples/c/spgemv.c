@@ -1,0 +1,267 @@
+/* The engine-embedding path in plain C: load dusk's stock bundle through libdusk_capi.so,
+ * quantize a paged K cache to 4 bits, score query heads against every token with the
+ * quantized SpGEMV (MHA on dp2a, GQA 4 on the tensor cores), and check both kernels
+ * against references computed here in C.
+ *
+ * Build (see examples/c/README.md):
+ *   cargo build --release -p dusk-capi
+ *   gcc -O2 -std=c11 -Ikernels_gen/bundle examples/c/spgemv.c -Ltarget/release -ldusk_capi \
+ *       -ldl -lm -Wl,-rpath,'$ORIGIN' -o spgemv-c
+ * Run: ./spgemv-c kernels_gen/bundle      (exit 0: checked; 77: no GPU; 1: wrong)
+ *
+ * The CUDA driver is opened with dlopen, so neither cuda.h nor a CUDA toolkit is needed
+ * to build this file.
+ */
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dusk.h"
+
+/* The few driver calls this program makes (CUDA driver API, stable ABI). */
+typedef int CUresult;
+typedef int CUdevice;
+typedef struct CUctx_st *CUcontext;
+static CUresult (*cuInit)(unsigned);
+static CUresult (*cuDeviceGet)(CUdevice *, int);
+static CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+static CUresult (*cuCtxSetCurrent)(CUcontext);
+static CUresult (*cuStreamCreate)(CUstream *, unsigned);
+static CUresult (*cuStreamSynchronize)(CUstream);
+static CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
+static CUresult (*cuMemFree)(CUdeviceptr);
+static CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
+static CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
+static CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t);
+
+#define CU(call)                                                          \
+  do {                                                                    \
+    CUresult r_ = (call);                                                 \
+    if (r_ != 0) {                                                        \
+      fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #call, r_); \
+      exit(1);                                                            \
+    }                                                                     \
+  } while (0)
+#define DUSK(call)                                                        \
+  do {                                                                    \
+    if ((call) != 0) {                                                    \
+      fprintf(stderr, "%s failed: %s\n", #call, dusk_last_error());       \
+      exit(1);                                                            \
+    }                                                                     \
+  } while (0)
+
+static int load_driver(void) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+  if (!lib) lib = dlopen("libcuda.so", RTLD_NOW);
+  if (!lib) return 0;
+#define SYM(var, name) *(void **)&var = dlsym(lib, name); if (!var) return 0
+  SYM(cuInit, "cuInit");
+  SYM(cuDeviceGet, "cuDeviceGet");
+  SYM(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+  SYM(cuCtxSetCurrent, "cuCtxSetCurrent");
+  SYM(cuStreamCreate, "cuStreamCreate");
+  SYM(cuStreamSynchronize, "cuStreamSynchronize");
+  SYM(cuMemAlloc, "cuMemAlloc_v2");
+  SYM(cuMemFree, "cuMemFree_v2");
+  SYM(cuMemcpyHtoD, "cuMemcpyHtoD_v2");
+  SYM(cuMemcpyDtoH, "cuMemcpyDtoH_v2");
+  SYM(cuMemsetD8, "cuMemsetD8_v2");
+#undef SYM
+  return 1;
+}
+
+/* IEEE half <-> float, enough for the normal values used here. */
+static float h2f(uint16_t h) {
+  uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023, bits;
+  if (e == 0) { float f = ldexpf((float)m, -24); return s ? -f : f; }
+  if (e == 31) bits = s | 0x7f800000u | (m << 13);
+  else bits = s | ((e + 112) << 23) | (m << 13);
+  float f; memcpy(&f, &bits, 4); return f;
+}
+static uint16_t f2h(float f) { /* round to nearest even, |f| in half's normal range or 0 */
+  uint32_t x; memcpy(&x, &f, 4);
+  uint32_t s = (x >> 16) & 0x8000, e = (x >> 23) & 255, m = x & 0x7fffff;
+  if (e == 0) return (uint16_t)s;
+  uint32_t h = s | ((e - 112) << 10) | (m >> 13), rest = m & 0x1fff;
+  if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;
+  return (uint16_t)h;
+}
+
+static uint32_t rng = 12345u;
+static float frand(float lo, float hi) {
+  rng = rng * 1664525u + 1013904223u;
+  return lo + (hi - lo) * (float)(rng >> 8) / 16777216.0f;
+}
+
+static CUdeviceptr upload(const void *host, size_t bytes) {
+  CUdeviceptr d;
+  CU(cuMemAlloc(&d, bytes ? bytes : 1));
+  if (bytes) CU(cuMemcpyHtoD(d, host, bytes));
+  return d;
+}
+
+enum { D = 128, PAGE = 16, BATCH = 2, KV_HEADS = 4, WORDS = D * 4 / 32 };
+static const int LENS[BATCH] = {1000, 517};
+
+/* Scores every token of every sequence for `q_heads` query heads; returns the relative
+ * error against the C reference on the dequantized codes the GPU wrote. */
+static double score(CUstream stream, int q_heads, CUdeviceptr dk_packed, CUdeviceptr dk_scale,
+                    CUdeviceptr dk_zero, const uint8_t *packed, const uint16_t *scale,
+                    const uint16_t *zero, const int32_t *page_ids, const int32_t *kv_indptr) {
+  int group = q_heads / KV_HEADS, rows = BATCH * KV_HEADS, max_len = 0;
+  /* Candidates: every token of each (sequence, KV head). */
+  int32_t cand_indptr[BATCH * KV_HEADS + 1];
+  int nnz = 0;
+  cand_indptr[0] = 0;
+  for (int r = 0; r < rows; r++) {
+    nnz += LENS[r / KV_HEADS];
+    cand_indptr[r + 1] = nnz;
+    if (LENS[r / KV_HEADS] > max_len) max_len = LENS[r / KV_HEADS];
+  }
+  int32_t *cand = malloc(sizeof(int32_t) * nnz);
+  for (int r = 0; r < rows; r++)
+    for (int j = 0; j < LENS[r / KV_HEADS]; j++) cand[cand_indptr[r] + j] = j;
+  size_t q_len = (size_t)BATCH * q_heads * D;
+  uint16_t *q = malloc(2 * q_len);
+  for (size_t i = 0; i < q_len; i++) q[i] = f2h(frand(-2.0f, 2.0f));
+
+  CUdeviceptr dq = upload(q, 2 * q_len), dindptr = upload(kv_indptr, 4 * (BATCH + 1));
+  CUdeviceptr dpages = upload(page_ids, 4 * (size_t)kv_indptr[BATCH]);
+  CUdeviceptr dcand_indptr = upload(cand_indptr, sizeof cand_indptr), dcand = upload(cand, 4 * (size_t)nnz);
+  CUdeviceptr dscores;
+  size_t n_scores = (size_t)nnz * group;
+  CU(cuMemAlloc(&dscores, 4 * n_scores));
+  CU(cuMemsetD8(dscores, 0xFF, 4 * n_scores)); /* NaN: unwritten scores fail the check */
+  if (group == 1) {
+    /* MHA: the query to fixed point, then dp2a. */
+    CUdeviceptr qpack, qscale, qsum;
+    size_t q_rows = (size_t)BATCH * q_heads;
+    CU(cuMemAlloc(&qpack, 4 * q_rows * 4 * WORDS));
+    CU(cuMemAlloc(&qscale, 4 * q_rows));
+    CU(cuMemAlloc(&qsum, 4 * q_rows));
+    DUSK(dusk_spgemv_prepare_q_d128_b4(stream, dq, qpack, qscale, qsum, q_rows));
+    DUSK(dusk_spgemv_quant_dp2a_d128_g1_b4_t64_w2_o14(
+        stream, qpack, qscale, qsum, dk_packed, dk_scale, dk_zero, dindptr, dpages,
+        dcand_indptr, dcand, dscores, KV_HEADS, rows, max_len));
+    CU(cuStreamSynchronize(stream));
+    cuMemFree(qpack); cuMemFree(qscale); cuMemFree(qsum);
+  } else {
+    /* GQA 4: the tensor cores read the f16 query directly. */
+    DUSK(dusk_spgemv_quant_mma_d128_g4_b4_t64_w2_o0(
+        stream, dq, dk_packed, dk_scale, dk_zero, dindptr, dpages, dcand_indptr, dcand,
+        dscores, KV_HEADS, rows, max_len));
+    CU(cuStreamSynchronize(stream));
+  }
+  float *got = malloc(4 * n_scores);
+  CU(cuMemcpyDtoH(got, dscores, 4 * n_scores));
+  double num = 0, den = 0;
+  for (int r = 0; r < rows; r++) {
+    int b = r / KV_HEADS, h = r % KV_HEADS, n = LENS[b], start = cand_indptr[r];
+    for (int j = 0; j < n; j++) {
+      int pos = cand[start + j];
+      int page = page_ids[kv_indptr[b] + pos / PAGE];
+      size_t krow = ((size_t)page * PAGE + pos % PAGE) * KV_HEADS + h;
+      double sc = h2f(scale[krow]), z = h2f(zero[krow]);
+      for (int g = 0; g < group; g++) {
+        const uint16_t *qr = q + ((size_t)b * q_heads + h * group + g) * D;
+        double want = 0;
+        for (int d = 0; d < D; d++) {
+          int code = (packed[krow * (D / 2) + d / 2] >> (4 * (d % 2))) & 15;
+          want += h2f(qr[d]) * (code * sc + z);
+        }
+        double have = got[(size_t)start * group + (size_t)g * n + j];
+        if (isnan(have)) have = 1e30;
+        num += (have - want) * (have - want);
+        den += want * want;
+      }
+    }
+  }
+  cuMemFree(dq); cuMemFree(dindptr); cuMemFree(dpages); cuMemFree(dcand_indptr);
+  cuMemFree(dcand); cuMemFree(dscores);
+  free(got); free(q); free(cand);
+  return sqrt(num / den);
+}
+
+int main(int argc, char **argv) {
+  const char *bundle = argc > 1 ? argv[1] : "kernels_gen/bundle";
+  if (!load_driver()) {
+    printf("no CUDA driver (libcuda.so.1): nothing to run\n");
+    return 77;
+  }
+  CUdevice dev;
+  CUcontext ctx;
+  CUstream stream;
+  if (cuInit(0) != 0 || cuDeviceGet(&dev, 0) != 0) {
+    printf("no usable GPU: nothing to run\n");
+    return 77;
+  }
+  CU(cuDevicePrimaryCtxRetain(&ctx, dev));
+  CU(cuCtxSetCurrent(ctx));
+  CU(cuStreamCreate(&stream, 0));
+  DUSK(dusk_init(bundle));
+
+  /* A paged K cache [pages, 16, KV_HEADS, D] over shuffled pages. */
+  int32_t kv_indptr[BATCH + 1] = {0};
+  for (int b = 0; b < BATCH; b++) kv_indptr[b + 1] = kv_indptr[b] + (LENS[b] + PAGE - 1) / PAGE;
+  int pages = kv_indptr[BATCH];
+  int32_t *page_ids = malloc(4 * (size_t)pages);
+  for (int i = 0; i < pages; i++) page_ids[i] = i;
+  for (int i = pages - 1; i > 0; i--) {
+    int j = (int)(frand(0, 1) * (i + 1)) % (i + 1), t = page_ids[i];
+    page_ids[i] = page_ids[j]; page_ids[j] = t;
+  }
+  size_t krows = (size_t)pages * PAGE * KV_HEADS;
+  uint16_t *k = malloc(2 * krows * D);
+  for (size_t i = 0; i < krows * D; i++) k[i] = f2h(frand(-2.0f, 2.0f));
+
+  /* quantize_k: 4-bit codes, f16 scale and zero per row. */
+  CUdeviceptr dk = upload(k, 2 * krows * D), dpacked, dscale, dzero;
+  CU(cuMemAlloc(&dpacked, krows * D / 2));
+  CU(cuMemAlloc(&dscale, 2 * krows));
+  CU(cuMemAlloc(&dzero, 2 * krows));
+  DUSK(dusk_quantize_k4_d128(stream, dk, dpacked, dscale, dzero, (int32_t)krows));
+  CU(cuStreamSynchronize(stream));
+  uint8_t *packed = malloc(krows * D / 2);
+  uint16_t *scale = malloc(2 * krows), *zero = malloc(2 * krows);
+  CU(cuMemcpyDtoH(packed, dpacked, krows * D / 2));
+  CU(cuMemcpyDtoH(scale, dscale, 2 * krows));
+  CU(cuMemcpyDtoH(zero, dzero, 2 * krows));
+  /* Reference check of the quantization: zero is the row minimum, scale its range / 15
+   * (both as f16), every value within half a step of its code's value. */
+  double worst = 0;
+  for (size_t r = 0; r < krows; r++) {
+    float lo = INFINITY, hi = -INFINITY;
+    for (int d = 0; d < D; d++) {
+      float x = h2f(k[r * D + d]);
+      lo = x < lo ? x : lo; hi = x > hi ? x : hi;
+    }
+    if (scale[r] != f2h((hi - lo) / 15.0f) || zero[r] != f2h(lo)) {
+      fprintf(stderr, "quantize_k: row %zu has scale %g zero %g, want %g %g\n", r,
+              h2f(scale[r]), h2f(zero[r]), (hi - lo) / 15.0f, lo);
+      return 1;
+    }
+    float s = h2f(scale[r]), z = h2f(zero[r]);
+    for (int d = 0; d < D; d++) {
+      int code = (packed[r * (D / 2) + d / 2] >> (4 * (d % 2))) & 15;
+      double err = fabs(code * s + z - h2f(k[r * D + d])) / s;
+      worst = err > worst ? err : worst;
+    }
+  }
+  printf("quantize_k4_d128: %zu rows, worst reconstruction error %.3f steps\n", krows, worst);
+  if (worst > 0.51) return 1; /* 0.5, plus f16 rounding of the scale */
+
+  int status = 0;
+  int heads[2] = {KV_HEADS, 4 * KV_HEADS};
+  for (int i = 0; i < 2; i++) {
+    double err = score(stream, heads[i], dpacked, dscale, dzero, packed, scale, zero, page_ids,
+                       kv_indptr);
+    printf("spgemv_quant %s (q heads %d / kv heads %d): relative error %.2e vs the C reference\n",
+           i == 0 ? "dp2a" : "mma", heads[i], KV_HEADS, err);
+    if (!(err < 1e-3)) status = 1;
+  }
+  dusk_shutdown();
+  printf(status ? "FAILED\n" : "OK\n");
+  return status;
+}
