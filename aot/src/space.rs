@@ -10,9 +10,11 @@
 //! use dusk_aot::space::{self, Limits};
 //! let all = space::spgemv(128, 4, 4);
 //! assert!(all.contains(&dusk_kernels::spgemv::SpgemvConfig::new(128, 16, 4, 4)));
-//! // Top-p search over rows of up to 8192 candidates: 4 warps would hold 64 a thread.
+//! // Top-p search over rows of up to 8192 candidates: held in the registers of 4 warps,
+//! // 64 a thread would not fit; streamed they would.
 //! let (kept, pruned) = space::prune(space::search(8192, 1), &Limits::H100, space::search_fit);
-//! assert!(kept.iter().all(|c| c.num_warps >= 8));
+//! assert!(!kept.iter().any(|c| !c.stream && c.num_warps == 4));
+//! assert!(kept.iter().any(|c| c.stream && c.num_warps == 4));
 //! assert!(!pruned.is_empty());
 //! ```
 
@@ -118,50 +120,59 @@ pub fn spgemv_fit(c: &SpgemvConfig) -> Fit {
     }
 }
 
-/// The threshold search's space for rows of up to `max_len` candidates: blocks (powers of
-/// two from the row length up to [`MAX_BLOCK`]) times 4, 8 or 16 warps, or for longer rows
-/// the streaming search on 4, 8 or 16 warps; the default first.
+/// The top-p search's space for rows of up to `max_len` candidates: the default first,
+/// then streaming tiles of 1024 to 8192 on 4 to 16 warps, and, when rows fit, blocks held
+/// in registers on 4 to 32 warps (each at least 128 candidates a warp, what the prefix sum
+/// of the compaction needs).
 pub fn search(max_len: usize, group: usize) -> Vec<SearchConfig> {
-    let default = SearchConfig::for_rows(max_len, group);
-    let mut out = vec![default];
-    if default.stream {
-        for num_warps in [4, 8, 16] {
-            let c = SearchConfig {
-                num_warps,
-                ..default
-            };
-            if !out.contains(&c) {
-                out.push(c);
-            }
+    let mut out = vec![SearchConfig::for_rows(max_len, group)];
+    let mut push = |c: SearchConfig| {
+        if c.block >= 128 * c.num_warps as usize && !out.contains(&c) {
+            out.push(c);
         }
-        return out;
-    }
-    let mut block = max_len.next_power_of_two().max(MIN_BLOCK);
-    while block <= MAX_BLOCK {
+    };
+    for block in [1024, 2048, 4096, 8192] {
         for num_warps in [4, 8, 16] {
-            let c = SearchConfig {
+            push(SearchConfig {
                 block,
                 group,
                 num_warps,
-                stream: false,
-            };
-            if !out.contains(&c) {
-                out.push(c);
-            }
+                stream: true,
+            });
         }
-        block *= 2;
+    }
+    if max_len <= MAX_BLOCK {
+        let mut block = max_len.next_power_of_two().max(MIN_BLOCK);
+        while block <= MAX_BLOCK {
+            for num_warps in [4, 8, 16, 32] {
+                push(SearchConfig {
+                    block,
+                    group,
+                    num_warps,
+                    stream: false,
+                });
+            }
+            block *= 2;
+        }
     }
     out
 }
 
-/// The search's needs: about six live values per candidate a thread holds (16 a thread
-/// take about 100 registers), plus a prefix-sum tile in shared memory.
+/// The search's needs: held in registers, about six live values per candidate a thread
+/// holds (8 a thread take 58 registers, 16 about 100); streamed, four accumulators per
+/// candidate of a tile plus the row's bookkeeping (16 a thread about 110); a few words of
+/// shared memory a warp for the exchanges.
 pub fn search_fit(c: &SearchConfig) -> Fit {
     let threads = c.num_warps * 32;
     let per_thread = (c.block as u32).div_ceil(threads);
+    let regs_per_thread = if c.stream {
+        4 * per_thread + 48
+    } else {
+        6 * per_thread + 8
+    };
     Fit {
         threads,
-        regs_per_thread: 6 * per_thread + 8,
+        regs_per_thread,
         smem_bytes: 4 * c.num_warps * 8,
         min_programs_per_sm: 0,
     }

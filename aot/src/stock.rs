@@ -7,7 +7,7 @@
 //! | `spgemv_prepare_q_d128_b4` | query to 15-bit fixed point | `q_rows` |
 //! | `spgemv_quant_dp2a_d128_g1_b4_t64_w2_o14` | SpGEMV, MHA default (`dp2a`) | `rows, ceil(max_row_len / 64)` |
 //! | `spgemv_quant_mma_d128_g4_b4_t64_w2_o0` | SpGEMV, GQA 4 default (tensor cores) | `rows, ceil(max_row_len / 64)` |
-//! | `threshold_top_p_b8192_g1_w16` | top-p search, rows up to 8192 candidates | `rows` |
+//! | `threshold_top_p_t2048_g1_w4` | top-p search, rows up to 8192 candidates (streamed in tiles of 2048) | `rows` |
 //!
 //! `rows` is the number of candidate rows (batch x KV heads), `max_row_len` the longest.
 
