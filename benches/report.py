@@ -56,7 +56,8 @@ def main():
             print(f"| {c['case']} | {c['ours_us']:.1f} | {c['peer']} | {fmt(c.get('peer_us'), '.1f')} | "
                   f"{fmt(c.get('speedup_vs_peer'), '.2f')}x | {c['gbps']:.0f} | {100 * c['frac_of_copy_bw']:.1f}% |")
         if r.get("command"):
-            print(f"\nCommand (run in the GPU machine's `.device-aot/`): `{r['command']}`")
+            where = f" (run in the GPU machine's `{r['run_in']}`)" if r.get("run_in") else ""
+            print(f"\nCommand{where}: `{r['command']}`")
         tuned = [c for c in r["cases"] if c.get("peer") == "default-config"]
         if tuned:
             print("\nTuned config (ours) against the default (peer), both checked against the reference "
