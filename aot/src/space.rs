@@ -121,7 +121,8 @@ pub fn spgemv_fit(c: &SpgemvConfig) -> Fit {
 }
 
 /// The top-p search's space for rows of up to `max_len` candidates: the default first,
-/// then streaming tiles of 1024 to 8192 on 4 to 16 warps, and, when rows fit, blocks held
+/// then streaming tiles of 1024 to 8192 on 4 to 16 warps with 1 or 3 pivots a step, and,
+/// when rows fit, blocks held
 /// in registers on 4 to 32 warps (each at least 128 candidates a warp, what the prefix sum
 /// of the compaction needs).
 pub fn search(max_len: usize, group: usize) -> Vec<SearchConfig> {
@@ -133,12 +134,15 @@ pub fn search(max_len: usize, group: usize) -> Vec<SearchConfig> {
     };
     for block in [1024, 2048, 4096, 8192] {
         for num_warps in [4, 8, 16] {
-            push(SearchConfig {
-                block,
-                group,
-                num_warps,
-                stream: true,
-            });
+            for pivots in [1, 3] {
+                push(SearchConfig {
+                    block,
+                    group,
+                    num_warps,
+                    stream: true,
+                    pivots,
+                });
+            }
         }
     }
     if max_len <= MAX_BLOCK {
@@ -150,6 +154,7 @@ pub fn search(max_len: usize, group: usize) -> Vec<SearchConfig> {
                     group,
                     num_warps,
                     stream: false,
+                    pivots: 1,
                 });
             }
             block *= 2;

@@ -98,7 +98,7 @@ fn search_kernel(search: &SearchConfig) -> Result<BundleKernel> {
         grid: [vec![factor("rows", 1)], vec![], vec![]],
         config: obj(json!({
             "policy": policy.name, "block": search.block, "group": search.group,
-            "num_warps": search.num_warps, "stream": search.stream,
+            "num_warps": search.num_warps, "stream": search.stream, "pivots": search.pivots,
         })),
     })
 }

@@ -115,6 +115,12 @@ impl PrunePlan {
             cfg.num_warps,
         )?;
         ensure(
+            (1..=4).contains(&cfg.pivots),
+            "cfg.pivots",
+            "1 to 4 points a search step",
+            cfg.pivots,
+        )?;
+        ensure(
             (1..=64).contains(&cfg.group),
             "cfg.group",
             "1 to 64 query heads per candidate row",

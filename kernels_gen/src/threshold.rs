@@ -106,6 +106,9 @@ pub struct SearchConfig {
     pub num_warps: u32,
     /// Rows stream through in tiles of `block` ([`build_search_streaming`]): any length.
     pub stream: bool,
+    /// Points each search step tries at once (1 to 4): more cut the steps (each reads the
+    /// row once) at more work a candidate.
+    pub pivots: u32,
 }
 
 /// Upper bound on search steps; each one moves a bound onto an element, so real rows stop
@@ -146,14 +149,20 @@ impl SearchConfig {
             group,
             num_warps,
             stream,
+            pivots: 1,
         }
     }
 }
 
 /// The kernel name of `policy`'s search for `cfg`.
 pub fn search_name(policy: &Policy, cfg: &SearchConfig) -> String {
+    let pivots = if cfg.pivots > 1 {
+        format!("_k{}", cfg.pivots)
+    } else {
+        String::new()
+    };
     format!(
-        "threshold_{}_{}{}_g{}_w{}",
+        "threshold_{}_{}{}_g{}_w{}{pivots}",
         policy.name,
         if cfg.stream { "t" } else { "b" },
         cfg.block,
@@ -331,8 +340,8 @@ fn search_row(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig, a: &Ro
         flags: a.flags,
         qrow,
     };
-    let lo = search(b, policy, &param_vals, &row, &out, |b, mid| {
-        tally(b, es, mid, bounds)
+    let lo = search(b, policy, cfg, &param_vals, &row, &out, |b, mids| {
+        tally(b, es, mids, bounds)
     });
     b.ge(es, lo)
 }
@@ -463,17 +472,23 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             flags,
             qrow,
         };
-        let lo = search(b, policy, &param_vals, &row, &out, |b, mid| {
-            // Per-thread accumulators over the tiles, one fused reduction at the end.
+        let lo = search(b, policy, cfg, &param_vals, &row, &out, |b, mids| {
+            // Per-thread accumulators over the tiles (each pivot's sum, count, and with
+            // `bounds` min and max), one fused reduction at the end.
             let zf = b.f32(0.0);
             let zero_i = b.i32(0);
             let inf = b.f32(f32::INFINITY);
             let minus_one = b.f32(-1.0);
-            let mut init = vec![b.splat(zf, &[tile]), b.splat(zero_i, &[tile])];
+            let mut per = vec![zf, zero_i];
             if bounds {
-                init.push(b.splat(inf, &[tile]));
-                init.push(b.splat(minus_one, &[tile]));
+                per.extend([inf, minus_one]);
             }
+            let width = per.len();
+            let init: Vec<Value> = mids
+                .iter()
+                .flat_map(|_| per.iter())
+                .map(|v| b.splat(*v, &[tile]))
+                .collect();
             let acc = b.for_range(zero_i, n, tile_i, &init, |b, t0, c| {
                 let ar = b.arange(0, tile as i64);
                 let offs = b.add(ar, t0);
@@ -481,32 +496,20 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
                 let wp = b.add_ptr(w_row, offs);
                 let minus_one = b.f32(-1.0);
                 let es = b.load_masked(wp, Some(valid), Some(minus_one));
-                let ge = b.ge(es, mid);
-                let zf = b.f32(0.0);
-                let in_mass = b.select(ge, es, zf);
-                let (one_i, zero_i) = (b.i32(1), b.i32(0));
-                let in_count = b.select(ge, one_i, zero_i);
-                let mut next = vec![b.add(c[0], in_mass), b.add(c[1], in_count)];
-                if bounds {
-                    let inf = b.f32(f32::INFINITY);
-                    let at_or_above = b.select(ge, es, inf);
-                    let below = b.select(ge, minus_one, es);
-                    next.push(b.minimum(c[2], at_or_above));
-                    next.push(b.maximum(c[3], below));
+                let mut next = vec![];
+                for (i, mid) in mids.iter().enumerate() {
+                    let terms = tally_terms(b, es, *mid, bounds);
+                    let acc = &c[i * width..(i + 1) * width];
+                    next.push(b.add(acc[0], terms[0]));
+                    next.push(b.add(acc[1], terms[1]));
+                    if bounds {
+                        next.push(b.minimum(acc[2], terms[2]));
+                        next.push(b.maximum(acc[3], terms[3]));
+                    }
                 }
                 next
             });
-            let (next_up, next_down) = if bounds {
-                (b.min(acc[2], 0), b.max(acc[3], 0))
-            } else {
-                (zf, zf)
-            };
-            Tally {
-                mass: b.sum(acc[0], 0),
-                count: b.sum(acc[1], 0),
-                next_up,
-                next_down,
-            }
+            acc.chunks(width).map(|t| reduce_terms(b, t)).collect()
         });
         let slots = b.arange(0, gpad as i64);
         let mine = b.eq(slots, g);
@@ -570,9 +573,9 @@ fn load_params(b: &mut KernelBuilder, params: &[Value], qrow: Value) -> Vec<Valu
         .collect()
 }
 
-/// What one search step measures of the set `e >= mid`: its mass and count and, for
-/// policies that read them, the smallest element in it and the largest one left out (-1
-/// when none is).
+/// What one search step measures of the set `e >= mid` at one of its pivots: its mass and
+/// count and, for policies that read them, the smallest element in it and the largest one
+/// left out (-1 when none is).
 struct Tally {
     mass: Value,
     count: Value,
@@ -580,38 +583,54 @@ struct Tally {
     next_down: Value,
 }
 
-/// Whether the search tallies the nearest elements around each `mid`: only for policies
+/// Whether the search tallies the nearest elements around each pivot: only for policies
 /// that read `threshold` or `below`.
 fn needs_bounds(policy: &Policy) -> bool {
     policy.reads.contains(&"threshold") || policy.reads.contains(&"below")
 }
 
-/// The step's where/sum (and min/max) over one block of `es`; the `fuse_reductions` pass
-/// makes them one pass with one exchange between warps.
-fn tally(b: &mut KernelBuilder, es: Value, mid: Value, bounds: bool) -> Tally {
+/// The per-candidate terms of one pivot's tally over a block of `es`: what is summed for
+/// the mass and the count, and (with `bounds`) what is min- and max-reduced.
+fn tally_terms(b: &mut KernelBuilder, es: Value, mid: Value, bounds: bool) -> Vec<Value> {
     let ge = b.ge(es, mid);
     let zf = b.f32(0.0);
     let in_mass = b.select(ge, es, zf);
-    let mass = b.sum(in_mass, 0);
-    let one_i = b.i32(1);
-    let zero_i = b.i32(0);
+    let (one_i, zero_i) = (b.i32(1), b.i32(0));
     let in_count = b.select(ge, one_i, zero_i);
-    let count = b.sum(in_count, 0);
-    let (next_up, next_down) = if bounds {
+    let mut terms = vec![in_mass, in_count];
+    if bounds {
         let inf = b.f32(f32::INFINITY);
-        let at_or_above = b.select(ge, es, inf);
         let minus_one = b.f32(-1.0);
-        let below = b.select(ge, minus_one, es);
-        (b.min(at_or_above, 0), b.max(below, 0))
+        terms.push(b.select(ge, es, inf));
+        terms.push(b.select(ge, minus_one, es));
+    }
+    terms
+}
+
+/// Reduces a pivot's terms (from [`tally_terms`], or accumulated over tiles) to its tally.
+fn reduce_terms(b: &mut KernelBuilder, terms: &[Value]) -> Tally {
+    let zf = b.f32(0.0);
+    let (next_up, next_down) = if terms.len() == 4 {
+        (b.min(terms[2], 0), b.max(terms[3], 0))
     } else {
         (zf, zf)
     };
     Tally {
-        mass,
-        count,
+        mass: b.sum(terms[0], 0),
+        count: b.sum(terms[1], 0),
         next_up,
         next_down,
     }
+}
+
+/// Every pivot's tally over one block of `es`; the `fuse_reductions` pass makes all their
+/// sums (and mins and maxes) one pass with one exchange between warps.
+fn tally(b: &mut KernelBuilder, es: Value, mids: &[Value], bounds: bool) -> Vec<Tally> {
+    let terms: Vec<Vec<Value>> = mids
+        .iter()
+        .map(|m| tally_terms(b, es, *m, bounds))
+        .collect();
+    terms.iter().map(|t| reduce_terms(b, t)).collect()
 }
 
 /// A row's totals: the sum of its `e`, its candidates, how many have `e > 0`, and whether
@@ -631,31 +650,36 @@ struct Outputs {
     qrow: Value,
 }
 
-/// The search over one query row; `measure(b, mid)` tallies the set `e >= mid`. Stores the
-/// row's kept mass and flag; returns `lo`: the row keeps `e >= lo`.
+/// The search over one query row; `measure(b, pivots)` tallies the sets `e >= pivot`, one
+/// pass over the row for all of them. Stores the row's kept mass and flag; returns `lo`:
+/// the row keeps `e >= lo`.
 ///
 /// The bracket: `lo` is a threshold at which the policy holds (0 at first: everything
 /// kept), `hi` one at which it fails (just above the maximum's e = 1 at first: nothing
-/// kept). Each step tries a point strictly between and moves one bound onto it; the search
-/// stops when the two sets differ by one candidate, or when f32 cannot split the bracket
-/// (every candidate inside it is then equal). `{e >= lo}` is then the policy's set: every
-/// candidate above the cut, ties at the cut together. Each step is one fused pass counting
-/// and summing the set at `mid` (two operations a candidate).
+/// kept). Each step tries `cfg.pivots` points inside and moves `lo` up to the highest at
+/// which the policy holds, `hi` down to the lowest at which it fails; the search stops when
+/// the two sets differ by one candidate, or when f32 cannot split the bracket (every
+/// candidate inside it is then equal). `{e >= lo}` is then the policy's set: every
+/// candidate above the cut, ties at the cut together. A step costs, per candidate and
+/// pivot, a compare and two masked adds.
 ///
-/// Where to try: from the start, a quarter of the upper bound a few times (most cuts lie
-/// within a few octaves of the maximum); while the bounds are more than an octave apart,
-/// their geometric mean (the lower one floored at hi * 2^-64 and at the least positive
-/// f32, so the cut's octave is found in a few steps, down into the denormals); then, for a
-/// policy with a [`SearchTarget`], regula falsi on the mass (or count) at the two bounds
-/// with the Illinois rule (a bound kept twice has its pull halved, so both close in), else
-/// bisection. Exactness never depends on the guess.
+/// Where to try: from the start, a quarter of the upper bound a few times (powers of a
+/// quarter with several pivots), since most cuts lie within a few octaves of the maximum;
+/// while the bounds are more than an octave apart, points evenly spaced in log space (the
+/// lower bound floored at hi * 2^-64 and at the least positive f32, so the cut's octave is
+/// found in a few steps, down into the denormals); then, for a policy with a
+/// [`SearchTarget`], around the point where the mass (or count) interpolated between the
+/// bounds meets the target (regula falsi; with one pivot the Illinois rule halves the pull
+/// of a bound kept twice, so both close in), else evenly spaced. Exactness never depends
+/// on the guesses.
 fn search(
     b: &mut KernelBuilder,
     policy: &Policy,
+    cfg: &SearchConfig,
     params: &[Value],
     row: &RowTotals,
     out: &Outputs,
-    measure: impl Fn(&mut KernelBuilder, Value) -> Tally,
+    measure: impl Fn(&mut KernelBuilder, &[Value]) -> Vec<Tally>,
 ) -> Value {
     let z = row.z;
     let zero = b.f32(0.0);
@@ -664,8 +688,8 @@ fn search(
     let above_max = b.f32(1.0 + f32::EPSILON);
     let hi0 = b.select(row.skip, zero, above_max);
     let (one_i, zero_i) = (b.i32(1), b.i32(0));
-    // Tallies at the bounds: everything at lo = 0, nothing above the maximum.
-    // Which bound moved last (1 lo, -1 hi) and the Illinois weights of the two tallies.
+    // Tallies at the bounds: everything at lo = 0, nothing above the maximum; which bound
+    // moved last (1 lo, -1 hi) and the Illinois weights of the two tallies.
     let init = [zero, hi0, z, row.n, zero, zero_i, zero_i, onef, onef];
     let target = policy.target.map(|t| match t {
         SearchTarget::Mass(i) => {
@@ -676,7 +700,7 @@ fn search(
     });
     let (s_lo, s_hi) = (b.i32(0), b.i32(MAX_STEPS));
     let fin = b.for_range(s_lo, s_hi, one_i, &init, |b, step, c| {
-        let bracket = Bracket {
+        let k = Bracket {
             lo: c[0],
             hi: c[1],
             lo_mass: c[2],
@@ -688,97 +712,64 @@ fn search(
             w_hi: c[8],
         };
         let one_i = b.i32(1);
-        let gap = b.sub(bracket.lo_count, bracket.hi_count);
+        let gap = b.sub(k.lo_count, k.hi_count);
         let several = b.gt(gap, one_i);
-        let apart = b.lt(bracket.lo, bracket.hi);
+        let apart = b.lt(k.lo, k.hi);
         let open = b.and(several, apart);
         b.if_else(
             open,
             |b| {
-                let guess = next_point(b, &bracket, step, target);
+                let guesses = next_points(b, &k, step, target, cfg.pivots as usize);
                 // A guess outside the bracket (rounding) falls back to the midpoint; when
                 // even that does not split it, lo and hi are adjacent floats and every
                 // candidate inside equals lo.
-                let above_lo = b.gt(guess, bracket.lo);
-                let below_hi = b.lt(guess, bracket.hi);
-                let fits = b.and(above_lo, below_hi);
                 let half = b.f32(0.5);
-                let span = b.sub(bracket.hi, bracket.lo);
+                let span = b.sub(k.hi, k.lo);
                 let half_span = b.mul(span, half);
-                let middle = b.add(bracket.lo, half_span);
-                let mid = b.select(fits, guess, middle);
-                let above_lo = b.gt(mid, bracket.lo);
-                let below_hi = b.lt(mid, bracket.hi);
-                let inside = b.and(above_lo, below_hi);
-                let t = measure(b, mid);
-                let onef = b.f32(1.0);
-                let zf = b.f32(0.0);
-                // mass = M / z, exactly 1 when nothing positive is left out (the same fold
-                // as z), and below 1 whenever a positive weight is, even when the f32 sum
-                // cannot tell: p = 1 keeps every positive weight.
-                let everything = b.eq(t.mass, z);
-                let scaled = b.mul(t.mass, inv_z);
-                let mass_n = b.select(everything, onef, scaled);
-                let below_one = b.f32(1.0 - f32::EPSILON / 2.0);
-                let capped = b.minimum(mass_n, below_one);
-                let left_out = b.lt(t.count, row.n_pos);
-                let mass_n = b.select(left_out, capped, mass_n);
-                let reads = |s: &str| policy.reads.contains(&s);
-                let threshold = if reads("threshold") {
-                    b.mul(t.next_up, inv_z)
-                } else {
-                    zf
-                };
-                let below = if reads("below") {
-                    b.mul(t.next_down, inv_z)
-                } else {
-                    zf
-                };
-                let stats = KeptStats {
-                    mass: mass_n,
-                    count: t.count,
-                    threshold,
-                    below,
-                    max_weight: inv_z,
-                    candidates: row.n,
-                };
-                let holds = (policy.predicate)(b, &stats, params);
-                let holds = b.and(holds, inside);
-                let fails = b.not(holds);
-                let fails = b.and(fails, inside);
-                let new_lo = b.select(holds, mid, bracket.lo);
-                let new_lo_mass = b.select(holds, t.mass, bracket.lo_mass);
-                let new_lo_count = b.select(holds, t.count, bracket.lo_count);
+                let middle = b.add(k.lo, half_span);
+                let mids: Vec<Value> = guesses
+                    .iter()
+                    .map(|g| {
+                        let above_lo = b.gt(*g, k.lo);
+                        let below_hi = b.lt(*g, k.hi);
+                        let fits = b.and(above_lo, below_hi);
+                        b.select(fits, *g, middle)
+                    })
+                    .collect();
+                let tallies = measure(b, &mids);
+                let mut next = [k.lo, k.hi, k.lo_mass, k.lo_count, k.hi_mass, k.hi_count];
+                let mut moved_lo = b.bool(false);
+                let mut moved_hi = b.bool(false);
+                let mut split = b.bool(false);
+                for (mid, t) in mids.iter().zip(&tallies) {
+                    let above_lo = b.gt(*mid, k.lo);
+                    let below_hi = b.lt(*mid, k.hi);
+                    let inside = b.and(above_lo, below_hi);
+                    split = b.or(split, inside);
+                    let holds = holds_at(b, policy, params, row, inv_z, t);
+                    let holds = b.and(holds, inside);
+                    let fails = b.not(holds);
+                    let fails = b.and(fails, inside);
+                    // The highest pivot that holds and the lowest that fails.
+                    let higher = b.gt(*mid, next[0]);
+                    let raise = b.and(holds, higher);
+                    let lower = b.lt(*mid, next[1]);
+                    let drop = b.and(fails, lower);
+                    next[0] = b.select(raise, *mid, next[0]);
+                    next[2] = b.select(raise, t.mass, next[2]);
+                    next[3] = b.select(raise, t.count, next[3]);
+                    next[1] = b.select(drop, *mid, next[1]);
+                    next[4] = b.select(drop, t.mass, next[4]);
+                    next[5] = b.select(drop, t.count, next[5]);
+                    moved_lo = b.or(moved_lo, raise);
+                    moved_hi = b.or(moved_hi, drop);
+                }
                 // Not split: close the bracket at lo.
-                let hi_or_lo = b.select(inside, bracket.hi, bracket.lo);
-                let new_hi = b.select(fails, mid, hi_or_lo);
-                let new_hi_mass = b.select(fails, t.mass, bracket.hi_mass);
-                let new_hi_count = b.select(fails, t.count, bracket.hi_count);
-                // Illinois: a bound kept twice in a row has its tally's pull halved, so the
-                // next guess lands on its side and both bounds close in.
-                let (one_i, minus_one_i) = (b.i32(1), b.i32(-1));
-                let lo_again = b.eq(bracket.last, one_i);
-                let hi_again = b.eq(bracket.last, minus_one_i);
-                let half = b.f32(0.5);
-                let w_hi_half = b.mul(bracket.w_hi, half);
-                let w_lo_half = b.mul(bracket.w_lo, half);
-                let w_hi_if_lo = b.select(lo_again, w_hi_half, onef);
-                let w_lo_if_hi = b.select(hi_again, w_lo_half, onef);
-                let new_w_hi = b.select(holds, w_hi_if_lo, onef);
-                let new_w_lo = b.select(fails, w_lo_if_hi, onef);
-                let moved = b.select(fails, minus_one_i, bracket.last);
-                let new_last = b.select(holds, one_i, moved);
-                vec![
-                    new_lo,
-                    new_hi,
-                    new_lo_mass,
-                    new_lo_count,
-                    new_hi_mass,
-                    new_hi_count,
-                    new_last,
-                    new_w_lo,
-                    new_w_hi,
-                ]
+                next[1] = b.select(split, next[1], k.lo);
+                let (w_lo, w_hi, last) = illinois(b, &k, moved_lo, moved_hi);
+                let mut v = next.to_vec();
+                v.extend([last, w_lo, w_hi]);
+                v
             },
             |_| c.to_vec(),
         )
@@ -798,6 +789,78 @@ fn search(
     lo
 }
 
+/// The policy's predicate at one pivot, from its tally.
+fn holds_at(
+    b: &mut KernelBuilder,
+    policy: &Policy,
+    params: &[Value],
+    row: &RowTotals,
+    inv_z: Value,
+    t: &Tally,
+) -> Value {
+    let onef = b.f32(1.0);
+    let zf = b.f32(0.0);
+    // mass = M / z, exactly 1 when nothing positive is left out (the same fold as z), and
+    // below 1 whenever a positive weight is, even when the f32 sum cannot tell: p = 1
+    // keeps every positive weight.
+    let everything = b.eq(t.mass, row.z);
+    let scaled = b.mul(t.mass, inv_z);
+    let mass_n = b.select(everything, onef, scaled);
+    let below_one = b.f32(1.0 - f32::EPSILON / 2.0);
+    let capped = b.minimum(mass_n, below_one);
+    let left_out = b.lt(t.count, row.n_pos);
+    let mass_n = b.select(left_out, capped, mass_n);
+    let reads = |s: &str| policy.reads.contains(&s);
+    let threshold = if reads("threshold") {
+        b.mul(t.next_up, inv_z)
+    } else {
+        zf
+    };
+    let below = if reads("below") {
+        b.mul(t.next_down, inv_z)
+    } else {
+        zf
+    };
+    let stats = KeptStats {
+        mass: mass_n,
+        count: t.count,
+        threshold,
+        below,
+        max_weight: inv_z,
+        candidates: row.n,
+    };
+    (policy.predicate)(b, &stats, params)
+}
+
+/// The Illinois rule's state after a step: a bound kept twice in a row has its tally's pull
+/// halved, so the next guess lands on its side and both bounds close in. Returns the new
+/// weights of the lower and upper tallies and which bound moved (1 lo, -1 hi, 0 both).
+fn illinois(
+    b: &mut KernelBuilder,
+    k: &Bracket,
+    moved_lo: Value,
+    moved_hi: Value,
+) -> (Value, Value, Value) {
+    let onef = b.f32(1.0);
+    let half = b.f32(0.5);
+    let (one_i, minus_one_i, zero_i) = (b.i32(1), b.i32(-1), b.i32(0));
+    let lo_again = b.eq(k.last, one_i);
+    let hi_again = b.eq(k.last, minus_one_i);
+    let only_lo = b.not(moved_hi);
+    let only_lo = b.and(moved_lo, only_lo);
+    let only_hi = b.not(moved_lo);
+    let only_hi = b.and(moved_hi, only_hi);
+    let w_hi_half = b.mul(k.w_hi, half);
+    let w_lo_half = b.mul(k.w_lo, half);
+    let kept_hi_twice = b.and(only_lo, lo_again);
+    let kept_lo_twice = b.and(only_hi, hi_again);
+    let w_hi = b.select(kept_hi_twice, w_hi_half, onef);
+    let w_lo = b.select(kept_lo_twice, w_lo_half, onef);
+    let last = b.select(only_hi, minus_one_i, zero_i);
+    let last = b.select(only_lo, one_i, last);
+    (w_lo, w_hi, last)
+}
+
 /// The search's bracket, the tallies at its two ends, which end moved last and the
 /// Illinois weights of the two tallies.
 struct Bracket {
@@ -812,18 +875,19 @@ struct Bracket {
     w_hi: Value,
 }
 
-/// Descending steps tried from the maximum while the lower bound is still 0: each tries a
-/// quarter of the upper bound (weights of interest are rarely far below the maximum).
+/// Descending steps tried from the maximum while the lower bound is still 0 (see
+/// [`search`]).
 const DESCENTS: i32 = 4;
 
-/// The point a search step tries (see [`search`]); not always strictly inside the bracket
-/// (f32 may not split a narrow one): the caller checks.
-fn next_point(
+/// The `pivots` points a search step tries, ascending (see [`search`]); not always strictly
+/// inside the bracket (f32 may not split a narrow one): the caller checks.
+fn next_points(
     b: &mut KernelBuilder,
     k: &Bracket,
     step: Value,
     target: Option<(bool, Value)>,
-) -> Value {
+    pivots: usize,
+) -> Vec<Value> {
     let tiny = b.f32(5.421_011e-20);
     let floor = b.mul(k.hi, tiny);
     let least = b.f32(f32::from_bits(1));
@@ -831,56 +895,75 @@ fn next_point(
     let lo_f = b.maximum(k.lo, floor);
     let x_lo = b.log2(lo_f);
     let x_hi = b.log2(k.hi);
-    let half = b.f32(0.5);
-    let sum = b.add(x_lo, x_hi);
-    let x_mid = b.mul(sum, half);
-    let geometric = b.exp2(x_mid);
-    let quarter = b.f32(0.25);
-    let descend = b.mul(k.hi, quarter);
+    let x_span = b.sub(x_hi, x_lo);
     let zero = b.f32(0.0);
     let at_zero = b.eq(k.lo, zero);
     let descents = b.i32(DESCENTS);
     let early = b.lt(step, descents);
     let descending = b.and(at_zero, early);
-    let wide_guess = b.select(descending, descend, geometric);
     let span = b.sub(k.hi, k.lo);
     let two = b.f32(2.0);
     let twice_lo = b.mul(k.lo, two);
     let wide = b.gt(k.hi, twice_lo);
-    let Some((by_mass, want)) = target else {
-        let half_span = b.mul(span, half);
-        let arithmetic = b.add(k.lo, half_span);
-        return b.select(wide, wide_guess, arithmetic);
+
+    // Fractions of the (linear) span for a narrow bracket: around the interpolated point
+    // with a target, evenly spaced without.
+    let even: Vec<f32> = (1..=pivots)
+        .map(|i| i as f32 / (pivots + 1) as f32)
+        .collect();
+    let fractions: Vec<Value> = match target {
+        None => even.iter().map(|f| b.f32(*f)).collect(),
+        Some((by_mass, want)) => {
+            let (at_lo, at_hi) = if by_mass {
+                (k.lo_mass, k.hi_mass)
+            } else {
+                (
+                    b.cast(k.lo_count, DType::F32),
+                    b.cast(k.hi_count, DType::F32),
+                )
+            };
+            // Regula falsi on (threshold, tally - target), with the Illinois weights.
+            let f_lo = b.sub(at_lo, want);
+            let f_lo = b.mul(f_lo, k.w_lo);
+            let f_hi = b.sub(at_hi, want);
+            let f_hi = b.mul(f_hi, k.w_hi);
+            let den = b.sub(f_lo, f_hi);
+            let centre = b.div(f_lo, den);
+            // The target must lie between the tallies (a policy may hold for another
+            // reason, as a budget floor does): otherwise spread evenly.
+            let reached = b.ge(at_lo, want);
+            let short = b.lt(at_hi, want);
+            let bracketed = b.and(reached, short);
+            let gap = 1.0 / (2 * (pivots + 1)) as f32;
+            let (f_min, f_max) = (b.f32(1.0 / 64.0), b.f32(63.0 / 64.0));
+            even.iter()
+                .enumerate()
+                .map(|(i, e)| {
+                    let off = b.f32((i as f32 - (pivots as f32 - 1.0) / 2.0) * gap);
+                    let f = b.add(centre, off);
+                    let f = b.maximum(f, f_min);
+                    let f = b.minimum(f, f_max);
+                    let e = b.f32(*e);
+                    b.select(bracketed, f, e)
+                })
+                .collect()
+        }
     };
-    let (at_lo, at_hi) = if by_mass {
-        (k.lo_mass, k.hi_mass)
-    } else {
-        (
-            b.cast(k.lo_count, DType::F32),
-            b.cast(k.hi_count, DType::F32),
-        )
-    };
-    // Regula falsi on (threshold, tally - target), with the Illinois weights.
-    let f_lo = b.sub(at_lo, want);
-    let f_lo = b.mul(f_lo, k.w_lo);
-    let f_hi = b.sub(at_hi, want);
-    let f_hi = b.mul(f_hi, k.w_hi);
-    let den = b.sub(f_lo, f_hi);
-    let f = b.div(f_lo, den);
-    let (f_min, f_max) = (b.f32(1.0 / 64.0), b.f32(63.0 / 64.0));
-    let f = b.maximum(f, f_min);
-    let f = b.minimum(f, f_max);
-    let d = b.mul(span, f);
-    let interpolated = b.add(k.lo, d);
-    // The target must lie between the tallies (a policy may hold for another reason, as a
-    // budget floor does): otherwise bisect.
-    let reached = b.ge(at_lo, want);
-    let short = b.lt(at_hi, want);
-    let bracketed = b.and(reached, short);
-    let half_span = b.mul(span, half);
-    let arithmetic = b.add(k.lo, half_span);
-    let narrow_guess = b.select(bracketed, interpolated, arithmetic);
-    b.select(wide, wide_guess, narrow_guess)
+    (0..pivots)
+        .map(|i| {
+            // Descending: hi / 4^(pivots - i); wide: evenly spaced exponents.
+            let quarter = b.f32(0.25f32.powi((pivots - i) as i32));
+            let descend = b.mul(k.hi, quarter);
+            let frac = b.f32((i + 1) as f32 / (pivots + 1) as f32);
+            let dx = b.mul(x_span, frac);
+            let x = b.add(x_lo, dx);
+            let geometric = b.exp2(x);
+            let wide_guess = b.select(descending, descend, geometric);
+            let d = b.mul(span, fractions[i]);
+            let narrow_guess = b.add(k.lo, d);
+            b.select(wide, wide_guess, narrow_guess)
+        })
+        .collect()
 }
 
 /// Builds the kernel that packs each row's staged positions into one CSR list. Parameters:

@@ -253,9 +253,19 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
         let cfg = SearchConfig::for_rows(len, group);
         ks.push(threshold::build(&top_p::POLICY, &cfg).unwrap());
     }
-    let cfg = SearchConfig::for_rows(8192, 1);
+    for (block, num_warps, stream) in [(2048, 4, true), (4096, 8, true), (4096, 4, false)] {
+        let cfg = SearchConfig {
+            block,
+            group: 1,
+            num_warps,
+            stream,
+            pivots: 3,
+        };
+        ks.push(threshold::build(&top_p::POLICY, &cfg).unwrap());
+    }
+    let cfg = SearchConfig::for_rows(4096, 1);
     ks.push(threshold::build_search(&top_k::POLICY, &cfg).unwrap());
-    ks.push(threshold::build_search(&top_p_bounded::POLICY, &cfg).unwrap());
+    ks.push(threshold::build(&top_p_bounded::POLICY, &cfg).unwrap());
     for k in ks {
         for target in [Target::sm90a(), Target::sm80()] {
             let stages = compile_stages(&k, &target).unwrap();

@@ -476,6 +476,7 @@ fn streaming_search_matches_the_oracle() {
         group: 1,
         num_warps: 4,
         stream: true,
+        pivots: 1,
     };
     let ps: Vec<f64> = (0..rows.len())
         .map(|i| [0.5, 0.9, 0.99, 1.0][i % 4])
@@ -502,5 +503,66 @@ fn streaming_search_matches_the_oracle() {
         }
         check_kept(&w, &kept, &oracle, near_p(ps[r]))
             .unwrap_or_else(|e| panic!("streamed row {r} (p {}): {e}", ps[r]));
+    }
+}
+
+/// Several pivots a step (resident and streamed) keep exactly the oracle's sets too.
+#[test]
+fn multi_pivot_search_matches_the_oracle() {
+    let dusk = Dusk::new(Device::cpu()).unwrap();
+    let mut rng = SmallRng::seed_from_u64(21);
+    let rows: Vec<Vec<f32>> = (0..48)
+        .map(|i| {
+            let n = rng.random_range(1..=1024);
+            let shape = [Shape::Focused, Shape::Diffuse, Shape::Ties, Shape::Denormal][i % 4];
+            logits(&mut rng, n, shape)
+        })
+        .collect();
+    let ps: Vec<f64> = (0..rows.len())
+        .map(|i| [0.5, 0.9, 0.99, 1.0, 1e-3][i % 5])
+        .collect();
+    let mut indptr = vec![0i32];
+    let mut indices = vec![];
+    for r in &rows {
+        indices.extend(0..r.len() as i32);
+        indptr.push(indices.len() as i32);
+    }
+    let cand = TokenLists { indptr, indices };
+    let scores = dusk.device().upload(&rows.concat()).unwrap();
+    for (stream, pivots) in [(false, 2), (false, 3), (true, 3), (true, 4)] {
+        let cfg = SearchConfig {
+            block: 1024,
+            group: 1,
+            num_warps: 4,
+            stream,
+            pivots,
+        };
+        for (policy, params) in [
+            (&top_p::POLICY, vec![ParamValues::PerRow(ps.clone())]),
+            (&top_k::POLICY, vec![ParamValues::Uniform(17.0)]),
+        ] {
+            let mut plan = PrunePlan::with_config(&dusk, policy, &cand, cfg, 1.0, &params).unwrap();
+            plan.run(&dusk, &scores).unwrap();
+            let ip = plan.sel_indptr().download().unwrap();
+            let sel = plan.sel_indices().download().unwrap();
+            for (r, row) in rows.iter().enumerate() {
+                let w = softmax(row, 1.0);
+                let (oracle, p) = if policy.name == "top_p" {
+                    (top_p_oracle(&w, ps[r]), ps[r])
+                } else {
+                    (threshold_oracle(&w, |_, c| c >= 17), 2.0)
+                };
+                let mut kept = vec![false; row.len()];
+                for t in &sel[ip[r] as usize..ip[r + 1] as usize] {
+                    kept[*t as usize] = true;
+                }
+                check_kept(&w, &kept, &oracle, near_p(p)).unwrap_or_else(|e| {
+                    panic!(
+                        "{} stream {stream} pivots {pivots} row {r}: {e}",
+                        policy.name
+                    )
+                });
+            }
+        }
     }
 }

@@ -43,20 +43,25 @@ fn logits(rng: &mut SmallRng, n: usize, kind: usize) -> Vec<f32> {
 
 /// Configurations timed beside the default for rows of `n` candidates.
 fn sweep(n: usize) -> Vec<SearchConfig> {
-    let cfg = |block, num_warps, stream| SearchConfig {
+    let cfg = |block, num_warps, stream, pivots| SearchConfig {
         block,
         group: 1,
         num_warps,
         stream,
+        pivots,
     };
     let mut out = vec![];
-    for (tile, warps) in [(1024, 4), (2048, 4), (4096, 4), (2048, 8), (1024, 8)] {
-        out.push(cfg(tile, warps, true));
+    for (tile, warps) in [(1024, 4), (2048, 4), (4096, 4), (2048, 8), (4096, 8)] {
+        for pivots in [1, 2, 3, 4] {
+            out.push(cfg(tile, warps, true, pivots));
+        }
     }
     if n <= 8192 {
         for warps in [4, 8, 16] {
             if n >= 128 * warps as usize {
-                out.push(cfg(n, warps, false));
+                for pivots in [1, 3] {
+                    out.push(cfg(n, warps, false, pivots));
+                }
             }
         }
     }
@@ -121,6 +126,7 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         group: 1,
         num_warps: 16,
         stream: false,
+        pivots: 1,
     };
     for cfg in [None, Some(resident)] {
         let params = [ParamValues::PerRow(ps.clone())];
@@ -350,10 +356,11 @@ pub fn run() -> Res<()> {
                 alt.run(&dusk, &sets[k])
             })?;
             let name = format!(
-                "{}{}w{}",
+                "{}{}w{}k{}",
                 if cfg.stream { "stream t" } else { "b" },
                 cfg.block,
-                cfg.num_warps
+                cfg.num_warps,
+                cfg.pivots
             );
             println!("  {name}: {:.1} us", median(&t));
             others.push(json!({"config": name, "us": median(&t)}));
