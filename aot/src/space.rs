@@ -163,17 +163,18 @@ pub fn search(max_len: usize, group: usize) -> Vec<SearchConfig> {
     out
 }
 
-/// The search's needs: held in registers, about six live values per candidate a thread
-/// holds (8 a thread take 58 registers, 16 about 100); streamed, four accumulators per
-/// candidate of a tile plus the row's bookkeeping (16 a thread about 110); a few words of
-/// shared memory a warp for the exchanges.
+/// The search's needs: held in registers, about 4 + 2 x pivots live values per candidate
+/// a thread holds (8 a thread take 58 registers, 16 about 100); streamed, two accumulators
+/// per pivot and candidate of a tile plus the row's bookkeeping (16 a thread, one pivot,
+/// about 110; 32 a thread with four pivots spill and run 20x slower on an H100); a few
+/// words of shared memory a warp for the exchanges.
 pub fn search_fit(c: &SearchConfig) -> Fit {
     let threads = c.num_warps * 32;
     let per_thread = (c.block as u32).div_ceil(threads);
     let regs_per_thread = if c.stream {
-        4 * per_thread + 48
+        (2 * c.pivots + 2) * per_thread + 48
     } else {
-        6 * per_thread + 8
+        (4 + 2 * c.pivots) * per_thread + 8
     };
     Fit {
         threads,
