@@ -67,10 +67,16 @@ pub struct AttentionTuning {
     pub prefetch: usize,
     /// Programs per SM asked of ptxas (0: none).
     pub min_programs_per_sm: u32,
+    /// Scores and P.V on the tensor cores (see
+    /// [`SplitConfig::tensor_cores`](crate::attention::SplitConfig)): needs a group of 2 to
+    /// 8 query heads a program, 8 tokens a step and one warp.
+    pub tensor_cores: bool,
 }
 
 /// Work items the default chunk size aims for, per multiprocessor.
 const ITEMS_PER_SM: usize = 8;
+/// The same for the one-warp programs of the tensor-core kernel: 16 warps an SM.
+const ITEMS_PER_SM_ONE_WARP: usize = 16;
 /// The longest default chunk: long enough that partials cost under 1% of the KV traffic,
 /// short enough that one long row does not become the tail of the batch. Token lists get
 /// shorter chunks: their lengths are unknown when planning, and skewed budgets (Twilight's
@@ -89,10 +95,23 @@ impl AttentionTuning {
     /// that, were every row `max_tokens` long, about 8 work items per SM would exist
     /// (`num_sms`, 132 when unknown), between 2 steps and 1024 tokens.
     pub fn for_spec(spec: &AttentionSpec, num_sms: usize) -> AttentionTuning {
-        let (block_tokens, num_warps, prefetch) =
-            default_tiling(spec.kv.head_dim, program_group(spec));
-        let rows = spec.batch * spec.num_q_heads / program_group(spec);
-        let want = (ITEMS_PER_SM * num_sms).max(1);
+        let group = program_group(spec);
+        // head_dim 256 would need 64 registers of accumulator and 128 of K and V tiles in
+        // one warp: it keeps the CUDA-core kernel.
+        let tensor_cores = (2..=8).contains(&group) && spec.kv.head_dim <= 128;
+        let (block_tokens, num_warps, prefetch) = if tensor_cores {
+            (8, 1, 1)
+        } else {
+            default_tiling(spec.kv.head_dim, group)
+        };
+        let rows = spec.batch * spec.num_q_heads / group;
+        // One-warp programs need more of them per SM to keep as many loads in flight.
+        let items = if tensor_cores {
+            ITEMS_PER_SM_ONE_WARP
+        } else {
+            ITEMS_PER_SM
+        };
+        let want = (items * num_sms).max(1);
         let per_item = (spec.max_tokens * rows).div_ceil(want);
         let chunk = per_item
             .div_ceil(block_tokens)
@@ -110,6 +129,7 @@ impl AttentionTuning {
             vector_bytes: 16,
             prefetch,
             min_programs_per_sm: 0,
+            tensor_cores,
         }
     }
 }
@@ -276,6 +296,15 @@ impl AttentionPlan {
             tuning.chunk_tokens,
         )?;
         let pg = program_group(&spec);
+        ensure(
+            !tuning.tensor_cores || ((2..=8).contains(&pg) && bt == 8 && tuning.num_warps == 1),
+            "tensor_cores",
+            "a group of 2 to 8 query heads a program, block_tokens 8 and num_warps 1",
+            format!(
+                "group {pg}, block_tokens {bt}, num_warps {}",
+                tuning.num_warps
+            ),
+        )?;
         let rows = spec.batch * spec.num_q_heads / pg;
         let max_chunks = spec.max_tokens.div_ceil(tuning.chunk_tokens);
         ensure(
@@ -306,6 +335,7 @@ impl AttentionPlan {
             vector_bytes: tuning.vector_bytes,
             prefetch: tuning.prefetch,
             min_programs_per_sm: tuning.min_programs_per_sm,
+            tensor_cores: tuning.tensor_cores,
         };
         let merge_cfg = MergeConfig {
             head_dim: spec.kv.head_dim,

@@ -100,8 +100,20 @@ fn attention_kernels() -> Vec<Kernel> {
                     vector_bytes: 16,
                     prefetch,
                     min_programs_per_sm: 0,
+                    tensor_cores: false,
                 };
                 ks.push(attention::build_split(&cfg).unwrap());
+                // The plans' default for groups of 2 to 8.
+                if group > 1 {
+                    let cfg = SplitConfig {
+                        block_tokens: 8,
+                        num_warps: 1,
+                        prefetch: 1,
+                        tensor_cores: true,
+                        ..cfg
+                    };
+                    ks.push(attention::build_split(&cfg).unwrap());
+                }
             }
             for sparq in [false, true] {
                 let cfg = MergeConfig {
@@ -138,6 +150,7 @@ fn attention_kernels() -> Vec<Kernel> {
             vector_bytes,
             prefetch,
             min_programs_per_sm: 0,
+            tensor_cores: false,
         };
         ks.push(attention::build_split(&cfg).unwrap());
     }
@@ -157,6 +170,7 @@ fn attention_reads_kv_in_16_byte_vectors() {
         vector_bytes: 16,
         prefetch: 1,
         min_programs_per_sm: 0,
+        tensor_cores: false,
     };
     let ptx = compile(&attention::build_split(&cfg).unwrap(), &Target::sm90a()).unwrap();
     let v4 = ptx.matches("ld.global.v4").count();

@@ -20,7 +20,8 @@
 use crate::common::{arg, Res};
 use dusk::compiler::{DType, KernelBuilder};
 use dusk::kernels::attention_ops::{
-    AttentionMeta, AttentionMode, AttentionPlan, AttentionSpec, AttentionTuning, SparqMix,
+    default_tiling, AttentionMeta, AttentionMode, AttentionPlan, AttentionSpec, AttentionTuning,
+    SparqMix,
 };
 use dusk::kernels::ops::Dusk;
 use dusk::kernels::paged::{KvShape, PageTable, TokenLists};
@@ -113,6 +114,8 @@ struct CheckCase {
     sparq: bool,
     /// Tokens per work item (`None`: the plan's default).
     chunk: Option<usize>,
+    /// GQA on the CUDA cores (`false`) or the tensor cores (`true`); `None`: the default.
+    tensor_cores: Option<bool>,
 }
 
 /// The positions each query row attends to, for the reference.
@@ -171,6 +174,11 @@ fn check_case<T: Val>(dusk: &Dusk, rng: &mut SmallRng, c: &CheckCase) -> Res<(f6
     let plan = AttentionPlan::with_tuning(dusk, spec, |t| {
         if let Some(ch) = c.chunk {
             t.chunk_tokens = ch;
+        }
+        if c.tensor_cores == Some(false) && t.tensor_cores {
+            let (bt, w, f) = default_tiling(c.head_dim, c.group);
+            (t.block_tokens, t.num_warps, t.prefetch, t.tensor_cores) = (bt, w, f, false);
+            t.chunk_tokens = t.chunk_tokens.div_ceil(bt) * bt;
         }
     })?;
     let meta = plan.upload_meta(dusk, &table, lists.as_ref())?;
@@ -317,9 +325,30 @@ fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<f64> {
             true,
         ),
     ];
+    // GQA of head_dim 64 and 128 runs on the tensor cores by default; the CUDA-core kernel
+    // stays a tuning option, so two GQA cases are checked on it too.
+    let fma = [
+        (Dense, vec![1, 300, 4097], 8, 4, 128, vec![], None),
+        (
+            GroupVarlen,
+            vec![1500, 700],
+            2,
+            8,
+            64,
+            vec![1000, 3],
+            Some(256),
+        ),
+    ];
+    let cases = cases
+        .into_iter()
+        .map(|(m, s, k, g, d, l, sp, ch, bf)| (m, s, k, g, d, l, sp, ch, bf, None))
+        .chain(
+            fma.into_iter()
+                .map(|(m, s, k, g, d, l, ch)| (m, s, k, g, d, l, false, ch, false, Some(false))),
+        );
     let mut worst = 0.0f64;
     println!("correctness (fresh random inputs, outputs poisoned, f64 reference):");
-    for (mode, seqs, kv_heads, group, head_dim, lens, sparq, chunk, bf) in cases {
+    for (mode, seqs, kv_heads, group, head_dim, lens, sparq, chunk, bf, tensor_cores) in cases {
         let c = CheckCase {
             seqs,
             kv_heads,
@@ -329,6 +358,7 @@ fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<f64> {
             lens,
             sparq,
             chunk,
+            tensor_cores,
         };
         let (err, lse_err) = if bf {
             check_case::<bf16>(dusk, rng, &c)?
@@ -337,11 +367,12 @@ fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<f64> {
         };
         let tol = if bf { 1e-2 } else { 2e-3 };
         println!(
-            "  {mode:?} seqs {:?} kv_heads {kv_heads} group {group} d {head_dim} lens {:?}{}{}: rel err {err:.2e}, lse abs err {lse_err:.1e}",
+            "  {mode:?} seqs {:?} kv_heads {kv_heads} group {group} d {head_dim} lens {:?}{}{}{}: rel err {err:.2e}, lse abs err {lse_err:.1e}",
             c.seqs,
             c.lens,
             if sparq { " sparq" } else { "" },
-            if bf { " bf16" } else { " f16" }
+            if bf { " bf16" } else { " f16" },
+            if tensor_cores == Some(false) { " cuda-cores" } else { "" }
         );
         if err >= tol || lse_err > 1e-2 {
             return Err(format!(
@@ -545,8 +576,10 @@ fn time_plan(
 }
 
 /// An alternative tuning to time beside the default: `BTxW` then optional `vBYTES`
-/// (bytes per thread and row), `fP` (tiles prefetched), `cCHUNK` (chunk tokens), e.g. `8x4`,
-/// `16x4v32`, `8x4f2c256`.
+/// (bytes per thread and row), `fP` (tiles prefetched), `cCHUNK` (chunk tokens), `mM`
+/// (tensor cores: 1 on, 0 off; on by default where the tiling allows, 8 tokens on one
+/// warp), `oN` (programs per SM asked of ptxas), e.g. `8x4`, `16x4v32`, `8x4f2c256`,
+/// `8x1o16`, `8x1m0`.
 #[derive(Clone, Copy)]
 struct Tiling {
     block_tokens: usize,
@@ -554,6 +587,8 @@ struct Tiling {
     vector_bytes: Option<u32>,
     prefetch: Option<usize>,
     chunk: Option<usize>,
+    mma: Option<bool>,
+    programs: Option<u32>,
 }
 
 fn parse_tiling(t: &str) -> Option<Tiling> {
@@ -572,6 +607,8 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
         vector_bytes: None,
         prefetch: None,
         chunk: None,
+        mma: None,
+        programs: None,
     };
     for (k, v) in &fields[1..] {
         match k {
@@ -579,6 +616,8 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
             'v' => out.vector_bytes = Some(v.parse().ok()?),
             'f' => out.prefetch = Some(v.parse().ok()?),
             'c' => out.chunk = Some(v.parse().ok()?),
+            'm' => out.mma = Some(v.parse::<u8>().ok()? == 1),
+            'o' => out.programs = Some(v.parse().ok()?),
             _ => return None,
         }
     }
@@ -587,8 +626,14 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
 
 fn describe(t: &AttentionTuning) -> String {
     format!(
-        "{}x{}v{}f{} chunk {}",
-        t.block_tokens, t.num_warps, t.vector_bytes, t.prefetch, t.chunk_tokens
+        "{}x{}v{}f{}o{}{} chunk {}",
+        t.block_tokens,
+        t.num_warps,
+        t.vector_bytes,
+        t.prefetch,
+        t.min_programs_per_sm,
+        if t.tensor_cores { " mma" } else { "" },
+        t.chunk_tokens
     )
 }
 
@@ -609,6 +654,10 @@ fn time_tilings(
             u.num_warps = t.num_warps;
             u.vector_bytes = t.vector_bytes.unwrap_or(u.vector_bytes);
             u.prefetch = t.prefetch.unwrap_or(u.prefetch);
+            u.min_programs_per_sm = t.programs.unwrap_or(u.min_programs_per_sm);
+            u.tensor_cores = t
+                .mma
+                .unwrap_or(u.tensor_cores && t.block_tokens == 8 && t.num_warps == 1);
             u.chunk_tokens =
                 t.chunk.unwrap_or(u.chunk_tokens).div_ceil(t.block_tokens) * t.block_tokens;
         })?;
