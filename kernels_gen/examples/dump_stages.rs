@@ -34,6 +34,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             prefetch: 1,
             min_programs_per_sm: 0,
             tensor_cores: true,
+            chunk_fastest: false,
         })?,
     ];
     for k in &kernels {

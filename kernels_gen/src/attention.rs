@@ -75,6 +75,11 @@ pub struct SplitConfig {
     /// group and keeps one `[head_dim, 8]` accumulator for all heads. Needs a group of 2 to
     /// 8, 8 tokens a step and one warp a program (see [`build_split`]).
     pub tensor_cores: bool,
+    /// The grid is `(max_chunks, rows)` instead of `(rows, max_chunks)`: the GPU starts
+    /// programs in grid order, so a row's chunks then start together rather than one wave
+    /// of first chunks, then one of second chunks, ... which leaves the long rows of skewed
+    /// lists (and the empty items of short ones) to the last waves.
+    pub chunk_fastest: bool,
 }
 
 /// Compile-time choices of the merge kernel.
@@ -109,11 +114,12 @@ fn unsupported(kernel: &str, what: String) -> CompileError {
 /// `num_kv_heads`, `chunk_tokens`, `max_chunks`, (lists only) `num_indices` (entries of
 /// `sel_indices`: entries outside it are absent, whatever `sel_indptr` says), (padded only)
 /// `max_len`, and the f32
-/// `scale_log2` (softmax scale times log2(e)). Grid: `(batch * q_heads / group, max_chunks)`.
+/// `scale_log2` (softmax scale times log2(e)). Grid: `(batch * q_heads / group, max_chunks)`,
+/// or `(max_chunks, batch * q_heads / group)` with `chunk_fastest`.
 pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let (d, bt, g_n) = (cfg.head_dim, cfg.block_tokens, cfg.group);
     let name = format!(
-        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}{}",
+        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}{}{}",
         match cfg.source {
             TokenSource::Dense => "dense",
             TokenSource::Lists => "lists",
@@ -128,7 +134,8 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         cfg.vector_bytes,
         cfg.prefetch,
         cfg.min_programs_per_sm,
-        if cfg.tensor_cores { "_mma" } else { "" }
+        if cfg.tensor_cores { "_mma" } else { "" },
+        if cfg.chunk_fastest { "_cf" } else { "" }
     );
     let tc = cfg.tensor_cores;
     if !matches!(d, 64 | 128 | 256)
@@ -185,8 +192,11 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     };
     let scale_log2 = b.param_scalar("scale_log2", DType::F32);
 
-    let row = b.program_id(0);
-    let chunk = b.program_id(1);
+    let (row, chunk) = if cfg.chunk_fastest {
+        (b.program_id(1), b.program_id(0))
+    } else {
+        (b.program_id(0), b.program_id(1))
+    };
     // Row -> (batch, first query head, KV head).
     let c_group = b.i32(g_n as i32);
     let rows_per_batch = b.div(num_q_heads, c_group);

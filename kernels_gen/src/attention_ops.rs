@@ -71,12 +71,22 @@ pub struct AttentionTuning {
     /// [`SplitConfig::tensor_cores`](crate::attention::SplitConfig)): needs a group of 2 to
     /// 8 query heads a program, 8 tokens a step and one warp.
     pub tensor_cores: bool,
+    /// A row's chunks next to each other in the grid (see
+    /// [`SplitConfig::chunk_fastest`](crate::attention::SplitConfig)).
+    pub chunk_fastest: bool,
 }
 
 /// Work items the default chunk size aims for, per multiprocessor.
 const ITEMS_PER_SM: usize = 8;
-/// The same for the one-warp programs of the tensor-core kernel: 16 warps an SM.
-const ITEMS_PER_SM_ONE_WARP: usize = 16;
+/// The same for the one-warp programs of the tensor-core kernel. Fewer, longer items won
+/// on an H100 even at 4 warps an SM (batch 1, GQA 32/8: 8k context, 128 tokens an item
+/// 29.5 us, 32 tokens 46.0 us; 32k, 512 tokens 74.7 us, 128 tokens 87.2 us): every item
+/// starts with a chain of dependent loads (list bounds, page, K and V) and ends with a
+/// partial result for the merge.
+const ITEMS_PER_SM_ONE_WARP: usize = 4;
+/// The longest default list chunk of the tensor-core kernel: on skewed budgets, 256 took
+/// 52.4 us against 69.7 for 512 (a quarter of the pages: 400 against 386).
+const MAX_CHUNK_LISTS_ONE_WARP: usize = 256;
 /// The longest default chunk: long enough that partials cost under 1% of the KV traffic,
 /// short enough that one long row does not become the tail of the batch. Token lists get
 /// shorter chunks: their lengths are unknown when planning, and skewed budgets (Twilight's
@@ -117,10 +127,10 @@ impl AttentionTuning {
             .div_ceil(block_tokens)
             .max(2)
             .saturating_mul(block_tokens)
-            .min(if spec.mode == AttentionMode::Dense {
-                MAX_CHUNK
-            } else {
-                MAX_CHUNK_LISTS
+            .min(match (spec.mode == AttentionMode::Dense, tensor_cores) {
+                (true, _) => MAX_CHUNK,
+                (false, false) => MAX_CHUNK_LISTS,
+                (false, true) => MAX_CHUNK_LISTS_ONE_WARP,
             });
         AttentionTuning {
             block_tokens,
@@ -130,6 +140,7 @@ impl AttentionTuning {
             prefetch,
             min_programs_per_sm: 0,
             tensor_cores,
+            chunk_fastest: false,
         }
     }
 }
@@ -306,6 +317,12 @@ impl AttentionPlan {
             ),
         )?;
         let rows = spec.batch * spec.num_q_heads / pg;
+        ensure(
+            !tuning.chunk_fastest || rows <= 65535,
+            "chunk_fastest",
+            "at most 65535 rows (the grid's second axis)",
+            rows,
+        )?;
         let max_chunks = spec.max_tokens.div_ceil(tuning.chunk_tokens);
         ensure(
             max_chunks <= 65535,
@@ -336,6 +353,7 @@ impl AttentionPlan {
             prefetch: tuning.prefetch,
             min_programs_per_sm: tuning.min_programs_per_sm,
             tensor_cores: tuning.tensor_cores,
+            chunk_fastest: tuning.chunk_fastest,
         };
         let merge_cfg = MergeConfig {
             head_dim: spec.kv.head_dim,
@@ -374,7 +392,11 @@ impl AttentionPlan {
     }
     /// The split kernel's grid: (rows, chunks per row).
     pub fn grid(&self) -> [u32; 3] {
-        [self.rows as u32, self.max_chunks as u32, 1]
+        if self.tuning.chunk_fastest {
+            [self.max_chunks as u32, self.rows as u32, 1]
+        } else {
+            [self.rows as u32, self.max_chunks as u32, 1]
+        }
     }
 
     /// Uploads `table` and (for the list modes) `lists`, after checking them: the page

@@ -101,6 +101,7 @@ fn attention_kernels() -> Vec<Kernel> {
                     prefetch,
                     min_programs_per_sm: 0,
                     tensor_cores: false,
+                    chunk_fastest: false,
                 };
                 ks.push(attention::build_split(&cfg).unwrap());
                 // The plans' default for groups of 2 to 8.
@@ -151,6 +152,7 @@ fn attention_kernels() -> Vec<Kernel> {
             prefetch,
             min_programs_per_sm: 0,
             tensor_cores: false,
+            chunk_fastest: false,
         };
         ks.push(attention::build_split(&cfg).unwrap());
     }
@@ -171,6 +173,7 @@ fn attention_reads_kv_in_16_byte_vectors() {
         prefetch: 1,
         min_programs_per_sm: 0,
         tensor_cores: false,
+        chunk_fastest: false,
     };
     let ptx = compile(&attention::build_split(&cfg).unwrap(), &Target::sm90a()).unwrap();
     let v4 = ptx.matches("ld.global.v4").count();

@@ -578,8 +578,8 @@ fn time_plan(
 /// An alternative tuning to time beside the default: `BTxW` then optional `vBYTES`
 /// (bytes per thread and row), `fP` (tiles prefetched), `cCHUNK` (chunk tokens), `mM`
 /// (tensor cores: 1 on, 0 off; on by default where the tiling allows, 8 tokens on one
-/// warp), `oN` (programs per SM asked of ptxas), e.g. `8x4`, `16x4v32`, `8x4f2c256`,
-/// `8x1o16`, `8x1m0`.
+/// warp), `oN` (programs per SM asked of ptxas), `g1` (a row's chunks next to each other in
+/// the grid), e.g. `8x4`, `16x4v32`, `8x4f2c256`, `8x1o16`, `8x1m0`, `8x1c512g1`.
 #[derive(Clone, Copy)]
 struct Tiling {
     block_tokens: usize,
@@ -589,6 +589,7 @@ struct Tiling {
     chunk: Option<usize>,
     mma: Option<bool>,
     programs: Option<u32>,
+    chunk_fastest: Option<bool>,
 }
 
 fn parse_tiling(t: &str) -> Option<Tiling> {
@@ -609,6 +610,7 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
         chunk: None,
         mma: None,
         programs: None,
+        chunk_fastest: None,
     };
     for (k, v) in &fields[1..] {
         match k {
@@ -618,6 +620,7 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
             'c' => out.chunk = Some(v.parse().ok()?),
             'm' => out.mma = Some(v.parse::<u8>().ok()? == 1),
             'o' => out.programs = Some(v.parse().ok()?),
+            'g' => out.chunk_fastest = Some(v.parse::<u8>().ok()? == 1),
             _ => return None,
         }
     }
@@ -626,13 +629,18 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
 
 fn describe(t: &AttentionTuning) -> String {
     format!(
-        "{}x{}v{}f{}o{}{} chunk {}",
+        "{}x{}v{}f{}o{}{}{} chunk {}",
         t.block_tokens,
         t.num_warps,
         t.vector_bytes,
         t.prefetch,
         t.min_programs_per_sm,
         if t.tensor_cores { " mma" } else { "" },
+        if t.chunk_fastest {
+            " chunk-fastest"
+        } else {
+            ""
+        },
         t.chunk_tokens
     )
 }
@@ -655,6 +663,7 @@ fn time_tilings(
             u.vector_bytes = t.vector_bytes.unwrap_or(u.vector_bytes);
             u.prefetch = t.prefetch.unwrap_or(u.prefetch);
             u.min_programs_per_sm = t.programs.unwrap_or(u.min_programs_per_sm);
+            u.chunk_fastest = t.chunk_fastest.unwrap_or(u.chunk_fastest);
             u.tensor_cores = t
                 .mma
                 .unwrap_or(u.tensor_cores && t.block_tokens == 8 && t.num_warps == 1);
