@@ -78,12 +78,13 @@ pub struct AttentionTuning {
 
 /// Work items the default chunk size aims for, per multiprocessor.
 const ITEMS_PER_SM: usize = 8;
-/// The same for the one-warp programs of the tensor-core kernel. Fewer, longer items won
-/// on an H100 even at 4 warps an SM (batch 1, GQA 32/8: 8k context, 128 tokens an item
-/// 29.5 us, 32 tokens 46.0 us; 32k, 512 tokens 74.7 us, 128 tokens 87.2 us): every item
-/// starts with a chain of dependent loads (list bounds, page, K and V) and ends with a
-/// partial result for the merge.
-const ITEMS_PER_SM_ONE_WARP: usize = 4;
+/// The same for the one-warp programs of the tensor-core kernel, with at least 128 tokens
+/// an item. Short items lost on an H100 even where they gave 16 warps an SM (batch 1, GQA
+/// 32/8, 8k context: 128 tokens an item 29.5 us, 32 tokens 46.0 us; 32k: 256 tokens
+/// 67.7 us, 504 tokens 74.1 us, 128 tokens 87.2 us): every item starts with a chain of
+/// dependent loads (list bounds, page, K and V) and ends with a partial result to merge.
+const ITEMS_PER_SM_ONE_WARP: usize = 8;
+const MIN_CHUNK_ONE_WARP: usize = 128;
 /// The longest default list chunk of the tensor-core kernel: on skewed budgets, 256 took
 /// 52.4 us against 69.7 for 512 (a quarter of the pages: 400 against 386).
 const MAX_CHUNK_LISTS_ONE_WARP: usize = 256;
@@ -97,13 +98,16 @@ const MAX_CHUNK: usize = 1024;
 const MAX_CHUNK_LISTS: usize = 512;
 
 impl AttentionTuning {
-    /// Defaults (timed on an H100, BENCHMARKS.md and benches/NOTES.md): 8 tokens a step on
-    /// 4 warps with one tile of K and V prefetched (two was slower for GQA, within 1% for MHA);
-    /// 16 tokens on 8 warps for head_dim 256 or 8 query heads a program, and 8 tokens a step
-    /// for both (each head keeps a `[tokens, head_dim]` f32
-    /// accumulator, which would otherwise spill); chunks sized so
+    /// Defaults (timed on an H100, BENCHMARKS.md and benches/NOTES.md): GQA groups of 2 to 8
+    /// at head_dim 64 or 128 on the tensor cores, 8 tokens a step on one warp (scores and
+    /// P.V as `mma.sync`; 0.97-1.04x FlashInfer where the CUDA-core kernel below gave
+    /// 0.85-0.90x). Otherwise 8 tokens a step on 4 warps with one tile of K and V prefetched
+    /// (two was slower for GQA, within 1% for MHA); 16 tokens on 8 warps for head_dim 256 or
+    /// 8 query heads a program, and 8 tokens a step for both (each head keeps a
+    /// `[tokens, head_dim]` f32 accumulator, which would otherwise spill). Chunks sized so
     /// that, were every row `max_tokens` long, about 8 work items per SM would exist
-    /// (`num_sms`, 132 when unknown), between 2 steps and 1024 tokens.
+    /// (`num_sms`, 132 when unknown), between 2 steps (128 tokens on the tensor cores) and
+    /// 1024 tokens (512 for lists, 256 for lists on the tensor cores).
     pub fn for_spec(spec: &AttentionSpec, num_sms: usize) -> AttentionTuning {
         let group = program_group(spec);
         // head_dim 256 would need 64 registers of accumulator and 128 of K and V tiles in
@@ -127,6 +131,7 @@ impl AttentionTuning {
             .div_ceil(block_tokens)
             .max(2)
             .saturating_mul(block_tokens)
+            .max(if tensor_cores { MIN_CHUNK_ONE_WARP } else { 0 })
             .min(match (spec.mode == AttentionMode::Dense, tensor_cores) {
                 (true, _) => MAX_CHUNK,
                 (false, false) => MAX_CHUNK_LISTS,
