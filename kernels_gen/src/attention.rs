@@ -22,9 +22,18 @@
 //! warps; the slots are combined once at the end. Masked slots use a finite sentinel
 //! (`-1e30`) so no `inf - inf` can make a NaN.
 //!
-//! GQA: the G query heads of a program are a static loop over the group inside the tile
-//! loop (the IR has 2-D blocks), each with its own `[block_tokens, head_dim]` accumulator;
-//! registers grow with `block_tokens * G`, which is what bounds occupancy for GQA.
+//! GQA on the tensor cores (the default for groups of 2 to 8, head_dim 64 and 128): one warp
+//! a program, 8 tokens a step. The group's queries, padded to 8 rows, and the tile's K are
+//! one `dot` (`mma.sync`), giving scores `[8 heads, 8 tokens]`; the online softmax keeps one
+//! maximum per head (a 4-lane reduction a step) and the weights `P` go back in f16 as the B
+//! operand of `dot_ta(V, P)`, which adds `V^T P^T` into one `[head_dim, 8 heads]` f32
+//! accumulator. Per thread and step that is 16 `mma`, 4 `ldmatrix` and a few dozen other
+//! instructions whatever the group, where the CUDA-core kernel below spent about 90 a token.
+//!
+//! GQA on the CUDA cores (a tuning option; head_dim 256): the G query heads of a program
+//! are a static loop over the group inside the tile loop (the IR has 2-D blocks), each with
+//! its own `[block_tokens, head_dim]` accumulator; registers grow with `block_tokens * G`,
+//! which is what bounds occupancy.
 //!
 //! The tile loop is software-pipelined: the K and V rows of the next tile, the page-table
 //! entries of the one after and (lists) the positions of the one after that are requested
