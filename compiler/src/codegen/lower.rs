@@ -1159,19 +1159,6 @@ impl<'c, 'k> Lower<'c, 'k> {
             let f = s.b.build_float_sub(f, bias, "").map_err(|y| e(s, y))?;
             s.b.build_bit_cast(f, i32t, "").map_err(|y| e(s, y))
         };
-        let acc_t = self.ctx.struct_type(&[f32t.into(); 4], false);
-        let mut arg_tys: Vec<inkwell::types::BasicMetadataTypeEnum> = vec![i32t.into(); 6];
-        arg_tys.extend([inkwell::types::BasicMetadataTypeEnum::from(f32t); 4]);
-        let fn_t = acc_t.fn_type(&arg_tys, false);
-        let asm = self.ctx.create_inline_asm(
-            fn_t,
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};".to_string(),
-            "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3".to_string(),
-            false,
-            false,
-            None,
-            false,
-        );
         let slices = w / 2;
         let b_frags: Vec<(BasicValueEnum<'c>, BasicValueEnum<'c>)> = (0..slices)
             .map(|s| Ok((pack_q(self, 2 * s)?, pack_q(self, 2 * s + 1)?)))
@@ -1188,26 +1175,7 @@ impl<'c, 'k> Lower<'c, 'k> {
                     code_pair(self, word(2 * m, h1), h1 % 4)?,
                     code_pair(self, word(2 * m + 1, h1), h1 % 4)?,
                 ];
-                let mut args: Vec<BasicMetadataValueEnum> = a.iter().map(|x| (*x).into()).collect();
-                args.push((*b0).into());
-                args.push((*b1).into());
-                args.extend(acc.iter().map(|x| BasicMetadataValueEnum::from(*x)));
-                let call = self
-                    .b
-                    .build_indirect_call(fn_t, asm, &args, "")
-                    .map_err(|x| self.err(x))?;
-                let st = call
-                    .try_as_basic_value()
-                    .basic()
-                    .expect("mma result")
-                    .into_struct_value();
-                acc = (0..4)
-                    .map(|i| {
-                        self.b
-                            .build_extract_value(st, i, "")
-                            .map_err(|x| self.err(x))
-                    })
-                    .collect::<R<_>>()?;
+                acc = self.mma("m16n8k16", DType::F16, &a, &[*b0, *b1], &acc)?;
             }
             out.extend(acc);
         }
