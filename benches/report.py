@@ -71,9 +71,14 @@ def main():
         if extra:
             print("\nOther tilings, same run (spgemv: tokens per program x warps / programs per SM asked of "
                   "ptxas; attention: tokens a step x warps, bytes per thread and row, tiles prefetched, "
-                  "chunk tokens):\n")
+                  "programs per SM asked of ptxas, `mma` on the tensor cores, chunk tokens; the default's "
+                  "two passes where it was timed twice):\n")
             for c in extra:
                 tilings = ", ".join(f"{t['tiling']}: {t['us']:.1f} us" for t in c["other_tilings_us"])
+                passes = c.get("default_passes_us")
+                if passes:
+                    tilings = (f"default ({c.get('tuning')}) passes {' / '.join(f'{p:.1f}' for p in passes)} us; "
+                               + tilings)
                 print(f"- {c['case']}: {tilings}")
         print()
     compile_times()

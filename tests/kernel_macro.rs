@@ -774,3 +774,68 @@ fn launch_hints_can_come_from_constant_generics() {
     tuned_copy::launch::<256, 8, 0>(&dev, &k, [2, 1, 1], &x, &y, 300).unwrap();
     assert_eq!(y.download().unwrap(), xs);
 }
+
+// ---- tensor-core products ----
+
+/// Attention's two products for one group of 8 heads and 8 tokens: scores `q . k^T`, then
+/// `acc + v^T . p^T` with the scores (rounded to f16) as `p`.
+#[kernel(num_warps = 1)]
+fn two_dots(
+    q: Ptr<f16>,
+    k: Ptr<f16>,
+    v: Ptr<f16>,
+    acc: Ptr<f32>,
+    s_out: Ptr<f32>,
+    o_out: Ptr<f32>,
+) {
+    let r = arange(0, 8);
+    let qk = expand(r * 64, 1, 64) + expand(arange(0, 64), 0, 8);
+    let s = dot(load(q + qk), load(k + qk));
+    let ss = expand(r * 8, 1, 8) + expand(r, 0, 8);
+    store(s_out + ss, s);
+    let vv = expand(r * 32, 1, 32) + expand(arange(0, 32), 0, 8);
+    let oo = expand(arange(0, 32) * 8, 1, 8) + expand(r, 0, 32);
+    let o = dot_ta(load(v + vv), s.to::<f16>(), load(acc + oo));
+    store(o_out + oo, o);
+}
+
+#[test]
+fn dot_builtins_match_plain_rust() {
+    use dusk::half::f16;
+    let dev = Device::cpu();
+    let h = |n: usize, seed: u64| -> Vec<f16> {
+        noise(n, seed).iter().map(|x| f16::from_f32(*x)).collect()
+    };
+    let (qs, ks, vs) = (h(8 * 64, 21), h(8 * 64, 22), h(8 * 32, 23));
+    let accs = noise(32 * 8, 24);
+    let kern = load(&dev, two_dots::build().unwrap());
+    let (q, k, v) = (
+        dev.upload(&qs).unwrap(),
+        dev.upload(&ks).unwrap(),
+        dev.upload(&vs).unwrap(),
+    );
+    let acc = dev.upload(&accs).unwrap();
+    let (s, o) = (poisoned(&dev, 64), poisoned(&dev, 256));
+    two_dots::launch(&dev, &kern, [1, 1, 1], &q, &k, &v, &acc, &s, &o).unwrap();
+    let f = |x: f16| x.to_f32();
+    let want_s: Vec<f32> = (0..64)
+        .map(|e| {
+            (0..64)
+                .map(|d| f(qs[e / 8 * 64 + d]) * f(ks[e % 8 * 64 + d]))
+                .sum()
+        })
+        .collect();
+    let got_s = s.download().unwrap();
+    assert_close(&got_s, &want_s, 1e-4);
+    let p: Vec<f32> = got_s.iter().map(|x| f16::from_f32(*x).to_f32()).collect();
+    let want_o: Vec<f32> = (0..256)
+        .map(|e| {
+            let (m, n) = (e / 8, e % 8);
+            accs[e]
+                + (0..8)
+                    .map(|t| f(vs[t * 32 + m]) * p[n * 8 + t])
+                    .sum::<f32>()
+        })
+        .collect();
+    assert_close(&o.download().unwrap(), &want_o, 1e-4);
+}

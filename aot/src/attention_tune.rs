@@ -82,9 +82,10 @@ impl AttentionShape {
         }
     }
 
-    /// The space: the default (for a GPU of `num_sms` multiprocessors) first, then tokens a
-    /// step x warps in (8, 4), (16, 4), (16, 8), (32, 4), (32, 8) with 1 or 2 tiles
-    /// prefetched, and the default tiling with half and twice the chunk; split into the
+    /// The space: the default (for a GPU of `num_sms` multiprocessors; the tensor-core
+    /// kernel for GQA groups) first, then the CUDA-core kernel at tokens a step x warps in
+    /// (8, 4), (16, 4), (16, 8), (32, 4), (32, 8) with 1 or 2 tiles prefetched, and the
+    /// default with half and twice the chunk; split into the
     /// configs that fit `limits` and the pruned ones with why.
     pub fn space(
         &self,
@@ -96,11 +97,13 @@ impl AttentionShape {
         for (block_tokens, num_warps) in [(8, 4), (16, 4), (16, 8), (32, 4), (32, 8)] {
             for prefetch in [1, 2] {
                 let chunk = default.chunk_tokens.div_ceil(block_tokens) * block_tokens;
+                // The CUDA-core kernel: the tensor-core one takes 8 tokens on one warp.
                 all.push(AttentionTuning {
                     block_tokens,
                     num_warps,
                     prefetch,
                     chunk_tokens: chunk,
+                    tensor_cores: false,
                     ..default
                 });
             }
@@ -145,11 +148,16 @@ impl AttentionShape {
     }
 }
 
-/// `8x4 f1 c512`: tokens a step x warps, tiles prefetched, chunk tokens.
+/// `8x4 f1 c512`: tokens a step x warps, tiles prefetched, chunk tokens; ` mma` on the
+/// tensor cores.
 pub fn label(t: &AttentionTuning) -> String {
     format!(
-        "{}x{} f{} c{}",
-        t.block_tokens, t.num_warps, t.prefetch, t.chunk_tokens
+        "{}x{} f{} c{}{}",
+        t.block_tokens,
+        t.num_warps,
+        t.prefetch,
+        t.chunk_tokens,
+        if t.tensor_cores { " mma" } else { "" }
     )
 }
 
@@ -158,7 +166,8 @@ pub fn config_json(t: &AttentionTuning) -> serde_json::Value {
     json!({
         "block_tokens": t.block_tokens, "num_warps": t.num_warps, "chunk_tokens": t.chunk_tokens,
         "vector_bytes": t.vector_bytes, "prefetch": t.prefetch,
-        "min_programs_per_sm": t.min_programs_per_sm,
+        "min_programs_per_sm": t.min_programs_per_sm, "tensor_cores": t.tensor_cores,
+        "chunk_fastest": t.chunk_fastest,
     })
 }
 
@@ -303,6 +312,8 @@ impl Candidate for AttentionCandidate<'_> {
             vector_bytes: t.vector_bytes,
             prefetch: t.prefetch,
             min_programs_per_sm: t.min_programs_per_sm,
+            tensor_cores: t.tensor_cores,
+            chunk_fastest: t.chunk_fastest,
         })
         .map_err(|e| e.to_string())?;
         Ok(ir_hash(&split))

@@ -377,6 +377,32 @@ impl KernelBuilder {
         )[0]
     }
 
+    /// `acc + a . b^T` on the tensor cores; see [`OpKind::Dot`].
+    #[track_caller]
+    pub fn dot(&mut self, a: Value, b: Value, acc: Option<Value>) -> Value {
+        self.dot_op(a, b, acc, false, caller_loc(Location::caller()))
+    }
+
+    /// `acc + a^T . b^T` on the tensor cores; see [`OpKind::Dot`].
+    #[track_caller]
+    pub fn dot_ta(&mut self, a: Value, b: Value, acc: Option<Value>) -> Value {
+        self.dot_op(a, b, acc, true, caller_loc(Location::caller()))
+    }
+
+    fn dot_op(&mut self, a: Value, b: Value, acc: Option<Value>, trans_a: bool, loc: Loc) -> Value {
+        let sa = self.ty(a).shape.clone();
+        let m = if trans_a { sa.get(1) } else { sa.first() };
+        let n = self.ty(b).shape.first().copied().unwrap_or(8);
+        let ph = Type::block(Elem::Num(DType::F32), &[m.copied().unwrap_or(8), n]);
+        let kind = OpKind::Dot {
+            a: a.0,
+            b: b.0,
+            acc: acc.map(|c| c.0),
+            trans_a,
+        };
+        self.push(kind, loc, &[ph])[0]
+    }
+
     // ---- memory ----
 
     /// `ptr + offset` in elements; a scalar pointer is splatted to the offset's shape.

@@ -909,6 +909,34 @@ impl<'k> Interp<'k, '_, '_> {
                 }
                 Data::F(out)
             }
+            Dot { a, b, acc, trans_a } => {
+                let (Data::F(av), Data::F(bv)) = (g(a), g(b)) else {
+                    unreachable!("verified: f16 or bf16 operands")
+                };
+                let (sa, n) = (&k.ty(*a).shape, k.ty(*b).shape[0]);
+                let (m, kd) = if *trans_a {
+                    (sa[1], sa[0])
+                } else {
+                    (sa[0], sa[1])
+                };
+                let at = |r: usize, j: usize| {
+                    if *trans_a {
+                        av[j * m + r]
+                    } else {
+                        av[r * kd + j]
+                    }
+                };
+                let mut out = match acc.map(|c| g(&c)) {
+                    Some(Data::F(c)) => c.clone(),
+                    _ => vec![0f32; m * n],
+                };
+                for r in 0..m {
+                    for c in 0..n {
+                        out[r * n + c] += (0..kd).map(|j| at(r, j) * bv[c * kd + j]).sum::<f32>();
+                    }
+                }
+                Data::F(out)
+            }
             Dp2a {
                 pairs,
                 bytes,

@@ -281,6 +281,21 @@ pub enum OpKind {
         codes: ValueId,
         q: ValueId,
     },
+    /// A product of f16 (or bf16) blocks on the tensor cores, sums in f32:
+    /// `result[m][n] = acc[m][n] + sum_k A[m][k] * b[n][k]` where `A` is `a` (`[M, K]`),
+    /// or `a` transposed when `trans_a` (`a` is then `[K, M]`); `b` is `[N, K]`, `acc`
+    /// (zero when absent) and the result f32 `[M, N]`: the tensor cores add `acc` in the
+    /// same instruction, so a running sum costs no registers beyond its own. Attention's two products in one warp: scores `q . K^T` (`a` = the queries
+    /// of a GQA group, padded to 8 rows) and `V^T . P^T` (`a` = V, `trans_a`). Sizes the
+    /// tensor-core code accepts: `trans_a` false: M 8 or 16, N 8, K a multiple of 64;
+    /// `trans_a` true: K 8, N 8, M a multiple of 32. Products are exact, so the result
+    /// differs from a sequential f32 sum only by the order of additions.
+    Dot {
+        a: ValueId,
+        b: ValueId,
+        acc: Option<ValueId>,
+        trans_a: bool,
+    },
     /// A pointer (or block of pointers) advanced by an element offset.
     AddPtr {
         ptr: ValueId,
@@ -348,6 +363,11 @@ impl OpKind {
             MultiReduce { values, .. } => values.clone(),
             PtrCast { ptr, .. } => vec![*ptr],
             DotInt4 { codes, q } => vec![*codes, *q],
+            Dot { a, b, acc, .. } => {
+                let mut v = vec![*a, *b];
+                v.extend(acc.iter().copied());
+                v
+            }
             Dp2a {
                 pairs, bytes, acc, ..
             } => vec![*pairs, *bytes, *acc],
@@ -443,6 +463,8 @@ impl OpKind {
             Cast { .. } => "cast",
             PtrCast { .. } => "ptr_cast",
             DotInt4 { .. } => "dot_int4",
+            Dot { trans_a: false, .. } => "dot",
+            Dot { trans_a: true, .. } => "dot_ta",
             Dp2a { high: false, .. } => "dp2a_lo",
             Dp2a { high: true, .. } => "dp2a_hi",
             Select { .. } => "select",

@@ -187,6 +187,44 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
             }
             one(Type::block(Elem::Num(DType::F32), &[c.shape[0], 8]))
         }
+        Dot { a, b, acc, trans_a } => {
+            let (at, bt) = (ty(*a), ty(*b));
+            let half = |t: &Type| matches!(t.elem, Elem::Num(DType::F16 | DType::BF16));
+            if !half(&at) || at.shape.len() != 2 || at.elem != bt.elem || bt.shape.len() != 2 {
+                return Err(format!(
+                    "dot operands must be 2-D f16 or bf16 blocks of one type, found {at} and {bt}"
+                ));
+            }
+            let (m, kd) = if *trans_a {
+                (at.shape[1], at.shape[0])
+            } else {
+                (at.shape[0], at.shape[1])
+            };
+            let (n, kb) = (bt.shape[0], bt.shape[1]);
+            if kd != kb {
+                return Err(format!(
+                    "dot operands disagree on the summed dimension: {at} and {bt} (trans_a {trans_a})"
+                ));
+            }
+            let fits = if *trans_a {
+                kd == 8 && n == 8 && m % 32 == 0
+            } else {
+                matches!(m, 8 | 16) && n == 8 && kd % 64 == 0
+            };
+            if !fits {
+                return Err(format!(
+                    "dot takes M 8 or 16, N 8, K a multiple of 64 (or with trans_a K 8, N 8, M a \
+                     multiple of 32), found M {m}, N {n}, K {kd}"
+                ));
+            }
+            let rt = Type::block(Elem::Num(DType::F32), &[m, n]);
+            if let Some(c) = acc {
+                if ty(*c) != rt {
+                    return Err(format!("dot accumulator must be {rt}, found {}", ty(*c)));
+                }
+            }
+            one(rt)
+        }
         AddPtr { ptr, offset } => {
             let (p, o) = (ty(*ptr), ty(*offset));
             if !matches!(p.elem, Elem::Ptr(_)) {

@@ -151,3 +151,38 @@ fn printer_shows_ops_types_and_regions() {
     assert!(text.contains("cast to f32"), "{text}");
     assert!(text.contains("store"), "{text}");
 }
+
+#[test]
+fn dot_checks_types_and_sizes() {
+    let msg = build_error(|b| {
+        let x = b.f32(1.0);
+        let a = b.splat(x, &[8, 64]);
+        b.dot(a, a, None);
+    });
+    assert!(
+        msg.contains("f16 or bf16") && msg.contains("`dot`"),
+        "{msg}"
+    );
+    let msg = build_error(|b| {
+        let x = b.constant(dusk_compiler::ir::Const::Float(1.0), DType::F16);
+        let a = b.splat(x, &[8, 64]);
+        let k = b.splat(x, &[8, 128]);
+        b.dot(a, k, None);
+    });
+    assert!(msg.contains("summed dimension"), "{msg}");
+    let msg = build_error(|b| {
+        let x = b.constant(dusk_compiler::ir::Const::Float(1.0), DType::F16);
+        let a = b.splat(x, &[32, 64]);
+        b.dot(a, a, None);
+    });
+    assert!(msg.contains("M 8 or 16, N 8"), "{msg}");
+    let msg = build_error(|b| {
+        let x = b.constant(dusk_compiler::ir::Const::Float(1.0), DType::F16);
+        let v = b.splat(x, &[8, 64]);
+        let p = b.splat(x, &[8, 8]);
+        let z = b.f32(0.0);
+        let acc = b.splat(z, &[8, 64]);
+        b.dot_ta(v, p, Some(acc));
+    });
+    assert!(msg.contains("accumulator must be f32[64x8]"), "{msg}");
+}

@@ -738,3 +738,82 @@ fn empty_grid_runs_nothing() {
     let args = [ptr(0), ptr(0), ptr(0), ArgValue::I32(1000)];
     run(&k, [0, 1, 1], &args, &mut [&mut bx]).unwrap();
 }
+
+/// Offsets of a row-major `[rows, cols]` block.
+fn offsets_2d(b: &mut KernelBuilder, rows: usize, cols: usize) -> dusk_compiler::Value {
+    let r = b.arange(0, rows as i64);
+    let r = b.mul_c(r, cols as i64);
+    let r = b.expand(r, 1, cols);
+    let c = b.arange(0, cols as i64);
+    let c = b.expand(c, 0, rows);
+    b.add(r, c)
+}
+
+/// `dot` (`a . b^T`) and `dot_ta` (`acc + a^T . b^T`) against f64 sums of the same f16
+/// inputs: the products are exact, so only the f32 sums differ.
+#[test]
+fn dot_and_dot_ta_match_f64() {
+    let (m, kd, n, mv) = (16, 64, 8, 32);
+    let mut b = KernelBuilder::new("dots");
+    let pa = b.param_ptr("a", DType::F16);
+    let pb = b.param_ptr("b", DType::F16);
+    let pv = b.param_ptr("v", DType::F16);
+    let pp = b.param_ptr("p", DType::F16);
+    let pc = b.param_ptr("c", DType::F32);
+    let ps = b.param_ptr("s", DType::F32);
+    let po = b.param_ptr("o", DType::F32);
+    let load = |b: &mut KernelBuilder, p, rows, cols| {
+        let off = offsets_2d(b, rows, cols);
+        let p = b.add_ptr(p, off);
+        b.load(p)
+    };
+    let a = load(&mut b, pa, m, kd);
+    let bk = load(&mut b, pb, n, kd);
+    let v = load(&mut b, pv, 8, mv);
+    let p = load(&mut b, pp, n, 8);
+    let c = load(&mut b, pc, mv, n);
+    let s = b.dot(a, bk, None);
+    let o = b.dot_ta(v, p, Some(c));
+    let off = offsets_2d(&mut b, m, n);
+    let dst = b.add_ptr(ps, off);
+    b.store(dst, s);
+    let off = offsets_2d(&mut b, mv, n);
+    let dst = b.add_ptr(po, off);
+    b.store(dst, o);
+    let k = b.finish().unwrap();
+    let h = |n: usize, seed: u32| -> Vec<f16> {
+        values(n, seed).into_iter().map(f16::from_f32).collect()
+    };
+    let (av, bv, vv, pvv) = (h(m * kd, 1), h(n * kd, 2), h(8 * mv, 3), h(n * 8, 4));
+    let cv = values(mv * n, 5);
+    let mut bufs = [
+        f16_bytes(&av),
+        f16_bytes(&bv),
+        f16_bytes(&vv),
+        f16_bytes(&pvv),
+        f32_bytes(&cv),
+        vec![0u8; 4 * m * n],
+        vec![0u8; 4 * mv * n],
+    ];
+    let args: Vec<ArgValue> = (0..7).map(ptr).collect();
+    let mut mem: Vec<&mut [u8]> = bufs.iter_mut().map(|x| x.as_mut_slice()).collect();
+    run(&k, [1, 1, 1], &args, &mut mem).unwrap();
+    let f = |x: f16| x.to_f64();
+    let s = bytes_f32(&bufs[5]);
+    for i in 0..m {
+        for j in 0..n {
+            let want: f64 = (0..kd).map(|t| f(av[i * kd + t]) * f(bv[j * kd + t])).sum();
+            assert!((s[i * n + j] as f64 - want).abs() < 1e-3, "s[{i}][{j}]");
+        }
+    }
+    let o = bytes_f32(&bufs[6]);
+    for i in 0..mv {
+        for j in 0..n {
+            let want: f64 = cv[i * n + j] as f64
+                + (0..8)
+                    .map(|t| f(vv[t * mv + i]) * f(pvv[j * 8 + t]))
+                    .sum::<f64>();
+            assert!((o[i * n + j] as f64 - want).abs() < 1e-3, "o[{i}][{j}]");
+        }
+    }
+}

@@ -4,6 +4,8 @@
 //!     cargo run -p dusk-kernels --example dump_stages -- /tmp/dusk-stages [sm_90a|sm_80]
 
 use dusk_compiler::codegen::{compile_stages, Target};
+use dusk_compiler::DType;
+use dusk_kernels::attention::{self, SplitConfig, TokenSource};
 use dusk_kernels::quantize::{self, QuantizeConfig};
 use dusk_kernels::spgemv::{self, SpgemvConfig};
 
@@ -19,6 +21,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         spgemv::build_prepare_q(&SpgemvConfig::new(128, 16, 1, 4))?,
         spgemv::build(&SpgemvConfig::new(128, 16, 1, 4))?,
         spgemv::build(&SpgemvConfig::new(128, 16, 4, 4))?,
+        // GQA 32/8 attention as the plans build it (tensor cores, one warp a program).
+        attention::build_split(&SplitConfig {
+            head_dim: 128,
+            page_size: 16,
+            group: 4,
+            dtype: DType::F16,
+            source: TokenSource::Dense,
+            block_tokens: 8,
+            num_warps: 1,
+            vector_bytes: 16,
+            prefetch: 1,
+            min_programs_per_sm: 0,
+            tensor_cores: true,
+            chunk_fastest: false,
+        })?,
     ];
     for k in &kernels {
         let start = std::time::Instant::now();

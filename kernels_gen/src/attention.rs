@@ -22,9 +22,18 @@
 //! warps; the slots are combined once at the end. Masked slots use a finite sentinel
 //! (`-1e30`) so no `inf - inf` can make a NaN.
 //!
-//! GQA: the G query heads of a program are a static loop over the group inside the tile
-//! loop (the IR has 2-D blocks), each with its own `[block_tokens, head_dim]` accumulator;
-//! registers grow with `block_tokens * G`, which is what bounds occupancy for GQA.
+//! GQA on the tensor cores (the default for groups of 2 to 8, head_dim 64 and 128): one warp
+//! a program, 8 tokens a step. The group's queries, padded to 8 rows, and the tile's K are
+//! one `dot` (`mma.sync`), giving scores `[8 heads, 8 tokens]`; the online softmax keeps one
+//! maximum per head (a 4-lane reduction a step) and the weights `P` go back in f16 as the B
+//! operand of `dot_ta(V, P)`, which adds `V^T P^T` into one `[head_dim, 8 heads]` f32
+//! accumulator. Per thread and step that is 16 `mma`, 4 `ldmatrix` and a few dozen other
+//! instructions whatever the group, where the CUDA-core kernel below spent about 90 a token.
+//!
+//! GQA on the CUDA cores (a tuning option; head_dim 256): the G query heads of a program
+//! are a static loop over the group inside the tile loop (the IR has 2-D blocks), each with
+//! its own `[block_tokens, head_dim]` accumulator; registers grow with `block_tokens * G`,
+//! which is what bounds occupancy.
 //!
 //! The tile loop is software-pipelined: the K and V rows of the next tile, the page-table
 //! entries of the one after and (lists) the positions of the one after that are requested
@@ -70,6 +79,16 @@ pub struct SplitConfig {
     pub prefetch: usize,
     /// Programs per SM asked of ptxas (0: none), capping registers to fit them.
     pub min_programs_per_sm: u32,
+    /// Scores and the weighted sum of V on the tensor cores (`dot`, `dot_ta`): the group's
+    /// heads are the rows of one product, so each thread does the same work whatever the
+    /// group and keeps one `[head_dim, 8]` accumulator for all heads. Needs a group of 2 to
+    /// 8, 8 tokens a step and one warp a program (see [`build_split`]).
+    pub tensor_cores: bool,
+    /// The grid is `(max_chunks, rows)` instead of `(rows, max_chunks)`: the GPU starts
+    /// programs in grid order, so a row's chunks then start together rather than one wave
+    /// of first chunks, then one of second chunks, ... which leaves the long rows of skewed
+    /// lists (and the empty items of short ones) to the last waves.
+    pub chunk_fastest: bool,
 }
 
 /// Compile-time choices of the merge kernel.
@@ -104,11 +123,12 @@ fn unsupported(kernel: &str, what: String) -> CompileError {
 /// `num_kv_heads`, `chunk_tokens`, `max_chunks`, (lists only) `num_indices` (entries of
 /// `sel_indices`: entries outside it are absent, whatever `sel_indptr` says), (padded only)
 /// `max_len`, and the f32
-/// `scale_log2` (softmax scale times log2(e)). Grid: `(batch * q_heads / group, max_chunks)`.
+/// `scale_log2` (softmax scale times log2(e)). Grid: `(batch * q_heads / group, max_chunks)`,
+/// or `(max_chunks, batch * q_heads / group)` with `chunk_fastest`.
 pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let (d, bt, g_n) = (cfg.head_dim, cfg.block_tokens, cfg.group);
     let name = format!(
-        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}",
+        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}{}{}",
         match cfg.source {
             TokenSource::Dense => "dense",
             TokenSource::Lists => "lists",
@@ -122,8 +142,11 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         cfg.num_warps,
         cfg.vector_bytes,
         cfg.prefetch,
-        cfg.min_programs_per_sm
+        cfg.min_programs_per_sm,
+        if cfg.tensor_cores { "_mma" } else { "" },
+        if cfg.chunk_fastest { "_cf" } else { "" }
     );
+    let tc = cfg.tensor_cores;
     if !matches!(d, 64 | 128 | 256)
         || !cfg.page_size.is_power_of_two()
         || !g_n.is_power_of_two()
@@ -132,6 +155,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         || !matches!(cfg.dtype, DType::F16 | DType::BF16)
         || !matches!(cfg.vector_bytes, 16 | 32)
         || !matches!(cfg.prefetch, 1 | 2)
+        || (tc && (!(2..=8).contains(&g_n) || bt != 8 || cfg.num_warps != 1))
     {
         return Err(unsupported(
             &name,
@@ -177,8 +201,11 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     };
     let scale_log2 = b.param_scalar("scale_log2", DType::F32);
 
-    let row = b.program_id(0);
-    let chunk = b.program_id(1);
+    let (row, chunk) = if cfg.chunk_fastest {
+        (b.program_id(1), b.program_id(0))
+    } else {
+        (b.program_id(0), b.program_id(1))
+    };
     // Row -> (batch, first query head, KV head).
     let c_group = b.i32(g_n as i32);
     let rows_per_batch = b.div(num_q_heads, c_group);
@@ -244,7 +271,26 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
             let bq = b.add(bq, qh0);
             let bq64 = b.cast(bq, DType::I64);
             let mut qs = vec![];
-            for g in 0..g_n {
+            // Tensor cores: the group's queries as the rows of one f16 block, padded to 8
+            // rows with zeros (`dot` takes 8).
+            let q8 = if tc {
+                let h = b.arange(0, 8);
+                let hg = b.i32(g_n as i32);
+                let real = b.lt(h, hg);
+                let h64 = b.cast(h, DType::I64);
+                let rows = b.add(h64, bq64);
+                let rows = b.mul_c(rows, d as i64);
+                let rows = b.expand(rows, 1, d);
+                let dcol = b.cast(dr, DType::I64);
+                let dcol = b.expand(dcol, 0, 8);
+                let off = b.add(rows, dcol);
+                let qp = b.add_ptr(q, off);
+                let mask = b.expand(real, 1, d);
+                Some(b.load_masked(qp, Some(mask), None))
+            } else {
+                None
+            };
+            for g in 0..if tc { 0 } else { g_n } {
                 let base = b.add_c(bq64, g as i64);
                 let base = b.mul_c(base, d as i64);
                 let qp = b.add_ptr(q, base);
@@ -353,15 +399,27 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
             let stages = init.len();
             let masked = b.f32(MASKED);
             let zero_f = b.f32(0.0);
-            let m0 = b.splat(masked, &[bt]);
-            let l0 = b.splat(zero_f, &[bt]);
-            let a0 = b.splat(zero_f, &[bt, d]);
-            for _ in 0..g_n {
+            if tc {
+                // Per head (rows): the running maximum; per (head, token slot): the sum of
+                // weights; the output transposed, `[head_dim, 8 heads]`.
+                let m0 = b.splat(masked, &[8]);
+                let l0 = b.splat(zero_f, &[8, bt]);
+                let a0 = b.splat(zero_f, &[d, 8]);
                 init.extend([m0, l0, a0]);
+            } else {
+                let m0 = b.splat(masked, &[bt]);
+                let l0 = b.splat(zero_f, &[bt]);
+                let a0 = b.splat(zero_f, &[bt, d]);
+                for _ in 0..g_n {
+                    init.extend([m0, l0, a0]);
+                }
             }
             let fin = b.for_range(t0, t1, c_bt, &init, |b, t, carried| {
                 let (kt, vt, pos) = (carried[0], carried[1], carried[2 * pf]);
                 let (pos_p, page_p) = (carried[3 * pf], carried[3 * pf + 1]);
+                // Tensor cores: this tile's scores first, so that its K is dead before the
+                // next tile's K and V take registers.
+                let scores = q8.map(|q8| b.dot(q8, kt, None));
                 // Tile t+P's K and V, tile t+P+1's pages, (lists) tile t+P+2's positions.
                 let (kt_p, vt_p) = load_kv(b, pos_p, page_p);
                 let tile = tile_at(b, t, pf + 1);
@@ -390,10 +448,33 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     }
                     _ => valid,
                 };
-                let kt = b.cast(kt, DType::F32);
-                let vt = b.cast(vt, DType::F32);
                 let masked = b.f32(MASKED);
                 let zero_f = b.f32(0.0);
+                if let Some(s) = scores {
+                    let (m, l, acc) = (carried[stages], carried[stages + 1], carried[stages + 2]);
+                    let s = b.mul(s, scale_log2);
+                    let vc = b.expand(valid, 0, 8);
+                    let s = b.select(vc, s, masked);
+                    let mx = b.max(s, 1);
+                    let m_new = b.maximum(m, mx);
+                    let dm = b.sub(m, m_new);
+                    let alpha = b.exp2(dm);
+                    let me = b.expand(m_new, 1, bt);
+                    let ds = b.sub(s, me);
+                    let e = b.exp2(ds);
+                    let pr = b.select(vc, e, zero_f);
+                    let ae = b.expand(alpha, 1, bt);
+                    let l = b.mul(l, ae);
+                    let l = b.add(l, pr);
+                    let ph = b.cast(pr, cfg.dtype);
+                    let aa = b.expand(alpha, 0, d);
+                    let acc = b.mul(acc, aa);
+                    let acc = b.dot_ta(vt, ph, Some(acc));
+                    next.extend([m_new, l, acc]);
+                    return next;
+                }
+                let kt = b.cast(kt, DType::F32);
+                let vt = b.cast(vt, DType::F32);
                 for (g, qv) in qs.iter().enumerate() {
                     let (m, l, acc) = (
                         carried[stages + 3 * g],
@@ -425,7 +506,37 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
             // Combine the slots, normalise, write the chunk's partial result per head.
             let one = b.f32(1.0);
             let zero_f = b.f32(0.0);
-            for g in 0..g_n {
+            if tc {
+                let (m, l, acc) = (fin[0], fin[1], fin[2]);
+                let lsum = b.sum(l, 1);
+                let has = b.gt(lsum, zero_f);
+                let safe = b.select(has, lsum, one);
+                let inv = b.div(one, safe);
+                let inv = b.select(has, inv, zero_f);
+                let lg = b.log2(safe);
+                let lse = b.add(m, lg);
+                let lse = b.select(has, lse, neg_inf);
+                // Head h's slot: slot0 + h * max_chunks; heads past the group are padding.
+                let h = b.arange(0, 8);
+                let hg = b.i32(g_n as i32);
+                let real = b.lt(h, hg);
+                let hs = b.mul(h, max_chunks);
+                let slots = b.add(hs, slot0);
+                let p = b.add_ptr(part_lse, slots);
+                b.store_masked(p, lse, Some(real));
+                let ie = b.expand(inv, 0, d);
+                let o = b.mul(acc, ie);
+                let slots64 = b.cast(slots, DType::I64);
+                let base = b.mul_c(slots64, d as i64);
+                let base = b.expand(base, 0, d);
+                let dcol = b.cast(dr, DType::I64);
+                let dcol = b.expand(dcol, 1, 8);
+                let off = b.add(base, dcol);
+                let p = b.add_ptr(part_o, off);
+                let mask = b.expand(real, 0, d);
+                b.store_masked(p, o, Some(mask));
+            }
+            for g in 0..if tc { 0 } else { g_n } {
                 let (m, l, acc) = (fin[3 * g], fin[3 * g + 1], fin[3 * g + 2]);
                 let mx = b.max(m, 0);
                 let dm = b.sub(m, mx);

@@ -67,10 +67,27 @@ pub struct AttentionTuning {
     pub prefetch: usize,
     /// Programs per SM asked of ptxas (0: none).
     pub min_programs_per_sm: u32,
+    /// Scores and P.V on the tensor cores (see
+    /// [`SplitConfig::tensor_cores`](crate::attention::SplitConfig)): needs a group of 2 to
+    /// 8 query heads a program, 8 tokens a step and one warp.
+    pub tensor_cores: bool,
+    /// A row's chunks next to each other in the grid (see
+    /// [`SplitConfig::chunk_fastest`](crate::attention::SplitConfig)).
+    pub chunk_fastest: bool,
 }
 
 /// Work items the default chunk size aims for, per multiprocessor.
 const ITEMS_PER_SM: usize = 8;
+/// The same for the one-warp programs of the tensor-core kernel, with at least 128 tokens
+/// an item. Short items lost on an H100 even where they gave 16 warps an SM (batch 1, GQA
+/// 32/8, 8k context: 128 tokens an item 29.5 us, 32 tokens 46.0 us; 32k: 256 tokens
+/// 67.7 us, 504 tokens 74.1 us, 128 tokens 87.2 us): every item starts with a chain of
+/// dependent loads (list bounds, page, K and V) and ends with a partial result to merge.
+const ITEMS_PER_SM_ONE_WARP: usize = 8;
+const MIN_CHUNK_ONE_WARP: usize = 128;
+/// The longest default list chunk of the tensor-core kernel: on skewed budgets, 256 took
+/// 52.4 us against 69.7 for 512 (a quarter of the pages: 400 against 386).
+const MAX_CHUNK_LISTS_ONE_WARP: usize = 256;
 /// The longest default chunk: long enough that partials cost under 1% of the KV traffic,
 /// short enough that one long row does not become the tail of the batch. Token lists get
 /// shorter chunks: their lengths are unknown when planning, and skewed budgets (Twilight's
@@ -81,27 +98,44 @@ const MAX_CHUNK: usize = 1024;
 const MAX_CHUNK_LISTS: usize = 512;
 
 impl AttentionTuning {
-    /// Defaults (timed on an H100, BENCHMARKS.md and benches/NOTES.md): 8 tokens a step on
-    /// 4 warps with one tile of K and V prefetched (two was slower for GQA, within 1% for MHA);
-    /// 16 tokens on 8 warps for head_dim 256 or 8 query heads a program, and 8 tokens a step
-    /// for both (each head keeps a `[tokens, head_dim]` f32
-    /// accumulator, which would otherwise spill); chunks sized so
+    /// Defaults (timed on an H100, BENCHMARKS.md and benches/NOTES.md): GQA groups of 2 to 8
+    /// at head_dim 64 or 128 on the tensor cores, 8 tokens a step on one warp (scores and
+    /// P.V as `mma.sync`; 0.97-1.04x FlashInfer where the CUDA-core kernel below gave
+    /// 0.85-0.90x). Otherwise 8 tokens a step on 4 warps with one tile of K and V prefetched
+    /// (two was slower for GQA, within 1% for MHA); 16 tokens on 8 warps for head_dim 256 or
+    /// 8 query heads a program, and 8 tokens a step for both (each head keeps a
+    /// `[tokens, head_dim]` f32 accumulator, which would otherwise spill). Chunks sized so
     /// that, were every row `max_tokens` long, about 8 work items per SM would exist
-    /// (`num_sms`, 132 when unknown), between 2 steps and 1024 tokens.
+    /// (`num_sms`, 132 when unknown), between 2 steps (128 tokens on the tensor cores) and
+    /// 1024 tokens (512 for lists, 256 for lists on the tensor cores).
     pub fn for_spec(spec: &AttentionSpec, num_sms: usize) -> AttentionTuning {
-        let (block_tokens, num_warps, prefetch) =
-            default_tiling(spec.kv.head_dim, program_group(spec));
-        let rows = spec.batch * spec.num_q_heads / program_group(spec);
-        let want = (ITEMS_PER_SM * num_sms).max(1);
+        let group = program_group(spec);
+        // head_dim 256 would need 64 registers of accumulator and 128 of K and V tiles in
+        // one warp: it keeps the CUDA-core kernel.
+        let tensor_cores = (2..=8).contains(&group) && spec.kv.head_dim <= 128;
+        let (block_tokens, num_warps, prefetch) = if tensor_cores {
+            (8, 1, 1)
+        } else {
+            default_tiling(spec.kv.head_dim, group)
+        };
+        let rows = spec.batch * spec.num_q_heads / group;
+        // One-warp programs need more of them per SM to keep as many loads in flight.
+        let items = if tensor_cores {
+            ITEMS_PER_SM_ONE_WARP
+        } else {
+            ITEMS_PER_SM
+        };
+        let want = (items * num_sms).max(1);
         let per_item = (spec.max_tokens * rows).div_ceil(want);
         let chunk = per_item
             .div_ceil(block_tokens)
             .max(2)
             .saturating_mul(block_tokens)
-            .min(if spec.mode == AttentionMode::Dense {
-                MAX_CHUNK
-            } else {
-                MAX_CHUNK_LISTS
+            .max(if tensor_cores { MIN_CHUNK_ONE_WARP } else { 0 })
+            .min(match (spec.mode == AttentionMode::Dense, tensor_cores) {
+                (true, _) => MAX_CHUNK,
+                (false, false) => MAX_CHUNK_LISTS,
+                (false, true) => MAX_CHUNK_LISTS_ONE_WARP,
             });
         AttentionTuning {
             block_tokens,
@@ -110,6 +144,8 @@ impl AttentionTuning {
             vector_bytes: 16,
             prefetch,
             min_programs_per_sm: 0,
+            tensor_cores,
+            chunk_fastest: false,
         }
     }
 }
@@ -276,7 +312,22 @@ impl AttentionPlan {
             tuning.chunk_tokens,
         )?;
         let pg = program_group(&spec);
+        ensure(
+            !tuning.tensor_cores || ((2..=8).contains(&pg) && bt == 8 && tuning.num_warps == 1),
+            "tensor_cores",
+            "a group of 2 to 8 query heads a program, block_tokens 8 and num_warps 1",
+            format!(
+                "group {pg}, block_tokens {bt}, num_warps {}",
+                tuning.num_warps
+            ),
+        )?;
         let rows = spec.batch * spec.num_q_heads / pg;
+        ensure(
+            !tuning.chunk_fastest || rows <= 65535,
+            "chunk_fastest",
+            "at most 65535 rows (the grid's second axis)",
+            rows,
+        )?;
         let max_chunks = spec.max_tokens.div_ceil(tuning.chunk_tokens);
         ensure(
             max_chunks <= 65535,
@@ -306,6 +357,8 @@ impl AttentionPlan {
             vector_bytes: tuning.vector_bytes,
             prefetch: tuning.prefetch,
             min_programs_per_sm: tuning.min_programs_per_sm,
+            tensor_cores: tuning.tensor_cores,
+            chunk_fastest: tuning.chunk_fastest,
         };
         let merge_cfg = MergeConfig {
             head_dim: spec.kv.head_dim,
@@ -344,7 +397,11 @@ impl AttentionPlan {
     }
     /// The split kernel's grid: (rows, chunks per row).
     pub fn grid(&self) -> [u32; 3] {
-        [self.rows as u32, self.max_chunks as u32, 1]
+        if self.tuning.chunk_fastest {
+            [self.max_chunks as u32, self.rows as u32, 1]
+        } else {
+            [self.rows as u32, self.max_chunks as u32, 1]
+        }
     }
 
     /// Uploads `table` and (for the list modes) `lists`, after checking them: the page

@@ -5,6 +5,7 @@
 //! shapes, modes, chunk sizes and budgets.
 
 use dusk_compiler::DType;
+use dusk_kernels::attention_ops;
 use dusk_kernels::attention_ops::{
     AttentionMode, AttentionPlan, AttentionSpec, AttentionTuning, SparqMix,
 };
@@ -110,6 +111,10 @@ struct Case<'a> {
     /// Tokens per work item (small, so rows split into several chunks).
     chunk: usize,
     sparq: bool,
+    /// GQA on the CUDA cores (the tensor cores are the default for groups of 2 to 8).
+    cuda_cores: bool,
+    /// A row's chunks next to each other in the grid.
+    chunk_fastest: bool,
 }
 
 fn check<T: Val>(seed: u64, c: &Case) {
@@ -152,6 +157,11 @@ fn check<T: Val>(seed: u64, c: &Case) {
     };
     // Chunks are whole steps: `c.chunk` rounded up to the tiling's tokens a step.
     let plan = AttentionPlan::with_tuning(&dusk, spec, |t: &mut AttentionTuning| {
+        if c.cuda_cores && t.tensor_cores {
+            let (bt, w, f) = attention_ops::default_tiling(c.head_dim, c.group);
+            (t.block_tokens, t.num_warps, t.prefetch, t.tensor_cores) = (bt, w, f, false);
+        }
+        t.chunk_fastest = c.chunk_fastest;
         t.chunk_tokens = c.chunk.div_ceil(t.block_tokens) * t.block_tokens
     })
     .unwrap();
@@ -239,6 +249,8 @@ fn case(seqs: &[usize], kv_heads: usize, group: usize, d: usize, mode: Attention
         lens: &[1],
         chunk: 32,
         sparq: false,
+        cuda_cores: false,
+        chunk_fastest: false,
     }
 }
 
@@ -289,6 +301,37 @@ fn group_varlen_reads_the_union_once_per_group() {
     check::<f16>(7, &c);
 }
 
+/// The CUDA-core GQA kernel stays a tuning option: the same cases as above on it.
+#[test]
+fn gqa_on_cuda_cores() {
+    let fma = |c: Case<'static>| Case {
+        cuda_cores: true,
+        ..c
+    };
+    check::<f16>(2, &fma(case(&[70, 16], 2, 4, 128, DENSE)));
+    let c = Case {
+        lens: &[60, 0, 1, 33],
+        ..case(&[80, 64, 10], 2, 4, 64, GROUP)
+    };
+    check::<f16>(6, &fma(c));
+}
+
+/// Chunks along the grid's first axis compute the same thing.
+#[test]
+fn chunk_fastest_grid() {
+    let c = Case {
+        lens: &[90, 0, 1, 33],
+        chunk_fastest: true,
+        ..case(&[100, 64, 10], 2, 4, 128, GROUP)
+    };
+    check::<f16>(12, &c);
+    let c = Case {
+        chunk_fastest: true,
+        ..case(&[37, 100, 1], 2, 1, 64, DENSE)
+    };
+    check::<f16>(13, &c);
+}
+
 #[test]
 fn padded_baseline_matches_varlen() {
     let c = Case {
@@ -321,7 +364,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 12, .. ProptestConfig::default() })]
     /// Random shapes and budgets: 1 to 3 sequences of 0 to 150 tokens, 1 or 2 KV heads,
     /// groups of 1 to 8, every mode, chunks of 8 to 64 tokens, lists of random lengths
-    /// (empty ones included).
+    /// (empty ones included), GQA on the tensor cores or the CUDA cores, either grid order.
     #[test]
     fn random_shapes_and_budgets(
         seed in 0u64..10_000,
@@ -332,6 +375,8 @@ proptest! {
         mode in 0usize..4,
         chunk_log in 3u32..7,
         lens in proptest::collection::vec(0usize..120, 1..6),
+        cuda_cores in any::<bool>(),
+        chunk_fastest in any::<bool>(),
     ) {
         prop_assume!(seqs.iter().any(|n| *n > 0));
         let c = Case {
@@ -344,6 +389,8 @@ proptest! {
             lens: &lens,
             chunk: 1 << chunk_log,
             sparq: false,
+            cuda_cores,
+            chunk_fastest,
         };
         check::<f16>(seed, &c);
     }

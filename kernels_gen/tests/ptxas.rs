@@ -100,8 +100,21 @@ fn attention_kernels() -> Vec<Kernel> {
                     vector_bytes: 16,
                     prefetch,
                     min_programs_per_sm: 0,
+                    tensor_cores: false,
+                    chunk_fastest: false,
                 };
                 ks.push(attention::build_split(&cfg).unwrap());
+                // The plans' default for groups of 2 to 8.
+                if group > 1 {
+                    let cfg = SplitConfig {
+                        block_tokens: 8,
+                        num_warps: 1,
+                        prefetch: 1,
+                        tensor_cores: true,
+                        ..cfg
+                    };
+                    ks.push(attention::build_split(&cfg).unwrap());
+                }
             }
             for sparq in [false, true] {
                 let cfg = MergeConfig {
@@ -138,6 +151,8 @@ fn attention_kernels() -> Vec<Kernel> {
             vector_bytes,
             prefetch,
             min_programs_per_sm: 0,
+            tensor_cores: false,
+            chunk_fastest: false,
         };
         ks.push(attention::build_split(&cfg).unwrap());
     }
@@ -157,6 +172,8 @@ fn attention_reads_kv_in_16_byte_vectors() {
         vector_bytes: 16,
         prefetch: 1,
         min_programs_per_sm: 0,
+        tensor_cores: false,
+        chunk_fastest: false,
     };
     let ptx = compile(&attention::build_split(&cfg).unwrap(), &Target::sm90a()).unwrap();
     let v4 = ptx.matches("ld.global.v4").count();
@@ -286,4 +303,33 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
             );
         }
     }
+}
+
+/// The GQA default runs its two products on the tensor cores: `mma` for the scores and for
+/// P.V, `ldmatrix .trans` for V, and no 16-bit value carried through the loop on its own.
+#[test]
+fn gqa_attention_uses_the_tensor_cores() {
+    let cfg = SplitConfig {
+        head_dim: 128,
+        page_size: 16,
+        group: 4,
+        dtype: DType::F16,
+        source: TokenSource::Dense,
+        block_tokens: 8,
+        num_warps: 1,
+        vector_bytes: 16,
+        prefetch: 1,
+        min_programs_per_sm: 0,
+        tensor_cores: true,
+        chunk_fastest: false,
+    };
+    let ptx = compile(&attention::build_split(&cfg).unwrap(), &Target::sm90a()).unwrap();
+    assert_eq!(ptx.matches("mma.sync.aligned.m16n8k16").count(), 8, "{ptx}");
+    assert_eq!(ptx.matches("mma.sync.aligned.m16n8k8").count(), 8, "{ptx}");
+    assert_eq!(
+        ptx.matches("ldmatrix.sync.aligned.m8n8.x4.trans").count(),
+        4,
+        "{ptx}"
+    );
+    assert!(ptx.matches("ld.global.v4").count() >= 8, "{ptx}");
 }

@@ -46,6 +46,9 @@ struct Lower<'c, 'k> {
     warp: IntValue<'c>,
     tid: IntValue<'c>,
     smem: Option<GlobalValue<'c>>,
+    /// Scratch of `dot_ta` (its `a` is staged here and read back transposed), apart from
+    /// `smem` so that it needs no block-wide barrier: each warp owns a slice.
+    dot_smem: Option<GlobalValue<'c>>,
 }
 
 pub(super) fn lower<'c>(
@@ -116,6 +119,7 @@ pub(super) fn lower<'c>(
         warp: zero,
         tid: zero,
         smem: None,
+        dot_smem: None,
     };
     l.tid = l.sreg("tid.x")?;
     l.lane =
@@ -139,6 +143,23 @@ pub(super) fn lower<'c>(
         g.set_alignment(16);
         g.set_initializer(&ty.get_undef());
         l.smem = Some(g);
+    }
+    let dot_bytes = dot_scratch_bytes(k);
+    if smem_bytes + dot_bytes > 48 * 1024 {
+        return Err(l.err(format!(
+            "needs {} bytes of shared memory, more than the 48 KiB static limit",
+            smem_bytes + dot_bytes
+        )));
+    }
+    if dot_bytes > 0 {
+        let ty = ctx.i8_type().array_type(dot_bytes as u32);
+        let g = l
+            .module
+            .add_global(ty, Some(AddressSpace::from(SHARED)), "dusk_dot_smem");
+        g.set_linkage(Linkage::Internal);
+        g.set_alignment(16);
+        g.set_initializer(&ty.get_undef());
+        l.dot_smem = Some(g);
     }
     for p in &k.params {
         let idx = k
@@ -227,6 +248,27 @@ fn shared_bytes(k: &Kernel, layouts: &Layouts) -> usize {
             _ => 0,
         };
         most = most.max(need);
+    });
+    most
+}
+
+/// Bytes of a row of `a` in the scratch of `dot_ta`: 16 bytes more than the row, so that
+/// the eight rows an `ldmatrix` reads start in eight different groups of banks.
+fn dot_row_bytes(m: usize) -> usize {
+    2 * m + 16
+}
+
+/// Bytes of shared memory the `dot_ta` ops need: eight rows a warp.
+fn dot_scratch_bytes(k: &Kernel) -> usize {
+    let mut most = 0usize;
+    walk_ops(&k.body, &mut |op| {
+        if let OpKind::Dot {
+            a, trans_a: true, ..
+        } = &op.kind
+        {
+            let m = k.ty(*a).shape[1];
+            most = most.max(k.num_warps as usize * 8 * dot_row_bytes(m));
+        }
     });
     most
 }
@@ -517,6 +559,14 @@ impl<'c, 'k> Lower<'c, 'k> {
             }
             PtrCast { ptr, .. } => self.get(*ptr),
             DotInt4 { codes, q } => self.dot_int4(*codes, *q, res.expect("result"))?,
+            Dot { a, b, acc, trans_a } => {
+                let r = res.expect("result");
+                if *trans_a {
+                    self.dot_ta(*a, *b, *acc, r)?
+                } else {
+                    self.dot(*a, *b, *acc, r)?
+                }
+            }
             Dp2a {
                 pairs,
                 bytes,
@@ -1109,19 +1159,6 @@ impl<'c, 'k> Lower<'c, 'k> {
             let f = s.b.build_float_sub(f, bias, "").map_err(|y| e(s, y))?;
             s.b.build_bit_cast(f, i32t, "").map_err(|y| e(s, y))
         };
-        let acc_t = self.ctx.struct_type(&[f32t.into(); 4], false);
-        let mut arg_tys: Vec<inkwell::types::BasicMetadataTypeEnum> = vec![i32t.into(); 6];
-        arg_tys.extend([inkwell::types::BasicMetadataTypeEnum::from(f32t); 4]);
-        let fn_t = acc_t.fn_type(&arg_tys, false);
-        let asm = self.ctx.create_inline_asm(
-            fn_t,
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};".to_string(),
-            "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3".to_string(),
-            false,
-            false,
-            None,
-            false,
-        );
         let slices = w / 2;
         let b_frags: Vec<(BasicValueEnum<'c>, BasicValueEnum<'c>)> = (0..slices)
             .map(|s| Ok((pack_q(self, 2 * s)?, pack_q(self, 2 * s + 1)?)))
@@ -1138,28 +1175,307 @@ impl<'c, 'k> Lower<'c, 'k> {
                     code_pair(self, word(2 * m, h1), h1 % 4)?,
                     code_pair(self, word(2 * m + 1, h1), h1 % 4)?,
                 ];
-                let mut args: Vec<BasicMetadataValueEnum> = a.iter().map(|x| (*x).into()).collect();
-                args.push((*b0).into());
-                args.push((*b1).into());
-                args.extend(acc.iter().map(|x| BasicMetadataValueEnum::from(*x)));
-                let call = self
-                    .b
-                    .build_indirect_call(fn_t, asm, &args, "")
-                    .map_err(|x| self.err(x))?;
-                let st = call
-                    .try_as_basic_value()
-                    .basic()
-                    .expect("mma result")
-                    .into_struct_value();
-                acc = (0..4)
-                    .map(|i| {
-                        self.b
-                            .build_extract_value(st, i, "")
-                            .map_err(|x| self.err(x))
-                    })
-                    .collect::<R<_>>()?;
+                acc = self.mma("m16n8k16", DType::F16, &a, &[*b0, *b1], &acc)?;
             }
             out.extend(acc);
+        }
+        Ok(Cv::B(out))
+    }
+
+    /// Two f16 (or bf16) values packed in one 32-bit register, `lo` first.
+    fn pack2(
+        &self,
+        lo: BasicValueEnum<'c>,
+        hi: BasicValueEnum<'c>,
+        d: DType,
+    ) -> R<BasicValueEnum<'c>> {
+        let et = llvm_type(self.ctx, d).into_float_type();
+        let v = et.vec_type(2).get_undef();
+        let v = self
+            .b
+            .build_insert_element(v, lo, self.i32c(0), "")
+            .map_err(|e| self.err(e))?;
+        let v = self
+            .b
+            .build_insert_element(v, hi, self.i32c(1), "")
+            .map_err(|e| self.err(e))?;
+        self.b
+            .build_bit_cast(v, self.ctx.i32_type(), "")
+            .map_err(|e| self.err(e))
+    }
+
+    /// One `mma.sync` with f32 accumulators: `shape` is `m16n8k16` (4 registers of A, 2 of
+    /// B) or `m16n8k8` (2 and 1); returns the 4 accumulators.
+    fn mma(
+        &self,
+        shape: &str,
+        d: DType,
+        a: &[BasicValueEnum<'c>],
+        b: &[BasicValueEnum<'c>],
+        acc: &[BasicValueEnum<'c>],
+    ) -> R<Vec<BasicValueEnum<'c>>> {
+        let i32t = self.ctx.i32_type();
+        let f32t = self.ctx.f32_type();
+        let acc_t = self.ctx.struct_type(&[f32t.into(); 4], false);
+        let mut arg_tys: Vec<inkwell::types::BasicMetadataTypeEnum> =
+            vec![i32t.into(); a.len() + b.len()];
+        arg_tys.extend([inkwell::types::BasicMetadataTypeEnum::from(f32t); 4]);
+        let fn_t = acc_t.fn_type(&arg_tys, false);
+        let regs = |from: usize, n: usize| -> String {
+            (from..from + n)
+                .map(|i| format!("${i}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let (na, nb) = (a.len(), b.len());
+        let ty = d.name();
+        let text = format!(
+            "mma.sync.aligned.{shape}.row.col.f32.{ty}.{ty}.f32 {{$0,$1,$2,$3}}, {{{}}}, {{{}}}, {{{}}};",
+            regs(4, na),
+            regs(4 + na, nb),
+            regs(4 + na + nb, 4)
+        );
+        let mut cons = "=f,=f,=f,=f".to_string();
+        cons += &",r".repeat(na + nb);
+        cons += ",0,1,2,3";
+        let asm = self
+            .ctx
+            .create_inline_asm(fn_t, text, cons, false, false, None, false);
+        let args: Vec<BasicMetadataValueEnum> =
+            a.iter().chain(b).chain(acc).map(|x| (*x).into()).collect();
+        let call = self
+            .b
+            .build_indirect_call(fn_t, asm, &args, "")
+            .map_err(|e| self.err(e))?;
+        let st = call
+            .try_as_basic_value()
+            .basic()
+            .expect("mma result")
+            .into_struct_value();
+        (0..4)
+            .map(|i| {
+                self.b
+                    .build_extract_value(st, i, "")
+                    .map_err(|e| self.err(e))
+            })
+            .collect()
+    }
+
+    /// Whether `bl` spreads a `[rows, cols]` block as the fragments of `mma.sync` need: 8
+    /// lanes down, 4 across, `spt` elements a thread along the row, and every warp holding
+    /// rows `g + 8i` of its lane group `g` (one warp, or replicas of it).
+    fn fragment_layout(bl: &Blocked, spt: usize) -> bool {
+        bl.size_per_thread == [1, spt]
+            && bl.threads_per_warp == [8, 4]
+            && bl.warps_per_cta[1] == 1
+            && bl.per_thread(0) * 8 == bl.shape[0]
+            && bl.per_thread(1) == spt
+    }
+
+    fn dot_layouts(&self, a: ValueId, b: ValueId, res: ValueId) -> R<(Blocked, Blocked, Blocked)> {
+        match (
+            self.layouts.get(a).clone(),
+            self.layouts.get(b).clone(),
+            self.layouts.get(res).clone(),
+        ) {
+            (Layout::Blocked(al), Layout::Blocked(bl), Layout::Blocked(rl)) => Ok((al, bl, rl)),
+            _ => Err(self.err("dot operands need blocked layouts")),
+        }
+    }
+
+    /// `dot` (`a . b^T`) as `mma.sync.m16n8k16`: `a`'s rows are the rows of A (padded to 16
+    /// with zeros), `b`'s rows the columns of B. The order in which the sum walks K is free,
+    /// so each thread's own quarter of a row (4 elements a step) is its fragment of both
+    /// operands, packed in pairs as loaded: no data moves between threads.
+    fn dot(&mut self, a: ValueId, b: ValueId, c: Option<ValueId>, res: ValueId) -> R<Cv<'c>> {
+        let (al, bl, rl) = self.dot_layouts(a, b, res)?;
+        let (m, kd) = (al.shape[0], al.shape[1]);
+        let d = self.ty_of(a).elem.dtype().expect("verified");
+        if !(Self::fragment_layout(&al, kd / 4)
+            && Self::fragment_layout(&bl, kd / 4)
+            && Self::fragment_layout(&rl, 2))
+        {
+            return Err(self.err(format!(
+                "dot needs every warp to hold whole fragments (a {al:?}, b {bl:?}, result {rl:?}): \
+                 one warp a program, or operands small enough to be replicated"
+            )));
+        }
+        let (xa, xb) = (self.elems(a), self.elems(b));
+        let q = kd / 4;
+        let zero = self.ctx.i32_type().const_zero().into();
+        let mut acc: Vec<BasicValueEnum<'c>> = vec![self.ctx.f32_type().const_zero().into(); 4];
+        if let Some(c) = c {
+            // The result's slots in order: row g's pair, then (M 16) row g + 8's.
+            for (i, x) in self.elems(c).into_iter().enumerate() {
+                acc[i] = x;
+            }
+        }
+        for s in 0..kd / 16 {
+            let pair = |l: &Self, x: &[BasicValueEnum<'c>], row: usize, j: usize| {
+                l.pack2(x[row * q + 4 * s + j], x[row * q + 4 * s + j + 1], d)
+            };
+            let hi = |l: &Self, j: usize| -> R<BasicValueEnum<'c>> {
+                if m == 16 {
+                    pair(l, &xa, 1, j)
+                } else {
+                    Ok(zero)
+                }
+            };
+            let ra = [
+                pair(self, &xa, 0, 0)?,
+                hi(self, 0)?,
+                pair(self, &xa, 0, 2)?,
+                hi(self, 2)?,
+            ];
+            let rb = [pair(self, &xb, 0, 0)?, pair(self, &xb, 0, 2)?];
+            acc = self.mma("m16n8k16", d, &ra, &rb, &acc)?;
+        }
+        if m == 8 {
+            acc.truncate(2);
+        }
+        Ok(Cv::B(acc))
+    }
+
+    /// `dot_ta` (`a^T . b^T`, `a` `[8, M]`) as `mma.sync.m16n8k8` over M/16 tiles of rows.
+    /// A is `a` transposed, so each warp writes its `a` to its slice of shared memory and
+    /// reads it back with `ldmatrix .trans`, which hands every thread its A fragment: rows
+    /// `16i + g` and `16i + 8 + g`, exactly the result rows its blocked layout owns. `b`
+    /// (`[8, 8]`, pairs of columns a thread) is the B fragment as it stands.
+    fn dot_ta(&mut self, a: ValueId, b: ValueId, c: Option<ValueId>, res: ValueId) -> R<Cv<'c>> {
+        let (al, bl, rl) = self.dot_layouts(a, b, res)?;
+        let m = al.shape[1];
+        let d = self.ty_of(a).elem.dtype().expect("verified");
+        if !(Self::fragment_layout(&al, m / 4)
+            && Self::fragment_layout(&bl, 2)
+            && Self::fragment_layout(&rl, 2))
+        {
+            return Err(self.err(format!(
+                "dot_ta needs every warp to hold whole fragments (a {al:?}, b {bl:?}, result {rl:?}): \
+                 one warp a program"
+            )));
+        }
+        let g = self
+            .dot_smem
+            .ok_or_else(|| self.err("dot scratch was not reserved"))?;
+        let (xa, xb) = (self.elems(a), self.elems(b));
+        let e = |l: &Self, x: inkwell::builder::BuilderError| l.err(x);
+        let i8t = self.ctx.i8_type();
+        let i32t = self.ctx.i32_type();
+        let i64t = self.ctx.i64_type();
+        let row_bytes = dot_row_bytes(m) as i64;
+        // This warp's slice, and the thread's row (g) and quarter (c) in it.
+        let at = |l: &Self, off: IntValue<'c>| -> R<PointerValue<'c>> {
+            // SAFETY: offsets stay within the warp's slice of `dot_scratch_bytes`.
+            unsafe { l.b.build_gep(i8t, g.as_pointer_value(), &[off], "") }.map_err(|x| e(l, x))
+        };
+        let mul = |l: &Self, x: IntValue<'c>, c: i64| l.b.build_int_mul(x, l.i32c(c), "");
+        let add = |l: &Self, x: IntValue<'c>, y: IntValue<'c>| l.b.build_int_add(x, y, "");
+        let slice = mul(self, self.warp, 8 * row_bytes).map_err(|x| e(self, x))?;
+        let lg = self
+            .b
+            .build_right_shift(self.lane, self.i32c(2), false, "")
+            .map_err(|x| e(self, x))?;
+        let lc = self
+            .b
+            .build_and(self.lane, self.i32c(3), "")
+            .map_err(|x| e(self, x))?;
+        let row = mul(self, lg, row_bytes).map_err(|x| e(self, x))?;
+        let col = mul(self, lc, (m / 4 * 2) as i64).map_err(|x| e(self, x))?;
+        let mine = add(self, slice, row).map_err(|x| e(self, x))?;
+        let mine = add(self, mine, col).map_err(|x| e(self, x))?;
+        let et = llvm_type(self.ctx, d).into_float_type();
+        let v8 = et.vec_type(8);
+        for (i, chunk) in xa.chunks(8).enumerate() {
+            let mut v = v8.get_undef();
+            for (j, x) in chunk.iter().enumerate() {
+                v = self
+                    .b
+                    .build_insert_element(v, *x, self.i32c(j as i64), "")
+                    .map_err(|x| e(self, x))?;
+            }
+            let off = add(self, mine, self.i32c(16 * i as i64)).map_err(|x| e(self, x))?;
+            let p = at(self, off)?;
+            let st = self.b.build_store(p, v).map_err(|x| e(self, x))?;
+            st.set_alignment(16).map_err(|x| self.err(x))?;
+        }
+        let sync = |l: &Self| -> R<()> {
+            let fn_t = l.ctx.void_type().fn_type(&[], false);
+            let asm = l.ctx.create_inline_asm(
+                fn_t,
+                "bar.warp.sync -1;".to_string(),
+                "~{memory}".to_string(),
+                true,
+                false,
+                None,
+                false,
+            );
+            l.b.build_indirect_call(fn_t, asm, &[], "")
+                .map_err(|x| e(l, x))?;
+            Ok(())
+        };
+        sync(self)?;
+        // ldmatrix .x4: lane L gives row L % 8 of matrix L / 8; matrix j holds columns
+        // 8j..8j+8 of all eight rows, and comes back as the A fragment rows 8j + g.
+        let quad_t = self.ctx.struct_type(&[i32t.into(); 4], false);
+        let ld_t = quad_t.fn_type(&[i64t.into()], false);
+        let ld = self.ctx.create_inline_asm(
+            ld_t,
+            "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0,$1,$2,$3}, [$4];".to_string(),
+            "=r,=r,=r,=r,l,~{memory}".to_string(),
+            true,
+            false,
+            None,
+            false,
+        );
+        let lrow = self
+            .b
+            .build_and(self.lane, self.i32c(7), "")
+            .map_err(|x| e(self, x))?;
+        let lmat = self
+            .b
+            .build_right_shift(self.lane, self.i32c(3), false, "")
+            .map_err(|x| e(self, x))?;
+        let src = mul(self, lrow, row_bytes).map_err(|x| e(self, x))?;
+        let src = add(self, slice, src).map_err(|x| e(self, x))?;
+        let mat_off = mul(self, lmat, 16).map_err(|x| e(self, x))?;
+        let src = add(self, src, mat_off).map_err(|x| e(self, x))?;
+        let mut mats = vec![];
+        for p in 0..m / 32 {
+            let off = add(self, src, self.i32c(64 * p as i64)).map_err(|x| e(self, x))?;
+            let ptr = at(self, off)?;
+            let addr = self
+                .b
+                .build_ptr_to_int(ptr, i64t, "")
+                .map_err(|x| e(self, x))?;
+            let call = self
+                .b
+                .build_indirect_call(ld_t, ld, &[addr.into()], "")
+                .map_err(|x| e(self, x))?;
+            let st = call
+                .try_as_basic_value()
+                .basic()
+                .expect("ldmatrix result")
+                .into_struct_value();
+            for j in 0..4 {
+                mats.push(
+                    self.b
+                        .build_extract_value(st, j, "")
+                        .map_err(|x| e(self, x))?,
+                );
+            }
+        }
+        // The next writer of the slice waits for every lane's reads.
+        sync(self)?;
+        let rb = [self.pack2(xb[0], xb[1], d)?];
+        let zero: BasicValueEnum<'c> = self.ctx.f32_type().const_zero().into();
+        let init = match c {
+            Some(c) => self.elems(c),
+            None => vec![zero; m / 4],
+        };
+        let mut out = vec![];
+        for i in 0..m / 16 {
+            let ra = [mats[2 * i], mats[2 * i + 1]];
+            out.extend(self.mma("m16n8k8", d, &ra, &rb, &init[4 * i..4 * i + 4])?);
         }
         Ok(Cv::B(out))
     }
@@ -1990,7 +2306,12 @@ impl<'c, 'k> Lower<'c, 'k> {
         body: &Region,
     ) -> R<Vec<Cv<'c>>> {
         let (lo_v, hi_v, step_v) = (self.elems(lo)[0], self.elems(hi)[0], self.elems(step)[0]);
-        let init_v: Vec<Cv<'c>> = init.iter().map(|v| self.get(*v)).collect();
+        let dts: Vec<Option<DType>> = init.iter().map(|v| self.ty_of(*v).elem.dtype()).collect();
+        let init_v: Vec<Cv<'c>> = init
+            .iter()
+            .zip(&dts)
+            .map(|(v, d)| self.pack_halves(self.get(*v), *d))
+            .collect::<R<_>>()?;
         let pre = self.b.get_insert_block().expect("block");
         let header = self.ctx.append_basic_block(self.func, "loop");
         let body_bb = self.ctx.append_basic_block(self.func, "loop_body");
@@ -2016,13 +2337,17 @@ impl<'c, 'k> Lower<'c, 'k> {
             .map_err(|x| self.err(x))?;
         self.b.position_at_end(body_bb);
         self.vals.insert(body.args[0], Cv::S(ivv.into()));
-        for (a, v) in body.args[1..]
-            .iter()
-            .zip(self.phi_values(&phis, &body.args[1..]))
-        {
+        let carried = self.phi_values(&phis, &body.args[1..]);
+        for ((a, v), d) in body.args[1..].iter().zip(carried).zip(&dts) {
+            let v = self.unpack_halves(v, *d)?;
             self.vals.insert(*a, v);
         }
         let next = self.region(body)?;
+        let next: Vec<Cv<'c>> = next
+            .into_iter()
+            .zip(&dts)
+            .map(|(v, d)| self.pack_halves(v, *d))
+            .collect::<R<_>>()?;
         let next_iv = self
             .b
             .build_int_add(ivv, step_v.into_int_value(), "")
@@ -2034,7 +2359,53 @@ impl<'c, 'k> Lower<'c, 'k> {
             .build_unconditional_branch(header)
             .map_err(|x| self.err(x))?;
         self.b.position_at_end(exit);
-        Ok(self.phi_values(&phis, &body.args[1..]))
+        self.phi_values(&phis, &body.args[1..])
+            .into_iter()
+            .zip(&dts)
+            .map(|(v, d)| self.unpack_halves(v, *d))
+            .collect()
+    }
+
+    /// A block of f16 or bf16 as 32-bit pairs, the form a loop carries it in: ptxas then
+    /// keeps two values a register (each 16-bit value in a register of its own otherwise),
+    /// and pairs that were loaded or feed the tensor cores as pairs never move.
+    fn pack_halves(&self, v: Cv<'c>, d: Option<DType>) -> R<Cv<'c>> {
+        match (v, d) {
+            (Cv::B(xs), Some(d @ (DType::F16 | DType::BF16))) if xs.len() % 2 == 0 => Ok(Cv::B(
+                xs.chunks(2)
+                    .map(|p| self.pack2(p[0], p[1], d))
+                    .collect::<R<_>>()?,
+            )),
+            (v, _) => Ok(v),
+        }
+    }
+
+    /// The inverse of [`Self::pack_halves`].
+    fn unpack_halves(&self, v: Cv<'c>, d: Option<DType>) -> R<Cv<'c>> {
+        match (v, d) {
+            (Cv::B(ws), Some(d @ (DType::F16 | DType::BF16)))
+                if ws.first().is_some_and(|w| w.is_int_value()) =>
+            {
+                let v2 = llvm_type(self.ctx, d).into_float_type().vec_type(2);
+                let mut out = vec![];
+                for w in ws {
+                    let p = self
+                        .b
+                        .build_bit_cast(w, v2, "")
+                        .map_err(|e| self.err(e))?
+                        .into_vector_value();
+                    for i in 0..2 {
+                        out.push(
+                            self.b
+                                .build_extract_element(p, self.i32c(i), "")
+                                .map_err(|e| self.err(e))?,
+                        );
+                    }
+                }
+                Ok(Cv::B(out))
+            }
+            (v, _) => Ok(v),
+        }
     }
 
     fn if_else(

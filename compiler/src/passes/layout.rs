@@ -181,15 +181,25 @@ fn vector_hints(k: &Kernel) -> HashMap<Vec<usize>, usize> {
 
 /// Elements per thread along the last dimension that tensor-core ops need of their operands
 /// and result (they override the memory hints): `dot_int4` wants 4 threads per row of codes
-/// and of q, each holding a quarter of the row, and its result in pairs of columns.
+/// and of q, each holding a quarter of the row, and its result in pairs of columns. `dot`
+/// wants the same of its operands along the summed dimension (so a thread's own loaded run
+/// is its fragment); `dot_ta` wants a quarter of each row of `a` (staged through shared
+/// memory and read back transposed) and pairs of `b`, which are then the fragment of `b`.
 fn operand_hints(k: &Kernel, hints: &mut HashMap<Vec<usize>, usize>) {
-    walk_ops(&k.body, &mut |op| {
-        if let OpKind::DotInt4 { codes, q } = &op.kind {
+    walk_ops(&k.body, &mut |op| match &op.kind {
+        OpKind::DotInt4 { codes, q } => {
             let (c, qt) = (k.ty(*codes), k.ty(*q));
             hints.insert(c.shape.clone(), c.shape[1] / 4);
             hints.insert(qt.shape.clone(), qt.shape[1] / 4);
             hints.insert(k.ty(op.results[0]).shape.clone(), 2);
         }
+        OpKind::Dot { a, b, trans_a, .. } => {
+            let (at, bt) = (k.ty(*a), k.ty(*b));
+            hints.insert(at.shape.clone(), at.shape[1] / 4);
+            hints.insert(bt.shape.clone(), if *trans_a { 2 } else { bt.shape[1] / 4 });
+            hints.insert(k.ty(op.results[0]).shape.clone(), 2);
+        }
+        _ => {}
     });
 }
 

@@ -1108,6 +1108,20 @@ impl Lower {
                 let q = val!(1);
                 quote_spanned!(span=> #b.dot_int4(#codes, #q))
             }
+            Builtin::Dot | Builtin::DotTa => {
+                let (x, y) = (val!(0), val!(1));
+                let acc = if args.len() == 3 {
+                    let c = val!(2);
+                    quote_spanned!(span=> ::core::option::Option::Some(#c))
+                } else {
+                    quote_spanned!(span=> ::core::option::Option::None)
+                };
+                if func == Builtin::Dot {
+                    quote_spanned!(span=> #b.dot(#x, #y, #acc))
+                } else {
+                    quote_spanned!(span=> #b.dot_ta(#x, #y, #acc))
+                }
+            }
         };
         Ok(self.emit(span, call, out))
     }

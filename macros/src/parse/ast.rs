@@ -277,4 +277,6 @@ pub enum Builtin {
     PtrCast,
     Dp2a,
     DotInt4,
+    Dot,
+    DotTa,
 }

@@ -128,6 +128,22 @@ pub const BUILTINS: &[Spec] = &[
         false,
         "dot_int4(codes, q)",
     ),
+    spec(
+        Builtin::Dot,
+        "dot",
+        2,
+        3,
+        false,
+        "dot(a, b) or dot(a, b, acc)",
+    ),
+    spec(
+        Builtin::DotTa,
+        "dot_ta",
+        2,
+        3,
+        false,
+        "dot_ta(a, b) or dot_ta(a, b, acc)",
+    ),
 ];
 
 pub fn lookup(name: &str) -> Option<&'static Spec> {

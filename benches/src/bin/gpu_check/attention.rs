@@ -15,12 +15,14 @@
 //!
 //! `--check-only` stops after 1 and 2 (for compute-sanitizer); `--sweep` and
 //! `--sweep-lists` name other tunings to time beside the defaults (see [`Tiling`]);
-//! `--profile` times one dense GQA case only, for `ncu`; `--cpu` runs 1 on the interpreter.
+//! `--profile` times one dense GQA case only, for `ncu` (`--profile-skewed`: the skewed
+//! group varlen case); `--cpu` runs 1 on the interpreter.
 
 use crate::common::{arg, Res};
 use dusk::compiler::{DType, KernelBuilder};
 use dusk::kernels::attention_ops::{
-    AttentionMeta, AttentionMode, AttentionPlan, AttentionSpec, AttentionTuning, SparqMix,
+    default_tiling, AttentionMeta, AttentionMode, AttentionPlan, AttentionSpec, AttentionTuning,
+    SparqMix,
 };
 use dusk::kernels::ops::Dusk;
 use dusk::kernels::paged::{KvShape, PageTable, TokenLists};
@@ -113,6 +115,8 @@ struct CheckCase {
     sparq: bool,
     /// Tokens per work item (`None`: the plan's default).
     chunk: Option<usize>,
+    /// GQA on the CUDA cores (`false`) or the tensor cores (`true`); `None`: the default.
+    tensor_cores: Option<bool>,
 }
 
 /// The positions each query row attends to, for the reference.
@@ -171,6 +175,11 @@ fn check_case<T: Val>(dusk: &Dusk, rng: &mut SmallRng, c: &CheckCase) -> Res<(f6
     let plan = AttentionPlan::with_tuning(dusk, spec, |t| {
         if let Some(ch) = c.chunk {
             t.chunk_tokens = ch;
+        }
+        if c.tensor_cores == Some(false) && t.tensor_cores {
+            let (bt, w, f) = default_tiling(c.head_dim, c.group);
+            (t.block_tokens, t.num_warps, t.prefetch, t.tensor_cores) = (bt, w, f, false);
+            t.chunk_tokens = t.chunk_tokens.div_ceil(bt) * bt;
         }
     })?;
     let meta = plan.upload_meta(dusk, &table, lists.as_ref())?;
@@ -317,9 +326,30 @@ fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<f64> {
             true,
         ),
     ];
+    // GQA of head_dim 64 and 128 runs on the tensor cores by default; the CUDA-core kernel
+    // stays a tuning option, so two GQA cases are checked on it too.
+    let fma = [
+        (Dense, vec![1, 300, 4097], 8, 4, 128, vec![], None),
+        (
+            GroupVarlen,
+            vec![1500, 700],
+            2,
+            8,
+            64,
+            vec![1000, 3],
+            Some(256),
+        ),
+    ];
+    let cases = cases
+        .into_iter()
+        .map(|(m, s, k, g, d, l, sp, ch, bf)| (m, s, k, g, d, l, sp, ch, bf, None))
+        .chain(
+            fma.into_iter()
+                .map(|(m, s, k, g, d, l, ch)| (m, s, k, g, d, l, false, ch, false, Some(false))),
+        );
     let mut worst = 0.0f64;
     println!("correctness (fresh random inputs, outputs poisoned, f64 reference):");
-    for (mode, seqs, kv_heads, group, head_dim, lens, sparq, chunk, bf) in cases {
+    for (mode, seqs, kv_heads, group, head_dim, lens, sparq, chunk, bf, tensor_cores) in cases {
         let c = CheckCase {
             seqs,
             kv_heads,
@@ -329,6 +359,7 @@ fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<f64> {
             lens,
             sparq,
             chunk,
+            tensor_cores,
         };
         let (err, lse_err) = if bf {
             check_case::<bf16>(dusk, rng, &c)?
@@ -337,11 +368,12 @@ fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<f64> {
         };
         let tol = if bf { 1e-2 } else { 2e-3 };
         println!(
-            "  {mode:?} seqs {:?} kv_heads {kv_heads} group {group} d {head_dim} lens {:?}{}{}: rel err {err:.2e}, lse abs err {lse_err:.1e}",
+            "  {mode:?} seqs {:?} kv_heads {kv_heads} group {group} d {head_dim} lens {:?}{}{}{}: rel err {err:.2e}, lse abs err {lse_err:.1e}",
             c.seqs,
             c.lens,
             if sparq { " sparq" } else { "" },
-            if bf { " bf16" } else { " f16" }
+            if bf { " bf16" } else { " f16" },
+            if tensor_cores == Some(false) { " cuda-cores" } else { "" }
         );
         if err >= tol || lse_err > 1e-2 {
             return Err(format!(
@@ -530,6 +562,36 @@ fn time_plan(
     meta: &AttentionMeta,
     q: &Buffer<f16>,
 ) -> Res<f64> {
+    Ok(median(&time_samples(dusk, plan, c, meta, q)?))
+}
+
+/// The default timed twice, before and after the other tilings (a pass now and then ran
+/// 10-17% slower than the same configuration timed beside it, 6f9a353's run): the median
+/// of both passes' samples, and each pass's median.
+fn time_default(
+    dusk: &Dusk,
+    plan: &AttentionPlan,
+    c: &Cache,
+    meta: &AttentionMeta,
+    q: &Buffer<f16>,
+    between: impl FnOnce() -> Res<Vec<Value>>,
+) -> Res<(f64, Value, Vec<Value>)> {
+    let mut a = time_samples(dusk, plan, c, meta, q)?;
+    let others = between()?;
+    let b = time_samples(dusk, plan, c, meta, q)?;
+    let passes = json!([median(&a), median(&b)]);
+    a.extend(b);
+    Ok((median(&a), passes, others))
+}
+
+/// Event timings of 30 runs after 5 untimed ones, rotating through the cache's copies.
+fn time_samples(
+    dusk: &Dusk,
+    plan: &AttentionPlan,
+    c: &Cache,
+    meta: &AttentionMeta,
+    q: &Buffer<f16>,
+) -> Res<Vec<f64>> {
     let dev = dusk.device();
     let rows = plan.spec().batch * plan.spec().num_q_heads;
     let mut out = dev.alloc::<f16>(rows * D)?;
@@ -541,12 +603,14 @@ fn time_plan(
         plan.run(dusk, q, k, v, meta, None, &mut out, &mut lse)
             .map_err(|e| e.to_string())
     })?;
-    Ok(median(&t))
+    Ok(t)
 }
 
 /// An alternative tuning to time beside the default: `BTxW` then optional `vBYTES`
-/// (bytes per thread and row), `fP` (tiles prefetched), `cCHUNK` (chunk tokens), e.g. `8x4`,
-/// `16x4v32`, `8x4f2c256`.
+/// (bytes per thread and row), `fP` (tiles prefetched), `cCHUNK` (chunk tokens), `mM`
+/// (tensor cores: 1 on, 0 off; on by default where the tiling allows, 8 tokens on one
+/// warp), `oN` (programs per SM asked of ptxas), `g1` (a row's chunks next to each other in
+/// the grid), e.g. `8x4`, `16x4v32`, `8x4f2c256`, `8x1o16`, `8x1m0`, `8x1c512g1`.
 #[derive(Clone, Copy)]
 struct Tiling {
     block_tokens: usize,
@@ -554,6 +618,9 @@ struct Tiling {
     vector_bytes: Option<u32>,
     prefetch: Option<usize>,
     chunk: Option<usize>,
+    mma: Option<bool>,
+    programs: Option<u32>,
+    chunk_fastest: Option<bool>,
 }
 
 fn parse_tiling(t: &str) -> Option<Tiling> {
@@ -572,6 +639,9 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
         vector_bytes: None,
         prefetch: None,
         chunk: None,
+        mma: None,
+        programs: None,
+        chunk_fastest: None,
     };
     for (k, v) in &fields[1..] {
         match k {
@@ -579,6 +649,9 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
             'v' => out.vector_bytes = Some(v.parse().ok()?),
             'f' => out.prefetch = Some(v.parse().ok()?),
             'c' => out.chunk = Some(v.parse().ok()?),
+            'm' => out.mma = Some(v.parse::<u8>().ok()? == 1),
+            'o' => out.programs = Some(v.parse().ok()?),
+            'g' => out.chunk_fastest = Some(v.parse::<u8>().ok()? == 1),
             _ => return None,
         }
     }
@@ -587,8 +660,19 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
 
 fn describe(t: &AttentionTuning) -> String {
     format!(
-        "{}x{}v{}f{} chunk {}",
-        t.block_tokens, t.num_warps, t.vector_bytes, t.prefetch, t.chunk_tokens
+        "{}x{}v{}f{}o{}{}{} chunk {}",
+        t.block_tokens,
+        t.num_warps,
+        t.vector_bytes,
+        t.prefetch,
+        t.min_programs_per_sm,
+        if t.tensor_cores { " mma" } else { "" },
+        if t.chunk_fastest {
+            " chunk-fastest"
+        } else {
+            ""
+        },
+        t.chunk_tokens
     )
 }
 
@@ -609,6 +693,11 @@ fn time_tilings(
             u.num_warps = t.num_warps;
             u.vector_bytes = t.vector_bytes.unwrap_or(u.vector_bytes);
             u.prefetch = t.prefetch.unwrap_or(u.prefetch);
+            u.min_programs_per_sm = t.programs.unwrap_or(u.min_programs_per_sm);
+            u.chunk_fastest = t.chunk_fastest.unwrap_or(u.chunk_fastest);
+            u.tensor_cores = t
+                .mma
+                .unwrap_or(u.tensor_cores && t.block_tokens == 8 && t.num_warps == 1);
             u.chunk_tokens =
                 t.chunk.unwrap_or(u.chunk_tokens).div_ceil(t.block_tokens) * t.block_tokens;
         })?;
@@ -702,14 +791,16 @@ impl Bench<'_> {
         };
         let plan = AttentionPlan::new(self.dusk, spec)?;
         let meta = plan.upload_meta(self.dusk, &table, None)?;
-        let us = time_plan(self.dusk, &plan, &c, &meta, &q)?;
-        let others = time_tilings(self.dusk, spec, &table, None, &c, &q, tilings)?;
+        let (us, passes, others) = time_default(self.dusk, &plan, &c, &meta, &q, || {
+            time_tilings(self.dusk, spec, &table, None, &c, &q, tilings)
+        })?;
         let tu = plan.tuning();
         let name = format!("dense_b{batch}_h{hq}x{hkv}_ctx{ctx}");
         let shape = json!({"batch": batch, "num_q_heads": hq, "num_kv_heads": hkv, "head_dim": D,
                            "page_size": PAGE, "context": ctx});
         let extra = json!({
             "tuning": describe(tu),
+            "default_passes_us": passes,
             "other_tilings_us": others,
         });
         let fi = self.peer(&name, "flashinfer_us");
@@ -764,13 +855,15 @@ impl Bench<'_> {
         };
         let plan = AttentionPlan::new(self.dusk, spec)?;
         let meta = plan.upload_meta(self.dusk, &table, Some(&lists))?;
-        let us = time_plan(self.dusk, &plan, &c, &meta, &q)?;
-        let others = time_tilings(self.dusk, spec, &table, Some(&lists), &c, &q, tilings)?;
+        let (us, passes, others) = time_default(self.dusk, &plan, &c, &meta, &q, || {
+            time_tilings(self.dusk, spec, &table, Some(&lists), &c, &q, tilings)
+        })?;
         let name = format!("quarter_b{batch}_h{hq}x{hkv}_ctx{ctx}");
         let shape = json!({"batch": batch, "num_q_heads": hq, "num_kv_heads": hkv, "head_dim": D,
                            "page_size": PAGE, "context": ctx, "kept_pages_pct": 25});
         let fi = self.peer(&name, "flashinfer_us");
-        let extra = json!({"tuning": describe(plan.tuning()), "other_tilings_us": others});
+        let extra = json!({"tuning": describe(plan.tuning()), "default_passes_us": passes,
+                           "other_tilings_us": others});
         self.record(&name, shape, us, "flashinfer", fi, bytes, extra);
         Ok(())
     }
@@ -809,6 +902,7 @@ impl Bench<'_> {
         let q = random_device(self.dusk, &self.fill, batch * hq * D, 11)?;
         let mut us = [0.0; 2];
         let mut others = vec![];
+        let mut passes = json!(null);
         let mut tuning = String::new();
         for (i, mode) in [AttentionMode::GroupVarlen, AttentionMode::Padded]
             .into_iter()
@@ -826,10 +920,13 @@ impl Bench<'_> {
             };
             let plan = AttentionPlan::new(self.dusk, spec)?;
             let meta = plan.upload_meta(self.dusk, &table, Some(&lists))?;
-            us[i] = time_plan(self.dusk, &plan, &c, &meta, &q)?;
             if i == 0 {
                 tuning = describe(plan.tuning());
-                others = time_tilings(self.dusk, spec, &table, Some(&lists), &c, &q, tilings)?;
+                (us[i], passes, others) = time_default(self.dusk, &plan, &c, &meta, &q, || {
+                    time_tilings(self.dusk, spec, &table, Some(&lists), &c, &q, tilings)
+                })?;
+            } else {
+                us[i] = time_plan(self.dusk, &plan, &c, &meta, &q)?;
             }
         }
         let name = format!("skewed_b{batch}_h{hq}x{hkv}_ctx{ctx}");
@@ -838,7 +935,7 @@ impl Bench<'_> {
                            "page_size": PAGE, "context": ctx, "budget_mean": 256, "budget_max": max});
         let extra = json!({"kept_tokens": tokens, "measured_mean_budget": mean,
                            "longest_budget": lists.max_row_len(), "tuning": tuning,
-                           "other_tilings_us": others});
+                           "default_passes_us": passes, "other_tilings_us": others});
         self.record(&name, shape, us[0], "padded", Some(us[1]), bytes, extra);
         Ok(())
     }
@@ -860,6 +957,19 @@ pub fn run() -> Res<()> {
     );
     let dusk = Dusk::new(dev.clone())?;
     let mut rng = SmallRng::seed_from_u64(std::process::id() as u64 ^ 0xa77e);
+    if flag("--profile-skewed") {
+        // The skewed group varlen case alone, for a profiler: group lists first (5 untimed
+        // runs, 30 timed twice), then the padded baseline.
+        let mut bench = Bench {
+            dusk: &dusk,
+            fill: fill_kernel(&dusk)?,
+            rng,
+            copy_gbps: f64::NAN,
+            peers: None,
+            cases: vec![],
+        };
+        return bench.skewed(64, 32, 8, 32768, &[]);
+    }
     if flag("--profile") {
         // One case for a profiler: dense GQA 32/8, batch 32, 32k context, default tuning
         // (5 untimed then 30 timed runs).
