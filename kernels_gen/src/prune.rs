@@ -37,8 +37,9 @@ pub struct PrunePlan {
     cand_indptr: Buffer<i32>,
     cand_indices: Buffer<i32>,
     params: Vec<ParamBuffer>,
-    /// Each candidate's weight, for the streaming search.
-    work: Option<Buffer<f32>>,
+    /// For the streaming search: each candidate's weight, and a tile a query row for the
+    /// candidates of the search's last steps.
+    work: Option<(Buffer<f32>, Buffer<f32>)>,
     staged: Buffer<i32>,
     budget: Buffer<i32>,
     kept_mass: Buffer<f32>,
@@ -143,7 +144,10 @@ impl PrunePlan {
             cand_indices: device.upload(&padded(&cand.indices))?,
             params: vec![],
             work: if cfg.stream {
-                Some(device.alloc((nnz * cfg.group).max(1))?)
+                Some((
+                    device.alloc((nnz * cfg.group).max(1))?,
+                    device.alloc((rows * cfg.group * cfg.block).max(1))?,
+                ))
             } else {
                 None
             },
@@ -247,8 +251,9 @@ impl PrunePlan {
         }
         let device = dusk.device();
         let mut args = vec![Arg::from(scores)];
-        if let Some(w) = &self.work {
+        if let Some((w, scratch)) = &self.work {
             args.push(Arg::from(w));
+            args.push(Arg::from(scratch));
         }
         args.extend([Arg::from(&self.cand_indptr), Arg::from(&self.cand_indices)]);
         for p in &self.params {

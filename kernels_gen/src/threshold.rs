@@ -349,15 +349,18 @@ fn search_row(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig, a: &Ro
 /// Builds the search for rows longer than a program's registers hold (any length): the
 /// row streams through in tiles of `cfg.block` candidates. A first pass finds the row's maximum
 /// (and NaN or infinite logits), a second writes each `e` to `work` (f32, laid out like
-/// `scores`) and sums them, and every search step then reads `work` back (from L2 while the
-/// row fits there). Parameters as [`build_search`], with `work` after `scores`. Grid: one
-/// program per candidate row.
+/// `scores`) and sums them, and every search step then reads `work` back (from L1 or L2).
+/// Once the bracket holds at most a tile of candidates, they are gathered into the query
+/// row's tile of `scratch` (f32, `block` a query row) and the last steps run on it in
+/// registers. Parameters as [`build_search`], with `work` and `scratch` after `scores`.
+/// Grid: one program per candidate row.
 pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Kernel, CompileError> {
     let (tile, group) = (cfg.block, cfg.group);
     let mut b = KernelBuilder::new(&search_name(policy, cfg));
     b.set_num_warps(cfg.num_warps);
     let scores = b.param_ptr("scores", DType::F32);
     let work = b.param_ptr("work", DType::F32);
+    let scratch = b.param_ptr("scratch", DType::F32);
     let indptr = b.param_ptr("cand_indptr", DType::I32);
     let indices = b.param_ptr("cand_indices", DType::I32);
     let params: Vec<Value> = policy
@@ -472,7 +475,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             flags,
             qrow,
         };
-        let lo = search(b, policy, cfg, &param_vals, &row, &out, |b, mids| {
+        let streamed = |b: &mut KernelBuilder, mids: &[Value]| -> Vec<Tally> {
             // Per-thread accumulators over the tiles (each pivot's sum, count, and with
             // `bounds` min and max), one fused reduction at the end.
             let zf = b.f32(0.0);
@@ -510,7 +513,78 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
                 next
             });
             acc.chunks(width).map(|t| reduce_terms(b, t)).collect()
-        });
+        };
+        // Once the bracket holds at most a tile of candidates (and the policy reads no
+        // nearest-element statistic, which a gathered tile cannot give), they are gathered
+        // into this query row's scratch tile and the last steps run in registers.
+        let gather = !needs_bounds(policy);
+        let cap = b.i32(tile as i32);
+        let init = initial_bracket(b, &row);
+        let k1 = search_steps(
+            b,
+            policy,
+            cfg,
+            &param_vals,
+            &row,
+            &init,
+            gather.then_some(cap),
+            streamed,
+        );
+        let fin = if gather {
+            let (lo, hi) = (k1[0], k1[1]);
+            let gap = b.sub(k1[3], k1[5]);
+            let one_i = b.i32(1);
+            let several = b.gt(gap, one_i);
+            let apart = b.lt(lo, hi);
+            let open = b.and(several, apart);
+            let qrow64 = b.cast(qrow, DType::I64);
+            let s_off = b.mul_c(qrow64, tile as i64);
+            let s_row = b.add_ptr(scratch, s_off);
+            b.if_then(open, |b| {
+                let zero_i = b.i32(0);
+                b.for_range(zero_i, n, tile_i, &[zero_i], |b, t0, c| {
+                    let ar = b.arange(0, tile as i64);
+                    let offs = b.add(ar, t0);
+                    let valid = b.lt(offs, n);
+                    let wp = b.add_ptr(w_row, offs);
+                    let minus_one = b.f32(-1.0);
+                    let es = b.load_masked(wp, Some(valid), Some(minus_one));
+                    let at_lo = b.ge(es, lo);
+                    let below_hi = b.lt(es, hi);
+                    let inside = b.and(at_lo, below_hi);
+                    let (one_i, zero_i) = (b.i32(1), b.i32(0));
+                    let in_i = b.select(inside, one_i, zero_i);
+                    let rank = b.cumsum(in_i);
+                    let before = b.sub(c[0], one_i);
+                    let dst_row = b.add_ptr(s_row, before);
+                    let dst = b.add_ptr(dst_row, rank);
+                    b.store_masked(dst, es, Some(inside));
+                    let here = b.sum(in_i, 0);
+                    vec![b.add(c[0], here)]
+                });
+            });
+            // The tile, -1 past the gathered candidates; the candidates at or above the
+            // first phase's upper bound are counted by its tallies.
+            let ar = b.arange(0, tile as i64);
+            let valid = b.lt(ar, gap);
+            let sp = b.add_ptr(s_row, ar);
+            let minus_one = b.f32(-1.0);
+            let es = b.load_masked(sp, Some(valid), Some(minus_one));
+            let (base_mass, base_count) = (k1[4], k1[5]);
+            search_steps(b, policy, cfg, &param_vals, &row, &k1, None, |b, mids| {
+                tally(b, es, mids, false)
+                    .into_iter()
+                    .map(|t| Tally {
+                        mass: b.add(t.mass, base_mass),
+                        count: b.add(t.count, base_count),
+                        ..t
+                    })
+                    .collect()
+            })
+        } else {
+            k1
+        };
+        let lo = finish(b, &row, &out, &fin);
         let slots = b.arange(0, gpad as i64);
         let mine = b.eq(slots, g);
         vec![b.select(mine, lo, carried[0])]
@@ -681,25 +755,66 @@ fn search(
     out: &Outputs,
     measure: impl Fn(&mut KernelBuilder, &[Value]) -> Vec<Tally>,
 ) -> Value {
-    let z = row.z;
+    let init = initial_bracket(b, row);
+    let fin = search_steps(b, policy, cfg, params, row, &init, None, measure);
+    finish(b, row, out, &fin)
+}
+
+/// The bracket a search starts from: tallies at the bounds, everything at lo = 0 and
+/// nothing above the maximum (closed at once for rows to skip); which bound moved last (1
+/// lo, -1 hi) and the Illinois weights of the two tallies.
+fn initial_bracket(b: &mut KernelBuilder, row: &RowTotals) -> Vec<Value> {
     let zero = b.f32(0.0);
     let onef = b.f32(1.0);
-    let inv_z = b.div(onef, z);
     let above_max = b.f32(1.0 + f32::EPSILON);
     let hi0 = b.select(row.skip, zero, above_max);
+    let zero_i = b.i32(0);
+    vec![zero, hi0, row.z, row.n, zero, zero_i, zero_i, onef, onef]
+}
+
+/// Stores the row's kept mass and flag; returns `lo`, the threshold the row keeps.
+fn finish(b: &mut KernelBuilder, row: &RowTotals, out: &Outputs, fin: &[Value]) -> Value {
+    let (lo, lo_mass) = (fin[0], fin[2]);
+    let (onef, zf) = (b.f32(1.0), b.f32(0.0));
     let (one_i, zero_i) = (b.i32(1), b.i32(0));
-    // Tallies at the bounds: everything at lo = 0, nothing above the maximum; which bound
-    // moved last (1 lo, -1 hi) and the Illinois weights of the two tallies.
-    let init = [zero, hi0, z, row.n, zero, zero_i, zero_i, onef, onef];
+    let mass_n = b.div(lo_mass, row.z);
+    let mass_n = b.select(row.bad, onef, mass_n);
+    let empty = b.le(row.n, zero_i);
+    let mass_n = b.select(empty, zf, mass_n);
+    let pm = b.add_ptr(out.kept_mass, out.qrow);
+    b.store(pm, mass_n);
+    let flag = b.select(row.bad, one_i, zero_i);
+    let pf = b.add_ptr(out.flags, out.qrow);
+    b.store(pf, flag);
+    lo
+}
+
+/// The search's steps from bracket `init` (see [`search`]): until the bracket holds one
+/// candidate, or, with `stop_at`, until it holds at most that many (the streaming search
+/// then gathers them into one tile). Returns the bracket.
+#[allow(clippy::too_many_arguments)]
+fn search_steps(
+    b: &mut KernelBuilder,
+    policy: &Policy,
+    cfg: &SearchConfig,
+    params: &[Value],
+    row: &RowTotals,
+    init: &[Value],
+    stop_at: Option<Value>,
+    measure: impl Fn(&mut KernelBuilder, &[Value]) -> Vec<Tally>,
+) -> Vec<Value> {
+    let onef = b.f32(1.0);
+    let inv_z = b.div(onef, row.z);
+    let one_i = b.i32(1);
     let target = policy.target.map(|t| match t {
         SearchTarget::Mass(i) => {
             let p = b.cast(params[i], DType::F32);
-            (true, b.mul(p, z))
+            (true, b.mul(p, row.z))
         }
         SearchTarget::Count(i) => (false, b.cast(params[i], DType::F32)),
     });
     let (s_lo, s_hi) = (b.i32(0), b.i32(MAX_STEPS));
-    let fin = b.for_range(s_lo, s_hi, one_i, &init, |b, step, c| {
+    b.for_range(s_lo, s_hi, one_i, init, |b, step, c| {
         let k = Bracket {
             lo: c[0],
             hi: c[1],
@@ -716,6 +831,13 @@ fn search(
         let several = b.gt(gap, one_i);
         let apart = b.lt(k.lo, k.hi);
         let open = b.and(several, apart);
+        let open = match stop_at {
+            Some(cap) => {
+                let many = b.gt(gap, cap);
+                b.and(open, many)
+            }
+            None => open,
+        };
         b.if_else(
             open,
             |b| {
@@ -773,20 +895,7 @@ fn search(
             },
             |_| c.to_vec(),
         )
-    });
-    let (lo, lo_mass) = (fin[0], fin[2]);
-
-    let zf = b.f32(0.0);
-    let mass_n = b.div(lo_mass, z);
-    let mass_n = b.select(row.bad, onef, mass_n);
-    let empty = b.le(row.n, zero_i);
-    let mass_n = b.select(empty, zf, mass_n);
-    let pm = b.add_ptr(out.kept_mass, out.qrow);
-    b.store(pm, mass_n);
-    let flag = b.select(row.bad, one_i, zero_i);
-    let pf = b.add_ptr(out.flags, out.qrow);
-    b.store(pf, flag);
-    lo
+    })
 }
 
 /// The policy's predicate at one pivot, from its tally.
@@ -800,16 +909,14 @@ fn holds_at(
 ) -> Value {
     let onef = b.f32(1.0);
     let zf = b.f32(0.0);
-    // mass = M / z, exactly 1 when nothing positive is left out (the same fold as z), and
-    // below 1 whenever a positive weight is, even when the f32 sum cannot tell: p = 1
-    // keeps every positive weight.
-    let everything = b.eq(t.mass, row.z);
+    // mass = M / z: exactly 1 when no positive weight is left out, and below 1 whenever
+    // one is, even when the f32 sum cannot tell (tiny tails round away): p = 1 keeps
+    // every positive weight.
     let scaled = b.mul(t.mass, inv_z);
-    let mass_n = b.select(everything, onef, scaled);
     let below_one = b.f32(1.0 - f32::EPSILON / 2.0);
-    let capped = b.minimum(mass_n, below_one);
+    let capped = b.minimum(scaled, below_one);
     let left_out = b.lt(t.count, row.n_pos);
-    let mass_n = b.select(left_out, capped, mass_n);
+    let mass_n = b.select(left_out, capped, onef);
     let reads = |s: &str| policy.reads.contains(&s);
     let threshold = if reads("threshold") {
         b.mul(t.next_up, inv_z)
