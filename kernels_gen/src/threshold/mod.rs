@@ -1,0 +1,188 @@
+//! The fused threshold search (Twilight Section 4.2, Algorithm 1) and the pruning policies
+//! it runs.
+//!
+//! For one row of estimated logits `s` (one query head's scores over its candidates),
+//! `w = softmax(s * scale)`. A [`Policy`] is a predicate over the set kept at threshold `t`,
+//! `{i : w_i >= t}`, that holds for small `t` and fails past one point (it is monotone: the
+//! kept set only shrinks as `t` grows). The search finds the largest threshold at which it
+//! holds and keeps that set; ties at the cut stay together. Top-p is `mass >= p`, top-k
+//! `count >= k` ([`crate::policies`]).
+//!
+//! Per row: softmax statistics (the row maximum, `e_i = 2^((s_i - max) * scale * log2 e)`
+//! and their sum `z`; weights are `e / z`, the maximum's `e` is exactly 1), then a bracket
+//! `[lo, hi)` with the policy holding at `lo` and failing at `hi`, narrowed by steps that
+//! each tally (mass and count) the sets at one or a few points inside it in one pass over
+//! the row, until the sets at the two ends differ by one candidate (`search.rs` has the
+//! details). The tallies are written as separate `where`/`sum` calls; the compiler's
+//! `fuse_reductions` pass makes each step's one pass with one exchange between warps. The
+//! kept positions are then compacted in order (a prefix sum) and packed into one CSR list
+//! (`pack.rs`).
+//!
+//! Where the row lives: in registers ([`build_search`], rows up to [`MAX_BLOCK`]), or
+//! streamed through tiles with the weights staged in a workspace
+//! ([`build_search_streaming`], any length).
+//!
+//! Arithmetic is IEEE f32 (no flush to zero): denormal weights compare and add exactly.
+//! Rows with a NaN or infinite logit are marked invalid (flag 1) and keep every candidate;
+//! other rows are unaffected. An empty row keeps nothing. With GQA the candidates are per
+//! (batch, KV head) and each of the group's query heads is searched on its own scores; the
+//! output is the union of the group's kept sets (Twilight Appendix B.2), so attention reads
+//! each kept token's K and V once per group.
+
+mod pack;
+mod resident;
+mod search;
+mod streaming;
+
+pub use pack::build_pack;
+pub use resident::build_search;
+pub use streaming::build_search_streaming;
+
+use dusk_compiler::{CompileError, DType, Kernel, KernelBuilder, Value};
+
+/// The statistics of the set kept at a candidate threshold that a policy may read.
+pub struct KeptStats {
+    /// Sum of the kept weights (weights sum to 1 over the row), f32.
+    pub mass: Value,
+    /// Number of kept candidates, i32.
+    pub count: Value,
+    /// The smallest kept weight, f32.
+    pub threshold: Value,
+    /// The largest weight left out (negative when every candidate is kept), f32.
+    pub below: Value,
+    /// The row's largest weight, f32.
+    pub max_weight: Value,
+    /// Candidates in the row, i32.
+    pub candidates: Value,
+}
+
+/// One parameter of a policy: a value per row (query head), given when the plan is made
+/// and checked on the host before any launch.
+#[derive(Clone, Copy, Debug)]
+pub struct PolicyParam {
+    pub name: &'static str,
+    /// `F32` or `I32`.
+    pub dtype: DType,
+    /// Whether a value is allowed.
+    pub check: fn(f64) -> bool,
+    /// What `check` asks, for errors: `p > 0.0 && p <= 1.0`.
+    pub expected: &'static str,
+}
+
+/// The statistic a policy's cut sits at, for the search to interpolate toward: the kept
+/// mass reaching parameter `i` (top-p's `p`), or the count reaching it (top-k's `k`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SearchTarget {
+    Mass(usize),
+    Count(usize),
+}
+
+/// A pruning policy: the predicate the search runs, usually made by `#[dusk::policy]`.
+#[derive(Clone, Copy)]
+pub struct Policy {
+    pub name: &'static str,
+    pub params: &'static [PolicyParam],
+    /// The statistics the predicate reads (`"count"`, ...): the search computes `count`
+    /// only when it is read.
+    pub reads: &'static [&'static str],
+    /// Where the cut usually sits, if the policy says (`#[policy(target(mass = p))]`):
+    /// lets the search interpolate instead of bisecting.
+    pub target: Option<SearchTarget>,
+    /// Emits the predicate (an i1 scalar) into the search kernel, given the kept set's
+    /// statistics and the row's parameter values (in the order of `params`).
+    pub predicate: fn(&mut KernelBuilder, &KeptStats, &[Value]) -> Value,
+}
+
+impl std::fmt::Debug for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Policy")
+            .field("name", &self.name)
+            .field("params", &self.params)
+            .finish()
+    }
+}
+
+/// Compile-time choices of the search kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SearchConfig {
+    /// Candidates a program holds in registers (a power of two): every row's, or with
+    /// `stream` one tile's.
+    pub block: usize,
+    /// Query heads per candidate row (GQA group; 1 for MHA).
+    pub group: usize,
+    pub num_warps: u32,
+    /// Rows stream through in tiles of `block` ([`build_search_streaming`]): any length.
+    pub stream: bool,
+    /// Points each search step tries at once (1 to 4): more cut the steps (each reads the
+    /// row once) at more work a candidate.
+    pub pivots: u32,
+}
+
+/// Upper bound on search steps; each one moves a bound onto an element, so real rows stop
+/// far sooner (about 20 steps for 32k candidates).
+pub const MAX_STEPS: i32 = 128;
+
+/// The fewest candidates a program holds: the compaction's prefix sum needs a full tile.
+pub const MIN_BLOCK: usize = 1024;
+
+/// The most candidates a program holds in registers: 8 a thread on 32 warps (58 registers,
+/// no spills). Longer rows stream ([`build_search_streaming`]).
+pub const MAX_BLOCK: usize = 8192;
+
+/// The longest rows the default configuration keeps in registers.
+pub const RESIDENT_ROWS: usize = 4096;
+
+/// The tile of the streaming search for long rows.
+pub const STREAM_TILE: usize = 4096;
+
+impl SearchConfig {
+    /// The default for rows of up to `max_len` candidates, from the configurations timed on
+    /// an H100 (`gpu-check threshold` sweeps them; BENCHMARKS.md has the figures): few warps
+    /// a row win, since each search step's fixed cost (the exchange between warps, the
+    /// scalar bookkeeping every thread repeats) is paid per warp. Rows of up to
+    /// [`RESIDENT_ROWS`] sit in the registers of 4 warps; longer ones stream, in tiles of
+    /// 2048 on 4 warps up to 8192 candidates (the row stays in L1), of [`STREAM_TILE`] on 8
+    /// beyond.
+    pub fn for_rows(max_len: usize, group: usize) -> SearchConfig {
+        let (block, num_warps, stream) = if max_len <= RESIDENT_ROWS {
+            (max_len.next_power_of_two().max(MIN_BLOCK), 4, false)
+        } else if max_len <= 8192 {
+            (2048, 4, true)
+        } else {
+            (STREAM_TILE, 8, true)
+        };
+        SearchConfig {
+            block,
+            group,
+            num_warps,
+            stream,
+            pivots: 1,
+        }
+    }
+}
+
+/// The kernel name of `policy`'s search for `cfg`.
+pub fn search_name(policy: &Policy, cfg: &SearchConfig) -> String {
+    let pivots = if cfg.pivots > 1 {
+        format!("_k{}", cfg.pivots)
+    } else {
+        String::new()
+    };
+    format!(
+        "threshold_{}_{}{}_g{}_w{}{pivots}",
+        policy.name,
+        if cfg.stream { "t" } else { "b" },
+        cfg.block,
+        cfg.group,
+        cfg.num_warps
+    )
+}
+
+/// The search kernel `cfg` asks for: [`build_search`] or [`build_search_streaming`].
+pub fn build(policy: &Policy, cfg: &SearchConfig) -> Result<Kernel, CompileError> {
+    if cfg.stream {
+        build_search_streaming(policy, cfg)
+    } else {
+        build_search(policy, cfg)
+    }
+}

@@ -1,0 +1,299 @@
+//! The search for rows of any length: the row streams through tiles, its weights staged
+//! in a workspace that every step reads back, the last steps run on a gathered tile.
+
+use super::search::{
+    finish, initial_bracket, load_params, needs_bounds, reduce_terms, search_steps, tally,
+    tally_terms, Outputs, RowTotals, Tally,
+};
+use super::{search_name, Policy, SearchConfig};
+use dusk_compiler::{CompileError, DType, Kernel, KernelBuilder, Value};
+
+/// Builds the search for rows longer than a program's registers hold (any length): the
+/// row streams through in tiles of `cfg.block` candidates. A first pass finds the row's maximum
+/// (and NaN or infinite logits), a second writes each `e` to `work` (f32, laid out like
+/// `scores`) and sums them, and every search step then reads `work` back (from L1 or L2).
+/// Once the bracket holds at most a tile of candidates, they are gathered into the query
+/// row's tile of `scratch` (f32, `block` a query row) and the last steps run on it in
+/// registers. Parameters as [`build_search`], with `work` and `scratch` after `scores`.
+/// Grid: one program per candidate row.
+pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Kernel, CompileError> {
+    let (tile, group) = (cfg.block, cfg.group);
+    let mut b = KernelBuilder::new(&search_name(policy, cfg));
+    b.set_num_warps(cfg.num_warps);
+    let scores = b.param_ptr("scores", DType::F32);
+    let work = b.param_ptr("work", DType::F32);
+    let scratch = b.param_ptr("scratch", DType::F32);
+    let indptr = b.param_ptr("cand_indptr", DType::I32);
+    let indices = b.param_ptr("cand_indices", DType::I32);
+    let params: Vec<Value> = policy
+        .params
+        .iter()
+        .map(|p| b.param_ptr(p.name, p.dtype))
+        .collect();
+    let scale = b.param_scalar("scale_log2e", DType::F32);
+    let staged = b.param_ptr("staged", DType::I32);
+    let budget = b.param_ptr("budget", DType::I32);
+    let kept_mass = b.param_ptr("kept_mass", DType::F32);
+    let flags = b.param_ptr("flags", DType::I32);
+
+    let row = b.program_id(0);
+    let p0 = b.add_ptr(indptr, row);
+    let start = b.load(p0);
+    let one = b.i32(1);
+    let next = b.add(row, one);
+    let p1 = b.add_ptr(indptr, next);
+    let end = b.load(p1);
+    let n = b.sub(end, start);
+    let start64 = b.cast(start, DType::I64);
+    let bounds = needs_bounds(policy);
+    let gpad = group.next_power_of_two();
+    let zero_i = b.i32(0);
+    let tile_i = b.i32(tile as i32);
+
+    // Each query head's threshold, kept in a small block for the compaction.
+    let zf = b.f32(0.0);
+    let none = b.splat(zf, &[gpad]);
+    let (g_lo, g_hi) = (b.i32(0), b.i32(group as i32));
+    let thresholds = b.for_range(g_lo, g_hi, one, &[none], |b, g, carried| {
+        let group_i = b.i32(group as i32);
+        let qrow0 = b.mul(row, group_i);
+        let qrow = b.add(qrow0, g);
+        let base = b.mul_c(start64, group as i64);
+        let gn = b.mul(g, n);
+        let gn64 = b.cast(gn, DType::I64);
+        let base = b.add(base, gn64);
+        let s_row = b.add_ptr(scores, base);
+        let w_row = b.add_ptr(work, base);
+        let zero_i = b.i32(0);
+
+        // Pass 1: the maximum, and whether any logit is NaN or infinite. Tiles fold into
+        // per-thread accumulators, reduced across the program once at the end.
+        let ninf = b.f32(f32::NEG_INFINITY);
+        let bad0 = b.splat(zero_i, &[tile]);
+        let max0 = b.splat(ninf, &[tile]);
+        let acc = b.for_range(zero_i, n, tile_i, &[bad0, max0], |b, t0, c| {
+            let ar = b.arange(0, tile as i64);
+            let offs = b.add(ar, t0);
+            let valid = b.lt(offs, n);
+            let ptrs = b.add_ptr(s_row, offs);
+            let zero = b.f32(0.0);
+            let s = b.load_masked(ptrs, Some(valid), Some(zero));
+            let mag = b.abs(s);
+            let inf = b.f32(f32::INFINITY);
+            let finite = b.lt(mag, inf);
+            let not_finite = b.not(finite);
+            let bad_here = b.and(valid, not_finite);
+            let (one_i, zero_i) = (b.i32(1), b.i32(0));
+            let bad_i = b.select(bad_here, one_i, zero_i);
+            let ninf = b.f32(f32::NEG_INFINITY);
+            let s_valid = b.select(valid, s, ninf);
+            vec![b.add(c[0], bad_i), b.maximum(c[1], s_valid)]
+        });
+        let stats = [b.sum(acc[0], 0), b.max(acc[1], 0)];
+        let bad = b.gt(stats[0], zero_i);
+        let m = stats[1];
+        let empty = b.le(n, zero_i);
+        let skip = b.or(bad, empty);
+
+        // Pass 2: e to `work` (-1 past the row, +inf for an invalid row's candidates).
+        let zf = b.f32(0.0);
+        let z0 = b.splat(zf, &[tile]);
+        let pos0 = b.splat(zero_i, &[tile]);
+        let acc = b.for_range(zero_i, n, tile_i, &[z0, pos0], |b, t0, c| {
+            let ar = b.arange(0, tile as i64);
+            let offs = b.add(ar, t0);
+            let valid = b.lt(offs, n);
+            let ptrs = b.add_ptr(s_row, offs);
+            let zero = b.f32(0.0);
+            let s = b.load_masked(ptrs, Some(valid), Some(zero));
+            let centred = b.sub(s, m);
+            let scaled = b.mul(centred, scale);
+            let e_raw = b.exp2(scaled);
+            let e = b.select(valid, e_raw, zero);
+            let inf = b.f32(f32::INFINITY);
+            let e_or_all = b.select(bad, inf, e_raw);
+            let wp = b.add_ptr(w_row, offs);
+            b.store_masked(wp, e_or_all, Some(valid));
+            let positive = b.gt(e, zero);
+            let (one_i, zero_i) = (b.i32(1), b.i32(0));
+            let pos_i = b.select(positive, one_i, zero_i);
+            vec![b.add(c[0], e), b.add(c[1], pos_i)]
+        });
+        // The same fold as each step's mass (slot by slot over the tiles, then the same
+        // tree), so the mass of every candidate equals z exactly.
+        let z = b.sum(acc[0], 0);
+        let n_pos = b.sum(acc[1], 0);
+
+        let param_vals = load_params(b, &params, qrow);
+        let row = RowTotals {
+            z,
+            n,
+            n_pos,
+            skip,
+            bad,
+        };
+        let out = Outputs {
+            kept_mass,
+            flags,
+            qrow,
+        };
+        let streamed = |b: &mut KernelBuilder, mids: &[Value]| -> Vec<Tally> {
+            // Per-thread accumulators over the tiles (each pivot's sum, count, and with
+            // `bounds` min and max), one fused reduction at the end.
+            let zf = b.f32(0.0);
+            let zero_i = b.i32(0);
+            let inf = b.f32(f32::INFINITY);
+            let minus_one = b.f32(-1.0);
+            let mut per = vec![zf, zero_i];
+            if bounds {
+                per.extend([inf, minus_one]);
+            }
+            let width = per.len();
+            let init: Vec<Value> = mids
+                .iter()
+                .flat_map(|_| per.iter())
+                .map(|v| b.splat(*v, &[tile]))
+                .collect();
+            let acc = b.for_range(zero_i, n, tile_i, &init, |b, t0, c| {
+                let ar = b.arange(0, tile as i64);
+                let offs = b.add(ar, t0);
+                let valid = b.lt(offs, n);
+                let wp = b.add_ptr(w_row, offs);
+                let minus_one = b.f32(-1.0);
+                let es = b.load_masked(wp, Some(valid), Some(minus_one));
+                let mut next = vec![];
+                for (i, mid) in mids.iter().enumerate() {
+                    let terms = tally_terms(b, es, *mid, bounds);
+                    let acc = &c[i * width..(i + 1) * width];
+                    next.push(b.add(acc[0], terms[0]));
+                    next.push(b.add(acc[1], terms[1]));
+                    if bounds {
+                        next.push(b.minimum(acc[2], terms[2]));
+                        next.push(b.maximum(acc[3], terms[3]));
+                    }
+                }
+                next
+            });
+            acc.chunks(width).map(|t| reduce_terms(b, t)).collect()
+        };
+        // Once the bracket holds at most a tile of candidates (and the policy reads no
+        // nearest-element statistic, which a gathered tile cannot give), they are gathered
+        // into this query row's scratch tile and the last steps run in registers.
+        let gather = !needs_bounds(policy);
+        let cap = b.i32(tile as i32);
+        let init = initial_bracket(b, &row);
+        let k1 = search_steps(
+            b,
+            policy,
+            cfg,
+            &param_vals,
+            &row,
+            &init,
+            gather.then_some(cap),
+            streamed,
+        );
+        let fin = if gather {
+            let (lo, hi) = (k1[0], k1[1]);
+            let gap = b.sub(k1[3], k1[5]);
+            let one_i = b.i32(1);
+            let several = b.gt(gap, one_i);
+            let apart = b.lt(lo, hi);
+            let open = b.and(several, apart);
+            let qrow64 = b.cast(qrow, DType::I64);
+            let s_off = b.mul_c(qrow64, tile as i64);
+            let s_row = b.add_ptr(scratch, s_off);
+            b.if_then(open, |b| {
+                let zero_i = b.i32(0);
+                b.for_range(zero_i, n, tile_i, &[zero_i], |b, t0, c| {
+                    let ar = b.arange(0, tile as i64);
+                    let offs = b.add(ar, t0);
+                    let valid = b.lt(offs, n);
+                    let wp = b.add_ptr(w_row, offs);
+                    let minus_one = b.f32(-1.0);
+                    let es = b.load_masked(wp, Some(valid), Some(minus_one));
+                    let at_lo = b.ge(es, lo);
+                    let below_hi = b.lt(es, hi);
+                    let inside = b.and(at_lo, below_hi);
+                    let (one_i, zero_i) = (b.i32(1), b.i32(0));
+                    let in_i = b.select(inside, one_i, zero_i);
+                    let rank = b.cumsum(in_i);
+                    let before = b.sub(c[0], one_i);
+                    let dst_row = b.add_ptr(s_row, before);
+                    let dst = b.add_ptr(dst_row, rank);
+                    b.store_masked(dst, es, Some(inside));
+                    let here = b.sum(in_i, 0);
+                    vec![b.add(c[0], here)]
+                });
+            });
+            // The tile, -1 past the gathered candidates; the candidates at or above the
+            // first phase's upper bound are counted by its tallies.
+            let ar = b.arange(0, tile as i64);
+            let valid = b.lt(ar, gap);
+            let sp = b.add_ptr(s_row, ar);
+            let minus_one = b.f32(-1.0);
+            let es = b.load_masked(sp, Some(valid), Some(minus_one));
+            let (base_mass, base_count) = (k1[4], k1[5]);
+            search_steps(b, policy, cfg, &param_vals, &row, &k1, None, |b, mids| {
+                tally(b, es, mids, false)
+                    .into_iter()
+                    .map(|t| Tally {
+                        mass: b.add(t.mass, base_mass),
+                        count: b.add(t.count, base_count),
+                        ..t
+                    })
+                    .collect()
+            })
+        } else {
+            k1
+        };
+        let lo = finish(b, &row, &out, &fin);
+        let slots = b.arange(0, gpad as i64);
+        let mine = b.eq(slots, g);
+        vec![b.select(mine, lo, carried[0])]
+    })[0];
+
+    // Ordered compaction, a tile at a time: the union of the heads' sets.
+    let total = b.for_range(zero_i, n, tile_i, &[zero_i], |b, t0, c| {
+        let ar = b.arange(0, tile as i64);
+        let offs = b.add(ar, t0);
+        let valid = b.lt(offs, n);
+        let zero_i = b.i32(0);
+        let none = b.splat(zero_i, &[tile]);
+        let (g_lo, g_hi, one) = (b.i32(0), b.i32(group as i32), b.i32(1));
+        let keep = b.for_range(g_lo, g_hi, one, &[none], |b, g, k| {
+            let slots = b.arange(0, gpad as i64);
+            let mine = b.eq(slots, g);
+            let zf = b.f32(0.0);
+            let picked = b.select(mine, thresholds, zf);
+            let t = b.sum(picked, 0);
+            let base = b.mul_c(start64, group as i64);
+            let gn = b.mul(g, n);
+            let gn64 = b.cast(gn, DType::I64);
+            let base = b.add(base, gn64);
+            let w_row = b.add_ptr(work, base);
+            let wp = b.add_ptr(w_row, offs);
+            let minus_one = b.f32(-1.0);
+            let es = b.load_masked(wp, Some(valid), Some(minus_one));
+            let kept = b.ge(es, t);
+            let kept = b.cast(kept, DType::I32);
+            vec![b.maximum(k[0], kept)]
+        })[0];
+        let rank = b.cumsum(keep);
+        let one = b.i32(1);
+        let one_b = b.splat(one, &[tile]);
+        let is_kept = b.eq(keep, one_b);
+        let src_row = b.add_ptr(indices, start64);
+        let src = b.add_ptr(src_row, offs);
+        let tok = b.load_masked(src, Some(is_kept), None);
+        let dst_row = b.add_ptr(staged, start64);
+        let before = b.sub(c[0], one);
+        let dst_row = b.add_ptr(dst_row, before);
+        let dst = b.add_ptr(dst_row, rank);
+        b.store_masked(dst, tok, Some(is_kept));
+        let kept_here = b.sum(keep, 0);
+        vec![b.add(c[0], kept_here)]
+    })[0];
+    let pb = b.add_ptr(budget, row);
+    b.store(pb, total);
+    b.finish()
+}
