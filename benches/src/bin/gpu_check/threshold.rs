@@ -51,14 +51,19 @@ fn sweep(n: usize) -> Vec<SearchConfig> {
         pivots,
     };
     let mut out = vec![];
+    for (tile, warps) in [(1024, 1), (2048, 1), (1024, 2), (2048, 2), (4096, 2)] {
+        for pivots in [1, 2] {
+            out.push(cfg(tile, warps, true, pivots));
+        }
+    }
     for (tile, warps) in [(1024, 4), (2048, 4), (4096, 4), (2048, 8), (4096, 8)] {
-        for pivots in [1, 2, 3, 4] {
+        for pivots in [1, 2, 3] {
             out.push(cfg(tile, warps, true, pivots));
         }
     }
     if n <= 8192 {
-        for warps in [4, 8, 16] {
-            if n >= 128 * warps as usize {
+        for warps in [2, 4, 8, 16] {
+            if n >= 128 * warps as usize && n <= 2048 * warps as usize {
                 for pivots in [1, 3] {
                     out.push(cfg(n, warps, false, pivots));
                 }
