@@ -3,6 +3,29 @@
 //! launches the search and the packing kernel with no allocation and no host sync, so it
 //! can sit in a captured decode step. Scores in (as `spgemv_quant` writes them), compacted
 //! CSR token lists out.
+//!
+//! ```
+//! use dusk_kernels::ops::Dusk;
+//! use dusk_kernels::paged::TokenLists;
+//! use dusk_kernels::policies::top_p;
+//! use dusk_kernels::prune::{ParamValues, PrunePlan};
+//! use dusk_runtime::Device;
+//!
+//! # fn main() -> Result<(), dusk_kernels::DuskError> {
+//! let dusk = Dusk::new(Device::best())?; // the GPU, or the interpreter without one
+//! // One candidate row (a KV head's selection) of 5 tokens, scored for 1 query head.
+//! let cand = TokenLists { indptr: vec![0, 5], indices: vec![3, 8, 9, 20, 31] };
+//! let mut plan = PrunePlan::new(&dusk, &top_p::POLICY, &cand, 1, 1.0, &[ParamValues::Uniform(0.9)])?;
+//! let scores = dusk.device().upload(&[4.0f32, 0.0, 3.5, -2.0, 1.0])?;
+//! plan.run(&dusk, &scores)?;
+//! let kept = plan.sel_indices().download()?;
+//! let n = plan.sel_indptr().download()?[1] as usize;
+//! assert_eq!(&kept[..n], &[3, 9]); // weights 0.60 + 0.36 >= 0.9; positions ascending
+//!
+//! // Bad input is a typed error before anything runs.
+//! assert!(PrunePlan::new(&dusk, &top_p::POLICY, &cand, 1, 1.0, &[ParamValues::Uniform(1.5)]).is_err());
+//! # Ok(()) }
+//! ```
 
 use crate::error::{ensure, invalid, Result};
 use crate::ops::Dusk;
