@@ -164,6 +164,31 @@ pub fn top_p_oracle(w: &[f64], p: f64) -> Vec<bool> {
     threshold_oracle(w, |m, _| m >= p)
 }
 
+/// The candidates whose membership in top-p's set may differ from [`top_p_oracle`] by
+/// float rounding (the rule of [`check_kept`]): weights within relative 4e-6 of the cut,
+/// and, when the mass just before or with the cut level is within 1e-5 of `p`, the cut
+/// level and the level just below it.
+pub fn top_p_ambiguous(w: &[f64], p: f64) -> Vec<bool> {
+    let oracle = top_p_oracle(w, p);
+    let cut = (0..w.len())
+        .filter(|i| oracle[*i])
+        .map(|i| w[i])
+        .fold(f64::INFINITY, f64::min);
+    let with: f64 = (0..w.len()).filter(|i| oracle[*i]).map(|i| w[i]).sum();
+    let before: f64 = (0..w.len())
+        .filter(|i| oracle[*i] && w[*i] > cut)
+        .map(|i| w[i])
+        .sum();
+    let below = (0..w.len())
+        .filter(|i| !oracle[*i])
+        .map(|i| w[i])
+        .fold(f64::NEG_INFINITY, f64::max);
+    let near = (before - p).abs() < 1e-5 || (with - p).abs() < 1e-5;
+    w.iter()
+        .map(|x| (x - cut).abs() <= 4e-6 * cut || (near && (*x == cut || *x == below)))
+        .collect()
+}
+
 /// Checks a kept set against the oracle's. They may differ only by elements whose weight
 /// is within float rounding (relative 4e-6) of the oracle's cut (f32 weights tie where f64
 /// ones do not), or, where `near_cut(mass before the cut level, mass with it)` says the cut
