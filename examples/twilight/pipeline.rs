@@ -51,7 +51,7 @@ pub fn run(
     };
     let k_host = rand_f16(&mut rng, kv.elements(), 1.0);
     let v_host = rand_f16(&mut rng, kv.elements(), 1.0);
-    let q_host = rand_f16(&mut rng, seq_lens.len() * num_q_heads * head_dim, 2.0);
+    let q_host = rand_f16(&mut rng, seq_lens.len() * num_q_heads * head_dim, 8.0);
     let (k, v, q) = (
         dev.upload(&k_host)?,
         dev.upload(&v_host)?,
