@@ -2,9 +2,10 @@
 # Sets up a fresh Debian/Ubuntu machine for dusk (LLVM 19, ptxas) and runs a job.
 #
 #   ./dev.sh test   install what is missing, then run every test (what CI runs)
-#   ./dev.sh run    install what is missing, then run the main job: quantize a K cache,
-#                   score it with the INT4 SpGEMV, check against the reference, time it
-#                   (on the GPU when there is one, through the CPU interpreter otherwise)
+#   ./dev.sh run    install what is missing, then run the main job, Twilight's pipeline:
+#                   select pages, score the candidates with the INT4 SpGEMV, prune them
+#                   with top-p, attend over the kept tokens, check every stage against
+#                   its reference (on the GPU when there is one, the interpreter otherwise)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -46,6 +47,6 @@ export DUSK_PTXAS="$PTXAS"
 
 case "${1:-}" in
   test) cargo test --workspace ;;
-  run)  cargo run --release --example spgemv ;;
+  run)  cargo run --release --example twilight ;;
   *) echo "usage: ./dev.sh test | run" >&2; exit 2 ;;
 esac
