@@ -14,12 +14,14 @@
 //!   their log-sum-exp, writes the output in the input dtype and the natural-log LSE, and
 //!   optionally applies SparQ's output transform `alpha * y + (1 - alpha) * v_mean`.
 //!
+//! - [`build_items`] (token lists): one program that reads the lists' offsets on the device,
+//!   picks the chunk size from their total length and writes a table of the real (row,
+//!   chunk) items (an exclusive scan of each row's chunk count).
+//!
 //! Dense and padded: the grid is `(rows, max_chunks)`, fixed by the plan from a maximum
 //! budget. Token lists: a fixed grid of about as many programs as fit on the GPU at once
-//! strides over a table of the real (row, chunk) items that each program derives from the
-//! lists' offsets on the device (chunk size from the lists' total length, then an exclusive
-//! scan of the rows' chunk counts), finding an item's row as the last that starts at or
-//! before it; program 0 writes the table for the merge. Either way lists that the GPU pruner writes can change every
+//! strides over the work table, each program finding its item's row by counting the rows
+//! that start at or before it. Either way lists that the GPU pruner writes can change every
 //! step without the host seeing them; with the table, skewed lists (a few long rows, many
 //! short ones) cost no empty programs and their long rows are cut into short chunks spread
 //! over every SM, where a grid sized for the longest row left most SMs idle (benches/NOTES.md).
@@ -96,17 +98,17 @@ pub struct SplitConfig {
     /// of first chunks, then one of second chunks, ... which leaves the long rows of skewed
     /// lists (and the empty items of short ones) to the last waves.
     pub chunk_fastest: bool,
-    /// Work items from a table derived from the lists on the device (lists only; see the
-    /// module docs): a fixed grid strides over the real (row, chunk) items, so the grid does
-    /// no empty work however short the lists are against the plan's maximum, and the chunk
-    /// size follows the lists' total length.
+    /// Work items from the table that [`build_items`] writes on the device (lists only): a
+    /// fixed grid strides over the real (row, chunk) items, so the grid does no empty work
+    /// however short the lists are against the plan's maximum, and the chunk size follows
+    /// the lists' total length.
     pub work_list: bool,
 }
 
-/// Token-list rows one step of the split kernel's scans over the lists' offsets reads, per
-/// warp of the program (a block scan needs 4 elements a thread), and at least.
-const SCAN_ROWS_PER_WARP: usize = 128;
-const SCAN_ROWS: usize = 256;
+/// Rows of the work table one step of the split kernel's row search compares.
+const SEARCH_ROWS: usize = 256;
+/// Rows of the token lists one step of [`build_items`] reads.
+const ITEM_ROWS: usize = 1024;
 
 /// Compile-time choices of the merge kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -146,12 +148,10 @@ fn unsupported(kernel: &str, what: String) -> CompileError {
 /// `scale_log2` (softmax scale times log2(e)). Grid: `(batch * q_heads / group, max_chunks)`,
 /// or `(max_chunks, batch * q_heads / group)` with `chunk_fastest`.
 ///
-/// With `work_list`: `work` (i32, `rows + 1`, written: each row's first item, then the item
-/// count) follows `sel_indices`; the partial buffers are indexed by item (`[items, G, D]`,
-/// `[items, G]`); the scalars `chunk_tokens`, `max_chunks` are replaced by `rows`
-/// (token-list rows), `max_tokens` (where each row is cut), `min_chunk` and `max_chunk`
-/// (bounds of the chunk picked, multiples of `block_tokens`; see `pick_chunk`); any 1-D
-/// grid (the plan launches about as many programs as fit on the GPU at once).
+/// With `work_list`: `work` (i32, from [`build_items`]) follows `sel_indices`; the partial
+/// buffers are indexed by item (`[items, G, D]`, `[items, G]`); the scalars `chunk_tokens`,
+/// `max_chunks` are replaced by `rows` (token-list rows) and `max_tokens` (where each row is
+/// cut); any 1-D grid (the plan launches about as many programs as fit on the GPU at once).
 pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let (d, bt, g_n) = (cfg.head_dim, cfg.block_tokens, cfg.group);
     let name = format!(
@@ -225,10 +225,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let num_kv_heads = b.param_scalar("num_kv_heads", DType::I32);
     let (grid, rows_max) = if cfg.work_list {
         let rows = b.param_scalar("rows", DType::I32);
-        let max_tokens = b.param_scalar("max_tokens", DType::I32);
-        let min_chunk = b.param_scalar("min_chunk", DType::I32);
-        let max_chunk = b.param_scalar("max_chunk", DType::I32);
-        (None, Some((rows, max_tokens, min_chunk, max_chunk)))
+        (None, Some((rows, b.param_scalar("max_tokens", DType::I32))))
     } else {
         let chunk_tokens = b.param_scalar("chunk_tokens", DType::I32);
         (
@@ -635,71 +632,42 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         );
     };
     match (work, rows_max) {
-        (Some(work), Some((rows, max_tokens, min_chunk, max_chunk))) => {
-            // Each program reads the lists' offsets itself (from L2: a few KB) and derives
-            // the work table: the chunk from the lists' total length, then per row its
-            // first item, an exclusive scan of `ceil(len / chunk)`. Program 0 also writes
-            // the table for the merge (`work[r]`, and the item count at `work[rows]`).
-            let indptr = sel_indptr.expect("lists");
+        (Some(work), Some((rows, max_tokens))) => {
+            // The work table (see [`build_items`]): items `0..work[rows]`, chunks of
+            // `work[rows + 1]` tokens; a fixed grid of programs strides over the items.
+            let p = b.add_ptr(work, rows);
+            let total = b.load(p);
+            let rows1 = b.add_c(rows, 1);
+            let p = b.add_ptr(work, rows1);
+            let ct = b.load(p);
             let pid = b.program_id(0);
             let np = b.num_programs(0);
-            let zero = b.i32(0);
-            let one = b.i32(1);
-            let scan = SCAN_ROWS.max(SCAN_ROWS_PER_WARP * cfg.num_warps as usize);
-            let lists = (indptr, rows, max_tokens);
-            let step = b.i32(scan as i32);
-            let z = b.splat(zero, &[scan]);
-            let sums = b.for_range(zero, rows, step, &[z, z], |b, r0, c| {
-                let (n, _, _) = row_lens(b, lists, scan, r0);
-                let pos = b.gt(n, zero);
-                let nz = b.select(pos, one, zero);
-                vec![b.add(c[0], n), b.add(c[1], nz)]
-            });
-            let total = b.sum(sums[0], 0);
-            let nonempty = b.sum(sums[1], 0);
-            let c_bt = b.i32(bt as i32);
-            let ct = pick_chunk(&mut b, total, nonempty, np, min_chunk, max_chunk, c_bt);
-            let is0 = b.eq(pid, zero);
-            // Row r0 + i's first item, given the items of the rows before r0.
-            let firsts = |b: &mut KernelBuilder, r0: Value, before: Value| {
-                let (n, ok, r) = row_lens(b, lists, scan, r0);
-                let cnt = ceil_div(b, n, ct);
-                let inc = b.cumsum(cnt);
-                let first = b.sub(inc, cnt);
-                let first = b.add(first, before);
-                let here = b.sum(cnt, 0);
-                (first, ok, r, b.add(before, here))
-            };
-            let items = b.for_range(zero, rows, step, &[zero], |b, r0, c| {
-                let (first, ok, r, after) = firsts(b, r0, c[0]);
-                b.if_then(is0, |b| {
-                    let p = b.add_ptr(work, r);
-                    b.store_masked(p, first, Some(ok));
-                });
-                vec![after]
-            })[0];
-            b.if_then(is0, |b| {
-                let p = b.add_ptr(work, rows);
-                b.store(p, items);
-            });
             let c_group = b.i32(g_n as i32);
-            let minus1 = b.i32(-1);
-            b.for_range(pid, items, np, &[], |b, it, _| {
-                // The item's row: the last whose first item is at most `it` (rows with no
-                // items share their first item with the next row).
-                let found = b.for_range(zero, rows, step, &[zero, minus1, minus1], |b, r0, c| {
-                    let (first, ok, r, after) = firsts(b, r0, c[0]);
+            let one_i = b.i32(1);
+            b.for_range(pid, total, np, &[], |b, it, _| {
+                // The item's row: the last whose first item is at most `it` (rows with
+                // no items share their first item with the next row).
+                let zero_i = b.i32(0);
+                let step = b.i32(SEARCH_ROWS as i32);
+                let found = b.for_range(zero_i, rows, step, &[zero_i], |b, r0, carried| {
+                    let r = b.arange(0, SEARCH_ROWS as i64);
+                    let r = b.add(r0, r);
+                    let ok = b.lt(r, rows);
+                    let p = b.add_ptr(work, r);
+                    let big = b.i32(i32::MAX);
+                    let first = b.load_masked(p, Some(ok), Some(big));
                     let le = b.le(first, it);
-                    let here = b.and(ok, le);
-                    let rr = b.select(here, r, minus1);
-                    let rr = b.max(rr, 0);
-                    let fr = b.select(here, first, minus1);
-                    let fr = b.max(fr, 0);
-                    vec![after, b.maximum(c[1], rr), b.maximum(c[2], fr)]
-                });
-                let chunk = b.sub(it, found[2]);
+                    let z = b.i32(0);
+                    let ones = b.select(le, one_i, z);
+                    let n = b.sum(ones, 0);
+                    vec![b.add(carried[0], n)]
+                })[0];
+                let row = b.add_c(found, -1);
+                let p = b.add_ptr(work, row);
+                let first = b.load(p);
+                let chunk = b.sub(it, first);
                 let slot0 = b.mul(it, c_group);
-                item(b, found[1], chunk, ct, Some(max_tokens), slot0, one);
+                item(b, row, chunk, ct, Some(max_tokens), slot0, one_i);
                 vec![]
             });
         }
@@ -726,7 +694,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
 /// `[batch * q_heads]`, natural log; `-inf` for an empty row), with `sparq` also `alpha`
 /// (f32 per query row) and `v_mean` (`[batch * kv_heads, D]`); then the i32 scalars
 /// `max_chunks` and, with `sparq`, `num_q_heads`, `num_kv_heads`. Grid: `batch * q_heads`.
-/// With `work_list`, `work` (i32, the split kernel's table) follows `v_mean` (or `lse`) and the
+/// With `work_list`, `work` (i32, from [`build_items`]) follows `v_mean` (or `lse`) and the
 /// scalar `group` (query heads per token-list row) replaces `max_chunks`.
 pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     let (d, cb) = (cfg.head_dim, cfg.block_chunks);
@@ -892,59 +860,90 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     b.finish()
 }
 
-/// Row lengths of token-list rows `r0..r0 + scan`, cut to `0..=max_tokens` (0 past the last
-/// row), with the mask of real rows and the row indices.
-fn row_lens(
-    b: &mut KernelBuilder,
-    (indptr, rows, max_tokens): (Value, Value, Value),
-    scan: usize,
-    r0: Value,
-) -> (Value, Value, Value) {
+/// Builds the kernel that writes the split kernel's work table from the token lists on the
+/// device, so that a run needs no host sync (one program). Parameters: `sel_indptr`,
+/// `work` (i32, `rows + 2`), and the i32 scalars `rows`, `max_tokens` (rows are cut there),
+/// `programs` (of the split grid), `min_chunk`, `max_chunk` and `step` (tokens a split
+/// step; both bounds are multiples of it).
+///
+/// The chunk: the smallest multiple of `step` in `min_chunk..=max_chunk` that gives at
+/// most `k * programs` items for the fewest whole waves `k`, by the bound
+/// `items <= total / chunk + rows with tokens`. So short lists get short chunks spread
+/// over every program (skewed budgets: one wave of ~128-token items instead of a grid
+/// sized for the longest row), and long lists whole waves of chunks up to `max_chunk`.
+/// `work[r]` is row r's first item (an exclusive scan of `ceil(len / chunk)`),
+/// `work[rows]` the number of items, `work[rows + 1]` the chunk.
+pub fn build_items() -> Result<Kernel, CompileError> {
+    let mut b = KernelBuilder::new("attn_items");
+    b.set_num_warps(4);
+    let indptr = b.param_ptr("sel_indptr", DType::I32);
+    let work = b.param_ptr("work", DType::I32);
+    let rows = b.param_scalar("rows", DType::I32);
+    let max_tokens = b.param_scalar("max_tokens", DType::I32);
+    let programs = b.param_scalar("programs", DType::I32);
+    let min_chunk = b.param_scalar("min_chunk", DType::I32);
+    let max_chunk = b.param_scalar("max_chunk", DType::I32);
+    let tok_step = b.param_scalar("step", DType::I32);
     let zero = b.i32(0);
-    let r = b.arange(0, scan as i64);
-    let r = b.add(r0, r);
-    let ok = b.lt(r, rows);
-    let p = b.add_ptr(indptr, r);
-    let s = b.load_masked(p, Some(ok), Some(zero));
-    let r1 = b.add_c(r, 1);
-    let p = b.add_ptr(indptr, r1);
-    let e = b.load_masked(p, Some(ok), Some(zero));
-    let n = b.sub(e, s);
-    let n = b.minimum(n, max_tokens);
-    (b.maximum(n, zero), ok, r)
-}
-
-fn ceil_div(b: &mut KernelBuilder, a: Value, d: Value) -> Value {
-    let a = b.add(a, d);
-    let a = b.add_c(a, -1);
-    b.div(a, d)
-}
-
-/// The work table's chunk: the smallest multiple of `step` in `min_chunk..=max_chunk` that
-/// gives at most `k * programs` items for the fewest whole waves `k`, by the bound
-/// `items <= total / chunk + nonempty` (each row adds at most one partial chunk). Short
-/// lists so get short chunks spread over every program (skewed budgets: one wave of
-/// ~128-token items), long lists whole waves of chunks up to `max_chunk`.
-#[allow(clippy::too_many_arguments)]
-fn pick_chunk(
-    b: &mut KernelBuilder,
-    total: Value,
-    nonempty: Value,
-    programs: Value,
-    min_chunk: Value,
-    max_chunk: Value,
-    step: Value,
-) -> Value {
     let one = b.i32(1);
-    let need = ceil_div(b, total, max_chunk);
+    let step = b.i32(ITEM_ROWS as i32);
+    // Row lengths of rows r0..r0 + ITEM_ROWS, cut to 0..=max_tokens (0 past the last row).
+    let lens = |b: &mut KernelBuilder, r0: Value| -> (Value, Value) {
+        let r = b.arange(0, ITEM_ROWS as i64);
+        let r = b.add(r0, r);
+        let ok = b.lt(r, rows);
+        let p = b.add_ptr(indptr, r);
+        let s = b.load_masked(p, Some(ok), Some(zero));
+        let r1 = b.add_c(r, 1);
+        let p = b.add_ptr(indptr, r1);
+        let e = b.load_masked(p, Some(ok), Some(zero));
+        let n = b.sub(e, s);
+        let n = b.minimum(n, max_tokens);
+        (b.maximum(n, zero), ok)
+    };
+    let z = b.splat(zero, &[ITEM_ROWS]);
+    let sums = b.for_range(zero, rows, step, &[z, z], |b, r0, carried| {
+        let (n, _) = lens(b, r0);
+        let pos = b.gt(n, zero);
+        let nz = b.select(pos, one, zero);
+        vec![b.add(carried[0], n), b.add(carried[1], nz)]
+    });
+    let total = b.sum(sums[0], 0);
+    let nonempty = b.sum(sums[1], 0);
+    let ceil_div = |b: &mut KernelBuilder, a: Value, d: Value| -> Value {
+        let a = b.add(a, d);
+        let a = b.add_c(a, -1);
+        b.div(a, d)
+    };
+    // Waves: the fewest k with k * programs >= total / max_chunk + nonempty.
+    let need = ceil_div(&mut b, total, max_chunk);
     let need = b.add(need, nonempty);
-    let waves = ceil_div(b, need, programs);
+    let waves = ceil_div(&mut b, need, programs);
     let waves = b.maximum(waves, one);
     let slots = b.mul(waves, programs);
     let room = b.sub(slots, nonempty);
-    let chunk = ceil_div(b, total, room);
-    let chunk = ceil_div(b, chunk, step);
-    let chunk = b.mul(chunk, step);
+    let chunk = ceil_div(&mut b, total, room);
+    let chunk = ceil_div(&mut b, chunk, tok_step);
+    let chunk = b.mul(chunk, tok_step);
     let chunk = b.maximum(chunk, min_chunk);
-    b.minimum(chunk, max_chunk)
+    let chunk = b.minimum(chunk, max_chunk);
+    let items = b.for_range(zero, rows, step, &[zero], |b, r0, carried| {
+        let (n, ok) = lens(b, r0);
+        let cnt = ceil_div(b, n, chunk);
+        let inc = b.cumsum(cnt);
+        let first = b.sub(inc, cnt);
+        let first = b.add(first, carried[0]);
+        let r = b.arange(0, ITEM_ROWS as i64);
+        let r = b.add(r0, r);
+        let p = b.add_ptr(work, r);
+        b.store_masked(p, first, Some(ok));
+        let c = b.sum(cnt, 0);
+        vec![b.add(carried[0], c)]
+    })[0];
+    let p = b.add_ptr(work, rows);
+    b.store(p, items);
+    let rows1 = b.add_c(rows, 1);
+    let p = b.add_ptr(work, rows1);
+    b.store(p, chunk);
+    b.finish()
 }

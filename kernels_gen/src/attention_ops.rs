@@ -3,9 +3,9 @@
 //! As serving engines do, the work is split in two:
 //! - [`AttentionPlan::new`] checks the shapes, compiles the kernels, picks the chunk size
 //!   and the grid for a *maximum* budget, and allocates the partial-result buffers, once;
-//! - [`AttentionPlan::run`] checks buffer lengths and queues two launches (with token lists
-//!   the split kernel derives its table of the real (row, chunk) items from the lists on the
-//!   device, see [`crate::attention`]): no allocation,
+//! - [`AttentionPlan::run`] checks buffer lengths and queues two launches (three with token
+//!   lists: a one-program kernel first writes the work table of the real (row, chunk)
+//!   items from the lists on the device, [`crate::attention::build_items`]): no allocation,
 //!   no host sync, so a decode step can be captured in a CUDA graph and replayed while the
 //!   token lists (written on the device by the pruner) change from step to step.
 //!
@@ -79,7 +79,8 @@ pub struct AttentionTuning {
     pub chunk_fastest: bool,
     /// Token lists: programs of the split grid that stride over the work table (0: as many
     /// as fit on the GPU at once, from the split kernel's registers). With lists,
-    /// `chunk_tokens` is the longest chunk the device may pick (see [`crate::attention`]).
+    /// `chunk_tokens` is the longest chunk the device may pick (see
+    /// [`attention::build_items`]).
     pub list_programs: u32,
 }
 
@@ -192,10 +193,10 @@ fn rows_per_batch(spec: &AttentionSpec) -> usize {
 enum Layout {
     /// Grid `(rows, max_chunks)` (dense, padded): partials `[q rows, max_chunks]`.
     Grid { max_chunks: usize },
-    /// Token lists: `programs` split programs derive the work table from the lists and
-    /// stride over its items, program 0 writing it to `work` for the merge; partials
-    /// `[max_items, group]`.
+    /// Token lists: `items` writes the work table `work` on the device, then `programs`
+    /// split programs stride over its items; partials `[max_items, group]`.
     WorkList {
+        items: Arc<LoadedKernel>,
         work: Buffer<i32>,
         programs: usize,
         min_chunk: usize,
@@ -430,11 +431,13 @@ impl AttentionPlan {
             };
             // The work table never holds more than `waves * programs` items, with the
             // waves that the longest lists (every row `max_tokens` long, chunks of
-            // `chunk_tokens`) need (see `attention::pick_chunk`).
+            // `chunk_tokens`) need (see `attention::build_items`).
             let need = (rows * spec.max_tokens).div_ceil(tuning.chunk_tokens) + rows;
             let max_items = need.div_ceil(programs).max(1) * programs;
+            let items = dusk.kernel("attn_items".into(), attention::build_items)?;
             let layout = Layout::WorkList {
-                work: dev.alloc(rows + 1)?,
+                items,
+                work: dev.alloc(rows + 2)?,
                 programs,
                 min_chunk: MIN_CHUNK_LISTS
                     .div_ceil(bt)
@@ -606,7 +609,8 @@ impl AttentionPlan {
     /// Attention of `q` (`[batch, num_q_heads, head_dim]`) over `k` and `v` (the cache) as
     /// `meta` selects; writes `out` (same shape as `q`) and `lse` (f32 per query row,
     /// natural log, `-inf` for an empty row, whose output is zero). `sparq` must be given
-    /// exactly when the plan was made with `sparq`. Two launches; no allocation, no sync.
+    /// exactly when the plan was made with `sparq`. Two launches (three with token lists); no
+    /// allocation, no sync.
     #[allow(clippy::too_many_arguments)]
     pub fn run<T: Element>(
         &self,
@@ -708,7 +712,28 @@ impl AttentionPlan {
             }
         }
         let dev = dusk.device();
-        if let Layout::WorkList { work, .. } = &self.layout {
+        if let Layout::WorkList {
+            items,
+            work,
+            programs,
+            min_chunk,
+        } = &self.layout
+        {
+            let indptr = meta.sel_indptr.as_ref().expect("list meta");
+            dev.launch(
+                items,
+                [1, 1, 1],
+                &[
+                    Arg::from(indptr),
+                    Arg::from(work),
+                    Arg::I32(self.rows as i32),
+                    Arg::I32(spec.max_tokens as i32),
+                    Arg::I32(*programs as i32),
+                    Arg::I32(*min_chunk as i32),
+                    Arg::I32(self.tuning.chunk_tokens as i32),
+                    Arg::I32(self.tuning.block_tokens as i32),
+                ],
+            )?;
             args.push(Arg::from(work));
         }
         args.extend([
@@ -722,12 +747,9 @@ impl AttentionPlan {
                 Arg::I32(self.tuning.chunk_tokens as i32),
                 Arg::I32(*max_chunks as i32),
             ]),
-            Layout::WorkList { min_chunk, .. } => args.extend([
-                Arg::I32(self.rows as i32),
-                Arg::I32(spec.max_tokens as i32),
-                Arg::I32(*min_chunk as i32),
-                Arg::I32(self.tuning.chunk_tokens as i32),
-            ]),
+            Layout::WorkList { .. } => {
+                args.extend([Arg::I32(self.rows as i32), Arg::I32(spec.max_tokens as i32)])
+            }
         }
         match spec.mode {
             AttentionMode::Dense => {}

@@ -105,13 +105,7 @@ fn attention_kernels() -> Vec<Kernel> {
                     // Token lists always go through the work table.
                     work_list: source == TokenSource::Lists,
                 };
-                // GQA lists at head_dim 64 and 128 run on the tensor cores by default; on
-                // the CUDA cores they are a tuning option, and the work table's loop takes
-                // that kernel over 128 registers (4 bytes of spills at d64 bf16,
-                // benches/NOTES.md), so only the defaults are held to no spills here.
-                if !(source == TokenSource::Lists && group > 1 && d <= 128) {
-                    ks.push(attention::build_split(&cfg).unwrap());
-                }
+                ks.push(attention::build_split(&cfg).unwrap());
                 // The plans' default for groups of 2 to 8 (head_dim 64 and 128; at 256 the
                 // tensor-core kernel is only a tuning option, and with the work table's
                 // loop it needs 8 bytes of stack on sm_80, so it is checked with the grid).
@@ -171,6 +165,7 @@ fn attention_kernels() -> Vec<Kernel> {
         };
         ks.push(attention::build_split(&cfg).unwrap());
     }
+    ks.push(attention::build_items().unwrap());
     ks
 }
 
