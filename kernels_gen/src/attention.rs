@@ -14,8 +14,17 @@
 //!   their log-sum-exp, writes the output in the input dtype and the natural-log LSE, and
 //!   optionally applies SparQ's output transform `alpha * y + (1 - alpha) * v_mean`.
 //!
-//! The grid is `(rows, max_chunks)`, fixed by the plan from a maximum budget, so lists that
-//! the GPU pruner writes can change every step without the host seeing them.
+//! - [`build_items`] (token lists): one program that reads the lists' offsets on the device,
+//!   picks the chunk size from their total length and writes a table of the real (row,
+//!   chunk) items (an exclusive scan of each row's chunk count).
+//!
+//! Dense and padded: the grid is `(rows, max_chunks)`, fixed by the plan from a maximum
+//! budget. Token lists: a fixed grid of about as many programs as fit on the GPU at once
+//! strides over the work table, each program finding its item's row by counting the rows
+//! that start at or before it. Either way lists that the GPU pruner writes can change every
+//! step without the host seeing them; with the table, skewed lists (a few long rows, many
+//! short ones) cost no empty programs and their long rows are cut into short chunks spread
+//! over every SM, where a grid sized for the longest row left most SMs idle (benches/NOTES.md).
 //!
 //! Softmax inside a program keeps one running maximum *per token slot* of the tile (a
 //! `[block_tokens]` vector) rather than one per row, so the loop needs no reduction across
@@ -89,7 +98,17 @@ pub struct SplitConfig {
     /// of first chunks, then one of second chunks, ... which leaves the long rows of skewed
     /// lists (and the empty items of short ones) to the last waves.
     pub chunk_fastest: bool,
+    /// Work items from the table that [`build_items`] writes on the device (lists only): a
+    /// fixed grid strides over the real (row, chunk) items, so the grid does no empty work
+    /// however short the lists are against the plan's maximum, and the chunk size follows
+    /// the lists' total length.
+    pub work_list: bool,
 }
+
+/// Rows of the work table one step of the split kernel's row search compares.
+const SEARCH_ROWS: usize = 256;
+/// Rows of the token lists one step of [`build_items`] reads.
+const ITEM_ROWS: usize = 1024;
 
 /// Compile-time choices of the merge kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -101,6 +120,9 @@ pub struct MergeConfig {
     pub sparq: bool,
     /// Chunks combined per loop iteration.
     pub block_chunks: usize,
+    /// Partial results indexed by work item, a row's items found in the work table (see
+    /// [`SplitConfig::work_list`]).
+    pub work_list: bool,
 }
 
 /// The score of masked slots: far below any real score, yet finite.
@@ -125,10 +147,15 @@ fn unsupported(kernel: &str, what: String) -> CompileError {
 /// `max_len`, and the f32
 /// `scale_log2` (softmax scale times log2(e)). Grid: `(batch * q_heads / group, max_chunks)`,
 /// or `(max_chunks, batch * q_heads / group)` with `chunk_fastest`.
+///
+/// With `work_list`: `work` (i32, from [`build_items`]) follows `sel_indices`; the partial
+/// buffers are indexed by item (`[items, G, D]`, `[items, G]`); the scalars `chunk_tokens`,
+/// `max_chunks` are replaced by `rows` (token-list rows) and `max_tokens` (where each row is
+/// cut); any 1-D grid (the plan launches about as many programs as fit on the GPU at once).
 pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let (d, bt, g_n) = (cfg.head_dim, cfg.block_tokens, cfg.group);
     let name = format!(
-        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}{}{}",
+        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}{}{}{}",
         match cfg.source {
             TokenSource::Dense => "dense",
             TokenSource::Lists => "lists",
@@ -144,7 +171,8 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         cfg.prefetch,
         cfg.min_programs_per_sm,
         if cfg.tensor_cores { "_mma" } else { "" },
-        if cfg.chunk_fastest { "_cf" } else { "" }
+        if cfg.chunk_fastest { "_cf" } else { "" },
+        if cfg.work_list { "_wl" } else { "" }
     );
     let tc = cfg.tensor_cores;
     if !matches!(d, 64 | 128 | 256)
@@ -156,6 +184,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         || !matches!(cfg.vector_bytes, 16 | 32)
         || !matches!(cfg.prefetch, 1 | 2)
         || (tc && (!(2..=8).contains(&g_n) || bt != 8 || cfg.num_warps != 1))
+        || (cfg.work_list && (cfg.source != TokenSource::Lists || cfg.chunk_fastest))
     {
         return Err(unsupported(
             &name,
@@ -185,12 +214,25 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
             Some(b.param_ptr("sel_lens", DType::I32)),
         ),
     };
+    let work = if cfg.work_list {
+        Some(b.param_ptr("work", DType::I32))
+    } else {
+        None
+    };
     let part_o = b.param_ptr("part_o", DType::F32);
     let part_lse = b.param_ptr("part_lse", DType::F32);
     let num_q_heads = b.param_scalar("num_q_heads", DType::I32);
     let num_kv_heads = b.param_scalar("num_kv_heads", DType::I32);
-    let chunk_tokens = b.param_scalar("chunk_tokens", DType::I32);
-    let max_chunks = b.param_scalar("max_chunks", DType::I32);
+    let (grid, rows_max) = if cfg.work_list {
+        let rows = b.param_scalar("rows", DType::I32);
+        (None, Some((rows, b.param_scalar("max_tokens", DType::I32))))
+    } else {
+        let chunk_tokens = b.param_scalar("chunk_tokens", DType::I32);
+        (
+            Some((chunk_tokens, b.param_scalar("max_chunks", DType::I32))),
+            None,
+        )
+    };
     let num_indices = match cfg.source {
         TokenSource::Lists => Some(b.param_scalar("num_indices", DType::I32)),
         _ => None,
@@ -201,384 +243,449 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     };
     let scale_log2 = b.param_scalar("scale_log2", DType::F32);
 
-    let (row, chunk) = if cfg.chunk_fastest {
-        (b.program_id(1), b.program_id(0))
-    } else {
-        (b.program_id(0), b.program_id(1))
-    };
-    // Row -> (batch, first query head, KV head).
-    let c_group = b.i32(g_n as i32);
-    let rows_per_batch = b.div(num_q_heads, c_group);
-    let batch = b.div(row, rows_per_batch);
-    let r = b.rem(row, rows_per_batch);
-    let qh0 = b.mul(r, c_group);
-    let q_per_kv = b.div(num_q_heads, num_kv_heads);
-    let kvh = b.div(qh0, q_per_kv);
+    // One work item: chunk `chunk` (of `ct` tokens) of row `row`, whose list is cut at
+    // `cap` entries when given; query head g of the row writes partial slot
+    // `slot0 + g * stride`.
+    let item = |b: &mut KernelBuilder,
+                row: Value,
+                chunk: Value,
+                ct: Value,
+                cap: Option<Value>,
+                slot0: Value,
+                stride: Value| {
+        // Row -> (batch, first query head, KV head).
+        let c_group = b.i32(g_n as i32);
+        let rows_per_batch = b.div(num_q_heads, c_group);
+        let batch = b.div(row, rows_per_batch);
+        let r = b.rem(row, rows_per_batch);
+        let qh0 = b.mul(r, c_group);
+        let q_per_kv = b.div(num_q_heads, num_kv_heads);
+        let kvh = b.div(qh0, q_per_kv);
 
-    // The sequence: its first page entry and its length.
-    let p = b.add_ptr(kv_indptr, batch);
-    let page_base = b.load(p);
-    let b1 = b.add_c(batch, 1);
-    let p = b.add_ptr(kv_indptr, b1);
-    let page_end = b.load(p);
-    let p = b.add_ptr(kv_last_page_len, batch);
-    let last = b.load(p);
-    let pages = b.sub(page_end, page_base);
-    let ps = cfg.page_size as i64;
-    let full = b.mul_c(pages, ps);
-    let full = b.add_c(full, -ps);
-    let seq_len = b.add(full, last);
-    let zero_i = b.i32(0);
-    let seq_len = b.maximum(seq_len, zero_i);
+        // The sequence: its first page entry and its length.
+        let p = b.add_ptr(kv_indptr, batch);
+        let page_base = b.load(p);
+        let b1 = b.add_c(batch, 1);
+        let p = b.add_ptr(kv_indptr, b1);
+        let page_end = b.load(p);
+        let p = b.add_ptr(kv_last_page_len, batch);
+        let last = b.load(p);
+        let pages = b.sub(page_end, page_base);
+        let ps = cfg.page_size as i64;
+        let full = b.mul_c(pages, ps);
+        let full = b.add_c(full, -ps);
+        let seq_len = b.add(full, last);
+        let zero_i = b.i32(0);
+        let seq_len = b.maximum(seq_len, zero_i);
 
-    // The row's list: where it starts, entries to visit, entries that count.
-    let (list_start, n_work, n_valid) = match cfg.source {
-        TokenSource::Dense => (zero_i, seq_len, seq_len),
-        TokenSource::Lists => {
-            let ip = sel_indptr.expect("lists");
-            let p = b.add_ptr(ip, row);
-            let s = b.load(p);
-            let row1 = b.add_c(row, 1);
-            let p = b.add_ptr(ip, row1);
-            let e = b.load(p);
-            let n = b.sub(e, s);
-            (s, n, n)
-        }
-        TokenSource::Padded => {
-            let ml = max_len.expect("padded");
-            let s = b.mul(row, ml);
-            let p = b.add_ptr(sel_lens.expect("padded"), row);
-            let n = b.load(p);
-            (s, ml, n)
-        }
-    };
-    let t0 = b.mul(chunk, chunk_tokens);
-    let t_end = b.add(t0, chunk_tokens);
-    let t1 = b.minimum(t_end, n_work);
-    let live = b.lt(t0, t1);
-    // Partial slot of query head qh0 + g: (row * G + g) * max_chunks + chunk.
-    let row_g = b.mul(row, c_group);
-    let slot0 = b.mul(row_g, max_chunks);
-    let slot0 = b.add(slot0, chunk);
-    let neg_inf = b.f32(f32::NEG_INFINITY);
-
-    b.if_else(
-        live,
-        |b| {
-            let dr = b.arange(0, d as i64);
-            // Queries, scaled so that scores come out in log2 units.
-            let bq = b.mul(batch, num_q_heads);
-            let bq = b.add(bq, qh0);
-            let bq64 = b.cast(bq, DType::I64);
-            let mut qs = vec![];
-            // Tensor cores: the group's queries as the rows of one f16 block, padded to 8
-            // rows with zeros (`dot` takes 8).
-            let q8 = if tc {
-                let h = b.arange(0, 8);
-                let hg = b.i32(g_n as i32);
-                let real = b.lt(h, hg);
-                let h64 = b.cast(h, DType::I64);
-                let rows = b.add(h64, bq64);
-                let rows = b.mul_c(rows, d as i64);
-                let rows = b.expand(rows, 1, d);
-                let dcol = b.cast(dr, DType::I64);
-                let dcol = b.expand(dcol, 0, 8);
-                let off = b.add(rows, dcol);
-                let qp = b.add_ptr(q, off);
-                let mask = b.expand(real, 1, d);
-                Some(b.load_masked(qp, Some(mask), None))
-            } else {
-                None
-            };
-            for g in 0..if tc { 0 } else { g_n } {
-                let base = b.add_c(bq64, g as i64);
-                let base = b.mul_c(base, d as i64);
-                let qp = b.add_ptr(q, base);
-                let qp = b.add_ptr(qp, dr);
-                let qv = b.load(qp);
-                let qv = b.cast(qv, DType::F32);
-                qs.push(b.mul(qv, scale_log2));
-            }
-            let c_bt = b.i32(bt as i32);
-            let kvh64 = b.cast(kvh, DType::I64);
-            let hkv64 = b.cast(num_kv_heads, DType::I64);
-            let lists = sel_indices.is_some();
-            // The loop is software-pipelined so that no load waits on another in the same
-            // iteration: while tile t is computed, the K and V rows of tiles t+1..=t+P are in
-            // flight (P = `prefetch`), the page-table entries of tile t+P+1 and (lists) the
-            // positions of tile t+P+2.
-            // Positions travel as `pos` with -1 for "absent" (past the chunk, outside the
-            // sequence), so one i32 block carries both.
-            let positions = |b: &mut KernelBuilder, tile: Value| -> Value {
-                let j = b.arange(0, bt as i64);
-                let j = b.add(tile, j);
-                let inb = b.lt(j, t1);
-                let minus1 = b.i32(-1);
-                let pos = match sel_indices {
-                    None => j,
-                    Some(ix) => {
-                        let e = b.add(list_start, j);
-                        let readable = match num_indices {
-                            Some(n) => {
-                                let z = b.i32(0);
-                                let lo = b.ge(e, z);
-                                let hi = b.lt(e, n);
-                                let inside = b.and(lo, hi);
-                                b.and(inb, inside)
-                            }
-                            None => inb,
-                        };
-                        let p = b.add_ptr(ix, e);
-                        b.load_masked(p, Some(readable), Some(minus1))
+        // The row's list: where it starts, entries to visit, entries that count.
+        let (list_start, n_work, n_valid) = match cfg.source {
+            TokenSource::Dense => (zero_i, seq_len, seq_len),
+            TokenSource::Lists => {
+                let ip = sel_indptr.expect("lists");
+                let p = b.add_ptr(ip, row);
+                let s = b.load(p);
+                let row1 = b.add_c(row, 1);
+                let p = b.add_ptr(ip, row1);
+                let e = b.load(p);
+                let n = b.sub(e, s);
+                let n = match cap {
+                    Some(c) => {
+                        let n = b.minimum(n, c);
+                        b.maximum(n, zero_i)
                     }
+                    None => n,
                 };
-                let z = b.i32(0);
-                let nonneg = b.ge(pos, z);
-                let in_seq = b.lt(pos, seq_len);
-                let ok = b.and(inb, nonneg);
-                let ok = b.and(ok, in_seq);
-                b.select(ok, pos, minus1)
-            };
-            let page_of = |b: &mut KernelBuilder, pos: Value| -> Value {
-                let z = b.i32(0);
-                let ok = b.ge(pos, z);
-                let c_ps = b.i32(cfg.page_size as i32);
-                let page_in_seq = b.div(pos, c_ps);
-                let pi = b.add(page_base, page_in_seq);
-                let p = b.add_ptr(kv_page_indices, pi);
-                b.load_masked(p, Some(ok), Some(z))
-            };
-            let load_kv = |b: &mut KernelBuilder, pos: Value, page: Value| -> (Value, Value) {
-                let z = b.i32(0);
-                let ok = b.ge(pos, z);
-                let c_ps = b.i32(cfg.page_size as i32);
-                let slot = b.rem(pos, c_ps);
-                let page64 = b.cast(page, DType::I64);
-                let tok = b.mul_c(page64, ps);
-                let slot64 = b.cast(slot, DType::I64);
-                let tok = b.add(tok, slot64);
-                let krow = b.mul(tok, hkv64);
-                let krow = b.add(krow, kvh64);
-                let off = b.mul_c(krow, d as i64);
-                let off2 = b.expand(off, 1, d);
-                let dcol = b.cast(dr, DType::I64);
-                let dcol = b.expand(dcol, 0, bt);
-                let off2 = b.add(off2, dcol);
-                let mask2 = b.expand(ok, 1, d);
-                let kp = b.add_ptr(k, off2);
-                let kt = b.load_masked(kp, Some(mask2), None);
-                let vp = b.add_ptr(v, off2);
-                let vt = b.load_masked(vp, Some(mask2), None);
-                (kt, vt)
-            };
-            // Prologue: K and V of tiles 0..P, pages of tile P, (lists) positions of P+1.
-            let pf = cfg.prefetch;
-            let tile_at = |b: &mut KernelBuilder, base: Value, i: usize| -> Value {
-                let c = b.i32((i * bt) as i32);
-                b.add(base, c)
-            };
-            let mut init = vec![];
-            let mut poss = vec![];
-            for i in 0..pf {
-                let tile = tile_at(b, t0, i);
-                let pos = positions(b, tile);
-                let page = page_of(b, pos);
-                let (kt, vt) = load_kv(b, pos, page);
-                init.extend([kt, vt]);
-                poss.push(pos);
+                (s, n, n)
             }
-            init.extend(poss);
-            let tile = tile_at(b, t0, pf);
-            let pos_p = positions(b, tile);
-            let page_p = page_of(b, pos_p);
-            init.extend([pos_p, page_p]);
-            if lists {
-                let tile = tile_at(b, t0, pf + 1);
-                init.push(positions(b, tile));
+            TokenSource::Padded => {
+                let ml = max_len.expect("padded");
+                let s = b.mul(row, ml);
+                let p = b.add_ptr(sel_lens.expect("padded"), row);
+                let n = b.load(p);
+                (s, ml, n)
             }
-            let stages = init.len();
-            let masked = b.f32(MASKED);
-            let zero_f = b.f32(0.0);
-            if tc {
-                // Per head (rows): the running maximum; per (head, token slot): the sum of
-                // weights; the output transposed, `[head_dim, 8 heads]`.
-                let m0 = b.splat(masked, &[8]);
-                let l0 = b.splat(zero_f, &[8, bt]);
-                let a0 = b.splat(zero_f, &[d, 8]);
-                init.extend([m0, l0, a0]);
-            } else {
-                let m0 = b.splat(masked, &[bt]);
-                let l0 = b.splat(zero_f, &[bt]);
-                let a0 = b.splat(zero_f, &[bt, d]);
-                for _ in 0..g_n {
-                    init.extend([m0, l0, a0]);
-                }
-            }
-            let fin = b.for_range(t0, t1, c_bt, &init, |b, t, carried| {
-                let (kt, vt, pos) = (carried[0], carried[1], carried[2 * pf]);
-                let (pos_p, page_p) = (carried[3 * pf], carried[3 * pf + 1]);
-                // Tensor cores: this tile's scores first, so that its K is dead before the
-                // next tile's K and V take registers.
-                let scores = q8.map(|q8| b.dot(q8, kt, None));
-                // Tile t+P's K and V, tile t+P+1's pages, (lists) tile t+P+2's positions.
-                let (kt_p, vt_p) = load_kv(b, pos_p, page_p);
-                let tile = tile_at(b, t, pf + 1);
-                let pos_p1 = if lists {
-                    carried[3 * pf + 2]
+        };
+        let t0 = b.mul(chunk, ct);
+        let t_end = b.add(t0, ct);
+        let t1 = b.minimum(t_end, n_work);
+        let live = b.lt(t0, t1);
+        let neg_inf = b.f32(f32::NEG_INFINITY);
+
+        b.if_else(
+            live,
+            |b| {
+                let dr = b.arange(0, d as i64);
+                // Queries, scaled so that scores come out in log2 units.
+                let bq = b.mul(batch, num_q_heads);
+                let bq = b.add(bq, qh0);
+                let bq64 = b.cast(bq, DType::I64);
+                let mut qs = vec![];
+                // Tensor cores: the group's queries as the rows of one f16 block, padded to 8
+                // rows with zeros (`dot` takes 8).
+                let q8 = if tc {
+                    let h = b.arange(0, 8);
+                    let hg = b.i32(g_n as i32);
+                    let real = b.lt(h, hg);
+                    let h64 = b.cast(h, DType::I64);
+                    let rows = b.add(h64, bq64);
+                    let rows = b.mul_c(rows, d as i64);
+                    let rows = b.expand(rows, 1, d);
+                    let dcol = b.cast(dr, DType::I64);
+                    let dcol = b.expand(dcol, 0, 8);
+                    let off = b.add(rows, dcol);
+                    let qp = b.add_ptr(q, off);
+                    let mask = b.expand(real, 1, d);
+                    Some(b.load_masked(qp, Some(mask), None))
                 } else {
-                    positions(b, tile)
+                    None
                 };
-                let page_p1 = page_of(b, pos_p1);
-                let mut next = carried[2..2 * pf].to_vec();
-                next.extend([kt_p, vt_p]);
-                next.extend(carried[2 * pf + 1..3 * pf].iter().copied());
-                next.extend([pos_p, pos_p1, page_p1]);
-                if lists {
-                    let tile = tile_at(b, t, pf + 2);
-                    next.push(positions(b, tile));
+                for g in 0..if tc { 0 } else { g_n } {
+                    let base = b.add_c(bq64, g as i64);
+                    let base = b.mul_c(base, d as i64);
+                    let qp = b.add_ptr(q, base);
+                    let qp = b.add_ptr(qp, dr);
+                    let qv = b.load(qp);
+                    let qv = b.cast(qv, DType::F32);
+                    qs.push(b.mul(qv, scale_log2));
                 }
-                let z = b.i32(0);
-                let valid = b.ge(pos, z);
-                let valid = match (cfg.source, sel_lens) {
-                    (TokenSource::Padded, Some(_)) => {
-                        let j = b.arange(0, bt as i64);
-                        let j = b.add(t, j);
-                        let counted = b.lt(j, n_valid);
-                        b.and(valid, counted)
-                    }
-                    _ => valid,
+                let c_bt = b.i32(bt as i32);
+                let kvh64 = b.cast(kvh, DType::I64);
+                let hkv64 = b.cast(num_kv_heads, DType::I64);
+                let lists = sel_indices.is_some();
+                // The loop is software-pipelined so that no load waits on another in the same
+                // iteration: while tile t is computed, the K and V rows of tiles t+1..=t+P are in
+                // flight (P = `prefetch`), the page-table entries of tile t+P+1 and (lists) the
+                // positions of tile t+P+2.
+                // Positions travel as `pos` with -1 for "absent" (past the chunk, outside the
+                // sequence), so one i32 block carries both.
+                let positions = |b: &mut KernelBuilder, tile: Value| -> Value {
+                    let j = b.arange(0, bt as i64);
+                    let j = b.add(tile, j);
+                    let inb = b.lt(j, t1);
+                    let minus1 = b.i32(-1);
+                    let pos = match sel_indices {
+                        None => j,
+                        Some(ix) => {
+                            let e = b.add(list_start, j);
+                            let readable = match num_indices {
+                                Some(n) => {
+                                    let z = b.i32(0);
+                                    let lo = b.ge(e, z);
+                                    let hi = b.lt(e, n);
+                                    let inside = b.and(lo, hi);
+                                    b.and(inb, inside)
+                                }
+                                None => inb,
+                            };
+                            let p = b.add_ptr(ix, e);
+                            b.load_masked(p, Some(readable), Some(minus1))
+                        }
+                    };
+                    let z = b.i32(0);
+                    let nonneg = b.ge(pos, z);
+                    let in_seq = b.lt(pos, seq_len);
+                    let ok = b.and(inb, nonneg);
+                    let ok = b.and(ok, in_seq);
+                    b.select(ok, pos, minus1)
                 };
+                let page_of = |b: &mut KernelBuilder, pos: Value| -> Value {
+                    let z = b.i32(0);
+                    let ok = b.ge(pos, z);
+                    let c_ps = b.i32(cfg.page_size as i32);
+                    let page_in_seq = b.div(pos, c_ps);
+                    let pi = b.add(page_base, page_in_seq);
+                    let p = b.add_ptr(kv_page_indices, pi);
+                    b.load_masked(p, Some(ok), Some(z))
+                };
+                let load_kv = |b: &mut KernelBuilder, pos: Value, page: Value| -> (Value, Value) {
+                    let z = b.i32(0);
+                    let ok = b.ge(pos, z);
+                    let c_ps = b.i32(cfg.page_size as i32);
+                    let slot = b.rem(pos, c_ps);
+                    let page64 = b.cast(page, DType::I64);
+                    let tok = b.mul_c(page64, ps);
+                    let slot64 = b.cast(slot, DType::I64);
+                    let tok = b.add(tok, slot64);
+                    let krow = b.mul(tok, hkv64);
+                    let krow = b.add(krow, kvh64);
+                    let off = b.mul_c(krow, d as i64);
+                    let off2 = b.expand(off, 1, d);
+                    let dcol = b.cast(dr, DType::I64);
+                    let dcol = b.expand(dcol, 0, bt);
+                    let off2 = b.add(off2, dcol);
+                    let mask2 = b.expand(ok, 1, d);
+                    let kp = b.add_ptr(k, off2);
+                    let kt = b.load_masked(kp, Some(mask2), None);
+                    let vp = b.add_ptr(v, off2);
+                    let vt = b.load_masked(vp, Some(mask2), None);
+                    (kt, vt)
+                };
+                // Prologue: K and V of tiles 0..P, pages of tile P, (lists) positions of P+1.
+                let pf = cfg.prefetch;
+                let tile_at = |b: &mut KernelBuilder, base: Value, i: usize| -> Value {
+                    let c = b.i32((i * bt) as i32);
+                    b.add(base, c)
+                };
+                let mut init = vec![];
+                let mut poss = vec![];
+                for i in 0..pf {
+                    let tile = tile_at(b, t0, i);
+                    let pos = positions(b, tile);
+                    let page = page_of(b, pos);
+                    let (kt, vt) = load_kv(b, pos, page);
+                    init.extend([kt, vt]);
+                    poss.push(pos);
+                }
+                init.extend(poss);
+                let tile = tile_at(b, t0, pf);
+                let pos_p = positions(b, tile);
+                let page_p = page_of(b, pos_p);
+                init.extend([pos_p, page_p]);
+                if lists {
+                    let tile = tile_at(b, t0, pf + 1);
+                    init.push(positions(b, tile));
+                }
+                let stages = init.len();
                 let masked = b.f32(MASKED);
                 let zero_f = b.f32(0.0);
-                if let Some(s) = scores {
-                    let (m, l, acc) = (carried[stages], carried[stages + 1], carried[stages + 2]);
-                    let s = b.mul(s, scale_log2);
-                    let vc = b.expand(valid, 0, 8);
-                    let s = b.select(vc, s, masked);
-                    let mx = b.max(s, 1);
-                    let m_new = b.maximum(m, mx);
-                    let dm = b.sub(m, m_new);
-                    let alpha = b.exp2(dm);
-                    let me = b.expand(m_new, 1, bt);
-                    let ds = b.sub(s, me);
-                    let e = b.exp2(ds);
-                    let pr = b.select(vc, e, zero_f);
-                    let ae = b.expand(alpha, 1, bt);
-                    let l = b.mul(l, ae);
-                    let l = b.add(l, pr);
-                    let ph = b.cast(pr, cfg.dtype);
-                    let aa = b.expand(alpha, 0, d);
-                    let acc = b.mul(acc, aa);
-                    let acc = b.dot_ta(vt, ph, Some(acc));
-                    next.extend([m_new, l, acc]);
-                    return next;
+                if tc {
+                    // Per head (rows): the running maximum; per (head, token slot): the sum of
+                    // weights; the output transposed, `[head_dim, 8 heads]`.
+                    let m0 = b.splat(masked, &[8]);
+                    let l0 = b.splat(zero_f, &[8, bt]);
+                    let a0 = b.splat(zero_f, &[d, 8]);
+                    init.extend([m0, l0, a0]);
+                } else {
+                    let m0 = b.splat(masked, &[bt]);
+                    let l0 = b.splat(zero_f, &[bt]);
+                    let a0 = b.splat(zero_f, &[bt, d]);
+                    for _ in 0..g_n {
+                        init.extend([m0, l0, a0]);
+                    }
                 }
-                let kt = b.cast(kt, DType::F32);
-                let vt = b.cast(vt, DType::F32);
-                for (g, qv) in qs.iter().enumerate() {
-                    let (m, l, acc) = (
-                        carried[stages + 3 * g],
-                        carried[stages + 3 * g + 1],
-                        carried[stages + 3 * g + 2],
-                    );
-                    let qe = b.expand(*qv, 0, bt);
-                    let prod = b.mul(kt, qe);
-                    let s = b.sum(prod, 1);
-                    let s = b.select(valid, s, masked);
-                    let m_new = b.maximum(m, s);
-                    let dm = b.sub(m, m_new);
-                    let alpha = b.exp2(dm);
-                    let ds = b.sub(s, m_new);
-                    let e = b.exp2(ds);
-                    let pr = b.select(valid, e, zero_f);
-                    let l = b.mul(l, alpha);
-                    let l = b.add(l, pr);
-                    let ae = b.expand(alpha, 1, d);
-                    let acc = b.mul(acc, ae);
-                    let pe = b.expand(pr, 1, d);
-                    let pv = b.mul(vt, pe);
-                    let acc = b.add(acc, pv);
-                    next.extend([m_new, l, acc]);
+                let fin = b.for_range(t0, t1, c_bt, &init, |b, t, carried| {
+                    let (kt, vt, pos) = (carried[0], carried[1], carried[2 * pf]);
+                    let (pos_p, page_p) = (carried[3 * pf], carried[3 * pf + 1]);
+                    // Tensor cores: this tile's scores first, so that its K is dead before the
+                    // next tile's K and V take registers.
+                    let scores = q8.map(|q8| b.dot(q8, kt, None));
+                    // Tile t+P's K and V, tile t+P+1's pages, (lists) tile t+P+2's positions.
+                    let (kt_p, vt_p) = load_kv(b, pos_p, page_p);
+                    let tile = tile_at(b, t, pf + 1);
+                    let pos_p1 = if lists {
+                        carried[3 * pf + 2]
+                    } else {
+                        positions(b, tile)
+                    };
+                    let page_p1 = page_of(b, pos_p1);
+                    let mut next = carried[2..2 * pf].to_vec();
+                    next.extend([kt_p, vt_p]);
+                    next.extend(carried[2 * pf + 1..3 * pf].iter().copied());
+                    next.extend([pos_p, pos_p1, page_p1]);
+                    if lists {
+                        let tile = tile_at(b, t, pf + 2);
+                        next.push(positions(b, tile));
+                    }
+                    let z = b.i32(0);
+                    let valid = b.ge(pos, z);
+                    let valid = match (cfg.source, sel_lens) {
+                        (TokenSource::Padded, Some(_)) => {
+                            let j = b.arange(0, bt as i64);
+                            let j = b.add(t, j);
+                            let counted = b.lt(j, n_valid);
+                            b.and(valid, counted)
+                        }
+                        _ => valid,
+                    };
+                    let masked = b.f32(MASKED);
+                    let zero_f = b.f32(0.0);
+                    if let Some(s) = scores {
+                        let (m, l, acc) =
+                            (carried[stages], carried[stages + 1], carried[stages + 2]);
+                        let s = b.mul(s, scale_log2);
+                        let vc = b.expand(valid, 0, 8);
+                        let s = b.select(vc, s, masked);
+                        let mx = b.max(s, 1);
+                        let m_new = b.maximum(m, mx);
+                        let dm = b.sub(m, m_new);
+                        let alpha = b.exp2(dm);
+                        let me = b.expand(m_new, 1, bt);
+                        let ds = b.sub(s, me);
+                        let e = b.exp2(ds);
+                        let pr = b.select(vc, e, zero_f);
+                        let ae = b.expand(alpha, 1, bt);
+                        let l = b.mul(l, ae);
+                        let l = b.add(l, pr);
+                        let ph = b.cast(pr, cfg.dtype);
+                        let aa = b.expand(alpha, 0, d);
+                        let acc = b.mul(acc, aa);
+                        let acc = b.dot_ta(vt, ph, Some(acc));
+                        next.extend([m_new, l, acc]);
+                        return next;
+                    }
+                    let kt = b.cast(kt, DType::F32);
+                    let vt = b.cast(vt, DType::F32);
+                    for (g, qv) in qs.iter().enumerate() {
+                        let (m, l, acc) = (
+                            carried[stages + 3 * g],
+                            carried[stages + 3 * g + 1],
+                            carried[stages + 3 * g + 2],
+                        );
+                        let qe = b.expand(*qv, 0, bt);
+                        let prod = b.mul(kt, qe);
+                        let s = b.sum(prod, 1);
+                        let s = b.select(valid, s, masked);
+                        let m_new = b.maximum(m, s);
+                        let dm = b.sub(m, m_new);
+                        let alpha = b.exp2(dm);
+                        let ds = b.sub(s, m_new);
+                        let e = b.exp2(ds);
+                        let pr = b.select(valid, e, zero_f);
+                        let l = b.mul(l, alpha);
+                        let l = b.add(l, pr);
+                        let ae = b.expand(alpha, 1, d);
+                        let acc = b.mul(acc, ae);
+                        let pe = b.expand(pr, 1, d);
+                        let pv = b.mul(vt, pe);
+                        let acc = b.add(acc, pv);
+                        next.extend([m_new, l, acc]);
+                    }
+                    next
+                });
+                let fin = &fin[stages..];
+                // Combine the slots, normalise, write the chunk's partial result per head.
+                let one = b.f32(1.0);
+                let zero_f = b.f32(0.0);
+                if tc {
+                    let (m, l, acc) = (fin[0], fin[1], fin[2]);
+                    let lsum = b.sum(l, 1);
+                    let has = b.gt(lsum, zero_f);
+                    let safe = b.select(has, lsum, one);
+                    let inv = b.div(one, safe);
+                    let inv = b.select(has, inv, zero_f);
+                    let lg = b.log2(safe);
+                    let lse = b.add(m, lg);
+                    let lse = b.select(has, lse, neg_inf);
+                    // Head h's slot: slot0 + h * stride; heads past the group are padding.
+                    let h = b.arange(0, 8);
+                    let hg = b.i32(g_n as i32);
+                    let real = b.lt(h, hg);
+                    let hs = b.mul(h, stride);
+                    let slots = b.add(hs, slot0);
+                    let p = b.add_ptr(part_lse, slots);
+                    b.store_masked(p, lse, Some(real));
+                    let ie = b.expand(inv, 0, d);
+                    let o = b.mul(acc, ie);
+                    let slots64 = b.cast(slots, DType::I64);
+                    let base = b.mul_c(slots64, d as i64);
+                    let base = b.expand(base, 0, d);
+                    let dcol = b.cast(dr, DType::I64);
+                    let dcol = b.expand(dcol, 1, 8);
+                    let off = b.add(base, dcol);
+                    let p = b.add_ptr(part_o, off);
+                    let mask = b.expand(real, 0, d);
+                    b.store_masked(p, o, Some(mask));
                 }
-                next
+                for g in 0..if tc { 0 } else { g_n } {
+                    let (m, l, acc) = (fin[3 * g], fin[3 * g + 1], fin[3 * g + 2]);
+                    let mx = b.max(m, 0);
+                    let dm = b.sub(m, mx);
+                    let f = b.exp2(dm);
+                    let lf = b.mul(l, f);
+                    let lsum = b.sum(lf, 0);
+                    let fe = b.expand(f, 1, d);
+                    let af = b.mul(acc, fe);
+                    let o = b.sum(af, 0);
+                    let has = b.gt(lsum, zero_f);
+                    let safe = b.select(has, lsum, one);
+                    let inv = b.div(one, safe);
+                    let inv = b.select(has, inv, zero_f);
+                    let o = b.mul(o, inv);
+                    let lg = b.log2(safe);
+                    let lse = b.add(mx, lg);
+                    let lse = b.select(has, lse, neg_inf);
+                    let c = b.i32(g as i32);
+                    let c = b.mul(c, stride);
+                    let slot = b.add(slot0, c);
+                    let p = b.add_ptr(part_lse, slot);
+                    b.store(p, lse);
+                    let slot64 = b.cast(slot, DType::I64);
+                    let base = b.mul_c(slot64, d as i64);
+                    let p = b.add_ptr(part_o, base);
+                    let p = b.add_ptr(p, dr);
+                    b.store(p, o);
+                }
+                vec![]
+            },
+            |b| {
+                // Nothing to do in this chunk: say so to the merge.
+                for g in 0..g_n {
+                    let c = b.i32(g as i32);
+                    let c = b.mul(c, stride);
+                    let slot = b.add(slot0, c);
+                    let p = b.add_ptr(part_lse, slot);
+                    b.store(p, neg_inf);
+                }
+                vec![]
+            },
+        );
+    };
+    match (work, rows_max) {
+        (Some(work), Some((rows, max_tokens))) => {
+            // The work table (see [`build_items`]): items `0..work[rows]`, chunks of
+            // `work[rows + 1]` tokens; a fixed grid of programs strides over the items.
+            let p = b.add_ptr(work, rows);
+            let total = b.load(p);
+            let rows1 = b.add_c(rows, 1);
+            let p = b.add_ptr(work, rows1);
+            let ct = b.load(p);
+            let pid = b.program_id(0);
+            let np = b.num_programs(0);
+            let c_group = b.i32(g_n as i32);
+            let one_i = b.i32(1);
+            b.for_range(pid, total, np, &[], |b, it, _| {
+                // The item's row: the last whose first item is at most `it` (rows with
+                // no items share their first item with the next row).
+                let zero_i = b.i32(0);
+                let step = b.i32(SEARCH_ROWS as i32);
+                let found = b.for_range(zero_i, rows, step, &[zero_i], |b, r0, carried| {
+                    let r = b.arange(0, SEARCH_ROWS as i64);
+                    let r = b.add(r0, r);
+                    let ok = b.lt(r, rows);
+                    let p = b.add_ptr(work, r);
+                    let big = b.i32(i32::MAX);
+                    let first = b.load_masked(p, Some(ok), Some(big));
+                    let le = b.le(first, it);
+                    let z = b.i32(0);
+                    let ones = b.select(le, one_i, z);
+                    let n = b.sum(ones, 0);
+                    vec![b.add(carried[0], n)]
+                })[0];
+                let row = b.add_c(found, -1);
+                let p = b.add_ptr(work, row);
+                let first = b.load(p);
+                let chunk = b.sub(it, first);
+                let slot0 = b.mul(it, c_group);
+                item(b, row, chunk, ct, Some(max_tokens), slot0, one_i);
+                vec![]
             });
-            let fin = &fin[stages..];
-            // Combine the slots, normalise, write the chunk's partial result per head.
-            let one = b.f32(1.0);
-            let zero_f = b.f32(0.0);
-            if tc {
-                let (m, l, acc) = (fin[0], fin[1], fin[2]);
-                let lsum = b.sum(l, 1);
-                let has = b.gt(lsum, zero_f);
-                let safe = b.select(has, lsum, one);
-                let inv = b.div(one, safe);
-                let inv = b.select(has, inv, zero_f);
-                let lg = b.log2(safe);
-                let lse = b.add(m, lg);
-                let lse = b.select(has, lse, neg_inf);
-                // Head h's slot: slot0 + h * max_chunks; heads past the group are padding.
-                let h = b.arange(0, 8);
-                let hg = b.i32(g_n as i32);
-                let real = b.lt(h, hg);
-                let hs = b.mul(h, max_chunks);
-                let slots = b.add(hs, slot0);
-                let p = b.add_ptr(part_lse, slots);
-                b.store_masked(p, lse, Some(real));
-                let ie = b.expand(inv, 0, d);
-                let o = b.mul(acc, ie);
-                let slots64 = b.cast(slots, DType::I64);
-                let base = b.mul_c(slots64, d as i64);
-                let base = b.expand(base, 0, d);
-                let dcol = b.cast(dr, DType::I64);
-                let dcol = b.expand(dcol, 1, 8);
-                let off = b.add(base, dcol);
-                let p = b.add_ptr(part_o, off);
-                let mask = b.expand(real, 0, d);
-                b.store_masked(p, o, Some(mask));
-            }
-            for g in 0..if tc { 0 } else { g_n } {
-                let (m, l, acc) = (fin[3 * g], fin[3 * g + 1], fin[3 * g + 2]);
-                let mx = b.max(m, 0);
-                let dm = b.sub(m, mx);
-                let f = b.exp2(dm);
-                let lf = b.mul(l, f);
-                let lsum = b.sum(lf, 0);
-                let fe = b.expand(f, 1, d);
-                let af = b.mul(acc, fe);
-                let o = b.sum(af, 0);
-                let has = b.gt(lsum, zero_f);
-                let safe = b.select(has, lsum, one);
-                let inv = b.div(one, safe);
-                let inv = b.select(has, inv, zero_f);
-                let o = b.mul(o, inv);
-                let lg = b.log2(safe);
-                let lse = b.add(mx, lg);
-                let lse = b.select(has, lse, neg_inf);
-                let c = b.i32(g as i32);
-                let c = b.mul(c, max_chunks);
-                let slot = b.add(slot0, c);
-                let p = b.add_ptr(part_lse, slot);
-                b.store(p, lse);
-                let slot64 = b.cast(slot, DType::I64);
-                let base = b.mul_c(slot64, d as i64);
-                let p = b.add_ptr(part_o, base);
-                let p = b.add_ptr(p, dr);
-                b.store(p, o);
-            }
-            vec![]
-        },
-        |b| {
-            // Nothing to do in this chunk: say so to the merge.
-            for g in 0..g_n {
-                let c = b.i32(g as i32);
-                let c = b.mul(c, max_chunks);
-                let slot = b.add(slot0, c);
-                let p = b.add_ptr(part_lse, slot);
-                b.store(p, neg_inf);
-            }
-            vec![]
-        },
-    );
+        }
+        _ => {
+            let (chunk_tokens, max_chunks) = grid.expect("grid parameters");
+            let (row, chunk) = if cfg.chunk_fastest {
+                (b.program_id(1), b.program_id(0))
+            } else {
+                (b.program_id(0), b.program_id(1))
+            };
+            // Partial slot of query head qh0 + g: (row * G + g) * max_chunks + chunk.
+            let c_group = b.i32(g_n as i32);
+            let row_g = b.mul(row, c_group);
+            let slot0 = b.mul(row_g, max_chunks);
+            let slot0 = b.add(slot0, chunk);
+            item(&mut b, row, chunk, chunk_tokens, None, slot0, max_chunks);
+        }
+    }
     b.finish()
 }
 
@@ -587,14 +694,17 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
 /// `[batch * q_heads]`, natural log; `-inf` for an empty row), with `sparq` also `alpha`
 /// (f32 per query row) and `v_mean` (`[batch * kv_heads, D]`); then the i32 scalars
 /// `max_chunks` and, with `sparq`, `num_q_heads`, `num_kv_heads`. Grid: `batch * q_heads`.
+/// With `work_list`, `work` (i32, from [`build_items`]) follows `v_mean` (or `lse`) and the
+/// scalar `group` (query heads per token-list row) replaces `max_chunks`.
 pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     let (d, cb) = (cfg.head_dim, cfg.block_chunks);
     let name = format!(
-        "attn_merge_d{}_{}_c{}{}",
+        "attn_merge_d{}_{}_c{}{}{}",
         d,
         cfg.dtype.name(),
         cb,
-        if cfg.sparq { "_sparq" } else { "" }
+        if cfg.sparq { "_sparq" } else { "" },
+        if cfg.work_list { "_wl" } else { "" }
     );
     if !matches!(d, 64 | 128 | 256)
         || !cb.is_power_of_two()
@@ -619,7 +729,16 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     } else {
         None
     };
-    let max_chunks = b.param_scalar("max_chunks", DType::I32);
+    let work = if cfg.work_list {
+        Some(b.param_ptr("work", DType::I32))
+    } else {
+        None
+    };
+    // `max_chunks`, or with a work table the query heads per row (`group`).
+    let per_row = b.param_scalar(
+        if cfg.work_list { "group" } else { "max_chunks" },
+        DType::I32,
+    );
     let heads = if cfg.sparq {
         Some((
             b.param_scalar("num_q_heads", DType::I32),
@@ -629,17 +748,31 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
         None
     };
     let row = b.program_id(0);
-    let base = b.mul(row, max_chunks);
+    // This query row's partials: index `c * stride + base` for `c` in `lo..hi`.
     let zero_i = b.i32(0);
+    let one_i = b.i32(1);
+    let (lo, hi, stride, base) = match work {
+        None => (zero_i, per_row, one_i, b.mul(row, per_row)),
+        Some(w) => {
+            let r = b.div(row, per_row);
+            let g = b.rem(row, per_row);
+            let p = b.add_ptr(w, r);
+            let lo = b.load(p);
+            let r1 = b.add_c(r, 1);
+            let p = b.add_ptr(w, r1);
+            (lo, b.load(p), per_row, g)
+        }
+    };
     let step = b.i32(cb as i32);
     let neg_inf = b.f32(f32::NEG_INFINITY);
     let m0 = b.splat(neg_inf, &[cb]);
     // Pass 1: the largest chunk LSE.
-    let mv = b.for_range(zero_i, max_chunks, step, &[m0], |b, c0, carried| {
+    let mv = b.for_range(lo, hi, step, &[m0], |b, c0, carried| {
         let c = b.arange(0, cb as i64);
         let c = b.add(c0, c);
-        let ok = b.lt(c, max_chunks);
-        let e = b.add(base, c);
+        let ok = b.lt(c, hi);
+        let e = b.mul(c, stride);
+        let e = b.add(e, base);
         let p = b.add_ptr(part_lse, e);
         let l = b.load_masked(p, Some(ok), Some(neg_inf));
         vec![b.maximum(carried[0], l)]
@@ -652,11 +785,12 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     let a0 = b.splat(zero_f, &[cb, d]);
     let w0 = b.splat(zero_f, &[cb]);
     let dr = b.arange(0, d as i64);
-    let fin = b.for_range(zero_i, max_chunks, step, &[a0, w0], |b, c0, carried| {
+    let fin = b.for_range(lo, hi, step, &[a0, w0], |b, c0, carried| {
         let c = b.arange(0, cb as i64);
         let c = b.add(c0, c);
-        let ok = b.lt(c, max_chunks);
-        let e = b.add(base, c);
+        let ok = b.lt(c, hi);
+        let e = b.mul(c, stride);
+        let e = b.add(e, base);
         let p = b.add_ptr(part_lse, e);
         let l = b.load_masked(p, Some(ok), Some(neg_inf));
         let has = b.gt(l, neg_inf);
@@ -723,5 +857,93 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     let p = b.add_ptr(out, o);
     let p = b.add_ptr(p, dr);
     b.store(p, y);
+    b.finish()
+}
+
+/// Builds the kernel that writes the split kernel's work table from the token lists on the
+/// device, so that a run needs no host sync (one program). Parameters: `sel_indptr`,
+/// `work` (i32, `rows + 2`), and the i32 scalars `rows`, `max_tokens` (rows are cut there),
+/// `programs` (of the split grid), `min_chunk`, `max_chunk` and `step` (tokens a split
+/// step; both bounds are multiples of it).
+///
+/// The chunk: the smallest multiple of `step` in `min_chunk..=max_chunk` that gives at
+/// most `k * programs` items for the fewest whole waves `k`, by the bound
+/// `items <= total / chunk + rows with tokens`. So short lists get short chunks spread
+/// over every program (skewed budgets: one wave of ~128-token items instead of a grid
+/// sized for the longest row), and long lists whole waves of chunks up to `max_chunk`.
+/// `work[r]` is row r's first item (an exclusive scan of `ceil(len / chunk)`),
+/// `work[rows]` the number of items, `work[rows + 1]` the chunk.
+pub fn build_items() -> Result<Kernel, CompileError> {
+    let mut b = KernelBuilder::new("attn_items");
+    b.set_num_warps(4);
+    let indptr = b.param_ptr("sel_indptr", DType::I32);
+    let work = b.param_ptr("work", DType::I32);
+    let rows = b.param_scalar("rows", DType::I32);
+    let max_tokens = b.param_scalar("max_tokens", DType::I32);
+    let programs = b.param_scalar("programs", DType::I32);
+    let min_chunk = b.param_scalar("min_chunk", DType::I32);
+    let max_chunk = b.param_scalar("max_chunk", DType::I32);
+    let tok_step = b.param_scalar("step", DType::I32);
+    let zero = b.i32(0);
+    let one = b.i32(1);
+    let step = b.i32(ITEM_ROWS as i32);
+    // Row lengths of rows r0..r0 + ITEM_ROWS, cut to 0..=max_tokens (0 past the last row).
+    let lens = |b: &mut KernelBuilder, r0: Value| -> (Value, Value) {
+        let r = b.arange(0, ITEM_ROWS as i64);
+        let r = b.add(r0, r);
+        let ok = b.lt(r, rows);
+        let p = b.add_ptr(indptr, r);
+        let s = b.load_masked(p, Some(ok), Some(zero));
+        let r1 = b.add_c(r, 1);
+        let p = b.add_ptr(indptr, r1);
+        let e = b.load_masked(p, Some(ok), Some(zero));
+        let n = b.sub(e, s);
+        let n = b.minimum(n, max_tokens);
+        (b.maximum(n, zero), ok)
+    };
+    let z = b.splat(zero, &[ITEM_ROWS]);
+    let sums = b.for_range(zero, rows, step, &[z, z], |b, r0, carried| {
+        let (n, _) = lens(b, r0);
+        let pos = b.gt(n, zero);
+        let nz = b.select(pos, one, zero);
+        vec![b.add(carried[0], n), b.add(carried[1], nz)]
+    });
+    let total = b.sum(sums[0], 0);
+    let nonempty = b.sum(sums[1], 0);
+    let ceil_div = |b: &mut KernelBuilder, a: Value, d: Value| -> Value {
+        let a = b.add(a, d);
+        let a = b.add_c(a, -1);
+        b.div(a, d)
+    };
+    // Waves: the fewest k with k * programs >= total / max_chunk + nonempty.
+    let need = ceil_div(&mut b, total, max_chunk);
+    let need = b.add(need, nonempty);
+    let waves = ceil_div(&mut b, need, programs);
+    let waves = b.maximum(waves, one);
+    let slots = b.mul(waves, programs);
+    let room = b.sub(slots, nonempty);
+    let chunk = ceil_div(&mut b, total, room);
+    let chunk = ceil_div(&mut b, chunk, tok_step);
+    let chunk = b.mul(chunk, tok_step);
+    let chunk = b.maximum(chunk, min_chunk);
+    let chunk = b.minimum(chunk, max_chunk);
+    let items = b.for_range(zero, rows, step, &[zero], |b, r0, carried| {
+        let (n, ok) = lens(b, r0);
+        let cnt = ceil_div(b, n, chunk);
+        let inc = b.cumsum(cnt);
+        let first = b.sub(inc, cnt);
+        let first = b.add(first, carried[0]);
+        let r = b.arange(0, ITEM_ROWS as i64);
+        let r = b.add(r0, r);
+        let p = b.add_ptr(work, r);
+        b.store_masked(p, first, Some(ok));
+        let c = b.sum(cnt, 0);
+        vec![b.add(carried[0], c)]
+    })[0];
+    let p = b.add_ptr(work, rows);
+    b.store(p, items);
+    let rows1 = b.add_c(rows, 1);
+    let p = b.add_ptr(work, rows1);
+    b.store(p, chunk);
     b.finish()
 }

@@ -3,7 +3,9 @@
 //! As serving engines do, the work is split in two:
 //! - [`AttentionPlan::new`] checks the shapes, compiles the kernels, picks the chunk size
 //!   and the grid for a *maximum* budget, and allocates the partial-result buffers, once;
-//! - [`AttentionPlan::run`] checks buffer lengths and queues two launches: no allocation,
+//! - [`AttentionPlan::run`] checks buffer lengths and queues two launches (three with token
+//!   lists: a one-program kernel first writes the work table of the real (row, chunk)
+//!   items from the lists on the device, [`crate::attention::build_items`]): no allocation,
 //!   no host sync, so a decode step can be captured in a CUDA graph and replayed while the
 //!   token lists (written on the device by the pruner) change from step to step.
 //!
@@ -72,8 +74,14 @@ pub struct AttentionTuning {
     /// 8 query heads a program, 8 tokens a step and one warp.
     pub tensor_cores: bool,
     /// A row's chunks next to each other in the grid (see
-    /// [`SplitConfig::chunk_fastest`](crate::attention::SplitConfig)).
+    /// [`SplitConfig::chunk_fastest`](crate::attention::SplitConfig)). Dense and padded
+    /// modes only: token lists go through the work table.
     pub chunk_fastest: bool,
+    /// Token lists: programs of the split grid that stride over the work table (0: as many
+    /// as fit on the GPU at once, from the split kernel's registers). With lists,
+    /// `chunk_tokens` is the longest chunk the device may pick (see
+    /// [`attention::build_items`]).
+    pub list_programs: u32,
 }
 
 /// Work items the default chunk size aims for, per multiprocessor.
@@ -85,15 +93,19 @@ const ITEMS_PER_SM: usize = 8;
 /// dependent loads (list bounds, page, K and V) and ends with a partial result to merge.
 const ITEMS_PER_SM_ONE_WARP: usize = 8;
 const MIN_CHUNK_ONE_WARP: usize = 128;
-/// The longest default list chunk of the tensor-core kernel: on skewed budgets, 256 took
-/// 52.4 us against 69.7 for 512 (a quarter of the pages: 400 against 386).
-const MAX_CHUNK_LISTS_ONE_WARP: usize = 256;
+/// The shortest list chunk the work table may pick: each item pays a chain of dependent
+/// loads (its row, list bounds, position, page, K and V) before its first step and a
+/// partial result after its last, so items of under 8 steps would be mostly overhead.
+const MIN_CHUNK_LISTS: usize = 64;
 /// The longest default chunk: long enough that partials cost under 1% of the KV traffic,
 /// short enough that one long row does not become the tail of the batch. Token lists get
 /// shorter chunks: their lengths are unknown when planning, and skewed budgets (Twilight's
 /// Figure 11) leave a few long rows as the tail (measured on an H100, BENCHMARKS.md:
 /// 512 against 1024 took 64 us instead of 87 on the skewed case, 456 instead of 518 on
-/// a quarter of the pages).
+/// a quarter of the pages). With the work table the device picks the list chunk from the
+/// lists' total length (short lists: short chunks), so 512 is only the cap that long lists
+/// reach (a quarter of the pages, GQA on the tensor cores: 512 took 386 us against 400 for
+/// 256 with the grid sized for the maximum).
 const MAX_CHUNK: usize = 1024;
 const MAX_CHUNK_LISTS: usize = 512;
 
@@ -107,7 +119,7 @@ impl AttentionTuning {
     /// `[tokens, head_dim]` f32 accumulator, which would otherwise spill). Chunks sized so
     /// that, were every row `max_tokens` long, about 8 work items per SM would exist
     /// (`num_sms`, 132 when unknown), between 2 steps (128 tokens on the tensor cores) and
-    /// 1024 tokens (512 for lists, 256 for lists on the tensor cores).
+    /// 1024 tokens (512 for lists, where it is the cap of the chunk the device picks).
     pub fn for_spec(spec: &AttentionSpec, num_sms: usize) -> AttentionTuning {
         let group = program_group(spec);
         // head_dim 256 would need 64 registers of accumulator and 128 of K and V tiles in
@@ -132,10 +144,10 @@ impl AttentionTuning {
             .max(2)
             .saturating_mul(block_tokens)
             .max(if tensor_cores { MIN_CHUNK_ONE_WARP } else { 0 })
-            .min(match (spec.mode == AttentionMode::Dense, tensor_cores) {
-                (true, _) => MAX_CHUNK,
-                (false, false) => MAX_CHUNK_LISTS,
-                (false, true) => MAX_CHUNK_LISTS_ONE_WARP,
+            .min(if spec.mode == AttentionMode::Dense {
+                MAX_CHUNK
+            } else {
+                MAX_CHUNK_LISTS
             });
         AttentionTuning {
             block_tokens,
@@ -146,6 +158,7 @@ impl AttentionTuning {
             min_programs_per_sm: 0,
             tensor_cores,
             chunk_fastest: false,
+            list_programs: 0,
         }
     }
 }
@@ -176,6 +189,20 @@ fn rows_per_batch(spec: &AttentionSpec) -> usize {
     }
 }
 
+/// How the split kernel's work items are laid out.
+enum Layout {
+    /// Grid `(rows, max_chunks)` (dense, padded): partials `[q rows, max_chunks]`.
+    Grid { max_chunks: usize },
+    /// Token lists: `items` writes the work table `work` on the device, then `programs`
+    /// split programs stride over its items; partials `[max_items, group]`.
+    WorkList {
+        items: Arc<LoadedKernel>,
+        work: Buffer<i32>,
+        programs: usize,
+        min_chunk: usize,
+    },
+}
+
 /// A compiled, sized attention launch. See the module docs.
 pub struct AttentionPlan {
     spec: AttentionSpec,
@@ -184,9 +211,21 @@ pub struct AttentionPlan {
     merge: Arc<LoadedKernel>,
     part_o: Buffer<f32>,
     part_lse: Buffer<f32>,
-    max_chunks: usize,
+    layout: Layout,
     rows: usize,
     scale_log2: f32,
+}
+
+/// Programs of `kernel` that fit on one SM at once, from its registers (64K registers
+/// allocated per warp in units of 256, at most 64 warps and 32 programs); 8 on the CPU.
+fn programs_per_sm(kernel: &LoadedKernel) -> usize {
+    let Some(regs) = kernel.num_regs() else {
+        return 8;
+    };
+    let warps = kernel.num_threads().div_ceil(32).max(1) as usize;
+    let per_warp = (regs.max(1) as usize * 32).div_ceil(256) * 256;
+    let fit_warps = (65536 / per_warp).min(64);
+    (fit_warps / warps).clamp(1, 32)
 }
 
 /// The page table and token lists of one step, on the device.
@@ -322,25 +361,35 @@ impl AttentionPlan {
             ),
         )?;
         let rows = spec.batch * spec.num_q_heads / pg;
+        let lists = matches!(
+            spec.mode,
+            AttentionMode::HeadVarlen | AttentionMode::GroupVarlen
+        );
+        ensure(
+            !(lists && tuning.chunk_fastest),
+            "chunk_fastest",
+            "false for token lists (they use the work table)",
+            true,
+        )?;
+        ensure(
+            !lists || rows * spec.max_tokens < (1 << 31),
+            "max_tokens",
+            "rows x max_tokens under 2^31 (the work table's token count)",
+            rows * spec.max_tokens,
+        )?;
         ensure(
             !tuning.chunk_fastest || rows <= 65535,
             "chunk_fastest",
             "at most 65535 rows (the grid's second axis)",
             rows,
         )?;
+        let q_rows = spec.batch * spec.num_q_heads;
         let max_chunks = spec.max_tokens.div_ceil(tuning.chunk_tokens);
         ensure(
-            max_chunks <= 65535,
+            lists || max_chunks <= 65535,
             "chunk_tokens",
             "at most 65535 chunks per row",
             max_chunks,
-        )?;
-        let q_rows = spec.batch * spec.num_q_heads;
-        ensure(
-            q_rows * max_chunks * spec.kv.head_dim < (1 << 31),
-            "max_tokens",
-            "partial results under 2^31 values",
-            q_rows * max_chunks * spec.kv.head_dim,
         )?;
         let split_cfg = SplitConfig {
             head_dim: spec.kv.head_dim,
@@ -359,12 +408,14 @@ impl AttentionPlan {
             min_programs_per_sm: tuning.min_programs_per_sm,
             tensor_cores: tuning.tensor_cores,
             chunk_fastest: tuning.chunk_fastest,
+            work_list: lists,
         };
         let merge_cfg = MergeConfig {
             head_dim: spec.kv.head_dim,
             dtype: spec.dtype,
             sparq: spec.sparq,
             block_chunks: 8,
+            work_list: lists,
         };
         let split = dusk.kernel(format!("{split_cfg:?}"), || {
             attention::build_split(&split_cfg)
@@ -373,6 +424,36 @@ impl AttentionPlan {
             attention::build_merge(&merge_cfg)
         })?;
         let dev = dusk.device();
+        let (layout, slots) = if lists {
+            let programs = match tuning.list_programs {
+                0 => sms * programs_per_sm(&split),
+                n => n as usize,
+            };
+            // The work table never holds more than `waves * programs` items, with the
+            // waves that the longest lists (every row `max_tokens` long, chunks of
+            // `chunk_tokens`) need (see `attention::build_items`).
+            let need = (rows * spec.max_tokens).div_ceil(tuning.chunk_tokens) + rows;
+            let max_items = need.div_ceil(programs).max(1) * programs;
+            let items = dusk.kernel("attn_items".into(), attention::build_items)?;
+            let layout = Layout::WorkList {
+                items,
+                work: dev.alloc(rows + 2)?,
+                programs,
+                min_chunk: MIN_CHUNK_LISTS
+                    .div_ceil(bt)
+                    .saturating_mul(bt)
+                    .min(tuning.chunk_tokens),
+            };
+            (layout, max_items * pg)
+        } else {
+            (Layout::Grid { max_chunks }, q_rows * max_chunks)
+        };
+        ensure(
+            slots * spec.kv.head_dim < (1 << 31),
+            "max_tokens",
+            "partial results under 2^31 values",
+            slots * spec.kv.head_dim,
+        )?;
         let scale = spec
             .sm_scale
             .unwrap_or(1.0 / (spec.kv.head_dim as f32).sqrt());
@@ -381,9 +462,9 @@ impl AttentionPlan {
             tuning,
             split,
             merge,
-            part_o: dev.alloc(q_rows * max_chunks * spec.kv.head_dim)?,
-            part_lse: dev.alloc(q_rows * max_chunks)?,
-            max_chunks,
+            part_o: dev.alloc(slots * spec.kv.head_dim)?,
+            part_lse: dev.alloc(slots)?,
+            layout,
             rows,
             scale_log2: scale * std::f32::consts::LOG2_E,
         })
@@ -395,12 +476,15 @@ impl AttentionPlan {
     pub fn tuning(&self) -> &AttentionTuning {
         &self.tuning
     }
-    /// The split kernel's grid: (rows, chunks per row).
+    /// The split kernel's grid: (rows, chunks per row), or with token lists the programs
+    /// that stride over the work table.
     pub fn grid(&self) -> [u32; 3] {
-        if self.tuning.chunk_fastest {
-            [self.max_chunks as u32, self.rows as u32, 1]
-        } else {
-            [self.rows as u32, self.max_chunks as u32, 1]
+        match &self.layout {
+            Layout::WorkList { programs, .. } => [*programs as u32, 1, 1],
+            Layout::Grid { max_chunks } if self.tuning.chunk_fastest => {
+                [*max_chunks as u32, self.rows as u32, 1]
+            }
+            Layout::Grid { max_chunks } => [self.rows as u32, *max_chunks as u32, 1],
         }
     }
 
@@ -525,7 +609,8 @@ impl AttentionPlan {
     /// Attention of `q` (`[batch, num_q_heads, head_dim]`) over `k` and `v` (the cache) as
     /// `meta` selects; writes `out` (same shape as `q`) and `lse` (f32 per query row,
     /// natural log, `-inf` for an empty row, whose output is zero). `sparq` must be given
-    /// exactly when the plan was made with `sparq`. Two launches; no allocation, no sync.
+    /// exactly when the plan was made with `sparq`. Two launches (three with token lists); no
+    /// allocation, no sync.
     #[allow(clippy::too_many_arguments)]
     pub fn run<T: Element>(
         &self,
@@ -626,14 +711,46 @@ impl AttentionPlan {
                 args.push(Arg::from(meta.sel_indices.as_ref().expect("list meta")));
             }
         }
+        let dev = dusk.device();
+        if let Layout::WorkList {
+            items,
+            work,
+            programs,
+            min_chunk,
+        } = &self.layout
+        {
+            let indptr = meta.sel_indptr.as_ref().expect("list meta");
+            dev.launch(
+                items,
+                [1, 1, 1],
+                &[
+                    Arg::from(indptr),
+                    Arg::from(work),
+                    Arg::I32(self.rows as i32),
+                    Arg::I32(spec.max_tokens as i32),
+                    Arg::I32(*programs as i32),
+                    Arg::I32(*min_chunk as i32),
+                    Arg::I32(self.tuning.chunk_tokens as i32),
+                    Arg::I32(self.tuning.block_tokens as i32),
+                ],
+            )?;
+            args.push(Arg::from(work));
+        }
         args.extend([
             Arg::from(&self.part_o),
             Arg::from(&self.part_lse),
             Arg::I32(spec.num_q_heads as i32),
             Arg::I32(spec.kv.num_kv_heads as i32),
-            Arg::I32(self.tuning.chunk_tokens as i32),
-            Arg::I32(self.max_chunks as i32),
         ]);
+        match &self.layout {
+            Layout::Grid { max_chunks } => args.extend([
+                Arg::I32(self.tuning.chunk_tokens as i32),
+                Arg::I32(*max_chunks as i32),
+            ]),
+            Layout::WorkList { .. } => {
+                args.extend([Arg::I32(self.rows as i32), Arg::I32(spec.max_tokens as i32)])
+            }
+        }
         match spec.mode {
             AttentionMode::Dense => {}
             AttentionMode::Padded => args.push(Arg::I32(spec.max_tokens as i32)),
@@ -643,7 +760,6 @@ impl AttentionPlan {
             }
         }
         args.push(Arg::F32(self.scale_log2));
-        let dev = dusk.device();
         dev.launch(&self.split, self.grid(), &args)?;
         let mut margs = vec![
             Arg::from(&self.part_o),
@@ -655,7 +771,13 @@ impl AttentionPlan {
             margs.push(Arg::from(s.alpha));
             margs.push(Arg::from(s.v_mean));
         }
-        margs.push(Arg::I32(self.max_chunks as i32));
+        match &self.layout {
+            Layout::Grid { max_chunks } => margs.push(Arg::I32(*max_chunks as i32)),
+            Layout::WorkList { work, .. } => {
+                margs.push(Arg::from(work));
+                margs.push(Arg::I32((spec.batch * spec.num_q_heads / self.rows) as i32));
+            }
+        }
         if spec.sparq {
             margs.push(Arg::I32(spec.num_q_heads as i32));
             margs.push(Arg::I32(spec.kv.num_kv_heads as i32));

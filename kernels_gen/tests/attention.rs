@@ -115,6 +115,8 @@ struct Case<'a> {
     cuda_cores: bool,
     /// A row's chunks next to each other in the grid.
     chunk_fastest: bool,
+    /// Token lists: split programs striding over the work table (0: the plan's default).
+    programs: u32,
 }
 
 fn check<T: Val>(seed: u64, c: &Case) {
@@ -161,7 +163,8 @@ fn check<T: Val>(seed: u64, c: &Case) {
             let (bt, w, f) = attention_ops::default_tiling(c.head_dim, c.group);
             (t.block_tokens, t.num_warps, t.prefetch, t.tensor_cores) = (bt, w, f, false);
         }
-        t.chunk_fastest = c.chunk_fastest;
+        t.chunk_fastest = c.chunk_fastest && matches!(c.mode, DENSE | PADDED);
+        t.list_programs = c.programs;
         t.chunk_tokens = c.chunk.div_ceil(t.block_tokens) * t.block_tokens
     })
     .unwrap();
@@ -251,6 +254,7 @@ fn case(seqs: &[usize], kv_heads: usize, group: usize, d: usize, mode: Attention
         sparq: false,
         cuda_cores: false,
         chunk_fastest: false,
+        programs: 0,
     }
 }
 
@@ -316,15 +320,23 @@ fn gqa_on_cuda_cores() {
     check::<f16>(6, &fma(c));
 }
 
-/// Chunks along the grid's first axis compute the same thing.
+/// Chunks along the grid's first axis compute the same thing; so do a few programs each
+/// striding over many items of the work table (token lists).
 #[test]
-fn chunk_fastest_grid() {
+fn chunk_fastest_grid_and_few_list_programs() {
     let c = Case {
-        lens: &[90, 0, 1, 33],
-        chunk_fastest: true,
+        lens: &[90, 0, 1, 33, 0, 70],
+        programs: 3,
         ..case(&[100, 64, 10], 2, 4, 128, GROUP)
     };
     check::<f16>(12, &c);
+    let c = Case {
+        lens: &[90, 0, 1, 33],
+        programs: 1,
+        cuda_cores: true,
+        ..case(&[100, 64], 2, 1, 64, HEAD)
+    };
+    check::<f16>(14, &c);
     let c = Case {
         chunk_fastest: true,
         ..case(&[37, 100, 1], 2, 1, 64, DENSE)
@@ -364,7 +376,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 12, .. ProptestConfig::default() })]
     /// Random shapes and budgets: 1 to 3 sequences of 0 to 150 tokens, 1 or 2 KV heads,
     /// groups of 1 to 8, every mode, chunks of 8 to 64 tokens, lists of random lengths
-    /// (empty ones included), GQA on the tensor cores or the CUDA cores, either grid order.
+    /// (empty ones included), GQA on the tensor cores or the CUDA cores, either grid order
+    /// (dense, padded), 1 to 3 list programs or the default.
     #[test]
     fn random_shapes_and_budgets(
         seed in 0u64..10_000,
@@ -377,6 +390,7 @@ proptest! {
         lens in proptest::collection::vec(0usize..120, 1..6),
         cuda_cores in any::<bool>(),
         chunk_fastest in any::<bool>(),
+        programs in 0u32..4,
     ) {
         prop_assume!(seqs.iter().any(|n| *n > 0));
         let c = Case {
@@ -391,6 +405,7 @@ proptest! {
             sparq: false,
             cuda_cores,
             chunk_fastest,
+            programs,
         };
         check::<f16>(seed, &c);
     }

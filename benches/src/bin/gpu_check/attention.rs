@@ -117,6 +117,9 @@ struct CheckCase {
     chunk: Option<usize>,
     /// GQA on the CUDA cores (`false`) or the tensor cores (`true`); `None`: the default.
     tensor_cores: Option<bool>,
+    /// Token lists: split programs over the work table (`None`: the plan's default, about
+    /// as many as fit on the GPU, so each does one item or none in these small cases).
+    list_programs: Option<u32>,
 }
 
 /// The positions each query row attends to, for the reference.
@@ -175,6 +178,9 @@ fn check_case<T: Val>(dusk: &Dusk, rng: &mut SmallRng, c: &CheckCase) -> Res<(f6
     let plan = AttentionPlan::with_tuning(dusk, spec, |t| {
         if let Some(ch) = c.chunk {
             t.chunk_tokens = ch;
+        }
+        if let Some(n) = c.list_programs {
+            t.list_programs = n;
         }
         if c.tensor_cores == Some(false) && t.tensor_cores {
             let (bt, w, f) = default_tiling(c.head_dim, c.group);
@@ -340,16 +346,55 @@ fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<f64> {
             Some(256),
         ),
     ];
-    let cases = cases
-        .into_iter()
-        .map(|(m, s, k, g, d, l, sp, ch, bf)| (m, s, k, g, d, l, sp, ch, bf, None))
-        .chain(
-            fma.into_iter()
-                .map(|(m, s, k, g, d, l, ch)| (m, s, k, g, d, l, false, ch, false, Some(false))),
-        );
+    // Few programs, each striding over many items of the work table.
+    let strided = [
+        (
+            GroupVarlen,
+            vec![5000, 1200, 40],
+            8,
+            4,
+            128,
+            vec![27, 2707, 0, 1, 600],
+            64,
+            None,
+        ),
+        (
+            HeadVarlen,
+            vec![3000, 500],
+            4,
+            2,
+            128,
+            vec![0, 1, 2707, 27, 300],
+            64,
+            Some(false),
+        ),
+    ];
+    let cases =
+        cases
+            .into_iter()
+            .map(|(m, s, k, g, d, l, sp, ch, bf)| (m, s, k, g, d, l, sp, ch, bf, None, None))
+            .chain(fma.into_iter().map(|(m, s, k, g, d, l, ch)| {
+                (m, s, k, g, d, l, false, ch, false, Some(false), None)
+            }))
+            .chain(strided.into_iter().map(|(m, s, k, g, d, l, ch, tc)| {
+                (m, s, k, g, d, l, false, Some(ch), false, tc, Some(5))
+            }));
     let mut worst = 0.0f64;
     println!("correctness (fresh random inputs, outputs poisoned, f64 reference):");
-    for (mode, seqs, kv_heads, group, head_dim, lens, sparq, chunk, bf, tensor_cores) in cases {
+    for (
+        mode,
+        seqs,
+        kv_heads,
+        group,
+        head_dim,
+        lens,
+        sparq,
+        chunk,
+        bf,
+        tensor_cores,
+        list_programs,
+    ) in cases
+    {
         let c = CheckCase {
             seqs,
             kv_heads,
@@ -360,6 +405,7 @@ fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<f64> {
             sparq,
             chunk,
             tensor_cores,
+            list_programs,
         };
         let (err, lse_err) = if bf {
             check_case::<bf16>(dusk, rng, &c)?
@@ -368,12 +414,16 @@ fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<f64> {
         };
         let tol = if bf { 1e-2 } else { 2e-3 };
         println!(
-            "  {mode:?} seqs {:?} kv_heads {kv_heads} group {group} d {head_dim} lens {:?}{}{}{}: rel err {err:.2e}, lse abs err {lse_err:.1e}",
+            "  {mode:?} seqs {:?} kv_heads {kv_heads} group {group} d {head_dim} lens {:?}{}{}{}{}: rel err {err:.2e}, lse abs err {lse_err:.1e}",
             c.seqs,
             c.lens,
             if sparq { " sparq" } else { "" },
             if bf { " bf16" } else { " f16" },
-            if tensor_cores == Some(false) { " cuda-cores" } else { "" }
+            if tensor_cores == Some(false) { " cuda-cores" } else { "" },
+            match list_programs {
+                Some(n) => format!(" {n} list programs"),
+                None => String::new(),
+            }
         );
         if err >= tol || lse_err > 1e-2 {
             return Err(format!(
@@ -610,7 +660,9 @@ fn time_samples(
 /// (bytes per thread and row), `fP` (tiles prefetched), `cCHUNK` (chunk tokens), `mM`
 /// (tensor cores: 1 on, 0 off; on by default where the tiling allows, 8 tokens on one
 /// warp), `oN` (programs per SM asked of ptxas), `g1` (a row's chunks next to each other in
-/// the grid), e.g. `8x4`, `16x4v32`, `8x4f2c256`, `8x1o16`, `8x1m0`, `8x1c512g1`.
+/// the grid; dense only), `lN` (token lists: N split programs over the work table; with
+/// lists `cCHUNK` is the longest chunk the device may pick), e.g. `8x4`, `16x4v32`,
+/// `8x4f2c256`, `8x1o16`, `8x1m0`, `8x1c512g1`, `8x1l3168`.
 #[derive(Clone, Copy)]
 struct Tiling {
     block_tokens: usize,
@@ -621,6 +673,7 @@ struct Tiling {
     mma: Option<bool>,
     programs: Option<u32>,
     chunk_fastest: Option<bool>,
+    list_programs: Option<u32>,
 }
 
 fn parse_tiling(t: &str) -> Option<Tiling> {
@@ -642,6 +695,7 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
         mma: None,
         programs: None,
         chunk_fastest: None,
+        list_programs: None,
     };
     for (k, v) in &fields[1..] {
         match k {
@@ -652,6 +706,7 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
             'm' => out.mma = Some(v.parse::<u8>().ok()? == 1),
             'o' => out.programs = Some(v.parse().ok()?),
             'g' => out.chunk_fastest = Some(v.parse::<u8>().ok()? == 1),
+            'l' => out.list_programs = Some(v.parse().ok()?),
             _ => return None,
         }
     }
@@ -660,7 +715,7 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
 
 fn describe(t: &AttentionTuning) -> String {
     format!(
-        "{}x{}v{}f{}o{}{}{} chunk {}",
+        "{}x{}v{}f{}o{}{}{}{} chunk {}",
         t.block_tokens,
         t.num_warps,
         t.vector_bytes,
@@ -671,6 +726,11 @@ fn describe(t: &AttentionTuning) -> String {
             " chunk-fastest"
         } else {
             ""
+        },
+        if t.list_programs > 0 {
+            format!(" list-programs {}", t.list_programs)
+        } else {
+            String::new()
         },
         t.chunk_tokens
     )
@@ -695,6 +755,7 @@ fn time_tilings(
             u.prefetch = t.prefetch.unwrap_or(u.prefetch);
             u.min_programs_per_sm = t.programs.unwrap_or(u.min_programs_per_sm);
             u.chunk_fastest = t.chunk_fastest.unwrap_or(u.chunk_fastest);
+            u.list_programs = t.list_programs.unwrap_or(u.list_programs);
             u.tensor_cores = t
                 .mma
                 .unwrap_or(u.tensor_cores && t.block_tokens == 8 && t.num_warps == 1);
@@ -862,8 +923,8 @@ impl Bench<'_> {
         let shape = json!({"batch": batch, "num_q_heads": hq, "num_kv_heads": hkv, "head_dim": D,
                            "page_size": PAGE, "context": ctx, "kept_pages_pct": 25});
         let fi = self.peer(&name, "flashinfer_us");
-        let extra = json!({"tuning": describe(plan.tuning()), "default_passes_us": passes,
-                           "other_tilings_us": others});
+        let extra = json!({"tuning": describe(plan.tuning()), "split_grid": plan.grid(),
+                           "default_passes_us": passes, "other_tilings_us": others});
         self.record(&name, shape, us, "flashinfer", fi, bytes, extra);
         Ok(())
     }
@@ -904,6 +965,7 @@ impl Bench<'_> {
         let mut others = vec![];
         let mut passes = json!(null);
         let mut tuning = String::new();
+        let mut grid = [0; 3];
         for (i, mode) in [AttentionMode::GroupVarlen, AttentionMode::Padded]
             .into_iter()
             .enumerate()
@@ -922,6 +984,7 @@ impl Bench<'_> {
             let meta = plan.upload_meta(self.dusk, &table, Some(&lists))?;
             if i == 0 {
                 tuning = describe(plan.tuning());
+                grid = plan.grid();
                 (us[i], passes, others) = time_default(self.dusk, &plan, &c, &meta, &q, || {
                     time_tilings(self.dusk, spec, &table, Some(&lists), &c, &q, tilings)
                 })?;
@@ -934,7 +997,7 @@ impl Bench<'_> {
         let shape = json!({"batch": batch, "num_q_heads": hq, "num_kv_heads": hkv, "head_dim": D,
                            "page_size": PAGE, "context": ctx, "budget_mean": 256, "budget_max": max});
         let extra = json!({"kept_tokens": tokens, "measured_mean_budget": mean,
-                           "longest_budget": lists.max_row_len(), "tuning": tuning,
+                           "longest_budget": lists.max_row_len(), "tuning": tuning, "split_grid": grid,
                            "default_passes_us": passes, "other_tilings_us": others});
         self.record(&name, shape, us[0], "padded", Some(us[1]), bytes, extra);
         Ok(())
