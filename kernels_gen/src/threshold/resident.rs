@@ -1,7 +1,7 @@
 //! The search with the row in registers: one program per candidate row, each query head
 //! of its group searched in turn, the union of their kept sets compacted in order.
 
-use super::search::{load_params, needs_bounds, search, tally, Outputs, RowTotals};
+use super::search::{self, load_params, needs_bounds, search, tally, Outputs, RowTotals};
 use super::{search_name, Policy, SearchConfig};
 use dusk_compiler::{CompileError, DType, Kernel, KernelBuilder, Value};
 
@@ -16,28 +16,21 @@ use dusk_compiler::{CompileError, DType, Kernel, KernelBuilder, Value};
 pub fn build_search(policy: &Policy, cfg: &SearchConfig) -> Result<Kernel, CompileError> {
     let mut b = KernelBuilder::new(&search_name(policy, cfg));
     b.set_num_warps(cfg.num_warps);
-    let scores = b.param_ptr("scores", DType::F32);
-    let indptr = b.param_ptr("cand_indptr", DType::I32);
-    let indices = b.param_ptr("cand_indices", DType::I32);
-    let params: Vec<Value> = policy
-        .params
-        .iter()
-        .map(|p| b.param_ptr(p.name, p.dtype))
-        .collect();
-    let scale = b.param_scalar("scale_log2e", DType::F32);
-    let staged = b.param_ptr("staged", DType::I32);
-    let budget = b.param_ptr("budget", DType::I32);
-    let kept_mass = b.param_ptr("kept_mass", DType::F32);
-    let flags = b.param_ptr("flags", DType::I32);
-
-    let row = b.program_id(0);
-    let p0 = b.add_ptr(indptr, row);
-    let start = b.load(p0);
+    let search::Kernel {
+        scores,
+        indices,
+        params,
+        scale,
+        staged,
+        budget,
+        kept_mass,
+        flags,
+        row,
+        start,
+        n,
+        ..
+    } = search::declare(&mut b, policy, false);
     let one = b.i32(1);
-    let next = b.add(row, one);
-    let p1 = b.add_ptr(indptr, next);
-    let end = b.load(p1);
-    let n = b.sub(end, start);
     let offs = b.arange(0, cfg.block as i64);
     let valid = b.lt(offs, n);
 

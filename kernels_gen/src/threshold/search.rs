@@ -450,3 +450,66 @@ pub(super) fn next_points(
         })
         .collect()
 }
+
+/// The parameters both search kernels take, in order (the streaming one adds `work` and
+/// `scratch` after `scores`), and the program's candidate row: its `start` and length `n`.
+pub(super) struct Kernel {
+    pub(super) scores: Value,
+    /// `work` and `scratch`, for the streaming kernel.
+    pub(super) workspace: Option<(Value, Value)>,
+    pub(super) indices: Value,
+    pub(super) params: Vec<Value>,
+    pub(super) scale: Value,
+    pub(super) staged: Value,
+    pub(super) budget: Value,
+    pub(super) kept_mass: Value,
+    pub(super) flags: Value,
+    pub(super) row: Value,
+    pub(super) start: Value,
+    pub(super) n: Value,
+}
+
+/// Declares the search kernel's parameters on `b` and reads the program's candidate row.
+pub(super) fn declare(b: &mut KernelBuilder, policy: &Policy, streaming: bool) -> Kernel {
+    let scores = b.param_ptr("scores", DType::F32);
+    let workspace = streaming.then(|| {
+        (
+            b.param_ptr("work", DType::F32),
+            b.param_ptr("scratch", DType::F32),
+        )
+    });
+    let indptr = b.param_ptr("cand_indptr", DType::I32);
+    let indices = b.param_ptr("cand_indices", DType::I32);
+    let params: Vec<Value> = policy
+        .params
+        .iter()
+        .map(|p| b.param_ptr(p.name, p.dtype))
+        .collect();
+    let scale = b.param_scalar("scale_log2e", DType::F32);
+    let staged = b.param_ptr("staged", DType::I32);
+    let budget = b.param_ptr("budget", DType::I32);
+    let kept_mass = b.param_ptr("kept_mass", DType::F32);
+    let flags = b.param_ptr("flags", DType::I32);
+    let row = b.program_id(0);
+    let p0 = b.add_ptr(indptr, row);
+    let start = b.load(p0);
+    let one = b.i32(1);
+    let next = b.add(row, one);
+    let p1 = b.add_ptr(indptr, next);
+    let end = b.load(p1);
+    let n = b.sub(end, start);
+    Kernel {
+        scores,
+        workspace,
+        indices,
+        params,
+        scale,
+        staged,
+        budget,
+        kept_mass,
+        flags,
+        row,
+        start,
+        n,
+    }
+}

@@ -2,7 +2,7 @@
 //! in a workspace that every step reads back, the last steps run on a gathered tile.
 
 use super::search::{
-    finish, initial_bracket, load_params, needs_bounds, reduce_terms, search_steps, tally,
+    self, finish, initial_bracket, load_params, needs_bounds, reduce_terms, search_steps, tally,
     tally_terms, Outputs, RowTotals, Tally,
 };
 use super::{search_name, Policy, SearchConfig};
@@ -20,30 +20,22 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     let (tile, group) = (cfg.block, cfg.group);
     let mut b = KernelBuilder::new(&search_name(policy, cfg));
     b.set_num_warps(cfg.num_warps);
-    let scores = b.param_ptr("scores", DType::F32);
-    let work = b.param_ptr("work", DType::F32);
-    let scratch = b.param_ptr("scratch", DType::F32);
-    let indptr = b.param_ptr("cand_indptr", DType::I32);
-    let indices = b.param_ptr("cand_indices", DType::I32);
-    let params: Vec<Value> = policy
-        .params
-        .iter()
-        .map(|p| b.param_ptr(p.name, p.dtype))
-        .collect();
-    let scale = b.param_scalar("scale_log2e", DType::F32);
-    let staged = b.param_ptr("staged", DType::I32);
-    let budget = b.param_ptr("budget", DType::I32);
-    let kept_mass = b.param_ptr("kept_mass", DType::F32);
-    let flags = b.param_ptr("flags", DType::I32);
-
-    let row = b.program_id(0);
-    let p0 = b.add_ptr(indptr, row);
-    let start = b.load(p0);
+    let search::Kernel {
+        scores,
+        workspace,
+        indices,
+        params,
+        scale,
+        staged,
+        budget,
+        kept_mass,
+        flags,
+        row,
+        start,
+        n,
+    } = search::declare(&mut b, policy, true);
+    let (work, scratch) = workspace.expect("declared with the streaming workspace");
     let one = b.i32(1);
-    let next = b.add(row, one);
-    let p1 = b.add_ptr(indptr, next);
-    let end = b.load(p1);
-    let n = b.sub(end, start);
     let start64 = b.cast(start, DType::I64);
     let bounds = needs_bounds(policy);
     let gpad = group.next_power_of_two();

@@ -18,7 +18,7 @@
 //! `--profile` times one dense GQA case only, for `ncu` (`--profile-skewed`: the skewed
 //! group varlen case); `--cpu` runs 1 on the interpreter.
 
-use crate::common::{arg, Res};
+use crate::common::{arg, copy_gbps, Res};
 use dusk::compiler::{DType, KernelBuilder};
 use dusk::kernels::attention_ops::{
     default_tiling, AttentionMeta, AttentionMode, AttentionPlan, AttentionSpec, AttentionTuning,
@@ -1061,14 +1061,7 @@ pub fn run() -> Res<()> {
         return Ok(());
     }
 
-    // Copy bandwidth: 1 GiB each way, device to device.
-    let n = 1usize << 30;
-    let src = dev.upload(&vec![0x5Au8; n])?;
-    let mut dst = dev.alloc::<u8>(n)?;
-    let t = dev.time_us(20, 3, || dst.copy_from(&src).map_err(|e| e.to_string()))?;
-    let copy_gbps = 2.0 * n as f64 / (median(&t) * 1e-6) / 1e9;
-    drop((src, dst));
-    println!("device copy: {copy_gbps:.0} GB/s (read + write)");
+    let copy_gbps = copy_gbps(&dev)?;
     let peers: Option<Value> = arg("--peers")
         .and_then(|p| std::fs::read_to_string(p).ok())
         .and_then(|s| serde_json::from_str(&s).ok());

@@ -9,7 +9,7 @@
 //!
 //!     gpu-check spgemv --peer peer.json --out benches/results/spgemv.json --commit <sha>
 
-use crate::common::{arg, Res};
+use crate::common::{arg, copy_gbps, Res};
 use dusk::kernels::ops::{Dusk, QuantizedK, SpgemvPlan};
 use dusk::kernels::paged::{KvShape, PageTable, TokenLists};
 use dusk::kernels::reference;
@@ -391,14 +391,7 @@ pub fn run() -> Res<()> {
         return Ok(());
     }
 
-    // Copy bandwidth: 1 GiB each way, device to device.
-    let n = 1usize << 30;
-    let src = dev.upload(&vec![0x5Au8; n])?;
-    let mut dst = dev.alloc::<u8>(n)?;
-    let t = dev.time_us(20, 3, || dst.copy_from(&src).map_err(|e| e.to_string()))?;
-    let copy_gbps = 2.0 * n as f64 / (median(&t) * 1e-6) / 1e9;
-    drop((src, dst));
-    println!("device copy: {copy_gbps:.0} GB/s (read + write)");
+    let copy_gbps = copy_gbps(&dev)?;
 
     let peer: Option<Value> = arg("--peer")
         .map(|p| std::fs::read_to_string(p).map(|s| serde_json::from_str(&s)))

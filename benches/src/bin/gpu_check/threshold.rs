@@ -11,7 +11,7 @@
 //!
 //!     gpu-check threshold --peer peers.json --out benches/results/threshold_search.json
 
-use crate::common::{arg, Res};
+use crate::common::{arg, copy_gbps, Res};
 use dusk::kernels::ops::Dusk;
 use dusk::kernels::paged::TokenLists;
 use dusk::kernels::policies::top_p;
@@ -293,13 +293,7 @@ pub fn run() -> Res<()> {
         return Ok(());
     }
 
-    let n_copy = 1usize << 30;
-    let src = dev.upload(&vec![0x5Au8; n_copy])?;
-    let mut dst = dev.alloc::<u8>(n_copy)?;
-    let t = dev.time_us(20, 3, || dst.copy_from(&src).map_err(|e| e.to_string()))?;
-    let copy_gbps = 2.0 * n_copy as f64 / (median(&t) * 1e-6) / 1e9;
-    drop((src, dst));
-    println!("device copy: {copy_gbps:.0} GB/s (read + write)");
+    let copy_gbps = copy_gbps(&dev)?;
 
     let peer: Option<Value> = arg("--peer")
         .map(|p| std::fs::read_to_string(p).map(|s| serde_json::from_str(&s)))
