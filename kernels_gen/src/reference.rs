@@ -112,6 +112,29 @@ pub fn rel_error(a: &[f32], b: &[f64]) -> f64 {
     (num / den.max(f64::MIN_POSITIVE)).sqrt()
 }
 
+/// The 16-bit float element types, converted to and from f32 (what the checks of f16 and
+/// bf16 kernels generate inputs and read outputs with).
+pub trait HalfFloat: dusk_runtime::Element {
+    fn from_f32(x: f32) -> Self;
+    fn to_f32(self) -> f32;
+}
+impl HalfFloat for f16 {
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+}
+impl HalfFloat for half::bf16 {
+    fn from_f32(x: f32) -> Self {
+        half::bf16::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
+}
+
 /// `softmax(scores * scale)` in f64.
 pub fn softmax(scores: &[f32], scale: f64) -> Vec<f64> {
     let m = scores

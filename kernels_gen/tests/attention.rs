@@ -11,8 +11,9 @@ use dusk_kernels::attention_ops::{
 };
 use dusk_kernels::ops::Dusk;
 use dusk_kernels::paged::{KvShape, PageTable, TokenLists};
+use dusk_kernels::reference::HalfFloat;
 use dusk_kernels::{reference, DuskError};
-use dusk_runtime::{Device, Element};
+use dusk_runtime::Device;
 use half::{bf16, f16};
 use proptest::prelude::*;
 use rand::rngs::SmallRng;
@@ -75,30 +76,6 @@ fn per_query_rows(
         .collect()
 }
 
-trait Val: Element {
-    const DT: DType;
-    fn from_f32(x: f32) -> Self;
-    fn to_f32(self) -> f32;
-}
-impl Val for f16 {
-    const DT: DType = DType::F16;
-    fn from_f32(x: f32) -> Self {
-        f16::from_f32(x)
-    }
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
-}
-impl Val for bf16 {
-    const DT: DType = DType::BF16;
-    fn from_f32(x: f32) -> Self {
-        bf16::from_f32(x)
-    }
-    fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
-    }
-}
-
 struct Case<'a> {
     seqs: &'a [usize],
     kv_heads: usize,
@@ -119,7 +96,7 @@ struct Case<'a> {
     programs: u32,
 }
 
-fn check<T: Val>(seed: u64, c: &Case) {
+fn check<T: HalfFloat>(seed: u64, c: &Case) {
     let mut rng = SmallRng::seed_from_u64(seed);
     let dusk = Dusk::new(Device::cpu()).unwrap();
     let dev = dusk.device();
@@ -155,7 +132,7 @@ fn check<T: Val>(seed: u64, c: &Case) {
         max_tokens: longest.max(1),
         sm_scale: None,
         sparq: c.sparq,
-        dtype: T::DT,
+        dtype: T::DTYPE,
     };
     // Chunks are whole steps: `c.chunk` rounded up to the tiling's tokens a step.
     let plan = AttentionPlan::with_tuning(&dusk, spec, |t: &mut AttentionTuning| {
@@ -213,7 +190,7 @@ fn check<T: Val>(seed: u64, c: &Case) {
     let got = f(&out.download().unwrap());
     let got_lse = lse.download().unwrap();
     let err = reference::rel_error(&got, &want);
-    let tol = if T::DT == DType::BF16 { 1e-2 } else { 2e-3 };
+    let tol = if T::DTYPE == DType::BF16 { 1e-2 } else { 2e-3 };
     assert!(err < tol, "output rel err {err:.2e} (seed {seed})");
     for (r, (a, b)) in got_lse.iter().zip(&want_lse).enumerate() {
         if b.is_infinite() {

@@ -26,7 +26,7 @@ use dusk::kernels::attention_ops::{
 };
 use dusk::kernels::ops::Dusk;
 use dusk::kernels::paged::{KvShape, PageTable, TokenLists};
-use dusk::kernels::reference;
+use dusk::kernels::reference::{self, HalfFloat};
 use dusk::runtime::{median, Arg, Buffer, Device, Element, LoadedKernel};
 use half::{bf16, f16};
 use rand::rngs::SmallRng;
@@ -75,30 +75,6 @@ fn random_lists(
     TokenLists { indptr, indices }
 }
 
-trait Val: Element {
-    const DT: DType;
-    fn from_f32(x: f32) -> Self;
-    fn to_f32(self) -> f32;
-}
-impl Val for f16 {
-    const DT: DType = DType::F16;
-    fn from_f32(x: f32) -> Self {
-        f16::from_f32(x)
-    }
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
-}
-impl Val for bf16 {
-    const DT: DType = DType::BF16;
-    fn from_f32(x: f32) -> Self {
-        bf16::from_f32(x)
-    }
-    fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
-    }
-}
-
 fn poisoned<T: Element>(dev: &Device, n: usize) -> Res<Buffer<T>> {
     let mut b = dev.alloc::<T>(n)?;
     dev.fill_bytes(&mut b, 0xFF)?;
@@ -145,7 +121,7 @@ fn per_query_rows(
 }
 
 /// One correctness case on the GPU; returns (output rel err, worst lse abs err).
-fn check_case<T: Val>(dusk: &Dusk, rng: &mut SmallRng, c: &CheckCase) -> Res<(f64, f64)> {
+fn check_case<T: HalfFloat>(dusk: &Dusk, rng: &mut SmallRng, c: &CheckCase) -> Res<(f64, f64)> {
     let dev = dusk.device();
     let (table, num_pages) = page_table(rng, &c.seqs);
     let kv = KvShape {
@@ -173,7 +149,7 @@ fn check_case<T: Val>(dusk: &Dusk, rng: &mut SmallRng, c: &CheckCase) -> Res<(f6
         max_tokens: longest.max(1),
         sm_scale: None,
         sparq: c.sparq,
-        dtype: T::DT,
+        dtype: T::DTYPE,
     };
     let plan = AttentionPlan::with_tuning(dusk, spec, |t| {
         if let Some(ch) = c.chunk {
