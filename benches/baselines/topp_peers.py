@@ -50,7 +50,9 @@ def copy_gbps():
 
 
 @triton.jit
-def topp_search(s_ptr, p_ptr, keep_ptr, n, scale_log2e, BLOCK: tl.constexpr):
+def _search_row(s_ptr, p_ptr, n, scale_log2e, BLOCK: tl.constexpr):
+    """One row's search: returns its offsets, their validity, the row's base, each
+    candidate's e (-1 past the row) and the threshold `lo` the row keeps."""
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     valid = offs < n
@@ -77,42 +79,23 @@ def topp_search(s_ptr, p_ptr, keep_ptr, n, scale_log2e, BLOCK: tl.constexpr):
         lo = tl.where(ok, up, lo)
         hi = tl.where(ok, hi, tl.maximum(down, lo))
         it += 1
+    return offs, valid, base, es, lo
+
+
+@triton.jit
+def topp_search(s_ptr, p_ptr, keep_ptr, n, scale_log2e, BLOCK: tl.constexpr):
+    offs, valid, base, es, lo = _search_row(s_ptr, p_ptr, n, scale_log2e, BLOCK)
     tl.store(keep_ptr + base + offs, (es >= lo).to(tl.int8), mask=valid)
 
 
 @triton.jit
 def topp_search_csr(s_ptr, p_ptr, staged_ptr, budget_ptr, n, scale_log2e, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    offs = tl.arange(0, BLOCK)
-    valid = offs < n
-    base = row.to(tl.int64) * n
-    s = tl.load(s_ptr + base + offs, mask=valid, other=-float("inf"))
-    m = tl.max(s, 0)
-    e = tl.where(valid, tl.exp2((s - m) * scale_log2e), 0.0)
-    z = tl.sum(e, 0)
-    es = tl.where(valid, e, -1.0)
-    p = tl.load(p_ptr + row)
-    lo = tl.full([], 0.0, tl.float32)
-    hi = tl.full([], 1.0, tl.float32)
-    it = 0
-    while (lo < hi) & (it < 64):
-        lof = tl.maximum(lo, hi * 5.421011e-20)
-        mid = tl.sqrt(lof) * tl.sqrt(hi)
-        mid = tl.where(mid > lo, mid, hi)
-        mid = tl.minimum(mid, hi)
-        ge = es >= mid
-        mass = tl.sum(tl.where(ge, es, 0.0), 0)
-        up = tl.min(tl.where(ge, es, float("inf")), 0)
-        down = tl.max(tl.where(ge, -1.0, es), 0)
-        ok = mass / z >= p
-        lo = tl.where(ok, up, lo)
-        hi = tl.where(ok, hi, tl.maximum(down, lo))
-        it += 1
+    offs, valid, base, es, lo = _search_row(s_ptr, p_ptr, n, scale_log2e, BLOCK)
     keep = (es >= lo).to(tl.int32)
     rank = tl.cumsum(keep, 0)
     # Candidate positions are 0..n-1 here: the position is the offset.
     tl.store(staged_ptr + base + rank - 1, offs, mask=keep > 0)
-    tl.store(budget_ptr + row, tl.sum(keep, 0))
+    tl.store(budget_ptr + tl.program_id(0), tl.sum(keep, 0))
 
 
 @triton.jit
