@@ -314,7 +314,7 @@ impl Candidate for AttentionCandidate<'_> {
             min_programs_per_sm: t.min_programs_per_sm,
             tensor_cores: t.tensor_cores,
             chunk_fastest: t.chunk_fastest,
-            work_list: false,
+            balanced: false,
         })
         .map_err(|e| e.to_string())?;
         Ok(ir_hash(&split))

@@ -35,7 +35,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             min_programs_per_sm: 0,
             tensor_cores: true,
             chunk_fastest: false,
-            work_list: false,
+            balanced: false,
         })?,
     ];
     for k in &kernels {

@@ -3,28 +3,26 @@
 //!
 //! Two kernels, one source for every mode:
 //!
-//! - [`build_split`]: one program per work item (row, chunk). A row is one query head (head
-//!   varlen, G = 1) or one KV head with its whole group of G query heads (dense, group
-//!   varlen, padded: each K and V row is read once and used for all G heads). A chunk is
-//!   `chunk_tokens` consecutive entries of the row's token list. The program walks its
-//!   chunk `block_tokens` at a time and writes, per query head, the chunk's normalised
-//!   output and its log-sum-exp (base 2) to the partial buffers; a chunk past the end of
-//!   its row writes only `lse = -inf`, so the merge needs no metadata.
+//! - [`build_split`]: one program per work item: a (row, chunk) of the grid, or the pieces
+//!   of one balanced segment (token lists). A row is one query head (head varlen, G = 1) or
+//!   one KV head with its whole group of G query heads (dense, group varlen, padded: each K
+//!   and V row is read once and used for all G heads). A chunk is `chunk_tokens`
+//!   consecutive entries of the row's token list. The program walks its chunk
+//!   `block_tokens` at a time and writes, per query head, the chunk's normalised output
+//!   and its log-sum-exp (base 2) to the partial buffers; in the grid, a chunk past the end
+//!   of its row writes only `lse = -inf`, so the merge needs no metadata.
 //! - [`build_merge`]: one program per (batch, query head): combines the row's chunks by
 //!   their log-sum-exp, writes the output in the input dtype and the natural-log LSE, and
 //!   optionally applies SparQ's output transform `alpha * y + (1 - alpha) * v_mean`.
 //!
-//! - [`build_items`] (token lists): one program that reads the lists' offsets on the device,
-//!   picks the chunk size from their total length and writes a table of the real (row,
-//!   chunk) items (an exclusive scan of each row's chunk count).
-//!
 //! Dense and padded: the grid is `(rows, max_chunks)`, fixed by the plan from a maximum
-//! budget. Token lists: a fixed grid of about as many programs as fit on the GPU at once
-//! strides over the work table, each program finding its item's row by counting the rows
-//! that start at or before it. Either way lists that the GPU pruner writes can change every
-//! step without the host seeing them; with the table, skewed lists (a few long rows, many
-//! short ones) cost no empty programs and their long rows are cut into short chunks spread
-//! over every SM, where a grid sized for the longest row left most SMs idle (benches/NOTES.md).
+//! budget. Token lists are split evenly (see [`balanced_segments`]): a fixed grid of about
+//! as many programs as fit on the GPU at once cuts the lists' entries, taken end to end, into
+//! one equal segment each; a program computes the pieces of the rows its segment covers
+//! (usually one or two) and the merge finds a row's pieces by arithmetic alone. Lists that
+//! the GPU pruner writes can change every step without the host seeing them, and skewed
+//! lists (a few long rows, many short ones) give every program the same number of tokens,
+//! where chunks of a row left the programs holding short chunks idle (benches/NOTES.md).
 //!
 //! Softmax inside a program keeps one running maximum *per token slot* of the tile (a
 //! `[block_tokens]` vector) rather than one per row, so the loop needs no reduction across
@@ -98,17 +96,14 @@ pub struct SplitConfig {
     /// of first chunks, then one of second chunks, ... which leaves the long rows of skewed
     /// lists (and the empty items of short ones) to the last waves.
     pub chunk_fastest: bool,
-    /// Work items from the table that [`build_items`] writes on the device (lists only): a
-    /// fixed grid strides over the real (row, chunk) items, so the grid does no empty work
-    /// however short the lists are against the plan's maximum, and the chunk size follows
-    /// the lists' total length.
-    pub work_list: bool,
+    /// Token lists split evenly over a fixed 1-D grid ([`balanced_segments`]) instead of
+    /// the `(rows, max_chunks)` grid: no empty programs however short the lists are against
+    /// the plan's maximum, and the same number of tokens in every program.
+    pub balanced: bool,
 }
 
-/// Rows of the work table one step of the split kernel's row search compares.
+/// Rows of the token lists one step of the balanced split's row search compares.
 const SEARCH_ROWS: usize = 256;
-/// Rows of the token lists one step of [`build_items`] reads.
-const ITEM_ROWS: usize = 1024;
 
 /// Compile-time choices of the merge kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -120,9 +115,47 @@ pub struct MergeConfig {
     pub sparq: bool,
     /// Chunks combined per loop iteration.
     pub block_chunks: usize,
-    /// Partial results indexed by work item, a row's items found in the work table (see
-    /// [`SplitConfig::work_list`]).
-    pub work_list: bool,
+    /// Partial results of the balanced split of token lists (see
+    /// [`SplitConfig::balanced`]).
+    pub balanced: bool,
+}
+
+/// Which entries of a row's token list one work item takes.
+#[derive(Clone, Copy)]
+enum Span {
+    /// Chunk `chunk` of `tokens` entries.
+    Chunk { chunk: Value, tokens: Value },
+    /// Entries `start..end`.
+    Entries { start: Value, end: Value },
+}
+
+/// The balanced split of token lists: the lists' entries, taken end to end (`0..total`,
+/// `total` the last offset of `sel_indptr`, at most `num_indices`), are cut into segments of
+/// `seg = max(ceil(total / programs), min_tokens)` entries, segment j for program j. Where
+/// segment j meets row r's entries there is one *piece*, whose partial result goes to slot
+/// `j + r`: walking the entries in order, each new piece starts a new segment or a new row
+/// (or both), so `j + r` grows from piece to piece and no two pieces share a slot, and
+/// `programs + rows` slots hold them all. Returns `(total, seg)`; the split and the merge
+/// both call it, so they agree on the segments.
+fn balanced_segments(
+    b: &mut KernelBuilder,
+    sel_indptr: Value,
+    rows: Value,
+    num_indices: Value,
+    programs: Value,
+    min_tokens: Value,
+) -> (Value, Value) {
+    let p = b.add_ptr(sel_indptr, rows);
+    let total = b.load(p);
+    let zero = b.i32(0);
+    let total = b.maximum(total, zero);
+    let total = b.minimum(total, num_indices);
+    let seg = b.add(total, programs);
+    let seg = b.add_c(seg, -1);
+    let seg = b.div(seg, programs);
+    let seg = b.maximum(seg, min_tokens);
+    let one = b.i32(1);
+    (total, b.maximum(seg, one))
 }
 
 /// The score of masked slots: far below any real score, yet finite.
@@ -148,10 +181,11 @@ fn unsupported(kernel: &str, what: String) -> CompileError {
 /// `scale_log2` (softmax scale times log2(e)). Grid: `(batch * q_heads / group, max_chunks)`,
 /// or `(max_chunks, batch * q_heads / group)` with `chunk_fastest`.
 ///
-/// With `work_list`: `work` (i32, from [`build_items`]) follows `sel_indices`; the partial
-/// buffers are indexed by item (`[items, G, D]`, `[items, G]`); the scalars `chunk_tokens`,
-/// `max_chunks` are replaced by `rows` (token-list rows) and `max_tokens` (where each row is
-/// cut); any 1-D grid (the plan launches about as many programs as fit on the GPU at once).
+/// With `balanced`: the partial buffers are indexed by piece (`[programs + rows, G, D]`,
+/// `[programs + rows, G]`, see [`balanced_segments`]); the scalars `chunk_tokens`,
+/// `max_chunks` are replaced by `rows` (token-list rows) and `min_tokens` (the shortest
+/// segment); any 1-D grid (the plan launches about as many programs as fit on the GPU at
+/// once).
 pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let (d, bt, g_n) = (cfg.head_dim, cfg.block_tokens, cfg.group);
     let name = format!(
@@ -172,7 +206,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         cfg.min_programs_per_sm,
         if cfg.tensor_cores { "_mma" } else { "" },
         if cfg.chunk_fastest { "_cf" } else { "" },
-        if cfg.work_list { "_wl" } else { "" }
+        if cfg.balanced { "_bal" } else { "" }
     );
     let tc = cfg.tensor_cores;
     if !matches!(d, 64 | 128 | 256)
@@ -184,7 +218,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         || !matches!(cfg.vector_bytes, 16 | 32)
         || !matches!(cfg.prefetch, 1 | 2)
         || (tc && (!(2..=8).contains(&g_n) || bt != 8 || cfg.num_warps != 1))
-        || (cfg.work_list && (cfg.source != TokenSource::Lists || cfg.chunk_fastest))
+        || (cfg.balanced && (cfg.source != TokenSource::Lists || cfg.chunk_fastest))
     {
         return Err(unsupported(
             &name,
@@ -214,18 +248,13 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
             Some(b.param_ptr("sel_lens", DType::I32)),
         ),
     };
-    let work = if cfg.work_list {
-        Some(b.param_ptr("work", DType::I32))
-    } else {
-        None
-    };
     let part_o = b.param_ptr("part_o", DType::F32);
     let part_lse = b.param_ptr("part_lse", DType::F32);
     let num_q_heads = b.param_scalar("num_q_heads", DType::I32);
     let num_kv_heads = b.param_scalar("num_kv_heads", DType::I32);
-    let (grid, rows_max) = if cfg.work_list {
+    let (grid, rows_min) = if cfg.balanced {
         let rows = b.param_scalar("rows", DType::I32);
-        (None, Some((rows, b.param_scalar("max_tokens", DType::I32))))
+        (None, Some((rows, b.param_scalar("min_tokens", DType::I32))))
     } else {
         let chunk_tokens = b.param_scalar("chunk_tokens", DType::I32);
         (
@@ -243,16 +272,9 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     };
     let scale_log2 = b.param_scalar("scale_log2", DType::F32);
 
-    // One work item: chunk `chunk` (of `ct` tokens) of row `row`, whose list is cut at
-    // `cap` entries when given; query head g of the row writes partial slot
-    // `slot0 + g * stride`.
-    let item = |b: &mut KernelBuilder,
-                row: Value,
-                chunk: Value,
-                ct: Value,
-                cap: Option<Value>,
-                slot0: Value,
-                stride: Value| {
+    // One work item: the entries `span` of row `row`'s tokens; query head g of the row
+    // writes partial slot `slot0 + g * stride`.
+    let item = |b: &mut KernelBuilder, row: Value, span: Span, slot0: Value, stride: Value| {
         // Row -> (batch, first query head, KV head).
         let c_group = b.i32(g_n as i32);
         let rows_per_batch = b.div(num_q_heads, c_group);
@@ -289,13 +311,6 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                 let p = b.add_ptr(ip, row1);
                 let e = b.load(p);
                 let n = b.sub(e, s);
-                let n = match cap {
-                    Some(c) => {
-                        let n = b.minimum(n, c);
-                        b.maximum(n, zero_i)
-                    }
-                    None => n,
-                };
                 (s, n, n)
             }
             TokenSource::Padded => {
@@ -306,8 +321,13 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                 (s, ml, n)
             }
         };
-        let t0 = b.mul(chunk, ct);
-        let t_end = b.add(t0, ct);
+        let (t0, t_end) = match span {
+            Span::Chunk { chunk, tokens } => {
+                let t0 = b.mul(chunk, tokens);
+                (t0, b.add(t0, tokens))
+            }
+            Span::Entries { start, end } => (start, end),
+        };
         let t1 = b.minimum(t_end, n_work);
         let live = b.lt(t0, t1);
         let neg_inf = b.f32(f32::NEG_INFINITY);
@@ -619,7 +639,11 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                 vec![]
             },
             |b| {
-                // Nothing to do in this chunk: say so to the merge.
+                // Nothing to do in this chunk: say so to the merge (a balanced split makes
+                // no empty pieces, and the merge reads none).
+                if matches!(span, Span::Entries { .. }) {
+                    return vec![];
+                }
                 for g in 0..g_n {
                     let c = b.i32(g as i32);
                     let c = b.mul(c, stride);
@@ -631,44 +655,57 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
             },
         );
     };
-    match (work, rows_max) {
-        (Some(work), Some((rows, max_tokens))) => {
-            // The work table (see [`build_items`]): items `0..work[rows]`, chunks of
-            // `work[rows + 1]` tokens; a fixed grid of programs strides over the items.
-            let p = b.add_ptr(work, rows);
-            let total = b.load(p);
-            let rows1 = b.add_c(rows, 1);
-            let p = b.add_ptr(work, rows1);
-            let ct = b.load(p);
+    match (sel_indptr, rows_min) {
+        (Some(indptr), Some((rows, min_tokens))) if cfg.balanced => {
+            // This program's segment `s..e` of the lists' entries (see
+            // [`balanced_segments`]) and the rows it covers: from the last row starting at
+            // or before `s` to the last starting before `e`.
             let pid = b.program_id(0);
             let np = b.num_programs(0);
-            let c_group = b.i32(g_n as i32);
-            let one_i = b.i32(1);
-            b.for_range(pid, total, np, &[], |b, it, _| {
-                // The item's row: the last whose first item is at most `it` (rows with
-                // no items share their first item with the next row).
+            let n_ix = num_indices.expect("lists");
+            let (total, seg) = balanced_segments(&mut b, indptr, rows, n_ix, np, min_tokens);
+            let s = b.mul(pid, seg);
+            let e = b.add(s, seg);
+            let e = b.minimum(e, total);
+            let busy = b.lt(s, e);
+            b.if_then(busy, |b| {
                 let zero_i = b.i32(0);
                 let step = b.i32(SEARCH_ROWS as i32);
-                let found = b.for_range(zero_i, rows, step, &[zero_i], |b, r0, carried| {
+                let counts = b.for_range(zero_i, rows, step, &[zero_i, zero_i], |b, r0, c| {
                     let r = b.arange(0, SEARCH_ROWS as i64);
                     let r = b.add(r0, r);
                     let ok = b.lt(r, rows);
-                    let p = b.add_ptr(work, r);
+                    let p = b.add_ptr(indptr, r);
                     let big = b.i32(i32::MAX);
                     let first = b.load_masked(p, Some(ok), Some(big));
-                    let le = b.le(first, it);
-                    let z = b.i32(0);
-                    let ones = b.select(le, one_i, z);
-                    let n = b.sum(ones, 0);
-                    vec![b.add(carried[0], n)]
-                })[0];
-                let row = b.add_c(found, -1);
-                let p = b.add_ptr(work, row);
-                let first = b.load(p);
-                let chunk = b.sub(it, first);
-                let slot0 = b.mul(it, c_group);
-                item(b, row, chunk, ct, Some(max_tokens), slot0, one_i);
-                vec![]
+                    let one_i = b.i32(1);
+                    let at_or_before = b.le(first, s);
+                    let ones = b.select(at_or_before, one_i, zero_i);
+                    let n_le = b.sum(ones, 0);
+                    let before_end = b.lt(first, e);
+                    let ones = b.select(before_end, one_i, zero_i);
+                    let n_lt = b.sum(ones, 0);
+                    vec![b.add(c[0], n_le), b.add(c[1], n_lt)]
+                });
+                let first_row = b.add_c(counts[0], -1);
+                let first_row = b.maximum(first_row, zero_i);
+                let one_i = b.i32(1);
+                let c_group = b.i32(g_n as i32);
+                b.for_range(first_row, counts[1], one_i, &[], |b, row, _| {
+                    let p = b.add_ptr(indptr, row);
+                    let rs = b.load(p);
+                    let row1 = b.add_c(row, 1);
+                    let p = b.add_ptr(indptr, row1);
+                    let re = b.load(p);
+                    let from = b.maximum(s, rs);
+                    let to = b.minimum(e, re);
+                    let start = b.sub(from, rs);
+                    let end = b.sub(to, rs);
+                    let piece = b.add(pid, row);
+                    let slot0 = b.mul(piece, c_group);
+                    item(b, row, Span::Entries { start, end }, slot0, one_i);
+                    vec![]
+                });
             });
         }
         _ => {
@@ -683,7 +720,11 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
             let row_g = b.mul(row, c_group);
             let slot0 = b.mul(row_g, max_chunks);
             let slot0 = b.add(slot0, chunk);
-            item(&mut b, row, chunk, chunk_tokens, None, slot0, max_chunks);
+            let span = Span::Chunk {
+                chunk,
+                tokens: chunk_tokens,
+            };
+            item(&mut b, row, span, slot0, max_chunks);
         }
     }
     b.finish()
@@ -694,8 +735,9 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
 /// `[batch * q_heads]`, natural log; `-inf` for an empty row), with `sparq` also `alpha`
 /// (f32 per query row) and `v_mean` (`[batch * kv_heads, D]`); then the i32 scalars
 /// `max_chunks` and, with `sparq`, `num_q_heads`, `num_kv_heads`. Grid: `batch * q_heads`.
-/// With `work_list`, `work` (i32, from [`build_items`]) follows `v_mean` (or `lse`) and the
-/// scalar `group` (query heads per token-list row) replaces `max_chunks`.
+/// With `balanced`, `sel_indptr` follows `v_mean` (or `lse`) and the i32 scalars `group`
+/// (query heads per token-list row), `rows`, `programs` (of the split grid), `num_indices`
+/// and `min_tokens` (as given to the split) replace `max_chunks`.
 pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     let (d, cb) = (cfg.head_dim, cfg.block_chunks);
     let name = format!(
@@ -704,7 +746,7 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
         cfg.dtype.name(),
         cb,
         if cfg.sparq { "_sparq" } else { "" },
-        if cfg.work_list { "_wl" } else { "" }
+        if cfg.balanced { "_bal" } else { "" }
     );
     if !matches!(d, 64 | 128 | 256)
         || !cb.is_power_of_two()
@@ -729,16 +771,27 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     } else {
         None
     };
-    let work = if cfg.work_list {
-        Some(b.param_ptr("work", DType::I32))
+    let indptr = if cfg.balanced {
+        Some(b.param_ptr("sel_indptr", DType::I32))
     } else {
         None
     };
-    // `max_chunks`, or with a work table the query heads per row (`group`).
+    // `max_chunks`, or with a balanced split the query heads per row (`group`) and what
+    // places the row's pieces.
     let per_row = b.param_scalar(
-        if cfg.work_list { "group" } else { "max_chunks" },
+        if cfg.balanced { "group" } else { "max_chunks" },
         DType::I32,
     );
+    let split = if cfg.balanced {
+        Some([
+            b.param_scalar("rows", DType::I32),
+            b.param_scalar("programs", DType::I32),
+            b.param_scalar("num_indices", DType::I32),
+            b.param_scalar("min_tokens", DType::I32),
+        ])
+    } else {
+        None
+    };
     let heads = if cfg.sparq {
         Some((
             b.param_scalar("num_q_heads", DType::I32),
@@ -751,17 +804,33 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     // This query row's partials: index `c * stride + base` for `c` in `lo..hi`.
     let zero_i = b.i32(0);
     let one_i = b.i32(1);
-    let (lo, hi, stride, base) = match work {
-        None => (zero_i, per_row, one_i, b.mul(row, per_row)),
-        Some(w) => {
+    let (lo, hi, stride, base) = match (indptr, split) {
+        (Some(indptr), Some([rows, programs, num_indices, min_tokens])) => {
+            // Row r's entries `rs..re` lie in segments `rs / seg ..= (re - 1) / seg`; the
+            // piece of segment j in row r is `j + r` (see [`balanced_segments`]).
             let r = b.div(row, per_row);
             let g = b.rem(row, per_row);
-            let p = b.add_ptr(w, r);
-            let lo = b.load(p);
+            let (total, seg) =
+                balanced_segments(&mut b, indptr, rows, num_indices, programs, min_tokens);
+            let p = b.add_ptr(indptr, r);
+            let rs = b.load(p);
             let r1 = b.add_c(r, 1);
-            let p = b.add_ptr(w, r1);
-            (lo, b.load(p), per_row, g)
+            let p = b.add_ptr(indptr, r1);
+            let re = b.load(p);
+            let rs = b.maximum(rs, zero_i);
+            let rs = b.minimum(rs, total);
+            let re = b.maximum(re, rs);
+            let re = b.minimum(re, total);
+            let j0 = b.div(rs, seg);
+            let lo = b.add(j0, r);
+            let last = b.add_c(re, -1);
+            let j1 = b.div(last, seg);
+            let hi = b.add(j1, r);
+            let hi = b.add_c(hi, 1);
+            let some = b.lt(rs, re);
+            (lo, b.select(some, hi, lo), per_row, g)
         }
+        _ => (zero_i, per_row, one_i, b.mul(row, per_row)),
     };
     let step = b.i32(cb as i32);
     let neg_inf = b.f32(f32::NEG_INFINITY);
@@ -857,93 +926,5 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     let p = b.add_ptr(out, o);
     let p = b.add_ptr(p, dr);
     b.store(p, y);
-    b.finish()
-}
-
-/// Builds the kernel that writes the split kernel's work table from the token lists on the
-/// device, so that a run needs no host sync (one program). Parameters: `sel_indptr`,
-/// `work` (i32, `rows + 2`), and the i32 scalars `rows`, `max_tokens` (rows are cut there),
-/// `programs` (of the split grid), `min_chunk`, `max_chunk` and `step` (tokens a split
-/// step; both bounds are multiples of it).
-///
-/// The chunk: the smallest multiple of `step` in `min_chunk..=max_chunk` that gives at
-/// most `k * programs` items for the fewest whole waves `k`, by the bound
-/// `items <= total / chunk + rows with tokens`. So short lists get short chunks spread
-/// over every program (skewed budgets: one wave of ~128-token items instead of a grid
-/// sized for the longest row), and long lists whole waves of chunks up to `max_chunk`.
-/// `work[r]` is row r's first item (an exclusive scan of `ceil(len / chunk)`),
-/// `work[rows]` the number of items, `work[rows + 1]` the chunk.
-pub fn build_items() -> Result<Kernel, CompileError> {
-    let mut b = KernelBuilder::new("attn_items");
-    b.set_num_warps(4);
-    let indptr = b.param_ptr("sel_indptr", DType::I32);
-    let work = b.param_ptr("work", DType::I32);
-    let rows = b.param_scalar("rows", DType::I32);
-    let max_tokens = b.param_scalar("max_tokens", DType::I32);
-    let programs = b.param_scalar("programs", DType::I32);
-    let min_chunk = b.param_scalar("min_chunk", DType::I32);
-    let max_chunk = b.param_scalar("max_chunk", DType::I32);
-    let tok_step = b.param_scalar("step", DType::I32);
-    let zero = b.i32(0);
-    let one = b.i32(1);
-    let step = b.i32(ITEM_ROWS as i32);
-    // Row lengths of rows r0..r0 + ITEM_ROWS, cut to 0..=max_tokens (0 past the last row).
-    let lens = |b: &mut KernelBuilder, r0: Value| -> (Value, Value) {
-        let r = b.arange(0, ITEM_ROWS as i64);
-        let r = b.add(r0, r);
-        let ok = b.lt(r, rows);
-        let p = b.add_ptr(indptr, r);
-        let s = b.load_masked(p, Some(ok), Some(zero));
-        let r1 = b.add_c(r, 1);
-        let p = b.add_ptr(indptr, r1);
-        let e = b.load_masked(p, Some(ok), Some(zero));
-        let n = b.sub(e, s);
-        let n = b.minimum(n, max_tokens);
-        (b.maximum(n, zero), ok)
-    };
-    let z = b.splat(zero, &[ITEM_ROWS]);
-    let sums = b.for_range(zero, rows, step, &[z, z], |b, r0, carried| {
-        let (n, _) = lens(b, r0);
-        let pos = b.gt(n, zero);
-        let nz = b.select(pos, one, zero);
-        vec![b.add(carried[0], n), b.add(carried[1], nz)]
-    });
-    let total = b.sum(sums[0], 0);
-    let nonempty = b.sum(sums[1], 0);
-    let ceil_div = |b: &mut KernelBuilder, a: Value, d: Value| -> Value {
-        let a = b.add(a, d);
-        let a = b.add_c(a, -1);
-        b.div(a, d)
-    };
-    // Waves: the fewest k with k * programs >= total / max_chunk + nonempty.
-    let need = ceil_div(&mut b, total, max_chunk);
-    let need = b.add(need, nonempty);
-    let waves = ceil_div(&mut b, need, programs);
-    let waves = b.maximum(waves, one);
-    let slots = b.mul(waves, programs);
-    let room = b.sub(slots, nonempty);
-    let chunk = ceil_div(&mut b, total, room);
-    let chunk = ceil_div(&mut b, chunk, tok_step);
-    let chunk = b.mul(chunk, tok_step);
-    let chunk = b.maximum(chunk, min_chunk);
-    let chunk = b.minimum(chunk, max_chunk);
-    let items = b.for_range(zero, rows, step, &[zero], |b, r0, carried| {
-        let (n, ok) = lens(b, r0);
-        let cnt = ceil_div(b, n, chunk);
-        let inc = b.cumsum(cnt);
-        let first = b.sub(inc, cnt);
-        let first = b.add(first, carried[0]);
-        let r = b.arange(0, ITEM_ROWS as i64);
-        let r = b.add(r0, r);
-        let p = b.add_ptr(work, r);
-        b.store_masked(p, first, Some(ok));
-        let c = b.sum(cnt, 0);
-        vec![b.add(carried[0], c)]
-    })[0];
-    let p = b.add_ptr(work, rows);
-    b.store(p, items);
-    let rows1 = b.add_c(rows, 1);
-    let p = b.add_ptr(work, rows1);
-    b.store(p, chunk);
     b.finish()
 }

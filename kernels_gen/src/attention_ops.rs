@@ -3,9 +3,8 @@
 //! As serving engines do, the work is split in two:
 //! - [`AttentionPlan::new`] checks the shapes, compiles the kernels, picks the chunk size
 //!   and the grid for a *maximum* budget, and allocates the partial-result buffers, once;
-//! - [`AttentionPlan::run`] checks buffer lengths and queues two launches (three with token
-//!   lists: a one-program kernel first writes the work table of the real (row, chunk)
-//!   items from the lists on the device, [`crate::attention::build_items`]): no allocation,
+//! - [`AttentionPlan::run`] checks buffer lengths and queues two launches (split and
+//!   merge; token lists are split evenly on the device, [`crate::attention`]): no allocation,
 //!   no host sync, so a decode step can be captured in a CUDA graph and replayed while the
 //!   token lists (written on the device by the pruner) change from step to step.
 //!
@@ -60,7 +59,8 @@ pub struct AttentionTuning {
     /// Tokens per loop iteration of the split kernel.
     pub block_tokens: usize,
     pub num_warps: u32,
-    /// Tokens per work item (a multiple of `block_tokens`).
+    /// Tokens per work item (a multiple of `block_tokens`); with token lists, the shortest
+    /// segment of the balanced split (see [`crate::attention`]).
     pub chunk_tokens: usize,
     /// Bytes of a K or V row each thread reads: 16 or 32 (see
     /// [`SplitConfig::vector_bytes`](crate::attention::SplitConfig)).
@@ -75,12 +75,10 @@ pub struct AttentionTuning {
     pub tensor_cores: bool,
     /// A row's chunks next to each other in the grid (see
     /// [`SplitConfig::chunk_fastest`](crate::attention::SplitConfig)). Dense and padded
-    /// modes only: token lists go through the work table.
+    /// modes only: token lists are split evenly over a 1-D grid.
     pub chunk_fastest: bool,
-    /// Token lists: programs of the split grid that stride over the work table (0: as many
-    /// as fit on the GPU at once, from the split kernel's registers). With lists,
-    /// `chunk_tokens` is the longest chunk the device may pick (see
-    /// [`attention::build_items`]).
+    /// Token lists: programs of the split grid, each taking an equal segment of the lists'
+    /// entries (0: as many as fit on the GPU at once, from the split kernel's registers).
     pub list_programs: u32,
 }
 
@@ -93,21 +91,17 @@ const ITEMS_PER_SM: usize = 8;
 /// dependent loads (list bounds, page, K and V) and ends with a partial result to merge.
 const ITEMS_PER_SM_ONE_WARP: usize = 8;
 const MIN_CHUNK_ONE_WARP: usize = 128;
-/// The shortest list chunk the work table may pick: each item pays a chain of dependent
-/// loads (its row, list bounds, position, page, K and V) before its first step and a
-/// partial result after its last, so items of under 8 steps would be mostly overhead.
-const MIN_CHUNK_LISTS: usize = 64;
-/// The longest default chunk: long enough that partials cost under 1% of the KV traffic,
-/// short enough that one long row does not become the tail of the batch. Token lists get
-/// shorter chunks: their lengths are unknown when planning, and skewed budgets (Twilight's
-/// Figure 11) leave a few long rows as the tail (measured on an H100, BENCHMARKS.md:
-/// 512 against 1024 took 64 us instead of 87 on the skewed case, 456 instead of 518 on
-/// a quarter of the pages). With the work table the device picks the list chunk from the
-/// lists' total length (short lists: short chunks), so 512 is only the cap that long lists
-/// reach (a quarter of the pages, GQA on the tensor cores: 512 took 386 us against 400 for
-/// 256 with the grid sized for the maximum).
+/// The shortest segment of the balanced split of token lists, by default: each piece pays a
+/// chain of dependent loads (list bounds, position, page, K and V) before its first step
+/// and a partial result after its last, so pieces of under 8 steps would be mostly overhead.
+const MIN_SEGMENT_LISTS: usize = 64;
+/// The longest default chunk (dense and padded): long enough that partials cost under 1% of
+/// the KV traffic, short enough that one long row does not become the tail of the batch.
 const MAX_CHUNK: usize = 1024;
-const MAX_CHUNK_LISTS: usize = 512;
+/// The padded baseline's longest chunk: its rows are as long as the longest list, so a few
+/// long rows would become the tail (token lists in this grid, before the balanced split,
+/// measured on an H100: 512 against 1024 took 64 us instead of 87 on the skewed case).
+const MAX_CHUNK_PADDED: usize = 512;
 
 impl AttentionTuning {
     /// Defaults (timed on an H100, BENCHMARKS.md and benches/NOTES.md): GQA groups of 2 to 8
@@ -119,7 +113,7 @@ impl AttentionTuning {
     /// `[tokens, head_dim]` f32 accumulator, which would otherwise spill). Chunks sized so
     /// that, were every row `max_tokens` long, about 8 work items per SM would exist
     /// (`num_sms`, 132 when unknown), between 2 steps (128 tokens on the tensor cores) and
-    /// 1024 tokens (512 for lists, where it is the cap of the chunk the device picks).
+    /// 1024 tokens (512 padded). Token lists: segments of at least 64 tokens.
     pub fn for_spec(spec: &AttentionSpec, num_sms: usize) -> AttentionTuning {
         let group = program_group(spec);
         // head_dim 256 would need 64 registers of accumulator and 128 of K and V tiles in
@@ -143,12 +137,12 @@ impl AttentionTuning {
             .div_ceil(block_tokens)
             .max(2)
             .saturating_mul(block_tokens)
-            .max(if tensor_cores { MIN_CHUNK_ONE_WARP } else { 0 })
-            .min(if spec.mode == AttentionMode::Dense {
-                MAX_CHUNK
-            } else {
-                MAX_CHUNK_LISTS
-            });
+            .max(if tensor_cores { MIN_CHUNK_ONE_WARP } else { 0 });
+        let chunk = match spec.mode {
+            AttentionMode::Dense => chunk.min(MAX_CHUNK),
+            AttentionMode::Padded => chunk.min(MAX_CHUNK_PADDED),
+            _ => MIN_SEGMENT_LISTS.div_ceil(block_tokens) * block_tokens,
+        };
         AttentionTuning {
             block_tokens,
             num_warps,
@@ -193,14 +187,9 @@ fn rows_per_batch(spec: &AttentionSpec) -> usize {
 enum Layout {
     /// Grid `(rows, max_chunks)` (dense, padded): partials `[q rows, max_chunks]`.
     Grid { max_chunks: usize },
-    /// Token lists: `items` writes the work table `work` on the device, then `programs`
-    /// split programs stride over its items; partials `[max_items, group]`.
-    WorkList {
-        items: Arc<LoadedKernel>,
-        work: Buffer<i32>,
-        programs: usize,
-        min_chunk: usize,
-    },
+    /// Token lists: `programs` split programs, one balanced segment each; partials
+    /// `[programs + rows, group]`.
+    Balanced { programs: usize },
 }
 
 /// A compiled, sized attention launch. See the module docs.
@@ -368,14 +357,8 @@ impl AttentionPlan {
         ensure(
             !(lists && tuning.chunk_fastest),
             "chunk_fastest",
-            "false for token lists (they use the work table)",
+            "false for token lists (they are split evenly over a 1-D grid)",
             true,
-        )?;
-        ensure(
-            !lists || rows * spec.max_tokens < (1 << 31),
-            "max_tokens",
-            "rows x max_tokens under 2^31 (the work table's token count)",
-            rows * spec.max_tokens,
         )?;
         ensure(
             !tuning.chunk_fastest || rows <= 65535,
@@ -408,14 +391,14 @@ impl AttentionPlan {
             min_programs_per_sm: tuning.min_programs_per_sm,
             tensor_cores: tuning.tensor_cores,
             chunk_fastest: tuning.chunk_fastest,
-            work_list: lists,
+            balanced: lists,
         };
         let merge_cfg = MergeConfig {
             head_dim: spec.kv.head_dim,
             dtype: spec.dtype,
             sparq: spec.sparq,
             block_chunks: 8,
-            work_list: lists,
+            balanced: lists,
         };
         let split = dusk.kernel(format!("{split_cfg:?}"), || {
             attention::build_split(&split_cfg)
@@ -429,22 +412,8 @@ impl AttentionPlan {
                 0 => sms * programs_per_sm(&split),
                 n => n as usize,
             };
-            // The work table never holds more than `waves * programs` items, with the
-            // waves that the longest lists (every row `max_tokens` long, chunks of
-            // `chunk_tokens`) need (see `attention::build_items`).
-            let need = (rows * spec.max_tokens).div_ceil(tuning.chunk_tokens) + rows;
-            let max_items = need.div_ceil(programs).max(1) * programs;
-            let items = dusk.kernel("attn_items".into(), attention::build_items)?;
-            let layout = Layout::WorkList {
-                items,
-                work: dev.alloc(rows + 2)?,
-                programs,
-                min_chunk: MIN_CHUNK_LISTS
-                    .div_ceil(bt)
-                    .saturating_mul(bt)
-                    .min(tuning.chunk_tokens),
-            };
-            (layout, max_items * pg)
+            // Pieces: at most one per segment plus one per row start inside a segment.
+            (Layout::Balanced { programs }, (programs + rows) * pg)
         } else {
             (Layout::Grid { max_chunks }, q_rows * max_chunks)
         };
@@ -477,10 +446,10 @@ impl AttentionPlan {
         &self.tuning
     }
     /// The split kernel's grid: (rows, chunks per row), or with token lists the programs
-    /// that stride over the work table.
+    /// of the balanced split.
     pub fn grid(&self) -> [u32; 3] {
         match &self.layout {
-            Layout::WorkList { programs, .. } => [*programs as u32, 1, 1],
+            Layout::Balanced { programs } => [*programs as u32, 1, 1],
             Layout::Grid { max_chunks } if self.tuning.chunk_fastest => {
                 [*max_chunks as u32, self.rows as u32, 1]
             }
@@ -692,6 +661,11 @@ impl AttentionPlan {
                 s.v_mean.len(),
             )?;
         }
+        // Entries of `sel_indices` the kernels may read (lists only).
+        let num_indices = meta
+            .sel_indices
+            .as_ref()
+            .map_or(0, |ix| ix.len().min(i32::MAX as usize) as i32);
         let mut args = vec![
             Arg::from(q),
             Arg::from(k),
@@ -712,30 +686,6 @@ impl AttentionPlan {
             }
         }
         let dev = dusk.device();
-        if let Layout::WorkList {
-            items,
-            work,
-            programs,
-            min_chunk,
-        } = &self.layout
-        {
-            let indptr = meta.sel_indptr.as_ref().expect("list meta");
-            dev.launch(
-                items,
-                [1, 1, 1],
-                &[
-                    Arg::from(indptr),
-                    Arg::from(work),
-                    Arg::I32(self.rows as i32),
-                    Arg::I32(spec.max_tokens as i32),
-                    Arg::I32(*programs as i32),
-                    Arg::I32(*min_chunk as i32),
-                    Arg::I32(self.tuning.chunk_tokens as i32),
-                    Arg::I32(self.tuning.block_tokens as i32),
-                ],
-            )?;
-            args.push(Arg::from(work));
-        }
         args.extend([
             Arg::from(&self.part_o),
             Arg::from(&self.part_lse),
@@ -747,17 +697,15 @@ impl AttentionPlan {
                 Arg::I32(self.tuning.chunk_tokens as i32),
                 Arg::I32(*max_chunks as i32),
             ]),
-            Layout::WorkList { .. } => {
-                args.extend([Arg::I32(self.rows as i32), Arg::I32(spec.max_tokens as i32)])
-            }
+            Layout::Balanced { .. } => args.extend([
+                Arg::I32(self.rows as i32),
+                Arg::I32(self.tuning.chunk_tokens as i32),
+            ]),
         }
         match spec.mode {
             AttentionMode::Dense => {}
             AttentionMode::Padded => args.push(Arg::I32(spec.max_tokens as i32)),
-            _ => {
-                let n = meta.sel_indices.as_ref().expect("list meta").len();
-                args.push(Arg::I32(n.min(i32::MAX as usize) as i32));
-            }
+            _ => args.push(Arg::I32(num_indices)),
         }
         args.push(Arg::F32(self.scale_log2));
         dev.launch(&self.split, self.grid(), &args)?;
@@ -773,10 +721,14 @@ impl AttentionPlan {
         }
         match &self.layout {
             Layout::Grid { max_chunks } => margs.push(Arg::I32(*max_chunks as i32)),
-            Layout::WorkList { work, .. } => {
-                margs.push(Arg::from(work));
-                margs.push(Arg::I32((spec.batch * spec.num_q_heads / self.rows) as i32));
-            }
+            Layout::Balanced { programs } => margs.extend([
+                Arg::from(meta.sel_indptr.as_ref().expect("list meta")),
+                Arg::I32((spec.batch * spec.num_q_heads / self.rows) as i32),
+                Arg::I32(self.rows as i32),
+                Arg::I32(*programs as i32),
+                Arg::I32(num_indices),
+                Arg::I32(self.tuning.chunk_tokens as i32),
+            ]),
         }
         if spec.sparq {
             margs.push(Arg::I32(spec.num_q_heads as i32));

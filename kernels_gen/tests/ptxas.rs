@@ -102,33 +102,33 @@ fn attention_kernels() -> Vec<Kernel> {
                     min_programs_per_sm: 0,
                     tensor_cores: false,
                     chunk_fastest: false,
-                    // Token lists always go through the work table.
-                    work_list: source == TokenSource::Lists,
+                    // Token lists are always split evenly.
+                    balanced: source == TokenSource::Lists,
                 };
                 ks.push(attention::build_split(&cfg).unwrap());
                 // The plans' default for groups of 2 to 8 (head_dim 64 and 128; at 256 the
-                // tensor-core kernel is only a tuning option, and with the work table's
-                // loop it needs 8 bytes of stack on sm_80, so it is checked with the grid).
+                // tensor-core kernel is only a tuning option, and with the balanced split's
+                // loops it needs stack on sm_80, so it is checked with the grid).
                 if group > 1 {
                     let cfg = SplitConfig {
                         block_tokens: 8,
                         num_warps: 1,
                         prefetch: 1,
                         tensor_cores: true,
-                        work_list: cfg.work_list && d <= 128,
+                        balanced: cfg.balanced && d <= 128,
                         ..cfg
                     };
                     ks.push(attention::build_split(&cfg).unwrap());
                 }
             }
             for sparq in [false, true] {
-                for work_list in [false, true] {
+                for balanced in [false, true] {
                     let cfg = MergeConfig {
                         head_dim: d,
                         dtype,
                         sparq,
                         block_chunks: 8,
-                        work_list,
+                        balanced,
                     };
                     ks.push(attention::build_merge(&cfg).unwrap());
                 }
@@ -161,11 +161,10 @@ fn attention_kernels() -> Vec<Kernel> {
             min_programs_per_sm: 0,
             tensor_cores: false,
             chunk_fastest: false,
-            work_list: false,
+            balanced: false,
         };
         ks.push(attention::build_split(&cfg).unwrap());
     }
-    ks.push(attention::build_items().unwrap());
     ks
 }
 
@@ -184,7 +183,7 @@ fn attention_reads_kv_in_16_byte_vectors() {
         min_programs_per_sm: 0,
         tensor_cores: false,
         chunk_fastest: false,
-        work_list: false,
+        balanced: false,
     };
     let ptx = compile(&attention::build_split(&cfg).unwrap(), &Target::sm90a()).unwrap();
     let v4 = ptx.matches("ld.global.v4").count();
@@ -333,7 +332,7 @@ fn gqa_attention_uses_the_tensor_cores() {
         min_programs_per_sm: 0,
         tensor_cores: true,
         chunk_fastest: false,
-        work_list: false,
+        balanced: false,
     };
     let ptx = compile(&attention::build_split(&cfg).unwrap(), &Target::sm90a()).unwrap();
     assert_eq!(ptx.matches("mma.sync.aligned.m16n8k16").count(), 8, "{ptx}");

@@ -93,8 +93,9 @@ struct CheckCase {
     chunk: Option<usize>,
     /// GQA on the CUDA cores (`false`) or the tensor cores (`true`); `None`: the default.
     tensor_cores: Option<bool>,
-    /// Token lists: split programs over the work table (`None`: the plan's default, about
-    /// as many as fit on the GPU, so each does one item or none in these small cases).
+    /// Token lists: programs of the balanced split (`None`: the plan's default, about as
+    /// many as fit on the GPU, so each takes a segment of the shortest length in these
+    /// small cases).
     list_programs: Option<u32>,
 }
 
@@ -322,7 +323,7 @@ fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<f64> {
             Some(256),
         ),
     ];
-    // Few programs, each striding over many items of the work table.
+    // Few programs, each taking a long segment across several rows.
     let strided = [
         (
             GroupVarlen,
@@ -636,8 +637,8 @@ fn time_samples(
 /// (bytes per thread and row), `fP` (tiles prefetched), `cCHUNK` (chunk tokens), `mM`
 /// (tensor cores: 1 on, 0 off; on by default where the tiling allows, 8 tokens on one
 /// warp), `oN` (programs per SM asked of ptxas), `g1` (a row's chunks next to each other in
-/// the grid; dense only), `lN` (token lists: N split programs over the work table; with
-/// lists `cCHUNK` is the longest chunk the device may pick), e.g. `8x4`, `16x4v32`,
+/// the grid; dense only), `lN` (token lists: N programs of the balanced split; with lists
+/// `cCHUNK` is the shortest segment), e.g. `8x4`, `16x4v32`,
 /// `8x4f2c256`, `8x1o16`, `8x1m0`, `8x1c512g1`, `8x1l3168`.
 #[derive(Clone, Copy)]
 struct Tiling {
