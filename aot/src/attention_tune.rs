@@ -167,7 +167,7 @@ pub fn config_json(t: &AttentionTuning) -> serde_json::Value {
         "block_tokens": t.block_tokens, "num_warps": t.num_warps, "chunk_tokens": t.chunk_tokens,
         "vector_bytes": t.vector_bytes, "prefetch": t.prefetch,
         "min_programs_per_sm": t.min_programs_per_sm, "tensor_cores": t.tensor_cores,
-        "chunk_fastest": t.chunk_fastest,
+        "chunk_fastest": t.chunk_fastest, "l2_prefetch": t.l2_prefetch,
     })
 }
 
@@ -312,6 +312,7 @@ impl Candidate for AttentionCandidate<'_> {
             vector_bytes: t.vector_bytes,
             prefetch: t.prefetch,
             min_programs_per_sm: t.min_programs_per_sm,
+            l2_prefetch: t.l2_prefetch,
             tensor_cores: t.tensor_cores,
             chunk_fastest: t.chunk_fastest,
             balanced: false,

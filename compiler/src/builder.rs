@@ -466,6 +466,18 @@ impl KernelBuilder {
         self.push(kind, caller_loc(Location::caller()), &[]);
     }
 
+    /// Brings `bytes` (a multiple of 128) at each pointer where `mask` holds into L2; see
+    /// [`OpKind::Prefetch`].
+    #[track_caller]
+    pub fn prefetch(&mut self, ptr: Value, mask: Option<Value>, bytes: u32) {
+        let kind = OpKind::Prefetch {
+            ptr: ptr.0,
+            mask: mask.map(|m| m.0),
+            bytes,
+        };
+        self.push(kind, caller_loc(Location::caller()), &[]);
+    }
+
     // ---- reductions ----
 
     #[track_caller]

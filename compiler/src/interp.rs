@@ -1001,6 +1001,16 @@ impl<'k> Interp<'k, '_, '_> {
                 )?;
                 return Ok(None);
             }
+            Prefetch { ptr, mask, bytes } => {
+                // Nothing to do on the CPU but check that the bytes lie inside the buffer.
+                let mask = mask.as_ref().map(|m| get(&self.env, *m).bools());
+                for (i, &p) in get(&self.env, *ptr).ptrs().iter().enumerate() {
+                    if !matches!(mask, Some(m) if !m[i]) {
+                        in_bounds(self.mem, p, *bytes as usize, "prefetch", i)?;
+                    }
+                }
+                return Ok(None);
+            }
             Reduce { op, value, axis } => {
                 reduce(*op, elem_ty(value), g(value), &k.ty(*value).shape, *axis)?
             }

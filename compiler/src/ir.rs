@@ -313,6 +313,16 @@ pub enum OpKind {
         value: ValueId,
         mask: Option<ValueId>,
     },
+    /// Asks for the `bytes` bytes at each pointed-to address (where `mask` holds) to be
+    /// brought into L2 (PTX `prefetch.global.L2`, one per 128-byte line), holding no
+    /// registers and returning nothing: a later load of them then waits on L2, not DRAM.
+    /// Gathers whose next addresses are known a step early use it to keep more bytes in
+    /// flight than their registers hold. The addresses must lie inside their buffer.
+    Prefetch {
+        ptr: ValueId,
+        mask: Option<ValueId>,
+        bytes: u32,
+    },
     /// Reduces a block along `axis`: 1-D to a scalar, 2-D to 1-D.
     Reduce {
         op: ReduceOp,
@@ -389,6 +399,11 @@ impl OpKind {
                 v.extend(mask.iter().copied());
                 v
             }
+            Prefetch { ptr, mask, .. } => {
+                let mut v = vec![*ptr];
+                v.extend(mask.iter().copied());
+                v
+            }
             For {
                 lo, hi, step, init, ..
             } => {
@@ -416,7 +431,10 @@ impl OpKind {
 
     /// Whether the op writes memory or ends a region (such ops are never dead code).
     pub fn has_effects(&self) -> bool {
-        matches!(self, OpKind::Store { .. } | OpKind::Yield { .. })
+        matches!(
+            self,
+            OpKind::Store { .. } | OpKind::Prefetch { .. } | OpKind::Yield { .. }
+        )
     }
 
     /// The op's name as the printer and error messages show it.
@@ -471,6 +489,7 @@ impl OpKind {
             AddPtr { .. } => "add_ptr",
             Load { .. } => "load",
             Store { .. } => "store",
+            Prefetch { .. } => "prefetch",
             Reduce { op, .. } => match op {
                 ReduceOp::Sum => "sum",
                 ReduceOp::Max => "max_reduce",

@@ -65,6 +65,12 @@ fn attrs(kind: &OpKind) -> String {
             format!(" [{}]", names.join(", "))
         }
         Cast { to, .. } | PtrCast { to, .. } => format!(" to {}", to.name()),
+        Prefetch { mask, bytes, .. } => {
+            format!(
+                "{} {bytes} bytes",
+                if mask.is_some() { " masked" } else { "" }
+            )
+        }
         Load { mask, other, .. } => {
             let mut a = String::new();
             if mask.is_some() {

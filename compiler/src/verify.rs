@@ -281,6 +281,26 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
             }
             Ok(vec![])
         }
+        Prefetch { ptr, mask, bytes } => {
+            let p = ty(*ptr);
+            if !matches!(p.elem, Elem::Ptr(_)) {
+                return Err(format!("prefetch needs a pointer, found {p}"));
+            }
+            if *bytes == 0 || *bytes > 4096 || bytes % 128 != 0 {
+                return Err(format!(
+                    "prefetch bytes must be a multiple of 128 up to 4096, found {bytes}"
+                ));
+            }
+            if let Some(m) = mask {
+                let m = ty(*m);
+                if m != p.with_elem(Elem::Num(DType::Bool)) {
+                    return Err(format!(
+                        "prefetch mask must be i1 of the pointer's shape, found {m}"
+                    ));
+                }
+            }
+            Ok(vec![])
+        }
         Reduce { op: _, value, axis } => {
             let t = ty(*value);
             let d = num(&t, "operand")?;

@@ -86,6 +86,10 @@ pub struct SplitConfig {
     pub prefetch: usize,
     /// Programs per SM asked of ptxas (0: none), capping registers to fit them.
     pub min_programs_per_sm: u32,
+    /// The K and V rows of the tile after the prefetched ones brought into L2 a step early
+    /// (`prefetch.global.L2`: no registers held), its pages loaded a step earlier still: the
+    /// bytes in flight of a program are no longer bounded by the tiles its registers hold.
+    pub l2_prefetch: bool,
     /// Scores and the weighted sum of V on the tensor cores (`dot`, `dot_ta`): the group's
     /// heads are the rows of one product, so each thread does the same work whatever the
     /// group and keeps one `[head_dim, 8]` accumulator for all heads. Needs a group of 2 to
@@ -189,7 +193,7 @@ fn unsupported(kernel: &str, what: String) -> CompileError {
 pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let (d, bt, g_n) = (cfg.head_dim, cfg.block_tokens, cfg.group);
     let name = format!(
-        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}{}{}{}",
+        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}{}{}{}{}",
         match cfg.source {
             TokenSource::Dense => "dense",
             TokenSource::Lists => "lists",
@@ -204,6 +208,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         cfg.vector_bytes,
         cfg.prefetch,
         cfg.min_programs_per_sm,
+        if cfg.l2_prefetch { "_l2" } else { "" },
         if cfg.tensor_cores { "_mma" } else { "" },
         if cfg.chunk_fastest { "_cf" } else { "" },
         if cfg.balanced { "_bal" } else { "" }
@@ -418,9 +423,8 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     let p = b.add_ptr(kv_page_indices, pi);
                     b.load_masked(p, Some(ok), Some(z))
                 };
-                let load_kv = |b: &mut KernelBuilder, pos: Value, page: Value| -> (Value, Value) {
-                    let z = b.i32(0);
-                    let ok = b.ge(pos, z);
+                // Element offset of each token's K (and V) row of this KV head.
+                let row_offsets = |b: &mut KernelBuilder, pos: Value, page: Value| -> Value {
                     let c_ps = b.i32(cfg.page_size as i32);
                     let slot = b.rem(pos, c_ps);
                     let page64 = b.cast(page, DType::I64);
@@ -429,7 +433,23 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     let tok = b.add(tok, slot64);
                     let krow = b.mul(tok, hkv64);
                     let krow = b.add(krow, kvh64);
-                    let off = b.mul_c(krow, d as i64);
+                    b.mul_c(krow, d as i64)
+                };
+                // The K and V rows of a tile brought into L2 (no registers held).
+                let prefetch_kv = |b: &mut KernelBuilder, pos: Value, page: Value| {
+                    let z = b.i32(0);
+                    let ok = b.ge(pos, z);
+                    let off = row_offsets(b, pos, page);
+                    let row_bytes = (d * cfg.dtype.size_bytes()) as u32;
+                    let kp = b.add_ptr(k, off);
+                    b.prefetch(kp, Some(ok), row_bytes);
+                    let vp = b.add_ptr(v, off);
+                    b.prefetch(vp, Some(ok), row_bytes);
+                };
+                let load_kv = |b: &mut KernelBuilder, pos: Value, page: Value| -> (Value, Value) {
+                    let z = b.i32(0);
+                    let ok = b.ge(pos, z);
+                    let off = row_offsets(b, pos, page);
                     let off2 = b.expand(off, 1, d);
                     let dcol = b.cast(dr, DType::I64);
                     let dcol = b.expand(dcol, 0, bt);
@@ -458,12 +478,16 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     poss.push(pos);
                 }
                 init.extend(poss);
-                let tile = tile_at(b, t0, pf);
-                let pos_p = positions(b, tile);
-                let page_p = page_of(b, pos_p);
-                init.extend([pos_p, page_p]);
+                // Positions and pages of tiles P (and P + 1 with `l2_prefetch`).
+                let pairs = 1 + cfg.l2_prefetch as usize;
+                for a in 0..pairs {
+                    let tile = tile_at(b, t0, pf + a);
+                    let pos = positions(b, tile);
+                    let page = page_of(b, pos);
+                    init.extend([pos, page]);
+                }
                 if lists {
-                    let tile = tile_at(b, t0, pf + 1);
+                    let tile = tile_at(b, t0, pf + pairs);
                     init.push(positions(b, tile));
                 }
                 let stages = init.len();
@@ -490,21 +514,31 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     // Tensor cores: this tile's scores first, so that its K is dead before the
                     // next tile's K and V take registers.
                     let scores = q8.map(|q8| b.dot(q8, kt, None));
-                    // Tile t+P's K and V, tile t+P+1's pages, (lists) tile t+P+2's positions.
+                    // Tile t+P's K and V, (`l2_prefetch`) tile t+P+1's K and V into L2, the
+                    // pages of the tile after that, (lists) the positions of the next.
                     let (kt_p, vt_p) = load_kv(b, pos_p, page_p);
-                    let tile = tile_at(b, t, pf + 1);
-                    let pos_p1 = if lists {
-                        carried[3 * pf + 2]
+                    let mut ahead = vec![];
+                    if cfg.l2_prefetch {
+                        let (pos_q, page_q) = (carried[3 * pf + 2], carried[3 * pf + 3]);
+                        prefetch_kv(b, pos_q, page_q);
+                        ahead.extend([pos_q, page_q]);
+                    }
+                    let far = pf + pairs;
+                    let tile = tile_at(b, t, far);
+                    let pos_far = if lists {
+                        carried[3 * pf + 2 * pairs]
                     } else {
                         positions(b, tile)
                     };
-                    let page_p1 = page_of(b, pos_p1);
+                    let page_far = page_of(b, pos_far);
                     let mut next = carried[2..2 * pf].to_vec();
                     next.extend([kt_p, vt_p]);
                     next.extend(carried[2 * pf + 1..3 * pf].iter().copied());
-                    next.extend([pos_p, pos_p1, page_p1]);
+                    next.push(pos_p);
+                    next.extend(ahead);
+                    next.extend([pos_far, page_far]);
                     if lists {
-                        let tile = tile_at(b, t, pf + 2);
+                        let tile = tile_at(b, t, far + 1);
                         next.push(positions(b, tile));
                     }
                     let z = b.i32(0);

@@ -69,6 +69,9 @@ pub struct AttentionTuning {
     pub prefetch: usize,
     /// Programs per SM asked of ptxas (0: none).
     pub min_programs_per_sm: u32,
+    /// K and V of one more tile brought into L2 a step early (see
+    /// [`SplitConfig::l2_prefetch`](crate::attention::SplitConfig)).
+    pub l2_prefetch: bool,
     /// Scores and P.V on the tensor cores (see
     /// [`SplitConfig::tensor_cores`](crate::attention::SplitConfig)): needs a group of 2 to
     /// 8 query heads a program, 8 tokens a step and one warp.
@@ -150,6 +153,10 @@ impl AttentionTuning {
             vector_bytes: 16,
             prefetch,
             min_programs_per_sm: 0,
+            l2_prefetch: matches!(
+                spec.mode,
+                AttentionMode::HeadVarlen | AttentionMode::GroupVarlen
+            ),
             tensor_cores,
             chunk_fastest: false,
             list_programs: 0,
@@ -389,6 +396,7 @@ impl AttentionPlan {
             vector_bytes: tuning.vector_bytes,
             prefetch: tuning.prefetch,
             min_programs_per_sm: tuning.min_programs_per_sm,
+            l2_prefetch: tuning.l2_prefetch,
             tensor_cores: tuning.tensor_cores,
             chunk_fastest: tuning.chunk_fastest,
             balanced: lists,

@@ -100,9 +100,10 @@ fn attention_kernels() -> Vec<Kernel> {
                     vector_bytes: 16,
                     prefetch,
                     min_programs_per_sm: 0,
+                    // Token lists are always split evenly, with one tile into L2 ahead.
+                    l2_prefetch: source == TokenSource::Lists,
                     tensor_cores: false,
                     chunk_fastest: false,
-                    // Token lists are always split evenly.
                     balanced: source == TokenSource::Lists,
                 };
                 ks.push(attention::build_split(&cfg).unwrap());
@@ -159,6 +160,7 @@ fn attention_kernels() -> Vec<Kernel> {
             vector_bytes,
             prefetch,
             min_programs_per_sm: 0,
+            l2_prefetch: false,
             tensor_cores: false,
             chunk_fastest: false,
             balanced: false,
@@ -181,6 +183,7 @@ fn attention_reads_kv_in_16_byte_vectors() {
         vector_bytes: 16,
         prefetch: 1,
         min_programs_per_sm: 0,
+        l2_prefetch: false,
         tensor_cores: false,
         chunk_fastest: false,
         balanced: false,
@@ -330,6 +333,7 @@ fn gqa_attention_uses_the_tensor_cores() {
         vector_bytes: 16,
         prefetch: 1,
         min_programs_per_sm: 0,
+        l2_prefetch: false,
         tensor_cores: true,
         chunk_fastest: false,
         balanced: false,

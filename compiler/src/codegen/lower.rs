@@ -628,6 +628,10 @@ impl<'c, 'k> Lower<'c, 'k> {
                 self.store(*ptr, *value, *mask)?;
                 return Ok(());
             }
+            Prefetch { ptr, mask, bytes } => {
+                self.prefetch(*ptr, *mask, *bytes)?;
+                return Ok(());
+            }
             Reduce {
                 op: rop,
                 value,
@@ -1717,6 +1721,47 @@ impl<'c, 'k> Lower<'c, 'k> {
                 let st = s.b.build_store(p, word).map_err(|x| s.err(x))?;
                 st.set_alignment((vw * esize) as u32)
                     .map_err(|x| s.err(x))?;
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+
+    /// `prefetch.global.L2` on each 128-byte line of `bytes` at each pointer this thread
+    /// owns (replicas stay silent) where `mask` holds.
+    fn prefetch(&mut self, ptr: ValueId, mask: Option<ValueId>, bytes: u32) -> R<()> {
+        let l = self.layouts.get(ptr).clone();
+        let ps = self.elems(ptr);
+        let ms = mask.map(|m| self.elems(m));
+        let owner = self.owner(&l)?;
+        let i64t = self.ctx.i64_type();
+        let fn_t = self.ctx.void_type().fn_type(&[i64t.into()], false);
+        let asm = self.ctx.create_inline_asm(
+            fn_t,
+            "prefetch.global.L2 [$0];".to_string(),
+            "l".to_string(),
+            true,
+            false,
+            None,
+            false,
+        );
+        for (i, p) in ps.iter().enumerate() {
+            let cond = match (owner, ms.as_ref().map(|m| m[i].into_int_value())) {
+                (Some(a), Some(b)) => Some(self.b.build_and(a, b, "").map_err(|x| self.err(x))?),
+                (a, b) => a.or(b),
+            };
+            let addr = self
+                .b
+                .build_ptr_to_int(p.into_pointer_value(), i64t, "")
+                .map_err(|x| self.err(x))?;
+            self.guarded(cond, |s| {
+                for line in 0..bytes / 128 {
+                    let at =
+                        s.b.build_int_add(addr, i64t.const_int(line as u64 * 128, false), "")
+                            .map_err(|x| s.err(x))?;
+                    s.b.build_indirect_call(fn_t, asm, &[at.into()], "")
+                        .map_err(|x| s.err(x))?;
+                }
                 Ok(())
             })?;
         }

@@ -265,6 +265,9 @@ pub fn assign(k: &Kernel) -> Layouts {
                     uf.union(ptr.0 as usize, m.0 as usize);
                 }
             }
+            Prefetch {
+                ptr, mask: Some(m), ..
+            } => uf.union(ptr.0 as usize, m.0 as usize),
             For { init, body, .. } => {
                 let yields = match body.ops.last().map(|o| &o.kind) {
                     Some(Yield { values }) => values.clone(),

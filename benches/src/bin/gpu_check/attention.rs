@@ -638,8 +638,9 @@ fn time_samples(
 /// (tensor cores: 1 on, 0 off; on by default where the tiling allows, 8 tokens on one
 /// warp), `oN` (programs per SM asked of ptxas), `g1` (a row's chunks next to each other in
 /// the grid; dense only), `lN` (token lists: N programs of the balanced split; with lists
-/// `cCHUNK` is the shortest segment), e.g. `8x4`, `16x4v32`,
-/// `8x4f2c256`, `8x1o16`, `8x1m0`, `8x1c512g1`, `8x1l3168`.
+/// `cCHUNK` is the shortest segment), `pP` (1: one more tile of K and V into L2 a step
+/// early, 0: not), e.g. `8x4`, `16x4v32`, `8x4f2c256`, `8x1o16`, `8x1m0`, `8x1c512g1`,
+/// `8x1l3168`, `8x1p0`.
 #[derive(Clone, Copy)]
 struct Tiling {
     block_tokens: usize,
@@ -651,6 +652,7 @@ struct Tiling {
     programs: Option<u32>,
     chunk_fastest: Option<bool>,
     list_programs: Option<u32>,
+    l2_prefetch: Option<bool>,
 }
 
 fn parse_tiling(t: &str) -> Option<Tiling> {
@@ -673,6 +675,7 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
         programs: None,
         chunk_fastest: None,
         list_programs: None,
+        l2_prefetch: None,
     };
     for (k, v) in &fields[1..] {
         match k {
@@ -684,6 +687,7 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
             'o' => out.programs = Some(v.parse().ok()?),
             'g' => out.chunk_fastest = Some(v.parse::<u8>().ok()? == 1),
             'l' => out.list_programs = Some(v.parse().ok()?),
+            'p' => out.l2_prefetch = Some(v.parse::<u8>().ok()? == 1),
             _ => return None,
         }
     }
@@ -692,12 +696,13 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
 
 fn describe(t: &AttentionTuning) -> String {
     format!(
-        "{}x{}v{}f{}o{}{}{}{} chunk {}",
+        "{}x{}v{}f{}o{}{}{}{}{} chunk {}",
         t.block_tokens,
         t.num_warps,
         t.vector_bytes,
         t.prefetch,
         t.min_programs_per_sm,
+        if t.l2_prefetch { " l2" } else { "" },
         if t.tensor_cores { " mma" } else { "" },
         if t.chunk_fastest {
             " chunk-fastest"
@@ -733,6 +738,7 @@ fn time_tilings(
             u.min_programs_per_sm = t.programs.unwrap_or(u.min_programs_per_sm);
             u.chunk_fastest = t.chunk_fastest.unwrap_or(u.chunk_fastest);
             u.list_programs = t.list_programs.unwrap_or(u.list_programs);
+            u.l2_prefetch = t.l2_prefetch.unwrap_or(u.l2_prefetch);
             u.tensor_cores = t
                 .mma
                 .unwrap_or(u.tensor_cores && t.block_tokens == 8 && t.num_warps == 1);
