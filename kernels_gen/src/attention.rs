@@ -133,33 +133,54 @@ enum Span {
     Entries { start: Value, end: Value },
 }
 
-/// The balanced split of token lists: the lists' entries, taken end to end (`0..total`,
-/// `total` the last offset of `sel_indptr`, at most `num_indices`), are cut into segments of
-/// `seg = max(ceil(total / programs), min_tokens)` entries, segment j for program j. Where
-/// segment j meets row r's entries there is one *piece*, whose partial result goes to slot
-/// `j + r`: walking the entries in order, each new piece starts a new segment or a new row
-/// (or both), so `j + r` grows from piece to piece and no two pieces share a slot, and
-/// `programs + rows` slots hold them all. Returns `(total, seg)`; the split and the merge
-/// both call it, so they agree on the segments.
-fn balanced_segments(
-    b: &mut KernelBuilder,
+/// What places the pieces of the balanced split; the split and the merge take the same.
+#[derive(Clone, Copy)]
+struct Balance {
     sel_indptr: Value,
     rows: Value,
+    /// Entries of `sel_indices` (none past them is read).
     num_indices: Value,
     programs: Value,
+    /// The shortest segment.
     min_tokens: Value,
-) -> (Value, Value) {
-    let p = b.add_ptr(sel_indptr, rows);
+    /// The entries a row start is counted as (see [`balanced_segments`]).
+    row_tokens: Value,
+}
+
+/// The balanced split of token lists. The lists' entries are laid end to end on one line,
+/// each row preceded by `row_tokens` stand-in entries for what starting a piece of a row
+/// costs (the chain of dependent loads before its first step, the partial result after its
+/// last): row r starts at `indptr[r] + r * row_tokens` and its entries lie at
+/// `indptr[r] + (r + 1) * row_tokens ..` (see [`row_shift`]); the line is
+/// `total + rows * row_tokens` long (`total` the last offset of `sel_indptr`, at most
+/// `num_indices`). It is cut into segments of `seg = max(ceil(line / programs),
+/// min_tokens)`, segment j for program j, so every program gets the same entries *and*
+/// row starts' worth of time. Where segment j meets row r's entries there is one *piece*,
+/// whose partial result goes to slot `j + r`: walking the line in order, each new piece
+/// starts a new segment or a new row (or both), so `j + r` grows from piece to piece, no two
+/// pieces share a slot, and `programs + rows` slots hold them all. Returns `(total, line,
+/// seg)`.
+fn balanced_segments(b: &mut KernelBuilder, bal: &Balance) -> (Value, Value, Value) {
+    let p = b.add_ptr(bal.sel_indptr, bal.rows);
     let total = b.load(p);
     let zero = b.i32(0);
     let total = b.maximum(total, zero);
-    let total = b.minimum(total, num_indices);
-    let seg = b.add(total, programs);
+    let total = b.minimum(total, bal.num_indices);
+    let starts = b.mul(bal.rows, bal.row_tokens);
+    let line = b.add(total, starts);
+    let seg = b.add(line, bal.programs);
     let seg = b.add_c(seg, -1);
-    let seg = b.div(seg, programs);
-    let seg = b.maximum(seg, min_tokens);
+    let seg = b.div(seg, bal.programs);
+    let seg = b.maximum(seg, bal.min_tokens);
     let one = b.i32(1);
-    (total, b.maximum(seg, one))
+    (total, line, b.maximum(seg, one))
+}
+
+/// How far row r's entries sit along the balanced split's line past their offsets in the
+/// lists: `(r + 1) * row_tokens`.
+fn row_shift(b: &mut KernelBuilder, r: Value, row_tokens: Value) -> Value {
+    let r1 = b.add_c(r, 1);
+    b.mul(r1, row_tokens)
 }
 
 /// The score of masked slots: far below any real score, yet finite.
@@ -187,8 +208,8 @@ fn unsupported(kernel: &str, what: String) -> CompileError {
 ///
 /// With `balanced`: the partial buffers are indexed by piece (`[programs + rows, G, D]`,
 /// `[programs + rows, G]`, see [`balanced_segments`]); the scalars `chunk_tokens`,
-/// `max_chunks` are replaced by `rows` (token-list rows) and `min_tokens` (the shortest
-/// segment); any 1-D grid (the plan launches about as many programs as fit on the GPU at
+/// `max_chunks` are replaced by `rows` (token-list rows), `min_tokens` (the shortest
+/// segment) and `row_tokens` (what a row start counts as); any 1-D grid (the plan launches about as many programs as fit on the GPU at
 /// once).
 pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let (d, bt, g_n) = (cfg.head_dim, cfg.block_tokens, cfg.group);
@@ -259,7 +280,11 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let num_kv_heads = b.param_scalar("num_kv_heads", DType::I32);
     let (grid, rows_min) = if cfg.balanced {
         let rows = b.param_scalar("rows", DType::I32);
-        (None, Some((rows, b.param_scalar("min_tokens", DType::I32))))
+        let min_tokens = b.param_scalar("min_tokens", DType::I32);
+        (
+            None,
+            Some((rows, min_tokens, b.param_scalar("row_tokens", DType::I32))),
+        )
     } else {
         let chunk_tokens = b.param_scalar("chunk_tokens", DType::I32);
         (
@@ -690,17 +715,23 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         );
     };
     match (sel_indptr, rows_min) {
-        (Some(indptr), Some((rows, min_tokens))) if cfg.balanced => {
-            // This program's segment `s..e` of the lists' entries (see
-            // [`balanced_segments`]) and the rows it covers: from the last row starting at
-            // or before `s` to the last starting before `e`.
+        (Some(indptr), Some((rows, min_tokens, row_tokens))) if cfg.balanced => {
+            // This program's segment `s..e` of the line (see [`balanced_segments`]) and
+            // the rows it covers: from the last row starting at or before `s` to the last
+            // starting before `e`.
             let pid = b.program_id(0);
-            let np = b.num_programs(0);
-            let n_ix = num_indices.expect("lists");
-            let (total, seg) = balanced_segments(&mut b, indptr, rows, n_ix, np, min_tokens);
+            let bal = Balance {
+                sel_indptr: indptr,
+                rows,
+                num_indices: num_indices.expect("lists"),
+                programs: b.num_programs(0),
+                min_tokens,
+                row_tokens,
+            };
+            let (_, line, seg) = balanced_segments(&mut b, &bal);
             let s = b.mul(pid, seg);
             let e = b.add(s, seg);
-            let e = b.minimum(e, total);
+            let e = b.minimum(e, line);
             let busy = b.lt(s, e);
             b.if_then(busy, |b| {
                 let zero_i = b.i32(0);
@@ -710,8 +741,11 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     let r = b.add(r0, r);
                     let ok = b.lt(r, rows);
                     let p = b.add_ptr(indptr, r);
+                    let first = b.load_masked(p, Some(ok), None);
+                    let shift = b.mul(r, row_tokens);
+                    let first = b.add(first, shift);
                     let big = b.i32(i32::MAX);
-                    let first = b.load_masked(p, Some(ok), Some(big));
+                    let first = b.select(ok, first, big);
                     let one_i = b.i32(1);
                     let at_or_before = b.le(first, s);
                     let ones = b.select(at_or_before, one_i, zero_i);
@@ -731,6 +765,10 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     let row1 = b.add_c(row, 1);
                     let p = b.add_ptr(indptr, row1);
                     let re = b.load(p);
+                    // The row's entries on the line, cut to the segment, back to entries.
+                    let shift = row_shift(b, row, row_tokens);
+                    let rs = b.add(rs, shift);
+                    let re = b.add(re, shift);
                     let from = b.maximum(s, rs);
                     let to = b.minimum(e, re);
                     let start = b.sub(from, rs);
@@ -770,8 +808,8 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
 /// (f32 per query row) and `v_mean` (`[batch * kv_heads, D]`); then the i32 scalars
 /// `max_chunks` and, with `sparq`, `num_q_heads`, `num_kv_heads`. Grid: `batch * q_heads`.
 /// With `balanced`, `sel_indptr` follows `v_mean` (or `lse`) and the i32 scalars `group`
-/// (query heads per token-list row), `rows`, `programs` (of the split grid), `num_indices`
-/// and `min_tokens` (as given to the split) replace `max_chunks`.
+/// (query heads per token-list row), `rows`, `programs` (of the split grid), `num_indices`,
+/// `min_tokens` and `row_tokens` (as given to the split) replace `max_chunks`.
 pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     let (d, cb) = (cfg.head_dim, cfg.block_chunks);
     let name = format!(
@@ -822,6 +860,7 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
             b.param_scalar("programs", DType::I32),
             b.param_scalar("num_indices", DType::I32),
             b.param_scalar("min_tokens", DType::I32),
+            b.param_scalar("row_tokens", DType::I32),
         ])
     } else {
         None
@@ -839,13 +878,21 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     let zero_i = b.i32(0);
     let one_i = b.i32(1);
     let (lo, hi, stride, base) = match (indptr, split) {
-        (Some(indptr), Some([rows, programs, num_indices, min_tokens])) => {
-            // Row r's entries `rs..re` lie in segments `rs / seg ..= (re - 1) / seg`; the
-            // piece of segment j in row r is `j + r` (see [`balanced_segments`]).
+        (Some(indptr), Some([rows, programs, num_indices, min_tokens, row_tokens])) => {
+            // Row r's entries `rs..re` (on the line) lie in segments `rs / seg ..=
+            // (re - 1) / seg`; the piece of segment j in row r is `j + r` (see
+            // [`balanced_segments`]).
             let r = b.div(row, per_row);
             let g = b.rem(row, per_row);
-            let (total, seg) =
-                balanced_segments(&mut b, indptr, rows, num_indices, programs, min_tokens);
+            let bal = Balance {
+                sel_indptr: indptr,
+                rows,
+                num_indices,
+                programs,
+                min_tokens,
+                row_tokens,
+            };
+            let (total, _, seg) = balanced_segments(&mut b, &bal);
             let p = b.add_ptr(indptr, r);
             let rs = b.load(p);
             let r1 = b.add_c(r, 1);
@@ -855,6 +902,9 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
             let rs = b.minimum(rs, total);
             let re = b.maximum(re, rs);
             let re = b.minimum(re, total);
+            let shift = row_shift(&mut b, r, row_tokens);
+            let rs = b.add(rs, shift);
+            let re = b.add(re, shift);
             let j0 = b.div(rs, seg);
             let lo = b.add(j0, r);
             let last = b.add_c(re, -1);

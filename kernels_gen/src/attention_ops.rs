@@ -83,6 +83,11 @@ pub struct AttentionTuning {
     /// Token lists: programs of the split grid, each taking an equal segment of the lists'
     /// entries (0: as many as fit on the GPU at once, from the split kernel's registers).
     pub list_programs: u32,
+    /// Token lists: the entries' worth of time a program spends starting a piece of a row
+    /// (dependent loads before its first step, the partial result after its last); the
+    /// balanced split counts each row as this much longer, so programs covering many row
+    /// starts get fewer entries.
+    pub row_tokens: u32,
 }
 
 /// Work items the default chunk size aims for, per multiprocessor.
@@ -98,6 +103,9 @@ const MIN_CHUNK_ONE_WARP: usize = 128;
 /// chain of dependent loads (list bounds, position, page, K and V) before its first step
 /// and a partial result after its last, so pieces of under 8 steps would be mostly overhead.
 const MIN_SEGMENT_LISTS: usize = 64;
+/// What starting a piece of a row costs, in entries, by default (see
+/// [`AttentionTuning::row_tokens`]).
+const ROW_TOKENS: u32 = 16;
 /// The longest default chunk (dense and padded): long enough that partials cost under 1% of
 /// the KV traffic, short enough that one long row does not become the tail of the batch.
 const MAX_CHUNK: usize = 1024;
@@ -153,13 +161,11 @@ impl AttentionTuning {
             vector_bytes: 16,
             prefetch,
             min_programs_per_sm: 0,
-            l2_prefetch: matches!(
-                spec.mode,
-                AttentionMode::HeadVarlen | AttentionMode::GroupVarlen
-            ),
+            l2_prefetch: false,
             tensor_cores,
             chunk_fastest: false,
             list_programs: 0,
+            row_tokens: ROW_TOKENS,
         }
     }
 }
@@ -708,6 +714,7 @@ impl AttentionPlan {
             Layout::Balanced { .. } => args.extend([
                 Arg::I32(self.rows as i32),
                 Arg::I32(self.tuning.chunk_tokens as i32),
+                Arg::I32(self.tuning.row_tokens as i32),
             ]),
         }
         match spec.mode {
@@ -736,6 +743,7 @@ impl AttentionPlan {
                 Arg::I32(*programs as i32),
                 Arg::I32(num_indices),
                 Arg::I32(self.tuning.chunk_tokens as i32),
+                Arg::I32(self.tuning.row_tokens as i32),
             ]),
         }
         if spec.sparq {

@@ -94,6 +94,8 @@ struct Case<'a> {
     chunk_fastest: bool,
     /// Token lists: programs of the balanced split (0: the plan's default).
     programs: u32,
+    /// Token lists: what a row start counts as in the balanced split.
+    row_tokens: u32,
 }
 
 fn check<T: HalfFloat>(seed: u64, c: &Case) {
@@ -142,6 +144,7 @@ fn check<T: HalfFloat>(seed: u64, c: &Case) {
         }
         t.chunk_fastest = c.chunk_fastest && matches!(c.mode, DENSE | PADDED);
         t.list_programs = c.programs;
+        t.row_tokens = c.row_tokens;
         t.chunk_tokens = c.chunk.div_ceil(t.block_tokens) * t.block_tokens
     })
     .unwrap();
@@ -232,6 +235,7 @@ fn case(seqs: &[usize], kv_heads: usize, group: usize, d: usize, mode: Attention
         cuda_cores: false,
         chunk_fastest: false,
         programs: 0,
+        row_tokens: 16,
     }
 }
 
@@ -304,6 +308,7 @@ fn chunk_fastest_grid_and_few_list_programs() {
     let c = Case {
         lens: &[90, 0, 1, 33, 0, 70],
         programs: 3,
+        row_tokens: 40,
         ..case(&[100, 64, 10], 2, 4, 128, GROUP)
     };
     check::<f16>(12, &c);
@@ -368,6 +373,7 @@ proptest! {
         cuda_cores in any::<bool>(),
         chunk_fastest in any::<bool>(),
         programs in 0u32..4,
+        row_tokens in 0u32..40,
     ) {
         prop_assume!(seqs.iter().any(|n| *n > 0));
         let c = Case {
@@ -383,6 +389,7 @@ proptest! {
             cuda_cores,
             chunk_fastest,
             programs,
+            row_tokens,
         };
         check::<f16>(seed, &c);
     }

@@ -100,8 +100,8 @@ fn attention_kernels() -> Vec<Kernel> {
                     vector_bytes: 16,
                     prefetch,
                     min_programs_per_sm: 0,
-                    // Token lists are always split evenly, with one tile into L2 ahead.
-                    l2_prefetch: source == TokenSource::Lists,
+                    // Token lists are always split evenly; the L2 prefetch is an option.
+                    l2_prefetch: source == TokenSource::Lists && prefetch == 1,
                     tensor_cores: false,
                     chunk_fastest: false,
                     balanced: source == TokenSource::Lists,

@@ -638,8 +638,8 @@ fn time_samples(
 /// (tensor cores: 1 on, 0 off; on by default where the tiling allows, 8 tokens on one
 /// warp), `oN` (programs per SM asked of ptxas), `g1` (a row's chunks next to each other in
 /// the grid; dense only), `lN` (token lists: N programs of the balanced split; with lists
-/// `cCHUNK` is the shortest segment), `pP` (1: one more tile of K and V into L2 a step
-/// early, 0: not), e.g. `8x4`, `16x4v32`, `8x4f2c256`, `8x1o16`, `8x1m0`, `8x1c512g1`,
+/// `cCHUNK` is the shortest segment and `hH` what a row start counts as, in entries), `pP`
+/// (1: one more tile of K and V into L2 a step early, 0: not), e.g. `8x4`, `16x4v32`, `8x4f2c256`, `8x1o16`, `8x1m0`, `8x1c512g1`,
 /// `8x1l3168`, `8x1p0`.
 #[derive(Clone, Copy)]
 struct Tiling {
@@ -653,6 +653,7 @@ struct Tiling {
     chunk_fastest: Option<bool>,
     list_programs: Option<u32>,
     l2_prefetch: Option<bool>,
+    row_tokens: Option<u32>,
 }
 
 fn parse_tiling(t: &str) -> Option<Tiling> {
@@ -676,6 +677,7 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
         chunk_fastest: None,
         list_programs: None,
         l2_prefetch: None,
+        row_tokens: None,
     };
     for (k, v) in &fields[1..] {
         match k {
@@ -688,6 +690,7 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
             'g' => out.chunk_fastest = Some(v.parse::<u8>().ok()? == 1),
             'l' => out.list_programs = Some(v.parse().ok()?),
             'p' => out.l2_prefetch = Some(v.parse::<u8>().ok()? == 1),
+            'h' => out.row_tokens = Some(v.parse().ok()?),
             _ => return None,
         }
     }
@@ -696,7 +699,7 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
 
 fn describe(t: &AttentionTuning) -> String {
     format!(
-        "{}x{}v{}f{}o{}{}{}{}{} chunk {}",
+        "{}x{}v{}f{}o{}{}{}{}{} chunk {} row-tokens {}",
         t.block_tokens,
         t.num_warps,
         t.vector_bytes,
@@ -714,7 +717,8 @@ fn describe(t: &AttentionTuning) -> String {
         } else {
             String::new()
         },
-        t.chunk_tokens
+        t.chunk_tokens,
+        t.row_tokens
     )
 }
 
@@ -739,6 +743,7 @@ fn time_tilings(
             u.chunk_fastest = t.chunk_fastest.unwrap_or(u.chunk_fastest);
             u.list_programs = t.list_programs.unwrap_or(u.list_programs);
             u.l2_prefetch = t.l2_prefetch.unwrap_or(u.l2_prefetch);
+            u.row_tokens = t.row_tokens.unwrap_or(u.row_tokens);
             u.tensor_cores = t
                 .mma
                 .unwrap_or(u.tensor_cores && t.block_tokens == 8 && t.num_warps == 1);
