@@ -478,6 +478,22 @@ impl KernelBuilder {
         self.push(kind, caller_loc(Location::caller()), &[]);
     }
 
+    /// Waits for the previous kernel on the stream; see [`OpKind::WaitPriorGrid`].
+    #[track_caller]
+    pub fn wait_prior_grid(&mut self) {
+        self.push(OpKind::WaitPriorGrid, caller_loc(Location::caller()), &[]);
+    }
+
+    /// Lets the next kernel on the stream start; see [`OpKind::ReleaseDependents`].
+    #[track_caller]
+    pub fn release_dependents(&mut self) {
+        self.push(
+            OpKind::ReleaseDependents,
+            caller_loc(Location::caller()),
+            &[],
+        );
+    }
+
     // ---- reductions ----
 
     #[track_caller]

@@ -323,6 +323,17 @@ pub enum OpKind {
         mask: Option<ValueId>,
         bytes: u32,
     },
+    /// Waits until the kernel queued before this one on the stream has finished and its
+    /// writes are visible (PTX `griddepcontrol.wait`, sm_90 and newer; nothing on older
+    /// GPUs, where kernels never overlap). A kernel holding it is launched so that its
+    /// programs may start while the previous kernel still runs (programmatic dependent
+    /// launch): what comes before the wait (index arithmetic, loads of what earlier kernels
+    /// wrote) overlaps that kernel's tail instead of following its end.
+    WaitPriorGrid,
+    /// Lets the kernel queued after this one start its programs now (PTX
+    /// `griddepcontrol.launch_dependents`); they still wait for this kernel's end at their
+    /// [`OpKind::WaitPriorGrid`].
+    ReleaseDependents,
     /// Reduces a block along `axis`: 1-D to a scalar, 2-D to 1-D.
     Reduce {
         op: ReduceOp,
@@ -367,7 +378,12 @@ impl OpKind {
     pub fn operands(&self) -> Vec<ValueId> {
         use OpKind::*;
         match self {
-            ProgramId { .. } | NumPrograms { .. } | Constant { .. } | Arange { .. } => vec![],
+            ProgramId { .. }
+            | NumPrograms { .. }
+            | Constant { .. }
+            | Arange { .. }
+            | WaitPriorGrid
+            | ReleaseDependents => vec![],
             Splat { value, .. } | Expand { value, .. } | Unary { value, .. } => vec![*value],
             Cast { value, .. } | Reduce { value, .. } | Scan { value } => vec![*value],
             MultiReduce { values, .. } => values.clone(),
@@ -433,7 +449,11 @@ impl OpKind {
     pub fn has_effects(&self) -> bool {
         matches!(
             self,
-            OpKind::Store { .. } | OpKind::Prefetch { .. } | OpKind::Yield { .. }
+            OpKind::Store { .. }
+                | OpKind::Prefetch { .. }
+                | OpKind::WaitPriorGrid
+                | OpKind::ReleaseDependents
+                | OpKind::Yield { .. }
         )
     }
 
@@ -490,6 +510,8 @@ impl OpKind {
             Load { .. } => "load",
             Store { .. } => "store",
             Prefetch { .. } => "prefetch",
+            WaitPriorGrid => "wait_prior_grid",
+            ReleaseDependents => "release_dependents",
             Reduce { op, .. } => match op {
                 ReduceOp::Sum => "sum",
                 ReduceOp::Max => "max_reduce",
@@ -538,6 +560,15 @@ impl Kernel {
     }
     pub fn num_threads(&self) -> u32 {
         self.num_warps * 32
+    }
+    /// Whether the kernel waits for the previous one itself ([`OpKind::WaitPriorGrid`]), so
+    /// it may be launched to start before that one ends.
+    pub fn waits_on_prior_grid(&self) -> bool {
+        let mut found = false;
+        walk_ops(&self.body, &mut |op| {
+            found |= matches!(op.kind, OpKind::WaitPriorGrid);
+        });
+        found
     }
 }
 

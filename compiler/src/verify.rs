@@ -29,6 +29,7 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
     use OpKind::*;
     let one = |t: Type| Ok(vec![t]);
     match kind {
+        WaitPriorGrid | ReleaseDependents => Ok(vec![]),
         ProgramId { axis } | NumPrograms { axis } => {
             if *axis > 2 {
                 return Err(format!("grid axis {axis} out of range 0..=2"));

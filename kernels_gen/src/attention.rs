@@ -301,6 +301,8 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         _ => None,
     };
     let scale_log2 = b.param_scalar("scale_log2", DType::F32);
+    // The merge may start its programs now; they wait for this kernel's end themselves.
+    b.release_dependents();
 
     // One work item: the entries `span` of row `row`'s tokens; query head g of the row
     // writes partial slot `slot0 + g * stride`.
@@ -916,6 +918,10 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
         }
         _ => (zero_i, per_row, one_i, b.mul(row, per_row)),
     };
+    // Everything above reads only what was written before the split ran; the partials
+    // below are the split's, so the merge waits for it here (its programs may have started
+    // during the split's last programs: see `OpKind::WaitPriorGrid`).
+    b.wait_prior_grid();
     let step = b.i32(cb as i32);
     let neg_inf = b.f32(f32::NEG_INFINITY);
     let m0 = b.splat(neg_inf, &[cb]);

@@ -113,6 +113,9 @@ pub(crate) struct GpuKernel {
     /// The device it was loaded on (functions belong to one context).
     pub(crate) device: Arc<Gpu>,
     pub(crate) num_regs: u32,
+    /// Launched so that its programs may start before the previous kernel on the stream
+    /// ends (it waits for it itself: [`Kernel::waits_on_prior_grid`], Hopper and newer).
+    pub(crate) early_start: bool,
 }
 
 impl LoadedKernel {
@@ -203,9 +206,11 @@ impl Device {
                 ),
             });
         }
+        let early_start = ir.waits_on_prior_grid() && g.compute_capability.0 >= 9;
         Ok(LoadedKernel {
             ir,
             gpu: Some(GpuKernel {
+                early_start,
                 func,
                 device: g.clone(),
                 num_regs,

@@ -5,7 +5,7 @@ use crate::buffer::AnyBuffer;
 use crate::device::{panic_message, Backend, Device, Gpu};
 use crate::error::{driver, Result, RuntimeError};
 use crate::kernel::{describe_param, Arg, GpuKernel, LoadedKernel};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{sys, LaunchConfig, PushKernelArg};
 use dusk_compiler::interp::{self, ArgValue};
 use dusk_compiler::{Elem, Kernel};
 use std::sync::Arc;
@@ -131,6 +131,9 @@ fn launch_gpu(g: &Arc<Gpu>, kernel: &LoadedKernel, grid: [u32; 3], args: &[Arg<'
             Arg::Bool(v) => *v as u64,
         })
         .collect();
+    if gk.early_start {
+        return launch_early(g, gk, grid, ir.num_threads(), &slots);
+    }
     let cfg = LaunchConfig {
         grid_dim: (grid[0], grid[1], grid[2]),
         block_dim: (ir.num_threads(), 1, 1),
@@ -145,6 +148,54 @@ fn launch_gpu(g: &Arc<Gpu>, kernel: &LoadedKernel, grid: [u32; 3], args: &[Arg<'
     // same IR.
     unsafe { launch.launch(cfg) }.map_err(driver("cuLaunchKernel"))?;
     Ok(())
+}
+
+/// `cuLaunchKernelEx` with programmatic stream serialization: the kernel's programs may
+/// start once the previous kernel's programs have all started (or released it) and wait
+/// for its end themselves (programmatic dependent launch; CUDA graphs captured from the
+/// stream keep the edge).
+fn launch_early(
+    g: &Arc<Gpu>,
+    gk: &GpuKernel,
+    grid: [u32; 3],
+    threads: u32,
+    slots: &[u64],
+) -> Result<()> {
+    let mut ptrs: Vec<*mut std::ffi::c_void> = slots
+        .iter()
+        .map(|s| s as *const u64 as *mut std::ffi::c_void)
+        .collect();
+    let mut attr = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        pad: [0; 4],
+        value: sys::CUlaunchAttributeValue { pad: [0; 64] },
+    };
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let cfg = sys::CUlaunchConfig {
+        gridDimX: grid[0],
+        gridDimY: grid[1],
+        gridDimZ: grid[2],
+        blockDimX: threads,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        hStream: g.stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: the arguments were checked against the kernel's parameters; each pointer in
+    // `ptrs` points at one 8-byte slot of `slots`, alive until this call returns; `attr`
+    // outlives the call; the function belongs to the stream's context.
+    unsafe {
+        sys::cuLaunchKernelEx(
+            &cfg,
+            gk.func.cu_function(),
+            ptrs.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()
+    .map_err(driver("cuLaunchKernelEx"))
 }
 
 fn launch_cpu(ir: &Kernel, grid: [u32; 3], args: &[Arg<'_>]) -> Result<()> {

@@ -49,6 +49,8 @@ struct Lower<'c, 'k> {
     /// Scratch of `dot_ta` (its `a` is staged here and read back transposed), apart from
     /// `smem` so that it needs no block-wide barrier: each warp owns a slice.
     dot_smem: Option<GlobalValue<'c>>,
+    /// Compute capability times ten of the target.
+    sm: u32,
 }
 
 pub(super) fn lower<'c>(
@@ -57,6 +59,7 @@ pub(super) fn lower<'c>(
     axes: &AxisInfos,
     layouts: &Layouts,
     machine: &Machine,
+    sm: u32,
 ) -> R<Module<'c>> {
     let module = ctx.create_module(&k.name);
     module.set_triple(&machine.get_triple());
@@ -120,6 +123,7 @@ pub(super) fn lower<'c>(
         tid: zero,
         smem: None,
         dot_smem: None,
+        sm,
     };
     l.tid = l.sreg("tid.x")?;
     l.lane =
@@ -630,6 +634,14 @@ impl<'c, 'k> Lower<'c, 'k> {
             }
             Prefetch { ptr, mask, bytes } => {
                 self.prefetch(*ptr, *mask, *bytes)?;
+                return Ok(());
+            }
+            WaitPriorGrid => {
+                self.grid_dependency("griddepcontrol.wait;")?;
+                return Ok(());
+            }
+            ReleaseDependents => {
+                self.grid_dependency("griddepcontrol.launch_dependents;")?;
                 return Ok(());
             }
             Reduce {
@@ -1724,6 +1736,29 @@ impl<'c, 'k> Lower<'c, 'k> {
                 Ok(())
             })?;
         }
+        Ok(())
+    }
+
+    /// A `griddepcontrol` instruction (sm_90 and newer; before Hopper kernels on a stream
+    /// never overlap, so there is nothing to do). A memory clobber keeps loads and stores
+    /// on their side of it.
+    fn grid_dependency(&mut self, text: &str) -> R<()> {
+        if self.sm < 90 {
+            return Ok(());
+        }
+        let fn_t = self.ctx.void_type().fn_type(&[], false);
+        let asm = self.ctx.create_inline_asm(
+            fn_t,
+            text.to_string(),
+            "~{memory}".to_string(),
+            true,
+            false,
+            None,
+            false,
+        );
+        self.b
+            .build_indirect_call(fn_t, asm, &[], "")
+            .map_err(|x| self.err(x))?;
         Ok(())
     }
 

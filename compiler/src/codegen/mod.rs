@@ -195,7 +195,7 @@ pub fn compile_stages(kernel: &Kernel, target: &Target) -> Result<Stages, Compil
         })?;
 
     let ctx = Context::create();
-    let module = lower::lower(&ctx, kernel, &axes, &layouts, &machine)?;
+    let module = lower::lower(&ctx, kernel, &axes, &layouts, &machine, target.sm)?;
     let llvm_unoptimized = module.print_to_string().to_string();
     module
         .verify()
