@@ -924,17 +924,9 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     b.wait_prior_grid();
     let step = b.i32(cb as i32);
     let neg_inf = b.f32(f32::NEG_INFINITY);
-    let masked = b.f32(MASKED);
-    let zero_f = b.f32(0.0);
-    // One pass, each of the `cb` slots of a step keeping its own running maximum (as the
-    // split does per token slot), so every partial is read once and the loop needs no
-    // reduction; the slots are combined after it.
-    let m0 = b.splat(masked, &[cb]);
-    let w0 = b.splat(zero_f, &[cb]);
-    let a0 = b.splat(zero_f, &[cb, d]);
-    let dr = b.arange(0, d as i64);
-    let fin = b.for_range(lo, hi, step, &[m0, w0, a0], |b, c0, carried| {
-        let (m, ws, acc) = (carried[0], carried[1], carried[2]);
+    let m0 = b.splat(neg_inf, &[cb]);
+    // Pass 1: the largest chunk LSE.
+    let mv = b.for_range(lo, hi, step, &[m0], |b, c0, carried| {
         let c = b.arange(0, cb as i64);
         let c = b.add(c0, c);
         let ok = b.lt(c, hi);
@@ -942,6 +934,29 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
         let e = b.add(e, base);
         let p = b.add_ptr(part_lse, e);
         let l = b.load_masked(p, Some(ok), Some(neg_inf));
+        vec![b.maximum(carried[0], l)]
+    })[0];
+    let mx = b.max(mv, 0);
+    let live = b.gt(mx, neg_inf);
+    let zero_f = b.f32(0.0);
+    let m_safe = b.select(live, mx, zero_f);
+    // Pass 2: chunk outputs weighted by exp2(lse - max).
+    let a0 = b.splat(zero_f, &[cb, d]);
+    let w0 = b.splat(zero_f, &[cb]);
+    let dr = b.arange(0, d as i64);
+    let fin = b.for_range(lo, hi, step, &[a0, w0], |b, c0, carried| {
+        let c = b.arange(0, cb as i64);
+        let c = b.add(c0, c);
+        let ok = b.lt(c, hi);
+        let e = b.mul(c, stride);
+        let e = b.add(e, base);
+        let p = b.add_ptr(part_lse, e);
+        let l = b.load_masked(p, Some(ok), Some(neg_inf));
+        let has = b.gt(l, neg_inf);
+        let ok = b.and(ok, has);
+        let dl = b.sub(l, m_safe);
+        let w = b.exp2(dl);
+        let w = b.select(ok, w, zero_f);
         let e64 = b.cast(e, DType::I64);
         let off = b.mul_c(e64, d as i64);
         let off = b.expand(off, 1, d);
@@ -951,38 +966,14 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
         let p = b.add_ptr(part_o, off);
         let okx = b.expand(ok, 1, d);
         let o = b.load_masked(p, Some(okx), None);
-        // Empty chunks (lse -inf) weigh nothing; the finite sentinel keeps `m` finite.
-        let has = b.gt(l, neg_inf);
-        let l = b.select(has, l, masked);
-        let m_new = b.maximum(m, l);
-        let dm = b.sub(m, m_new);
-        let alpha = b.exp2(dm);
-        let dl = b.sub(l, m_new);
-        let w = b.exp2(dl);
-        let w = b.select(has, w, zero_f);
-        let ws = b.mul(ws, alpha);
-        let ws = b.add(ws, w);
-        let ae = b.expand(alpha, 1, d);
-        let acc = b.mul(acc, ae);
         let we = b.expand(w, 1, d);
         let ow = b.mul(o, we);
-        // The output of an empty chunk is never written (stale, maybe NaN): it must not
-        // leak in as 0 * NaN. Loaded before its lse is known, so no load waits on another.
-        let hx = b.expand(has, 1, d);
-        let none = b.splat(zero_f, &[cb, d]);
-        let ow = b.select(hx, ow, none);
-        let acc = b.add(acc, ow);
-        vec![m_new, ws, acc]
+        let acc = b.add(carried[0], ow);
+        let ws = b.add(carried[1], w);
+        vec![acc, ws]
     });
-    let (m, ws, acc) = (fin[0], fin[1], fin[2]);
-    let mx = b.max(m, 0);
-    let dm = b.sub(m, mx);
-    let f = b.exp2(dm);
-    let wf = b.mul(ws, f);
-    let s = b.sum(wf, 0);
-    let fe = b.expand(f, 1, d);
-    let af = b.mul(acc, fe);
-    let y = b.sum(af, 0);
+    let y = b.sum(fin[0], 0);
+    let s = b.sum(fin[1], 0);
     let pos = b.gt(s, zero_f);
     let one = b.f32(1.0);
     let s_safe = b.select(pos, s, one);
