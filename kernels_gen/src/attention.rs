@@ -209,8 +209,8 @@ fn unsupported(kernel: &str, what: String) -> CompileError {
 /// With `balanced`: the partial buffers are indexed by piece (`[programs + rows, G, D]`,
 /// `[programs + rows, G]`, see [`balanced_segments`]); the scalars `chunk_tokens`,
 /// `max_chunks` are replaced by `rows` (token-list rows), `min_tokens` (the shortest
-/// segment) and `row_tokens` (what a row start counts as); any 1-D grid (the plan launches about as many programs as fit on the GPU at
-/// once).
+/// segment) and `row_tokens` (what a row start counts as); any 1-D grid (the plan
+/// launches about as many programs as fit on the GPU at once).
 pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let (d, bt, g_n) = (cfg.head_dim, cfg.block_tokens, cfg.group);
     let name = format!(

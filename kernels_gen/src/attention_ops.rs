@@ -535,9 +535,11 @@ impl AttentionPlan {
 
     /// Metadata around token lists that the GPU wrote (e.g. the top-p pruner's output):
     /// `sel_indptr` must have one entry per row plus one. Their contents are not read on the
-    /// host; the kernel reads no entry outside `sel_indices`, skips positions outside their
-    /// sequence and stops each row at the plan's `max_tokens`, so bad lists give wrong
-    /// answers but never bad memory accesses.
+    /// host; the kernels read no entry outside `sel_indices` and no offset outside
+    /// `sel_indptr`, skip positions outside their sequence, and place every partial result
+    /// inside the plan's buffers whatever the offsets say (rows longer than `max_tokens` are
+    /// computed whole: the balanced split's work follows the lists' total length), so bad
+    /// lists give wrong answers but never bad memory accesses.
     pub fn device_meta(
         &self,
         dusk: &Dusk,
@@ -592,8 +594,8 @@ impl AttentionPlan {
     /// Attention of `q` (`[batch, num_q_heads, head_dim]`) over `k` and `v` (the cache) as
     /// `meta` selects; writes `out` (same shape as `q`) and `lse` (f32 per query row,
     /// natural log, `-inf` for an empty row, whose output is zero). `sparq` must be given
-    /// exactly when the plan was made with `sparq`. Two launches (three with token lists); no
-    /// allocation, no sync.
+    /// exactly when the plan was made with `sparq`. Two launches (the merge may start during
+    /// the split's last programs and waits for it on the device); no allocation, no sync.
     #[allow(clippy::too_many_arguments)]
     pub fn run<T: Element>(
         &self,

@@ -96,6 +96,9 @@ struct Case<'a> {
     programs: u32,
     /// Token lists: what a row start counts as in the balanced split.
     row_tokens: u32,
+    /// K and V of one more tile brought into L2 a step early (the pipeline one stage
+    /// deeper).
+    l2_prefetch: bool,
 }
 
 fn check<T: HalfFloat>(seed: u64, c: &Case) {
@@ -145,6 +148,7 @@ fn check<T: HalfFloat>(seed: u64, c: &Case) {
         t.chunk_fastest = c.chunk_fastest && matches!(c.mode, DENSE | PADDED);
         t.list_programs = c.programs;
         t.row_tokens = c.row_tokens;
+        t.l2_prefetch = c.l2_prefetch;
         t.chunk_tokens = c.chunk.div_ceil(t.block_tokens) * t.block_tokens
     })
     .unwrap();
@@ -236,6 +240,7 @@ fn case(seqs: &[usize], kv_heads: usize, group: usize, d: usize, mode: Attention
         chunk_fastest: false,
         programs: 0,
         row_tokens: 16,
+        l2_prefetch: false,
     }
 }
 
@@ -374,6 +379,7 @@ proptest! {
         chunk_fastest in any::<bool>(),
         programs in 0u32..4,
         row_tokens in 0u32..40,
+        l2_prefetch in any::<bool>(),
     ) {
         prop_assume!(seqs.iter().any(|n| *n > 0));
         let c = Case {
@@ -390,6 +396,7 @@ proptest! {
             chunk_fastest,
             programs,
             row_tokens,
+            l2_prefetch,
         };
         check::<f16>(seed, &c);
     }
