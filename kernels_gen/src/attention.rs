@@ -117,7 +117,10 @@ pub struct MergeConfig {
     pub dtype: DType,
     /// Apply SparQ's output transform (parameters `alpha`, `v_mean`).
     pub sparq: bool,
-    /// Chunks combined per loop iteration.
+    /// Partials (chunks or pieces) whose outputs are combined per step of the second pass;
+    /// the first pass reads [`merge_lse_width`] log-sum-exps a step. A row's steps wait on
+    /// each other, so the longest row's step count is the merge's critical path: 32 take a
+    /// row of 47 pieces (the skewed benchmark's longest) in 2 steps where 8 took 6.
     pub block_chunks: usize,
     /// Partial results of the balanced split of token lists (see
     /// [`SplitConfig::balanced`]).
@@ -804,6 +807,18 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     b.finish()
 }
 
+/// Warps of a merge program: enough that a step's `[block_chunks, head_dim]` outputs are at
+/// most 32 values a thread (2 warps at least, 4 for head_dim 256, 8 at most).
+pub fn merge_warps(head_dim: usize, block_chunks: usize) -> u32 {
+    let base = if head_dim >= 256 { 4 } else { 2 };
+    ((block_chunks * head_dim / 1024) as u32).clamp(base, 8)
+}
+
+/// Log-sum-exps a merge program reads per step of its first pass: 4 a thread.
+pub fn merge_lse_width(head_dim: usize, block_chunks: usize) -> usize {
+    4 * 32 * merge_warps(head_dim, block_chunks) as usize
+}
+
 /// Builds the merge kernel. Parameters, in order: `part_o`, `part_lse` (from the split
 /// kernel), `out` (`[batch * q_heads, D]`, the config's dtype), `lse` (f32
 /// `[batch * q_heads]`, natural log; `-inf` for an empty row), with `sparq` also `alpha`
@@ -824,6 +839,7 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     );
     if !matches!(d, 64 | 128 | 256)
         || !cb.is_power_of_two()
+        || cb > 64
         || !matches!(cfg.dtype, DType::F16 | DType::BF16)
     {
         return Err(unsupported(
@@ -832,7 +848,7 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
         ));
     }
     let mut b = KernelBuilder::new(&name);
-    b.set_num_warps(if d >= 256 { 4 } else { 2 });
+    b.set_num_warps(merge_warps(d, cb));
     let part_o = b.param_ptr("part_o", DType::F32);
     let part_lse = b.param_ptr("part_lse", DType::F32);
     let out = b.param_ptr("out", cfg.dtype);
@@ -922,12 +938,13 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     // below are the split's, so the merge waits for it here (its programs may have started
     // during the split's last programs: see `OpKind::WaitPriorGrid`).
     b.wait_prior_grid();
-    let step = b.i32(cb as i32);
+    let wide = merge_lse_width(d, cb);
+    let step = b.i32(wide as i32);
     let neg_inf = b.f32(f32::NEG_INFINITY);
-    let m0 = b.splat(neg_inf, &[cb]);
+    let m0 = b.splat(neg_inf, &[wide]);
     // Pass 1: the largest chunk LSE.
     let mv = b.for_range(lo, hi, step, &[m0], |b, c0, carried| {
-        let c = b.arange(0, cb as i64);
+        let c = b.arange(0, wide as i64);
         let c = b.add(c0, c);
         let ok = b.lt(c, hi);
         let e = b.mul(c, stride);
@@ -941,6 +958,7 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     let zero_f = b.f32(0.0);
     let m_safe = b.select(live, mx, zero_f);
     // Pass 2: chunk outputs weighted by exp2(lse - max).
+    let step = b.i32(cb as i32);
     let a0 = b.splat(zero_f, &[cb, d]);
     let w0 = b.splat(zero_f, &[cb]);
     let dr = b.arange(0, d as i64);

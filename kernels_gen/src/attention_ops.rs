@@ -88,6 +88,9 @@ pub struct AttentionTuning {
     /// balanced split counts each row as this much longer, so programs covering many row
     /// starts get fewer entries.
     pub row_tokens: u32,
+    /// Partial results the merge combines per step (a power of two up to 64; see
+    /// [`MergeConfig::block_chunks`](crate::attention::MergeConfig)).
+    pub merge_chunks: usize,
 }
 
 /// Work items the default chunk size aims for, per multiprocessor.
@@ -106,6 +109,9 @@ const MIN_SEGMENT_LISTS: usize = 64;
 /// What starting a piece of a row costs, in entries, by default (see
 /// [`AttentionTuning::row_tokens`]).
 const ROW_TOKENS: u32 = 16;
+/// Partial results the merge combines per step, by default: a row of up to 32 chunks or
+/// pieces in one step of each pass.
+const MERGE_CHUNKS: usize = 32;
 /// The longest default chunk (dense and padded): long enough that partials cost under 1% of
 /// the KV traffic, short enough that one long row does not become the tail of the batch.
 const MAX_CHUNK: usize = 1024;
@@ -166,6 +172,7 @@ impl AttentionTuning {
             chunk_fastest: false,
             list_programs: 0,
             row_tokens: ROW_TOKENS,
+            merge_chunks: MERGE_CHUNKS,
         }
     }
 }
@@ -352,6 +359,12 @@ impl AttentionPlan {
             format!("a positive multiple of block_tokens ({bt})"),
             tuning.chunk_tokens,
         )?;
+        ensure(
+            tuning.merge_chunks.is_power_of_two() && tuning.merge_chunks <= 64,
+            "merge_chunks",
+            "a power of two up to 64",
+            tuning.merge_chunks,
+        )?;
         let pg = program_group(&spec);
         ensure(
             !tuning.tensor_cores || ((2..=8).contains(&pg) && bt == 8 && tuning.num_warps == 1),
@@ -411,7 +424,7 @@ impl AttentionPlan {
             head_dim: spec.kv.head_dim,
             dtype: spec.dtype,
             sparq: spec.sparq,
-            block_chunks: 8,
+            block_chunks: tuning.merge_chunks,
             balanced: lists,
         };
         let split = dusk.kernel(format!("{split_cfg:?}"), || {

@@ -99,6 +99,8 @@ struct Case<'a> {
     /// K and V of one more tile brought into L2 a step early (the pipeline one stage
     /// deeper).
     l2_prefetch: bool,
+    /// Partials the merge combines a step.
+    merge_chunks: usize,
 }
 
 fn check<T: HalfFloat>(seed: u64, c: &Case) {
@@ -149,6 +151,7 @@ fn check<T: HalfFloat>(seed: u64, c: &Case) {
         t.list_programs = c.programs;
         t.row_tokens = c.row_tokens;
         t.l2_prefetch = c.l2_prefetch;
+        t.merge_chunks = c.merge_chunks;
         t.chunk_tokens = c.chunk.div_ceil(t.block_tokens) * t.block_tokens
     })
     .unwrap();
@@ -241,6 +244,8 @@ fn case(seqs: &[usize], kv_heads: usize, group: usize, d: usize, mode: Attention
         programs: 0,
         row_tokens: 16,
         l2_prefetch: false,
+        // Several merge steps a row in the fixed cases (the property test draws 1 to 64).
+        merge_chunks: 2,
     }
 }
 
@@ -380,6 +385,7 @@ proptest! {
         programs in 0u32..4,
         row_tokens in 0u32..40,
         l2_prefetch in any::<bool>(),
+        merge_log in 0u32..7,
     ) {
         prop_assume!(seqs.iter().any(|n| *n > 0));
         let c = Case {
@@ -397,6 +403,7 @@ proptest! {
             programs,
             row_tokens,
             l2_prefetch,
+            merge_chunks: 1 << merge_log,
         };
         check::<f16>(seed, &c);
     }

@@ -124,14 +124,16 @@ fn attention_kernels() -> Vec<Kernel> {
             }
             for sparq in [false, true] {
                 for balanced in [false, true] {
-                    let cfg = MergeConfig {
-                        head_dim: d,
-                        dtype,
-                        sparq,
-                        block_chunks: 8,
-                        balanced,
-                    };
-                    ks.push(attention::build_merge(&cfg).unwrap());
+                    for block_chunks in [8, 32, 64] {
+                        let cfg = MergeConfig {
+                            head_dim: d,
+                            dtype,
+                            sparq,
+                            block_chunks,
+                            balanced,
+                        };
+                        ks.push(attention::build_merge(&cfg).unwrap());
+                    }
                 }
             }
         }

@@ -639,7 +639,8 @@ fn time_samples(
 /// warp), `oN` (programs per SM asked of ptxas), `g1` (a row's chunks next to each other in
 /// the grid; dense only), `lN` (token lists: N programs of the balanced split; with lists
 /// `cCHUNK` is the shortest segment and `hH` what a row start counts as, in entries), `pP`
-/// (1: one more tile of K and V into L2 a step early, 0: not), e.g. `8x4`, `16x4v32`, `8x4f2c256`, `8x1o16`, `8x1m0`, `8x1c512g1`,
+/// (1: one more tile of K and V into L2 a step early, 0: not), `kK` (partials the merge
+/// combines a step), e.g. `8x4`, `16x4v32`, `8x4f2c256`, `8x1o16`, `8x1m0`, `8x1c512g1`,
 /// `8x1l3168`, `8x1p0`.
 #[derive(Clone, Copy)]
 struct Tiling {
@@ -654,6 +655,7 @@ struct Tiling {
     list_programs: Option<u32>,
     l2_prefetch: Option<bool>,
     row_tokens: Option<u32>,
+    merge_chunks: Option<usize>,
 }
 
 fn parse_tiling(t: &str) -> Option<Tiling> {
@@ -678,6 +680,7 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
         list_programs: None,
         l2_prefetch: None,
         row_tokens: None,
+        merge_chunks: None,
     };
     for (k, v) in &fields[1..] {
         match k {
@@ -691,6 +694,7 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
             'l' => out.list_programs = Some(v.parse().ok()?),
             'p' => out.l2_prefetch = Some(v.parse::<u8>().ok()? == 1),
             'h' => out.row_tokens = Some(v.parse().ok()?),
+            'k' => out.merge_chunks = Some(v.parse().ok()?),
             _ => return None,
         }
     }
@@ -699,7 +703,7 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
 
 fn describe(t: &AttentionTuning) -> String {
     format!(
-        "{}x{}v{}f{}o{}{}{}{}{} chunk {} row-tokens {}",
+        "{}x{}v{}f{}o{}{}{}{}{} chunk {} row-tokens {} merge-chunks {}",
         t.block_tokens,
         t.num_warps,
         t.vector_bytes,
@@ -718,7 +722,8 @@ fn describe(t: &AttentionTuning) -> String {
             String::new()
         },
         t.chunk_tokens,
-        t.row_tokens
+        t.row_tokens,
+        t.merge_chunks
     )
 }
 
@@ -744,6 +749,7 @@ fn time_tilings(
             u.list_programs = t.list_programs.unwrap_or(u.list_programs);
             u.l2_prefetch = t.l2_prefetch.unwrap_or(u.l2_prefetch);
             u.row_tokens = t.row_tokens.unwrap_or(u.row_tokens);
+            u.merge_chunks = t.merge_chunks.unwrap_or(u.merge_chunks);
             u.tensor_cores = t
                 .mma
                 .unwrap_or(u.tensor_cores && t.block_tokens == 8 && t.num_warps == 1);
