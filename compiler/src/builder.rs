@@ -478,6 +478,14 @@ impl KernelBuilder {
         self.push(kind, caller_loc(Location::caller()), &[]);
     }
 
+    /// Counts this program's arrival at `counter` and returns the count before it; see
+    /// [`OpKind::Arrive`].
+    #[track_caller]
+    pub fn arrive(&mut self, counter: Value) -> Value {
+        let kind = OpKind::Arrive { counter: counter.0 };
+        self.push1(kind, caller_loc(Location::caller()))
+    }
+
     /// Waits for the previous kernel on the stream; see [`OpKind::WaitPriorGrid`].
     #[track_caller]
     pub fn wait_prior_grid(&mut self) {

@@ -1013,6 +1013,21 @@ impl<'k> Interp<'k, '_, '_> {
                 }
                 return Ok(None);
             }
+            Arrive { counter } => {
+                // Programs run one after another here: each sees every earlier one's add.
+                let p = get(&self.env, *counter).ptrs()[0];
+                let Data::I32(old) = load(DType::I32, self.mem, &[p], None, None)? else {
+                    unreachable!("an i32 load")
+                };
+                store(
+                    self.mem,
+                    DType::I32,
+                    &[p],
+                    None,
+                    &Data::I32(vec![old[0].wrapping_add(1)]),
+                )?;
+                Data::I32(old)
+            }
             Reduce { op, value, axis } => {
                 reduce(*op, elem_ty(value), g(value), &k.ty(*value).shape, *axis)?
             }

@@ -334,6 +334,16 @@ pub enum OpKind {
     /// `griddepcontrol.launch_dependents`); they still wait for this kernel's end at their
     /// [`OpKind::WaitPriorGrid`].
     ReleaseDependents,
+    /// Counts the program's arrival at the i32 `counter` (a scalar pointer): once for the
+    /// whole program, after every thread's earlier stores, it adds 1 and gives every thread
+    /// the count before its add. Stores a program made before arriving are visible to the
+    /// loads of any program after its arrival at the same counter (PTX `atom.acq_rel.gpu`,
+    /// with barriers on both sides), so the program that finds `n - 1` knows the other
+    /// `n - 1` are done and may read what they wrote: the last of a row's pieces merges them
+    /// without another launch.
+    Arrive {
+        counter: ValueId,
+    },
     /// Reduces a block along `axis`: 1-D to a scalar, 2-D to 1-D.
     Reduce {
         op: ReduceOp,
@@ -386,6 +396,7 @@ impl OpKind {
             | ReleaseDependents => vec![],
             Splat { value, .. } | Expand { value, .. } | Unary { value, .. } => vec![*value],
             Cast { value, .. } | Reduce { value, .. } | Scan { value } => vec![*value],
+            Arrive { counter } => vec![*counter],
             MultiReduce { values, .. } => values.clone(),
             PtrCast { ptr, .. } => vec![*ptr],
             DotInt4 { codes, q } => vec![*codes, *q],
@@ -451,6 +462,7 @@ impl OpKind {
             self,
             OpKind::Store { .. }
                 | OpKind::Prefetch { .. }
+                | OpKind::Arrive { .. }
                 | OpKind::WaitPriorGrid
                 | OpKind::ReleaseDependents
                 | OpKind::Yield { .. }
@@ -510,6 +522,7 @@ impl OpKind {
             Load { .. } => "load",
             Store { .. } => "store",
             Prefetch { .. } => "prefetch",
+            Arrive { .. } => "arrive",
             WaitPriorGrid => "wait_prior_grid",
             ReleaseDependents => "release_dependents",
             Reduce { op, .. } => match op {

@@ -282,6 +282,13 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
             }
             Ok(vec![])
         }
+        Arrive { counter } => {
+            let c = ty(*counter);
+            if c != Type::ptr(DType::I32) {
+                return Err(format!("arrive needs a scalar i32 pointer, found {c}"));
+            }
+            one(Type::scalar(DType::I32))
+        }
         Prefetch { ptr, mask, bytes } => {
             let p = ty(*ptr);
             if !matches!(p.elem, Elem::Ptr(_)) {

@@ -817,3 +817,47 @@ fn dot_and_dot_ta_match_f64() {
         }
     }
 }
+
+/// `arrive`: each program of a grid gets a distinct count, the counter ends at the number
+/// of programs, and the last program (the one that found `programs - 1`) sees the values
+/// every other program stored before arriving.
+#[test]
+fn arrive_counts_programs_and_the_last_sees_their_stores() {
+    let mut b = KernelBuilder::new("arrive");
+    let counter = b.param_ptr("counter", DType::I32);
+    let slots = b.param_ptr("slots", DType::I32);
+    let tickets = b.param_ptr("tickets", DType::I32);
+    let total = b.param_ptr("total", DType::I32);
+    let pid = b.program_id(0);
+    let programs = b.num_programs(0);
+    let p = b.add_ptr(slots, pid);
+    let v = b.mul_c(pid, 10);
+    b.store(p, v);
+    let ticket = b.arrive(counter);
+    let p = b.add_ptr(tickets, pid);
+    b.store(p, ticket);
+    let last = b.add_c(programs, -1);
+    let is_last = b.eq(ticket, last);
+    b.if_then(is_last, |b| {
+        let r = b.arange(0, 64);
+        let ok = b.lt(r, programs);
+        let p = b.add_ptr(slots, r);
+        let seen = b.load_masked(p, Some(ok), None);
+        let sum = b.sum(seen, 0);
+        b.store(total, sum);
+    });
+    let k = b.finish().unwrap();
+    let n = 37;
+    let mut counter = i32_bytes(&[0]);
+    let mut slots = vec![0u8; 4 * n];
+    let mut tickets = vec![0u8; 4 * n];
+    let mut total = i32_bytes(&[-1]);
+    let args = [ptr(0), ptr(1), ptr(2), ptr(3)];
+    let mut bufs = [&mut counter[..], &mut slots, &mut tickets, &mut total];
+    run(&k, [n as u32, 1, 1], &args, &mut bufs).unwrap();
+    assert_eq!(bytes_i32(&counter), [n as i32]);
+    let mut t = bytes_i32(&tickets);
+    t.sort();
+    assert_eq!(t, (0..n as i32).collect::<Vec<_>>());
+    assert_eq!(bytes_i32(&total), [10 * (0..n as i32).sum::<i32>()]);
+}

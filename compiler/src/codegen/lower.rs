@@ -227,6 +227,8 @@ fn shared_bytes(k: &Kernel, layouts: &Layouts) -> usize {
                 }
             }
             OpKind::MultiReduce { values, .. } => values.len() * k.num_warps as usize * 8,
+            // The count, broadcast from thread 0.
+            OpKind::Arrive { .. } => 4,
             OpKind::Scan { value } => match layouts.get(*value) {
                 Layout::Blocked(b) => {
                     (b.per_thread(0) / b.size_per_thread[0]) * b.warps_per_cta[0] * 4
@@ -636,6 +638,7 @@ impl<'c, 'k> Lower<'c, 'k> {
                 self.prefetch(*ptr, *mask, *bytes)?;
                 return Ok(());
             }
+            Arrive { counter } => self.arrive(*counter)?,
             WaitPriorGrid => {
                 self.grid_dependency("griddepcontrol.wait;")?;
                 return Ok(());
@@ -1760,6 +1763,51 @@ impl<'c, 'k> Lower<'c, 'k> {
             .build_indirect_call(fn_t, asm, &[], "")
             .map_err(|x| self.err(x))?;
         Ok(())
+    }
+
+    /// [`OpKind::Arrive`]: a barrier (every thread's stores made), thread 0's add with
+    /// acquire-release semantics at GPU scope, its old count broadcast through shared memory
+    /// (a barrier after the write, another after the read so that the slot may be reused).
+    /// The barriers carry the ordering to and from the other threads, as CUTLASS's
+    /// semaphores do.
+    fn arrive(&mut self, counter: ValueId) -> R<Cv<'c>> {
+        let i32t = self.ctx.i32_type();
+        let i64t = self.ctx.i64_type();
+        let Cv::S(p) = self.get(counter) else {
+            return Err(self.err("arrive needs a scalar pointer"));
+        };
+        let addr = self
+            .b
+            .build_ptr_to_int(p.into_pointer_value(), i64t, "")
+            .map_err(|x| self.err(x))?;
+        let slot = self.smem_ptr(i32t.into(), i32t.const_zero())?;
+        self.barrier()?;
+        let first = self
+            .b
+            .build_int_compare(IntPredicate::EQ, self.tid, i32t.const_zero(), "")
+            .map_err(|x| self.err(x))?;
+        let fn_t = i32t.fn_type(&[i64t.into()], false);
+        let asm = self.ctx.create_inline_asm(
+            fn_t,
+            "atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;".to_string(),
+            "=r,l,~{memory}".to_string(),
+            true,
+            false,
+            None,
+            false,
+        );
+        self.guarded(Some(first), |s| {
+            let old =
+                s.b.build_indirect_call(fn_t, asm, &[addr.into()], "")
+                    .map_err(|x| s.err(x))?;
+            let old = old.try_as_basic_value().basic().expect("atom value");
+            s.b.build_store(slot, old).map_err(|x| s.err(x))?;
+            Ok(())
+        })?;
+        self.barrier()?;
+        let v = self.b.build_load(i32t, slot, "").map_err(|x| self.err(x))?;
+        self.barrier()?;
+        Ok(Cv::S(v))
     }
 
     /// `prefetch.global.L2` on each 128-byte line of `bytes` at each pointer this thread
