@@ -168,6 +168,7 @@ pub fn config_json(t: &AttentionTuning) -> serde_json::Value {
         "vector_bytes": t.vector_bytes, "prefetch": t.prefetch,
         "min_programs_per_sm": t.min_programs_per_sm, "tensor_cores": t.tensor_cores,
         "chunk_fastest": t.chunk_fastest, "l2_prefetch": t.l2_prefetch,
+        "merge_chunks": t.merge_chunks,
     })
 }
 
@@ -316,6 +317,9 @@ impl Candidate for AttentionCandidate<'_> {
             tensor_cores: t.tensor_cores,
             chunk_fastest: t.chunk_fastest,
             balanced: false,
+            fused_merge: false,
+            sparq: false,
+            merge_chunks: t.merge_chunks,
         })
         .map_err(|e| e.to_string())?;
         Ok(ir_hash(&split))

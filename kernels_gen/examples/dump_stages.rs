@@ -32,6 +32,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         tensor_cores: true,
         chunk_fastest: false,
         balanced: false,
+        fused_merge: false,
+        sparq: false,
+        merge_chunks: 8,
     };
     let kernels = [
         quantize::build(&QuantizeConfig::new(128, 4))?,
@@ -39,11 +42,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         spgemv::build(&SpgemvConfig::new(128, 16, 1, 4))?,
         spgemv::build(&SpgemvConfig::new(128, 16, 4, 4))?,
         attention::build_split(&dense)?,
-        // Group varlen token lists: the balanced split, one tile into L2 ahead.
+        // Group varlen token lists: the balanced split, one tile into L2 ahead, merging rows.
         attention::build_split(&SplitConfig {
             source: TokenSource::Lists,
             l2_prefetch: true,
             balanced: true,
+            fused_merge: true,
             ..dense
         })?,
     ];

@@ -104,6 +104,18 @@ pub struct SplitConfig {
     /// the `(rows, max_chunks)` grid: no empty programs however short the lists are against
     /// the plan's maximum, and the same number of tokens in every program.
     pub balanced: bool,
+    /// With `balanced`: the merge done inside the split. Each program that holds a piece
+    /// of a row counts its arrival at the row's counter ([`OpKind::Arrive`]); the last
+    /// combines the row's pieces and writes the output, so no merge launch follows and
+    /// the merging of rows overlaps the split's other programs instead of following them
+    /// all (the merge launch cost about 15% of the skewed benchmark).
+    ///
+    /// [`OpKind::Arrive`]: dusk_compiler::OpKind::Arrive
+    pub fused_merge: bool,
+    /// With `fused_merge`: SparQ's output transform (see [`MergeConfig::sparq`]).
+    pub sparq: bool,
+    /// With `fused_merge`: partials combined a step (see [`MergeConfig::block_chunks`]).
+    pub merge_chunks: usize,
 }
 
 /// Rows of the token lists one step of the balanced split's row search compares.
@@ -217,7 +229,7 @@ fn unsupported(kernel: &str, what: String) -> CompileError {
 pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let (d, bt, g_n) = (cfg.head_dim, cfg.block_tokens, cfg.group);
     let name = format!(
-        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}{}{}{}{}",
+        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}{}{}{}{}{}",
         match cfg.source {
             TokenSource::Dense => "dense",
             TokenSource::Lists => "lists",
@@ -235,7 +247,12 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         if cfg.l2_prefetch { "_l2" } else { "" },
         if cfg.tensor_cores { "_mma" } else { "" },
         if cfg.chunk_fastest { "_cf" } else { "" },
-        if cfg.balanced { "_bal" } else { "" }
+        if cfg.balanced { "_bal" } else { "" },
+        match (cfg.fused_merge, cfg.sparq) {
+            (false, _) => String::new(),
+            (true, false) => format!("_m{}", cfg.merge_chunks),
+            (true, true) => format!("_m{}_sparq", cfg.merge_chunks),
+        }
     );
     let tc = cfg.tensor_cores;
     if !matches!(d, 64 | 128 | 256)
@@ -248,6 +265,8 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         || !matches!(cfg.prefetch, 1 | 2)
         || (tc && (!(2..=8).contains(&g_n) || bt != 8 || cfg.num_warps != 1))
         || (cfg.balanced && (cfg.source != TokenSource::Lists || cfg.chunk_fastest))
+        || (cfg.fused_merge
+            && (!cfg.balanced || !cfg.merge_chunks.is_power_of_two() || cfg.merge_chunks > 64))
     {
         return Err(unsupported(
             &name,
@@ -279,8 +298,37 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     };
     let part_o = b.param_ptr("part_o", DType::F32);
     let part_lse = b.param_ptr("part_lse", DType::F32);
+    let merged = if cfg.fused_merge {
+        let out = b.param_ptr("out", cfg.dtype);
+        let lse_out = b.param_ptr("lse", DType::F32);
+        let sparq = if cfg.sparq {
+            Some((
+                b.param_ptr("alpha", DType::F32),
+                b.param_ptr("v_mean", cfg.dtype),
+            ))
+        } else {
+            None
+        };
+        Some((out, lse_out, sparq, b.param_ptr("counters", DType::I32)))
+    } else {
+        None
+    };
     let num_q_heads = b.param_scalar("num_q_heads", DType::I32);
     let num_kv_heads = b.param_scalar("num_kv_heads", DType::I32);
+    // The merge inside the split: where it writes, and the row counters.
+    let merged = merged.map(|(out, lse_out, sparq, counters)| {
+        let io = MergeIo {
+            part_o,
+            part_lse,
+            out,
+            lse_out,
+            sparq: sparq.map(|(alpha, v_mean)| (alpha, v_mean, num_q_heads, num_kv_heads)),
+            head_dim: d,
+            block_chunks: cfg.merge_chunks,
+            dtype: cfg.dtype,
+        };
+        (io, counters)
+    });
     let (grid, rows_min) = if cfg.balanced {
         let rows = b.param_scalar("rows", DType::I32);
         let min_tokens = b.param_scalar("min_tokens", DType::I32);
@@ -304,8 +352,10 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         _ => None,
     };
     let scale_log2 = b.param_scalar("scale_log2", DType::F32);
-    // The merge may start its programs now; they wait for this kernel's end themselves.
-    b.release_dependents();
+    if merged.is_none() {
+        // The merge may start its programs now; they wait for this kernel's end themselves.
+        b.release_dependents();
+    }
 
     // One work item: the entries `span` of row `row`'s tokens; query head g of the row
     // writes partial slot `slot0 + g * stride`.
@@ -733,7 +783,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                 min_tokens,
                 row_tokens,
             };
-            let (_, line, seg) = balanced_segments(&mut b, &bal);
+            let (total, line, seg) = balanced_segments(&mut b, &bal);
             let s = b.mul(pid, seg);
             let e = b.add(s, seg);
             let e = b.minimum(e, line);
@@ -781,9 +831,15 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     let piece = b.add(pid, row);
                     let slot0 = b.mul(piece, c_group);
                     item(b, row, Span::Entries { start, end }, slot0, one_i);
+                    if let Some((io, counters)) = merged {
+                        merge_if_last(b, &io, counters, &bal, (total, seg), pid, row, g_n);
+                    }
                     vec![]
                 });
             });
+            if let Some((_, counters)) = merged {
+                reset_counters_if_last(&mut b, counters, rows, bal.programs);
+            }
         }
         _ => {
             let (chunk_tokens, max_chunks) = grid.expect("grid parameters");
@@ -807,17 +863,91 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     b.finish()
 }
 
-/// Warps of a merge program: enough that a step's `[block_chunks, head_dim]` outputs are at
-/// most 32 values a thread (2 warps at least, 4 for head_dim 256, 8 at most).
+/// Warps of a merge program: a step's `[block_chunks, head_dim]` outputs are 16 values a
+/// thread (1 to 8 warps).
 pub fn merge_warps(head_dim: usize, block_chunks: usize) -> u32 {
-    let base = if head_dim >= 256 { 4 } else { 2 };
-    ((block_chunks * head_dim / 1024) as u32).clamp(base, 8)
+    ((block_chunks * head_dim / 512) as u32).clamp(1, 8)
 }
 
 /// Log-sum-exps a merge program reads per step of its first pass: 4 a thread.
 pub fn merge_lse_width(head_dim: usize, block_chunks: usize) -> usize {
     4 * 32 * merge_warps(head_dim, block_chunks) as usize
 }
+
+/// The merge inside the split (see [`SplitConfig::fused_merge`]), after program `pid` has
+/// written its piece of row `row`: if the program holds a piece of the row (for a row
+/// without entries: if the row starts in its segment, so that exactly one program writes
+/// the empty row's output), it arrives at the row's counter, and the one that arrives
+/// last merges the row's `group` query heads.
+#[allow(clippy::too_many_arguments)]
+fn merge_if_last(
+    b: &mut KernelBuilder,
+    io: &MergeIo,
+    counters: Value,
+    bal: &Balance,
+    (total, seg): (Value, Value),
+    pid: Value,
+    row: Value,
+    group: usize,
+) {
+    let (lo, hi, start) = row_pieces(b, bal, total, seg, row);
+    let piece = b.add(pid, row);
+    let from_lo = b.ge(piece, lo);
+    let below_hi = b.lt(piece, hi);
+    let holds = b.and(from_lo, below_hi);
+    let empty = b.eq(lo, hi);
+    let owner = b.div(start, seg);
+    let owns = b.eq(owner, pid);
+    let owns_empty = b.and(empty, owns);
+    let mine = b.or(holds, owns_empty);
+    b.if_then(mine, |b| {
+        let p = b.add_ptr(counters, row);
+        let before = b.arrive(p);
+        let n = b.sub(hi, lo);
+        let one_i = b.i32(1);
+        let n = b.maximum(n, one_i);
+        let n1 = b.add_c(n, -1);
+        let last = b.eq(before, n1);
+        b.if_then(last, |b| {
+            let zero_i = b.i32(0);
+            let c_group = b.i32(group as i32);
+            b.for_range(zero_i, c_group, one_i, &[], |b, g, _| {
+                let q_row = b.mul(row, c_group);
+                let q_row = b.add(q_row, g);
+                merge_row(b, io, q_row, lo, hi, c_group, g);
+                vec![]
+            });
+        });
+    });
+}
+
+/// The last program of the split grid to finish (counted at `counters[rows]`, which every
+/// program reaches once whatever the lists say) sets all the counters back to zero for
+/// the next launch: rows end a launch at their piece counts, or, with lists whose offsets
+/// are bad, at any count, which must not spoil the next launch.
+fn reset_counters_if_last(b: &mut KernelBuilder, counters: Value, rows: Value, programs: Value) {
+    let p = b.add_ptr(counters, rows);
+    let before = b.arrive(p);
+    let last = b.add_c(programs, -1);
+    let is_last = b.eq(before, last);
+    b.if_then(is_last, |b| {
+        let zero_i = b.i32(0);
+        let n = b.add_c(rows, 1);
+        let step = b.i32(RESET_BLOCK as i32);
+        b.for_range(zero_i, n, step, &[], |b, r0, _| {
+            let r = b.arange(0, RESET_BLOCK as i64);
+            let r = b.add(r0, r);
+            let ok = b.lt(r, n);
+            let p = b.add_ptr(counters, r);
+            let z = b.splat(zero_i, &[RESET_BLOCK]);
+            b.store_masked(p, z, Some(ok));
+            vec![]
+        });
+    });
+}
+
+/// Counters the reset at the end of a fused split writes a step.
+const RESET_BLOCK: usize = 256;
 
 /// Builds the merge kernel. Parameters, in order: `part_o`, `part_lse` (from the split
 /// kernel), `out` (`[batch * q_heads, D]`, the config's dtype), `lse` (f32
@@ -891,15 +1021,25 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     } else {
         None
     };
+    let io = MergeIo {
+        part_o,
+        part_lse,
+        out,
+        lse_out,
+        sparq: match (sparq, heads) {
+            (Some((alpha, v_mean)), Some((hq, hkv))) => Some((alpha, v_mean, hq, hkv)),
+            _ => None,
+        },
+        head_dim: d,
+        block_chunks: cb,
+        dtype: cfg.dtype,
+    };
     let row = b.program_id(0);
     // This query row's partials: index `c * stride + base` for `c` in `lo..hi`.
     let zero_i = b.i32(0);
     let one_i = b.i32(1);
     let (lo, hi, stride, base) = match (indptr, split) {
         (Some(indptr), Some([rows, programs, num_indices, min_tokens, row_tokens])) => {
-            // Row r's entries `rs..re` (on the line) lie in segments `rs / seg ..=
-            // (re - 1) / seg`; the piece of segment j in row r is `j + r` (see
-            // [`balanced_segments`]).
             let r = b.div(row, per_row);
             let g = b.rem(row, per_row);
             let bal = Balance {
@@ -911,26 +1051,8 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
                 row_tokens,
             };
             let (total, _, seg) = balanced_segments(&mut b, &bal);
-            let p = b.add_ptr(indptr, r);
-            let rs = b.load(p);
-            let r1 = b.add_c(r, 1);
-            let p = b.add_ptr(indptr, r1);
-            let re = b.load(p);
-            let rs = b.maximum(rs, zero_i);
-            let rs = b.minimum(rs, total);
-            let re = b.maximum(re, rs);
-            let re = b.minimum(re, total);
-            let shift = row_shift(&mut b, r, row_tokens);
-            let rs = b.add(rs, shift);
-            let re = b.add(re, shift);
-            let j0 = b.div(rs, seg);
-            let lo = b.add(j0, r);
-            let last = b.add_c(re, -1);
-            let j1 = b.div(last, seg);
-            let hi = b.add(j1, r);
-            let hi = b.add_c(hi, 1);
-            let some = b.lt(rs, re);
-            (lo, b.select(some, hi, lo), per_row, g)
+            let (lo, hi, _) = row_pieces(&mut b, &bal, total, seg, r);
+            (lo, hi, per_row, g)
         }
         _ => (zero_i, per_row, one_i, b.mul(row, per_row)),
     };
@@ -938,6 +1060,75 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     // below are the split's, so the merge waits for it here (its programs may have started
     // during the split's last programs: see `OpKind::WaitPriorGrid`).
     b.wait_prior_grid();
+    merge_row(&mut b, &io, row, lo, hi, stride, base);
+    b.finish()
+}
+
+/// Where a merge reads and writes.
+#[derive(Clone, Copy)]
+struct MergeIo {
+    part_o: Value,
+    part_lse: Value,
+    out: Value,
+    lse_out: Value,
+    /// SparQ's transform: `alpha`, `v_mean`, `num_q_heads`, `num_kv_heads`.
+    sparq: Option<(Value, Value, Value, Value)>,
+    head_dim: usize,
+    block_chunks: usize,
+    dtype: DType,
+}
+
+/// Row r of the balanced split's token lists: its pieces' slots `lo..hi` (`lo == hi` for a
+/// row without entries) and where the row starts on the line. Row r's entries `rs..re`
+/// (on the line) lie in segments `rs / seg ..= (re - 1) / seg`, and the piece of segment j
+/// in row r is `j + r` (see [`balanced_segments`]). Offsets are clamped to `0..=total`,
+/// so whatever the lists say the slots stay inside the `programs + rows` allocated.
+fn row_pieces(
+    b: &mut KernelBuilder,
+    bal: &Balance,
+    total: Value,
+    seg: Value,
+    r: Value,
+) -> (Value, Value, Value) {
+    let zero_i = b.i32(0);
+    let p = b.add_ptr(bal.sel_indptr, r);
+    let rs = b.load(p);
+    let r1 = b.add_c(r, 1);
+    let p = b.add_ptr(bal.sel_indptr, r1);
+    let re = b.load(p);
+    let rs = b.maximum(rs, zero_i);
+    let rs = b.minimum(rs, total);
+    let re = b.maximum(re, rs);
+    let re = b.minimum(re, total);
+    let starts = b.mul(r, bal.row_tokens);
+    let start = b.add(rs, starts);
+    let shift = row_shift(b, r, bal.row_tokens);
+    let rs = b.add(rs, shift);
+    let re = b.add(re, shift);
+    let j0 = b.div(rs, seg);
+    let lo = b.add(j0, r);
+    let last = b.add_c(re, -1);
+    let j1 = b.div(last, seg);
+    let hi = b.add(j1, r);
+    let hi = b.add_c(hi, 1);
+    let some = b.lt(rs, re);
+    (lo, b.select(some, hi, lo), start)
+}
+
+/// Combines query row `row`'s partials (slots `c * stride + base` for `c` in `lo..hi`) by
+/// their log-sum-exps and writes its output, natural-log LSE and (SparQ) transform.
+#[allow(clippy::too_many_arguments)]
+fn merge_row(
+    b: &mut KernelBuilder,
+    io: &MergeIo,
+    row: Value,
+    lo: Value,
+    hi: Value,
+    stride: Value,
+    base: Value,
+) {
+    let (d, cb) = (io.head_dim, io.block_chunks);
+    let (part_o, part_lse, out, lse_out) = (io.part_o, io.part_lse, io.out, io.lse_out);
     let wide = merge_lse_width(d, cb);
     let step = b.i32(wide as i32);
     let neg_inf = b.f32(f32::NEG_INFINITY);
@@ -1005,8 +1196,8 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     let lse = b.select(pos, lse, neg_inf);
     let p = b.add_ptr(lse_out, row);
     b.store(p, lse);
-    let y = match (sparq, heads) {
-        (Some((alpha, v_mean)), Some((hq, hkv))) => {
+    let y = match io.sparq {
+        Some((alpha, v_mean, hq, hkv)) => {
             let p = b.add_ptr(alpha, row);
             let a = b.load(p);
             let batch = b.div(row, hq);
@@ -1026,13 +1217,12 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
             let bv = b.mul(vm, one_m);
             b.add(ay, bv)
         }
-        _ => y,
+        None => y,
     };
-    let y = b.cast(y, cfg.dtype);
+    let y = b.cast(y, io.dtype);
     let row64 = b.cast(row, DType::I64);
     let o = b.mul_c(row64, d as i64);
     let p = b.add_ptr(out, o);
     let p = b.add_ptr(p, dr);
     b.store(p, y);
-    b.finish()
 }

@@ -88,6 +88,10 @@ pub struct AttentionTuning {
     /// balanced split counts each row as this much longer, so programs covering many row
     /// starts get fewer entries.
     pub row_tokens: u32,
+    /// Token lists: the merge done by the split's programs (the last piece of a row to
+    /// finish merges it; see [`SplitConfig::fused_merge`](crate::attention::SplitConfig))
+    /// instead of a second launch.
+    pub fused_merge: bool,
     /// Partial results the merge combines per step (a power of two up to 64; see
     /// [`MergeConfig::block_chunks`](crate::attention::MergeConfig)).
     pub merge_chunks: usize,
@@ -111,7 +115,7 @@ const MIN_SEGMENT_LISTS: usize = 64;
 const ROW_TOKENS: u32 = 16;
 /// Partial results the merge combines per step, by default: a row of up to 32 chunks or
 /// pieces in one step of each pass.
-const MERGE_CHUNKS: usize = 32;
+const MERGE_CHUNKS: usize = 8;
 /// The longest default chunk (dense and padded): long enough that partials cost under 1% of
 /// the KV traffic, short enough that one long row does not become the tail of the batch.
 const MAX_CHUNK: usize = 1024;
@@ -173,6 +177,7 @@ impl AttentionTuning {
             list_programs: 0,
             row_tokens: ROW_TOKENS,
             merge_chunks: MERGE_CHUNKS,
+            fused_merge: true,
         }
     }
 }
@@ -217,7 +222,11 @@ pub struct AttentionPlan {
     spec: AttentionSpec,
     tuning: AttentionTuning,
     split: Arc<LoadedKernel>,
-    merge: Arc<LoadedKernel>,
+    /// The merge launch; none when the split merges (token lists, `fused_merge`).
+    merge: Option<Arc<LoadedKernel>>,
+    /// The split's arrival counters when it merges: one per row and one for the grid,
+    /// zero between launches.
+    counters: Option<Buffer<i32>>,
     part_o: Buffer<f32>,
     part_lse: Buffer<f32>,
     layout: Layout,
@@ -366,6 +375,17 @@ impl AttentionPlan {
             tuning.merge_chunks,
         )?;
         let pg = program_group(&spec);
+        let lists = matches!(
+            spec.mode,
+            AttentionMode::HeadVarlen | AttentionMode::GroupVarlen
+        );
+        ensure(
+            !(lists && tuning.fused_merge) || tuning.row_tokens >= 1,
+            "row_tokens",
+            "at least 1 with fused_merge (a row without entries is merged by the program \
+             its start falls in, so row starts must not coincide)",
+            tuning.row_tokens,
+        )?;
         ensure(
             !tuning.tensor_cores || ((2..=8).contains(&pg) && bt == 8 && tuning.num_warps == 1),
             "tensor_cores",
@@ -376,10 +396,6 @@ impl AttentionPlan {
             ),
         )?;
         let rows = spec.batch * spec.num_q_heads / pg;
-        let lists = matches!(
-            spec.mode,
-            AttentionMode::HeadVarlen | AttentionMode::GroupVarlen
-        );
         ensure(
             !(lists && tuning.chunk_fastest),
             "chunk_fastest",
@@ -419,6 +435,9 @@ impl AttentionPlan {
             tensor_cores: tuning.tensor_cores,
             chunk_fastest: tuning.chunk_fastest,
             balanced: lists,
+            fused_merge: lists && tuning.fused_merge,
+            sparq: spec.sparq,
+            merge_chunks: tuning.merge_chunks,
         };
         let merge_cfg = MergeConfig {
             head_dim: spec.kv.head_dim,
@@ -430,9 +449,13 @@ impl AttentionPlan {
         let split = dusk.kernel(format!("{split_cfg:?}"), || {
             attention::build_split(&split_cfg)
         })?;
-        let merge = dusk.kernel(format!("{merge_cfg:?}"), || {
-            attention::build_merge(&merge_cfg)
-        })?;
+        let merge = if split_cfg.fused_merge {
+            None
+        } else {
+            Some(dusk.kernel(format!("{merge_cfg:?}"), || {
+                attention::build_merge(&merge_cfg)
+            })?)
+        };
         let dev = dusk.device();
         let (layout, slots) = if lists {
             let programs = match tuning.list_programs {
@@ -458,6 +481,11 @@ impl AttentionPlan {
             tuning,
             split,
             merge,
+            counters: if split_cfg.fused_merge {
+                Some(dev.upload(&vec![0i32; rows + 1])?)
+            } else {
+                None
+            },
             part_o: dev.alloc(slots * spec.kv.head_dim)?,
             part_lse: dev.alloc(slots)?,
             layout,
@@ -715,9 +743,15 @@ impl AttentionPlan {
             }
         }
         let dev = dusk.device();
+        args.extend([Arg::from(&self.part_o), Arg::from(&self.part_lse)]);
+        if let Some(counters) = &self.counters {
+            args.extend([Arg::from(&*out), Arg::from(&*lse)]);
+            if let Some(s) = &sparq {
+                args.extend([Arg::from(s.alpha), Arg::from(s.v_mean)]);
+            }
+            args.push(Arg::from(counters));
+        }
         args.extend([
-            Arg::from(&self.part_o),
-            Arg::from(&self.part_lse),
             Arg::I32(spec.num_q_heads as i32),
             Arg::I32(spec.kv.num_kv_heads as i32),
         ]);
@@ -739,6 +773,9 @@ impl AttentionPlan {
         }
         args.push(Arg::F32(self.scale_log2));
         dev.launch(&self.split, self.grid(), &args)?;
+        let Some(merge) = &self.merge else {
+            return Ok(());
+        };
         let mut margs = vec![
             Arg::from(&self.part_o),
             Arg::from(&self.part_lse),
@@ -765,7 +802,7 @@ impl AttentionPlan {
             margs.push(Arg::I32(spec.num_q_heads as i32));
             margs.push(Arg::I32(spec.kv.num_kv_heads as i32));
         }
-        dev.launch(&self.merge, [q_rows as u32, 1, 1], &margs)?;
+        dev.launch(merge, [q_rows as u32, 1, 1], &margs)?;
         Ok(())
     }
 }

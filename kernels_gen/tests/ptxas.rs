@@ -105,6 +105,10 @@ fn attention_kernels() -> Vec<Kernel> {
                     tensor_cores: false,
                     chunk_fastest: false,
                     balanced: source == TokenSource::Lists,
+                    // The plans merge token lists in the split.
+                    fused_merge: source == TokenSource::Lists,
+                    sparq: false,
+                    merge_chunks: 8,
                 };
                 ks.push(attention::build_split(&cfg).unwrap());
                 // The plans' default for groups of 2 to 8 (head_dim 64 and 128; at 256 the
@@ -117,9 +121,14 @@ fn attention_kernels() -> Vec<Kernel> {
                         prefetch: 1,
                         tensor_cores: true,
                         balanced: cfg.balanced && d <= 128,
+                        fused_merge: cfg.balanced && d <= 128,
                         ..cfg
                     };
                     ks.push(attention::build_split(&cfg).unwrap());
+                    if cfg.fused_merge {
+                        let cfg = SplitConfig { sparq: true, ..cfg };
+                        ks.push(attention::build_split(&cfg).unwrap());
+                    }
                 }
             }
             for sparq in [false, true] {
@@ -166,6 +175,9 @@ fn attention_kernels() -> Vec<Kernel> {
             tensor_cores: false,
             chunk_fastest: false,
             balanced: false,
+            fused_merge: false,
+            sparq: false,
+            merge_chunks: 8,
         };
         ks.push(attention::build_split(&cfg).unwrap());
     }
@@ -189,10 +201,46 @@ fn attention_reads_kv_in_16_byte_vectors() {
         tensor_cores: false,
         chunk_fastest: false,
         balanced: false,
+        fused_merge: false,
+        sparq: false,
+        merge_chunks: 8,
     };
     let ptx = compile(&attention::build_split(&cfg).unwrap(), &Target::sm90a()).unwrap();
     let v4 = ptx.matches("ld.global.v4").count();
     assert!(v4 >= 2, "K and V not read in 16-byte vectors:\n{ptx}");
+}
+
+/// The split that merges token lists counts arrivals with one acquire-release atomic
+/// (thread 0, between barriers) and launches nothing after it.
+#[test]
+fn fused_merge_counts_arrivals_with_one_atomic() {
+    let cfg = SplitConfig {
+        head_dim: 128,
+        page_size: 16,
+        group: 4,
+        dtype: DType::F16,
+        source: TokenSource::Lists,
+        block_tokens: 8,
+        num_warps: 1,
+        vector_bytes: 16,
+        prefetch: 1,
+        min_programs_per_sm: 0,
+        l2_prefetch: false,
+        tensor_cores: true,
+        chunk_fastest: false,
+        balanced: true,
+        fused_merge: true,
+        sparq: false,
+        merge_chunks: 8,
+    };
+    let ptx = compile(&attention::build_split(&cfg).unwrap(), &Target::sm90a()).unwrap();
+    // One for the row's counter, one for the grid's.
+    assert_eq!(
+        ptx.matches("atom.acq_rel.gpu.global.add.u32").count(),
+        2,
+        "{ptx}"
+    );
+    assert!(!ptx.contains("griddepcontrol.launch_dependents"), "{ptx}");
 }
 
 /// Assembles `ptx` for `arch`; returns ptxas's resource report.
@@ -339,6 +387,9 @@ fn gqa_attention_uses_the_tensor_cores() {
         tensor_cores: true,
         chunk_fastest: false,
         balanced: false,
+        fused_merge: false,
+        sparq: false,
+        merge_chunks: 8,
     };
     let ptx = compile(&attention::build_split(&cfg).unwrap(), &Target::sm90a()).unwrap();
     assert_eq!(ptx.matches("mma.sync.aligned.m16n8k16").count(), 8, "{ptx}");

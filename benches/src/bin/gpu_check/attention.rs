@@ -640,7 +640,7 @@ fn time_samples(
 /// the grid; dense only), `lN` (token lists: N programs of the balanced split; with lists
 /// `cCHUNK` is the shortest segment and `hH` what a row start counts as, in entries), `pP`
 /// (1: one more tile of K and V into L2 a step early, 0: not), `kK` (partials the merge
-/// combines a step), e.g. `8x4`, `16x4v32`, `8x4f2c256`, `8x1o16`, `8x1m0`, `8x1c512g1`,
+/// combines a step), `jJ` (token lists, 1: the split merges rows, 0: a merge launch), e.g. `8x4`, `16x4v32`, `8x4f2c256`, `8x1o16`, `8x1m0`, `8x1c512g1`,
 /// `8x1l3168`, `8x1p0`.
 #[derive(Clone, Copy)]
 struct Tiling {
@@ -656,6 +656,7 @@ struct Tiling {
     l2_prefetch: Option<bool>,
     row_tokens: Option<u32>,
     merge_chunks: Option<usize>,
+    fused_merge: Option<bool>,
 }
 
 fn parse_tiling(t: &str) -> Option<Tiling> {
@@ -681,6 +682,7 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
         l2_prefetch: None,
         row_tokens: None,
         merge_chunks: None,
+        fused_merge: None,
     };
     for (k, v) in &fields[1..] {
         match k {
@@ -695,15 +697,23 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
             'p' => out.l2_prefetch = Some(v.parse::<u8>().ok()? == 1),
             'h' => out.row_tokens = Some(v.parse().ok()?),
             'k' => out.merge_chunks = Some(v.parse().ok()?),
+            'j' => out.fused_merge = Some(v.parse::<u8>().ok()? == 1),
             _ => return None,
         }
     }
     (out.num_warps > 0).then_some(out)
 }
 
+/// The tilings listed after `name` (comma-separated, see [`Tiling`]); none when absent.
+fn tilings(name: &str) -> Vec<Tiling> {
+    arg(name)
+        .map(|s| s.split(',').filter_map(parse_tiling).collect())
+        .unwrap_or_default()
+}
+
 fn describe(t: &AttentionTuning) -> String {
     format!(
-        "{}x{}v{}f{}o{}{}{}{}{} chunk {} row-tokens {} merge-chunks {}",
+        "{}x{}v{}f{}o{}{}{}{}{} chunk {} row-tokens {} merge-chunks {}{}",
         t.block_tokens,
         t.num_warps,
         t.vector_bytes,
@@ -723,7 +733,8 @@ fn describe(t: &AttentionTuning) -> String {
         },
         t.chunk_tokens,
         t.row_tokens,
-        t.merge_chunks
+        t.merge_chunks,
+        if t.fused_merge { " fused" } else { "" }
     )
 }
 
@@ -750,6 +761,7 @@ fn time_tilings(
             u.l2_prefetch = t.l2_prefetch.unwrap_or(u.l2_prefetch);
             u.row_tokens = t.row_tokens.unwrap_or(u.row_tokens);
             u.merge_chunks = t.merge_chunks.unwrap_or(u.merge_chunks);
+            u.fused_merge = t.fused_merge.unwrap_or(u.fused_merge);
             u.tensor_cores = t
                 .mma
                 .unwrap_or(u.tensor_cores && t.block_tokens == 8 && t.num_warps == 1);
@@ -1025,7 +1037,7 @@ pub fn run() -> Res<()> {
             peers: None,
             cases: vec![],
         };
-        return bench.skewed(64, 32, 8, 32768, &[]);
+        return bench.skewed(64, 32, 8, 32768, &tilings("--sweep-lists"));
     }
     if flag("--profile") {
         // One case for a profiler: dense GQA 32/8, batch 32, 32k context, default tuning
@@ -1066,11 +1078,6 @@ pub fn run() -> Res<()> {
         copy_gbps,
         peers,
         cases: vec![],
-    };
-    let tilings = |name: &str| -> Vec<Tiling> {
-        arg(name)
-            .map(|s| s.split(',').filter_map(parse_tiling).collect())
-            .unwrap_or_default()
     };
     // `--sweep` applies to the dense cases, `--sweep-lists` to the list ones.
     let (sweep, sweep_lists) = (tilings("--sweep"), tilings("--sweep-lists"));
