@@ -108,7 +108,7 @@ pub struct SplitConfig {
     /// of a row counts its arrival at the row's counter ([`OpKind::Arrive`]); the last
     /// combines the row's pieces and writes the output, so no merge launch follows and
     /// the merging of rows overlaps the split's other programs instead of following them
-    /// all (the merge launch cost about 15% of the skewed benchmark).
+    /// all (skipping the merge launch made the skewed benchmark about 15% faster).
     ///
     /// [`OpKind::Arrive`]: dusk_compiler::OpKind::Arrive
     pub fused_merge: bool,
@@ -863,10 +863,11 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     b.finish()
 }
 
-/// Warps of a merge program: a step's `[block_chunks, head_dim]` outputs are 16 values a
-/// thread (1 to 8 warps).
+/// Warps of a merge program: a step's `[block_chunks, head_dim]` outputs at most 16 values
+/// a thread, and at least 2 warps (4 at head_dim 256), at most 8.
 pub fn merge_warps(head_dim: usize, block_chunks: usize) -> u32 {
-    ((block_chunks * head_dim / 512) as u32).clamp(1, 8)
+    let least = if head_dim >= 256 { 4 } else { 2 };
+    ((block_chunks * head_dim / 512) as u32).clamp(least, 8)
 }
 
 /// Log-sum-exps a merge program reads per step of its first pass: 4 a thread.

@@ -90,7 +90,9 @@ pub struct AttentionTuning {
     pub row_tokens: u32,
     /// Token lists: the merge done by the split's programs (the last piece of a row to
     /// finish merges it; see [`SplitConfig::fused_merge`](crate::attention::SplitConfig))
-    /// instead of a second launch.
+    /// instead of a second launch. Off by default until it is timed on a GPU: checked
+    /// against the reference on the interpreter and assembled by ptxas, not yet run on
+    /// one (benches/NOTES.md).
     pub fused_merge: bool,
     /// Partial results the merge combines per step (a power of two up to 64; see
     /// [`MergeConfig::block_chunks`](crate::attention::MergeConfig)).
@@ -177,7 +179,7 @@ impl AttentionTuning {
             list_programs: 0,
             row_tokens: ROW_TOKENS,
             merge_chunks: MERGE_CHUNKS,
-            fused_merge: true,
+            fused_merge: false,
         }
     }
 }

@@ -417,6 +417,15 @@ proptest! {
 }
 
 fn small_plan(dusk: &Dusk, mode: AttentionMode, max_tokens: usize) -> (AttentionPlan, PageTable) {
+    small_plan_tuned(dusk, mode, max_tokens, |_| {})
+}
+
+fn small_plan_tuned(
+    dusk: &Dusk,
+    mode: AttentionMode,
+    max_tokens: usize,
+    tune: impl FnOnce(&mut AttentionTuning),
+) -> (AttentionPlan, PageTable) {
     let kv = KvShape {
         num_pages: 8,
         page_size: 16,
@@ -434,7 +443,7 @@ fn small_plan(dusk: &Dusk, mode: AttentionMode, max_tokens: usize) -> (Attention
         sparq: false,
         dtype: DType::F16,
     };
-    (AttentionPlan::new(dusk, spec).unwrap(), table)
+    (AttentionPlan::with_tuning(dusk, spec, tune).unwrap(), table)
 }
 
 fn arg_of(e: DuskError) -> &'static str {
@@ -569,68 +578,16 @@ fn bad_shapes_are_rejected() {
 #[test]
 fn device_lists_never_read_out_of_bounds() {
     let dusk = Dusk::new(Device::cpu()).unwrap();
-    let (plan, table) = small_plan(&dusk, GROUP, 64);
-    let dev = dusk.device();
-    let kv = plan.spec().kv;
-    // Sequence 0 (40 tokens), KV heads 0 and 1; sequence 1 (20 tokens), heads 0 and 1.
-    // Row 0 holds a position past its sequence (45); row 3 runs 60 entries past the buffer.
-    let indices = vec![0, 7, 39, 45, 3, 19, 2];
-    let indptr = vec![0, 4, 5, 6, 66];
-    let meta = plan
-        .device_meta(
-            &dusk,
-            &table,
-            dev.upload(&indptr).unwrap(),
-            dev.upload(&indices).unwrap(),
-        )
-        .unwrap();
-    let mut rng = SmallRng::seed_from_u64(12);
-    let gen = |rng: &mut SmallRng, n: usize| -> Vec<f16> {
-        (0..n)
-            .map(|_| f16::from_f32(rng.random_range(-2.0f32..2.0)))
-            .collect()
-    };
-    let (q, k, v) = (
-        gen(&mut rng, 2 * 4 * 64),
-        gen(&mut rng, kv.elements()),
-        gen(&mut rng, kv.elements()),
-    );
-    let mut out = dev.alloc::<f16>(q.len()).unwrap();
-    let mut lse = dev.alloc::<f32>(8).unwrap();
-    let (qb, kb, vb) = (
-        dev.upload(&q).unwrap(),
-        dev.upload(&k).unwrap(),
-        dev.upload(&v).unwrap(),
-    );
-    plan.run(&dusk, &qb, &kb, &vb, &meta, None, &mut out, &mut lse)
-        .unwrap();
-    // What the kernel must have used: the in-range entries of each row.
-    let clean = TokenLists {
-        indptr: vec![0, 3, 4, 5, 6],
-        indices: vec![0, 7, 39, 3, 19, 2],
-    };
-    let f = |x: &[f16]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
-    let (want, _) = reference::attention(
-        &f(&q),
-        &f(&k),
-        &f(&v),
-        4,
-        &kv,
-        &table,
-        &per_query_rows(GROUP, &table, Some(&clean), &kv, 4),
-        1.0 / 8.0,
-        None,
-    );
-    let err = reference::rel_error(&f(&out.download().unwrap()), &want);
-    assert!(err < 2e-3, "rel err {err:.2e}");
-    // Offsets that do not start at 0 and go backwards: wrong answers are allowed, reads
-    // and writes outside the buffers are not (the interpreter checks every access).
-    for indptr in [
-        vec![5, 9, 2, 7, 7],
-        vec![3, 3, 1, 6, -4],
-        vec![0, 7, 7, 7, 1 << 30],
-    ] {
-        let bad = plan
+    // With a merge launch and with the split merging rows.
+    for fused in [false, true] {
+        let (plan, table) = small_plan_tuned(&dusk, GROUP, 64, |t| t.fused_merge = fused);
+        let dev = dusk.device();
+        let kv = plan.spec().kv;
+        // Sequence 0 (40 tokens), KV heads 0 and 1; sequence 1 (20 tokens), heads 0 and 1.
+        // Row 0 holds a position past its sequence (45); row 3 runs 60 entries past the buffer.
+        let indices = vec![0, 7, 39, 45, 3, 19, 2];
+        let indptr = vec![0, 4, 5, 6, 66];
+        let meta = plan
             .device_meta(
                 &dusk,
                 &table,
@@ -638,14 +595,69 @@ fn device_lists_never_read_out_of_bounds() {
                 dev.upload(&indices).unwrap(),
             )
             .unwrap();
-        plan.run(&dusk, &qb, &kb, &vb, &bad, None, &mut out, &mut lse)
+        let mut rng = SmallRng::seed_from_u64(12);
+        let gen = |rng: &mut SmallRng, n: usize| -> Vec<f16> {
+            (0..n)
+                .map(|_| f16::from_f32(rng.random_range(-2.0f32..2.0)))
+                .collect()
+        };
+        let (q, k, v) = (
+            gen(&mut rng, 2 * 4 * 64),
+            gen(&mut rng, kv.elements()),
+            gen(&mut rng, kv.elements()),
+        );
+        let mut out = dev.alloc::<f16>(q.len()).unwrap();
+        let mut lse = dev.alloc::<f32>(8).unwrap();
+        let (qb, kb, vb) = (
+            dev.upload(&q).unwrap(),
+            dev.upload(&k).unwrap(),
+            dev.upload(&v).unwrap(),
+        );
+        plan.run(&dusk, &qb, &kb, &vb, &meta, None, &mut out, &mut lse)
             .unwrap();
+        // What the kernel must have used: the in-range entries of each row.
+        let clean = TokenLists {
+            indptr: vec![0, 3, 4, 5, 6],
+            indices: vec![0, 7, 39, 3, 19, 2],
+        };
+        let f = |x: &[f16]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
+        let (want, _) = reference::attention(
+            &f(&q),
+            &f(&k),
+            &f(&v),
+            4,
+            &kv,
+            &table,
+            &per_query_rows(GROUP, &table, Some(&clean), &kv, 4),
+            1.0 / 8.0,
+            None,
+        );
+        let err = reference::rel_error(&f(&out.download().unwrap()), &want);
+        assert!(err < 2e-3, "rel err {err:.2e}");
+        // Offsets that do not start at 0 and go backwards: wrong answers are allowed, reads
+        // and writes outside the buffers are not (the interpreter checks every access).
+        for indptr in [
+            vec![5, 9, 2, 7, 7],
+            vec![3, 3, 1, 6, -4],
+            vec![0, 7, 7, 7, 1 << 30],
+        ] {
+            let bad = plan
+                .device_meta(
+                    &dusk,
+                    &table,
+                    dev.upload(&indptr).unwrap(),
+                    dev.upload(&indices).unwrap(),
+                )
+                .unwrap();
+            plan.run(&dusk, &qb, &kb, &vb, &bad, None, &mut out, &mut lse)
+                .unwrap();
+        }
+        // Bad lists leave no state behind (the split's arrival counters): good lists after
+        // them give the right answer again.
+        let mut again = dev.alloc::<f16>(q.len()).unwrap();
+        plan.run(&dusk, &qb, &kb, &vb, &meta, None, &mut again, &mut lse)
+            .unwrap();
+        let err = reference::rel_error(&f(&again.download().unwrap()), &want);
+        assert!(err < 2e-3, "after bad lists: rel err {err:.2e}");
     }
-    // Bad lists leave no state behind (the split's arrival counters): good lists after
-    // them give the right answer again.
-    let mut again = dev.alloc::<f16>(q.len()).unwrap();
-    plan.run(&dusk, &qb, &kb, &vb, &meta, None, &mut again, &mut lse)
-        .unwrap();
-    let err = reference::rel_error(&f(&again.download().unwrap()), &want);
-    assert!(err < 2e-3, "after bad lists: rel err {err:.2e}");
 }

@@ -97,6 +97,8 @@ struct CheckCase {
     /// many as fit on the GPU, so each takes a segment of the shortest length in these
     /// small cases).
     list_programs: Option<u32>,
+    /// Token lists: the split merges rows (no merge launch).
+    fused_merge: bool,
 }
 
 /// The positions each query row attends to, for the reference.
@@ -159,6 +161,7 @@ fn check_case<T: HalfFloat>(dusk: &Dusk, rng: &mut SmallRng, c: &CheckCase) -> R
         if let Some(n) = c.list_programs {
             t.list_programs = n;
         }
+        t.fused_merge = c.fused_merge;
         if c.tensor_cores == Some(false) && t.tensor_cores {
             let (bt, w, f) = default_tiling(c.head_dim, c.group);
             (t.block_tokens, t.num_warps, t.prefetch, t.tensor_cores) = (bt, w, f, false);
@@ -372,52 +375,59 @@ fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<f64> {
         list_programs,
     ) in cases
     {
-        let c = CheckCase {
-            seqs,
-            kv_heads,
-            group,
-            head_dim,
-            mode,
-            lens,
-            sparq,
-            chunk,
-            tensor_cores,
-            list_programs,
-        };
-        let (err, lse_err) = if bf {
-            check_case::<bf16>(dusk, rng, &c)?
-        } else {
-            check_case::<f16>(dusk, rng, &c)?
-        };
-        let tol = if bf { 1e-2 } else { 2e-3 };
-        println!(
-            "  {mode:?} seqs {:?} kv_heads {kv_heads} group {group} d {head_dim} lens {:?}{}{}{}{}: rel err {err:.2e}, lse abs err {lse_err:.1e}",
-            c.seqs,
-            c.lens,
-            if sparq { " sparq" } else { "" },
-            if bf { " bf16" } else { " f16" },
-            if tensor_cores == Some(false) { " cuda-cores" } else { "" },
-            match list_programs {
-                Some(n) => format!(" {n} list programs"),
-                None => String::new(),
+        // Token lists both ways: merged by a second launch and by the split itself.
+        let lists = matches!(mode, HeadVarlen | GroupVarlen);
+        for fused_merge in [false, true].into_iter().take(1 + lists as usize) {
+            let c = CheckCase {
+                seqs: seqs.clone(),
+                kv_heads,
+                group,
+                head_dim,
+                mode,
+                lens: lens.clone(),
+                sparq,
+                chunk,
+                tensor_cores,
+                list_programs,
+                fused_merge,
+            };
+            let (err, lse_err) = if bf {
+                check_case::<bf16>(dusk, rng, &c)?
+            } else {
+                check_case::<f16>(dusk, rng, &c)?
+            };
+            let tol = if bf { 1e-2 } else { 2e-3 };
+            println!(
+                "  {mode:?} seqs {:?} kv_heads {kv_heads} group {group} d {head_dim} lens {:?}{}{}{}{}{}: rel err {err:.2e}, lse abs err {lse_err:.1e}",
+                c.seqs,
+                c.lens,
+                if sparq { " sparq" } else { "" },
+                if bf { " bf16" } else { " f16" },
+                if tensor_cores == Some(false) { " cuda-cores" } else { "" },
+                match list_programs {
+                    Some(n) => format!(" {n} list programs"),
+                    None => String::new(),
+                },
+                if fused_merge { " fused merge" } else { "" }
+            );
+            if err >= tol || lse_err > 1e-2 {
+                return Err(format!(
+                    "attention: rel err {err:.2e} (tol {tol:.0e}), lse err {lse_err:.1e}"
+                )
+                .into());
             }
-        );
-        if err >= tol || lse_err > 1e-2 {
-            return Err(format!(
-                "attention: rel err {err:.2e} (tol {tol:.0e}), lse err {lse_err:.1e}"
-            )
-            .into());
-        }
-        if !bf {
-            worst = worst.max(err);
+            if !bf {
+                worst = worst.max(err);
+            }
         }
     }
     Ok(worst)
 }
 
 /// A decode step captured in a CUDA graph: replayed, checked; the query and the device
-/// token lists then changed in place, replayed again, checked again.
-fn graph_replay(dusk: &Dusk, rng: &mut SmallRng) -> Res<(f64, f64, f64)> {
+/// token lists then changed in place, replayed again, checked again. `fused_merge`: the
+/// split merges rows, so its arrival counters must be back at zero between replays.
+fn graph_replay(dusk: &Dusk, rng: &mut SmallRng, fused_merge: bool) -> Res<(f64, f64, f64)> {
     use cudarc::driver::sys;
     let dev = dusk.device();
     let stream = dev.cuda_stream().ok_or("no stream")?.clone();
@@ -441,7 +451,7 @@ fn graph_replay(dusk: &Dusk, rng: &mut SmallRng) -> Res<(f64, f64, f64)> {
         sparq: false,
         dtype: DType::F16,
     };
-    let plan = AttentionPlan::new(dusk, spec)?;
+    let plan = AttentionPlan::with_tuning(dusk, spec, |t| t.fused_merge = fused_merge)?;
     // Lists of a fixed capacity (each row `budget` slots), so a step can rewrite them in
     // place: the pruner's contract.
     let make = |rng: &mut SmallRng| -> TokenLists {
@@ -1057,11 +1067,14 @@ pub fn run() -> Res<()> {
         println!("checks passed on the CPU");
         return Ok(());
     }
-    let graph = graph_replay(&dusk, &mut rng)?;
-    println!(
-        "graph replay: rel err {:.2e}, then {:.2e} after new q and lists written in place; replay {:.1} us",
-        graph.0, graph.1, graph.2
-    );
+    let graph = graph_replay(&dusk, &mut rng, false)?;
+    let graph_fused = graph_replay(&dusk, &mut rng, true)?;
+    for (g, how) in [(graph, ""), (graph_fused, " (split merging rows)")] {
+        println!(
+            "graph replay{how}: rel err {:.2e}, then {:.2e} after new q and lists written in place; replay {:.1} us",
+            g.0, g.1, g.2
+        );
+    }
     if flag("--check-only") {
         println!("all checks passed");
         return Ok(());
@@ -1103,6 +1116,8 @@ pub fn run() -> Res<()> {
         "peer_versions": bench.peers.as_ref().map(|p| json!({"torch": p["torch"], "flashinfer": p["flashinfer"]})),
         "check_max_rel_error": worst,
         "graph_replay": {"rel_err_step1": graph.0, "rel_err_step2": graph.1, "replay_us": graph.2},
+        "graph_replay_fused_merge": {"rel_err_step1": graph_fused.0, "rel_err_step2": graph_fused.1,
+                                     "replay_us": graph_fused.2},
         "cases": bench.cases,
     });
     let text = serde_json::to_string_pretty(&result)?;
