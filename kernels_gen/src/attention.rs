@@ -14,9 +14,11 @@
 //! - [`build_merge`]: one program per (batch, query head): combines the row's chunks by
 //!   their log-sum-exp, writes the output in the input dtype and the natural-log LSE, and
 //!   optionally applies SparQ's output transform `alpha * y + (1 - alpha) * v_mean`.
+//!   With token lists the split can do this itself ([`SplitConfig::fused_merge`]): the
+//!   last program to finish a piece of a row, counted per row, merges it.
 //!
 //! Dense and padded: the grid is `(rows, max_chunks)`, fixed by the plan from a maximum
-//! budget. Token lists are split evenly (see [`balanced_segments`]): a fixed grid of about
+//! budget. Token lists are split evenly (see `balanced_segments`): a fixed grid of about
 //! as many programs as fit on the GPU at once cuts the lists' entries, taken end to end, into
 //! one equal segment each; a program computes the pieces of the rows its segment covers
 //! (usually one or two) and the merge finds a row's pieces by arithmetic alone. Lists that
@@ -100,7 +102,7 @@ pub struct SplitConfig {
     /// of first chunks, then one of second chunks, ... which leaves the long rows of skewed
     /// lists (and the empty items of short ones) to the last waves.
     pub chunk_fastest: bool,
-    /// Token lists split evenly over a fixed 1-D grid ([`balanced_segments`]) instead of
+    /// Token lists split evenly over a fixed 1-D grid (`balanced_segments`) instead of
     /// the `(rows, max_chunks)` grid: no empty programs however short the lists are against
     /// the plan's maximum, and the same number of tokens in every program.
     pub balanced: bool,
@@ -110,7 +112,7 @@ pub struct SplitConfig {
     /// the merging of rows overlaps the split's other programs instead of following them
     /// all (skipping the merge launch made the skewed benchmark about 15% faster).
     ///
-    /// [`OpKind::Arrive`]: dusk_compiler::OpKind::Arrive
+    /// [`OpKind::Arrive`]: dusk_compiler::ir::OpKind::Arrive
     pub fused_merge: bool,
     /// With `fused_merge`: SparQ's output transform (see [`MergeConfig::sparq`]).
     pub sparq: bool,
@@ -158,7 +160,7 @@ struct Balance {
     programs: Value,
     /// The shortest segment.
     min_tokens: Value,
-    /// The entries a row start is counted as (see [`balanced_segments`]).
+    /// The entries a row start is counted as (see `balanced_segments`).
     row_tokens: Value,
 }
 
@@ -226,6 +228,10 @@ fn unsupported(kernel: &str, what: String) -> CompileError {
 /// `max_chunks` are replaced by `rows` (token-list rows), `min_tokens` (the shortest
 /// segment) and `row_tokens` (what a row start counts as); any 1-D grid (the plan
 /// launches about as many programs as fit on the GPU at once).
+///
+/// With `fused_merge` (balanced only), `part_lse` is followed by the merge's `out`, `lse`,
+/// (`sparq`) `alpha`, `v_mean` (as in [`build_merge`]) and `counters` (i32 `[rows + 1]`,
+/// zero before the first launch; every launch leaves them zero).
 pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let (d, bt, g_n) = (cfg.head_dim, cfg.block_tokens, cfg.group);
     let name = format!(
@@ -771,7 +777,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     };
     match (sel_indptr, rows_min) {
         (Some(indptr), Some((rows, min_tokens, row_tokens))) if cfg.balanced => {
-            // This program's segment `s..e` of the line (see [`balanced_segments`]) and
+            // This program's segment `s..e` of the line (see `balanced_segments`) and
             // the rows it covers: from the last row starting at or before `s` to the last
             // starting before `e`.
             let pid = b.program_id(0);
@@ -1082,7 +1088,7 @@ struct MergeIo {
 /// Row r of the balanced split's token lists: its pieces' slots `lo..hi` (`lo == hi` for a
 /// row without entries) and where the row starts on the line. Row r's entries `rs..re`
 /// (on the line) lie in segments `rs / seg ..= (re - 1) / seg`, and the piece of segment j
-/// in row r is `j + r` (see [`balanced_segments`]). Offsets are clamped to `0..=total`,
+/// in row r is `j + r` (see `balanced_segments`). Offsets are clamped to `0..=total`,
 /// so whatever the lists say the slots stay inside the `programs + rows` allocated.
 fn row_pieces(
     b: &mut KernelBuilder,
