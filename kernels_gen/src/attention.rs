@@ -224,7 +224,7 @@ fn unsupported(kernel: &str, what: String) -> CompileError {
 /// or `(max_chunks, batch * q_heads / group)` with `chunk_fastest`.
 ///
 /// With `balanced`: the partial buffers are indexed by piece (`[programs + rows, G, D]`,
-/// `[programs + rows, G]`, see [`balanced_segments`]); the scalars `chunk_tokens`,
+/// `[programs + rows, G]`, see `balanced_segments`); the scalars `chunk_tokens`,
 /// `max_chunks` are replaced by `rows` (token-list rows), `min_tokens` (the shortest
 /// segment) and `row_tokens` (what a row start counts as); any 1-D grid (the plan
 /// launches about as many programs as fit on the GPU at once).

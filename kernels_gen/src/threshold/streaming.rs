@@ -14,7 +14,7 @@ use dusk_compiler::{CompileError, DType, Kernel, KernelBuilder, Value};
 /// `scores`) and sums them, and every search step then reads `work` back (from L1 or L2).
 /// Once the bracket holds at most a tile of candidates, they are gathered into the query
 /// row's tile of `scratch` (f32, `block` a query row) and the last steps run on it in
-/// registers. Parameters as [`build_search`], with `work` and `scratch` after `scores`.
+/// registers. Parameters as [`super::resident::build_search`], with `work` and `scratch` after `scores`.
 /// Grid: one program per candidate row.
 pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Kernel, CompileError> {
     let (tile, group) = (cfg.block, cfg.group);
