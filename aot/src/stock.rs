@@ -8,11 +8,23 @@
 //! | `spgemv_quant_dp2a_d128_g1_b4_t64_w2_o14` | SpGEMV, MHA default (`dp2a`) | `rows, ceil(max_row_len / 64)` |
 //! | `spgemv_quant_mma_d128_g4_b4_t64_w2_o0` | SpGEMV, GQA 4 default (tensor cores) | `rows, ceil(max_row_len / 64)` |
 //! | `threshold_top_p_t2048_g1_w4` | top-p search, rows up to 8192 candidates (streamed in tiles of 2048) | `rows` |
+//! | `threshold_pack_w4` | the search's kept positions packed into CSR lists | `q_rows` |
+//! | `attn_split_lists_d128_g4_f16` | group varlen attention over token lists, GQA 4 (tensor cores), balanced split | `programs` |
+//! | `attn_merge_lists_d128_f16` | its merge by log-sum-exp | `q_rows` |
+//! | `attn_split_dense_d128_g4_f16` | dense paged decode attention, GQA 4, chunks of `chunk_tokens` | `rows, chunks` (= its `max_chunks`) |
+//! | `attn_merge_dense_d128_f16` | its merge | `q_rows` |
 //!
-//! `rows` is the number of candidate rows (batch x KV heads), `max_row_len` the longest.
+//! `rows` is the number of candidate (token-list) rows (batch x KV heads), `q_rows` the
+//! query rows (batch x query heads), `max_row_len` the longest candidate row. The
+//! attention split over token lists takes any grid: as many programs as fit on the GPU
+//! at once is fastest (the SMs times the programs an SM holds, as
+//! `cuOccupancyMaxActiveBlocksPerMultiprocessor` reports); its partial buffers hold
+//! `(programs + rows) x group` rows (`part_o` of head_dim floats each, `part_lse` one),
+//! and the merge is given the same `programs` (see `dusk_kernels::attention`).
 
 use crate::bundle::{factor, BundleKernel};
 use crate::Result;
+use dusk_kernels::attention::{self, MergeConfig, SplitConfig, TokenSource};
 use dusk_kernels::policies::top_p;
 use dusk_kernels::quantize::{self, QuantizeConfig};
 use dusk_kernels::spgemv::{self, SpgemvConfig};
@@ -103,6 +115,91 @@ fn search_kernel(search: &SearchConfig) -> Result<BundleKernel> {
     })
 }
 
+fn pack_kernel(num_warps: u32) -> Result<BundleKernel> {
+    Ok(BundleKernel {
+        name: format!("threshold_pack_w{num_warps}"),
+        family: "threshold_pack".into(),
+        kernel: threshold::build_pack(num_warps)?,
+        inputs: vec!["q_rows".into()],
+        grid: [vec![factor("q_rows", 1)], vec![], vec![]],
+        config: obj(json!({"num_warps": num_warps})),
+    })
+}
+
+/// The split and merge kernels of varlen attention as the plans build them for GQA groups
+/// of `group` at `head_dim` in f16: over token lists (the balanced split) or dense.
+fn attention_kernels(head_dim: usize, group: usize, lists: bool) -> Result<[BundleKernel; 2]> {
+    let source = if lists {
+        TokenSource::Lists
+    } else {
+        TokenSource::Dense
+    };
+    let split = SplitConfig {
+        head_dim,
+        page_size: 16,
+        group,
+        dtype: dusk_compiler::DType::F16,
+        source,
+        block_tokens: 8,
+        num_warps: 1,
+        vector_bytes: 16,
+        prefetch: 1,
+        min_programs_per_sm: 0,
+        l2_prefetch: false,
+        tensor_cores: true,
+        chunk_fastest: false,
+        balanced: lists,
+        fused_merge: false,
+        sparq: false,
+        merge_chunks: 8,
+    };
+    let merge = MergeConfig {
+        head_dim,
+        dtype: dusk_compiler::DType::F16,
+        sparq: false,
+        block_chunks: 8,
+        balanced: lists,
+    };
+    let kind = if lists { "lists" } else { "dense" };
+    let (inputs, grid) = if lists {
+        (
+            vec!["programs".into()],
+            [vec![factor("programs", 1)], vec![], vec![]],
+        )
+    } else {
+        (
+            // The grid's second axis is the kernel's `max_chunks` (inputs and parameters
+            // need different names in the C launchers).
+            vec!["rows".into(), "chunks".into()],
+            [vec![factor("rows", 1)], vec![factor("chunks", 1)], vec![]],
+        )
+    };
+    let config = json!({
+        "head_dim": head_dim, "page_size": 16, "group": group, "dtype": "f16",
+        "source": kind, "block_tokens": 8, "num_warps": 1, "tensor_cores": true,
+    });
+    Ok([
+        BundleKernel {
+            name: format!("attn_split_{kind}_d{head_dim}_g{group}_f16"),
+            family: "attention_split".into(),
+            kernel: attention::build_split(&split)?,
+            inputs,
+            grid,
+            config: obj(config),
+        },
+        BundleKernel {
+            name: format!("attn_merge_{kind}_d{head_dim}_f16"),
+            family: "attention_merge".into(),
+            kernel: attention::build_merge(&merge)?,
+            inputs: vec!["q_rows".into()],
+            grid: [vec![factor("q_rows", 1)], vec![], vec![]],
+            config: obj(json!({
+                "head_dim": head_dim, "dtype": "f16", "source": kind, "block_chunks": 8,
+            })),
+        },
+    ])
+}
+
 /// The kernels of the stock bundle, in manifest order.
 pub fn kernels() -> Result<Vec<BundleKernel>> {
     Ok(vec![
@@ -111,13 +208,20 @@ pub fn kernels() -> Result<Vec<BundleKernel>> {
         spgemv_kernel(&SpgemvConfig::new(128, 16, 1, 4))?,
         spgemv_kernel(&SpgemvConfig::new(128, 16, 4, 4))?,
         search_kernel(&SearchConfig::for_rows(8192, 1))?,
-    ])
+        pack_kernel(4)?,
+    ]
+    .into_iter()
+    .chain(attention_kernels(128, 4, true)?)
+    .chain(attention_kernels(128, 4, false)?)
+    .collect())
 }
 
 /// Every configuration of the stock families this crate can bundle: quantization and
 /// query preparation for head_dim 64, 128, 256 and 4 or 8 bits, every `spgemv_quant`
 /// specialisation, and the top-p search's defaults for rows of 1k to 8k candidates and
-/// streaming, for groups 1 and 4 (`dusk compile --all`).
+/// streaming, for groups 1 and 4, its packing kernel, and attention's split and merge
+/// over token lists and dense for head_dim 64 and 128 and GQA groups of 2, 4 and 8
+/// (`dusk compile --all`).
 pub fn all_kernels() -> Result<Vec<BundleKernel>> {
     let mut out = vec![];
     for d in [64, 128, 256] {
@@ -132,6 +236,14 @@ pub fn all_kernels() -> Result<Vec<BundleKernel>> {
     for group in [1, 4] {
         for len in [1024, 2048, 4096, 8192, 32768] {
             out.push(search_kernel(&SearchConfig::for_rows(len, group))?);
+        }
+    }
+    out.push(pack_kernel(4)?);
+    for d in [64, 128] {
+        for group in [2, 4, 8] {
+            for lists in [true, false] {
+                out.extend(attention_kernels(d, group, lists)?);
+            }
         }
     }
     Ok(out)

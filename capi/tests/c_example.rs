@@ -1,13 +1,12 @@
-//! Builds `examples/c/spgemv.c` with gcc against this crate's `libdusk_capi.so` and the
-//! committed bundle's `dusk.h`, then runs it: on a machine with a GPU it checks the
-//! quantization and both SpGEMV kernels against its C references (exit 0); with none it
-//! exits 77, which counts as a pass here (it still proved that the program links).
+//! Builds each C example (`examples/c/*.c`) with gcc against this crate's
+//! `libdusk_capi.so` and the committed bundle's `dusk.h`, then runs it: on a machine with
+//! a GPU it checks its kernels against its C references (exit 0); with none it exits 77,
+//! which counts as a pass here (it still proved that the program compiles and links).
 
 use std::path::Path;
 use std::process::Command;
 
-#[test]
-fn c_example_builds_links_and_runs() {
+fn build_and_run(example: &str) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     // The test binary lives in target/<profile>/deps, next to the cdylib.
     let exe = std::env::current_exe().unwrap();
@@ -17,12 +16,12 @@ fn c_example_builds_links_and_runs() {
         "libdusk_capi.so not found in {}",
         deps.display()
     );
-    let out = deps.join("dusk-spgemv-c");
+    let out = deps.join(format!("dusk-{example}-c"));
     let gcc = Command::new("gcc")
         .args(["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror"])
         .arg("-I")
         .arg(root.join("kernels_gen/bundle"))
-        .arg(root.join("examples/c/spgemv.c"))
+        .arg(root.join(format!("examples/c/{example}.c")))
         .arg("-L")
         .arg(deps)
         .args(["-ldusk_capi", "-ldl", "-lm", "-Wl,-rpath,$ORIGIN", "-o"])
@@ -47,4 +46,14 @@ fn c_example_builds_links_and_runs() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&run.stderr)
     );
+}
+
+#[test]
+fn spgemv_example_builds_links_and_runs() {
+    build_and_run("spgemv");
+}
+
+#[test]
+fn attention_example_builds_links_and_runs() {
+    build_and_run("attention");
 }

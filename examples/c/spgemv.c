@@ -9,98 +9,15 @@
  *       -ldl -lm -Wl,-rpath,'$ORIGIN' -o spgemv-c
  * Run: ./spgemv-c kernels_gen/bundle      (exit 0: checked; 77: no GPU; 1: wrong)
  *
- * The CUDA driver is opened with dlopen, so neither cuda.h nor a CUDA toolkit is needed
- * to build this file.
+ * The CUDA driver is opened with dlopen (common.h), so neither cuda.h nor a CUDA toolkit
+ * is needed to build this file.
  */
-#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "dusk.h"
-
-/* The few driver calls this program makes (CUDA driver API, stable ABI). */
-typedef int CUresult;
-typedef int CUdevice;
-typedef struct CUctx_st *CUcontext;
-static CUresult (*cuInit)(unsigned);
-static CUresult (*cuDeviceGet)(CUdevice *, int);
-static CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
-static CUresult (*cuCtxSetCurrent)(CUcontext);
-static CUresult (*cuStreamCreate)(CUstream *, unsigned);
-static CUresult (*cuStreamSynchronize)(CUstream);
-static CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
-static CUresult (*cuMemFree)(CUdeviceptr);
-static CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
-static CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
-static CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t);
-
-#define CU(call)                                                          \
-  do {                                                                    \
-    CUresult r_ = (call);                                                 \
-    if (r_ != 0) {                                                        \
-      fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #call, r_); \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
-#define DUSK(call)                                                        \
-  do {                                                                    \
-    if ((call) != 0) {                                                    \
-      fprintf(stderr, "%s failed: %s\n", #call, dusk_last_error());       \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
-
-static int load_driver(void) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
-  if (!lib) lib = dlopen("libcuda.so", RTLD_NOW);
-  if (!lib) return 0;
-#define SYM(var, name) *(void **)&var = dlsym(lib, name); if (!var) return 0
-  SYM(cuInit, "cuInit");
-  SYM(cuDeviceGet, "cuDeviceGet");
-  SYM(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
-  SYM(cuCtxSetCurrent, "cuCtxSetCurrent");
-  SYM(cuStreamCreate, "cuStreamCreate");
-  SYM(cuStreamSynchronize, "cuStreamSynchronize");
-  SYM(cuMemAlloc, "cuMemAlloc_v2");
-  SYM(cuMemFree, "cuMemFree_v2");
-  SYM(cuMemcpyHtoD, "cuMemcpyHtoD_v2");
-  SYM(cuMemcpyDtoH, "cuMemcpyDtoH_v2");
-  SYM(cuMemsetD8, "cuMemsetD8_v2");
-#undef SYM
-  return 1;
-}
-
-/* IEEE half <-> float, enough for the normal values used here. */
-static float h2f(uint16_t h) {
-  uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023, bits;
-  if (e == 0) { float f = ldexpf((float)m, -24); return s ? -f : f; }
-  if (e == 31) bits = s | 0x7f800000u | (m << 13);
-  else bits = s | ((e + 112) << 23) | (m << 13);
-  float f; memcpy(&f, &bits, 4); return f;
-}
-static uint16_t f2h(float f) { /* round to nearest even, |f| in half's normal range or 0 */
-  uint32_t x; memcpy(&x, &f, 4);
-  uint32_t s = (x >> 16) & 0x8000, e = (x >> 23) & 255, m = x & 0x7fffff;
-  if (e == 0) return (uint16_t)s;
-  uint32_t h = s | ((e - 112) << 10) | (m >> 13), rest = m & 0x1fff;
-  if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;
-  return (uint16_t)h;
-}
-
-static uint32_t rng = 12345u;
-static float frand(float lo, float hi) {
-  rng = rng * 1664525u + 1013904223u;
-  return lo + (hi - lo) * (float)(rng >> 8) / 16777216.0f;
-}
-
-static CUdeviceptr upload(const void *host, size_t bytes) {
-  CUdeviceptr d;
-  CU(cuMemAlloc(&d, bytes ? bytes : 1));
-  if (bytes) CU(cuMemcpyHtoD(d, host, bytes));
-  return d;
-}
+#include "common.h"
 
 enum { D = 128, PAGE = 16, BATCH = 2, KV_HEADS = 4, WORDS = D * 4 / 32 };
 static const int LENS[BATCH] = {1000, 517};
@@ -186,21 +103,10 @@ static double score(CUstream stream, int q_heads, CUdeviceptr dk_packed, CUdevic
 
 int main(int argc, char **argv) {
   const char *bundle = argc > 1 ? argv[1] : "kernels_gen/bundle";
-  if (!load_driver()) {
-    printf("no CUDA driver (libcuda.so.1): nothing to run\n");
-    return 77;
-  }
   CUdevice dev;
-  CUcontext ctx;
   CUstream stream;
-  if (cuInit(0) != 0 || cuDeviceGet(&dev, 0) != 0) {
-    printf("no usable GPU: nothing to run\n");
-    return 77;
-  }
-  CU(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CU(cuCtxSetCurrent(ctx));
-  CU(cuStreamCreate(&stream, 0));
-  DUSK(dusk_init(bundle));
+  int opened = open_gpu(bundle, &stream, &dev);
+  if (opened != 0) return opened;
 
   /* A paged K cache [pages, 16, KV_HEADS, D] over shuffled pages. */
   int32_t kv_indptr[BATCH + 1] = {0};
