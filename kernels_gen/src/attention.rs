@@ -838,7 +838,8 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     let slot0 = b.mul(piece, c_group);
                     item(b, row, Span::Entries { start, end }, slot0, one_i);
                     if let Some((io, counters)) = merged {
-                        merge_if_last(b, &io, counters, &bal, (total, seg), pid, row, g_n);
+                        let shape = (g_n, 32 * cfg.num_warps as usize);
+                        merge_if_last(b, &io, counters, &bal, (total, seg), pid, row, shape);
                     }
                     vec![]
                 });
@@ -885,7 +886,7 @@ pub fn merge_lse_width(head_dim: usize, block_chunks: usize) -> usize {
 /// written its piece of row `row`: if the program holds a piece of the row (for a row
 /// without entries: if the row starts in its segment, so that exactly one program writes
 /// the empty row's output), it arrives at the row's counter, and the one that arrives
-/// last merges the row's `group` query heads.
+/// last merges the row's `group` query heads (`threads` in a program).
 #[allow(clippy::too_many_arguments)]
 fn merge_if_last(
     b: &mut KernelBuilder,
@@ -895,7 +896,7 @@ fn merge_if_last(
     (total, seg): (Value, Value),
     pid: Value,
     row: Value,
-    group: usize,
+    (group, threads): (usize, usize),
 ) {
     let (lo, hi, start) = row_pieces(b, bal, total, seg, row);
     let piece = b.add(pid, row);
@@ -916,16 +917,145 @@ fn merge_if_last(
         let n1 = b.add_c(n, -1);
         let last = b.eq(before, n1);
         b.if_then(last, |b| {
-            let zero_i = b.i32(0);
-            let c_group = b.i32(group as i32);
-            b.for_range(zero_i, c_group, one_i, &[], |b, g, _| {
-                let q_row = b.mul(row, c_group);
-                let q_row = b.add(q_row, g);
-                merge_row(b, io, q_row, lo, hi, c_group, g);
-                vec![]
-            });
+            merge_row_heads(b, io, row, lo, hi, group, threads)
         });
     });
+}
+
+/// Merges token-list row `row`'s pieces `lo..hi` for all its `group` query heads at once
+/// (the fused merge: this runs on the critical path of the row's last piece, so its
+/// chain of loads is kept short). Pass 1 reads the pieces' LSEs as `[pieces, heads]`
+/// blocks; pass 2 takes a few pieces a step, each piece's `[heads, head_dim]` outputs
+/// one load, all issued before any is used: a row of n pieces costs `1 + n / P` round
+/// trips to L2 whatever the group, where a loop over the heads costs `2 * group`.
+fn merge_row_heads(
+    b: &mut KernelBuilder,
+    io: &MergeIo,
+    row: Value,
+    lo: Value,
+    hi: Value,
+    group: usize,
+    threads: usize,
+) {
+    let d = io.head_dim;
+    let (part_o, part_lse) = (io.part_o, io.part_lse);
+    let c_group = b.i32(group as i32);
+    let heads = b.arange(0, group as i64);
+    let neg_inf = b.f32(f32::NEG_INFINITY);
+    let zero_f = b.f32(0.0);
+    // Pass 1: the largest LSE of each head, one value a thread a step.
+    let p1 = (threads / group).max(1);
+    let step = b.i32(p1 as i32);
+    let m0 = b.splat(neg_inf, &[group]);
+    let m = b.for_range(lo, hi, step, &[m0], |b, c0, carried| {
+        let c = b.arange(0, p1 as i64);
+        let c = b.add(c0, c);
+        let ok = b.lt(c, hi);
+        let first = b.mul(c, c_group);
+        let first = b.expand(first, 1, group);
+        let hs = b.expand(heads, 0, p1);
+        let slots = b.add(first, hs);
+        let p = b.add_ptr(part_lse, slots);
+        let mask = b.expand(ok, 1, group);
+        let l = b.load_masked(p, Some(mask), Some(neg_inf));
+        let mx = b.max(l, 0);
+        vec![b.maximum(carried[0], mx)]
+    })[0];
+    let live = b.gt(m, neg_inf);
+    let m_safe = b.select(live, m, zero_f);
+    // Pass 2: P pieces a step, P [heads, head_dim] loads of 16 values a thread together
+    // (more raised the split's registers: its main loop and this share one allocation).
+    let pieces = (16 * threads / (group * d)).clamp(1, io.block_chunks.max(1));
+    let step = b.i32(pieces as i32);
+    let a0 = b.splat(zero_f, &[group, d]);
+    let w0 = b.splat(zero_f, &[group]);
+    let dr = b.arange(0, d as i64);
+    let fin = b.for_range(lo, hi, step, &[a0, w0], |b, c0, carried| {
+        let mut loaded = vec![];
+        for i in 0..pieces {
+            let c = b.add_c(c0, i as i64);
+            let ok = b.lt(c, hi);
+            let ok = b.splat(ok, &[group]);
+            let first = b.mul(c, c_group);
+            let slots = b.add(heads, first);
+            let p = b.add_ptr(part_lse, slots);
+            let l = b.load_masked(p, Some(ok), Some(neg_inf));
+            let has = b.gt(l, neg_inf);
+            let slots64 = b.cast(slots, DType::I64);
+            let rows = b.mul_c(slots64, d as i64);
+            let rows = b.expand(rows, 1, d);
+            let cols = b.cast(dr, DType::I64);
+            let cols = b.expand(cols, 0, group);
+            let off = b.add(rows, cols);
+            let p = b.add_ptr(part_o, off);
+            let mask = b.expand(has, 1, d);
+            let o = b.load_masked(p, Some(mask), None);
+            loaded.push((l, has, o));
+        }
+        let (mut acc, mut ws) = (carried[0], carried[1]);
+        for (l, has, o) in loaded {
+            let dl = b.sub(l, m_safe);
+            let w = b.exp2(dl);
+            let w = b.select(has, w, zero_f);
+            let we = b.expand(w, 1, d);
+            let ow = b.mul(o, we);
+            acc = b.add(acc, ow);
+            ws = b.add(ws, w);
+        }
+        vec![acc, ws]
+    });
+    let (acc, ws) = (fin[0], fin[1]);
+    let pos = b.gt(ws, zero_f);
+    let one = b.f32(1.0);
+    let ws_safe = b.select(pos, ws, one);
+    let inv = b.div(one, ws_safe);
+    let inv = b.select(pos, inv, zero_f);
+    let ie = b.expand(inv, 1, d);
+    let y = b.mul(acc, ie);
+    let lg = b.log2(ws_safe);
+    let lse2 = b.add(m, lg);
+    let ln2 = b.f32(std::f32::consts::LN_2);
+    let lse = b.mul(lse2, ln2);
+    let lse = b.select(pos, lse, neg_inf);
+    let q0 = b.mul(row, c_group);
+    let q_rows = b.add(heads, q0);
+    let p = b.add_ptr(io.lse_out, q_rows);
+    b.store(p, lse);
+    let y = match io.sparq {
+        Some((alpha, v_mean, hq, hkv)) => {
+            let p = b.add_ptr(alpha, q_rows);
+            let a = b.load(p);
+            let batch = b.div(q0, hq);
+            let qh = b.rem(q0, hq);
+            let qpk = b.div(hq, hkv);
+            let kvh = b.div(qh, qpk);
+            let vr = b.mul(batch, hkv);
+            let vr = b.add(vr, kvh);
+            let vr64 = b.cast(vr, DType::I64);
+            let vo = b.mul_c(vr64, d as i64);
+            let p = b.add_ptr(v_mean, vo);
+            let p = b.add_ptr(p, dr);
+            let vm = b.load(p);
+            let vm = b.cast(vm, DType::F32);
+            let vm = b.expand(vm, 0, group);
+            let ae = b.expand(a, 1, d);
+            let ay = b.mul(y, ae);
+            let one_m = b.sub(one, a);
+            let one_m = b.expand(one_m, 1, d);
+            let bv = b.mul(vm, one_m);
+            b.add(ay, bv)
+        }
+        None => y,
+    };
+    let y = b.cast(y, io.dtype);
+    let q64 = b.cast(q_rows, DType::I64);
+    let rows = b.mul_c(q64, d as i64);
+    let rows = b.expand(rows, 1, d);
+    let cols = b.cast(dr, DType::I64);
+    let cols = b.expand(cols, 0, group);
+    let off = b.add(rows, cols);
+    let p = b.add_ptr(io.out, off);
+    b.store(p, y);
 }
 
 /// The last program of the split grid to finish (counted at `counters[rows]`, which every
