@@ -3,7 +3,7 @@
 //!
 //! | name | kernel | grid |
 //! |---|---|---|
-//! | `quantize_k4_d128` | [`quantize`](dusk_kernels::quantize), 16 rows a program | `ceil(num_rows / 16)` |
+//! | `quantize_k4_d128` | [`dusk_kernels::quantize`], 16 rows a program | `ceil(num_rows / 16)` |
 //! | `spgemv_prepare_q_d128_b4` | query to 15-bit fixed point | `q_rows` |
 //! | `spgemv_quant_dp2a_d128_g1_b4_t64_w2_o14` | SpGEMV, MHA default (`dp2a`) | `rows, ceil(max_row_len / 64)` |
 //! | `spgemv_quant_mma_d128_g4_b4_t64_w2_o0` | SpGEMV, GQA 4 default (tensor cores) | `rows, ceil(max_row_len / 64)` |

@@ -106,7 +106,7 @@ pub struct CompileArgs {
     /// The bundle directory to write.
     #[arg(long, short, default_value_os_t = crate::default_out())]
     out: PathBuf,
-    /// Also write these stages' text for each kernel to OUT/stages/<kernel>.<stage>
+    /// Also write these stages' text for each kernel to `OUT/stages/<kernel>.<stage>`
     /// (comma-separated).
     #[arg(long, value_enum, value_delimiter = ',')]
     emit: Vec<Stage>,

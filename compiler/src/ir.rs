@@ -122,7 +122,7 @@ impl fmt::Display for Type {
     }
 }
 
-/// An SSA value: an index into [`Kernel::values`].
+/// An SSA value: an index into [`Kernel::types`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ValueId(pub u32);
 

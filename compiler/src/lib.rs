@@ -1,6 +1,6 @@
 //! dusk-compiler: the tile IR and everything that reads it.
 //!
-//! Stages, in order: [`builder`] makes a [`ir::Kernel`], [`verify`] checks it, [`print`]
+//! Stages, in order: [`builder`] makes a [`ir::Kernel`], [`verify`] checks it, [`print`](mod@print)
 //! shows it, [`interp`] runs it on the CPU (the reference and the no-GPU backend), and
 //! `codegen` (feature `nvptx`, links LLVM 19) lowers it to PTX.
 

@@ -1,7 +1,7 @@
 //! NVPTX code generation through LLVM 19 (inkwell): tile IR to PTX text.
 //!
 //! The stages, in order: verify, fuse reductions, analyze axes (for vector widths), assign layouts, lower
-//! each op to per-thread LLVM IR ([`lower`]), optimize with LLVM's O3 pipeline, and emit
+//! each op to per-thread LLVM IR (`lower`), optimize with LLVM's O3 pipeline, and emit
 //! PTX for the target. [`compile_stages`] returns each stage's text for inspection.
 
 pub mod cache;

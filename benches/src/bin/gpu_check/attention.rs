@@ -11,7 +11,7 @@
 //!    32k context, batch 64), each beside the peers' times (`--peers`, written by
 //!    `benches/baselines/attention_peers.py` in the same command).
 //!
-//!     gpu-check attention --peers peers.json --out varlen_attention.json --commit <sha>
+//!    `gpu-check attention --peers peers.json --out varlen_attention.json --commit <sha>`
 //!
 //! `--check-only` stops after 1 and 2 (for compute-sanitizer); `--sweep` and
 //! `--sweep-lists` name other tunings to time beside the defaults (see [`Tiling`]);

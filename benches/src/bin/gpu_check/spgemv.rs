@@ -7,7 +7,7 @@
 //!    all tokens and a random quarter of the pages, beside the PyTorch peer's times
 //!    (`--peer`, written by `benches/baselines/spgemv_torch.py` in the same command).
 //!
-//!     gpu-check spgemv --peer peer.json --out benches/results/spgemv.json --commit <sha>
+//!    `gpu-check spgemv --peer peer.json --out benches/results/spgemv.json --commit <sha>`
 
 use crate::common::{arg, copy_gbps, Res};
 use dusk::kernels::ops::{Dusk, QuantizedK, SpgemvPlan};
