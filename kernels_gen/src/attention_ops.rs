@@ -99,14 +99,13 @@ pub struct AttentionTuning {
     pub merge_chunks: usize,
 }
 
-/// Work items the default chunk size aims for, per multiprocessor.
+/// Work items the default chunk size aims for, per multiprocessor (dense and padded).
 const ITEMS_PER_SM: usize = 8;
-/// The same for the one-warp programs of the tensor-core kernel, with at least 128 tokens
-/// an item. Short items lost on an H100 even where they gave 16 warps an SM (batch 1, GQA
-/// 32/8, 8k context: 128 tokens an item 29.5 us, 32 tokens 46.0 us; 32k: 256 tokens
-/// 67.7 us, 504 tokens 74.1 us, 128 tokens 87.2 us): every item starts with a chain of
-/// dependent loads (list bounds, page, K and V) and ends with a partial result to merge.
-const ITEMS_PER_SM_ONE_WARP: usize = 8;
+/// The shortest default chunk of the one-warp programs of the tensor-core kernel. Short
+/// items lost on an H100 even where they gave 16 warps an SM (batch 1, GQA 32/8, 8k
+/// context: 128 tokens an item 29.5 us, 32 tokens 46.0 us; 32k: 256 tokens 67.7 us, 504
+/// tokens 74.1 us, 128 tokens 87.2 us): every item starts with a chain of dependent loads
+/// (list bounds, page, K and V) and ends with a partial result to merge.
 const MIN_CHUNK_ONE_WARP: usize = 128;
 /// The shortest segment of the balanced split of token lists, by default: each piece pays a
 /// chain of dependent loads (list bounds, position, page, K and V) before its first step
@@ -147,24 +146,26 @@ impl AttentionTuning {
         } else {
             default_tiling(spec.kv.head_dim, group)
         };
-        let rows = spec.batch * spec.num_q_heads / group;
-        // One-warp programs need more of them per SM to keep as many loads in flight.
-        let items = if tensor_cores {
-            ITEMS_PER_SM_ONE_WARP
-        } else {
-            ITEMS_PER_SM
-        };
-        let want = (items * num_sms).max(1);
-        let per_item = (spec.max_tokens * rows).div_ceil(want);
-        let chunk = per_item
-            .div_ceil(block_tokens)
-            .max(2)
-            .saturating_mul(block_tokens)
-            .max(if tensor_cores { MIN_CHUNK_ONE_WARP } else { 0 });
         let chunk = match spec.mode {
-            AttentionMode::Dense => chunk.min(MAX_CHUNK),
-            AttentionMode::Padded => chunk.min(MAX_CHUNK_PADDED),
-            _ => MIN_SEGMENT_LISTS.div_ceil(block_tokens) * block_tokens,
+            // Token lists are split evenly over the GPU: the chunk is the shortest segment.
+            AttentionMode::HeadVarlen | AttentionMode::GroupVarlen => {
+                MIN_SEGMENT_LISTS.div_ceil(block_tokens) * block_tokens
+            }
+            AttentionMode::Dense | AttentionMode::Padded => {
+                let rows = spec.batch * spec.num_q_heads / group;
+                let want = (ITEMS_PER_SM * num_sms).max(1);
+                let per_item = (spec.max_tokens * rows).div_ceil(want);
+                let chunk = per_item
+                    .div_ceil(block_tokens)
+                    .max(2)
+                    .saturating_mul(block_tokens)
+                    .max(if tensor_cores { MIN_CHUNK_ONE_WARP } else { 0 });
+                chunk.min(if spec.mode == AttentionMode::Dense {
+                    MAX_CHUNK
+                } else {
+                    MAX_CHUNK_PADDED
+                })
+            }
         };
         AttentionTuning {
             block_tokens,
