@@ -5,7 +5,7 @@
 
 use crate::bundle::ir_hash;
 use crate::space::{Fit, Limits, TuneKey};
-use crate::tune::{Candidate, Rejection};
+use crate::tune::{space_hash_of, Candidate, DeviceId, Rejection, TuneCache};
 use crate::Result;
 use dusk_compiler::DType;
 use dusk_kernels::attention::{self, SplitConfig, TokenSource};
@@ -57,6 +57,38 @@ impl AttentionShape {
             "dense_b{}_h{}x{}_ctx{}",
             self.batch, self.num_q_heads, self.num_kv_heads, self.context
         )
+    }
+
+    /// The fastest tuning `dusk tune attention` recorded in `cache` for this shape's bucket
+    /// on `dev` (a GPU of `num_sms` multiprocessors), if any, with the space it was tuned
+    /// over unchanged: what an engine gives `AttentionPlan::with_tuning`.
+    ///
+    /// ```
+    /// use dusk_aot::attention_tune::AttentionShape;
+    /// use dusk_aot::space::Limits;
+    /// use dusk_aot::tune::{DeviceId, TuneCache};
+    /// let shape = AttentionShape { batch: 32, num_q_heads: 32, num_kv_heads: 8,
+    ///                              head_dim: 128, context: 32768 };
+    /// let dev = DeviceId::of(&dusk_runtime::Device::cpu());
+    /// assert_eq!(shape.tuned(&TuneCache::in_memory(), &dev, &Limits::H100, 132), None);
+    /// ```
+    pub fn tuned(
+        &self,
+        cache: &TuneCache,
+        dev: &DeviceId,
+        limits: &Limits,
+        num_sms: usize,
+    ) -> Option<AttentionTuning> {
+        let (configs, _) = self.space(limits, num_sms);
+        let hash = space_hash_of(configs.iter().map(|t| {
+            (
+                split_hash(self, t).unwrap_or_else(|e| e),
+                label(t),
+                config_json(t),
+            )
+        }));
+        let rec = cache.get(&TuneCache::key(&hash, dev, &self.key().to_string()))?;
+        configs.get(rec.best?).copied()
     }
 
     /// Bytes a run must read: K and V of every token.
@@ -159,6 +191,32 @@ pub fn label(t: &AttentionTuning) -> String {
         t.chunk_tokens,
         if t.tensor_cores { " mma" } else { "" }
     )
+}
+
+/// The kernel hash of the dense split kernel `t` builds for `shape` (or why it does not
+/// build).
+fn split_hash(shape: &AttentionShape, t: &AttentionTuning) -> Result<String, String> {
+    let split = attention::build_split(&SplitConfig {
+        head_dim: shape.head_dim,
+        page_size: 16,
+        group: shape.group(),
+        dtype: DType::F16,
+        source: TokenSource::Dense,
+        block_tokens: t.block_tokens,
+        num_warps: t.num_warps,
+        vector_bytes: t.vector_bytes,
+        prefetch: t.prefetch,
+        min_programs_per_sm: t.min_programs_per_sm,
+        l2_prefetch: t.l2_prefetch,
+        tensor_cores: t.tensor_cores,
+        chunk_fastest: t.chunk_fastest,
+        balanced: false,
+        fused_merge: false,
+        sparq: false,
+        merge_chunks: t.merge_chunks,
+    })
+    .map_err(|e| e.to_string())?;
+    Ok(ir_hash(&split))
 }
 
 /// A config as JSON.
@@ -301,28 +359,7 @@ impl Candidate for AttentionCandidate<'_> {
     }
 
     fn kernel_hash(&self) -> Result<String, String> {
-        let t = self.tuning;
-        let split = attention::build_split(&SplitConfig {
-            head_dim: self.problem.shape.head_dim,
-            page_size: 16,
-            group: self.problem.shape.group(),
-            dtype: DType::F16,
-            source: TokenSource::Dense,
-            block_tokens: t.block_tokens,
-            num_warps: t.num_warps,
-            vector_bytes: t.vector_bytes,
-            prefetch: t.prefetch,
-            min_programs_per_sm: t.min_programs_per_sm,
-            l2_prefetch: t.l2_prefetch,
-            tensor_cores: t.tensor_cores,
-            chunk_fastest: t.chunk_fastest,
-            balanced: false,
-            fused_merge: false,
-            sparq: false,
-            merge_chunks: t.merge_chunks,
-        })
-        .map_err(|e| e.to_string())?;
-        Ok(ir_hash(&split))
+        split_hash(&self.problem.shape, &self.tuning)
     }
 
     fn prepare(&mut self) -> Result<(), String> {

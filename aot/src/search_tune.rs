@@ -5,7 +5,7 @@
 
 use crate::bundle::ir_hash;
 use crate::space::{self, Limits, TuneKey};
-use crate::tune::{Candidate, Rejection};
+use crate::tune::{space_hash_of, Candidate, DeviceId, Rejection, TuneCache};
 use crate::Result;
 use dusk_kernels::ops::Dusk;
 use dusk_kernels::paged::TokenLists;
@@ -51,6 +51,42 @@ impl SearchShape {
     pub fn space(&self, limits: &Limits) -> (Vec<SearchConfig>, Vec<(SearchConfig, String)>) {
         space::prune(space::search(self.len, 1), limits, space::search_fit)
     }
+
+    /// The fastest config `dusk tune search` recorded in `cache` for this shape's bucket on
+    /// `dev`, if any, with the space it was tuned over unchanged: what an engine passes to
+    /// `PrunePlan::with_config`.
+    ///
+    /// ```
+    /// use dusk_aot::search_tune::SearchShape;
+    /// use dusk_aot::space::Limits;
+    /// use dusk_aot::tune::{DeviceId, TuneCache};
+    /// let shape = SearchShape { rows: 2048, len: 8192, p: 0.9 };
+    /// let dev = DeviceId::of(&dusk_runtime::Device::cpu());
+    /// assert_eq!(shape.tuned(&TuneCache::in_memory(), &dev, &Limits::H100), None);
+    /// ```
+    pub fn tuned(
+        &self,
+        cache: &TuneCache,
+        dev: &DeviceId,
+        limits: &Limits,
+    ) -> Option<SearchConfig> {
+        let (configs, _) = self.space(limits);
+        let hash = space_hash_of(configs.iter().map(|c| {
+            (
+                search_hash(c).unwrap_or_else(|e| e),
+                label(c),
+                config_json(c),
+            )
+        }));
+        let rec = cache.get(&TuneCache::key(&hash, dev, &self.key().to_string()))?;
+        configs.get(rec.best?).copied()
+    }
+}
+
+/// The kernel hash of the top-p search in `cfg` (or why it does not build).
+fn search_hash(cfg: &SearchConfig) -> Result<String, String> {
+    let ir = threshold::build(&top_p::POLICY, cfg).map_err(|e| e.to_string())?;
+    Ok(ir_hash(&ir))
 }
 
 /// `b8192x16` (block x warps) or `t4096x8` (streaming tile x warps).
@@ -154,8 +190,7 @@ impl Candidate for SearchCandidate<'_> {
     }
 
     fn kernel_hash(&self) -> Result<String, String> {
-        let ir = threshold::build(&top_p::POLICY, &self.cfg).map_err(|e| e.to_string())?;
-        Ok(ir_hash(&ir))
+        search_hash(&self.cfg)
     }
 
     fn prepare(&mut self) -> Result<(), String> {

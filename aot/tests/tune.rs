@@ -242,6 +242,14 @@ fn top_p_search_tunes_on_the_interpreter_with_pruning() {
     for t in &rec.trials {
         assert!(matches!(t.status, Status::Ok { .. }), "{t:?}");
     }
+    // Looked up by shape alone, as an engine would: over the whole space.
+    let mut cache = TuneCache::in_memory();
+    assert_eq!(shape.tuned(&cache, &dev, &Limits::H100), None);
+    let whole = tune::space_hash(&problem.candidates(&configs));
+    let mut full = rec.clone();
+    full.best = Some(1);
+    cache.insert(TuneCache::key(&whole, &dev, &shape.key().to_string()), full);
+    assert_eq!(shape.tuned(&cache, &dev, &Limits::H100), Some(configs[1]));
 }
 
 #[test]
@@ -271,4 +279,15 @@ fn dense_attention_tunes_on_the_interpreter() {
     for t in &rec.trials {
         assert!(matches!(t.status, Status::Ok { .. }), "{t:?}");
     }
+    // Looked up by shape alone, as an engine would: over the whole space.
+    let mut cache = TuneCache::in_memory();
+    assert_eq!(shape.tuned(&cache, &dev, &Limits::H100, 132), None);
+    let whole = tune::space_hash(&problem.candidates(&configs));
+    let mut full = rec.clone();
+    full.best = Some(1);
+    cache.insert(TuneCache::key(&whole, &dev, &shape.key().to_string()), full);
+    assert_eq!(
+        shape.tuned(&cache, &dev, &Limits::H100, 132),
+        Some(configs[1])
+    );
 }
