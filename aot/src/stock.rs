@@ -134,25 +134,7 @@ fn attention_kernels(head_dim: usize, group: usize, lists: bool) -> Result<[Bund
     } else {
         TokenSource::Dense
     };
-    let split = SplitConfig {
-        head_dim,
-        page_size: 16,
-        group,
-        dtype: dusk_compiler::DType::F16,
-        source,
-        block_tokens: 8,
-        num_warps: 1,
-        vector_bytes: 16,
-        prefetch: 1,
-        min_programs_per_sm: 0,
-        l2_prefetch: false,
-        tensor_cores: true,
-        chunk_fastest: false,
-        balanced: lists,
-        fused_merge: false,
-        sparq: false,
-        merge_chunks: 8,
-    };
+    let split = SplitConfig::tensor_cores(head_dim, group, dusk_compiler::DType::F16, source);
     let merge = MergeConfig {
         head_dim,
         dtype: dusk_compiler::DType::F16,

@@ -17,25 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Target::parse(&arch).ok_or(format!("unknown target {arch}: use sm_90a, sm_90 or sm_80"))?;
     std::fs::create_dir_all(&dir)?;
     // GQA 32/8 attention as the plans build it (tensor cores, one warp a program).
-    let dense = SplitConfig {
-        head_dim: 128,
-        page_size: 16,
-        group: 4,
-        dtype: DType::F16,
-        source: TokenSource::Dense,
-        block_tokens: 8,
-        num_warps: 1,
-        vector_bytes: 16,
-        prefetch: 1,
-        min_programs_per_sm: 0,
-        l2_prefetch: false,
-        tensor_cores: true,
-        chunk_fastest: false,
-        balanced: false,
-        fused_merge: false,
-        sparq: false,
-        merge_chunks: 8,
-    };
+    let dense = SplitConfig::tensor_cores(128, 4, DType::F16, TokenSource::Dense);
     let kernels = [
         quantize::build(&QuantizeConfig::new(128, 4))?,
         spgemv::build_prepare_q(&SpgemvConfig::new(128, 16, 1, 4))?,

@@ -120,6 +120,33 @@ pub struct SplitConfig {
     pub merge_chunks: usize,
 }
 
+impl SplitConfig {
+    /// The plans' default for GQA groups of 2 to 8 at head_dim 64 or 128: the tensor-core
+    /// kernel (8 tokens a step on one warp, one tile prefetched), pages of 16, token lists
+    /// split evenly and merged by a second launch; every option off.
+    pub fn tensor_cores(head_dim: usize, group: usize, dtype: DType, source: TokenSource) -> Self {
+        SplitConfig {
+            head_dim,
+            page_size: 16,
+            group,
+            dtype,
+            source,
+            block_tokens: 8,
+            num_warps: 1,
+            vector_bytes: 16,
+            prefetch: 1,
+            min_programs_per_sm: 0,
+            l2_prefetch: false,
+            tensor_cores: true,
+            chunk_fastest: false,
+            balanced: source == TokenSource::Lists,
+            fused_merge: false,
+            sparq: false,
+            merge_chunks: 8,
+        }
+    }
+}
+
 /// Rows of the token lists one step of the balanced split's row search compares.
 const SEARCH_ROWS: usize = 256;
 
@@ -305,16 +332,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let part_o = b.param_ptr("part_o", DType::F32);
     let part_lse = b.param_ptr("part_lse", DType::F32);
     let merged = if cfg.fused_merge {
-        let out = b.param_ptr("out", cfg.dtype);
-        let lse_out = b.param_ptr("lse", DType::F32);
-        let sparq = if cfg.sparq {
-            Some((
-                b.param_ptr("alpha", DType::F32),
-                b.param_ptr("v_mean", cfg.dtype),
-            ))
-        } else {
-            None
-        };
+        let (out, lse_out, sparq) = merge_output_params(&mut b, cfg.dtype, cfg.sparq);
         Some((out, lse_out, sparq, b.param_ptr("counters", DType::I32)))
     } else {
         None
@@ -1025,18 +1043,7 @@ fn merge_row_heads(
         Some((alpha, v_mean, hq, hkv)) => {
             let p = b.add_ptr(alpha, q_rows);
             let a = b.load(p);
-            let batch = b.div(q0, hq);
-            let qh = b.rem(q0, hq);
-            let qpk = b.div(hq, hkv);
-            let kvh = b.div(qh, qpk);
-            let vr = b.mul(batch, hkv);
-            let vr = b.add(vr, kvh);
-            let vr64 = b.cast(vr, DType::I64);
-            let vo = b.mul_c(vr64, d as i64);
-            let p = b.add_ptr(v_mean, vo);
-            let p = b.add_ptr(p, dr);
-            let vm = b.load(p);
-            let vm = b.cast(vm, DType::F32);
+            let vm = v_mean_row(b, v_mean, (hq, hkv), q0, dr);
             let vm = b.expand(vm, 0, group);
             let ae = b.expand(a, 1, d);
             let ay = b.mul(y, ae);
@@ -1118,16 +1125,7 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     b.set_num_warps(merge_warps(d, cb));
     let part_o = b.param_ptr("part_o", DType::F32);
     let part_lse = b.param_ptr("part_lse", DType::F32);
-    let out = b.param_ptr("out", cfg.dtype);
-    let lse_out = b.param_ptr("lse", DType::F32);
-    let sparq = if cfg.sparq {
-        Some((
-            b.param_ptr("alpha", DType::F32),
-            b.param_ptr("v_mean", cfg.dtype),
-        ))
-    } else {
-        None
-    };
+    let (out, lse_out, sparq) = merge_output_params(&mut b, cfg.dtype, cfg.sparq);
     let indptr = if cfg.balanced {
         Some(b.param_ptr("sel_indptr", DType::I32))
     } else {
@@ -1201,6 +1199,21 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     b.finish()
 }
 
+/// The merge's output parameters, in order: `out` (`dtype`), `lse` (f32) and, with
+/// `sparq`, `alpha` (f32) and `v_mean` (`dtype`).
+type MergeOutputs = (Value, Value, Option<(Value, Value)>);
+fn merge_output_params(b: &mut KernelBuilder, dtype: DType, sparq: bool) -> MergeOutputs {
+    let out = b.param_ptr("out", dtype);
+    let lse_out = b.param_ptr("lse", DType::F32);
+    let sparq = sparq.then(|| {
+        (
+            b.param_ptr("alpha", DType::F32),
+            b.param_ptr("v_mean", dtype),
+        )
+    });
+    (out, lse_out, sparq)
+}
+
 /// Where a merge reads and writes.
 #[derive(Clone, Copy)]
 struct MergeIo {
@@ -1250,6 +1263,30 @@ fn row_pieces(
     let hi = b.add_c(hi, 1);
     let some = b.lt(rs, re);
     (lo, b.select(some, hi, lo), start)
+}
+
+/// SparQ's running mean of V (f32, the columns `dr`) for the KV head that serves query
+/// row `q_row` (`v_mean` is `[batch * kv_heads, head_dim]`; `heads` = (q heads, KV heads)).
+fn v_mean_row(
+    b: &mut KernelBuilder,
+    v_mean: Value,
+    (hq, hkv): (Value, Value),
+    q_row: Value,
+    dr: Value,
+) -> Value {
+    let d = b.ty(dr).shape[0] as i64;
+    let batch = b.div(q_row, hq);
+    let qh = b.rem(q_row, hq);
+    let qpk = b.div(hq, hkv);
+    let kvh = b.div(qh, qpk);
+    let vr = b.mul(batch, hkv);
+    let vr = b.add(vr, kvh);
+    let vr64 = b.cast(vr, DType::I64);
+    let vo = b.mul_c(vr64, d);
+    let p = b.add_ptr(v_mean, vo);
+    let p = b.add_ptr(p, dr);
+    let vm = b.load(p);
+    b.cast(vm, DType::F32)
 }
 
 /// Combines query row `row`'s partials (slots `c * stride + base` for `c` in `lo..hi`) by
@@ -1337,18 +1374,7 @@ fn merge_row(
         Some((alpha, v_mean, hq, hkv)) => {
             let p = b.add_ptr(alpha, row);
             let a = b.load(p);
-            let batch = b.div(row, hq);
-            let qh = b.rem(row, hq);
-            let qpk = b.div(hq, hkv);
-            let kvh = b.div(qh, qpk);
-            let vr = b.mul(batch, hkv);
-            let vr = b.add(vr, kvh);
-            let vr64 = b.cast(vr, DType::I64);
-            let vo = b.mul_c(vr64, d as i64);
-            let p = b.add_ptr(v_mean, vo);
-            let p = b.add_ptr(p, dr);
-            let vm = b.load(p);
-            let vm = b.cast(vm, DType::F32);
+            let vm = v_mean_row(b, v_mean, (hq, hkv), row, dr);
             let ay = b.mul(y, a);
             let one_m = b.sub(one, a);
             let bv = b.mul(vm, one_m);

@@ -215,23 +215,8 @@ fn attention_reads_kv_in_16_byte_vectors() {
 #[test]
 fn fused_merge_counts_arrivals_with_one_atomic() {
     let cfg = SplitConfig {
-        head_dim: 128,
-        page_size: 16,
-        group: 4,
-        dtype: DType::F16,
-        source: TokenSource::Lists,
-        block_tokens: 8,
-        num_warps: 1,
-        vector_bytes: 16,
-        prefetch: 1,
-        min_programs_per_sm: 0,
-        l2_prefetch: false,
-        tensor_cores: true,
-        chunk_fastest: false,
-        balanced: true,
         fused_merge: true,
-        sparq: false,
-        merge_chunks: 8,
+        ..SplitConfig::tensor_cores(128, 4, DType::F16, TokenSource::Lists)
     };
     let ptx = compile(&attention::build_split(&cfg).unwrap(), &Target::sm90a()).unwrap();
     // One for the row's counter, one for the grid's.
@@ -372,25 +357,7 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
 /// P.V, `ldmatrix .trans` for V, and no 16-bit value carried through the loop on its own.
 #[test]
 fn gqa_attention_uses_the_tensor_cores() {
-    let cfg = SplitConfig {
-        head_dim: 128,
-        page_size: 16,
-        group: 4,
-        dtype: DType::F16,
-        source: TokenSource::Dense,
-        block_tokens: 8,
-        num_warps: 1,
-        vector_bytes: 16,
-        prefetch: 1,
-        min_programs_per_sm: 0,
-        l2_prefetch: false,
-        tensor_cores: true,
-        chunk_fastest: false,
-        balanced: false,
-        fused_merge: false,
-        sparq: false,
-        merge_chunks: 8,
-    };
+    let cfg = SplitConfig::tensor_cores(128, 4, DType::F16, TokenSource::Dense);
     let ptx = compile(&attention::build_split(&cfg).unwrap(), &Target::sm90a()).unwrap();
     assert_eq!(ptx.matches("mma.sync.aligned.m16n8k16").count(), 8, "{ptx}");
     assert_eq!(ptx.matches("mma.sync.aligned.m16n8k8").count(), 8, "{ptx}");
