@@ -999,13 +999,7 @@ fn merge_row_heads(
             let p = b.add_ptr(part_lse, slots);
             let l = b.load_masked(p, Some(ok), Some(neg_inf));
             let has = b.gt(l, neg_inf);
-            let slots64 = b.cast(slots, DType::I64);
-            let rows = b.mul_c(slots64, d as i64);
-            let rows = b.expand(rows, 1, d);
-            let cols = b.cast(dr, DType::I64);
-            let cols = b.expand(cols, 0, group);
-            let off = b.add(rows, cols);
-            let p = b.add_ptr(part_o, off);
+            let p = row_ptrs(b, part_o, slots, dr);
             let mask = b.expand(has, 1, d);
             let o = b.load_masked(p, Some(mask), None);
             loaded.push((l, has, o));
@@ -1055,13 +1049,7 @@ fn merge_row_heads(
         None => y,
     };
     let y = b.cast(y, io.dtype);
-    let q64 = b.cast(q_rows, DType::I64);
-    let rows = b.mul_c(q64, d as i64);
-    let rows = b.expand(rows, 1, d);
-    let cols = b.cast(dr, DType::I64);
-    let cols = b.expand(cols, 0, group);
-    let off = b.add(rows, cols);
-    let p = b.add_ptr(io.out, off);
+    let p = row_ptrs(b, io.out, q_rows, dr);
     b.store(p, y);
 }
 
@@ -1265,6 +1253,19 @@ fn row_pieces(
     (lo, b.select(some, hi, lo), start)
 }
 
+/// Pointers to columns `dr` (`[head_dim]`) of rows `rows` (i32 `[n]`) of a row-major
+/// `[_, head_dim]` buffer at `base`: `[n, head_dim]`, 64-bit offsets.
+fn row_ptrs(b: &mut KernelBuilder, base: Value, rows: Value, dr: Value) -> Value {
+    let (n, d) = (b.ty(rows).shape[0], b.ty(dr).shape[0]);
+    let rows = b.cast(rows, DType::I64);
+    let rows = b.mul_c(rows, d as i64);
+    let rows = b.expand(rows, 1, d);
+    let cols = b.cast(dr, DType::I64);
+    let cols = b.expand(cols, 0, n);
+    let off = b.add(rows, cols);
+    b.add_ptr(base, off)
+}
+
 /// SparQ's running mean of V (f32, the columns `dr`) for the KV head that serves query
 /// row `q_row` (`v_mean` is `[batch * kv_heads, head_dim]`; `heads` = (q heads, KV heads)).
 fn v_mean_row(
@@ -1340,13 +1341,7 @@ fn merge_row(
         let dl = b.sub(l, m_safe);
         let w = b.exp2(dl);
         let w = b.select(ok, w, zero_f);
-        let e64 = b.cast(e, DType::I64);
-        let off = b.mul_c(e64, d as i64);
-        let off = b.expand(off, 1, d);
-        let dc = b.cast(dr, DType::I64);
-        let dc = b.expand(dc, 0, cb);
-        let off = b.add(off, dc);
-        let p = b.add_ptr(part_o, off);
+        let p = row_ptrs(b, part_o, e, dr);
         let okx = b.expand(ok, 1, d);
         let o = b.load_masked(p, Some(okx), None);
         let we = b.expand(w, 1, d);
