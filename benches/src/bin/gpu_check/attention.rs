@@ -219,178 +219,134 @@ fn check_case<T: HalfFloat>(dusk: &Dusk, rng: &mut SmallRng, c: &CheckCase) -> R
     Ok((err, lse_err))
 }
 
+impl CheckCase {
+    /// f16, no SparQ, the plan's default tuning.
+    fn new(
+        mode: AttentionMode,
+        seqs: &[usize],
+        kv_heads: usize,
+        group: usize,
+        head_dim: usize,
+        lens: &[usize],
+    ) -> CheckCase {
+        CheckCase {
+            seqs: seqs.to_vec(),
+            kv_heads,
+            group,
+            head_dim,
+            mode,
+            lens: lens.to_vec(),
+            sparq: false,
+            chunk: None,
+            tensor_cores: None,
+            list_programs: None,
+            fused_merge: false,
+        }
+    }
+}
+
 fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<f64> {
     use AttentionMode::*;
-    let cases = vec![
+    let new = CheckCase::new;
+    let chunk = |c: CheckCase, n: usize| CheckCase {
+        chunk: Some(n),
+        ..c
+    };
+    // (case, in bf16)
+    let mut cases = vec![
+        (new(Dense, &[1, 300, 4097], 8, 4, 128, &[]), false),
+        (chunk(new(Dense, &[777, 16, 33], 4, 1, 64, &[]), 64), false),
+        (new(Dense, &[2000], 2, 8, 256, &[]), false),
         (
-            Dense,
-            vec![1, 300, 4097],
-            8,
-            4,
-            128,
-            vec![],
-            false,
-            None,
+            chunk(
+                new(HeadVarlen, &[3000, 500], 4, 2, 128, &[0, 1, 2707, 27, 300]),
+                128,
+            ),
             false,
         ),
         (
-            Dense,
-            vec![777, 16, 33],
-            4,
-            1,
-            64,
-            vec![],
-            false,
-            Some(64),
-            false,
-        ),
-        (Dense, vec![2000], 2, 8, 256, vec![], false, None, false),
-        (
-            HeadVarlen,
-            vec![3000, 500],
-            4,
-            2,
-            128,
-            vec![0, 1, 2707, 27, 300],
-            false,
-            Some(128),
+            new(
+                GroupVarlen,
+                &[5000, 1200, 40],
+                8,
+                4,
+                128,
+                &[27, 2707, 0, 1, 600],
+            ),
             false,
         ),
         (
-            GroupVarlen,
-            vec![5000, 1200, 40],
-            8,
-            4,
-            128,
-            vec![27, 2707, 0, 1, 600],
-            false,
-            None,
+            chunk(new(GroupVarlen, &[1500, 700], 2, 8, 64, &[1000, 3]), 256),
             false,
         ),
         (
-            GroupVarlen,
-            vec![1500, 700],
-            2,
-            8,
-            64,
-            vec![1000, 3],
-            false,
-            Some(256),
+            new(Padded, &[2500, 900], 8, 4, 128, &[2000, 50, 0, 700]),
             false,
         ),
         (
-            Padded,
-            vec![2500, 900],
-            8,
-            4,
-            128,
-            vec![2000, 50, 0, 700],
-            false,
-            None,
+            CheckCase {
+                sparq: true,
+                ..new(GroupVarlen, &[900, 400], 4, 4, 128, &[300, 77])
+            },
             false,
         ),
-        (
-            GroupVarlen,
-            vec![900, 400],
-            4,
-            4,
-            128,
-            vec![300, 77],
-            true,
-            None,
-            false,
-        ),
-        (
-            GroupVarlen,
-            vec![1800, 64],
-            8,
-            4,
-            128,
-            vec![1000, 9],
-            false,
-            None,
-            true,
-        ),
+        (new(GroupVarlen, &[1800, 64], 8, 4, 128, &[1000, 9]), true),
     ];
     // GQA of head_dim 64 and 128 runs on the tensor cores by default; the CUDA-core kernel
     // stays a tuning option, so two GQA cases are checked on it too.
-    let fma = [
-        (Dense, vec![1, 300, 4097], 8, 4, 128, vec![], None),
-        (
-            GroupVarlen,
-            vec![1500, 700],
-            2,
-            8,
-            64,
-            vec![1000, 3],
-            Some(256),
-        ),
-    ];
+    let fma = |c: CheckCase| CheckCase {
+        tensor_cores: Some(false),
+        ..c
+    };
+    cases.push((fma(new(Dense, &[1, 300, 4097], 8, 4, 128, &[])), false));
+    cases.push((
+        fma(chunk(
+            new(GroupVarlen, &[1500, 700], 2, 8, 64, &[1000, 3]),
+            256,
+        )),
+        false,
+    ));
     // Few programs, each taking a long segment across several rows.
-    let strided = [
-        (
+    let strided = |c: CheckCase| CheckCase {
+        list_programs: Some(5),
+        ..chunk(c, 64)
+    };
+    cases.push((
+        strided(new(
             GroupVarlen,
-            vec![5000, 1200, 40],
+            &[5000, 1200, 40],
             8,
             4,
             128,
-            vec![27, 2707, 0, 1, 600],
-            64,
-            None,
-        ),
-        (
+            &[27, 2707, 0, 1, 600],
+        )),
+        false,
+    ));
+    cases.push((
+        fma(strided(new(
             HeadVarlen,
-            vec![3000, 500],
+            &[3000, 500],
             4,
             2,
             128,
-            vec![0, 1, 2707, 27, 300],
-            64,
-            Some(false),
-        ),
-    ];
-    let cases =
-        cases
-            .into_iter()
-            .map(|(m, s, k, g, d, l, sp, ch, bf)| (m, s, k, g, d, l, sp, ch, bf, None, None))
-            .chain(fma.into_iter().map(|(m, s, k, g, d, l, ch)| {
-                (m, s, k, g, d, l, false, ch, false, Some(false), None)
-            }))
-            .chain(strided.into_iter().map(|(m, s, k, g, d, l, ch, tc)| {
-                (m, s, k, g, d, l, false, Some(ch), false, tc, Some(5))
-            }));
+            &[0, 1, 2707, 27, 300],
+        ))),
+        false,
+    ));
     let mut worst = 0.0f64;
     println!("correctness (fresh random inputs, outputs poisoned, f64 reference):");
-    for (
-        mode,
-        seqs,
-        kv_heads,
-        group,
-        head_dim,
-        lens,
-        sparq,
-        chunk,
-        bf,
-        tensor_cores,
-        list_programs,
-    ) in cases
-    {
+    for (case, bf) in cases {
         // Token lists both ways: merged by a second launch and by the split itself.
-        let lists = matches!(mode, HeadVarlen | GroupVarlen);
+        let lists = matches!(case.mode, HeadVarlen | GroupVarlen);
         for fused_merge in [false, true].into_iter().take(1 + lists as usize) {
             let c = CheckCase {
-                seqs: seqs.clone(),
-                kv_heads,
-                group,
-                head_dim,
-                mode,
-                lens: lens.clone(),
-                sparq,
-                chunk,
-                tensor_cores,
-                list_programs,
                 fused_merge,
+                seqs: case.seqs.clone(),
+                lens: case.lens.clone(),
+                ..case
             };
+            let (mode, kv_heads, group, head_dim) = (c.mode, c.kv_heads, c.group, c.head_dim);
+            let (sparq, tensor_cores, list_programs) = (c.sparq, c.tensor_cores, c.list_programs);
             let (err, lse_err) = if bf {
                 check_case::<bf16>(dusk, rng, &c)?
             } else {
