@@ -320,6 +320,18 @@ fn bad_part(s: &str, part: &str, expected: &str) -> String {
 }
 
 /// `batch=32,heads=32/8,context=32768[,pages=0.25][,head_dim=128][,bits=4]`.
+/// The pruned configs of a space as the tuner records them: label, config, why.
+fn pruned_rows<C>(
+    pruned: &[(C, String)],
+    label: impl Fn(&C) -> String,
+    config: impl Fn(&C) -> serde_json::Value,
+) -> Vec<(String, serde_json::Value, String)> {
+    pruned
+        .iter()
+        .map(|(c, why)| (label(c), config(c), why.clone()))
+        .collect()
+}
+
 fn parse_spgemv(s: &str) -> Result<SpgemvShape, String> {
     let mut shape = SpgemvShape {
         batch: 0,
@@ -598,16 +610,7 @@ pub fn tune(a: TuneArgs) -> Res {
                     shape: spgemv_shape_json(&shape),
                     bytes: problem.bytes,
                     candidates: problem.candidates(&configs),
-                    pruned: pruned
-                        .iter()
-                        .map(|(c, why)| {
-                            (
-                                spgemv_tune::label(c),
-                                stock::spgemv_config_json(c),
-                                why.clone(),
-                            )
-                        })
-                        .collect(),
+                    pruned: pruned_rows(&pruned, spgemv_tune::label, stock::spgemv_config_json),
                 })?;
             }
             Family::Attention => {
@@ -624,16 +627,11 @@ pub fn tune(a: TuneArgs) -> Res {
                     }),
                     bytes: shape.bytes(),
                     candidates: problem.candidates(&configs),
-                    pruned: pruned
-                        .iter()
-                        .map(|(c, why)| {
-                            (
-                                attention_tune::label(c),
-                                attention_tune::config_json(c),
-                                why.clone(),
-                            )
-                        })
-                        .collect(),
+                    pruned: pruned_rows(
+                        &pruned,
+                        attention_tune::label,
+                        attention_tune::config_json,
+                    ),
                 })?;
             }
             Family::Search => {
@@ -646,16 +644,7 @@ pub fn tune(a: TuneArgs) -> Res {
                     shape: json!({"rows": shape.rows, "candidates": shape.len, "p": shape.p}),
                     bytes: shape.bytes(),
                     candidates: problem.candidates(&configs),
-                    pruned: pruned
-                        .iter()
-                        .map(|(c, why)| {
-                            (
-                                search_tune::label(c),
-                                search_tune::config_json(c),
-                                why.clone(),
-                            )
-                        })
-                        .collect(),
+                    pruned: pruned_rows(&pruned, search_tune::label, search_tune::config_json),
                 })?;
             }
         }
