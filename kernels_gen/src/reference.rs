@@ -2,6 +2,7 @@
 //! checks. Quantization repeats the kernel's f32 steps so codes match exactly; scores are
 //! computed in f64.
 
+use crate::attention_ops::AttentionMode;
 use crate::paged::{KvShape, PageTable, TokenLists};
 use half::f16;
 
@@ -100,6 +101,30 @@ pub fn spgemv(
         }
     }
     out
+}
+
+/// The positions each query row (batch x query heads) attends to in `mode`, for
+/// [`attention`]: every token of its sequence (dense), its own list (head varlen), or its
+/// KV head's list, shared by the group (group varlen and padded).
+pub fn per_query_rows(
+    mode: AttentionMode,
+    table: &PageTable,
+    lists: Option<&TokenLists>,
+    kv: &KvShape,
+    num_q_heads: usize,
+) -> Vec<Vec<i32>> {
+    let group = num_q_heads / kv.num_kv_heads;
+    (0..table.batch() * num_q_heads)
+        .map(|r| {
+            let (b, h) = (r / num_q_heads, r % num_q_heads);
+            match (mode, lists) {
+                (AttentionMode::Dense, _) => (0..table.seq_len(b, kv.page_size) as i32).collect(),
+                (AttentionMode::HeadVarlen, Some(l)) => l.row(r).to_vec(),
+                (_, Some(l)) => l.row(b * kv.num_kv_heads + h / group).to_vec(),
+                _ => panic!("{mode:?} attends to token lists, and none were given"),
+            }
+        })
+        .collect()
 }
 
 /// `‖a - b‖ / ‖b‖`, the error measure of the checks (infinite if `a` has a NaN).

@@ -54,28 +54,6 @@ fn random_lists(
     TokenLists { indptr, indices }
 }
 
-/// The positions each query row attends to, for the reference.
-fn per_query_rows(
-    mode: AttentionMode,
-    table: &PageTable,
-    lists: Option<&TokenLists>,
-    kv: &KvShape,
-    num_q_heads: usize,
-) -> Vec<Vec<i32>> {
-    let group = num_q_heads / kv.num_kv_heads;
-    (0..table.batch() * num_q_heads)
-        .map(|r| {
-            let (b, h) = (r / num_q_heads, r % num_q_heads);
-            match (mode, lists) {
-                (AttentionMode::Dense, _) => (0..table.seq_len(b, kv.page_size) as i32).collect(),
-                (AttentionMode::HeadVarlen, Some(l)) => l.row(r).to_vec(),
-                (_, Some(l)) => l.row(b * kv.num_kv_heads + h / group).to_vec(),
-                _ => unreachable!("list modes have lists"),
-            }
-        })
-        .collect()
-}
-
 struct Case<'a> {
     seqs: &'a [usize],
     kv_heads: usize,
@@ -196,7 +174,7 @@ fn check<T: HalfFloat>(seed: u64, c: &Case) {
         hq,
         &kv,
         &table,
-        &per_query_rows(c.mode, &table, lists.as_ref(), &kv, hq),
+        &reference::per_query_rows(c.mode, &table, lists.as_ref(), &kv, hq),
         1.0 / (c.head_dim as f64).sqrt(),
         c.sparq.then_some((&alpha[..], &vm[..])),
     );
@@ -628,7 +606,7 @@ fn device_lists_never_read_out_of_bounds() {
             4,
             &kv,
             &table,
-            &per_query_rows(GROUP, &table, Some(&clean), &kv, 4),
+            &reference::per_query_rows(GROUP, &table, Some(&clean), &kv, 4),
             1.0 / 8.0,
             None,
         );

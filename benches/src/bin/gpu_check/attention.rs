@@ -101,28 +101,6 @@ struct CheckCase {
     fused_merge: bool,
 }
 
-/// The positions each query row attends to, for the reference.
-fn per_query_rows(
-    mode: AttentionMode,
-    table: &PageTable,
-    lists: Option<&TokenLists>,
-    kv: &KvShape,
-    hq: usize,
-) -> Vec<Vec<i32>> {
-    let group = hq / kv.num_kv_heads;
-    (0..table.batch() * hq)
-        .map(|r| {
-            let (b, h) = (r / hq, r % hq);
-            match (mode, lists) {
-                (AttentionMode::Dense, _) => (0..table.seq_len(b, kv.page_size) as i32).collect(),
-                (AttentionMode::HeadVarlen, Some(l)) => l.row(r).to_vec(),
-                (_, Some(l)) => l.row(b * kv.num_kv_heads + h / group).to_vec(),
-                _ => unreachable!("list modes have lists"),
-            }
-        })
-        .collect()
-}
-
 /// One correctness case on the GPU; returns (output rel err, worst lse abs err).
 fn check_case<T: HalfFloat>(dusk: &Dusk, rng: &mut SmallRng, c: &CheckCase) -> Res<(f64, f64)> {
     let dev = dusk.device();
@@ -199,7 +177,7 @@ fn check_case<T: HalfFloat>(dusk: &Dusk, rng: &mut SmallRng, c: &CheckCase) -> R
         hq,
         &kv,
         &table,
-        &per_query_rows(c.mode, &table, lists.as_ref(), &kv, hq),
+        &reference::per_query_rows(c.mode, &table, lists.as_ref(), &kv, hq),
         1.0 / (c.head_dim as f64).sqrt(),
         c.sparq.then_some((&alpha[..], &vm[..])),
     );
@@ -445,7 +423,8 @@ fn graph_replay(dusk: &Dusk, rng: &mut SmallRng, fused_merge: bool) -> Res<(f64,
     let f = |x: &[f16]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
     let (kf, vf) = (f(&k), f(&v));
     let check = |q: &[f16], lists: &TokenLists, out: &Buffer<f16>| -> Res<f64> {
-        let rows = per_query_rows(AttentionMode::GroupVarlen, &table, Some(lists), &kv, hq);
+        let rows =
+            reference::per_query_rows(AttentionMode::GroupVarlen, &table, Some(lists), &kv, hq);
         let (want, _) = reference::attention(
             &f(q),
             &kf,
