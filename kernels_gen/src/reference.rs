@@ -106,6 +106,9 @@ pub fn spgemv(
 /// The positions each query row (batch x query heads) attends to in `mode`, for
 /// [`attention`]: every token of its sequence (dense), its own list (head varlen), or its
 /// KV head's list, shared by the group (group varlen and padded).
+///
+/// # Panics
+/// If `mode` is a list mode and `lists` is `None` (a bug in the calling check).
 pub fn per_query_rows(
     mode: AttentionMode,
     table: &PageTable,
