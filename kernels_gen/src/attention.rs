@@ -1017,18 +1017,10 @@ fn merge_row_heads(
         vec![acc, ws]
     });
     let (acc, ws) = (fin[0], fin[1]);
-    let pos = b.gt(ws, zero_f);
-    let one = b.f32(1.0);
-    let ws_safe = b.select(pos, ws, one);
-    let inv = b.div(one, ws_safe);
-    let inv = b.select(pos, inv, zero_f);
+    let (inv, lse) = normalizer(b, ws, m);
     let ie = b.expand(inv, 1, d);
     let y = b.mul(acc, ie);
-    let lg = b.log2(ws_safe);
-    let lse2 = b.add(m, lg);
-    let ln2 = b.f32(std::f32::consts::LN_2);
-    let lse = b.mul(lse2, ln2);
-    let lse = b.select(pos, lse, neg_inf);
+    let one = b.f32(1.0);
     let q0 = b.mul(row, c_group);
     let q_rows = b.add(heads, q0);
     let p = b.add_ptr(io.lse_out, q_rows);
@@ -1253,6 +1245,23 @@ fn row_pieces(
     (lo, b.select(some, hi, lo), start)
 }
 
+/// From the weights' sum `s` and the largest LSE `m` (base 2) they are relative to: what
+/// scales the weighted outputs (`1 / s`, 0 for an empty row) and the natural-log LSE
+/// (`-inf` for an empty row). Scalars or blocks of one shape.
+fn normalizer(b: &mut KernelBuilder, s: Value, m: Value) -> (Value, Value) {
+    let (zero, one) = (b.f32(0.0), b.f32(1.0));
+    let pos = b.gt(s, zero);
+    let s_safe = b.select(pos, s, one);
+    let inv = b.div(one, s_safe);
+    let inv = b.select(pos, inv, zero);
+    let lg = b.log2(s_safe);
+    let lse2 = b.add(m, lg);
+    let ln2 = b.f32(std::f32::consts::LN_2);
+    let lse = b.mul(lse2, ln2);
+    let neg_inf = b.f32(f32::NEG_INFINITY);
+    (inv, b.select(pos, lse, neg_inf))
+}
+
 /// Pointers to columns `dr` (`[head_dim]`) of rows `rows` (i32 `[n]`) of a row-major
 /// `[_, head_dim]` buffer at `base`: `[n, head_dim]`, 64-bit offsets.
 fn row_ptrs(b: &mut KernelBuilder, base: Value, rows: Value, dr: Value) -> Value {
@@ -1352,17 +1361,9 @@ fn merge_row(
     });
     let y = b.sum(fin[0], 0);
     let s = b.sum(fin[1], 0);
-    let pos = b.gt(s, zero_f);
-    let one = b.f32(1.0);
-    let s_safe = b.select(pos, s, one);
-    let inv = b.div(one, s_safe);
-    let inv = b.select(pos, inv, zero_f);
+    let (inv, lse) = normalizer(b, s, mx);
     let y = b.mul(y, inv);
-    let lg = b.log2(s_safe);
-    let lse2 = b.add(mx, lg);
-    let ln2 = b.f32(std::f32::consts::LN_2);
-    let lse = b.mul(lse2, ln2);
-    let lse = b.select(pos, lse, neg_inf);
+    let one = b.f32(1.0);
     let p = b.add_ptr(lse_out, row);
     b.store(p, lse);
     let y = match io.sparq {
