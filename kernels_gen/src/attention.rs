@@ -108,7 +108,9 @@ pub struct SplitConfig {
     pub balanced: bool,
     /// With `balanced`: the merge done inside the split. Each program that holds a piece
     /// of a row counts its arrival at the row's counter ([`OpKind::Arrive`]); the last
-    /// combines the row's pieces and writes the output, so no merge launch follows and
+    /// combines the row's pieces, writes the output and zeroes the counter (programs find
+    /// the rows they hold by the merge's own arithmetic, so each counter sees exactly its
+    /// row's arrivals whatever the lists say), so no merge launch follows and
     /// the merging of rows overlaps the split's other programs instead of following them
     /// all (skipping the merge launch made the skewed benchmark about 15% faster).
     ///
@@ -257,8 +259,8 @@ fn unsupported(kernel: &str, what: String) -> CompileError {
 /// launches about as many programs as fit on the GPU at once).
 ///
 /// With `fused_merge` (balanced only), `part_lse` is followed by the merge's `out`, `lse`,
-/// (`sparq`) `alpha`, `v_mean` (as in [`build_merge`]) and `counters` (i32 `[rows + 1]`,
-/// zero before the first launch; every launch leaves them zero).
+/// (`sparq`) `alpha`, `v_mean` (as in [`build_merge`]) and `counters` (i32 `[rows]`, zero
+/// before the first launch; every launch leaves them zero, whatever the lists say).
 pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let (d, bt, g_n) = (cfg.head_dim, cfg.block_tokens, cfg.group);
     let name = format!(
@@ -813,32 +815,14 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
             let e = b.minimum(e, line);
             let busy = b.lt(s, e);
             b.if_then(busy, |b| {
-                let zero_i = b.i32(0);
-                let step = b.i32(SEARCH_ROWS as i32);
-                let counts = b.for_range(zero_i, rows, step, &[zero_i, zero_i], |b, r0, c| {
-                    let r = b.arange(0, SEARCH_ROWS as i64);
-                    let r = b.add(r0, r);
-                    let ok = b.lt(r, rows);
-                    let p = b.add_ptr(indptr, r);
-                    let first = b.load_masked(p, Some(ok), None);
-                    let shift = b.mul(r, row_tokens);
-                    let first = b.add(first, shift);
-                    let big = b.i32(i32::MAX);
-                    let first = b.select(ok, first, big);
-                    let one_i = b.i32(1);
-                    let at_or_before = b.le(first, s);
-                    let ones = b.select(at_or_before, one_i, zero_i);
-                    let n_le = b.sum(ones, 0);
-                    let before_end = b.lt(first, e);
-                    let ones = b.select(before_end, one_i, zero_i);
-                    let n_lt = b.sum(ones, 0);
-                    vec![b.add(c[0], n_le), b.add(c[1], n_lt)]
-                });
-                let first_row = b.add_c(counts[0], -1);
-                let first_row = b.maximum(first_row, zero_i);
+                let (first_row, end_row) = if merged.is_some() {
+                    held_rows(b, &bal, total, (s, seg))
+                } else {
+                    covered_rows(b, &bal, (s, e))
+                };
                 let one_i = b.i32(1);
                 let c_group = b.i32(g_n as i32);
-                b.for_range(first_row, counts[1], one_i, &[], |b, row, _| {
+                b.for_range(first_row, end_row, one_i, &[], |b, row, _| {
                     let p = b.add_ptr(indptr, row);
                     let rs = b.load(p);
                     let row1 = b.add_c(row, 1);
@@ -862,9 +846,6 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     vec![]
                 });
             });
-            if let Some((_, counters)) = merged {
-                reset_counters_if_last(&mut b, counters, rows, bal.programs);
-            }
         }
         _ => {
             let (chunk_tokens, max_chunks) = grid.expect("grid parameters");
@@ -898,6 +879,98 @@ pub fn merge_warps(head_dim: usize, block_chunks: usize) -> u32 {
 /// Log-sum-exps a merge program reads per step of its first pass: 4 a thread.
 pub fn merge_lse_width(head_dim: usize, block_chunks: usize) -> usize {
     4 * 32 * merge_warps(head_dim, block_chunks) as usize
+}
+
+/// The rows a program of the balanced split visits: from the last row starting at or
+/// before its segment's start `s` to the last starting before its end `e` (row r starts
+/// at `indptr[r] + r * row_tokens` on the line). Returns `first..end`.
+fn covered_rows(b: &mut KernelBuilder, bal: &Balance, (s, e): (Value, Value)) -> (Value, Value) {
+    let zero_i = b.i32(0);
+    let step = b.i32(SEARCH_ROWS as i32);
+    let counts = b.for_range(zero_i, bal.rows, step, &[zero_i, zero_i], |b, r0, c| {
+        let r = b.arange(0, SEARCH_ROWS as i64);
+        let r = b.add(r0, r);
+        let ok = b.lt(r, bal.rows);
+        let p = b.add_ptr(bal.sel_indptr, r);
+        let first = b.load_masked(p, Some(ok), None);
+        let shift = b.mul(r, bal.row_tokens);
+        let first = b.add(first, shift);
+        let big = b.i32(i32::MAX);
+        let first = b.select(ok, first, big);
+        let (one_i, zero_i) = (b.i32(1), b.i32(0));
+        let at_or_before = b.le(first, s);
+        let ones = b.select(at_or_before, one_i, zero_i);
+        let n_le = b.sum(ones, 0);
+        let before_end = b.lt(first, e);
+        let ones = b.select(before_end, one_i, zero_i);
+        let n_lt = b.sum(ones, 0);
+        vec![b.add(c[0], n_le), b.add(c[1], n_lt)]
+    });
+    let first = b.add_c(counts[0], -1);
+    (b.maximum(first, zero_i), counts[1])
+}
+
+/// The rows whose pieces lie in the segment starting at `s` (`seg` long), by the
+/// arithmetic of [`row_pieces`] (offsets clamped; a row without entries belongs to the
+/// segment its start falls in), whatever order the lists' offsets are in: with the merge
+/// inside the split, exactly the programs that count a row's pieces arrive at its counter,
+/// so every counter ends the launch at its row's count even for bad lists. Returns
+/// `first..end`, covering the rows held (and possibly others between them, which hold
+/// nothing here).
+fn held_rows(
+    b: &mut KernelBuilder,
+    bal: &Balance,
+    total: Value,
+    (s, seg): (Value, Value),
+) -> (Value, Value) {
+    let zero_i = b.i32(0);
+    let e = b.add(s, seg);
+    let step = b.i32(SEARCH_ROWS as i32);
+    let none_lo = b.i32(i32::MAX);
+    let none_hi = b.i32(-1);
+    let range = b.for_range(zero_i, bal.rows, step, &[none_lo, none_hi], |b, r0, c| {
+        let r = b.arange(0, SEARCH_ROWS as i64);
+        let r = b.add(r0, r);
+        let ok = b.lt(r, bal.rows);
+        let zero_i = b.i32(0);
+        let p = b.add_ptr(bal.sel_indptr, r);
+        let rs = b.load_masked(p, Some(ok), None);
+        let r1 = b.add_c(r, 1);
+        let p = b.add_ptr(bal.sel_indptr, r1);
+        let re = b.load_masked(p, Some(ok), None);
+        let rs = b.maximum(rs, zero_i);
+        let rs = b.minimum(rs, total);
+        let re = b.maximum(re, rs);
+        let re = b.minimum(re, total);
+        let starts = b.mul(r, bal.row_tokens);
+        let start = b.add(rs, starts);
+        let shift = row_shift(b, r, bal.row_tokens);
+        let rs = b.add(rs, shift);
+        let re = b.add(re, shift);
+        // Entries meeting the segment, or (no entries) a start inside it.
+        let some = b.lt(rs, re);
+        let before_end = b.lt(rs, e);
+        let after_start = b.gt(re, s);
+        let meets = b.and(before_end, after_start);
+        let entries_here = b.and(some, meets);
+        let from_s = b.ge(start, s);
+        let before_e = b.lt(start, e);
+        let start_here = b.and(from_s, before_e);
+        let none = b.not(some);
+        let empty_here = b.and(none, start_here);
+        let held = b.or(entries_here, empty_here);
+        let held = b.and(held, ok);
+        let big = b.i32(i32::MAX);
+        let lo = b.select(held, r, big);
+        let minus1 = b.i32(-1);
+        let hi = b.select(held, r, minus1);
+        let lo = b.min(lo, 0);
+        let hi = b.max(hi, 0);
+        vec![b.minimum(c[0], lo), b.maximum(c[1], hi)]
+    });
+    let end = b.add_c(range[1], 1);
+    // No row held: an empty range.
+    (b.minimum(range[0], end), end)
 }
 
 /// The merge inside the split (see [`SplitConfig::fused_merge`]), after program `pid` has
@@ -935,7 +1008,10 @@ fn merge_if_last(
         let n1 = b.add_c(n, -1);
         let last = b.eq(before, n1);
         b.if_then(last, |b| {
-            merge_row_heads(b, io, row, lo, hi, group, threads)
+            merge_row_heads(b, io, row, lo, hi, group, threads);
+            // Every piece has arrived: the counter is free again for the next launch.
+            let zero_i = b.i32(0);
+            b.store(p, zero_i);
         });
     });
 }
@@ -1044,34 +1120,6 @@ fn merge_row_heads(
     let p = row_ptrs(b, io.out, q_rows, dr);
     b.store(p, y);
 }
-
-/// The last program of the split grid to finish (counted at `counters[rows]`, which every
-/// program reaches once whatever the lists say) sets all the counters back to zero for
-/// the next launch: rows end a launch at their piece counts, or, with lists whose offsets
-/// are bad, at any count, which must not spoil the next launch.
-fn reset_counters_if_last(b: &mut KernelBuilder, counters: Value, rows: Value, programs: Value) {
-    let p = b.add_ptr(counters, rows);
-    let before = b.arrive(p);
-    let last = b.add_c(programs, -1);
-    let is_last = b.eq(before, last);
-    b.if_then(is_last, |b| {
-        let zero_i = b.i32(0);
-        let n = b.add_c(rows, 1);
-        let step = b.i32(RESET_BLOCK as i32);
-        b.for_range(zero_i, n, step, &[], |b, r0, _| {
-            let r = b.arange(0, RESET_BLOCK as i64);
-            let r = b.add(r0, r);
-            let ok = b.lt(r, n);
-            let p = b.add_ptr(counters, r);
-            let z = b.splat(zero_i, &[RESET_BLOCK]);
-            b.store_masked(p, z, Some(ok));
-            vec![]
-        });
-    });
-}
-
-/// Counters the reset at the end of a fused split writes a step.
-const RESET_BLOCK: usize = 256;
 
 /// Builds the merge kernel. Parameters, in order: `part_o`, `part_lse` (from the split
 /// kernel), `out` (`[batch * q_heads, D]`, the config's dtype), `lse` (f32

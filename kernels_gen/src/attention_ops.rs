@@ -227,8 +227,7 @@ pub struct AttentionPlan {
     split: Arc<LoadedKernel>,
     /// The merge launch; none when the split merges (token lists, `fused_merge`).
     merge: Option<Arc<LoadedKernel>>,
-    /// The split's arrival counters when it merges: one per row and one for the grid,
-    /// zero between launches.
+    /// The split's arrival counters when it merges: one per row, zero between launches.
     counters: Option<Buffer<i32>>,
     part_o: Buffer<f32>,
     part_lse: Buffer<f32>,
@@ -383,13 +382,6 @@ impl AttentionPlan {
             AttentionMode::HeadVarlen | AttentionMode::GroupVarlen
         );
         ensure(
-            !(lists && tuning.fused_merge) || tuning.row_tokens >= 1,
-            "row_tokens",
-            "at least 1 with fused_merge (a row without entries is merged by the program \
-             its start falls in, so row starts must not coincide)",
-            tuning.row_tokens,
-        )?;
-        ensure(
             !tuning.tensor_cores || ((2..=8).contains(&pg) && bt == 8 && tuning.num_warps == 1),
             "tensor_cores",
             "a group of 2 to 8 query heads a program, block_tokens 8 and num_warps 1",
@@ -485,7 +477,7 @@ impl AttentionPlan {
             split,
             merge,
             counters: if split_cfg.fused_merge {
-                Some(dev.upload(&vec![0i32; rows + 1])?)
+                Some(dev.upload(&vec![0i32; rows])?)
             } else {
                 None
             },

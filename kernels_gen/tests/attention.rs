@@ -384,8 +384,7 @@ proptest! {
             cuda_cores,
             chunk_fastest,
             programs,
-            // Row starts must not coincide when the split merges (the plan checks).
-            row_tokens: if fused_merge { row_tokens.max(1) } else { row_tokens },
+            row_tokens,
             l2_prefetch,
             merge_chunks: 1 << merge_log,
             fused_merge,
