@@ -258,9 +258,11 @@ fn unsupported(kernel: &str, what: String) -> CompileError {
 /// segment) and `row_tokens` (what a row start counts as); any 1-D grid (the plan
 /// launches about as many programs as fit on the GPU at once).
 ///
-/// With `fused_merge` (balanced only), `part_lse` is followed by the merge's `out`, `lse`,
-/// (`sparq`) `alpha`, `v_mean` (as in [`build_merge`]) and `counters` (i32 `[rows]`, zero
-/// before the first launch; every launch leaves them zero, whatever the lists say).
+/// With `fused_merge` (balanced only), the partial buffers hold twice the slots (the second
+/// half for groups of pieces merged into one), and `part_lse` is followed by the merge's
+/// `out`, `lse`, (`sparq`) `alpha`, `v_mean` (as in [`build_merge`]) and `counters` (i32
+/// `[programs + 2 * rows]`, zero before the first launch; every launch leaves them zero,
+/// whatever the lists say).
 pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let (d, bt, g_n) = (cfg.head_dim, cfg.block_tokens, cfg.group);
     let name = format!(
@@ -910,13 +912,13 @@ fn covered_rows(b: &mut KernelBuilder, bal: &Balance, (s, e): (Value, Value)) ->
     (b.maximum(first, zero_i), counts[1])
 }
 
-/// The rows whose pieces lie in the segment starting at `s` (`seg` long), by the
-/// arithmetic of [`row_pieces`] (offsets clamped; a row without entries belongs to the
-/// segment its start falls in), whatever order the lists' offsets are in: with the merge
-/// inside the split, exactly the programs that count a row's pieces arrive at its counter,
-/// so every counter ends the launch at its row's count even for bad lists. Returns
-/// `first..end`, covering the rows held (and possibly others between them, which hold
-/// nothing here).
+/// A range of rows covering those whose pieces lie in the segment starting at `s` (`seg`
+/// long), by the arithmetic of [`row_pieces`] (offsets clamped; a row without entries
+/// belongs to the segment its start falls in), whatever order the lists' offsets are in:
+/// with the merge inside the split, every program that counts a row's pieces visits the
+/// row and arrives at its counter, so every counter ends the launch at its row's count even
+/// for bad lists. Returns `first..end`; rows in it that hold nothing here are visited for
+/// nothing.
 fn held_rows(
     b: &mut KernelBuilder,
     bal: &Balance,
@@ -942,23 +944,18 @@ fn held_rows(
         let rs = b.minimum(rs, total);
         let re = b.maximum(re, rs);
         let re = b.minimum(re, total);
+        // The row from its start to its last entry (one past its start when it has none)
+        // meeting the segment: every row holding a piece here or starting here, and maybe
+        // a row whose stand-in entries alone meet it (visited for nothing).
         let starts = b.mul(r, bal.row_tokens);
         let start = b.add(rs, starts);
         let shift = row_shift(b, r, bal.row_tokens);
-        let rs = b.add(rs, shift);
-        let re = b.add(re, shift);
-        // Entries meeting the segment, or (no entries) a start inside it.
-        let some = b.lt(rs, re);
-        let before_end = b.lt(rs, e);
-        let after_start = b.gt(re, s);
-        let meets = b.and(before_end, after_start);
-        let entries_here = b.and(some, meets);
-        let from_s = b.ge(start, s);
-        let before_e = b.lt(start, e);
-        let start_here = b.and(from_s, before_e);
-        let none = b.not(some);
-        let empty_here = b.and(none, start_here);
-        let held = b.or(entries_here, empty_here);
+        let end = b.add(re, shift);
+        let past_start = b.add_c(start, 1);
+        let end = b.maximum(end, past_start);
+        let before_end = b.lt(start, e);
+        let after_start = b.gt(end, s);
+        let held = b.and(before_end, after_start);
         let held = b.and(held, ok);
         let big = b.i32(i32::MAX);
         let lo = b.select(held, r, big);
@@ -974,10 +971,15 @@ fn held_rows(
 }
 
 /// The merge inside the split (see [`SplitConfig::fused_merge`]), after program `pid` has
-/// written its piece of row `row`: if the program holds a piece of the row (for a row
-/// without entries: if the row starts in its segment, so that exactly one program writes
-/// the empty row's output), it arrives at the row's counter, and the one that arrives
-/// last merges the row's `group` query heads (`threads` in a program).
+/// written its piece of row `row`, if it holds one (a row without entries is held by the
+/// program its start falls in, which writes its empty output). A row of at most
+/// `io.block_chunks` (K) pieces: the program arriving last at the row's counter merges
+/// them. A longer row merges in two levels, so that no program merges more than about
+/// `K + n / K` pieces after its own: the last of each group of K consecutive pieces (counted
+/// at the group's first slot) merges the group into one partial (in the second half of the
+/// partial buffers, at the same slot), then arrives at the row's counter, and the last
+/// group to arrive merges the groups. Each counter is set back to zero by its last arrival.
+/// Counters: `[programs + rows]` for groups, then `[rows]` for rows.
 #[allow(clippy::too_many_arguments)]
 fn merge_if_last(
     b: &mut KernelBuilder,
@@ -1000,34 +1002,88 @@ fn merge_if_last(
     let owns_empty = b.and(empty, owns);
     let mine = b.or(holds, owns_empty);
     b.if_then(mine, |b| {
-        let p = b.add_ptr(counters, row);
-        let before = b.arrive(p);
+        let k = io.block_chunks as i32;
+        let c_k = b.i32(k);
+        let (zero_i, one_i) = (b.i32(0), b.i32(1));
         let n = b.sub(hi, lo);
-        let one_i = b.i32(1);
-        let n = b.maximum(n, one_i);
-        let n1 = b.add_c(n, -1);
-        let last = b.eq(before, n1);
-        b.if_then(last, |b| {
-            merge_row_heads(b, io, row, lo, hi, group, threads);
-            // Every piece has arrived: the counter is free again for the next launch.
+        // Pieces' slots, and as many again for the groups' partials and counters.
+        let slots = b.add(bal.programs, bal.rows);
+        let row_at = b.add(slots, row);
+        let two = b.gt(n, c_k);
+        // This piece's group (two levels only).
+        let in_row = b.sub(piece, lo);
+        let g = b.div(in_row, c_k);
+        let g_first = b.mul(g, c_k);
+        let g_lo = b.add(lo, g_first);
+        let left = b.sub(n, g_first);
+        let g_n = b.minimum(left, c_k);
+        let groups = b.add_c(n, (k - 1) as i64);
+        let groups = b.div(groups, c_k);
+        let g_slot = b.add(g_lo, slots);
+        let groups_first = b.add(lo, slots);
+        // Level 0: the row (one level) or the piece's group; level 1: the row's groups.
+        // One loop, so that the merge is emitted once (each copy would hold registers).
+        let two_i = b.i32(2);
+        let levels = b.select(two, two_i, one_i);
+        // Whether this program goes on to the next level (an i32: a predicate carried
+        // through the loop made ptxas spill).
+        b.for_range(zero_i, levels, one_i, &[one_i], |b, level, carried| {
             let zero_i = b.i32(0);
-            b.store(p, zero_i);
+            let active = b.ne(carried[0], zero_i);
+            let first_level = b.eq(level, zero_i);
+            let group_level = b.and(first_level, two);
+            let at = b.select(group_level, g_lo, row_at);
+            let counter = b.add_ptr(counters, at);
+            let whole = b.select(two, groups, n);
+            let count = b.select(group_level, g_n, whole);
+            let later = b.not(first_level);
+            let from_groups = b.and(two, later);
+            let start = b.select(group_level, g_lo, lo);
+            let start = b.select(from_groups, groups_first, start);
+            let stride = b.select(from_groups, c_k, one_i);
+            let last = b.if_else(
+                active,
+                |b| {
+                    let before = b.arrive(counter);
+                    let one_i = b.i32(1);
+                    let arrivals = b.maximum(count, one_i);
+                    let final_count = b.add_c(arrivals, -1);
+                    let is_last = b.eq(before, final_count);
+                    b.if_then(is_last, |b| {
+                        let to_row = b.not(group_level);
+                        let into = (to_row, g_slot);
+                        merge_pieces(b, io, (start, count, stride), into, row, group, threads);
+                        // Every arrival is in: the counter is free for the next launch.
+                        let zero_i = b.i32(0);
+                        b.store(counter, zero_i);
+                    });
+                    let (one_i, zero_i) = (b.i32(1), b.i32(0));
+                    vec![b.select(is_last, one_i, zero_i)]
+                },
+                |b| vec![b.i32(0)],
+            );
+            vec![last[0]]
         });
     });
 }
 
-/// Merges token-list row `row`'s pieces `lo..hi` for all its `group` query heads at once
-/// (the fused merge: this runs on the critical path of the row's last piece, so its
-/// chain of loads is kept short). Pass 1 reads the pieces' LSEs as `[pieces, heads]`
-/// blocks; pass 2 takes a few pieces a step, each piece's `[heads, head_dim]` outputs
-/// one load, all issued before any is used: a row of n pieces costs `1 + n / P` round
-/// trips to L2 whatever the group, where a loop over the heads costs `2 * group`.
-fn merge_row_heads(
+/// Merges `count` pieces (slots `first + i * stride`) for all `group` query heads at once
+/// into `(to_row, slot)`: with `to_row` the output, LSE (and SparQ's transform) of token-list
+/// row `row`, else one partial result in the pieces' own format at piece slot `slot` (a
+/// group of pieces merged into one for the second level), chosen at run time so that the
+/// merge is emitted once
+/// (the fused merge runs on the critical path of a row's last piece, so its chain of
+/// loads is kept short). Pass 1 reads the pieces' LSEs as `[pieces, heads]` blocks; pass 2
+/// takes a few pieces a step, each piece's `[heads, head_dim]` outputs one load, all issued
+/// before any is used: `count / 32 + count / 2` round trips to L2 on the tensor-core split,
+/// whatever the group, where a loop over the heads would cost `2 * group` at the least.
+#[allow(clippy::too_many_arguments)]
+fn merge_pieces(
     b: &mut KernelBuilder,
     io: &MergeIo,
+    (first, count, stride): (Value, Value, Value),
+    (to_row, slot): (Value, Value),
     row: Value,
-    lo: Value,
-    hi: Value,
     group: usize,
     threads: usize,
 ) {
@@ -1037,18 +1093,21 @@ fn merge_row_heads(
     let heads = b.arange(0, group as i64);
     let neg_inf = b.f32(f32::NEG_INFINITY);
     let zero_f = b.f32(0.0);
+    let zero_i = b.i32(0);
     // Pass 1: the largest LSE of each head, 4 values a thread a step.
-    let p1 = (4 * threads / group).max(1);
+    let p1 = (4 * threads / group).clamp(1, 32);
     let step = b.i32(p1 as i32);
     let m0 = b.splat(neg_inf, &[group]);
-    let m = b.for_range(lo, hi, step, &[m0], |b, c0, carried| {
-        let c = b.arange(0, p1 as i64);
-        let c = b.add(c0, c);
-        let ok = b.lt(c, hi);
-        let first = b.mul(c, c_group);
-        let first = b.expand(first, 1, group);
+    let m = b.for_range(zero_i, count, step, &[m0], |b, i0, carried| {
+        let i = b.arange(0, p1 as i64);
+        let i = b.add(i0, i);
+        let ok = b.lt(i, count);
+        let c = b.mul(i, stride);
+        let c = b.add(first, c);
+        let c = b.mul(c, c_group);
+        let c = b.expand(c, 1, group);
         let hs = b.expand(heads, 0, p1);
-        let slots = b.add(first, hs);
+        let slots = b.add(c, hs);
         let p = b.add_ptr(part_lse, slots);
         let mask = b.expand(ok, 1, group);
         let l = b.load_masked(p, Some(mask), Some(neg_inf));
@@ -1060,19 +1119,20 @@ fn merge_row_heads(
     // Pass 2: P pieces a step (at most 2), P [heads, head_dim] loads of up to 32 values a
     // thread together: 4 raised the tensor-core split from 168 registers to 250 (its main
     // loop and this share one allocation).
-    let pieces = (32 * threads / (group * d)).clamp(1, 2);
+    let pieces = 1usize;
     let step = b.i32(pieces as i32);
     let a0 = b.splat(zero_f, &[group, d]);
     let w0 = b.splat(zero_f, &[group]);
     let dr = b.arange(0, d as i64);
-    let fin = b.for_range(lo, hi, step, &[a0, w0], |b, c0, carried| {
+    let fin = b.for_range(zero_i, count, step, &[a0, w0], |b, i0, carried| {
         let mut loaded = vec![];
-        for i in 0..pieces {
-            let c = b.add_c(c0, i as i64);
-            let ok = b.lt(c, hi);
+        for k in 0..pieces {
+            let i = b.add_c(i0, k as i64);
+            let ok = b.lt(i, count);
             let ok = b.splat(ok, &[group]);
-            let first = b.mul(c, c_group);
-            let slots = b.add(heads, first);
+            let c = b.mul(i, stride);
+            let c = b.add(first, c);
+            let slots = slots_of(b, c, heads, c_group);
             let p = b.add_ptr(part_lse, slots);
             let l = b.load_masked(p, Some(ok), Some(neg_inf));
             let has = b.gt(l, neg_inf);
@@ -1094,14 +1154,26 @@ fn merge_row_heads(
         vec![acc, ws]
     });
     let (acc, ws) = (fin[0], fin[1]);
-    let (inv, lse) = normalizer(b, ws, m);
+    let (inv, lse2) = normalizer(b, ws, m);
     let ie = b.expand(inv, 1, d);
     let y = b.mul(acc, ie);
+    // A group's partial, in the pieces' own format: the normalised output, base-2 LSE.
+    let to_partial = b.not(to_row);
+    let heads_mask = b.splat(to_partial, &[group]);
+    let slots = slots_of(b, slot, heads, c_group);
+    let p = b.add_ptr(part_lse, slots);
+    b.store_masked(p, lse2, Some(heads_mask));
+    let p = row_ptrs(b, part_o, slots, dr);
+    let mask = b.expand(heads_mask, 1, d);
+    b.store_masked(p, y, Some(mask));
+    // The row's results.
+    let heads_mask = b.splat(to_row, &[group]);
+    let lse = natural_log(b, lse2);
     let one = b.f32(1.0);
     let q0 = b.mul(row, c_group);
     let q_rows = b.add(heads, q0);
     let p = b.add_ptr(io.lse_out, q_rows);
-    b.store(p, lse);
+    b.store_masked(p, lse, Some(heads_mask));
     let y = match io.sparq {
         Some((alpha, v_mean, hq, hkv)) => {
             let p = b.add_ptr(alpha, q_rows);
@@ -1119,7 +1191,14 @@ fn merge_row_heads(
     };
     let y = b.cast(y, io.dtype);
     let p = row_ptrs(b, io.out, q_rows, dr);
-    b.store(p, y);
+    let mask = b.expand(heads_mask, 1, d);
+    b.store_masked(p, y, Some(mask));
+}
+
+/// The partial slots of piece `piece`'s heads: `piece * group + heads`.
+fn slots_of(b: &mut KernelBuilder, piece: Value, heads: Value, c_group: Value) -> Value {
+    let c = b.mul(piece, c_group);
+    b.add(heads, c)
 }
 
 /// Builds the merge kernel. Parameters, in order: `part_o`, `part_lse` (from the split
@@ -1295,7 +1374,7 @@ fn row_pieces(
 }
 
 /// From the weights' sum `s` and the largest LSE `m` (base 2) they are relative to: what
-/// scales the weighted outputs (`1 / s`, 0 for an empty row) and the natural-log LSE
+/// scales the weighted outputs (`1 / s`, 0 for an empty row) and the LSE in base 2
 /// (`-inf` for an empty row). Scalars or blocks of one shape.
 fn normalizer(b: &mut KernelBuilder, s: Value, m: Value) -> (Value, Value) {
     let (zero, one) = (b.f32(0.0), b.f32(1.0));
@@ -1305,10 +1384,14 @@ fn normalizer(b: &mut KernelBuilder, s: Value, m: Value) -> (Value, Value) {
     let inv = b.select(pos, inv, zero);
     let lg = b.log2(s_safe);
     let lse2 = b.add(m, lg);
-    let ln2 = b.f32(std::f32::consts::LN_2);
-    let lse = b.mul(lse2, ln2);
     let neg_inf = b.f32(f32::NEG_INFINITY);
-    (inv, b.select(pos, lse, neg_inf))
+    (inv, b.select(pos, lse2, neg_inf))
+}
+
+/// A base-2 LSE in natural log, as the outputs give it (`-inf` stays).
+fn natural_log(b: &mut KernelBuilder, lse2: Value) -> Value {
+    let ln2 = b.f32(std::f32::consts::LN_2);
+    b.mul(lse2, ln2)
 }
 
 /// Pointers to columns `dr` (`[head_dim]`) of rows `rows` (i32 `[n]`) of a row-major
@@ -1410,7 +1493,8 @@ fn merge_row(
     });
     let y = b.sum(fin[0], 0);
     let s = b.sum(fin[1], 0);
-    let (inv, lse) = normalizer(b, s, mx);
+    let (inv, lse2) = normalizer(b, s, mx);
+    let lse = natural_log(b, lse2);
     let y = b.mul(y, inv);
     let one = b.f32(1.0);
     let p = b.add_ptr(lse_out, row);

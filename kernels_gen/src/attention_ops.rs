@@ -457,8 +457,10 @@ impl AttentionPlan {
                 0 => sms * programs_per_sm(&split),
                 n => n as usize,
             };
-            // Pieces: at most one per segment plus one per row start inside a segment.
-            (Layout::Balanced { programs }, (programs + rows) * pg)
+            // Pieces: at most one per segment plus one per row start inside a segment; the
+            // merge inside the split keeps as many again for groups of pieces.
+            let pieces = (programs + rows) * (1 + tuning.fused_merge as usize);
+            (Layout::Balanced { programs }, pieces * pg)
         } else {
             (Layout::Grid { max_chunks }, q_rows * max_chunks)
         };
@@ -476,10 +478,11 @@ impl AttentionPlan {
             tuning,
             split,
             merge,
-            counters: if split_cfg.fused_merge {
-                Some(dev.upload(&vec![0i32; rows])?)
-            } else {
-                None
+            counters: match (&layout, split_cfg.fused_merge) {
+                (Layout::Balanced { programs }, true) => {
+                    Some(dev.upload(&vec![0i32; programs + 2 * rows])?)
+                }
+                _ => None,
             },
             part_o: dev.alloc(slots * spec.kv.head_dim)?,
             part_lse: dev.alloc(slots)?,
