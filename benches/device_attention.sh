@@ -9,14 +9,15 @@
 #                                          line of examples/c/README.md with -o .device/attention-c
 # Usage: benches/device_attention.sh COMMIT DATE [TILINGS]
 #   TILINGS: the list tilings to time beside the defaults (gpu-check --sweep-lists),
-#   default: the split merging rows, also with row starts counted as 32 entries and with
+#   default: the split merging rows (groups of 8 pieces, and of 4), also with row starts
+#   counted as 32 entries and with
 #   segments of at least 128 entries (fewer, longer pieces).
 # Writes into $OUT (at most 8 files come back): bench.log, varlen_attention.json,
 # peers.json, memcheck_tail.log, racecheck_tail.log, c_example.txt, ncu_skewed.log.
 set -u
 commit=$1
 date=$2
-tilings=${3:-8x1j1,8x1j1h32,8x1j1c128}
+tilings=${3:-8x1j1,8x1j1k4,8x1j1h32,8x1j1c128}
 out=${OUT:?OUT names the folder whose files come back}
 root=$(pwd)
 
