@@ -10,8 +10,7 @@
 # Usage: benches/device_attention.sh COMMIT DATE [TILINGS]
 #   TILINGS: the list tilings to time beside the defaults (gpu-check --sweep-lists),
 #   default: the split merging rows (groups of 8 pieces, and of 4), also with row starts
-#   counted as 32 entries and with
-#   segments of at least 128 entries (fewer, longer pieces).
+#   counted as 32 entries and with segments of at least 128 entries (fewer pieces).
 # Writes into $OUT (at most 8 files come back): bench.log, varlen_attention.json,
 # peers.json, memcheck_tail.log, racecheck_tail.log, c_example.txt, ncu_skewed.log.
 set -u
