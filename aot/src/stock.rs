@@ -8,7 +8,7 @@
 //! | `spgemv_quant_dp2a_d128_g1_b4_t64_w2_o14` | SpGEMV, MHA default (`dp2a`) | `rows, ceil(max_row_len / 64)` |
 //! | `spgemv_quant_mma_d128_g4_b4_t64_w2_o0` | SpGEMV, GQA 4 default (tensor cores) | `rows, ceil(max_row_len / 64)` |
 //! | `threshold_top_p_t2048_g1_w4` | top-p search, rows up to 8192 candidates (streamed in tiles of 2048) | `rows` |
-//! | `threshold_pack_w4` | the search's kept positions packed into CSR lists | `q_rows` |
+//! | `threshold_pack_w4` | the search's kept positions packed into CSR lists (one list per candidate row) | `rows` |
 //! | `attn_split_lists_d128_g4_f16` | group varlen attention over token lists, GQA 4 (tensor cores), balanced split | `programs` |
 //! | `attn_merge_lists_d128_f16` | its merge by log-sum-exp | `q_rows` |
 //! | `attn_split_dense_d128_g4_f16` | dense paged decode attention, GQA 4, chunks of `chunk_tokens` | `rows, chunks` (= its `max_chunks`) |
@@ -120,8 +120,8 @@ fn pack_kernel(num_warps: u32) -> Result<BundleKernel> {
         name: format!("threshold_pack_w{num_warps}"),
         family: "threshold_pack".into(),
         kernel: threshold::build_pack(num_warps)?,
-        inputs: vec!["q_rows".into()],
-        grid: [vec![factor("q_rows", 1)], vec![], vec![]],
+        inputs: vec!["rows".into()],
+        grid: [vec![factor("rows", 1)], vec![], vec![]],
         config: obj(json!({"num_warps": num_warps})),
     })
 }

@@ -68,10 +68,10 @@ static inline int dusk_threshold_top_p_t2048_g1_w4(CUstream stream, CUdeviceptr 
 }
 
 /* threshold_pack_w4 (threshold_pack): {"num_warps":4}
- * grid (q_rows, 1, 1), 128 threads a program. */
-static inline int dusk_threshold_pack_w4(CUstream stream, CUdeviceptr budget, CUdeviceptr cand_indptr, CUdeviceptr staged, CUdeviceptr sel_indptr, CUdeviceptr sel_indices, uint64_t q_rows) {
+ * grid (rows, 1, 1), 128 threads a program. */
+static inline int dusk_threshold_pack_w4(CUstream stream, CUdeviceptr budget, CUdeviceptr cand_indptr, CUdeviceptr staged, CUdeviceptr sel_indptr, CUdeviceptr sel_indices, uint64_t rows) {
     void *args[] = {&budget, &cand_indptr, &staged, &sel_indptr, &sel_indices};
-    const uint64_t inputs[] = {q_rows};
+    const uint64_t inputs[] = {rows};
     return dusk_launch("threshold_pack_w4", stream, args, 5, inputs, 1);
 }
 
