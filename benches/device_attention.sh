@@ -5,8 +5,8 @@
 # carried, holding:
 #   .device/gpu-check                      ../shared/tools/device-stage --release -p dusk-bench --bin gpu-check
 #   .device/whl/*.whl                      ../shared/tools/device-wheels (FlashInfer)
-#   .device/attention-c, libdusk_capi.so   optional: cargo build --release -p dusk-capi, then the gcc
-#                                          line of examples/c/README.md with -o .device/attention-c
+#   .device/attention-c, .device/prune-c,  optional: cargo build --release -p dusk-capi, then the
+#   libdusk_capi.so                        gcc lines of examples/c/README.md with -o .device/<name>
 # Usage: benches/device_attention.sh COMMIT DATE [TILINGS]
 #   TILINGS: the list tilings to time beside the defaults (gpu-check --sweep-lists),
 #   default: the split merging rows (groups of 8 pieces, and of 4), also with row starts
@@ -27,10 +27,12 @@ cd .device
 for tool in memcheck racecheck; do
   compute-sanitizer --tool $tool ./gpu-check attention --check-only 2>&1 | tail -40 >"$out/${tool}_tail.log"
 done
-if [ -x ./attention-c ]; then
-  ./attention-c "$root/kernels_gen/bundle" >"$out/c_example.txt" 2>&1
-  echo "exit $?" >>"$out/c_example.txt"
-fi
+for example in attention-c prune-c; do
+  if [ -x ./$example ]; then
+    ./$example "$root/kernels_gen/bundle" >>"$out/c_example.txt" 2>&1
+    echo "$example: exit $?" >>"$out/c_example.txt"
+  fi
+done
 python3 "$root/benches/baselines/attention_peers.py" --out "$out/peers.json" >/dev/null 2>&1
 ./gpu-check attention --peers "$out/peers.json" --out "$out/varlen_attention.json" \
   --commit "$commit" --date "$date" --sweep-lists "$tilings" >"$out/bench.log" 2>&1

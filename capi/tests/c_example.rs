@@ -57,3 +57,8 @@ fn spgemv_example_builds_links_and_runs() {
 fn attention_example_builds_links_and_runs() {
     build_and_run("attention");
 }
+
+#[test]
+fn prune_example_builds_links_and_runs() {
+    build_and_run("prune");
+}

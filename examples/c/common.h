@@ -46,7 +46,7 @@ static CUresult (*cuDeviceGetAttribute)(int *, int, CUdevice);
     }                                                                     \
   } while (0)
 
-static int load_driver(void) {
+static inline int load_driver(void) {
   void *lib = dlopen("libcuda.so.1", RTLD_NOW);
   if (!lib) lib = dlopen("libcuda.so", RTLD_NOW);
   if (!lib) return 0;
@@ -68,14 +68,14 @@ static int load_driver(void) {
 }
 
 /* IEEE half <-> float, enough for the normal values used here. */
-static float h2f(uint16_t h) {
+static inline float h2f(uint16_t h) {
   uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023, bits;
   if (e == 0) { float f = ldexpf((float)m, -24); return s ? -f : f; }
   if (e == 31) bits = s | 0x7f800000u | (m << 13);
   else bits = s | ((e + 112) << 23) | (m << 13);
   float f; memcpy(&f, &bits, 4); return f;
 }
-static uint16_t f2h(float f) { /* round to nearest even, |f| in half's normal range or 0 */
+static inline uint16_t f2h(float f) { /* round to nearest even, |f| in half's normal range or 0 */
   uint32_t x; memcpy(&x, &f, 4);
   uint32_t s = (x >> 16) & 0x8000, e = (x >> 23) & 255, m = x & 0x7fffff;
   if (e == 0) return (uint16_t)s;
@@ -85,12 +85,12 @@ static uint16_t f2h(float f) { /* round to nearest even, |f| in half's normal ra
 }
 
 static uint32_t rng = 12345u;
-static float frand(float lo, float hi) {
+static inline float frand(float lo, float hi) {
   rng = rng * 1664525u + 1013904223u;
   return lo + (hi - lo) * (float)(rng >> 8) / 16777216.0f;
 }
 
-static CUdeviceptr upload(const void *host, size_t bytes) {
+static inline CUdeviceptr upload(const void *host, size_t bytes) {
   CUdeviceptr d;
   CU(cuMemAlloc(&d, bytes ? bytes : 1));
   if (bytes) CU(cuMemcpyHtoD(d, host, bytes));
@@ -100,7 +100,7 @@ static CUdeviceptr upload(const void *host, size_t bytes) {
 /* Opens the CUDA driver, makes the first GPU's primary context current, creates a stream
  * and loads the bundle in `bundle_dir`. Returns 0, or 77 when there is no driver or GPU
  * (the examples then have nothing to run). */
-static int open_gpu(const char *bundle_dir, CUstream *stream, CUdevice *dev) {
+static inline int open_gpu(const char *bundle_dir, CUstream *stream, CUdevice *dev) {
   CUcontext ctx;
   if (!load_driver()) {
     printf("no CUDA driver (libcuda.so.1): nothing to run\n");
