@@ -934,23 +934,10 @@ fn held_rows(
         let r = b.arange(0, SEARCH_ROWS as i64);
         let r = b.add(r0, r);
         let ok = b.lt(r, bal.rows);
-        let zero_i = b.i32(0);
-        let p = b.add_ptr(bal.sel_indptr, r);
-        let rs = b.load_masked(p, Some(ok), None);
-        let r1 = b.add_c(r, 1);
-        let p = b.add_ptr(bal.sel_indptr, r1);
-        let re = b.load_masked(p, Some(ok), None);
-        let rs = b.maximum(rs, zero_i);
-        let rs = b.minimum(rs, total);
-        let re = b.maximum(re, rs);
-        let re = b.minimum(re, total);
         // The row from its start to its last entry (one past its start when it has none)
         // meeting the segment: every row holding a piece here or starting here, and maybe
         // a row whose stand-in entries alone meet it (visited for nothing).
-        let starts = b.mul(r, bal.row_tokens);
-        let start = b.add(rs, starts);
-        let shift = row_shift(b, r, bal.row_tokens);
-        let end = b.add(re, shift);
+        let (start, _, end) = row_on_line(b, bal, total, r, Some(ok));
         let past_start = b.add_c(start, 1);
         let end = b.maximum(end, past_start);
         let before_end = b.lt(start, e);
@@ -1336,6 +1323,32 @@ struct MergeIo {
     dtype: DType,
 }
 
+/// Row(s) `r` of the balanced split on its line (see `balanced_segments`): where the row
+/// starts, and where its entries begin and end, from its offsets clamped to `0..=total`
+/// (an end before the start taken as the start). `ok` masks the loads of a block of rows.
+fn row_on_line(
+    b: &mut KernelBuilder,
+    bal: &Balance,
+    total: Value,
+    r: Value,
+    ok: Option<Value>,
+) -> (Value, Value, Value) {
+    let zero_i = b.i32(0);
+    let p = b.add_ptr(bal.sel_indptr, r);
+    let rs = b.load_masked(p, ok, None);
+    let r1 = b.add_c(r, 1);
+    let p = b.add_ptr(bal.sel_indptr, r1);
+    let re = b.load_masked(p, ok, None);
+    let rs = b.maximum(rs, zero_i);
+    let rs = b.minimum(rs, total);
+    let re = b.maximum(re, rs);
+    let re = b.minimum(re, total);
+    let starts = b.mul(r, bal.row_tokens);
+    let start = b.add(rs, starts);
+    let shift = row_shift(b, r, bal.row_tokens);
+    (start, b.add(rs, shift), b.add(re, shift))
+}
+
 /// Row r of the balanced split's token lists: its pieces' slots `lo..hi` (`lo == hi` for a
 /// row without entries) and where the row starts on the line. Row r's entries `rs..re`
 /// (on the line) lie in segments `rs / seg ..= (re - 1) / seg`, and the piece of segment j
@@ -1348,21 +1361,7 @@ fn row_pieces(
     seg: Value,
     r: Value,
 ) -> (Value, Value, Value) {
-    let zero_i = b.i32(0);
-    let p = b.add_ptr(bal.sel_indptr, r);
-    let rs = b.load(p);
-    let r1 = b.add_c(r, 1);
-    let p = b.add_ptr(bal.sel_indptr, r1);
-    let re = b.load(p);
-    let rs = b.maximum(rs, zero_i);
-    let rs = b.minimum(rs, total);
-    let re = b.maximum(re, rs);
-    let re = b.minimum(re, total);
-    let starts = b.mul(r, bal.row_tokens);
-    let start = b.add(rs, starts);
-    let shift = row_shift(b, r, bal.row_tokens);
-    let rs = b.add(rs, shift);
-    let re = b.add(re, shift);
+    let (start, rs, re) = row_on_line(b, bal, total, r, None);
     let j0 = b.div(rs, seg);
     let lo = b.add(j0, r);
     let last = b.add_c(re, -1);
