@@ -4,7 +4,8 @@
 //! - [`AttentionPlan::new`] checks the shapes, compiles the kernels, picks the chunk size
 //!   and the grid for a *maximum* budget, and allocates the partial-result buffers, once;
 //! - [`AttentionPlan::run`] checks buffer lengths and queues two launches (split and
-//!   merge; token lists are split evenly on the device, [`crate::attention`]): no allocation,
+//!   merge; token lists are split evenly on the device, [`crate::attention`]; one launch
+//!   with [`AttentionTuning::fused_merge`]): no allocation,
 //!   no host sync, so a decode step can be captured in a CUDA graph and replayed while the
 //!   token lists (written on the device by the pruner) change from step to step.
 //!
@@ -634,7 +635,8 @@ impl AttentionPlan {
     /// `meta` selects; writes `out` (same shape as `q`) and `lse` (f32 per query row,
     /// natural log, `-inf` for an empty row, whose output is zero). `sparq` must be given
     /// exactly when the plan was made with `sparq`. Two launches (the merge may start during
-    /// the split's last programs and waits for it on the device); no allocation, no sync.
+    /// the split's last programs and waits for it on the device), or one when the split
+    /// merges ([`AttentionTuning::fused_merge`]); no allocation, no sync.
     #[allow(clippy::too_many_arguments)]
     pub fn run<T: Element>(
         &self,
