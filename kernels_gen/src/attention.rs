@@ -1058,9 +1058,8 @@ fn merge_if_last(
 /// into `(to_row, slot)`: with `to_row` the output, LSE (and SparQ's transform) of token-list
 /// row `row`, else one partial result in the pieces' own format at piece slot `slot` (a
 /// group of pieces merged into one for the second level), chosen at run time so that the
-/// merge is emitted once
-/// (the fused merge runs on the critical path of a row's last piece, so its chain of
-/// loads is kept short). Pass 1 reads the pieces' LSEs as `[pieces, heads]` blocks; pass 2
+/// merge is emitted once. It runs on the critical path of a row's last piece, so its chain
+/// of loads is kept short. Pass 1 reads the pieces' LSEs as `[pieces, heads]` blocks; pass 2
 /// takes a few pieces a step, each piece's `[heads, head_dim]` outputs one load, all issued
 /// before any is used: `count / 32 + count / 2` round trips to L2 on the tensor-core split,
 /// whatever the group, where a loop over the heads would cost `2 * group` at the least.
