@@ -8,6 +8,23 @@ use super::search::{
 use super::{search_name, Policy, SearchConfig};
 use dusk_compiler::{CompileError, DType, Kernel, KernelBuilder, Value};
 
+/// Tile `t0` (of `tile` candidates) of a row of `n` f32 values at `row`: the offsets, which
+/// of them lie in the row, and the values (`other` past its end).
+fn load_tile(
+    b: &mut KernelBuilder,
+    row: Value,
+    (t0, n): (Value, Value),
+    tile: usize,
+    other: f32,
+) -> (Value, Value, Value) {
+    let ar = b.arange(0, tile as i64);
+    let offs = b.add(ar, t0);
+    let valid = b.lt(offs, n);
+    let ptrs = b.add_ptr(row, offs);
+    let other = b.f32(other);
+    (offs, valid, b.load_masked(ptrs, Some(valid), Some(other)))
+}
+
 /// Builds the search for rows longer than a program's registers hold (any length): the
 /// row streams through in tiles of `cfg.block` candidates. A first pass finds the row's maximum
 /// (and NaN or infinite logits), a second writes each `e` to `work` (f32, laid out like
@@ -64,12 +81,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         let bad0 = b.splat(zero_i, &[tile]);
         let max0 = b.splat(ninf, &[tile]);
         let acc = b.for_range(zero_i, n, tile_i, &[bad0, max0], |b, t0, c| {
-            let ar = b.arange(0, tile as i64);
-            let offs = b.add(ar, t0);
-            let valid = b.lt(offs, n);
-            let ptrs = b.add_ptr(s_row, offs);
-            let zero = b.f32(0.0);
-            let s = b.load_masked(ptrs, Some(valid), Some(zero));
+            let (_, valid, s) = load_tile(b, s_row, (t0, n), tile, 0.0);
             let mag = b.abs(s);
             let inf = b.f32(f32::INFINITY);
             let finite = b.lt(mag, inf);
@@ -92,12 +104,8 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         let z0 = b.splat(zf, &[tile]);
         let pos0 = b.splat(zero_i, &[tile]);
         let acc = b.for_range(zero_i, n, tile_i, &[z0, pos0], |b, t0, c| {
-            let ar = b.arange(0, tile as i64);
-            let offs = b.add(ar, t0);
-            let valid = b.lt(offs, n);
-            let ptrs = b.add_ptr(s_row, offs);
+            let (offs, valid, s) = load_tile(b, s_row, (t0, n), tile, 0.0);
             let zero = b.f32(0.0);
-            let s = b.load_masked(ptrs, Some(valid), Some(zero));
             let centred = b.sub(s, m);
             let scaled = b.mul(centred, scale);
             let e_raw = b.exp2(scaled);
@@ -147,12 +155,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
                 .map(|v| b.splat(*v, &[tile]))
                 .collect();
             let acc = b.for_range(zero_i, n, tile_i, &init, |b, t0, c| {
-                let ar = b.arange(0, tile as i64);
-                let offs = b.add(ar, t0);
-                let valid = b.lt(offs, n);
-                let wp = b.add_ptr(w_row, offs);
-                let minus_one = b.f32(-1.0);
-                let es = b.load_masked(wp, Some(valid), Some(minus_one));
+                let (_, _, es) = load_tile(b, w_row, (t0, n), tile, -1.0);
                 let mut next = vec![];
                 for (i, mid) in mids.iter().enumerate() {
                     let terms = tally_terms(b, es, *mid, bounds);
@@ -197,12 +200,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             b.if_then(open, |b| {
                 let zero_i = b.i32(0);
                 b.for_range(zero_i, n, tile_i, &[zero_i], |b, t0, c| {
-                    let ar = b.arange(0, tile as i64);
-                    let offs = b.add(ar, t0);
-                    let valid = b.lt(offs, n);
-                    let wp = b.add_ptr(w_row, offs);
-                    let minus_one = b.f32(-1.0);
-                    let es = b.load_masked(wp, Some(valid), Some(minus_one));
+                    let (_, _, es) = load_tile(b, w_row, (t0, n), tile, -1.0);
                     let at_lo = b.ge(es, lo);
                     let below_hi = b.lt(es, hi);
                     let inside = b.and(at_lo, below_hi);
