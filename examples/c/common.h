@@ -75,12 +75,16 @@ static inline float h2f(uint16_t h) {
   else bits = s | ((e + 112) << 23) | (m << 13);
   float f; memcpy(&f, &bits, 4); return f;
 }
-static inline uint16_t f2h(float f) { /* round to nearest even, |f| in half's normal range or 0 */
+static inline uint16_t f2h(float f) { /* round to nearest even; |f| below half's range or 0 */
   uint32_t x; memcpy(&x, &f, 4);
   uint32_t s = (x >> 16) & 0x8000, e = (x >> 23) & 255, m = x & 0x7fffff;
-  if (e == 0) return (uint16_t)s;
-  uint32_t h = s | ((e - 112) << 10) | (m >> 13), rest = m & 0x1fff;
-  if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;
+  if (e < 102) return (uint16_t)s; /* under half the smallest subnormal: zero */
+  /* Normal halves keep 10 mantissa bits; subnormals (e < 113) keep fewer, the implicit
+   * bit shifted in. Rounding may carry into the exponent, which is the right result. */
+  uint32_t shift = e < 113 ? 126 - e : 13, mant = e < 113 ? m | 0x800000 : m;
+  uint32_t h = s | (e < 113 ? 0 : (e - 112) << 10) | (mant >> shift);
+  uint32_t rest = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+  if (rest > half || (rest == half && (h & 1))) h++;
   return (uint16_t)h;
 }
 
