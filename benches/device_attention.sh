@@ -40,4 +40,4 @@ ncu --clock-control none --kernel-name regex:attn_ --launch-skip 20 --launch-cou
   --section SpeedOfLight --section LaunchStats --section Occupancy \
   ./gpu-check attention --profile-skewed >"$out/ncu_skewed.log" 2>&1
 grep -E "skewed|quarter|graph replay|checks passed" "$out/bench.log"
-tail -3 "$out/memcheck_tail.log" "$out/racecheck_tail.log"
+tail -n 3 "$out/memcheck_tail.log" "$out/racecheck_tail.log"

@@ -91,9 +91,10 @@ pub struct AttentionTuning {
     pub row_tokens: u32,
     /// Token lists: the merge done by the split's programs (the last piece of a row to
     /// finish merges it; see [`SplitConfig::fused_merge`](crate::attention::SplitConfig))
-    /// instead of a second launch. Off by default until it is timed on a GPU: checked
-    /// against the reference on the interpreter and assembled by ptxas, not yet run on
-    /// one (benches/NOTES.md).
+    /// instead of a second launch. Off: on an H100 it was right everywhere and slower
+    /// everywhere it was timed (skewed group varlen 44.6 us against 40.8, a CUDA graph
+    /// replay 18.6 against 12.2; benches/NOTES.md), since the last piece's wait for its
+    /// stores and the atomic sit on the critical path. A knob for other GPUs and shapes.
     pub fused_merge: bool,
     /// Partial results the merge combines per step (a power of two up to 64; see
     /// [`MergeConfig::block_chunks`](crate::attention::MergeConfig)).
