@@ -7,7 +7,7 @@ use crate::tune::TuneCache;
 use crate::{fnv_hex, io, Result};
 use dusk_compiler::codegen::{compile_cached, Source, Target};
 use dusk_compiler::print::print_kernel;
-use dusk_compiler::{Elem, Kernel};
+use dusk_compiler::Kernel;
 use dusk_runtime::bundle::{
     BundleTarget, GridFactor, KernelEntry, LaunchRule, Manifest, ParamEntry, FORMAT,
 };
@@ -48,11 +48,9 @@ pub fn ir_hash(kernel: &Kernel) -> String {
     fnv_hex(&print_kernel(kernel))
 }
 
+/// A parameter's type as the manifest names it (`ptr<f16>`, `i32`): its IR spelling.
 fn param_type(k: &Kernel, i: usize) -> String {
-    match k.params[i].ty.elem {
-        Elem::Ptr(d) => format!("ptr<{}>", d.name()),
-        Elem::Num(d) => d.name().to_string(),
-    }
+    k.params[i].ty.to_string()
 }
 
 /// The generator string: dusk's and LLVM's versions.

@@ -337,10 +337,14 @@ impl KernelBuilder {
         )[0]
     }
 
-    /// The same pointer viewed as pointing to `to` elements.
+    /// The same pointer viewed as pointing to `to` elements (in the same memory).
     #[track_caller]
     pub fn ptr_cast(&mut self, ptr: Value, to: DType) -> Value {
-        let ph = self.ty(ptr).with_elem(Elem::Ptr(to));
+        let elem = match self.ty(ptr).elem {
+            Elem::SharedPtr(_) => Elem::SharedPtr(to),
+            _ => Elem::Ptr(to),
+        };
+        let ph = self.ty(ptr).with_elem(elem);
         self.push(
             OpKind::PtrCast { ptr: ptr.0, to },
             caller_loc(Location::caller()),
@@ -430,7 +434,7 @@ impl KernelBuilder {
         let loc = caller_loc(Location::caller());
         let pt = self.ty(ptr).clone();
         let d = match pt.elem {
-            Elem::Ptr(d) | Elem::Num(d) => d,
+            Elem::Ptr(d) | Elem::SharedPtr(d) | Elem::Num(d) => d,
         };
         let other = other.map(|o| {
             if self.ty(o).is_scalar() && !pt.is_scalar() {
@@ -476,6 +480,16 @@ impl KernelBuilder {
             bytes,
         };
         self.push(kind, caller_loc(Location::caller()), &[]);
+    }
+
+    /// `len` elements of `dtype` in the program's shared memory; see
+    /// [`OpKind::SharedAlloc`].
+    #[track_caller]
+    pub fn shared_alloc(&mut self, dtype: DType, len: usize) -> Value {
+        self.push1(
+            OpKind::SharedAlloc { dtype, len },
+            caller_loc(Location::caller()),
+        )
     }
 
     /// Counts this program's arrival at `counter` and returns the count before it; see

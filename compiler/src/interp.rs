@@ -15,6 +15,7 @@ use crate::ir::*;
 use crate::verify::{format_loc, verify};
 use crate::CompileError;
 use half::{bf16, f16};
+use std::collections::HashMap;
 use std::fmt::Display;
 use std::ops::{BitAnd, BitOr, BitXor, Not};
 
@@ -93,7 +94,11 @@ pub fn run(
     let mut it = Interp {
         k: kernel,
         env: vec![None; kernel.types.len()],
-        mem: memory,
+        mem: Memory {
+            global: memory,
+            shared: vec![],
+        },
+        shared_slots: HashMap::new(),
         program: [0; 3],
         grid,
     };
@@ -116,6 +121,28 @@ pub fn run(
 struct Ptr {
     buf: usize,
     off: i64,
+}
+
+/// What pointers point into: the kernel's buffers (indices `0..global.len()`), then the
+/// shared-memory blocks of the program running ([`OpKind::SharedAlloc`]).
+struct Memory<'a, 'b> {
+    global: &'a mut [&'b mut [u8]],
+    shared: Vec<Vec<u8>>,
+}
+
+impl Memory<'_, '_> {
+    fn buf(&self, i: usize) -> &[u8] {
+        match i.checked_sub(self.global.len()) {
+            None => &*self.global[i],
+            Some(j) => &self.shared[j],
+        }
+    }
+    fn buf_mut(&mut self, i: usize) -> &mut [u8] {
+        match i.checked_sub(self.global.len()) {
+            None => &mut *self.global[i],
+            Some(j) => &mut self.shared[j],
+        }
+    }
 }
 
 /// The elements of a value, row-major.
@@ -573,14 +600,8 @@ fn reduce(op: ReduceOp, d: DType, x: &Data, shape: &[usize], axis: u8) -> Result
 // ---- memory ----
 
 /// The byte offset of `p` if `size` bytes there lie inside its buffer.
-fn in_bounds(
-    mem: &[&mut [u8]],
-    p: Ptr,
-    size: usize,
-    what: &str,
-    i: usize,
-) -> Result<usize, String> {
-    let len = mem[p.buf].len();
+fn in_bounds(mem: &Memory, p: Ptr, size: usize, what: &str, i: usize) -> Result<usize, String> {
+    let len = mem.buf(p.buf).len();
     if p.off < 0 || (p.off as u64).saturating_add(size as u64) > len as u64 {
         return Err(format!(
             "out-of-bounds {what} of {size} bytes at byte offset {} of buffer {} ({len} bytes long), element {i}",
@@ -591,7 +612,7 @@ fn in_bounds(
 }
 
 fn load_typed<T: Copy + Default, const N: usize>(
-    mem: &[&mut [u8]],
+    mem: &Memory,
     ptrs: &[Ptr],
     mask: Option<&[bool]>,
     other: Option<&[T]>,
@@ -601,7 +622,7 @@ fn load_typed<T: Copy + Default, const N: usize>(
     for (i, &p) in ptrs.iter().enumerate() {
         if !matches!(mask, Some(m) if !m[i]) {
             let off = in_bounds(mem, p, N, "load", i)?;
-            let bytes: [u8; N] = mem[p.buf][off..off + N].try_into().expect("N bytes");
+            let bytes: [u8; N] = mem.buf(p.buf)[off..off + N].try_into().expect("N bytes");
             out.push(decode(bytes));
         } else {
             out.push(other.map_or(T::default(), |o| o[i]));
@@ -612,7 +633,7 @@ fn load_typed<T: Copy + Default, const N: usize>(
 
 fn load(
     d: DType,
-    mem: &[&mut [u8]],
+    mem: &Memory,
     ptrs: &[Ptr],
     mask: Option<&[bool]>,
     other: Option<&Data>,
@@ -658,7 +679,7 @@ fn load(
 /// Writes every active element in row-major order (later duplicates win), after checking
 /// all of them: a faulting store writes nothing.
 fn store_typed<T: Copy, const N: usize>(
-    mem: &mut [&mut [u8]],
+    mem: &mut Memory,
     ptrs: &[Ptr],
     mask: Option<&[bool]>,
     vals: &[T],
@@ -673,14 +694,14 @@ fn store_typed<T: Copy, const N: usize>(
     for (i, (&p, &v)) in ptrs.iter().zip(vals).enumerate() {
         if active(i) {
             let off = p.off as usize;
-            mem[p.buf][off..off + N].copy_from_slice(&encode(v));
+            mem.buf_mut(p.buf)[off..off + N].copy_from_slice(&encode(v));
         }
     }
     Ok(())
 }
 
 fn store(
-    mem: &mut [&mut [u8]],
+    mem: &mut Memory,
     d: DType,
     ptrs: &[Ptr],
     mask: Option<&[bool]>,
@@ -711,7 +732,10 @@ struct Interp<'k, 'a, 'b> {
     k: &'k Kernel,
     /// The current value of each [`ValueId`]; `None` until defined.
     env: Vec<Option<Data>>,
-    mem: &'a mut [&'b mut [u8]],
+    mem: Memory<'a, 'b>,
+    /// The shared-memory block of each [`OpKind::SharedAlloc`] op (by its result), as an
+    /// index into `mem.shared`.
+    shared_slots: HashMap<ValueId, usize>,
     program: [u32; 3],
     grid: [u32; 3],
 }
@@ -763,10 +787,10 @@ impl<'k> Interp<'k, '_, '_> {
                         offset_bytes,
                     },
                 ) => {
-                    if buffer >= self.mem.len() {
+                    if buffer >= self.mem.global.len() {
                         return Err(bad(format!(
                             "{ty} into one of the {} buffers",
-                            self.mem.len()
+                            self.mem.global.len()
                         )));
                     }
                     Data::Ptr(vec![Ptr {
@@ -962,7 +986,7 @@ impl<'k> Interp<'k, '_, '_> {
                 Data::I32(v)
             }
             AddPtr { ptr, offset } => {
-                let Elem::Ptr(d) = k.ty(*ptr).elem else {
+                let Some(d) = k.ty(*ptr).elem.pointee() else {
                     unreachable!("verified: a pointer")
                 };
                 let size = d.size_bytes() as i64;
@@ -978,24 +1002,24 @@ impl<'k> Interp<'k, '_, '_> {
                 })
             }
             Load { ptr, mask, other } => {
-                let Elem::Ptr(d) = k.ty(*ptr).elem else {
+                let Some(d) = k.ty(*ptr).elem.pointee() else {
                     unreachable!("verified: a pointer")
                 };
                 load(
                     d,
-                    self.mem,
+                    &self.mem,
                     g(ptr).ptrs(),
                     mask.as_ref().map(|m| g(m).bools()),
                     other.as_ref().map(g),
                 )?
             }
             Store { ptr, value, mask } => {
-                let Elem::Ptr(d) = k.ty(*ptr).elem else {
+                let Some(d) = k.ty(*ptr).elem.pointee() else {
                     unreachable!("verified: a pointer")
                 };
                 let mask = mask.as_ref().map(|m| get(&self.env, *m).bools());
                 store(
-                    self.mem,
+                    &mut self.mem,
                     d,
                     get(&self.env, *ptr).ptrs(),
                     mask,
@@ -1008,19 +1032,34 @@ impl<'k> Interp<'k, '_, '_> {
                 let mask = mask.as_ref().map(|m| get(&self.env, *m).bools());
                 for (i, &p) in get(&self.env, *ptr).ptrs().iter().enumerate() {
                     if !matches!(mask, Some(m) if !m[i]) {
-                        in_bounds(self.mem, p, *bytes as usize, "prefetch", i)?;
+                        in_bounds(&self.mem, p, *bytes as usize, "prefetch", i)?;
                     }
                 }
                 return Ok(None);
             }
+            SharedAlloc { dtype, len } => {
+                // The program's own block, filled with 0xFF bytes (a NaN for floats) so that
+                // loads of what it never stored show up in tests.
+                let res = op.results[0];
+                let next = self.mem.shared.len();
+                let slot = *self.shared_slots.entry(res).or_insert(next);
+                if slot == next {
+                    self.mem.shared.push(vec![]);
+                }
+                self.mem.shared[slot] = vec![0xFF; len * dtype.size_bytes()];
+                Data::Ptr(vec![Ptr {
+                    buf: self.mem.global.len() + slot,
+                    off: 0,
+                }])
+            }
             Arrive { counter } => {
                 // Programs run one after another here: each sees every earlier one's add.
                 let p = get(&self.env, *counter).ptrs()[0];
-                let Data::I32(old) = load(DType::I32, self.mem, &[p], None, None)? else {
+                let Data::I32(old) = load(DType::I32, &self.mem, &[p], None, None)? else {
                     unreachable!("an i32 load")
                 };
                 store(
-                    self.mem,
+                    &mut self.mem,
                     DType::I32,
                     &[p],
                     None,

@@ -50,18 +50,29 @@ impl DType {
     }
 }
 
-/// The element of a value: a number, or a pointer into global memory to numbers.
+/// The element of a value: a number, or a pointer to numbers in global memory or in the
+/// program's shared memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Elem {
     Num(DType),
     Ptr(DType),
+    /// Into a block of the program's shared memory ([`OpKind::SharedAlloc`]); kernel
+    /// parameters are never shared pointers.
+    SharedPtr(DType),
 }
 
 impl Elem {
     pub fn dtype(self) -> Option<DType> {
         match self {
             Elem::Num(d) => Some(d),
-            Elem::Ptr(_) => None,
+            Elem::Ptr(_) | Elem::SharedPtr(_) => None,
+        }
+    }
+    /// The element type a pointer (global or shared) points to.
+    pub fn pointee(self) -> Option<DType> {
+        match self {
+            Elem::Ptr(d) | Elem::SharedPtr(d) => Some(d),
+            Elem::Num(_) => None,
         }
     }
 }
@@ -112,6 +123,7 @@ impl fmt::Display for Type {
         let e = match self.elem {
             Elem::Num(d) => d.name().to_string(),
             Elem::Ptr(d) => format!("ptr<{}>", d.name()),
+            Elem::SharedPtr(d) => format!("shared_ptr<{}>", d.name()),
         };
         if self.shape.is_empty() {
             write!(f, "{e}")
@@ -344,6 +356,16 @@ pub enum OpKind {
     Arrive {
         counter: ValueId,
     },
+    /// `len` elements of the program's shared memory: a scalar shared pointer to the first.
+    /// Every program has its own; what they hold before the program stores there is
+    /// undefined (the interpreter fills them with 0xFF bytes: NaN for floats). Stores to
+    /// shared memory are ordered with the other threads' loads and stores around them
+    /// (the code generator puts a barrier on each side of a store), so a block stored in one
+    /// layout may be loaded in another, as a staged row or a table is.
+    SharedAlloc {
+        dtype: DType,
+        len: usize,
+    },
     /// Reduces a block along `axis`: 1-D to a scalar, 2-D to 1-D.
     Reduce {
         op: ReduceOp,
@@ -393,6 +415,7 @@ impl OpKind {
             | Constant { .. }
             | Arange { .. }
             | WaitPriorGrid
+            | SharedAlloc { .. }
             | ReleaseDependents => vec![],
             Splat { value, .. } | Expand { value, .. } | Unary { value, .. } => vec![*value],
             Cast { value, .. } | Reduce { value, .. } | Scan { value } => vec![*value],
@@ -523,6 +546,7 @@ impl OpKind {
             Store { .. } => "store",
             Prefetch { .. } => "prefetch",
             Arrive { .. } => "arrive",
+            SharedAlloc { .. } => "shared_alloc",
             WaitPriorGrid => "wait_prior_grid",
             ReleaseDependents => "release_dependents",
             Reduce { op, .. } => match op {

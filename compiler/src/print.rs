@@ -65,6 +65,7 @@ fn attrs(kind: &OpKind) -> String {
             format!(" [{}]", names.join(", "))
         }
         Cast { to, .. } | PtrCast { to, .. } => format!(" to {}", to.name()),
+        SharedAlloc { dtype, len } => format!(" {len} x {}", dtype.name()),
         Prefetch { mask, bytes, .. } => {
             format!(
                 "{} {bytes} bytes",

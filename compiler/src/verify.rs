@@ -30,6 +30,18 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
     let one = |t: Type| Ok(vec![t]);
     match kind {
         WaitPriorGrid | ReleaseDependents => Ok(vec![]),
+        SharedAlloc { dtype, len } => {
+            if *len == 0 || *dtype == DType::Bool {
+                return Err(format!(
+                    "shared_alloc needs at least one element of a number type, found {len} of {}",
+                    dtype.name()
+                ));
+            }
+            one(Type {
+                elem: Elem::SharedPtr(*dtype),
+                shape: vec![],
+            })
+        }
         ProgramId { axis } | NumPrograms { axis } => {
             if *axis > 2 {
                 return Err(format!("grid axis {axis} out of range 0..=2"));
@@ -148,10 +160,11 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
         }
         PtrCast { ptr, to } => {
             let p = ty(*ptr);
-            if !matches!(p.elem, Elem::Ptr(_)) {
-                return Err(format!("ptr_cast needs a pointer, found {p}"));
+            match p.elem {
+                Elem::Ptr(_) => one(p.with_elem(Elem::Ptr(*to))),
+                Elem::SharedPtr(_) => one(p.with_elem(Elem::SharedPtr(*to))),
+                Elem::Num(_) => Err(format!("ptr_cast needs a pointer, found {p}")),
             }
-            one(p.with_elem(Elem::Ptr(*to)))
         }
         Dp2a {
             pairs, bytes, acc, ..
@@ -228,7 +241,7 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
         }
         AddPtr { ptr, offset } => {
             let (p, o) = (ty(*ptr), ty(*offset));
-            if !matches!(p.elem, Elem::Ptr(_)) {
+            if p.elem.pointee().is_none() {
                 return Err(format!("add_ptr needs a pointer, found {p}"));
             }
             if !matches!(o.elem, Elem::Num(DType::I32 | DType::I64)) {
@@ -239,7 +252,7 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
         }
         Load { ptr, mask, other } => {
             let p = ty(*ptr);
-            let Elem::Ptr(d) = p.elem else {
+            let Some(d) = p.elem.pointee() else {
                 return Err(format!("load needs a pointer, found {p}"));
             };
             if let Some(m) = mask {
@@ -263,7 +276,7 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
         }
         Store { ptr, value, mask } => {
             let (p, v) = (ty(*ptr), ty(*value));
-            let Elem::Ptr(d) = p.elem else {
+            let Some(d) = p.elem.pointee() else {
                 return Err(format!("store needs a pointer, found {p}"));
             };
             if v != p.with_elem(Elem::Num(d)) {
@@ -476,11 +489,14 @@ pub fn verify(k: &Kernel) -> Result<(), CompileError> {
     }
     let mut defined: HashSet<ValueId> = HashSet::new();
     for p in &k.params {
-        if !p.ty.is_scalar() {
+        if !p.ty.is_scalar() || matches!(p.ty.elem, Elem::SharedPtr(_)) {
             return Err(err(
                 "param",
                 &Loc::default(),
-                format!("parameter `{}` must be a scalar or a pointer", p.name),
+                format!(
+                    "parameter `{}` must be a scalar or a global pointer, found {}",
+                    p.name, p.ty
+                ),
             ));
         }
         if !defined.insert(p.value) {

@@ -861,3 +861,75 @@ fn arrive_counts_programs_and_the_last_sees_their_stores() {
     assert_eq!(t, (0..n as i32).collect::<Vec<_>>());
     assert_eq!(bytes_i32(&total), [10 * (0..n as i32).sum::<i32>()]);
 }
+
+/// `shared_alloc`: a block stored to shared memory in one order and loaded back in another
+/// (a 16 x 16 transpose) by the same program; each program has its own block, unwritten
+/// elements read as the 0xFF fill (NaN), and an access past the block is a fault.
+#[test]
+fn shared_memory_transposes_a_block_per_program() {
+    let build = |reach: i64| {
+        let mut b = KernelBuilder::new("shared_transpose");
+        let x = b.param_ptr("x", DType::F32);
+        let out = b.param_ptr("out", DType::F32);
+        let pid = b.program_id(0);
+        let base = b.mul_c(pid, 256);
+        let (r, c) = (b.arange(0, 16), b.arange(0, 16));
+        let rows = b.mul_c(r, 16);
+        let rows = b.expand(rows, 1, 16);
+        let cols = b.expand(c, 0, 16);
+        let idx = b.add(rows, cols);
+        let cols16 = b.mul_c(c, 16);
+        let cols16 = b.expand(cols16, 0, 16);
+        let rows1 = b.expand(r, 1, 16);
+        let tidx = b.add(rows1, cols16);
+        let tile = b.shared_alloc(DType::F32, 256 + 16);
+        let src = b.add_ptr(x, base);
+        let src = b.add_ptr(src, idx);
+        let v = b.load(src);
+        let dst = b.add_ptr(tile, idx);
+        b.store(dst, v);
+        let back = b.add_ptr(tile, tidx);
+        let t = b.load(back);
+        let dst = b.add_ptr(out, base);
+        let dst = b.add_ptr(dst, idx);
+        b.store(dst, t);
+        // One element past what was stored: the fill (or, with `reach`, past the block).
+        let past = b.i32(256 + reach as i32);
+        let p = b.add_ptr(tile, past);
+        let fill = b.load(p);
+        let programs = b.num_programs(0);
+        let last = b.mul_c(programs, 256);
+        let p = b.add_ptr(out, last);
+        let p = b.add_ptr(p, pid);
+        b.store(p, fill);
+        b.finish().unwrap()
+    };
+    let k = build(0);
+    assert!(dusk_compiler::print::print_kernel(&k).contains("shared_alloc 272 x f32"));
+    let programs = 3;
+    let xs = values(256 * programs, 7);
+    let mut x = f32_bytes(&xs);
+    let mut out = vec![0u8; 4 * (256 * programs + programs)];
+    let mut bufs = [&mut x[..], &mut out];
+    run(&k, [programs as u32, 1, 1], &[ptr(0), ptr(1)], &mut bufs).unwrap();
+    let o = bytes_f32(&out);
+    for p in 0..programs {
+        for i in 0..16 {
+            for j in 0..16 {
+                assert_eq!(
+                    o[p * 256 + i * 16 + j],
+                    xs[p * 256 + j * 16 + i],
+                    "{p} {i} {j}"
+                );
+            }
+        }
+        assert!(
+            o[256 * programs + p].is_nan(),
+            "unwritten shared memory reads as NaN"
+        );
+    }
+    let k = build(16);
+    let mut bufs = [&mut x[..], &mut out];
+    let e = run(&k, [1, 1, 1], &[ptr(0), ptr(1)], &mut bufs).unwrap_err();
+    assert!(e.to_string().contains("out-of-bounds load"), "{e}");
+}

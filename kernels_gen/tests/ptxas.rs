@@ -238,6 +238,36 @@ fn fused_merge_counts_arrivals_with_one_atomic() {
     assert!(!ptx.contains("griddepcontrol.launch_dependents"), "{ptx}");
 }
 
+/// A block staged through shared memory (`shared_alloc`): vector stores and loads of the
+/// shared state space, a barrier on each side of the store, and ptxas reports the block.
+#[test]
+fn shared_blocks_lower_to_the_shared_state_space() {
+    let mut b = dusk_compiler::KernelBuilder::new("shared_reverse");
+    let x = b.param_ptr("x", DType::F32);
+    let out = b.param_ptr("out", DType::F32);
+    b.set_num_warps(4);
+    let i = b.arange(0, 1024);
+    let src = b.add_ptr(x, i);
+    let v = b.load(src);
+    let tile = b.shared_alloc(DType::F32, 1024);
+    let dst = b.add_ptr(tile, i);
+    b.store(dst, v);
+    let rev = b.arange(0, 1024);
+    let c = b.i32(1023);
+    let rev = b.sub(c, rev);
+    let back = b.add_ptr(tile, rev);
+    let t = b.load(back);
+    let dst = b.add_ptr(out, i);
+    b.store(dst, t);
+    let k = b.finish().unwrap();
+    let ptx = compile(&k, &Target::sm90a()).unwrap();
+    assert!(ptx.contains("st.shared.v4"), "{ptx}");
+    assert!(ptx.contains("ld.shared"), "{ptx}");
+    assert_eq!(ptx.matches("bar.sync").count(), 2, "{ptx}");
+    let report = assemble(&ptxas(), &ptx, "sm_90a", "shared_reverse");
+    assert!(report.contains("4096 bytes smem"), "{report}");
+}
+
 /// Assembles `ptx` for `arch`; returns ptxas's resource report.
 fn assemble(ptxas: &PathBuf, ptx: &str, arch: &str, name: &str) -> String {
     let dir = std::env::temp_dir().join(format!("dusk-ptxas-{}", std::process::id()));

@@ -49,6 +49,8 @@ struct Lower<'c, 'k> {
     /// Scratch of `dot_ta` (its `a` is staged here and read back transposed), apart from
     /// `smem` so that it needs no block-wide barrier: each warp owns a slice.
     dot_smem: Option<GlobalValue<'c>>,
+    /// The block of each [`OpKind::SharedAlloc`] (by its result).
+    shared_blocks: HashMap<ValueId, GlobalValue<'c>>,
     /// Compute capability times ten of the target.
     sm: u32,
 }
@@ -69,6 +71,7 @@ pub(super) fn lower<'c>(
         .iter()
         .map(|p| match p.ty.elem {
             Elem::Ptr(_) => ctx.ptr_type(AddressSpace::from(GLOBAL)).into(),
+            Elem::SharedPtr(_) => unreachable!("verified: no shared pointer parameters"),
             Elem::Num(d) => llvm_type(ctx, d).into(),
         })
         .collect();
@@ -123,6 +126,7 @@ pub(super) fn lower<'c>(
         tid: zero,
         smem: None,
         dot_smem: None,
+        shared_blocks: HashMap::new(),
         sm,
     };
     l.tid = l.sreg("tid.x")?;
@@ -149,11 +153,31 @@ pub(super) fn lower<'c>(
         l.smem = Some(g);
     }
     let dot_bytes = dot_scratch_bytes(k);
-    if smem_bytes + dot_bytes > 48 * 1024 {
+    let mut blocks = vec![];
+    walk_ops(&k.body, &mut |op| {
+        if let OpKind::SharedAlloc { dtype, len } = op.kind {
+            blocks.push((op.results[0], dtype, len));
+        }
+    });
+    let block_bytes: usize = blocks.iter().map(|(_, d, n)| n * d.size_bytes()).sum();
+    if smem_bytes + dot_bytes + block_bytes > 48 * 1024 {
         return Err(l.err(format!(
-            "needs {} bytes of shared memory, more than the 48 KiB static limit",
-            smem_bytes + dot_bytes
+            "needs {} bytes of shared memory ({block_bytes} in shared_alloc blocks), more than \
+             the 48 KiB static limit",
+            smem_bytes + dot_bytes + block_bytes
         )));
+    }
+    for (i, (v, d, n)) in blocks.into_iter().enumerate() {
+        let ty = llvm_type(ctx, d).array_type(n as u32);
+        let g = l.module.add_global(
+            ty,
+            Some(AddressSpace::from(SHARED)),
+            &format!("dusk_shared_{i}"),
+        );
+        g.set_linkage(Linkage::Internal);
+        g.set_alignment(16);
+        g.set_initializer(&ty.get_undef());
+        l.shared_blocks.insert(v, g);
     }
     if dot_bytes > 0 {
         let ty = ctx.i8_type().array_type(dot_bytes as u32);
@@ -496,6 +520,10 @@ impl<'c, 'k> Lower<'c, 'k> {
         use OpKind::*;
         let res = op.results.first().copied();
         let out: Cv<'c> = match &op.kind {
+            SharedAlloc { .. } => {
+                let g = self.shared_blocks[&res.expect("result")];
+                Cv::S(g.as_pointer_value().into())
+            }
             ProgramId { axis } => Cv::S(
                 self.sreg(&format!("ctaid.{}", ["x", "y", "z"][*axis as usize]))?
                     .into(),
@@ -608,7 +636,7 @@ impl<'c, 'k> Lower<'c, 'k> {
                 self.wrap(*pairs, out)
             }
             AddPtr { ptr, offset } => {
-                let Elem::Ptr(d) = self.ty_of(*ptr).elem else {
+                let Some(d) = self.ty_of(*ptr).elem.pointee() else {
                     unreachable!("verified")
                 };
                 let et = llvm_type(self.ctx, d);
@@ -1553,7 +1581,7 @@ impl<'c, 'k> Lower<'c, 'k> {
         other: Option<ValueId>,
         res: ValueId,
     ) -> R<Cv<'c>> {
-        let Elem::Ptr(d) = self.ty_of(ptr).elem else {
+        let Some(d) = self.ty_of(ptr).elem.pointee() else {
             unreachable!("verified")
         };
         let l = self.layouts.get(ptr).clone();
@@ -1687,9 +1715,30 @@ impl<'c, 'k> Lower<'c, 'k> {
     }
 
     fn store(&mut self, ptr: ValueId, value: ValueId, mask: Option<ValueId>) -> R<()> {
-        let Elem::Ptr(d) = self.ty_of(ptr).elem else {
+        let Some(d) = self.ty_of(ptr).elem.pointee() else {
             unreachable!("verified")
         };
+        // Shared memory: a barrier on each side orders the store after every thread's
+        // earlier loads there and before every thread's later ones (see
+        // `OpKind::SharedAlloc`). Scalar conditions are uniform, so all threads reach both.
+        let shared = matches!(self.ty_of(ptr).elem, Elem::SharedPtr(_));
+        if shared {
+            self.barrier()?;
+        }
+        self.store_elements(ptr, value, mask, d)?;
+        if shared {
+            self.barrier()?;
+        }
+        Ok(())
+    }
+
+    fn store_elements(
+        &mut self,
+        ptr: ValueId,
+        value: ValueId,
+        mask: Option<ValueId>,
+        d: DType,
+    ) -> R<()> {
         let l = self.layouts.get(ptr).clone();
         let esize = d.size_bytes();
         let vw = self.vector_width(ptr, mask, &l, esize);

@@ -123,6 +123,8 @@ fn visit(k: &Kernel, a: &mut AxisInfos, op: &Op) {
         }
         Cast { value, to } if to.is_int() => get(a, *value),
         PtrCast { ptr, .. } => get(a, *ptr),
+        // Shared blocks are placed 16-byte aligned, as parameters are taken to be.
+        SharedAlloc { .. } => AxisInfo::uniform(&[], 16),
         Cmp { lhs, rhs, .. } => {
             let (x, y) = (get(a, *lhs), get(a, *rhs));
             let mut out = AxisInfo::unknown(rank);
@@ -138,10 +140,11 @@ fn visit(k: &Kernel, a: &mut AxisInfos, op: &Op) {
         }
         AddPtr { ptr, offset } => {
             let (p, o) = (get(a, *ptr), get(a, *offset));
-            let esize = match k.ty(*ptr).elem {
-                Elem::Ptr(d) => d.size_bytes() as u64,
-                Elem::Num(_) => 1,
-            };
+            let esize = k
+                .ty(*ptr)
+                .elem
+                .pointee()
+                .map_or(1, |d| d.size_bytes() as u64);
             let mut out = AxisInfo::unknown(rank);
             for d in 0..out.contiguity.len() {
                 out.contiguity[d] = o.contiguity[d]

@@ -170,7 +170,7 @@ fn vector_hints(k: &Kernel) -> HashMap<Vec<usize>, usize> {
             _ => return,
         };
         let t = k.ty(ptr);
-        if let (Elem::Ptr(d), false) = (t.elem, t.is_scalar()) {
+        if let (Some(d), false) = (t.elem.pointee(), t.is_scalar()) {
             let v = (k.vector_bytes as usize / d.size_bytes()).max(1);
             let e = hints.entry(t.shape.clone()).or_insert(v);
             *e = (*e).max(v);

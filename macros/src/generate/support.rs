@@ -16,14 +16,14 @@ pub fn module() -> TokenStream {
             pub(super) fn arith_dtype(b: &KernelBuilder, v: Value) -> DType {
                 match b.ty(v).elem {
                     Elem::Num(d) => d,
-                    Elem::Ptr(_) => DType::I32,
+                    Elem::Ptr(_) | Elem::SharedPtr(_) => DType::I32,
                 }
             }
 
             /// The element type `v` points to (or is).
             pub(super) fn pointee_dtype(b: &KernelBuilder, v: Value) -> DType {
                 match b.ty(v).elem {
-                    Elem::Num(d) | Elem::Ptr(d) => d,
+                    Elem::Num(d) | Elem::Ptr(d) | Elem::SharedPtr(d) => d,
                 }
             }
 
@@ -124,7 +124,7 @@ pub fn module() -> TokenStream {
             /// `x + y`: pointer arithmetic when either side is a pointer.
             #[track_caller]
             pub(super) fn add(b: &mut KernelBuilder, x: Value, y: Value) -> Value {
-                let is_ptr = |b: &KernelBuilder, v: Value| matches!(b.ty(v).elem, Elem::Ptr(_));
+                let is_ptr = |b: &KernelBuilder, v: Value| b.ty(v).elem.pointee().is_some();
                 if is_ptr(b, x) {
                     b.add_ptr(x, y)
                 } else if is_ptr(b, y) {
