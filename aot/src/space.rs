@@ -141,6 +141,7 @@ pub fn search(max_len: usize, group: usize) -> Vec<SearchConfig> {
                     num_warps,
                     stream: true,
                     pivots,
+                    shared: false,
                 });
             }
         }
@@ -155,6 +156,7 @@ pub fn search(max_len: usize, group: usize) -> Vec<SearchConfig> {
                     num_warps,
                     stream: false,
                     pivots: 1,
+                    shared: false,
                 });
             }
             block *= 2;

@@ -139,6 +139,16 @@ impl PrunePlan {
             cfg.num_warps,
         )?;
         ensure(
+            !cfg.shared || (cfg.stream && longest <= threshold::shared_row_capacity(cfg.group)),
+            "cfg.shared",
+            format!(
+                "streaming rows of at most {} candidates for group {} (the longest row: {longest})",
+                threshold::shared_row_capacity(cfg.group),
+                cfg.group
+            ),
+            cfg.shared,
+        )?;
+        ensure(
             (1..=4).contains(&cfg.pivots),
             "cfg.pivots",
             "1 to 4 points a search step",

@@ -471,39 +471,62 @@ fn streaming_search_matches_the_oracle() {
         indptr.push(indices.len() as i32);
     }
     let cand = TokenLists { indptr, indices };
-    let cfg = SearchConfig {
-        block: 1024,
-        group: 1,
-        num_warps: 4,
-        stream: true,
-        pivots: 1,
-    };
     let ps: Vec<f64> = (0..rows.len())
         .map(|i| [0.5, 0.9, 0.99, 1.0][i % 4])
         .collect();
-    let mut plan = PrunePlan::with_config(
+    // The weights staged in the global workspace, then in shared memory.
+    for shared in [false, true] {
+        let cfg = SearchConfig {
+            block: 1024,
+            group: 1,
+            num_warps: 4,
+            stream: true,
+            pivots: 1,
+            shared,
+        };
+        let mut plan = PrunePlan::with_config(
+            &dusk,
+            &top_p::POLICY,
+            &cand,
+            cfg,
+            1.0,
+            &[ParamValues::PerRow(ps.clone())],
+        )
+        .unwrap();
+        plan.run(&dusk, &dusk.device().upload(&rows.concat()).unwrap())
+            .unwrap();
+        let ip = plan.sel_indptr().download().unwrap();
+        let sel = plan.sel_indices().download().unwrap();
+        for (r, row) in rows.iter().enumerate() {
+            let w = softmax(row, 1.0);
+            let oracle = top_p_oracle(&w, ps[r]);
+            let mut kept = vec![false; row.len()];
+            for t in &sel[ip[r] as usize..ip[r + 1] as usize] {
+                kept[*t as usize] = true;
+            }
+            check_kept(&w, &kept, &oracle, near_p(ps[r]))
+                .unwrap_or_else(|e| panic!("streamed row {r} (p {}, shared {shared}): {e}", ps[r]));
+        }
+    }
+    // Rows longer than the shared staging holds are refused before any launch.
+    let err = PrunePlan::with_config(
         &dusk,
         &top_p::POLICY,
         &cand,
-        cfg,
+        SearchConfig {
+            block: 1024,
+            group: 4,
+            num_warps: 4,
+            stream: true,
+            pivots: 1,
+            shared: true,
+        },
         1.0,
-        &[ParamValues::PerRow(ps.clone())],
+        &[ParamValues::Uniform(0.9)],
     )
-    .unwrap();
-    plan.run(&dusk, &dusk.device().upload(&rows.concat()).unwrap())
-        .unwrap();
-    let ip = plan.sel_indptr().download().unwrap();
-    let sel = plan.sel_indices().download().unwrap();
-    for (r, row) in rows.iter().enumerate() {
-        let w = softmax(row, 1.0);
-        let oracle = top_p_oracle(&w, ps[r]);
-        let mut kept = vec![false; row.len()];
-        for t in &sel[ip[r] as usize..ip[r + 1] as usize] {
-            kept[*t as usize] = true;
-        }
-        check_kept(&w, &kept, &oracle, near_p(ps[r]))
-            .unwrap_or_else(|e| panic!("streamed row {r} (p {}): {e}", ps[r]));
-    }
+    .err()
+    .expect("rows of up to 3000 candidates do not fit 2048 a head");
+    assert!(err.to_string().contains("cfg.shared"), "{err}");
 }
 
 /// Several pivots a step (resident and streamed) keep exactly the oracle's sets too.
@@ -536,6 +559,7 @@ fn multi_pivot_search_matches_the_oracle() {
             num_warps: 4,
             stream,
             pivots,
+            shared: false,
         };
         for (policy, params) in [
             (&top_p::POLICY, vec![ParamValues::PerRow(ps.clone())]),

@@ -116,6 +116,22 @@ pub struct SearchConfig {
     /// Points each search step tries at once (1 to 4): more cut the steps (each reads the
     /// row once) at more work a candidate.
     pub pivots: u32,
+    /// With `stream`: the weights staged in the program's shared memory instead of the
+    /// global workspace, so the steps read shared memory, not L1 or L2: rows of up to
+    /// [`SHARED_ROW`] / `group` candidates (longer rows are cut there, as rows longer than
+    /// `block` are in registers; the plans check the rows fit).
+    pub shared: bool,
+}
+
+/// Weights the shared-memory staging holds (32 KiB of f32, within the 48 KiB of static
+/// shared memory beside the reductions' scratch): each of a group's query heads gets
+/// `SHARED_ROW / group` of them.
+pub const SHARED_ROW: usize = 8192;
+
+/// The longest rows the shared-memory staging holds for groups of `group` query heads:
+/// each head's share of [`SHARED_ROW`], a multiple of 4 (16-byte vector accesses).
+pub fn shared_row_capacity(group: usize) -> usize {
+    (SHARED_ROW / group.max(1)) & !3
 }
 
 /// Upper bound on search steps; each one moves a bound onto an element, so real rows stop
@@ -157,6 +173,7 @@ impl SearchConfig {
             num_warps,
             stream,
             pivots: 1,
+            shared: false,
         }
     }
 }
@@ -171,7 +188,11 @@ pub fn search_name(policy: &Policy, cfg: &SearchConfig) -> String {
     format!(
         "threshold_{}_{}{}_g{}_w{}{pivots}",
         policy.name,
-        if cfg.stream { "t" } else { "b" },
+        match (cfg.stream, cfg.shared) {
+            (true, true) => "s",
+            (true, false) => "t",
+            (false, _) => "b",
+        },
         cfg.block,
         cfg.group,
         cfg.num_warps

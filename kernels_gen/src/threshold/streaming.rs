@@ -1,11 +1,12 @@
 //! The search for rows of any length: the row streams through tiles, its weights staged
-//! in a workspace that every step reads back, the last steps run on a gathered tile.
+//! in a workspace (global memory, or the program's shared memory for rows that fit) that
+//! every step reads back, the last steps run on a gathered tile.
 
 use super::search::{
     self, finish, initial_bracket, load_params, needs_bounds, reduce_terms, search_steps, tally,
     tally_terms, Outputs, RowTotals, Tally,
 };
-use super::{search_name, Policy, SearchConfig};
+use super::{search_name, shared_row_capacity, Policy, SearchConfig, SHARED_ROW};
 use dusk_compiler::{CompileError, DType, Kernel, KernelBuilder, Value};
 
 /// Tile `t0` (of `tile` candidates) of a row of `n` f32 values at `row`: the offsets, which
@@ -29,6 +30,9 @@ fn load_tile(
 /// row streams through in tiles of `cfg.block` candidates. A first pass finds the row's maximum
 /// (and NaN or infinite logits), a second writes each `e` to `work` (f32, laid out like
 /// `scores`) and sums them, and every search step then reads `work` back (from L1 or L2).
+/// With `cfg.shared` the weights go to the program's shared memory instead (`work` is
+/// then not touched), each query head's at `g * shared_row_capacity(group)`, and rows are
+/// cut at that capacity.
 /// Once the bracket holds at most a tile of candidates, they are gathered into the query
 /// row's tile of `scratch` (f32, `block` a query row) and the last steps run on it in
 /// registers. Parameters as [`super::resident::build_search`], with `work` and `scratch` after `scores`.
@@ -54,6 +58,34 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     let (work, scratch) = workspace.expect("declared with the streaming workspace");
     let one = b.i32(1);
     let start64 = b.cast(start, DType::I64);
+    let staging = cfg.shared.then(|| b.shared_alloc(DType::F32, SHARED_ROW));
+    let cap = shared_row_capacity(group);
+    // The row's length as the scores are laid out; `n`, what is searched (cut at the
+    // staging's capacity).
+    let row_len = n;
+    let n = match staging {
+        Some(_) => {
+            let c = b.i32(cap as i32);
+            b.minimum(n, c)
+        }
+        None => n,
+    };
+    // Query head g's weights: its share of the shared staging, or its row of `work`.
+    let weights_row = |b: &mut KernelBuilder, g: Value| -> Value {
+        match staging {
+            Some(st) => {
+                let at = b.mul_c(g, cap as i64);
+                b.add_ptr(st, at)
+            }
+            None => {
+                let base = b.mul_c(start64, group as i64);
+                let gn = b.mul(g, n);
+                let gn64 = b.cast(gn, DType::I64);
+                let base = b.add(base, gn64);
+                b.add_ptr(work, base)
+            }
+        }
+    };
     let bounds = needs_bounds(policy);
     let gpad = group.next_power_of_two();
     let zero_i = b.i32(0);
@@ -68,11 +100,11 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         let qrow0 = b.mul(row, group_i);
         let qrow = b.add(qrow0, g);
         let base = b.mul_c(start64, group as i64);
-        let gn = b.mul(g, n);
+        let gn = b.mul(g, row_len);
         let gn64 = b.cast(gn, DType::I64);
         let base = b.add(base, gn64);
         let s_row = b.add_ptr(scores, base);
-        let w_row = b.add_ptr(work, base);
+        let w_row = weights_row(b, g);
         let zero_i = b.i32(0);
 
         // Pass 1: the maximum, and whether any logit is NaN or infinite. Tiles fold into
@@ -256,11 +288,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             let zf = b.f32(0.0);
             let picked = b.select(mine, thresholds, zf);
             let t = b.sum(picked, 0);
-            let base = b.mul_c(start64, group as i64);
-            let gn = b.mul(g, n);
-            let gn64 = b.cast(gn, DType::I64);
-            let base = b.add(base, gn64);
-            let w_row = b.add_ptr(work, base);
+            let w_row = weights_row(b, g);
             let wp = b.add_ptr(w_row, offs);
             let minus_one = b.f32(-1.0);
             let es = b.load_masked(wp, Some(valid), Some(minus_one));

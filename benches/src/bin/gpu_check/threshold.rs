@@ -17,7 +17,7 @@ use dusk::kernels::paged::TokenLists;
 use dusk::kernels::policies::top_p;
 use dusk::kernels::prune::{ParamValues, PrunePlan};
 use dusk::kernels::reference::{check_kept, softmax, top_p_oracle};
-use dusk::kernels::threshold::SearchConfig;
+use dusk::kernels::threshold::{SearchConfig, SHARED_ROW};
 use dusk::runtime::{median, Device};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -49,8 +49,20 @@ fn sweep(n: usize) -> Vec<SearchConfig> {
         num_warps,
         stream,
         pivots,
+        shared: false,
     };
     let mut out = vec![];
+    if n <= SHARED_ROW {
+        // The weights staged in shared memory instead of the global workspace.
+        for (tile, warps) in [(2048, 4), (1024, 4), (2048, 8), (4096, 8)] {
+            for pivots in [1, 2] {
+                out.push(SearchConfig {
+                    shared: true,
+                    ..cfg(tile, warps, true, pivots)
+                });
+            }
+        }
+    }
     for (tile, warps) in [(1024, 1), (2048, 1), (1024, 2), (2048, 2), (4096, 2)] {
         for pivots in [1, 2] {
             out.push(cfg(tile, warps, true, pivots));
@@ -125,15 +137,24 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
     let cand = lists(&lens);
     let s = dusk.device().upload(&scores)?;
     let mut near_ties = 0;
-    // The default configuration (rows of 8192 stream) and the rows held in registers.
+    // The default configuration (rows of 8192 stream), the rows held in registers, and
+    // the weights staged in shared memory.
     let resident = SearchConfig {
         block: 8192,
         group: 1,
         num_warps: 16,
         stream: false,
         pivots: 1,
+        shared: false,
     };
-    for cfg in [None, Some(resident)] {
+    let shared = SearchConfig {
+        block: 2048,
+        num_warps: 4,
+        stream: true,
+        shared: true,
+        ..resident
+    };
+    for cfg in [None, Some(resident), Some(shared)] {
         let params = [ParamValues::PerRow(ps.clone())];
         let mut plan = match cfg {
             None => PrunePlan::new(dusk, &top_p::POLICY, &cand, 1, scale, &params)?,
@@ -144,10 +165,10 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         dusk.device().synchronize()?;
         let kept = kept_sets(&plan, &lens)?;
         let mass = plan.kept_mass().download()?;
-        let label = if plan.config().stream {
-            "streamed"
-        } else {
-            "resident"
+        let label = match (plan.config().stream, plan.config().shared) {
+            (true, true) => "staged in shared memory",
+            (true, false) => "streamed",
+            (false, _) => "resident",
         };
         for r in 0..rows {
             let w = softmax(&rows_s[r], scale as f64);
@@ -356,7 +377,11 @@ pub fn run() -> Res<()> {
             })?;
             let name = format!(
                 "{}{}w{}k{}",
-                if cfg.stream { "stream t" } else { "b" },
+                match (cfg.stream, cfg.shared) {
+                    (true, true) => "shared t",
+                    (true, false) => "stream t",
+                    (false, _) => "b",
+                },
                 cfg.block,
                 cfg.num_warps,
                 cfg.pivots
