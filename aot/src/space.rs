@@ -19,7 +19,7 @@
 //! ```
 
 use dusk_kernels::spgemv::{specialised_configs, words_per_row, SpgemvConfig};
-use dusk_kernels::threshold::{SearchConfig, MAX_BLOCK, MIN_BLOCK};
+use dusk_kernels::threshold::{shared_row_capacity, SearchConfig, MAX_BLOCK, MIN_BLOCK};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -121,7 +121,9 @@ pub fn spgemv_fit(c: &SpgemvConfig) -> Fit {
 }
 
 /// The top-p search's space for rows of up to `max_len` candidates: the default first,
-/// then streaming tiles of 1024 to 8192 on 4 to 16 warps with 1 or 3 pivots a step, and,
+/// then streaming tiles of 1024 to 8192 on 4 to 16 warps with 1 or 3 pivots a step, the
+/// weights staged in shared memory where rows fit (tiles of 1024 to 4096, 4 or 8 warps, 1
+/// to 3 pivots), and,
 /// when rows fit, blocks held
 /// in registers on 4 to 32 warps (each at least 128 candidates a warp, what the prefix sum
 /// of the compaction needs).
@@ -143,6 +145,22 @@ pub fn search(max_len: usize, group: usize) -> Vec<SearchConfig> {
                     pivots,
                     shared: false,
                 });
+            }
+        }
+    }
+    if max_len <= shared_row_capacity(group) {
+        for block in [1024, 2048, 4096] {
+            for num_warps in [4, 8] {
+                for pivots in [1, 2, 3] {
+                    push(SearchConfig {
+                        block,
+                        group,
+                        num_warps,
+                        stream: true,
+                        pivots,
+                        shared: true,
+                    });
+                }
             }
         }
     }

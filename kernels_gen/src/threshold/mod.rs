@@ -156,24 +156,32 @@ impl SearchConfig {
     /// an H100 (`gpu-check threshold` sweeps them; BENCHMARKS.md has the figures): few warps
     /// a row win, since each search step's fixed cost (the exchange between warps, the
     /// scalar bookkeeping every thread repeats) is paid per warp. Rows of up to
-    /// [`RESIDENT_ROWS`] sit in the registers of 4 warps; longer ones stream, in tiles of
-    /// 2048 on 4 warps up to 8192 candidates (the row stays in L1), of [`STREAM_TILE`] on 8
-    /// beyond.
+    /// [`RESIDENT_ROWS`] sit in the registers of 4 warps; longer ones stream, with their
+    /// weights in shared memory where they fit ([`shared_row_capacity`]: 8192 candidates
+    /// for one query head a row) in tiles of 1024 on 4 warps, else in tiles of 2048 on 4
+    /// warps up to 8192 candidates (the row stays in L1), of [`STREAM_TILE`] on 8 beyond.
     pub fn for_rows(max_len: usize, group: usize) -> SearchConfig {
-        let (block, num_warps, stream) = if max_len <= RESIDENT_ROWS {
-            (max_len.next_power_of_two().max(MIN_BLOCK), 4, false)
-        } else if max_len <= 8192 {
-            (2048, 4, true)
-        } else {
-            (STREAM_TILE, 8, true)
-        };
-        SearchConfig {
+        let streamed = |block, num_warps, pivots, shared| SearchConfig {
             block,
             group,
             num_warps,
-            stream,
-            pivots: 1,
-            shared: false,
+            stream: true,
+            pivots,
+            shared,
+        };
+        if max_len <= RESIDENT_ROWS {
+            SearchConfig {
+                stream: false,
+                ..streamed(max_len.next_power_of_two().max(MIN_BLOCK), 4, 1, false)
+            }
+        } else if max_len <= shared_row_capacity(group) {
+            // Staged in shared memory, tiles of 1024, two pivots a step: 260.8 us against
+            // 293.3 streaming from L1 at 8192 candidates (commit 1e90c20, NOTES.md).
+            streamed(1024, 4, 2, true)
+        } else if max_len <= 8192 {
+            streamed(2048, 4, 1, false)
+        } else {
+            streamed(STREAM_TILE, 8, 1, false)
         }
     }
 }

@@ -54,8 +54,8 @@ fn sweep(n: usize) -> Vec<SearchConfig> {
     let mut out = vec![];
     if n <= SHARED_ROW {
         // The weights staged in shared memory instead of the global workspace.
-        for (tile, warps) in [(2048, 4), (1024, 4), (2048, 8), (4096, 8)] {
-            for pivots in [1, 2] {
+        for (tile, warps) in [(1024, 2), (2048, 2), (1024, 4), (2048, 4), (1024, 8)] {
+            for pivots in [1, 2, 3] {
                 out.push(SearchConfig {
                     shared: true,
                     ..cfg(tile, warps, true, pivots)
