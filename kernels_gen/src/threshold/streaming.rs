@@ -113,7 +113,12 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         let bad0 = b.splat(zero_i, &[tile]);
         let max0 = b.splat(ninf, &[tile]);
         let acc = b.for_range(zero_i, n, tile_i, &[bad0, max0], |b, t0, c| {
-            let (_, valid, s) = load_tile(b, s_row, (t0, n), tile, 0.0);
+            let (offs, valid, s) = load_tile(b, s_row, (t0, n), tile, 0.0);
+            if staging.is_some() {
+                // Staged as they are, so that pass 2 reads shared memory, not L2.
+                let wp = b.add_ptr(w_row, offs);
+                b.store_masked(wp, s, Some(valid));
+            }
             let mag = b.abs(s);
             let inf = b.f32(f32::INFINITY);
             let finite = b.lt(mag, inf);
@@ -131,12 +136,14 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         let empty = b.le(n, zero_i);
         let skip = b.or(bad, empty);
 
-        // Pass 2: e to `work` (-1 past the row, +inf for an invalid row's candidates).
+        // Pass 2: e to `work` (-1 past the row, +inf for an invalid row's candidates); with
+        // the staging, e replaces the staged logit in place.
         let zf = b.f32(0.0);
         let z0 = b.splat(zf, &[tile]);
         let pos0 = b.splat(zero_i, &[tile]);
         let acc = b.for_range(zero_i, n, tile_i, &[z0, pos0], |b, t0, c| {
-            let (offs, valid, s) = load_tile(b, s_row, (t0, n), tile, 0.0);
+            let from = if staging.is_some() { w_row } else { s_row };
+            let (offs, valid, s) = load_tile(b, from, (t0, n), tile, 0.0);
             let zero = b.f32(0.0);
             let centred = b.sub(s, m);
             let scaled = b.mul(centred, scale);
