@@ -60,8 +60,9 @@ pub struct PrunePlan {
     cand_indptr: Buffer<i32>,
     cand_indices: Buffer<i32>,
     params: Vec<ParamBuffer>,
-    /// For the streaming search: each candidate's weight, and a tile a query row for the
-    /// candidates of the search's last steps.
+    /// For the streaming search: each candidate's weight (one element when the weights
+    /// are staged in shared memory: the kernel does not touch it), and a tile a query row
+    /// for the candidates of the search's last steps.
     work: Option<(Buffer<f32>, Buffer<f32>)>,
     staged: Buffer<i32>,
     budget: Buffer<i32>,
@@ -178,7 +179,11 @@ impl PrunePlan {
             params: vec![],
             work: if cfg.stream {
                 Some((
-                    device.alloc((nnz * cfg.group).max(1))?,
+                    device.alloc(if cfg.shared {
+                        1
+                    } else {
+                        (nnz * cfg.group).max(1)
+                    })?,
                     device.alloc((rows * cfg.group * cfg.block).max(1))?,
                 ))
             } else {
