@@ -120,6 +120,9 @@ pub fn spgemv_fit(c: &SpgemvConfig) -> Fit {
     }
 }
 
+/// Staged in shared memory, then the tiles, warps and pivots a step to try.
+type StreamedSpace = (bool, &'static [usize], &'static [u32], &'static [u32]);
+
 /// The top-p search's space for rows of up to `max_len` candidates: the default first,
 /// then streaming tiles of 1024 to 8192 on 4 to 16 warps with 1 or 3 pivots a step, the
 /// weights staged in shared memory where rows fit (tiles of 1024 to 4096, 4 or 8 warps, 1
@@ -134,32 +137,21 @@ pub fn search(max_len: usize, group: usize) -> Vec<SearchConfig> {
             out.push(c);
         }
     };
-    for block in [1024, 2048, 4096, 8192] {
-        for num_warps in [4, 8, 16] {
-            for pivots in [1, 3] {
-                push(SearchConfig {
-                    block,
-                    group,
-                    num_warps,
-                    stream: true,
-                    pivots,
-                    shared: false,
-                });
-            }
+    // Streamed from the global workspace, then (where rows fit) staged in shared memory.
+    let streamed: [StreamedSpace; 2] = [
+        (false, &[1024, 2048, 4096, 8192], &[4, 8, 16], &[1, 3]),
+        (true, &[1024, 2048, 4096], &[4, 8], &[1, 2, 3]),
+    ];
+    for (shared, blocks, warps, pivots) in streamed {
+        if shared && max_len > shared_row_capacity(group) {
+            continue;
         }
-    }
-    if max_len <= shared_row_capacity(group) {
-        for block in [1024, 2048, 4096] {
-            for num_warps in [4, 8] {
-                for pivots in [1, 2, 3] {
-                    push(SearchConfig {
-                        block,
-                        group,
-                        num_warps,
-                        stream: true,
-                        pivots,
-                        shared: true,
-                    });
+        for &block in blocks {
+            for &num_warps in warps {
+                for &pivots in pivots {
+                    push(SearchConfig::streamed(
+                        block, group, num_warps, pivots, shared,
+                    ));
                 }
             }
         }

@@ -1453,15 +1453,20 @@ fn merge_row(
     let neg_inf = b.f32(f32::NEG_INFINITY);
     let zero_f = b.f32(0.0);
     let dr = b.arange(0, d as i64);
-    // The LSEs and outputs of partials `c0 .. c0 + cb` (masked past `hi`), and which exist.
-    let load_step = |b: &mut KernelBuilder, c0: Value| -> (Value, Value, Value) {
-        let c = b.arange(0, cb as i64);
+    // The LSEs of partials `c0 .. c0 + n` (-inf past `hi`), which lie before `hi`, and
+    // their indices.
+    let lses = |b: &mut KernelBuilder, c0: Value, n: usize| -> (Value, Value, Value) {
+        let c = b.arange(0, n as i64);
         let c = b.add(c0, c);
         let ok = b.lt(c, hi);
         let e = b.mul(c, stride);
         let e = b.add(e, base);
         let p = b.add_ptr(part_lse, e);
-        let l = b.load_masked(p, Some(ok), Some(neg_inf));
+        (b.load_masked(p, Some(ok), Some(neg_inf)), ok, e)
+    };
+    // The LSEs and outputs of partials `c0 .. c0 + cb` (masked past `hi`), and which exist.
+    let load_step = |b: &mut KernelBuilder, c0: Value| -> (Value, Value, Value) {
+        let (l, ok, e) = lses(b, c0, cb);
         let has = b.gt(l, neg_inf);
         let ok = b.and(ok, has);
         let p = row_ptrs(b, part_o, e, dr);
@@ -1475,13 +1480,7 @@ fn merge_row(
     let step = b.i32(wide as i32);
     let m0 = b.splat(neg_inf, &[wide]);
     let mv = b.for_range(lo, hi, step, &[m0], |b, c0, carried| {
-        let c = b.arange(0, wide as i64);
-        let c = b.add(c0, c);
-        let ok = b.lt(c, hi);
-        let e = b.mul(c, stride);
-        let e = b.add(e, base);
-        let p = b.add_ptr(part_lse, e);
-        let l = b.load_masked(p, Some(ok), Some(neg_inf));
+        let (l, _, _) = lses(b, c0, wide);
         vec![b.maximum(carried[0], l)]
     })[0];
     let mx = b.max(mv, 0);

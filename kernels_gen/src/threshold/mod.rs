@@ -152,6 +152,25 @@ pub const RESIDENT_ROWS: usize = 4096;
 pub const STREAM_TILE: usize = 4096;
 
 impl SearchConfig {
+    /// A streaming configuration: tiles of `block` on `num_warps`, `pivots` points a step,
+    /// the weights `shared` (staged in shared memory) or in the global workspace.
+    pub fn streamed(
+        block: usize,
+        group: usize,
+        num_warps: u32,
+        pivots: u32,
+        shared: bool,
+    ) -> SearchConfig {
+        SearchConfig {
+            block,
+            group,
+            num_warps,
+            stream: true,
+            pivots,
+            shared,
+        }
+    }
+
     /// The default for rows of up to `max_len` candidates, from the configurations timed on
     /// an H100 (`gpu-check threshold` sweeps them; BENCHMARKS.md has the figures): few warps
     /// a row win, since each search step's fixed cost (the exchange between warps, the
@@ -161,13 +180,8 @@ impl SearchConfig {
     /// for one query head a row) in tiles of 1024 on 4 warps, else in tiles of 2048 on 4
     /// warps up to 8192 candidates (the row stays in L1), of [`STREAM_TILE`] on 8 beyond.
     pub fn for_rows(max_len: usize, group: usize) -> SearchConfig {
-        let streamed = |block, num_warps, pivots, shared| SearchConfig {
-            block,
-            group,
-            num_warps,
-            stream: true,
-            pivots,
-            shared,
+        let streamed = |block, num_warps, pivots, shared| {
+            SearchConfig::streamed(block, group, num_warps, pivots, shared)
         };
         if max_len <= RESIDENT_ROWS {
             SearchConfig {
