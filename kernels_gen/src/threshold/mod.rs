@@ -20,7 +20,8 @@
 //!
 //! Where the row lives: in registers ([`build_search`], rows up to [`MAX_BLOCK`]), or
 //! streamed through tiles with the weights staged in a workspace
-//! ([`build_search_streaming`], any length).
+//! ([`build_search_streaming`], any length), the workspace being the program's shared
+//! memory for rows that fit it (`SearchConfig::shared`, the default for such rows).
 //!
 //! Arithmetic is IEEE f32 (no flush to zero): denormal weights compare and add exactly.
 //! Rows with a NaN or infinite logit are marked invalid (flag 1) and keep every candidate;

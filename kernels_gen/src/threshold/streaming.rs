@@ -79,7 +79,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             }
             None => {
                 let base = b.mul_c(start64, group as i64);
-                let gn = b.mul(g, n);
+                let gn = b.mul(g, row_len);
                 let gn64 = b.cast(gn, DType::I64);
                 let base = b.add(base, gn64);
                 b.add_ptr(work, base)
