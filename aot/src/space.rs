@@ -149,9 +149,12 @@ pub fn search(max_len: usize, group: usize) -> Vec<SearchConfig> {
         for &block in blocks {
             for &num_warps in warps {
                 for &pivots in pivots {
-                    push(SearchConfig::streamed(
-                        block, group, num_warps, pivots, shared,
-                    ));
+                    for histogram in [false, true] {
+                        push(SearchConfig {
+                            histogram,
+                            ..SearchConfig::streamed(block, group, num_warps, pivots, shared)
+                        });
+                    }
                 }
             }
         }
@@ -167,6 +170,7 @@ pub fn search(max_len: usize, group: usize) -> Vec<SearchConfig> {
                     stream: false,
                     pivots: 1,
                     shared: false,
+                    histogram: false,
                 });
             }
             block *= 2;

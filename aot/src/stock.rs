@@ -8,7 +8,7 @@
 //! | `spgemv_quant_dp2a_d128_g1_b4_t64_w2_o14` | SpGEMV, MHA default (`dp2a`) | `rows, ceil(max_row_len / 64)` |
 //! | `spgemv_quant_mma_d128_g4_b4_t64_w2_o0` | SpGEMV, GQA 4 default (tensor cores) | `rows, ceil(max_row_len / 64)` |
 //! | `threshold_top_p_t2048_g1_w4` | top-p search, rows of any length (streamed in tiles of 2048, weights staged in `work`) | `rows` |
-//! | `threshold_top_p_s1024_g1_w4_k2` | top-p search, rows up to 8192 candidates (weights staged in shared memory, tiles of 1024, 2 pivots a step; the default there) | `rows` |
+//! | `threshold_top_p_s1024_g1_w4_k2_h` | top-p search, rows up to 8192 candidates (weights staged in shared memory, tiles of 1024, 2 pivots a step, the first step from a histogram of the weights; the default there) | `rows` |
 //! | `threshold_pack_w4` | the search's kept positions packed into CSR lists (one list per candidate row) | `rows` |
 //! | `attn_split_lists_d128_g4_f16` | group varlen attention over token lists, GQA 4 (tensor cores), balanced split | `programs` |
 //! | `attn_merge_lists_d128_f16` | its merge by log-sum-exp | `q_rows` |
@@ -198,6 +198,7 @@ pub fn kernels() -> Result<Vec<BundleKernel>> {
             stream: true,
             pivots: 1,
             shared: false,
+            histogram: false,
         })?,
         search_kernel(&SearchConfig::for_rows(8192, 1))?,
         pack_kernel(4)?,

@@ -306,6 +306,16 @@ impl KernelBuilder {
             &[ph],
         )[0]
     }
+    /// The same bits as `to` (f32 and i32); see [`OpKind::Bitcast`].
+    #[track_caller]
+    pub fn bitcast(&mut self, v: Value, to: DType) -> Value {
+        let ph = self.ty(v).with_elem(Elem::Num(to));
+        self.push(
+            OpKind::Bitcast { value: v.0, to },
+            caller_loc(Location::caller()),
+            &[ph],
+        )[0]
+    }
     #[track_caller]
     pub fn select(&mut self, cond: Value, on_true: Value, on_false: Value) -> Value {
         let loc = caller_loc(Location::caller());
@@ -463,6 +473,18 @@ impl KernelBuilder {
     #[track_caller]
     pub fn store_masked(&mut self, ptr: Value, value: Value, mask: Option<Value>) {
         let kind = OpKind::Store {
+            ptr: ptr.0,
+            value: value.0,
+            mask: mask.map(|m| m.0),
+        };
+        self.push(kind, caller_loc(Location::caller()), &[]);
+    }
+
+    /// Adds `value` to each pointed-to element where `mask` holds, atomically; see
+    /// [`OpKind::AtomicAdd`].
+    #[track_caller]
+    pub fn atomic_add(&mut self, ptr: Value, value: Value, mask: Option<Value>) {
+        let kind = OpKind::AtomicAdd {
             ptr: ptr.0,
             value: value.0,
             mask: mask.map(|m| m.0),

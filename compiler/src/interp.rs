@@ -910,6 +910,11 @@ impl<'k> Interp<'k, '_, '_> {
             Cmp { op, lhs, rhs } => compare(*op, g(lhs), g(rhs))?,
             Unary { op, value } => unary(*op, elem_ty(value), g(value))?,
             Cast { value, to } => cast(g(value), *to),
+            Bitcast { value, .. } => match g(value) {
+                Data::F(v) => Data::I32(map(v, |x| x.to_bits() as i32)),
+                Data::I32(v) => Data::F(map(v, |x| f32::from_bits(x as u32))),
+                _ => unreachable!("verified: f32 or i32"),
+            },
             Select {
                 cond,
                 on_true,
@@ -1025,6 +1030,28 @@ impl<'k> Interp<'k, '_, '_> {
                     mask,
                     get(&self.env, *value),
                 )?;
+                return Ok(None);
+            }
+            AtomicAdd { ptr, value, mask } => {
+                // One lane after another: every lane's value lands, in lane order.
+                let Some(d) = k.ty(*ptr).elem.pointee() else {
+                    unreachable!("verified: a pointer")
+                };
+                let mask = mask.as_ref().map(|m| get(&self.env, *m).bools());
+                let (ptrs, value) = (get(&self.env, *ptr).ptrs(), get(&self.env, *value));
+                for (i, &p) in ptrs.iter().enumerate() {
+                    if matches!(mask, Some(m) if !m[i]) {
+                        continue;
+                    }
+                    let sum = match (load(d, &self.mem, &[p], None, None)?, value) {
+                        (Data::F(old), Data::F(v)) => Data::F(vec![old[0] + v[i]]),
+                        (Data::I32(old), Data::I32(v)) => {
+                            Data::I32(vec![old[0].wrapping_add(v[i])])
+                        }
+                        _ => unreachable!("verified: f32 or i32"),
+                    };
+                    store(&mut self.mem, d, &[p], None, &sum)?;
+                }
                 return Ok(None);
             }
             Prefetch { ptr, mask, bytes } => {

@@ -267,6 +267,13 @@ pub enum OpKind {
         value: ValueId,
         to: DType,
     },
+    /// The same bits read as another type of the same size (f32 and i32 only): a float's
+    /// bits order like the float for non-negative values, so a search can bucket weights by
+    /// their leading bits exactly.
+    Bitcast {
+        value: ValueId,
+        to: DType,
+    },
     Select {
         cond: ValueId,
         on_true: ValueId,
@@ -321,6 +328,16 @@ pub enum OpKind {
         other: Option<ValueId>,
     },
     Store {
+        ptr: ValueId,
+        value: ValueId,
+        mask: Option<ValueId>,
+    },
+    /// Adds each value to its pointed-to element (f32 or i32) where `mask` holds, atomically:
+    /// elements that several lanes point to get every lane's value, in some order (f32 sums
+    /// then differ by rounding only). Into shared memory, as [`OpKind::Store`] it is ordered
+    /// with the other threads' loads and stores around it: a histogram of a row is zeroed,
+    /// added to by every thread, then read.
+    AtomicAdd {
         ptr: ValueId,
         value: ValueId,
         mask: Option<ValueId>,
@@ -418,7 +435,9 @@ impl OpKind {
             | SharedAlloc { .. }
             | ReleaseDependents => vec![],
             Splat { value, .. } | Expand { value, .. } | Unary { value, .. } => vec![*value],
-            Cast { value, .. } | Reduce { value, .. } | Scan { value } => vec![*value],
+            Cast { value, .. } | Bitcast { value, .. } | Reduce { value, .. } | Scan { value } => {
+                vec![*value]
+            }
             Arrive { counter } => vec![*counter],
             MultiReduce { values, .. } => values.clone(),
             PtrCast { ptr, .. } => vec![*ptr],
@@ -444,7 +463,7 @@ impl OpKind {
                 v.extend(other.iter().copied());
                 v
             }
-            Store { ptr, value, mask } => {
+            Store { ptr, value, mask } | AtomicAdd { ptr, value, mask } => {
                 let mut v = vec![*ptr, *value];
                 v.extend(mask.iter().copied());
                 v
@@ -484,6 +503,7 @@ impl OpKind {
         matches!(
             self,
             OpKind::Store { .. }
+                | OpKind::AtomicAdd { .. }
                 | OpKind::Prefetch { .. }
                 | OpKind::Arrive { .. }
                 | OpKind::WaitPriorGrid
@@ -534,6 +554,7 @@ impl OpKind {
                 UnOp::Rsqrt => "rsqrt",
             },
             Cast { .. } => "cast",
+            Bitcast { .. } => "bitcast",
             PtrCast { .. } => "ptr_cast",
             DotInt4 { .. } => "dot_int4",
             Dot { trans_a: false, .. } => "dot",
@@ -544,6 +565,7 @@ impl OpKind {
             AddPtr { .. } => "add_ptr",
             Load { .. } => "load",
             Store { .. } => "store",
+            AtomicAdd { .. } => "atomic_add",
             Prefetch { .. } => "prefetch",
             Arrive { .. } => "arrive",
             SharedAlloc { .. } => "shared_alloc",

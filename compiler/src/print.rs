@@ -64,7 +64,7 @@ fn attrs(kind: &OpKind) -> String {
                 .collect();
             format!(" [{}]", names.join(", "))
         }
-        Cast { to, .. } | PtrCast { to, .. } => format!(" to {}", to.name()),
+        Cast { to, .. } | Bitcast { to, .. } | PtrCast { to, .. } => format!(" to {}", to.name()),
         SharedAlloc { dtype, len } => format!(" {len} x {}", dtype.name()),
         Prefetch { mask, bytes, .. } => {
             format!(

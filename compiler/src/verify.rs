@@ -141,6 +141,20 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
             num(&t, "operand")?;
             one(t.with_elem(Elem::Num(*to)))
         }
+        Bitcast { value, to } => {
+            let t = ty(*value);
+            let same_size = matches!(
+                (t.elem, to),
+                (Elem::Num(DType::F32), DType::I32) | (Elem::Num(DType::I32), DType::F32)
+            );
+            if !same_size {
+                return Err(format!(
+                    "bitcast takes f32 to i32 or i32 to f32, found {t} to {}",
+                    to.name()
+                ));
+            }
+            one(t.with_elem(Elem::Num(*to)))
+        }
         Select {
             cond,
             on_true,
@@ -290,6 +304,28 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
                 if m != p.with_elem(Elem::Num(DType::Bool)) {
                     return Err(format!(
                         "store mask must be i1 of the pointer's shape, found {m}"
+                    ));
+                }
+            }
+            Ok(vec![])
+        }
+        AtomicAdd { ptr, value, mask } => {
+            let (p, v) = (ty(*ptr), ty(*value));
+            let d = match p.elem.pointee() {
+                Some(d @ (DType::F32 | DType::I32)) => d,
+                _ => return Err(format!("atomic_add needs an f32 or i32 pointer, found {p}")),
+            };
+            if v != p.with_elem(Elem::Num(d)) {
+                return Err(format!(
+                    "added value must be {}, found {v}",
+                    p.with_elem(Elem::Num(d))
+                ));
+            }
+            if let Some(m) = mask {
+                let m = ty(*m);
+                if m != p.with_elem(Elem::Num(DType::Bool)) {
+                    return Err(format!(
+                        "atomic_add mask must be i1 of the pointer's shape, found {m}"
                     ));
                 }
             }

@@ -933,3 +933,97 @@ fn shared_memory_transposes_a_block_per_program() {
     let e = run(&k, [1, 1, 1], &[ptr(0), ptr(1)], &mut bufs).unwrap_err();
     assert!(e.to_string().contains("out-of-bounds load"), "{e}");
 }
+
+/// `atomic_add` and `bitcast`: a histogram of values by the leading bits of their f32
+/// pattern, mass (f32) and count (i32) per bin, accumulated in shared memory by every lane
+/// of the block (several lanes a bin) and in global memory across programs; a masked-off
+/// lane adds nothing.
+#[test]
+fn atomic_adds_build_a_histogram_by_float_bits() {
+    let (n, bins) = (512usize, 16usize);
+    let mut b = KernelBuilder::new("bit_histogram");
+    let x = b.param_ptr("x", DType::F32);
+    let mass = b.param_ptr("mass", DType::F32);
+    let count = b.param_ptr("count", DType::I32);
+    let pid = b.program_id(0);
+    let base = b.mul_c(pid, n as i64);
+    let i = b.arange(0, n as i64);
+    let src = b.add_ptr(x, base);
+    let src = b.add_ptr(src, i);
+    let v = b.load(src);
+    let bits = b.bitcast(v, DType::I32);
+    let shift = b.i32(23);
+    let bin = b.shr(bits, shift);
+    let top = b.i32(126);
+    let bin = b.sub(top, bin);
+    let last = b.i32(bins as i32 - 1);
+    let bin = b.minimum(bin, last);
+    let zero_i = b.i32(0);
+    let bin = b.maximum(bin, zero_i);
+    let back = b.bitcast(bits, DType::F32);
+    let kept = b.ge(back, v);
+    let m_bins = b.shared_alloc(DType::F32, bins);
+    let all = b.arange(0, bins as i64);
+    let zf = b.f32(0.0);
+    let zeros = b.splat(zf, &[bins]);
+    let mp = b.add_ptr(m_bins, all);
+    b.store(mp, zeros);
+    let at = b.add_ptr(m_bins, bin);
+    b.atomic_add(at, v, Some(kept));
+    let m = b.load(mp);
+    let out = b.mul_c(pid, bins as i64);
+    let om = b.add_ptr(mass, out);
+    let om = b.add_ptr(om, all);
+    b.store(om, m);
+    let one = b.i32(1);
+    let ones = b.splat(one, &[n]);
+    let odd = b.and(i, one);
+    let even = b.eq(odd, zero_i);
+    let cp = b.add_ptr(count, bin);
+    b.atomic_add(cp, ones, Some(even));
+    let k = b.finish().unwrap();
+    assert!(dusk_compiler::print::print_kernel(&k).contains("atomic_add"));
+
+    let programs = 3;
+    // Positive values over 24 octaves: bin j holds [2^-(j+1), 2^-j), the last one the rest.
+    let xs: Vec<f32> = values(n * programs, 5)
+        .iter()
+        .map(|v| (v * 3.0).exp2() / 4096.0)
+        .collect();
+    let mut x = f32_bytes(&xs);
+    let mut m_out = vec![0u8; 4 * bins * programs];
+    let mut c_out = i32_bytes(&vec![0; bins]);
+    let mut bufs = [&mut x[..], &mut m_out, &mut c_out];
+    run(
+        &k,
+        [programs as u32, 1, 1],
+        &[ptr(0), ptr(1), ptr(2)],
+        &mut bufs,
+    )
+    .unwrap();
+    let (m, c) = (bytes_f32(&m_out), bytes_i32(&c_out));
+    let bin_of = |v: f32| (126 - (v.to_bits() >> 23) as i32).clamp(0, bins as i32 - 1) as usize;
+    let mut want_c = vec![0; bins];
+    for p in 0..programs {
+        let mut want_m = vec![0f64; bins];
+        for (j, &v) in xs[p * n..(p + 1) * n].iter().enumerate() {
+            want_m[bin_of(v)] += v as f64;
+            if j % 2 == 0 {
+                want_c[bin_of(v)] += 1;
+            }
+        }
+        for j in 0..bins {
+            let got = m[p * bins + j] as f64;
+            assert!(
+                (got - want_m[j]).abs() <= 1e-5 * want_m[j].max(1e-30),
+                "program {p} bin {j}: {got} against {}",
+                want_m[j]
+            );
+        }
+        assert!(
+            want_m.iter().filter(|w| **w > 0.0).count() > 4,
+            "values span several bins"
+        );
+    }
+    assert_eq!(c, want_c);
+}

@@ -67,12 +67,12 @@ static inline int dusk_threshold_top_p_t2048_g1_w4(CUstream stream, CUdeviceptr 
     return dusk_launch("threshold_top_p_t2048_g1_w4", stream, args, 11, inputs, 1);
 }
 
-/* threshold_top_p_s1024_g1_w4_k2 (threshold_search): {"block":1024,"group":1,"num_warps":4,"pivots":2,"policy":"top_p","shared":true,"stream":true}
+/* threshold_top_p_s1024_g1_w4_k2_h (threshold_search): {"block":1024,"group":1,"num_warps":4,"pivots":2,"policy":"top_p","shared":true,"stream":true}
  * grid (rows, 1, 1), 128 threads a program. */
-static inline int dusk_threshold_top_p_s1024_g1_w4_k2(CUstream stream, CUdeviceptr scores, CUdeviceptr work, CUdeviceptr scratch, CUdeviceptr cand_indptr, CUdeviceptr cand_indices, CUdeviceptr p, float scale_log2e, CUdeviceptr staged, CUdeviceptr budget, CUdeviceptr kept_mass, CUdeviceptr flags, uint64_t rows) {
+static inline int dusk_threshold_top_p_s1024_g1_w4_k2_h(CUstream stream, CUdeviceptr scores, CUdeviceptr work, CUdeviceptr scratch, CUdeviceptr cand_indptr, CUdeviceptr cand_indices, CUdeviceptr p, float scale_log2e, CUdeviceptr staged, CUdeviceptr budget, CUdeviceptr kept_mass, CUdeviceptr flags, uint64_t rows) {
     void *args[] = {&scores, &work, &scratch, &cand_indptr, &cand_indices, &p, &scale_log2e, &staged, &budget, &kept_mass, &flags};
     const uint64_t inputs[] = {rows};
-    return dusk_launch("threshold_top_p_s1024_g1_w4_k2", stream, args, 11, inputs, 1);
+    return dusk_launch("threshold_top_p_s1024_g1_w4_k2_h", stream, args, 11, inputs, 1);
 }
 
 /* threshold_pack_w4 (threshold_pack): {"num_warps":4}

@@ -268,6 +268,55 @@ fn shared_blocks_lower_to_the_shared_state_space() {
     assert!(report.contains("4096 bytes smem"), "{report}");
 }
 
+/// A histogram in shared memory (`atomic_add`, `bitcast`): the bins zeroed, added to with
+/// `red.shared.add` (f32 and u32) between barriers, read back; ptxas accepts it.
+#[test]
+fn atomic_adds_into_shared_memory_assemble() {
+    let mut b = dusk_compiler::KernelBuilder::new("shared_histogram");
+    let x = b.param_ptr("x", DType::F32);
+    let mass = b.param_ptr("mass", DType::F32);
+    let count = b.param_ptr("count", DType::I32);
+    b.set_num_warps(4);
+    let i = b.arange(0, 1024);
+    let src = b.add_ptr(x, i);
+    let v = b.load(src);
+    let bits = b.bitcast(v, DType::I32);
+    let shift = b.i32(20);
+    let bin = b.shr(bits, shift);
+    let mask = b.i32(63);
+    let bin = b.and(bin, mask);
+    let m_bins = b.shared_alloc(DType::F32, 64);
+    let c_bins = b.shared_alloc(DType::I32, 64);
+    let all = b.arange(0, 64);
+    let (zf, zi) = (b.f32(0.0), b.i32(0));
+    let (zeros_f, zeros_i) = (b.splat(zf, &[64]), b.splat(zi, &[64]));
+    let mp = b.add_ptr(m_bins, all);
+    b.store(mp, zeros_f);
+    let cp = b.add_ptr(c_bins, all);
+    b.store(cp, zeros_i);
+    let at_m = b.add_ptr(m_bins, bin);
+    b.atomic_add(at_m, v, None);
+    let one = b.i32(1);
+    let ones = b.splat(one, &[1024]);
+    let at_c = b.add_ptr(c_bins, bin);
+    b.atomic_add(at_c, ones, None);
+    let m = b.load(mp);
+    let c = b.load(cp);
+    let om = b.add_ptr(mass, all);
+    b.store(om, m);
+    let oc = b.add_ptr(count, all);
+    b.store(oc, c);
+    let k = b.finish().unwrap();
+    let ptx = compile(&k, &Target::sm90a()).unwrap();
+    assert!(ptx.contains("red.shared.add.f32"), "{ptx}");
+    assert!(ptx.contains("red.shared.add.u32"), "{ptx}");
+    let report = assemble(&ptxas(), &ptx, "sm_90a", "shared_histogram");
+    assert!(
+        report.contains("512 bytes smem") || report.contains("bytes smem"),
+        "{report}"
+    );
+}
+
 /// Assembles `ptx` for `arch`; returns ptxas's resource report.
 fn assemble(ptxas: &PathBuf, ptx: &str, arch: &str, name: &str) -> String {
     let dir = std::env::temp_dir().join(format!("dusk-ptxas-{}", std::process::id()));
@@ -387,6 +436,7 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
             stream,
             pivots: 3,
             shared: false,
+            histogram: false,
         };
         ks.push(threshold::build(&top_p::POLICY, &cfg).unwrap());
     }

@@ -474,8 +474,9 @@ fn streaming_search_matches_the_oracle() {
     let ps: Vec<f64> = (0..rows.len())
         .map(|i| [0.5, 0.9, 0.99, 1.0][i % 4])
         .collect();
-    // The weights staged in the global workspace, then in shared memory.
-    for shared in [false, true] {
+    // The weights staged in the global workspace, then in shared memory; the first step
+    // bisecting, then from the histogram.
+    for (shared, histogram) in [(false, false), (false, true), (true, false), (true, true)] {
         let cfg = SearchConfig {
             block: 1024,
             group: 1,
@@ -483,6 +484,7 @@ fn streaming_search_matches_the_oracle() {
             stream: true,
             pivots: 1,
             shared,
+            histogram,
         };
         let mut plan = PrunePlan::with_config(
             &dusk,
@@ -504,8 +506,12 @@ fn streaming_search_matches_the_oracle() {
             for t in &sel[ip[r] as usize..ip[r + 1] as usize] {
                 kept[*t as usize] = true;
             }
-            check_kept(&w, &kept, &oracle, near_p(ps[r]))
-                .unwrap_or_else(|e| panic!("streamed row {r} (p {}, shared {shared}): {e}", ps[r]));
+            check_kept(&w, &kept, &oracle, near_p(ps[r])).unwrap_or_else(|e| {
+                panic!(
+                    "streamed row {r} (p {}, shared {shared}, histogram {histogram}): {e}",
+                    ps[r]
+                )
+            });
         }
     }
     // Rows longer than the shared staging holds are refused before any launch.
@@ -520,6 +526,7 @@ fn streaming_search_matches_the_oracle() {
             stream: true,
             pivots: 1,
             shared: true,
+            histogram: false,
         },
         1.0,
         &[ParamValues::Uniform(0.9)],
@@ -560,6 +567,7 @@ fn multi_pivot_search_matches_the_oracle() {
             stream,
             pivots,
             shared: false,
+            histogram: stream,
         };
         for (policy, params) in [
             (&top_p::POLICY, vec![ParamValues::PerRow(ps.clone())]),

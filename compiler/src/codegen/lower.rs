@@ -570,6 +570,12 @@ impl<'c, 'k> Lower<'c, 'k> {
                 let from = self.ty_of(*value).elem.dtype().expect("number");
                 self.map1(*value, |s, a| s.cast(a, from, *to))?
             }
+            Bitcast { value, to } => {
+                let t = llvm_type(self.ctx, *to);
+                self.map1(*value, |s, a| {
+                    s.b.build_bit_cast(a, t, "").map_err(|e| s.err(e))
+                })?
+            }
             Select {
                 cond,
                 on_true,
@@ -660,6 +666,10 @@ impl<'c, 'k> Lower<'c, 'k> {
             Load { ptr, mask, other } => self.load(*ptr, *mask, *other, res.expect("result"))?,
             Store { ptr, value, mask } => {
                 self.store(*ptr, *value, *mask)?;
+                return Ok(());
+            }
+            AtomicAdd { ptr, value, mask } => {
+                self.atomic_add(*ptr, *value, *mask)?;
                 return Ok(());
             }
             Prefetch { ptr, mask, bytes } => {
@@ -1787,6 +1797,62 @@ impl<'c, 'k> Lower<'c, 'k> {
                     .map_err(|x| s.err(x))?;
                 Ok(())
             })?;
+        }
+        Ok(())
+    }
+
+    /// [`OpKind::AtomicAdd`]: a `red.add` (relaxed; inkwell's `atomicrmw` takes integers
+    /// only) of each element this thread owns (replicas stay silent) where `mask` holds;
+    /// into shared memory between barriers, as a store is.
+    fn atomic_add(&mut self, ptr: ValueId, value: ValueId, mask: Option<ValueId>) -> R<()> {
+        let Some(d) = self.ty_of(ptr).elem.pointee() else {
+            unreachable!("verified")
+        };
+        let shared = matches!(self.ty_of(ptr).elem, Elem::SharedPtr(_));
+        let l = self.layouts.get(ptr).clone();
+        let (ps, xs) = (self.elems(ptr), self.elems(value));
+        let ms = mask.map(|m| self.elems(m));
+        let owner = self.owner(&l)?;
+        let i64t = self.ctx.i64_type();
+        let (ty, reg): (BasicTypeEnum, _) = if d == DType::F32 {
+            (self.ctx.f32_type().into(), ("f32", "f"))
+        } else {
+            (self.ctx.i32_type().into(), ("u32", "r"))
+        };
+        let space = if shared { "shared" } else { "global" };
+        let fn_t = self
+            .ctx
+            .void_type()
+            .fn_type(&[i64t.into(), ty.into()], false);
+        let asm = self.ctx.create_inline_asm(
+            fn_t,
+            format!("red.{space}.add.{} [$0], $1;", reg.0),
+            format!("l,{},~{{memory}}", reg.1),
+            true,
+            false,
+            None,
+            false,
+        );
+        if shared {
+            self.barrier()?;
+        }
+        for (i, (p, x)) in ps.iter().zip(&xs).enumerate() {
+            let cond = match (owner, ms.as_ref().map(|m| m[i].into_int_value())) {
+                (Some(a), Some(b)) => Some(self.b.build_and(a, b, "").map_err(|x| self.err(x))?),
+                (a, b) => a.or(b),
+            };
+            let addr = self
+                .b
+                .build_ptr_to_int(p.into_pointer_value(), i64t, "")
+                .map_err(|x| self.err(x))?;
+            self.guarded(cond, |s| {
+                s.b.build_indirect_call(fn_t, asm, &[addr.into(), (*x).into()], "")
+                    .map_err(|x| s.err(x))?;
+                Ok(())
+            })?;
+        }
+        if shared {
+            self.barrier()?;
         }
         Ok(())
     }

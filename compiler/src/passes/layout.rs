@@ -225,6 +225,7 @@ pub fn assign(k: &Kernel) -> Layouts {
             }
             Unary { value, .. }
             | Cast { value, .. }
+            | Bitcast { value, .. }
             | PtrCast { ptr: value, .. }
             | Scan { value } => uf.union(value.0 as usize, res.expect("result").0 as usize),
             Dp2a {
@@ -259,7 +260,7 @@ pub fn assign(k: &Kernel) -> Layouts {
                     uf.union(v.0 as usize, r);
                 }
             }
-            Store { ptr, value, mask } => {
+            Store { ptr, value, mask } | AtomicAdd { ptr, value, mask } => {
                 uf.union(ptr.0 as usize, value.0 as usize);
                 if let Some(m) = mask {
                     uf.union(ptr.0 as usize, m.0 as usize);

@@ -30,6 +30,7 @@
 //! output is the union of the group's kept sets (Twilight Appendix B.2), so attention reads
 //! each kept token's K and V once per group.
 
+mod histogram;
 mod pack;
 mod resident;
 mod search;
@@ -122,6 +123,11 @@ pub struct SearchConfig {
     /// [`SHARED_ROW`] / `group` candidates (longer rows are cut there, as rows longer than
     /// `block` are in registers; the plans check the rows fit).
     pub shared: bool,
+    /// With `stream`: the first step tries every edge of a histogram of the weights'
+    /// leading bits (1/32 octave buckets, built in the pass that computes the weights), so
+    /// the bracket starts one bucket wide (`histogram.rs`). Policies that read `threshold`
+    /// or `below` search without it.
+    pub histogram: bool,
 }
 
 /// Weights the shared-memory staging holds (32 KiB of f32, within the 48 KiB of static
@@ -154,7 +160,8 @@ pub const STREAM_TILE: usize = 4096;
 
 impl SearchConfig {
     /// A streaming configuration: tiles of `block` on `num_warps`, `pivots` points a step,
-    /// the weights `shared` (staged in shared memory) or in the global workspace.
+    /// the weights `shared` (staged in shared memory) or in the global workspace, the first
+    /// step from a histogram.
     pub fn streamed(
         block: usize,
         group: usize,
@@ -169,6 +176,7 @@ impl SearchConfig {
             stream: true,
             pivots,
             shared,
+            histogram: true,
         }
     }
 
@@ -187,6 +195,7 @@ impl SearchConfig {
         if max_len <= RESIDENT_ROWS {
             SearchConfig {
                 stream: false,
+                histogram: false,
                 ..streamed(max_len.next_power_of_two().max(MIN_BLOCK), 4, 1, false)
             }
         } else if max_len <= shared_row_capacity(group) {
@@ -208,8 +217,9 @@ pub fn search_name(policy: &Policy, cfg: &SearchConfig) -> String {
     } else {
         String::new()
     };
+    let histogram = if cfg.histogram { "_h" } else { "" };
     format!(
-        "threshold_{}_{}{}_g{}_w{}{pivots}",
+        "threshold_{}_{}{}_g{}_w{}{pivots}{histogram}",
         policy.name,
         match (cfg.stream, cfg.shared) {
             (true, true) => "s",

@@ -2,6 +2,7 @@
 //! in a workspace (global memory, or the program's shared memory for rows that fit) that
 //! every step reads back, the last steps run on a gathered tile.
 
+use super::histogram::Histogram;
 use super::search::{
     self, finish, initial_bracket, load_params, needs_bounds, reduce_terms, search_steps, tally,
     tally_terms, Outputs, RowTotals, Tally,
@@ -87,6 +88,15 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         }
     };
     let bounds = needs_bounds(policy);
+    // Once the bracket holds at most a tile of candidates (and the policy reads no
+    // nearest-element statistic, which a gathered tile cannot give), they are gathered
+    // into the query row's scratch tile and the last steps run in registers.
+    let gather = !bounds;
+    // The histogram's first step, for policies with a target to aim it.
+    let histogram = match policy.target {
+        Some(target) if cfg.histogram && gather => Some((Histogram::new(&mut b), target)),
+        _ => None,
+    };
     let gpad = group.next_power_of_two();
     let zero_i = b.i32(0);
     let tile_i = b.i32(tile as i32);
@@ -137,7 +147,11 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         let skip = b.or(bad, empty);
 
         // Pass 2: e to `work` (-1 past the row, +inf for an invalid row's candidates); with
-        // the staging, e replaces the staged logit in place.
+        // the staging, e replaces the staged logit in place; with the histogram, e is added
+        // to its bucket.
+        if let Some((h, _)) = &histogram {
+            h.clear(b);
+        }
         let zf = b.f32(0.0);
         let z0 = b.splat(zf, &[tile]);
         let pos0 = b.splat(zero_i, &[tile]);
@@ -153,6 +167,9 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             let e_or_all = b.select(bad, inf, e_raw);
             let wp = b.add_ptr(w_row, offs);
             b.store_masked(wp, e_or_all, Some(valid));
+            if let Some((h, _)) = &histogram {
+                h.add(b, e, valid);
+            }
             let positive = b.gt(e, zero);
             let (one_i, zero_i) = (b.i32(1), b.i32(0));
             let pos_i = b.select(positive, one_i, zero_i);
@@ -210,12 +227,12 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             });
             acc.chunks(width).map(|t| reduce_terms(b, t)).collect()
         };
-        // Once the bracket holds at most a tile of candidates (and the policy reads no
-        // nearest-element statistic, which a gathered tile cannot give), they are gathered
-        // into this query row's scratch tile and the last steps run in registers.
-        let gather = !needs_bounds(policy);
         let cap = b.i32(tile as i32);
         let init = initial_bracket(b, &row);
+        let init = match &histogram {
+            Some((h, target)) => h.bracket(b, policy, *target, &param_vals, &row, &init),
+            None => init,
+        };
         let k1 = search_steps(
             b,
             policy,

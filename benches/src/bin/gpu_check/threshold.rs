@@ -50,27 +50,38 @@ fn sweep(n: usize) -> Vec<SearchConfig> {
         stream,
         pivots,
         shared: false,
+        histogram: false,
     };
     let mut out = vec![];
+    // Streamed configurations with the first step from the histogram and without.
+    let both = |c: SearchConfig| {
+        [
+            c,
+            SearchConfig {
+                histogram: true,
+                ..c
+            },
+        ]
+    };
     if n <= SHARED_ROW {
         // The weights staged in shared memory instead of the global workspace.
         for (tile, warps) in [(1024, 2), (2048, 2), (1024, 4), (2048, 4), (1024, 8)] {
             for pivots in [1, 2, 3] {
-                out.push(SearchConfig {
+                out.extend(both(SearchConfig {
                     shared: true,
                     ..cfg(tile, warps, true, pivots)
-                });
+                }));
             }
         }
     }
-    for (tile, warps) in [(1024, 1), (2048, 1), (1024, 2), (2048, 2), (4096, 2)] {
+    for (tile, warps) in [(1024, 2), (2048, 2), (4096, 2)] {
         for pivots in [1, 2] {
-            out.push(cfg(tile, warps, true, pivots));
+            out.extend(both(cfg(tile, warps, true, pivots)));
         }
     }
     for (tile, warps) in [(1024, 4), (2048, 4), (4096, 4), (2048, 8), (4096, 8)] {
         for pivots in [1, 2, 3] {
-            out.push(cfg(tile, warps, true, pivots));
+            out.extend(both(cfg(tile, warps, true, pivots)));
         }
     }
     if n <= 8192 {
@@ -146,6 +157,7 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         stream: false,
         pivots: 1,
         shared: false,
+        histogram: false,
     };
     let shared = SearchConfig {
         block: 2048,
@@ -154,7 +166,8 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         shared: true,
         ..resident
     };
-    for cfg in [None, Some(resident), Some(shared)] {
+    let streamed = SearchConfig::streamed(2048, 1, 4, 1, false);
+    for cfg in [None, Some(resident), Some(shared), Some(streamed)] {
         let params = [ParamValues::PerRow(ps.clone())];
         let mut plan = match cfg {
             None => PrunePlan::new(dusk, &top_p::POLICY, &cand, 1, scale, &params)?,
@@ -165,11 +178,19 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         dusk.device().synchronize()?;
         let kept = kept_sets(&plan, &lens)?;
         let mass = plan.kept_mass().download()?;
-        let label = match (plan.config().stream, plan.config().shared) {
-            (true, true) => "staged in shared memory",
-            (true, false) => "streamed",
-            (false, _) => "resident",
-        };
+        let label = format!(
+            "{}{}",
+            match (plan.config().stream, plan.config().shared) {
+                (true, true) => "staged in shared memory",
+                (true, false) => "streamed",
+                (false, _) => "resident",
+            },
+            if plan.config().histogram {
+                ", histogram"
+            } else {
+                ""
+            }
+        );
         for r in 0..rows {
             let w = softmax(&rows_s[r], scale as f64);
             let oracle = top_p_oracle(&w, ps[r]);
@@ -376,7 +397,7 @@ pub fn run() -> Res<()> {
                 alt.run(&dusk, &sets[k])
             })?;
             let name = format!(
-                "{}{}w{}k{}",
+                "{}{}w{}k{}{}",
                 match (cfg.stream, cfg.shared) {
                     (true, true) => "shared t",
                     (true, false) => "stream t",
@@ -384,7 +405,8 @@ pub fn run() -> Res<()> {
                 },
                 cfg.block,
                 cfg.num_warps,
-                cfg.pivots
+                cfg.pivots,
+                if cfg.histogram { "h" } else { "" }
             );
             println!("  {name}: {:.1} us", median(&t));
             others.push(json!({"config": name, "us": median(&t)}));
