@@ -150,6 +150,15 @@ impl PrunePlan {
             cfg.shared,
         )?;
         ensure(
+            !cfg.histogram || longest <= threshold::HISTOGRAM_MAX_ROW,
+            "cfg.histogram",
+            format!(
+                "rows of at most {} candidates (the longest row: {longest})",
+                threshold::HISTOGRAM_MAX_ROW
+            ),
+            cfg.histogram,
+        )?;
+        ensure(
             (1..=4).contains(&cfg.pivots),
             "cfg.pivots",
             "1 to 4 points a search step",

@@ -13,6 +13,7 @@ use inkwell::builder::Builder;
 use inkwell::context::Context;
 use inkwell::module::{Linkage, Module};
 use inkwell::types::{BasicType, BasicTypeEnum};
+use inkwell::values::{AsValueRef, InstructionOpcode};
 use inkwell::values::{
     BasicMetadataValueEnum, BasicValue, BasicValueEnum, FastMathFlags, FloatValue, FunctionValue,
     GlobalValue, IntValue, PointerValue,
@@ -1099,12 +1100,27 @@ impl<'c, 'k> Lower<'c, 'k> {
             .map_err(|e| self.err(e))
     }
 
+    /// `bar.sync 0`; none when the instruction just before is one (two shared-memory writes
+    /// in a row, each between barriers, share the one between them).
     fn barrier(&self) -> R<()> {
         let f = self.intrinsic(
             "llvm.nvvm.barrier0",
             self.ctx.void_type().fn_type(&[], false),
         );
-        self.b.build_call(f, &[], "").map_err(|e| self.err(e))?;
+        let last = self
+            .b
+            .get_insert_block()
+            .and_then(|bb| bb.get_last_instruction());
+        let callee = f.as_global_value().as_pointer_value().as_value_ref();
+        let just_synced = last.is_some_and(|i| {
+            i.get_opcode() == InstructionOpcode::Call
+                && i.get_operand(i.get_num_operands() - 1)
+                    .and_then(|o| o.value())
+                    .is_some_and(|v| v.as_value_ref() == callee)
+        });
+        if !just_synced {
+            self.b.build_call(f, &[], "").map_err(|e| self.err(e))?;
+        }
         Ok(())
     }
 

@@ -1,22 +1,29 @@
 //! The search's first step from a histogram of the weights' leading bits, as radix selects
 //! narrow on digits: one pass over the row (fused into the pass that computes the weights)
-//! adds each `e`'s mass and a count to its bucket in shared memory, then every bucket edge is
-//! tried at once, so the bracket starts one bucket wide instead of at `[0, max]`.
+//! adds each `e` to its bucket in shared memory, then every bucket edge is tried at once,
+//! so the bracket starts one bucket wide instead of at `[0, max]`.
 //!
 //! A non-negative f32's bit pattern orders like the float, so the bucket of `e` (its
 //! exponent and first [`MANTISSA_BITS`] mantissa bits, counted down from the maximum's
 //! `e = 1`) is monotone in `e`, and the set kept at the edge where bucket `j` starts is
 //! exactly the buckets from `j` up: the tallies at the edges are suffix sums of the
-//! histogram. The masses are added in whatever order the atomics land, so they may differ
-//! from an ordered sum by rounding only; the counts are exact. [`BUCKETS`] buckets of
-//! 1/32 octave reach 32 octaves below the maximum; every weight below lands in bucket 0.
+//! histogram. [`BUCKETS`] buckets of 1/32 octave reach 16 octaves below the maximum;
+//! every weight below lands in bucket 0, whose edge is 0.
+//!
+//! The buckets are integers, added to with native shared-memory atomics (an f32 atomic add
+//! into shared memory is a compare-and-swap loop on the GPU): a bucket's count and the sum
+//! of its weights' bits below the bucket's own (in two parts, so that neither overflows for
+//! rows of up to [`MAX_ROW`] candidates). Every weight in bucket `j` is its edge `E_j` plus
+//! its low bits times the bucket's unit in the last place, so the bucket's mass is
+//! `count * E_j + low_sum * ulp_j`, exact before its conversion to f32: the masses at the
+//! edges differ from an ordered sum by rounding only.
 
 use super::search::{holds_at, RowTotals, Tally};
 use super::{Policy, SearchTarget};
 use dusk_compiler::{DType, KernelBuilder, Value};
 
-/// Buckets of the histogram (f32 mass and i32 count each: 8 KiB of shared memory).
-pub(super) const BUCKETS: usize = 1024;
+/// Buckets of the histogram (three i32 each: 6 KiB of shared memory).
+pub(super) const BUCKETS: usize = 512;
 
 /// Mantissa bits in a bucket index beside the exponent: 32 buckets an octave.
 const MANTISSA_BITS: u32 = 5;
@@ -24,35 +31,47 @@ const MANTISSA_BITS: u32 = 5;
 /// Bits below the bucket index in a weight's pattern.
 const SHIFT: u32 = 23 - MANTISSA_BITS;
 
+/// The low bits are summed in two parts of `LOW_PART` and `SHIFT - LOW_PART` bits.
+const LOW_PART: u32 = 9;
+
+/// The longest rows whose bucket sums cannot overflow (each part under 2^9 a candidate).
+pub const MAX_ROW: usize = 1 << 22;
+
 /// The bucket index of the pattern of `1.0` (the row maximum's `e`) is `BUCKETS - 1`; this
 /// is what is taken off a pattern's leading bits to get its bucket.
 const BASE: i32 = (0x3F80_0000u32 >> SHIFT) as i32 - (BUCKETS as i32 - 1);
 
-/// The histogram's two blocks of shared memory.
+/// The histogram's blocks of shared memory, i32 a bucket: counts, and the sums of the high
+/// and the low part of the weights' bits below their bucket's.
 pub(super) struct Histogram {
-    mass: Value,
     count: Value,
+    high: Value,
+    low: Value,
 }
 
 impl Histogram {
     /// Allocates the buckets (once a kernel; [`Histogram::clear`] before each row).
     pub(super) fn new(b: &mut KernelBuilder) -> Histogram {
         Histogram {
-            mass: b.shared_alloc(DType::F32, BUCKETS),
             count: b.shared_alloc(DType::I32, BUCKETS),
+            high: b.shared_alloc(DType::I32, BUCKETS),
+            low: b.shared_alloc(DType::I32, BUCKETS),
         }
     }
 
     /// Empties the buckets.
     pub(super) fn clear(&self, b: &mut KernelBuilder) {
         let all = b.arange(0, BUCKETS as i64);
-        let (zf, zi) = (b.f32(0.0), b.i32(0));
-        let zeros_f = b.splat(zf, &[BUCKETS]);
-        let zeros_i = b.splat(zi, &[BUCKETS]);
-        let pm = b.add_ptr(self.mass, all);
-        b.store(pm, zeros_f);
-        let pc = b.add_ptr(self.count, all);
-        b.store(pc, zeros_i);
+        let zero = b.i32(0);
+        let zeros = b.splat(zero, &[BUCKETS]);
+        // The addresses first, so that the stores' barriers are back to back (and merge).
+        let ptrs: Vec<Value> = [self.count, self.high, self.low]
+            .iter()
+            .map(|block| b.add_ptr(*block, all))
+            .collect();
+        for p in ptrs {
+            b.store(p, zeros);
+        }
     }
 
     /// Adds a block of weights `es` (where `valid`) to the buckets.
@@ -65,13 +84,63 @@ impl Histogram {
         let (zero, last) = (b.i32(0), b.i32(BUCKETS as i32 - 1));
         let bucket = b.maximum(bucket, zero);
         let bucket = b.minimum(bucket, last);
-        let pm = b.add_ptr(self.mass, bucket);
-        b.atomic_add(pm, es, Some(valid));
+        let below = b.i32((1 << SHIFT) - 1);
+        let rest = b.and(bits, below);
+        let part = b.i32(LOW_PART as i32);
+        let high = b.shr(rest, part);
+        let low_mask = b.i32((1 << LOW_PART) - 1);
+        let low = b.and(rest, low_mask);
         let shape = b.ty(es).shape.clone();
         let one = b.i32(1);
         let ones = b.splat(one, &shape);
-        let pc = b.add_ptr(self.count, bucket);
-        b.atomic_add(pc, ones, Some(valid));
+        let adds: Vec<(Value, Value)> = [(self.count, ones), (self.high, high), (self.low, low)]
+            .iter()
+            .map(|(block, v)| (b.add_ptr(*block, bucket), *v))
+            .collect();
+        for (p, v) in adds {
+            b.atomic_add(p, v, Some(valid));
+        }
+    }
+
+    /// Bucket `j`'s lower edge `E_j` (f32; its bits are `j + BASE` then zeros).
+    fn edge(b: &mut KernelBuilder, j: Value) -> Value {
+        let base = b.i32(BASE);
+        let lead = b.add(j, base);
+        let shift = b.i32(SHIFT as i32);
+        let bits = b.shl(lead, shift);
+        b.bitcast(bits, DType::F32)
+    }
+
+    /// The masses of buckets `j` (a block of bucket indices, 1 and up) from their counts
+    /// and low-bit sums: `count * E_j + (high * 2^LOW_PART + low) * ulp_j`.
+    fn masses(&self, b: &mut KernelBuilder, j: Value) -> (Value, Value) {
+        let load = |b: &mut KernelBuilder, block: Value| {
+            let p = b.add_ptr(block, j);
+            b.load(p)
+        };
+        let (count, high, low) = (load(b, self.count), load(b, self.high), load(b, self.low));
+        let e = Self::edge(b, j);
+        // ulp_j: the power of two of E_j's exponent, 23 binades down.
+        let bits = b.bitcast(e, DType::I32);
+        let exp_mask = b.i32(0x7F80_0000);
+        let exp = b.and(bits, exp_mask);
+        let down = b.i32(23 << 23);
+        let ulp_bits = b.sub(exp, down);
+        let ulp = b.bitcast(ulp_bits, DType::F32);
+        let count_f = b.cast(count, DType::F32);
+        let high_f = b.cast(high, DType::F32);
+        let low_f = b.cast(low, DType::F32);
+        let scale = b.f32((1u32 << LOW_PART) as f32);
+        let units = b.mul(high_f, scale);
+        let units = b.add(units, low_f);
+        let at_edge = b.mul(count_f, e);
+        let above = b.mul(units, ulp);
+        let mass = b.add(at_edge, above);
+        // Bucket 0 holds everything below the lowest edge: its sums mean nothing.
+        let zero_i = b.i32(0);
+        let real = b.gt(j, zero_i);
+        let zf = b.f32(0.0);
+        (b.select(real, mass, zf), count)
     }
 
     /// The bracket after the histogram, in the layout of
@@ -97,10 +166,7 @@ impl Histogram {
         let i = b.arange(0, BUCKETS as i64);
         let last = b.i32(BUCKETS as i32 - 1);
         let bucket = b.sub(last, i);
-        let pm = b.add_ptr(self.mass, bucket);
-        let mass = b.load(pm);
-        let pc = b.add_ptr(self.count, bucket);
-        let count = b.load(pc);
+        let (mass, count) = self.masses(b, bucket);
         let at_mass = b.cumsum(mass);
         let at_count = b.cumsum(count);
         let reached = match target {
@@ -136,14 +202,7 @@ impl Histogram {
             }
         };
         let (t_lo, t_hi) = (tally_at(b, top), tally_at(b, next));
-        let edge = |b: &mut KernelBuilder, j: Value| {
-            let base = b.i32(BASE);
-            let lead = b.add(j, base);
-            let shift = b.i32(SHIFT as i32);
-            let bits = b.shl(lead, shift);
-            b.bitcast(bits, DType::F32)
-        };
-        let (e_lo, e_hi) = (edge(b, top), edge(b, next));
+        let (e_lo, e_hi) = (Self::edge(b, top), Self::edge(b, next));
         let onef = b.f32(1.0);
         let inv_z = b.div(onef, row.z);
         let at_floor = b.eq(top, zero_i);

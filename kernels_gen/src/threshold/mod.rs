@@ -36,6 +36,7 @@ mod resident;
 mod search;
 mod streaming;
 
+pub use histogram::MAX_ROW as HISTOGRAM_MAX_ROW;
 pub use pack::build_pack;
 pub use resident::build_search;
 pub use streaming::build_search_streaming;
@@ -125,8 +126,9 @@ pub struct SearchConfig {
     pub shared: bool,
     /// With `stream`: the first step tries every edge of a histogram of the weights'
     /// leading bits (1/32 octave buckets, built in the pass that computes the weights), so
-    /// the bracket starts one bucket wide (`histogram.rs`). Policies that read `threshold`
-    /// or `below` search without it.
+    /// the bracket starts one bucket wide (`histogram.rs`), for rows of up to
+    /// [`HISTOGRAM_MAX_ROW`] candidates. Policies without a target, or that read
+    /// `threshold` or `below`, search without it.
     pub histogram: bool,
 }
 

@@ -18,7 +18,7 @@
 //! `--profile` times one dense GQA case only, for `ncu` (`--profile-skewed`: the skewed
 //! group varlen case); `--cpu` runs 1 on the interpreter.
 
-use crate::common::{arg, copy_gbps, Res};
+use crate::common::{arg, copy_gbps, flag, Res};
 use dusk::compiler::{DType, KernelBuilder};
 use dusk::kernels::attention_ops::{
     default_tiling, AttentionMeta, AttentionMode, AttentionPlan, AttentionSpec, AttentionTuning,
@@ -39,10 +39,6 @@ const D: usize = 128;
 const PAGE: usize = 16;
 /// Caches smaller than this are rotated through several copies so reads come from DRAM.
 const ROTATE_BYTES: usize = 256 << 20;
-
-fn flag(name: &str) -> bool {
-    std::env::args().any(|a| a == name)
-}
 
 fn page_table(rng: &mut SmallRng, seq_lens: &[usize]) -> (PageTable, usize) {
     let total = PageTable::pages_needed(seq_lens, PAGE);

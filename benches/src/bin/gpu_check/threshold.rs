@@ -7,11 +7,12 @@
 //! 3. 2048 rows (batch 64 x 32 heads) of 8192, 32768 and 4096 candidates, p = 0.9, scores
 //!    rotated over two sets larger than L2 together, beside the peers' times (`--peer`,
 //!    written by `benches/baselines/topp_peers.py` in the same command). `--profile N`
-//!    skips the checks and times rows of N candidates only (for ncu).
+//!    skips the checks and the sweep and times the default for rows of N candidates only
+//!    (for ncu; `--no-histogram` without the histogram's first step).
 //!
 //!     gpu-check threshold --peer peers.json --out benches/results/threshold_search.json
 
-use crate::common::{arg, copy_gbps, Res};
+use crate::common::{arg, copy_gbps, flag, Res};
 use dusk::kernels::ops::Dusk;
 use dusk::kernels::paged::TokenLists;
 use dusk::kernels::policies::top_p;
@@ -330,7 +331,7 @@ pub fn run() -> Res<()> {
         check(&dusk, &mut rng, rows)?
     };
     println!("threshold search: {checked} rows agree with the oracle ({near} differ at a cut within rounding of p)");
-    if std::env::args().any(|a| a == "--check-only") {
+    if flag("--check-only") {
         println!("all checks passed");
         return Ok(());
     }
@@ -358,11 +359,15 @@ pub fn run() -> Res<()> {
                 dev.upload(&s)
             })
             .collect::<Result<_, _>>()?;
-        let mut plan = PrunePlan::new(
+        let mut cfg = SearchConfig::for_rows(n, 1);
+        if flag("--no-histogram") {
+            cfg.histogram = false;
+        }
+        let mut plan = PrunePlan::with_config(
             &dusk,
             &top_p::POLICY,
             &lists(&lens),
-            1,
+            cfg,
             scale,
             &[ParamValues::Uniform(0.9)],
         )?;
@@ -383,7 +388,8 @@ pub fn run() -> Res<()> {
         );
         // Other configurations beside the default, same inputs (tuning's raw material).
         let mut others = vec![];
-        for cfg in sweep(n) {
+        let sweep = if profile.is_some() { vec![] } else { sweep(n) };
+        for cfg in sweep {
             let mut alt = PrunePlan::with_config(
                 &dusk,
                 &top_p::POLICY,
