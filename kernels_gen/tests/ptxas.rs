@@ -473,8 +473,12 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
             let arch = target.arch_name();
             let report = assemble(&ptxas, &stages.ptx, &arch, &k.name);
             // The shared-memory staging: ptxas settles on 96 registers and spills a word
-            // or so around the barriers of its stores (4 bytes on sm_90a); allowed up to 16.
-            let allowed = if k.name.starts_with("threshold_top_p_s") {
+            // or so around the barriers of its stores (4 bytes on sm_90a); the histogram's
+            // adds on tiles of 16 a thread (GQA 4, 8 warps: 12 bytes at 128 registers on
+            // sm_90a, 20 on sm_80). Allowed up to 16, and 32 with the histogram.
+            let allowed = if k.name.ends_with("_h") {
+                32
+            } else if k.name.starts_with("threshold_top_p_s") {
                 16
             } else {
                 0

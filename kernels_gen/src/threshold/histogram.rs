@@ -47,15 +47,20 @@ pub(super) struct Histogram {
     count: Value,
     high: Value,
     low: Value,
+    /// Positions of the running sums over the buckets: `BUCKETS`, or more on programs too
+    /// wide for a scan of that many (4 a thread); those past the buckets hold nothing.
+    scan: usize,
 }
 
 impl Histogram {
-    /// Allocates the buckets (once a kernel; [`Histogram::clear`] before each row).
-    pub(super) fn new(b: &mut KernelBuilder) -> Histogram {
+    /// Allocates the buckets (once a kernel; [`Histogram::clear`] before each row) of a
+    /// program of `num_warps`.
+    pub(super) fn new(b: &mut KernelBuilder, num_warps: u32) -> Histogram {
         Histogram {
             count: b.shared_alloc(DType::I32, BUCKETS),
             high: b.shared_alloc(DType::I32, BUCKETS),
             low: b.shared_alloc(DType::I32, BUCKETS),
+            scan: BUCKETS.max(128 * num_warps as usize),
         }
     }
 
@@ -111,12 +116,14 @@ impl Histogram {
         b.bitcast(bits, DType::F32)
     }
 
-    /// The masses of buckets `j` (a block of bucket indices, 1 and up) from their counts
-    /// and low-bit sums: `count * E_j + (high * 2^LOW_PART + low) * ulp_j`.
+    /// The masses and counts of buckets `j` (a block of bucket indices; nothing below 1)
+    /// from their counts and low-bit sums: `count * E_j + (high * 2^LOW_PART + low) * ulp_j`.
     fn masses(&self, b: &mut KernelBuilder, j: Value) -> (Value, Value) {
+        let zero_i = b.i32(0);
+        let inside = b.ge(j, zero_i);
         let load = |b: &mut KernelBuilder, block: Value| {
             let p = b.add_ptr(block, j);
-            b.load(p)
+            b.load_masked(p, Some(inside), None)
         };
         let (count, high, low) = (load(b, self.count), load(b, self.high), load(b, self.low));
         let e = Self::edge(b, j);
@@ -137,7 +144,6 @@ impl Histogram {
         let above = b.mul(units, ulp);
         let mass = b.add(at_edge, above);
         // Bucket 0 holds everything below the lowest edge: its sums mean nothing.
-        let zero_i = b.i32(0);
         let real = b.gt(j, zero_i);
         let zf = b.f32(0.0);
         (b.select(real, mass, zf), count)
@@ -163,7 +169,7 @@ impl Histogram {
     ) -> Vec<Value> {
         // Read from the top bucket down, so that the running sums are the tallies at the
         // edges: position i is bucket `BUCKETS - 1 - i`.
-        let i = b.arange(0, BUCKETS as i64);
+        let i = b.arange(0, self.scan as i64);
         let last = b.i32(BUCKETS as i32 - 1);
         let bucket = b.sub(last, i);
         let (mass, count) = self.masses(b, bucket);

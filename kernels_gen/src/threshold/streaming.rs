@@ -94,7 +94,9 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     let gather = !bounds;
     // The histogram's first step, for policies with a target to aim it.
     let histogram = match policy.target {
-        Some(target) if cfg.histogram && gather => Some((Histogram::new(&mut b), target)),
+        Some(target) if cfg.histogram && gather => {
+            Some((Histogram::new(&mut b, cfg.num_warps), target))
+        }
         _ => None,
     };
     let gpad = group.next_power_of_two();

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The threshold search's GPU check, peers and benchmark in one device command (issue 4):
+# memcheck and racecheck on the oracle check, the peers (FlashInfer, torch, Triton), then
+# `gpu-check threshold` with the sweep, then ncu on the default search at 8192 candidates
+# with and without the histogram. Results and logs go to $OUT.
+#
+#   OUT=$OUT bash benches/device_threshold.sh COMMIT DATE
+#
+# Carry `.device` with `gpu-check` (../shared/tools/device-stage --release -p dusk-bench
+# --bin gpu-check) and FlashInfer's wheels in .device/whl (../shared/tools/device-wheels).
+set -u
+commit=${1:?commit} date=${2:?date}
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/whl/*.whl 2>&1 | tail -1
+export PYTHONPATH=/tmp/site
+cd .device
+compute-sanitizer --tool memcheck ./gpu-check threshold --check-only --rows 300 2>&1 | tail -3
+compute-sanitizer --tool racecheck ./gpu-check threshold --check-only --rows 120 2>&1 | tail -2
+python3 ../benches/baselines/topp_peers.py --out "$OUT/topp.json" > "$OUT/peers.log" 2>&1
+tail -4 "$OUT/peers.log" | cut -c1-300
+./gpu-check threshold --peer "$OUT/topp.json" --out "$OUT/threshold_search.json" \
+  --commit "$commit" --date "$date" > "$OUT/bench.log" 2>&1
+grep -v '^ \|^{\|^}' "$OUT/bench.log" | head -12
+for n in 8192 32768 4096; do
+  echo "fastest at $n:"
+  awk "/x $n:/{f=1;next} /top-p/{f=0} f" "$OUT/bench.log" | sort -t: -k2 -n | head -6
+done
+for h in "" --no-histogram; do
+  timeout 150 ncu --section SpeedOfLight --section WarpStateStats --section Occupancy \
+    --section LaunchStats --section InstructionStats -k regex:threshold --launch-skip 4 \
+    --launch-count 2 ./gpu-check threshold --profile 8192 $h > "$OUT/ncu8k$h.log" 2>&1
+  grep -E "threshold_|Duration|Achieved Occupancy|Block Limit Sh|Block Limit Reg|Warp Cycles Per Issued|Executed Instructions  " "$OUT/ncu8k$h.log"
+done
