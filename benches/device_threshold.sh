@@ -7,7 +7,9 @@
 #   OUT=$OUT bash benches/device_threshold.sh COMMIT DATE
 #
 # Carry `.device` with `gpu-check` (../shared/tools/device-stage --release -p dusk-bench
-# --bin gpu-check) and FlashInfer's wheels in .device/whl (../shared/tools/device-wheels).
+# --bin gpu-check) and FlashInfer's wheels in .device/whl (../shared/tools/device-wheels);
+# optional: `.device/prune-c` and `libdusk_capi.so` (cargo build --release -p dusk-capi,
+# then examples/c/README.md's gcc line with -o .device/prune-c).
 set -u
 commit=${1:?commit} date=${2:?date}
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/whl/*.whl 2>&1 | tail -1
@@ -15,6 +17,10 @@ export PYTHONPATH=/tmp/site
 cd .device
 compute-sanitizer --tool memcheck ./gpu-check threshold --check-only --rows 300 2>&1 | tail -3
 compute-sanitizer --tool racecheck ./gpu-check threshold --check-only --rows 120 2>&1 | tail -2
+if [ -x ./prune-c ]; then
+  ./prune-c ../kernels_gen/bundle > "$OUT/prune_c.txt" 2>&1; echo "prune-c: exit $?" | tee -a "$OUT/prune_c.txt"
+  tail -2 "$OUT/prune_c.txt"
+fi
 python3 ../benches/baselines/topp_peers.py --out "$OUT/topp.json" > "$OUT/peers.log" 2>&1
 tail -4 "$OUT/peers.log" | cut -c1-300
 ./gpu-check threshold --peer "$OUT/topp.json" --out "$OUT/threshold_search.json" \

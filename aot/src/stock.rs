@@ -7,9 +7,8 @@
 //! | `spgemv_prepare_q_d128_b4` | query to 15-bit fixed point | `q_rows` |
 //! | `spgemv_quant_dp2a_d128_g1_b4_t64_w2_o14` | SpGEMV, MHA default (`dp2a`) | `rows, ceil(max_row_len / 64)` |
 //! | `spgemv_quant_mma_d128_g4_b4_t64_w2_o0` | SpGEMV, GQA 4 default (tensor cores) | `rows, ceil(max_row_len / 64)` |
-//! | `threshold_top_p_t2048_g1_w4` | top-p search, rows of any length (streamed in tiles of 2048, weights staged in `work`) | `rows` |
+//! | `threshold_top_p_t2048_g1_w4` | top-p search, rows of any length (streamed in tiles of 2048, weights staged in `work`), the kept positions written as one CSR list | `rows` |
 //! | `threshold_top_p_s1024_g1_w4_k2_h` | top-p search, rows up to 8192 candidates (weights staged in shared memory, tiles of 1024, 2 pivots a step, the first step from a histogram of the weights; the default there) | `rows` |
-//! | `threshold_pack_w4` | the search's kept positions packed into CSR lists (one list per candidate row) | `rows` |
 //! | `attn_split_lists_d128_g4_f16` | group varlen attention over token lists, GQA 4 (tensor cores), balanced split | `programs` |
 //! | `attn_merge_lists_d128_f16` | its merge by log-sum-exp | `q_rows` |
 //! | `attn_split_dense_d128_g4_f16` | dense paged decode attention, GQA 4, chunks of `chunk_tokens` | `rows, chunks` (= its `max_chunks`) |
@@ -117,17 +116,6 @@ fn search_kernel(search: &SearchConfig) -> Result<BundleKernel> {
     })
 }
 
-fn pack_kernel(num_warps: u32) -> Result<BundleKernel> {
-    Ok(BundleKernel {
-        name: format!("threshold_pack_w{num_warps}"),
-        family: "threshold_pack".into(),
-        kernel: threshold::build_pack(num_warps)?,
-        inputs: vec!["rows".into()],
-        grid: [vec![factor("rows", 1)], vec![], vec![]],
-        config: obj(json!({"num_warps": num_warps})),
-    })
-}
-
 /// The split and merge kernels of varlen attention as the plans build them for GQA groups
 /// of `group` at `head_dim` in f16: over token lists (the balanced split) or dense.
 fn attention_kernels(head_dim: usize, group: usize, lists: bool) -> Result<[BundleKernel; 2]> {
@@ -201,7 +189,6 @@ pub fn kernels() -> Result<Vec<BundleKernel>> {
             histogram: false,
         })?,
         search_kernel(&SearchConfig::for_rows(8192, 1))?,
-        pack_kernel(4)?,
     ]
     .into_iter()
     .chain(attention_kernels(128, 4, true)?)
@@ -231,7 +218,6 @@ pub fn all_kernels() -> Result<Vec<BundleKernel>> {
             out.push(search_kernel(&SearchConfig::for_rows(len, group))?);
         }
     }
-    out.push(pack_kernel(4)?);
     for d in [64, 128] {
         for group in [2, 4, 8] {
             for lists in [true, false] {

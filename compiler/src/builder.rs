@@ -480,6 +480,22 @@ impl KernelBuilder {
         self.push(kind, caller_loc(Location::caller()), &[]);
     }
 
+    /// Reads the pointed-to i32 words from L2 (0 where `mask` is false); see
+    /// [`OpKind::LoadFresh`].
+    #[track_caller]
+    pub fn load_fresh(&mut self, ptr: Value, mask: Option<Value>) -> Value {
+        let pt = self.ty(ptr).clone();
+        let kind = OpKind::LoadFresh {
+            ptr: ptr.0,
+            mask: mask.map(|m| m.0),
+        };
+        self.push(
+            kind,
+            caller_loc(Location::caller()),
+            &[pt.with_elem(Elem::Num(DType::I32))],
+        )[0]
+    }
+
     /// Adds `value` to each pointed-to element where `mask` holds, atomically; see
     /// [`OpKind::AtomicAdd`].
     #[track_caller]

@@ -1032,6 +1032,14 @@ impl<'k> Interp<'k, '_, '_> {
                 )?;
                 return Ok(None);
             }
+            // Programs run one after another here: every earlier one's words are there.
+            LoadFresh { ptr, mask } => load(
+                DType::I32,
+                &self.mem,
+                g(ptr).ptrs(),
+                mask.as_ref().map(|m| g(m).bools()),
+                None,
+            )?,
             AtomicAdd { ptr, value, mask } => {
                 // One lane after another: every lane's value lands, in lane order.
                 let Some(d) = k.ty(*ptr).elem.pointee() else {

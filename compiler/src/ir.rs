@@ -332,6 +332,13 @@ pub enum OpKind {
         value: ValueId,
         mask: Option<ValueId>,
     },
+    /// Reads i32 words of global memory from L2 (PTX `ld.relaxed.gpu`), never from a stale
+    /// L1 line: words other programs of the same launch publish with [`OpKind::AtomicAdd`],
+    /// read by a program waiting for them (a scan's look-back). 0 where `mask` is false.
+    LoadFresh {
+        ptr: ValueId,
+        mask: Option<ValueId>,
+    },
     /// Adds each value to its pointed-to element (f32 or i32) where `mask` holds, atomically:
     /// elements that several lanes point to get every lane's value, in some order (f32 sums
     /// then differ by rounding only). Into shared memory, as [`OpKind::Store`] it is ordered
@@ -468,7 +475,7 @@ impl OpKind {
                 v.extend(mask.iter().copied());
                 v
             }
-            Prefetch { ptr, mask, .. } => {
+            Prefetch { ptr, mask, .. } | LoadFresh { ptr, mask } => {
                 let mut v = vec![*ptr];
                 v.extend(mask.iter().copied());
                 v
@@ -566,6 +573,7 @@ impl OpKind {
             Load { .. } => "load",
             Store { .. } => "store",
             AtomicAdd { .. } => "atomic_add",
+            LoadFresh { .. } => "load_fresh",
             Prefetch { .. } => "prefetch",
             Arrive { .. } => "arrive",
             SharedAlloc { .. } => "shared_alloc",

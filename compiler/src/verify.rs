@@ -309,6 +309,23 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
             }
             Ok(vec![])
         }
+        LoadFresh { ptr, mask } => {
+            let p = ty(*ptr);
+            if p.elem != Elem::Ptr(DType::I32) {
+                return Err(format!(
+                    "load_fresh needs an i32 pointer to global memory, found {p}"
+                ));
+            }
+            if let Some(m) = mask {
+                let m = ty(*m);
+                if m != p.with_elem(Elem::Num(DType::Bool)) {
+                    return Err(format!(
+                        "load_fresh mask must be i1 of the pointer's shape, found {m}"
+                    ));
+                }
+            }
+            one(p.with_elem(Elem::Num(DType::I32)))
+        }
         AtomicAdd { ptr, value, mask } => {
             let (p, v) = (ty(*ptr), ty(*value));
             let d = match p.elem.pointee() {

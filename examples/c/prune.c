@@ -1,7 +1,7 @@
 /* Twilight's top-p pruning from C: load dusk's stock bundle through libdusk_capi.so, run
  * the fused threshold search over rows of estimated attention scores (one query head per
- * candidate row, rows streamed in tiles of 2048), pack the kept token positions into one
- * CSR list per row, and check every row against a sort-based oracle computed here in C.
+ * candidate row, rows streamed in tiles of 2048), which writes the kept token positions
+ * as one CSR list, and check every row against a sort-based oracle computed here in C.
  *
  * Build (see examples/c/README.md):
  *   cargo build --release -p dusk-capi
@@ -89,10 +89,12 @@ int main(int argc, char **argv) {
 
   CUdeviceptr dscores = upload(scores, 4 * (size_t)nnz), dindptr = upload(indptr, sizeof indptr);
   CUdeviceptr dpos = upload(positions, 4 * (size_t)nnz), dp = upload(p, sizeof p);
-  CUdeviceptr work, scratch, staged, budget, kept_mass, flags, sel_indptr, sel_indices;
+  CUdeviceptr work, scratch, prefix, budget, kept_mass, flags, sel_indptr, sel_indices;
   CU(cuMemAlloc(&work, 4 * (size_t)nnz));
   CU(cuMemAlloc(&scratch, 4 * (size_t)ROWS * TILE));
-  CU(cuMemAlloc(&staged, 4 * (size_t)nnz));
+  /* The rows' look-back words: zero once; each launch leaves them zero. */
+  CU(cuMemAlloc(&prefix, 4 * (ROWS + 1)));
+  CU(cuMemsetD32(prefix, 0, ROWS + 1));
   CU(cuMemAlloc(&budget, 4 * ROWS));
   CU(cuMemAlloc(&kept_mass, 4 * ROWS));
   CU(cuMemAlloc(&flags, 4 * ROWS));
@@ -104,9 +106,8 @@ int main(int argc, char **argv) {
   CU(cuMemsetD8(budget, 0xFF, 4 * ROWS));
 
   DUSK(dusk_threshold_top_p_t2048_g1_w4(stream, dscores, work, scratch, dindptr, dpos, dp,
-                                        (float)(SCALE * LOG2_E), staged, budget, kept_mass,
-                                        flags, ROWS));
-  DUSK(dusk_threshold_pack_w4(stream, budget, dindptr, staged, sel_indptr, sel_indices, ROWS));
+                                        (float)(SCALE * LOG2_E), sel_indptr, sel_indices, prefix,
+                                        budget, kept_mass, flags, ROWS));
   CU(cuStreamSynchronize(stream));
 
   int32_t got_indptr[ROWS + 1], *got = malloc(sizeof(int32_t) * nnz);

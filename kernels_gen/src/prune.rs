@@ -1,7 +1,7 @@
 //! The pruner's host side: a plan that validates a candidate selection and a policy's
 //! parameters once, compiles the fused threshold search, and sizes every buffer; its `run`
-//! launches the search and the packing kernel with no allocation and no host sync, so it
-//! can sit in a captured decode step. Scores in (as `spgemv_quant` writes them), compacted
+//! launches the search (which writes the CSR list itself) with no allocation and no host
+//! sync, so it can sit in a captured decode step. Scores in (as `spgemv_quant` writes them), compacted
 //! CSR token lists out.
 //!
 //! ```
@@ -56,7 +56,6 @@ pub struct PrunePlan {
     nnz: usize,
     scale_log2e: f32,
     search: Arc<LoadedKernel>,
-    pack: Arc<LoadedKernel>,
     cand_indptr: Buffer<i32>,
     cand_indices: Buffer<i32>,
     params: Vec<ParamBuffer>,
@@ -64,7 +63,8 @@ pub struct PrunePlan {
     /// are staged in shared memory: the kernel does not touch it), and a tile a query row
     /// for the candidates of the search's last steps.
     work: Option<(Buffer<f32>, Buffer<f32>)>,
-    staged: Buffer<i32>,
+    /// The rows' look-back words and the arrival counter (zero between launches).
+    prefix: Buffer<i32>,
     budget: Buffer<i32>,
     kept_mass: Buffer<f32>,
     flags: Buffer<i32>,
@@ -172,9 +172,14 @@ impl PrunePlan {
         )?;
         let rows = cand.rows();
         let device = dusk.device();
-        let search = dusk.load(threshold::build(policy, &cfg)?)?;
-        let pack = dusk.load(threshold::build_pack(4)?)?;
         let nnz = cand.indices.len();
+        ensure(
+            nnz <= threshold::OUTPUT_MAX_TOTAL,
+            "cand",
+            format!("at most {} candidates in all", threshold::OUTPUT_MAX_TOTAL),
+            nnz,
+        )?;
+        let search = dusk.load(threshold::build(policy, &cfg)?)?;
         let mut plan = PrunePlan {
             policy: *policy,
             cfg,
@@ -182,7 +187,6 @@ impl PrunePlan {
             nnz,
             scale_log2e: scale * std::f32::consts::LOG2_E,
             search,
-            pack,
             cand_indptr: device.upload(&cand.indptr)?,
             cand_indices: device.upload(&padded(&cand.indices))?,
             params: vec![],
@@ -198,7 +202,7 @@ impl PrunePlan {
             } else {
                 None
             },
-            staged: device.alloc(nnz.max(1))?,
+            prefix: device.upload(&vec![0i32; rows + 1])?,
             budget: device.alloc(rows.max(1))?,
             kept_mass: device.alloc((rows * cfg.group).max(1))?,
             flags: device.alloc((rows * cfg.group).max(1))?,
@@ -285,7 +289,7 @@ impl PrunePlan {
         self.cfg
     }
 
-    /// Searches every query row of `scores` and packs the kept positions: launches only.
+    /// Searches every query row of `scores` and writes the kept positions: one launch.
     pub fn run(&mut self, dusk: &Dusk, scores: &Buffer<f32>) -> Result<()> {
         ensure(
             scores.len() >= self.num_scores(),
@@ -311,23 +315,14 @@ impl PrunePlan {
         }
         args.extend([
             Arg::F32(self.scale_log2e),
-            Arg::from(&self.staged),
+            Arg::from(&self.sel_indptr),
+            Arg::from(&self.sel_indices),
+            Arg::from(&self.prefix),
             Arg::from(&self.budget),
             Arg::from(&self.kept_mass),
             Arg::from(&self.flags),
         ]);
         device.launch(&self.search, [self.rows as u32, 1, 1], &args)?;
-        device.launch(
-            &self.pack,
-            [self.rows as u32, 1, 1],
-            &[
-                Arg::from(&self.budget),
-                Arg::from(&self.cand_indptr),
-                Arg::from(&self.staged),
-                Arg::from(&self.sel_indptr),
-                Arg::from(&self.sel_indices),
-            ],
-        )?;
         Ok(())
     }
 
@@ -339,7 +334,9 @@ impl PrunePlan {
     pub fn sel_indices(&self) -> &Buffer<i32> {
         &self.sel_indices
     }
-    /// Kept candidates per candidate row (the union over the group).
+    /// Kept candidates per candidate row (the union over the group); -1 for a row whose
+    /// place in the list was not found (its search waits for the rows before it, which run
+    /// first: not seen).
     pub fn budgets(&self) -> &Buffer<i32> {
         &self.budget
     }

@@ -673,6 +673,7 @@ impl<'c, 'k> Lower<'c, 'k> {
                 self.atomic_add(*ptr, *value, *mask)?;
                 return Ok(());
             }
+            LoadFresh { ptr, mask } => self.load_fresh(*ptr, *mask)?,
             Prefetch { ptr, mask, bytes } => {
                 self.prefetch(*ptr, *mask, *bytes)?;
                 return Ok(());
@@ -1871,6 +1872,47 @@ impl<'c, 'k> Lower<'c, 'k> {
             self.barrier()?;
         }
         Ok(())
+    }
+
+    /// [`OpKind::LoadFresh`]: `ld.relaxed.gpu.global.u32` of each element, predicated on
+    /// its mask (0 where false).
+    fn load_fresh(&mut self, ptr: ValueId, mask: Option<ValueId>) -> R<Cv<'c>> {
+        let i32t = self.ctx.i32_type();
+        let i64t = self.ctx.i64_type();
+        let ps = self.elems(ptr);
+        let ms = mask.map(|m| self.elems(m));
+        let fn_t = i32t.fn_type(&[i64t.into(), i32t.into()], false);
+        let asm = self.ctx.create_inline_asm(
+            fn_t,
+            "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.u32 $0, 0; \
+             @p ld.relaxed.gpu.global.u32 $0, [$1]; }"
+                .to_string(),
+            "=r,l,r,~{memory}".to_string(),
+            true,
+            false,
+            None,
+            false,
+        );
+        let mut out = Vec::with_capacity(ps.len());
+        for (i, p) in ps.iter().enumerate() {
+            let addr = self
+                .b
+                .build_ptr_to_int(p.into_pointer_value(), i64t, "")
+                .map_err(|x| self.err(x))?;
+            let on = match &ms {
+                Some(m) => self
+                    .b
+                    .build_int_z_extend(m[i].into_int_value(), i32t, "")
+                    .map_err(|x| self.err(x))?,
+                None => i32t.const_int(1, false),
+            };
+            let v = self
+                .b
+                .build_indirect_call(fn_t, asm, &[addr.into(), on.into()], "")
+                .map_err(|x| self.err(x))?;
+            out.push(v.try_as_basic_value().basic().expect("loaded word"));
+        }
+        Ok(self.wrap(ptr, out))
     }
 
     /// A `griddepcontrol` instruction (sm_90 and newer; before Hopper kernels on a stream

@@ -269,6 +269,13 @@ pub fn assign(k: &Kernel) -> Layouts {
             Prefetch {
                 ptr, mask: Some(m), ..
             } => uf.union(ptr.0 as usize, m.0 as usize),
+            LoadFresh { ptr, mask } => {
+                let r = res.expect("result").0 as usize;
+                uf.union(ptr.0 as usize, r);
+                if let Some(m) = mask {
+                    uf.union(m.0 as usize, r);
+                }
+            }
             For { init, body, .. } => {
                 let yields = match body.ops.last().map(|o| &o.kind) {
                     Some(Yield { values }) => values.clone(),

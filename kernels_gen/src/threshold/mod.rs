@@ -31,13 +31,13 @@
 //! each kept token's K and V once per group.
 
 mod histogram;
-mod pack;
+mod output;
 mod resident;
 mod search;
 mod streaming;
 
 pub use histogram::MAX_ROW as HISTOGRAM_MAX_ROW;
-pub use pack::build_pack;
+pub use output::MAX_TOTAL as OUTPUT_MAX_TOTAL;
 pub use resident::build_search;
 pub use streaming::build_search_streaming;
 

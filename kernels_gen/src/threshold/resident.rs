@@ -2,34 +2,37 @@
 //! of its group searched in turn, the union of their kept sets compacted in order.
 
 use super::search::{self, load_params, needs_bounds, search, tally, Outputs, RowTotals};
-use super::{search_name, Policy, SearchConfig};
+use super::{output, search_name, Policy, SearchConfig};
 use dusk_compiler::{CompileError, DType, Kernel, KernelBuilder, Value};
 
 /// Builds the search kernel. Parameters: `scores` (f32; candidate row `r` with `n`
 /// candidates from `start` holds query head `g` at `scores[start * group + g * n ..]`, as
 /// `spgemv_quant` writes them), `cand_indptr`, `cand_indices` (i32 CSR per candidate row),
 /// one pointer per policy parameter (a value per query row), `scale_log2e` (f32: the
-/// softmax scale times log2 e), and the outputs `staged` (i32, like `cand_indices`: each
-/// row's kept positions, ascending, from the row's start), `budget` (i32 per candidate row:
-/// how many), `kept_mass` (f32 per query row) and `flags` (i32 per query row: 1 when the
-/// row's logits held NaN or infinity). Grid: one program per candidate row.
+/// softmax scale times log2 e), and the outputs `sel_indptr` (i32, rows + 1) and
+/// `sel_indices` (i32, room for every candidate): the kept positions of every row as one
+/// CSR list, ascending within a row; `prefix` (i32, rows + 1, zero before the first launch
+/// and left zero by each: the rows' look-back words, `output.rs`), `budget` (i32 per
+/// candidate row: how many kept), `kept_mass` (f32 per query row) and `flags` (i32 per
+/// query row: 1 when the row's logits held NaN or infinity). Grid: one program per
+/// candidate row.
 pub fn build_search(policy: &Policy, cfg: &SearchConfig) -> Result<Kernel, CompileError> {
     let mut b = KernelBuilder::new(&search_name(policy, cfg));
     b.set_num_warps(cfg.num_warps);
+    let k = search::declare(&mut b, policy, false);
     let search::Kernel {
         scores,
         indices,
-        params,
+        ref params,
         scale,
-        staged,
-        budget,
+        sel_indices,
         kept_mass,
         flags,
         row,
         start,
         n,
         ..
-    } = search::declare(&mut b, policy, false);
+    } = k;
     let one = b.i32(1);
     let offs = b.arange(0, cfg.block as i64);
     let valid = b.lt(offs, n);
@@ -39,7 +42,7 @@ pub fn build_search(policy: &Policy, cfg: &SearchConfig) -> Result<Kernel, Compi
     let (lo_g, hi_g, step) = (b.i32(0), b.i32(cfg.group as i32), b.i32(1));
     let row_args = |g| RowArgs {
         scores,
-        params: &params,
+        params,
         scale,
         kept_mass,
         flags,
@@ -66,18 +69,19 @@ pub fn build_search(policy: &Policy, cfg: &SearchConfig) -> Result<Kernel, Compi
     // Ordered compaction of the union: a kept candidate's rank among the kept ones.
     let rank = b.cumsum(keep);
     let total = b.sum(keep, 0);
+    let at = output::row_offset(&mut b, &k, row, total);
     let one_b = b.splat(one, &[cfg.block]);
     let is_kept = b.eq(keep, one_b);
     let start64 = b.cast(start, DType::I64);
     let src_row = b.add_ptr(indices, start64);
     let src = b.add_ptr(src_row, offs);
+    let is_kept = b.and(is_kept, at.1);
     let tok = b.load_masked(src, Some(is_kept), None);
-    let dst_row = b.add_ptr(staged, start64);
+    let dst_row = b.add_ptr(sel_indices, at.0);
     let slot = b.sub(rank, one);
     let dst = b.add_ptr(dst_row, slot);
     b.store_masked(dst, tok, Some(is_kept));
-    let pb = b.add_ptr(budget, row);
-    b.store(pb, total);
+    output::finish_row(&mut b, &k, row, at, total);
     b.finish()
 }
 

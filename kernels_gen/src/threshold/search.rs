@@ -460,7 +460,10 @@ pub(super) struct Kernel {
     pub(super) indices: Value,
     pub(super) params: Vec<Value>,
     pub(super) scale: Value,
-    pub(super) staged: Value,
+    pub(super) sel_indptr: Value,
+    pub(super) sel_indices: Value,
+    /// One word per row and the arrival counter after them (`output.rs`).
+    pub(super) prefix: Value,
     pub(super) budget: Value,
     pub(super) kept_mass: Value,
     pub(super) flags: Value,
@@ -486,7 +489,9 @@ pub(super) fn declare(b: &mut KernelBuilder, policy: &Policy, streaming: bool) -
         .map(|p| b.param_ptr(p.name, p.dtype))
         .collect();
     let scale = b.param_scalar("scale_log2e", DType::F32);
-    let staged = b.param_ptr("staged", DType::I32);
+    let sel_indptr = b.param_ptr("sel_indptr", DType::I32);
+    let sel_indices = b.param_ptr("sel_indices", DType::I32);
+    let prefix = b.param_ptr("prefix", DType::I32);
     let budget = b.param_ptr("budget", DType::I32);
     let kept_mass = b.param_ptr("kept_mass", DType::F32);
     let flags = b.param_ptr("flags", DType::I32);
@@ -504,7 +509,9 @@ pub(super) fn declare(b: &mut KernelBuilder, policy: &Policy, streaming: bool) -
         indices,
         params,
         scale,
-        staged,
+        sel_indptr,
+        sel_indices,
+        prefix,
         budget,
         kept_mass,
         flags,

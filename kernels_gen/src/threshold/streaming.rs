@@ -7,7 +7,7 @@ use super::search::{
     self, finish, initial_bracket, load_params, needs_bounds, reduce_terms, search_steps, tally,
     tally_terms, Outputs, RowTotals, Tally,
 };
-use super::{search_name, shared_row_capacity, Policy, SearchConfig, SHARED_ROW};
+use super::{output, search_name, shared_row_capacity, Policy, SearchConfig, SHARED_ROW};
 use dusk_compiler::{CompileError, DType, Kernel, KernelBuilder, Value};
 
 /// Tile `t0` (of `tile` candidates) of a row of `n` f32 values at `row`: the offsets, which
@@ -42,20 +42,21 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     let (tile, group) = (cfg.block, cfg.group);
     let mut b = KernelBuilder::new(&search_name(policy, cfg));
     b.set_num_warps(cfg.num_warps);
+    let k = search::declare(&mut b, policy, true);
     let search::Kernel {
         scores,
         workspace,
         indices,
-        params,
+        ref params,
         scale,
-        staged,
-        budget,
+        sel_indices,
         kept_mass,
         flags,
         row,
         start,
         n,
-    } = search::declare(&mut b, policy, true);
+        ..
+    } = k;
     let (work, scratch) = workspace.expect("declared with the streaming workspace");
     let one = b.i32(1);
     let start64 = b.cast(start, DType::I64);
@@ -103,11 +104,12 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     let zero_i = b.i32(0);
     let tile_i = b.i32(tile as i32);
 
-    // Each query head's threshold, kept in a small block for the compaction.
+    // Each query head's threshold, kept in a small block for the compaction, and the
+    // count kept at the last one's (the budget, with one query head a row).
     let zf = b.f32(0.0);
     let none = b.splat(zf, &[gpad]);
     let (g_lo, g_hi) = (b.i32(0), b.i32(group as i32));
-    let thresholds = b.for_range(g_lo, g_hi, one, &[none], |b, g, carried| {
+    let found = b.for_range(g_lo, g_hi, one, &[none, zero_i], |b, g, carried| {
         let group_i = b.i32(group as i32);
         let qrow0 = b.mul(row, group_i);
         let qrow = b.add(qrow0, g);
@@ -182,7 +184,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         let z = b.sum(acc[0], 0);
         let n_pos = b.sum(acc[1], 0);
 
-        let param_vals = load_params(b, &params, qrow);
+        let param_vals = load_params(b, params, qrow);
         let row = RowTotals {
             z,
             n,
@@ -297,18 +299,16 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         let lo = finish(b, &row, &out, &fin);
         let slots = b.arange(0, gpad as i64);
         let mine = b.eq(slots, g);
-        vec![b.select(mine, lo, carried[0])]
-    })[0];
+        vec![b.select(mine, lo, carried[0]), fin[3]]
+    });
+    let thresholds = found[0];
 
-    // Ordered compaction, a tile at a time: the union of the heads' sets.
-    let total = b.for_range(zero_i, n, tile_i, &[zero_i], |b, t0, c| {
-        let ar = b.arange(0, tile as i64);
-        let offs = b.add(ar, t0);
-        let valid = b.lt(offs, n);
+    // The union of the heads' sets over one tile (1 kept, 0 not).
+    let union = |b: &mut KernelBuilder, offs: Value, valid: Value| -> Value {
         let zero_i = b.i32(0);
         let none = b.splat(zero_i, &[tile]);
         let (g_lo, g_hi, one) = (b.i32(0), b.i32(group as i32), b.i32(1));
-        let keep = b.for_range(g_lo, g_hi, one, &[none], |b, g, k| {
+        b.for_range(g_lo, g_hi, one, &[none], |b, g, k| {
             let slots = b.arange(0, gpad as i64);
             let mine = b.eq(slots, g);
             let zf = b.f32(0.0);
@@ -321,23 +321,48 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             let kept = b.ge(es, t);
             let kept = b.cast(kept, DType::I32);
             vec![b.maximum(k[0], kept)]
-        })[0];
+        })[0]
+    };
+    let tile_at = |b: &mut KernelBuilder, t0: Value| {
+        let ar = b.arange(0, tile as i64);
+        let offs = b.add(ar, t0);
+        let valid = b.lt(offs, n);
+        (offs, valid)
+    };
+    // The budget: the search's count with one query head; the union's, counted, with more.
+    let total = if group == 1 {
+        found[1]
+    } else {
+        let per = b.splat(zero_i, &[tile]);
+        let counts = b.for_range(zero_i, n, tile_i, &[per], |b, t0, c| {
+            let (offs, valid) = tile_at(b, t0);
+            let keep = union(b, offs, valid);
+            vec![b.add(c[0], keep)]
+        });
+        b.sum(counts[0], 0)
+    };
+    let at = output::row_offset(&mut b, &k, row, total);
+
+    // Ordered compaction, a tile at a time, straight into the row's place in the list.
+    let dst_row = b.add_ptr(sel_indices, at.0);
+    b.for_range(zero_i, n, tile_i, &[zero_i], |b, t0, c| {
+        let (offs, valid) = tile_at(b, t0);
+        let keep = union(b, offs, valid);
         let rank = b.cumsum(keep);
         let one = b.i32(1);
         let one_b = b.splat(one, &[tile]);
         let is_kept = b.eq(keep, one_b);
+        let is_kept = b.and(is_kept, at.1);
         let src_row = b.add_ptr(indices, start64);
         let src = b.add_ptr(src_row, offs);
         let tok = b.load_masked(src, Some(is_kept), None);
-        let dst_row = b.add_ptr(staged, start64);
         let before = b.sub(c[0], one);
-        let dst_row = b.add_ptr(dst_row, before);
-        let dst = b.add_ptr(dst_row, rank);
+        let dst = b.add_ptr(dst_row, before);
+        let dst = b.add_ptr(dst, rank);
         b.store_masked(dst, tok, Some(is_kept));
         let kept_here = b.sum(keep, 0);
         vec![b.add(c[0], kept_here)]
-    })[0];
-    let pb = b.add_ptr(budget, row);
-    b.store(pb, total);
+    });
+    output::finish_row(&mut b, &k, row, at, total);
     b.finish()
 }
