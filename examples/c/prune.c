@@ -94,7 +94,7 @@ int main(int argc, char **argv) {
   CU(cuMemAlloc(&scratch, 4 * (size_t)ROWS * TILE));
   /* The rows' look-back words: zero once; each launch leaves them zero. */
   CU(cuMemAlloc(&prefix, 4 * (ROWS + 1)));
-  CU(cuMemsetD32(prefix, 0, ROWS + 1));
+  CU(cuMemsetD8(prefix, 0, 4 * (ROWS + 1)));
   CU(cuMemAlloc(&budget, 4 * ROWS));
   CU(cuMemAlloc(&kept_mass, 4 * ROWS));
   CU(cuMemAlloc(&flags, 4 * ROWS));
