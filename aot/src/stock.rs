@@ -7,8 +7,8 @@
 //! | `spgemv_prepare_q_d128_b4` | query to 15-bit fixed point | `q_rows` |
 //! | `spgemv_quant_dp2a_d128_g1_b4_t64_w2_o14` | SpGEMV, MHA default (`dp2a`) | `rows, ceil(max_row_len / 64)` |
 //! | `spgemv_quant_mma_d128_g4_b4_t64_w2_o0` | SpGEMV, GQA 4 default (tensor cores) | `rows, ceil(max_row_len / 64)` |
-//! | `threshold_top_p_t2048_g1_w4` | top-p search, rows of any length (streamed in tiles of 2048, weights staged in `work`), the kept positions written as one CSR list | `rows` |
-//! | `threshold_top_p_s1024_g1_w4_k2_h` | top-p search, rows up to 8192 candidates (weights staged in shared memory, tiles of 1024, 2 pivots a step, the first step from a histogram of the weights; the default there) | `rows` |
+//! | `threshold_top_p_t1024_g1_w4_h` | top-p search, rows of any length (streamed in tiles of 1024, weights staged in `work`, the first step from a histogram of the weights; the default beyond 8192 candidates), the kept positions written as one CSR list | `rows` |
+//! | `threshold_top_p_s1024_g1_w4_h` | top-p search, rows up to 8192 candidates (weights staged in shared memory, tiles of 1024, the first step from a histogram; the default there) | `rows` |
 //! | `attn_split_lists_d128_g4_f16` | group varlen attention over token lists, GQA 4 (tensor cores), balanced split | `programs` |
 //! | `attn_merge_lists_d128_f16` | its merge by log-sum-exp | `q_rows` |
 //! | `attn_split_dense_d128_g4_f16` | dense paged decode attention, GQA 4, chunks of `chunk_tokens` | `rows, chunks` (= its `max_chunks`) |
@@ -111,7 +111,7 @@ fn search_kernel(search: &SearchConfig) -> Result<BundleKernel> {
         config: obj(json!({
             "policy": policy.name, "block": search.block, "group": search.group,
             "num_warps": search.num_warps, "stream": search.stream, "pivots": search.pivots,
-            "shared": search.shared,
+            "shared": search.shared, "histogram": search.histogram,
         })),
     })
 }
@@ -179,15 +179,7 @@ pub fn kernels() -> Result<Vec<BundleKernel>> {
         prepare_q_kernel(128, 4)?,
         spgemv_kernel(&SpgemvConfig::new(128, 16, 1, 4))?,
         spgemv_kernel(&SpgemvConfig::new(128, 16, 4, 4))?,
-        search_kernel(&SearchConfig {
-            block: 2048,
-            group: 1,
-            num_warps: 4,
-            stream: true,
-            pivots: 1,
-            shared: false,
-            histogram: false,
-        })?,
+        search_kernel(&SearchConfig::for_rows(usize::MAX, 1))?,
         search_kernel(&SearchConfig::for_rows(8192, 1))?,
     ]
     .into_iter()

@@ -1,6 +1,6 @@
 /* Twilight's top-p pruning from C: load dusk's stock bundle through libdusk_capi.so, run
  * the fused threshold search over rows of estimated attention scores (one query head per
- * candidate row, rows streamed in tiles of 2048), which writes the kept token positions
+ * candidate row, rows streamed in tiles of 1024), which writes the kept token positions
  * as one CSR list, and check every row against a sort-based oracle computed here in C.
  *
  * Build (see examples/c/README.md):
@@ -18,7 +18,7 @@
 
 enum {
   ROWS = 6,
-  TILE = 2048, /* the stock search streams its rows in tiles of this many candidates */
+  TILE = 1024, /* the stock search streams its rows in tiles of this many candidates */
   MAX_LEN = 8192
 };
 /* Candidates of each row: long, medium, one, none, ... */
@@ -105,7 +105,7 @@ int main(int argc, char **argv) {
   CU(cuMemsetD8(sel_indices, 0xFF, 4 * (size_t)nnz));
   CU(cuMemsetD8(budget, 0xFF, 4 * ROWS));
 
-  DUSK(dusk_threshold_top_p_t2048_g1_w4(stream, dscores, work, scratch, dindptr, dpos, dp,
+  DUSK(dusk_threshold_top_p_t1024_g1_w4_h(stream, dscores, work, scratch, dindptr, dpos, dp,
                                         (float)(SCALE * LOG2_E), sel_indptr, sel_indices, prefix,
                                         budget, kept_mass, flags, ROWS));
   CU(cuStreamSynchronize(stream));

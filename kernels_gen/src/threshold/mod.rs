@@ -154,11 +154,8 @@ pub const MIN_BLOCK: usize = 1024;
 /// no spills). Longer rows stream ([`build_search_streaming`]).
 pub const MAX_BLOCK: usize = 8192;
 
-/// The longest rows the default configuration keeps in registers.
-pub const RESIDENT_ROWS: usize = 4096;
-
-/// The tile of the streaming search for long rows.
-pub const STREAM_TILE: usize = 4096;
+/// The longest rows the default streams on 2 warps.
+pub const SHORT_ROWS: usize = 4096;
 
 impl SearchConfig {
     /// A streaming configuration: tiles of `block` on `num_warps`, `pivots` points a step,
@@ -183,31 +180,26 @@ impl SearchConfig {
     }
 
     /// The default for rows of up to `max_len` candidates, from the configurations timed on
-    /// an H100 (`gpu-check threshold` sweeps them; BENCHMARKS.md has the figures): few warps
+    /// an H100 (`gpu-check threshold` sweeps them; benches/NOTES.md has the figures): every
+    /// default streams the row in tiles of 1024 with the histogram's first step. Few warps
     /// a row win, since each search step's fixed cost (the exchange between warps, the
-    /// scalar bookkeeping every thread repeats) is paid per warp. Rows of up to
-    /// [`RESIDENT_ROWS`] sit in the registers of 4 warps; longer ones stream, with their
-    /// weights in shared memory where they fit ([`shared_row_capacity`]: 8192 candidates
-    /// for one query head a row) in tiles of 1024 on 4 warps, else in tiles of 2048 on 4
-    /// warps up to 8192 candidates (the row stays in L1), of [`STREAM_TILE`] on 8 beyond.
+    /// scalar bookkeeping every thread repeats) is paid per warp: rows of up to
+    /// [`SHORT_ROWS`] on 2 warps, longer ones on 4, with their weights in shared memory
+    /// where they fit ([`shared_row_capacity`]: 8192 candidates for one query head a row).
+    /// Rows held in registers lose since the search writes the CSR list itself: a row
+    /// waiting for the rows before it holds all of its registers.
     pub fn for_rows(max_len: usize, group: usize) -> SearchConfig {
-        let streamed = |block, num_warps, pivots, shared| {
-            SearchConfig::streamed(block, group, num_warps, pivots, shared)
-        };
-        if max_len <= RESIDENT_ROWS {
-            SearchConfig {
-                stream: false,
-                histogram: false,
-                ..streamed(max_len.next_power_of_two().max(MIN_BLOCK), 4, 1, false)
-            }
+        let streamed =
+            |num_warps, shared| SearchConfig::streamed(1024, group, num_warps, 1, shared);
+        if max_len <= SHORT_ROWS {
+            // 4096 candidates: 152.6 us; in registers on 4 warps 177.3 (e759827).
+            streamed(2, false)
         } else if max_len <= shared_row_capacity(group) {
-            // Staged in shared memory, tiles of 1024, two pivots a step: 260.8 us against
-            // 293.3 streaming from L1 at 8192 candidates (commit 1e90c20, NOTES.md).
-            streamed(1024, 4, 2, true)
-        } else if max_len <= 8192 {
-            streamed(2048, 4, 1, false)
+            // 8192 candidates: 240.8 us; streamed from L1 and L2 252.2 (e759827).
+            streamed(4, true)
         } else {
-            streamed(STREAM_TILE, 8, 1, false)
+            // 32768 candidates: 914.1 us; tiles of 4096 on 8 warps 1023.0 (e759827).
+            streamed(4, false)
         }
     }
 }
