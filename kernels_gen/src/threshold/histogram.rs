@@ -16,13 +16,14 @@
 //! rows of up to [`MAX_ROW`] candidates). Every weight in bucket `j` is its edge `E_j` plus
 //! its low bits times the bucket's unit in the last place, so the bucket's mass is
 //! `count * E_j + low_sum * ulp_j`, exact before its conversion to f32: the masses at the
-//! edges differ from an ordered sum by rounding only.
+//! edges differ from an ordered sum by rounding only. Rows of at most [`ONE_PART_ROW`]
+//! (those staged in shared memory) sum the low bits in one part: one atomic and 2 KiB less.
 
 use super::search::{holds_at, RowTotals, Tally};
 use super::{Policy, SearchTarget};
 use dusk_compiler::{DType, KernelBuilder, Value};
 
-/// Buckets of the histogram (three i32 each: 6 KiB of shared memory).
+/// Buckets of the histogram (two or three i32 each: 4 or 6 KiB of shared memory).
 pub(super) const BUCKETS: usize = 512;
 
 /// Mantissa bits in a bucket index beside the exponent: 32 buckets an octave.
@@ -37,15 +38,19 @@ const LOW_PART: u32 = 9;
 /// The longest rows whose bucket sums cannot overflow (each part under 2^9 a candidate).
 pub const MAX_ROW: usize = 1 << 22;
 
+/// The longest rows whose low bits sum in one part (under 2^18 a candidate, 2^31 in all).
+pub(super) const ONE_PART_ROW: usize = 1 << 13;
+
 /// The bucket index of the pattern of `1.0` (the row maximum's `e`) is `BUCKETS - 1`; this
 /// is what is taken off a pattern's leading bits to get its bucket.
 const BASE: i32 = (0x3F80_0000u32 >> SHIFT) as i32 - (BUCKETS as i32 - 1);
 
-/// The histogram's blocks of shared memory, i32 a bucket: counts, and the sums of the high
-/// and the low part of the weights' bits below their bucket's.
+/// The histogram's blocks of shared memory, i32 a bucket: counts, and the sums of the low
+/// and (for rows longer than [`ONE_PART_ROW`]) the high part of the weights' bits below
+/// their bucket's.
 pub(super) struct Histogram {
     count: Value,
-    high: Value,
+    high: Option<Value>,
     low: Value,
     /// Positions of the running sums over the buckets: `BUCKETS`, or more on programs too
     /// wide for a scan of that many (4 a thread); those past the buckets hold nothing.
@@ -54,11 +59,11 @@ pub(super) struct Histogram {
 
 impl Histogram {
     /// Allocates the buckets (once a kernel; [`Histogram::clear`] before each row) of a
-    /// program of `num_warps`.
-    pub(super) fn new(b: &mut KernelBuilder, num_warps: u32) -> Histogram {
+    /// program of `num_warps`, for rows of at most [`ONE_PART_ROW`] (`short`) or longer.
+    pub(super) fn new(b: &mut KernelBuilder, num_warps: u32, short: bool) -> Histogram {
         Histogram {
             count: b.shared_alloc(DType::I32, BUCKETS),
-            high: b.shared_alloc(DType::I32, BUCKETS),
+            high: (!short).then(|| b.shared_alloc(DType::I32, BUCKETS)),
             low: b.shared_alloc(DType::I32, BUCKETS),
             scan: BUCKETS.max(128 * num_warps as usize),
         }
@@ -70,13 +75,21 @@ impl Histogram {
         let zero = b.i32(0);
         let zeros = b.splat(zero, &[BUCKETS]);
         // The addresses first, so that the stores' barriers are back to back (and merge).
-        let ptrs: Vec<Value> = [self.count, self.high, self.low]
+        let ptrs: Vec<Value> = self
+            .blocks()
             .iter()
             .map(|block| b.add_ptr(*block, all))
             .collect();
         for p in ptrs {
             b.store(p, zeros);
         }
+    }
+
+    fn blocks(&self) -> Vec<Value> {
+        [Some(self.count), self.high, Some(self.low)]
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     /// Adds a block of weights `es` (where `valid`) to the buckets.
@@ -91,14 +104,21 @@ impl Histogram {
         let bucket = b.minimum(bucket, last);
         let below = b.i32((1 << SHIFT) - 1);
         let rest = b.and(bits, below);
-        let part = b.i32(LOW_PART as i32);
-        let high = b.shr(rest, part);
-        let low_mask = b.i32((1 << LOW_PART) - 1);
-        let low = b.and(rest, low_mask);
         let shape = b.ty(es).shape.clone();
         let one = b.i32(1);
         let ones = b.splat(one, &shape);
-        let adds: Vec<(Value, Value)> = [(self.count, ones), (self.high, high), (self.low, low)]
+        let mut parts = vec![(self.count, ones)];
+        match self.high {
+            Some(high) => {
+                let part = b.i32(LOW_PART as i32);
+                let upper = b.shr(rest, part);
+                let low_mask = b.i32((1 << LOW_PART) - 1);
+                let lower = b.and(rest, low_mask);
+                parts.extend([(high, upper), (self.low, lower)]);
+            }
+            None => parts.push((self.low, rest)),
+        }
+        let adds: Vec<(Value, Value)> = parts
             .iter()
             .map(|(block, v)| (b.add_ptr(*block, bucket), *v))
             .collect();
@@ -117,7 +137,8 @@ impl Histogram {
     }
 
     /// The masses and counts of buckets `j` (a block of bucket indices; nothing below 1)
-    /// from their counts and low-bit sums: `count * E_j + (high * 2^LOW_PART + low) * ulp_j`.
+    /// from their counts and low-bit sums: `count * E_j + (high * 2^LOW_PART + low) * ulp_j`
+    /// (`low` alone in one part).
     fn masses(&self, b: &mut KernelBuilder, j: Value) -> (Value, Value) {
         let zero_i = b.i32(0);
         let inside = b.ge(j, zero_i);
@@ -125,7 +146,7 @@ impl Histogram {
             let p = b.add_ptr(block, j);
             b.load_masked(p, Some(inside), None)
         };
-        let (count, high, low) = (load(b, self.count), load(b, self.high), load(b, self.low));
+        let (count, low) = (load(b, self.count), load(b, self.low));
         let e = Self::edge(b, j);
         // ulp_j: the power of two of E_j's exponent, 23 binades down.
         let bits = b.bitcast(e, DType::I32);
@@ -135,11 +156,17 @@ impl Histogram {
         let ulp_bits = b.sub(exp, down);
         let ulp = b.bitcast(ulp_bits, DType::F32);
         let count_f = b.cast(count, DType::F32);
-        let high_f = b.cast(high, DType::F32);
         let low_f = b.cast(low, DType::F32);
-        let scale = b.f32((1u32 << LOW_PART) as f32);
-        let units = b.mul(high_f, scale);
-        let units = b.add(units, low_f);
+        let units = match self.high {
+            Some(block) => {
+                let high = load(b, block);
+                let high_f = b.cast(high, DType::F32);
+                let scale = b.f32((1u32 << LOW_PART) as f32);
+                let units = b.mul(high_f, scale);
+                b.add(units, low_f)
+            }
+            None => low_f,
+        };
         let at_edge = b.mul(count_f, e);
         let above = b.mul(units, ulp);
         let mass = b.add(at_edge, above);

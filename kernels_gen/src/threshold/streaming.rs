@@ -2,7 +2,7 @@
 //! in a workspace (global memory, or the program's shared memory for rows that fit) that
 //! every step reads back, the last steps run on a gathered tile.
 
-use super::histogram::Histogram;
+use super::histogram::{Histogram, ONE_PART_ROW};
 use super::search::{
     self, finish, initial_bracket, load_params, needs_bounds, reduce_terms, search_steps, tally,
     tally_terms, Outputs, RowTotals, Tally,
@@ -93,10 +93,12 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     // nearest-element statistic, which a gathered tile cannot give), they are gathered
     // into the query row's scratch tile and the last steps run in registers.
     let gather = !bounds;
-    // The histogram's first step, for policies with a target to aim it.
+    // The histogram's first step, for policies with a target to aim it; rows staged in
+    // shared memory are short enough for its one-part sums.
+    const _: () = assert!(SHARED_ROW <= ONE_PART_ROW);
     let histogram = match policy.target {
         Some(target) if cfg.histogram && gather => {
-            Some((Histogram::new(&mut b, cfg.num_warps), target))
+            Some((Histogram::new(&mut b, cfg.num_warps, cfg.shared), target))
         }
         _ => None,
     };
