@@ -1027,3 +1027,38 @@ fn atomic_adds_build_a_histogram_by_float_bits() {
     }
     assert_eq!(c, want_c);
 }
+
+/// `load_fresh` with global `atomic_add`: each program adds its value to its own word and
+/// to a total, then reads every earlier program's word (programs run in order here, as
+/// they start in order on a GPU): a running sum across programs.
+#[test]
+fn load_fresh_reads_what_earlier_programs_added() {
+    let mut b = KernelBuilder::new("running_sum");
+    let words = b.param_ptr("words", DType::I32);
+    let total = b.param_ptr("total", DType::I32);
+    let out = b.param_ptr("out", DType::I32);
+    let pid = b.program_id(0);
+    let v = b.mul_c(pid, 3);
+    let v = b.add_c(v, 1);
+    let mine = b.add_ptr(words, pid);
+    b.atomic_add(mine, v, None);
+    b.atomic_add(total, v, None);
+    let i = b.arange(0, 16);
+    let before = b.lt(i, pid);
+    let p = b.add_ptr(words, i);
+    let seen = b.load_fresh(p, Some(before));
+    let sum = b.sum(seen, 0);
+    let o = b.add_ptr(out, pid);
+    b.store(o, sum);
+    let k = b.finish().unwrap();
+    assert!(dusk_compiler::print::print_kernel(&k).contains("load_fresh"));
+    let programs = 10;
+    let mut w = i32_bytes(&[0; 16]);
+    let mut t = i32_bytes(&[5]);
+    let mut o = i32_bytes(&[0; 10]);
+    let mut bufs = [&mut w[..], &mut t, &mut o];
+    run(&k, [programs, 1, 1], &[ptr(0), ptr(1), ptr(2)], &mut bufs).unwrap();
+    let want: Vec<i32> = (0..10).map(|p| (0..p).map(|q| 3 * q + 1).sum()).collect();
+    assert_eq!(bytes_i32(&o), want);
+    assert_eq!(bytes_i32(&t), [5 + (0..10).map(|q| 3 * q + 1).sum::<i32>()]);
+}

@@ -463,6 +463,13 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
         for target in [Target::sm90a(), Target::sm80()] {
             let stages = compile_stages(&k, &target).unwrap();
             if k.name.starts_with("threshold_top") {
+                // Each row publishes its budget and reads the rows before it from L2.
+                assert!(stages.ptx.contains("red.global.add.u32"), "{}", k.name);
+                assert!(
+                    stages.ptx.contains("ld.relaxed.gpu.global.u32"),
+                    "{}",
+                    k.name
+                );
                 // Each search step's where/sum/min/max is one fused pass.
                 assert!(
                     stages.fused_ir.contains("multi_reduce"),
