@@ -269,14 +269,7 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
             let Some(d) = p.elem.pointee() else {
                 return Err(format!("load needs a pointer, found {p}"));
             };
-            if let Some(m) = mask {
-                let m = ty(*m);
-                if m != p.with_elem(Elem::Num(DType::Bool)) {
-                    return Err(format!(
-                        "load mask must be i1 of the pointer's shape, found {m}"
-                    ));
-                }
-            }
+            check_mask(&p, mask.map(ty), "load")?;
             if let Some(o) = other {
                 let o = ty(*o);
                 if o != p.with_elem(Elem::Num(d)) {
@@ -299,14 +292,7 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
                     p.with_elem(Elem::Num(d))
                 ));
             }
-            if let Some(m) = mask {
-                let m = ty(*m);
-                if m != p.with_elem(Elem::Num(DType::Bool)) {
-                    return Err(format!(
-                        "store mask must be i1 of the pointer's shape, found {m}"
-                    ));
-                }
-            }
+            check_mask(&p, mask.map(ty), "store")?;
             Ok(vec![])
         }
         LoadFresh { ptr, mask } => {
@@ -316,14 +302,7 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
                     "load_fresh needs an i32 pointer to global memory, found {p}"
                 ));
             }
-            if let Some(m) = mask {
-                let m = ty(*m);
-                if m != p.with_elem(Elem::Num(DType::Bool)) {
-                    return Err(format!(
-                        "load_fresh mask must be i1 of the pointer's shape, found {m}"
-                    ));
-                }
-            }
+            check_mask(&p, mask.map(ty), "load_fresh")?;
             one(p.with_elem(Elem::Num(DType::I32)))
         }
         AtomicAdd { ptr, value, mask } => {
@@ -338,14 +317,7 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
                     p.with_elem(Elem::Num(d))
                 ));
             }
-            if let Some(m) = mask {
-                let m = ty(*m);
-                if m != p.with_elem(Elem::Num(DType::Bool)) {
-                    return Err(format!(
-                        "atomic_add mask must be i1 of the pointer's shape, found {m}"
-                    ));
-                }
-            }
+            check_mask(&p, mask.map(ty), "atomic_add")?;
             Ok(vec![])
         }
         Arrive { counter } => {
@@ -365,14 +337,7 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
                     "prefetch bytes must be a multiple of 128 up to 4096, found {bytes}"
                 ));
             }
-            if let Some(m) = mask {
-                let m = ty(*m);
-                if m != p.with_elem(Elem::Num(DType::Bool)) {
-                    return Err(format!(
-                        "prefetch mask must be i1 of the pointer's shape, found {m}"
-                    ));
-                }
-            }
+            check_mask(&p, mask.map(ty), "prefetch")?;
             Ok(vec![])
         }
         Reduce { op: _, value, axis } => {
@@ -638,5 +603,15 @@ pub(crate) fn format_loc(loc: &Loc) -> String {
         String::new()
     } else {
         format!(" at {}:{}", loc.file, loc.line)
+    }
+}
+
+/// A memory op's optional `mask`: i1 of its pointer's shape.
+fn check_mask(p: &Type, mask: Option<Type>, op: &str) -> Result<(), String> {
+    match mask {
+        Some(m) if m != p.with_elem(Elem::Num(DType::Bool)) => Err(format!(
+            "{op} mask must be i1 of the pointer's shape, found {m}"
+        )),
+        _ => Ok(()),
     }
 }

@@ -1818,6 +1818,33 @@ impl<'c, 'k> Lower<'c, 'k> {
         Ok(())
     }
 
+    /// Each element of `ptr` this thread owns (replicas stay silent), as an i64 address,
+    /// with the condition to access it: ownership and `mask` (`None`: always).
+    fn owned_addresses(
+        &mut self,
+        ptr: ValueId,
+        mask: Option<ValueId>,
+    ) -> R<Vec<(Option<IntValue<'c>>, IntValue<'c>)>> {
+        let l = self.layouts.get(ptr).clone();
+        let ps = self.elems(ptr);
+        let ms = mask.map(|m| self.elems(m));
+        let owner = self.owner(&l)?;
+        let i64t = self.ctx.i64_type();
+        let mut out = Vec::with_capacity(ps.len());
+        for (i, p) in ps.iter().enumerate() {
+            let cond = match (owner, ms.as_ref().map(|m| m[i].into_int_value())) {
+                (Some(a), Some(b)) => Some(self.b.build_and(a, b, "").map_err(|x| self.err(x))?),
+                (a, b) => a.or(b),
+            };
+            let addr = self
+                .b
+                .build_ptr_to_int(p.into_pointer_value(), i64t, "")
+                .map_err(|x| self.err(x))?;
+            out.push((cond, addr));
+        }
+        Ok(out)
+    }
+
     /// [`OpKind::AtomicAdd`]: a `red.add` (relaxed; inkwell's `atomicrmw` takes integers
     /// only) of each element this thread owns (replicas stay silent) where `mask` holds;
     /// into shared memory between barriers, as a store is.
@@ -1826,10 +1853,12 @@ impl<'c, 'k> Lower<'c, 'k> {
             unreachable!("verified")
         };
         let shared = matches!(self.ty_of(ptr).elem, Elem::SharedPtr(_));
-        let l = self.layouts.get(ptr).clone();
-        let (ps, xs) = (self.elems(ptr), self.elems(value));
-        let ms = mask.map(|m| self.elems(m));
-        let owner = self.owner(&l)?;
+        // The barrier first: right after another write's, the two merge.
+        if shared {
+            self.barrier()?;
+        }
+        let xs = self.elems(value);
+        let at = self.owned_addresses(ptr, mask)?;
         let i64t = self.ctx.i64_type();
         let (ty, reg): (BasicTypeEnum, _) = if d == DType::F32 {
             (self.ctx.f32_type().into(), ("f32", "f"))
@@ -1850,18 +1879,7 @@ impl<'c, 'k> Lower<'c, 'k> {
             None,
             false,
         );
-        if shared {
-            self.barrier()?;
-        }
-        for (i, (p, x)) in ps.iter().zip(&xs).enumerate() {
-            let cond = match (owner, ms.as_ref().map(|m| m[i].into_int_value())) {
-                (Some(a), Some(b)) => Some(self.b.build_and(a, b, "").map_err(|x| self.err(x))?),
-                (a, b) => a.or(b),
-            };
-            let addr = self
-                .b
-                .build_ptr_to_int(p.into_pointer_value(), i64t, "")
-                .map_err(|x| self.err(x))?;
+        for ((cond, addr), x) in at.into_iter().zip(&xs) {
             self.guarded(cond, |s| {
                 s.b.build_indirect_call(fn_t, asm, &[addr.into(), (*x).into()], "")
                     .map_err(|x| s.err(x))?;
@@ -1986,10 +2004,7 @@ impl<'c, 'k> Lower<'c, 'k> {
     /// `prefetch.global.L2` on each 128-byte line of `bytes` at each pointer this thread
     /// owns (replicas stay silent) where `mask` holds.
     fn prefetch(&mut self, ptr: ValueId, mask: Option<ValueId>, bytes: u32) -> R<()> {
-        let l = self.layouts.get(ptr).clone();
-        let ps = self.elems(ptr);
-        let ms = mask.map(|m| self.elems(m));
-        let owner = self.owner(&l)?;
+        let at = self.owned_addresses(ptr, mask)?;
         let i64t = self.ctx.i64_type();
         let fn_t = self.ctx.void_type().fn_type(&[i64t.into()], false);
         let asm = self.ctx.create_inline_asm(
@@ -2001,15 +2016,7 @@ impl<'c, 'k> Lower<'c, 'k> {
             None,
             false,
         );
-        for (i, p) in ps.iter().enumerate() {
-            let cond = match (owner, ms.as_ref().map(|m| m[i].into_int_value())) {
-                (Some(a), Some(b)) => Some(self.b.build_and(a, b, "").map_err(|x| self.err(x))?),
-                (a, b) => a.or(b),
-            };
-            let addr = self
-                .b
-                .build_ptr_to_int(p.into_pointer_value(), i64t, "")
-                .map_err(|x| self.err(x))?;
+        for (cond, addr) in at {
             self.guarded(cond, |s| {
                 for line in 0..bytes / 128 {
                     let at =
