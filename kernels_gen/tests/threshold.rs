@@ -226,17 +226,27 @@ fn gqa_keeps_the_union_of_the_group() {
     }
     let cand = TokenLists { indptr, indices };
     let p = 0.9;
-    let mut plan = PrunePlan::new(
-        &dusk,
-        &top_p::POLICY,
-        &cand,
-        group,
-        0.5,
-        &[ParamValues::Uniform(p)],
-    )
-    .unwrap();
+    let params = [ParamValues::Uniform(p)];
+    // The default (streamed from `work`), then staged in shared memory (the positions
+    // compacted there before the rows' look-back), bisecting and from the histogram.
+    let default = PrunePlan::new(&dusk, &top_p::POLICY, &cand, group, 0.5, &params).unwrap();
+    let staged = |histogram| SearchConfig {
+        histogram,
+        ..SearchConfig::streamed(1024, group, 4, 1, true)
+    };
+    let plans = [false, true].map(|h| {
+        PrunePlan::with_config(&dusk, &top_p::POLICY, &cand, staged(h), 0.5, &params).unwrap()
+    });
     let s = dusk.device().upload(&scores).unwrap();
-    plan.run(&dusk, &s).unwrap();
+    for mut plan in [default].into_iter().chain(plans) {
+        plan.poison_outputs(&dusk, 0xFF).unwrap();
+        plan.run(&dusk, &s).unwrap();
+        check_union(&plan, &lens, &heads, group, p);
+    }
+}
+
+/// Each candidate row's kept set is the union of its query heads' oracle sets.
+fn check_union(plan: &PrunePlan, lens: &[usize], heads: &[Vec<f32>], group: usize, p: f64) {
     let sel_indptr = plan.sel_indptr().download().unwrap();
     let sel = plan.sel_indices().download().unwrap();
     for (r, &n) in lens.iter().enumerate() {
@@ -252,7 +262,12 @@ fn gqa_keeps_the_union_of_the_group() {
         for t in &sel[sel_indptr[r] as usize..sel_indptr[r + 1] as usize] {
             kept[*t as usize] = true;
         }
-        assert_eq!(kept, union, "candidate row {r} ({n} candidates)");
+        assert_eq!(
+            kept,
+            union,
+            "candidate row {r} ({n} candidates), {:?}",
+            plan.config()
+        );
     }
 }
 

@@ -29,22 +29,26 @@ const WINDOW: usize = 128;
 /// runs.
 const SPIN: i32 = 64;
 
-/// The offset in `sel_indices` of row `row`'s `total` kept positions (see the module
-/// docs). Returns the offset and whether it was found (false only if the wait gave up).
-pub(super) fn row_offset(
-    b: &mut KernelBuilder,
-    k: &SearchKernel,
-    row: Value,
-    total: Value,
-) -> (Value, Value) {
+/// Publishes row `row`'s budget `total` in its word (row 0's as its inclusive prefix):
+/// as early as the budget is known, since every row after it waits for it.
+pub(super) fn publish(b: &mut KernelBuilder, k: &SearchKernel, row: Value, total: Value) {
     let zero = b.i32(0);
     let first = b.eq(row, zero);
     let word = b.add_ptr(k.prefix, row);
-    // Row 0's prefix is its budget; every other row's budget goes out first.
     let (agg, inc) = (b.i32(AGGREGATE), b.i32(INCLUSIVE));
     let flag = b.select(first, inc, agg);
     let published = b.or(total, flag);
     b.atomic_add(word, published, None);
+}
+
+/// The offset in `sel_indices` of row `row`'s kept positions, once [`publish`] has put out
+/// its budget (see the module docs); publishes the row's inclusive prefix. Returns the
+/// offset and whether it was found (false only if the wait gave up).
+pub(super) fn look_back(b: &mut KernelBuilder, k: &SearchKernel, row: Value) -> (Value, Value) {
+    let zero = b.i32(0);
+    let first = b.eq(row, zero);
+    let word = b.add_ptr(k.prefix, row);
+    let (agg, inc) = (b.i32(AGGREGATE), b.i32(INCLUSIVE));
     let init = [row, zero, first];
     let (s_lo, s_hi, one) = (b.i32(0), b.i32(SPIN), b.i32(1));
     let found = b.for_range(s_lo, s_hi, one, &init, |b, _, outer| {
@@ -164,4 +168,15 @@ pub(super) fn finish_row(
             vec![]
         });
     });
+}
+
+/// [`publish`] then [`look_back`]: the offset of a row whose budget is known at its end.
+pub(super) fn row_offset(
+    b: &mut KernelBuilder,
+    k: &SearchKernel,
+    row: Value,
+    total: Value,
+) -> (Value, Value) {
+    publish(b, k, row, total);
+    look_back(b, k, row)
 }
