@@ -183,20 +183,19 @@ impl SearchConfig {
     /// an H100 (`gpu-check threshold` sweeps them; benches/NOTES.md has the figures): every
     /// default streams the row in tiles of 1024 with the histogram's first step. Few warps
     /// a row win, since each search step's fixed cost (the exchange between warps, the
-    /// scalar bookkeeping every thread repeats) is paid per warp: rows of up to
-    /// [`SHORT_ROWS`] on 2 warps, longer ones on 4, with their weights in shared memory
-    /// where they fit ([`shared_row_capacity`]: 8192 candidates for one query head a row).
-    /// Rows held in registers lose since the search writes the CSR list itself: a row
-    /// waiting for the rows before it holds all of its registers.
+    /// scalar bookkeeping every thread repeats) is paid per warp: 4 warps with the weights
+    /// in shared memory where they fit ([`shared_row_capacity`]: 8192 candidates for one
+    /// query head a row), else 2 warps up to [`SHORT_ROWS`] and 4 beyond. Rows held in
+    /// registers lose since the search writes the CSR list itself: a row waiting for the
+    /// rows before it holds all of its registers.
     pub fn for_rows(max_len: usize, group: usize) -> SearchConfig {
         let streamed =
             |num_warps, shared| SearchConfig::streamed(1024, group, num_warps, 1, shared);
-        if max_len <= SHORT_ROWS {
-            // 4096 candidates: 152.6 us; in registers on 4 warps 177.3 (e759827).
-            streamed(2, false)
-        } else if max_len <= shared_row_capacity(group) {
-            // 8192 candidates: 240.8 us; streamed from L1 and L2 252.2 (e759827).
+        if max_len <= shared_row_capacity(group) {
+            // 8192 candidates: 195.7 us, 4096: 137.3; from `work` 4096: 147.9 (3020adf).
             streamed(4, true)
+        } else if max_len <= SHORT_ROWS {
+            streamed(2, false)
         } else {
             // 32768 candidates: 914.1 us; tiles of 4096 on 8 warps 1023.0 (e759827).
             streamed(4, false)
