@@ -4,14 +4,16 @@
 # `gpu-check threshold` with the sweep, then ncu on the default search at 8192 candidates
 # with and without the histogram. Results and logs go to $OUT.
 #
-#   OUT=$OUT bash benches/device_threshold.sh COMMIT DATE
+#   OUT=$OUT bash benches/device_threshold.sh COMMIT DATE [quick]
+#
+# `quick`: the defaults only (no sweep, no ncu).
 #
 # Carry `.device` with `gpu-check` (../shared/tools/device-stage --release -p dusk-bench
 # --bin gpu-check) and FlashInfer's wheels in .device/whl (../shared/tools/device-wheels);
 # optional: `.device/prune-c` and `libdusk_capi.so` (cargo build --release -p dusk-capi,
 # then examples/c/README.md's gcc line with -o .device/prune-c).
 set -u
-commit=${1:?commit} date=${2:?date}
+commit=${1:?commit} date=${2:?date} quick=${3:-}
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/whl/*.whl 2>&1 | tail -1
 export PYTHONPATH=/tmp/site
 cd .device
@@ -24,12 +26,13 @@ fi
 python3 ../benches/baselines/topp_peers.py --out "$OUT/topp.json" > "$OUT/peers.log" 2>&1
 tail -4 "$OUT/peers.log" | cut -c1-300
 ./gpu-check threshold --peer "$OUT/topp.json" --out "$OUT/threshold_search.json" \
-  --commit "$commit" --date "$date" > "$OUT/bench.log" 2>&1
+  --commit "$commit" --date "$date" ${quick:+--no-sweep} > "$OUT/bench.log" 2>&1
 grep -v '^ \|^{\|^}' "$OUT/bench.log" | head -12
 for n in 8192 32768 4096; do
   echo "fastest at $n:"
   awk "/x $n:/{f=1;next} /top-p/{f=0} f" "$OUT/bench.log" | sort -t: -k2 -n | head -6
 done
+[ -n "$quick" ] && exit 0
 for h in "" --no-histogram; do
   timeout 150 ncu --section SpeedOfLight --section WarpStateStats --section Occupancy \
     --section LaunchStats --section InstructionStats -k regex:threshold --launch-skip 4 \

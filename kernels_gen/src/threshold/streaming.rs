@@ -331,9 +331,9 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         let valid = b.lt(offs, n);
         (offs, valid)
     };
-    // Ordered compaction, a tile at a time: each kept position to `dst[rank - 1]`;
-    // returns how many were kept.
-    let compact = |b: &mut KernelBuilder, dst: Value| -> Value {
+    // Ordered compaction, a tile at a time: each kept position to `dst[rank - 1]` (dst
+    // from the tile's start), masked by `ok`; returns how many were kept.
+    let compact = |b: &mut KernelBuilder, dst: Value, ok: Value| -> Value {
         let zero_i = b.i32(0);
         b.for_range(zero_i, n, tile_i, &[zero_i], |b, t0, c| {
             let (offs, valid) = tile_at(b, t0);
@@ -342,6 +342,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             let one = b.i32(1);
             let one_b = b.splat(one, &[tile]);
             let is_kept = b.eq(keep, one_b);
+            let is_kept = b.and(is_kept, ok);
             let src_row = b.add_ptr(indices, start64);
             let src = b.add_ptr(src_row, offs);
             let tok = b.load_masked(src, Some(is_kept), None);
@@ -358,29 +359,54 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     if group == 1 {
         output::publish(&mut b, &k, row, found[1]);
     }
-    // The positions are compacted over the weights (the shared staging, or the row's
-    // `work`; a tile's writes land below its end, after its reads: the scan between them
-    // is a barrier) before the wait for the rows before this one, then copied out once
-    // the row's place in the list is known.
-    let first_head = weights_row(&mut b, zero_i);
-    let positions = b.ptr_cast(first_head, DType::I32);
-    let total = compact(&mut b, positions);
-    if group > 1 {
-        output::publish(&mut b, &k, row, total);
-    }
-    let at = output::look_back(&mut b, &k, row);
-    let dst_row = b.add_ptr(sel_indices, at.0);
-    b.for_range(zero_i, total, tile_i, &[], |b, t0, _| {
-        let ar = b.arange(0, tile as i64);
-        let i = b.add(ar, t0);
-        let inside = b.lt(i, total);
-        let inside = b.and(inside, at.1);
-        let src = b.add_ptr(positions, i);
-        let v = b.load_masked(src, Some(inside), None);
-        let dst = b.add_ptr(dst_row, i);
-        b.store_masked(dst, v, Some(inside));
-        vec![]
-    });
+    let (at, total) = match staging {
+        // Staged: the positions are compacted over the weights (a tile's writes land below
+        // its end, after its reads) before the wait for the rows before this one, then
+        // copied out once the row's place in the list is known.
+        Some(st) => {
+            let positions = b.ptr_cast(st, DType::I32);
+            let t = b.bool(true);
+            let total = compact(&mut b, positions, t);
+            if group > 1 {
+                output::publish(&mut b, &k, row, total);
+            }
+            let at = output::look_back(&mut b, &k, row);
+            let dst_row = b.add_ptr(sel_indices, at.0);
+            b.for_range(zero_i, total, tile_i, &[], |b, t0, _| {
+                let ar = b.arange(0, tile as i64);
+                let i = b.add(ar, t0);
+                let inside = b.lt(i, total);
+                let inside = b.and(inside, at.1);
+                let src = b.add_ptr(positions, i);
+                let v = b.load_masked(src, Some(inside), None);
+                let dst = b.add_ptr(dst_row, i);
+                b.store_masked(dst, v, Some(inside));
+                vec![]
+            });
+            (at, total)
+        }
+        // In `work`: the budget (counted for a group's union), the place, then the
+        // compaction straight into it.
+        None => {
+            let total = if group == 1 {
+                found[1]
+            } else {
+                let per = b.splat(zero_i, &[tile]);
+                let counts = b.for_range(zero_i, n, tile_i, &[per], |b, t0, c| {
+                    let (offs, valid) = tile_at(b, t0);
+                    let keep = union(b, offs, valid);
+                    vec![b.add(c[0], keep)]
+                });
+                let total = b.sum(counts[0], 0);
+                output::publish(&mut b, &k, row, total);
+                total
+            };
+            let at = output::look_back(&mut b, &k, row);
+            let dst_row = b.add_ptr(sel_indices, at.0);
+            compact(&mut b, dst_row, at.1);
+            (at, total)
+        }
+    };
     output::finish_row(&mut b, &k, row, at, total);
     b.finish()
 }

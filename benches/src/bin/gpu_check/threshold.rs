@@ -8,7 +8,8 @@
 //!    rotated over two sets larger than L2 together, beside the peers' times (`--peer`,
 //!    written by `benches/baselines/topp_peers.py` in the same command). `--profile N`
 //!    skips the checks and the sweep and times the default for rows of N candidates only
-//!    (for ncu; `--no-histogram` without the histogram's first step).
+//!    (for ncu; `--no-histogram` without the histogram's first step); `--no-sweep` times
+//!    the defaults only.
 //!
 //!     gpu-check threshold --peer peers.json --out benches/results/threshold_search.json
 
@@ -388,7 +389,11 @@ pub fn run() -> Res<()> {
         );
         // Other configurations beside the default, same inputs (tuning's raw material).
         let mut others = vec![];
-        let sweep = if profile.is_some() { vec![] } else { sweep(n) };
+        let sweep = if profile.is_some() || flag("--no-sweep") {
+            vec![]
+        } else {
+            sweep(n)
+        };
         for cfg in sweep {
             let mut alt = PrunePlan::with_config(
                 &dusk,
