@@ -10,13 +10,15 @@
 //!
 //! Per row: softmax statistics (the row maximum, `e_i = 2^((s_i - max) * scale * log2 e)`
 //! and their sum `z`; weights are `e / z`, the maximum's `e` is exactly 1), then a bracket
-//! `[lo, hi)` with the policy holding at `lo` and failing at `hi`, narrowed by steps that
+//! `[lo, hi)` with the policy holding at `lo` and failing at `hi` (in the streamed search
+//! first narrowed to one bucket of a histogram of the weights' bits, `histogram.rs`),
+//! narrowed by steps that
 //! each tally (mass and count) the sets at one or a few points inside it in one pass over
 //! the row, until the sets at the two ends differ by one candidate (`search.rs` has the
 //! details). The tallies are written as separate `where`/`sum` calls; the compiler's
 //! `fuse_reductions` pass makes each step's one pass with one exchange between warps. The
-//! kept positions are then compacted in order (a prefix sum) and packed into one CSR list
-//! (`pack.rs`).
+//! kept positions are then compacted in order (a prefix sum) into one CSR list for all
+//! rows, each row finding its place by a look-back over the rows before it (`output.rs`).
 //!
 //! Where the row lives: in registers ([`build_search`], rows up to [`MAX_BLOCK`]), or
 //! streamed through tiles with the weights staged in a workspace
