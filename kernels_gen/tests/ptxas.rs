@@ -479,14 +479,11 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
             }
             let arch = target.arch_name();
             let report = assemble(&ptxas, &stages.ptx, &arch, &k.name);
-            // The shared-memory staging: ptxas settles on 96 registers and spills a word
-            // or so around the barriers of its stores (4 bytes on sm_90a); the histogram's
-            // adds on tiles of 16 a thread (GQA 4, 8 warps: 12 bytes at 128 registers on
-            // sm_90a, 20 on sm_80). Allowed up to 16, and 32 with the histogram.
-            let allowed = if k.name.ends_with("_h") {
-                32
-            } else if k.name.starts_with("threshold_top_p_s") {
-                16
+            // The streamed search's histogram and staging: ptxas spills a word or two
+            // around the barriers of their shared-memory writes (at most 8 bytes: tiles of
+            // 2048 staged, GQA 8 from `work`, sm_90a). Allowed up to 8 there.
+            let allowed = if k.name.ends_with("_h") || k.name.starts_with("threshold_top_p_s") {
+                8
             } else {
                 0
             };
