@@ -24,10 +24,13 @@ pub const MAX_TOTAL: usize = (1 << 29) - 1;
 /// Rows a look-back step reads at once.
 const WINDOW: usize = 128;
 
-/// Look-back steps before a row gives up waiting (rows then keep nothing and are flagged
-/// 2): `SPIN * SPIN` reads of a window, milliseconds, far beyond any wait for a row that
-/// runs.
-const SPIN: i32 = 64;
+/// Look-back steps before a row gives up waiting (its budget is then -1 and it writes
+/// nothing): `SPIN^SPIN_LEVELS` reads of a window (160000, a tenth of a second at least),
+/// far beyond any wait for rows that run (a row of 32768 candidates searches in well under
+/// a millisecond). A row that finds its place at once skips `SPIN - 1` iterations a level
+/// (deeper nests make ptxas spill in the kernels holding rows in registers).
+const SPIN: i32 = 20;
+const SPIN_LEVELS: u32 = 4;
 
 /// Publishes row `row`'s budget `total` in its word (row 0's as its inclusive prefix):
 /// as early as the budget is known, since every row after it waits for it.
@@ -50,21 +53,7 @@ pub(super) fn look_back(b: &mut KernelBuilder, k: &SearchKernel, row: Value) -> 
     let word = b.add_ptr(k.prefix, row);
     let (agg, inc) = (b.i32(AGGREGATE), b.i32(INCLUSIVE));
     let init = [row, zero, first];
-    let (s_lo, s_hi, one) = (b.i32(0), b.i32(SPIN), b.i32(1));
-    let found = b.for_range(s_lo, s_hi, one, &init, |b, _, outer| {
-        let waiting = b.not(outer[2]);
-        b.if_else(
-            waiting,
-            |b| {
-                let (s_lo, s_hi, one) = (b.i32(0), b.i32(SPIN), b.i32(1));
-                b.for_range(s_lo, s_hi, one, outer, |b, _, c| {
-                    let waiting = b.not(c[2]);
-                    b.if_else(waiting, |b| look_back_step(b, k, c), |_| c.to_vec())
-                })
-            },
-            |_| outer.to_vec(),
-        )
-    });
+    let found = spin(b, k, &init, SPIN_LEVELS);
     let (offset, done) = (found[1], found[2]);
     // The inclusive prefix: the budget's word already holds AGGREGATE | total.
     let rest = b.sub(inc, agg);
@@ -75,6 +64,27 @@ pub(super) fn look_back(b: &mut KernelBuilder, k: &SearchKernel, row: Value) -> 
     let add = b.select(upgrade, add, zero_i);
     b.atomic_add(word, add, None);
     (offset, done)
+}
+
+/// Look-back steps until done, at most `SPIN^levels`: loops nested `levels` deep, each
+/// level skipping its body once done, so a row that finds its place at once pays a few
+/// skipped iterations, not the bound.
+fn spin(b: &mut KernelBuilder, k: &SearchKernel, init: &[Value], levels: u32) -> Vec<Value> {
+    let (lo, hi, one) = (b.i32(0), b.i32(SPIN), b.i32(1));
+    b.for_range(lo, hi, one, init, |b, _, c| {
+        let waiting = b.not(c[2]);
+        b.if_else(
+            waiting,
+            |b| {
+                if levels > 1 {
+                    spin(b, k, c, levels - 1)
+                } else {
+                    look_back_step(b, k, c)
+                }
+            },
+            |_| c.to_vec(),
+        )
+    })
 }
 
 /// One read of the window of rows below `c[0]` (carried: window end, offset so far, done).
