@@ -266,15 +266,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
                     let at_lo = b.ge(es, lo);
                     let below_hi = b.lt(es, hi);
                     let inside = b.and(at_lo, below_hi);
-                    let (one_i, zero_i) = (b.i32(1), b.i32(0));
-                    let in_i = b.select(inside, one_i, zero_i);
-                    let rank = b.cumsum(in_i);
-                    let before = b.sub(c[0], one_i);
-                    let dst_row = b.add_ptr(s_row, before);
-                    let dst = b.add_ptr(dst_row, rank);
-                    b.store_masked(dst, es, Some(inside));
-                    let here = b.sum(in_i, 0);
-                    vec![b.add(c[0], here)]
+                    vec![append_in_order(b, s_row, es, inside, c[0])]
                 });
             });
             // The tile, -1 past the gathered candidates; the candidates at or above the
@@ -338,7 +330,6 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         b.for_range(zero_i, n, tile_i, &[zero_i], |b, t0, c| {
             let (offs, valid) = tile_at(b, t0);
             let keep = union(b, offs, valid);
-            let rank = b.cumsum(keep);
             let one = b.i32(1);
             let one_b = b.splat(one, &[tile]);
             let is_kept = b.eq(keep, one_b);
@@ -346,12 +337,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             let src_row = b.add_ptr(indices, start64);
             let src = b.add_ptr(src_row, offs);
             let tok = b.load_masked(src, Some(is_kept), None);
-            let before = b.sub(c[0], one);
-            let at = b.add_ptr(dst, before);
-            let at = b.add_ptr(at, rank);
-            b.store_masked(at, tok, Some(is_kept));
-            let kept_here = b.sum(keep, 0);
-            vec![b.add(c[0], kept_here)]
+            vec![append_in_order(b, dst, tok, is_kept, c[0])]
         })[0]
     };
     // With one query head the budget is the search's count, published at once: the rows
@@ -409,4 +395,24 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     };
     output::finish_row(&mut b, &k, row, at, total);
     b.finish()
+}
+
+/// Appends the elements of block `values` where `keep` holds to `dst`, in order, after the
+/// `count` already there (a prefix sum gives each its slot); returns the new count.
+fn append_in_order(
+    b: &mut KernelBuilder,
+    dst: Value,
+    values: Value,
+    keep: Value,
+    count: Value,
+) -> Value {
+    let (one, zero) = (b.i32(1), b.i32(0));
+    let keep_i = b.select(keep, one, zero);
+    let rank = b.cumsum(keep_i);
+    let before = b.sub(count, one);
+    let at = b.add_ptr(dst, before);
+    let at = b.add_ptr(at, rank);
+    b.store_masked(at, values, Some(keep));
+    let here = b.sum(keep_i, 0);
+    b.add(count, here)
 }
