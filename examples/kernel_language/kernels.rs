@@ -1,4 +1,4 @@
-//! The three kernels of `docs/kernel-language.md`, with plain Rust references and a runner
+//! The kernels of `docs/kernel-language.md`, with plain Rust references and a runner
 //! that checks each on a device against its reference. Used by the `kernel_language`
 //! example (GPU or interpreter) and by `tests/guide.rs` (interpreter, in CI).
 
@@ -53,6 +53,30 @@ pub fn gemv<const ROWS: usize, const COLS: usize>(
         acc = acc + sum(tile * expand(xv, 0, ROWS), 1);
     }
     store(y + r, acc, row_ok);
+}
+
+/// How many of `n` values in (0, 1] fall in each octave below 1 (bin j holds
+/// [2^-(j+1), 2^-j); the last bin everything smaller), in all (`counts`, added to by every
+/// program) and, per program, how many lie at or above each bin's lower edge (`above`): a
+/// histogram in shared memory, then a running sum over it.
+#[kernel]
+pub fn octaves<const BLOCK: usize, const BINS: usize>(
+    x: Ptr<f32>,
+    counts: Ptr<i32>,
+    above: Ptr<i32>,
+    n: i32,
+) {
+    let offs = program_id(0) * BLOCK + arange(0, BLOCK);
+    let mask = offs < n;
+    let v = load(x + offs, mask, 1.0);
+    let exponent = bitcast::<i32>(v) >> 23;
+    let bin = minimum(maximum(126 - exponent, 0), BINS - 1);
+    let bins = shared::<i32>(BINS);
+    store(bins + arange(0, BINS), zeros::<i32>([BINS]));
+    atomic_add(bins + bin, splat(1, [BLOCK]), mask);
+    let here = load(bins + arange(0, BINS));
+    atomic_add(counts + arange(0, BINS), here);
+    store(above + program_id(0) * BINS + arange(0, BINS), cumsum(here));
 }
 
 /// A deterministic pseudo-random sequence in [-1, 1) (no dependency needed).
@@ -148,5 +172,40 @@ pub fn run_all(
         })
         .collect();
     out.push(("gemv", rel_error(&y.download()?, &want)));
+
+    let (n, block, bins) = (3000 + (seed % 29) as usize, 1024usize, 16usize);
+    let xs: Vec<f32> = noise(n, seed + 5)
+        .iter()
+        .map(|v| (v.abs() * 20.0 - 19.0).exp2().min(1.0))
+        .collect();
+    let x = dev.upload(&xs)?;
+    let programs = n.div_ceil(block);
+    let counts = dev.upload(&vec![0i32; bins])?;
+    let mut above = dev.alloc::<i32>(programs * bins)?;
+    dev.fill_bytes(&mut above, 0xFF)?;
+    let k = dusk.load(octaves::build::<1024, 16>()?)?;
+    octaves::launch::<1024, 16>(
+        dev,
+        &k,
+        [programs as u32, 1, 1],
+        &x,
+        &counts,
+        &above,
+        n as i32,
+    )?;
+    let bin_of = |v: f32| (126 - (v.to_bits() >> 23) as i32).clamp(0, bins as i32 - 1) as usize;
+    let mut want_counts = vec![0f64; bins];
+    let mut want_above = vec![0f64; programs * bins];
+    for (i, v) in xs.iter().enumerate() {
+        want_counts[bin_of(*v)] += 1.0;
+        let p = i / block;
+        for j in bin_of(*v)..bins {
+            want_above[p * bins + j] += 1.0;
+        }
+    }
+    let got = |b: Vec<i32>| b.iter().map(|c| *c as f32).collect::<Vec<_>>();
+    let err_counts = rel_error(&got(counts.download()?), &want_counts);
+    let err_above = rel_error(&got(above.download()?), &want_above);
+    out.push(("octaves", err_counts.max(err_above)));
     Ok(out)
 }

@@ -1085,6 +1085,37 @@ impl Lower {
                 let p = val!(0);
                 quote_spanned!(span=> #b.ptr_cast(#p, #d))
             }
+            Builtin::Shared => {
+                let d = dtype(ty.expect("shared has a type"));
+                let len = self.const_int(&args[0], "`shared`'s length", out)?;
+                quote_spanned!(span=> #b.shared_alloc(#d, #len as usize))
+            }
+            Builtin::AtomicAdd => {
+                let p = val!(0);
+                let g = self.expr(&args[1], out)?;
+                let v = self.value_pointee(g, &p, out)?;
+                let m = if args.len() == 3 {
+                    let m = val!(2);
+                    quote_spanned!(span=> ::core::option::Option::Some(#m))
+                } else {
+                    quote_spanned!(span=> ::core::option::Option::None)
+                };
+                out.extend(quote_spanned!(span=> #b.atomic_add(#p, #v, #m);));
+                return Ok(Gen {
+                    kind: Kind::Unit,
+                    ts: quote!(()),
+                    span,
+                });
+            }
+            Builtin::Cumsum => {
+                let x = val!(0);
+                quote_spanned!(span=> #b.cumsum(#x))
+            }
+            Builtin::Bitcast => {
+                let d = dtype(ty.expect("bitcast has a type"));
+                let x = val!(0);
+                quote_spanned!(span=> #b.bitcast(#x, #d))
+            }
             Builtin::Dp2a => {
                 let pairs = val!(0);
                 let bytes = val!(1);

@@ -279,4 +279,8 @@ pub enum Builtin {
     DotInt4,
     Dot,
     DotTa,
+    Shared,
+    AtomicAdd,
+    Cumsum,
+    Bitcast,
 }

@@ -144,6 +144,31 @@ pub const BUILTINS: &[Spec] = &[
         false,
         "dot_ta(a, b) or dot_ta(a, b, acc)",
     ),
+    spec(
+        Builtin::Shared,
+        "shared",
+        1,
+        1,
+        true,
+        "shared::<T>(len) with `len` a compile-time integer",
+    ),
+    spec(
+        Builtin::AtomicAdd,
+        "atomic_add",
+        2,
+        3,
+        false,
+        "atomic_add(ptr, value) or atomic_add(ptr, value, mask)",
+    ),
+    spec(Builtin::Cumsum, "cumsum", 1, 1, false, "cumsum(x)"),
+    spec(
+        Builtin::Bitcast,
+        "bitcast",
+        1,
+        1,
+        true,
+        "bitcast::<T>(x) (f32 to i32 or i32 to f32)",
+    ),
 ];
 
 pub fn lookup(name: &str) -> Option<&'static Spec> {
