@@ -152,3 +152,18 @@ fn manifest_carries_tuning_results_of_its_kernels() {
     assert_eq!(m.kernels[2].tuning[0]["us"], 100.0);
     assert!(m.kernels[0].tuning.is_empty());
 }
+
+/// `dusk compile --all` bundles every stock configuration once: kernel names are unique
+/// (one C function each in the header), though several row lengths share a search default.
+#[test]
+fn all_stock_kernels_have_unique_names() {
+    let all = stock::all_kernels().unwrap();
+    let mut names: Vec<&str> = all.iter().map(|k| k.name.as_str()).collect();
+    names.sort_unstable();
+    let n = names.len();
+    names.dedup();
+    assert_eq!(names.len(), n, "duplicate kernel names in all_kernels");
+    assert!(names
+        .iter()
+        .any(|n| n.starts_with("threshold_top_p_s1024_g4")));
+}
