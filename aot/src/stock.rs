@@ -191,9 +191,10 @@ pub fn kernels() -> Result<Vec<BundleKernel>> {
 /// Every configuration of the stock families this crate can bundle: quantization and
 /// query preparation for head_dim 64, 128, 256 and 4 or 8 bits, every `spgemv_quant`
 /// specialisation, and the top-p search's defaults for rows of 1k to 32k candidates, for
-/// groups 1 and 4 (each configuration once), and attention's split and merge
-/// over token lists and dense for head_dim 64 and 128 and GQA groups of 2, 4 and 8
-/// (`dusk compile --all`).
+/// groups 1 and 4, and attention's split and merge over token lists and dense for
+/// head_dim 64 and 128 and GQA groups of 2, 4 and 8 (`dusk compile --all`). Each kernel
+/// once: several row lengths share a search default, and the merge does not depend on
+/// the group.
 pub fn all_kernels() -> Result<Vec<BundleKernel>> {
     let mut out = vec![];
     for d in [64, 128, 256] {
@@ -207,11 +208,7 @@ pub fn all_kernels() -> Result<Vec<BundleKernel>> {
     }
     for group in [1, 4] {
         for len in [1024, 2048, 4096, 8192, 32768] {
-            let k = search_kernel(&SearchConfig::for_rows(len, group))?;
-            // Several lengths share a default.
-            if !out.iter().any(|o: &BundleKernel| o.name == k.name) {
-                out.push(k);
-            }
+            out.push(search_kernel(&SearchConfig::for_rows(len, group))?);
         }
     }
     for d in [64, 128] {
@@ -221,5 +218,7 @@ pub fn all_kernels() -> Result<Vec<BundleKernel>> {
             }
         }
     }
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|k| seen.insert(k.name.clone()));
     Ok(out)
 }
