@@ -186,3 +186,55 @@ fn dot_checks_types_and_sizes() {
     });
     assert!(msg.contains("accumulator must be f32[64x8]"), "{msg}");
 }
+
+/// The histogram and look-back ops check their operands: `bitcast` between f32 and i32
+/// only, `atomic_add` into f32 or i32 elements of the pointer's shape, `load_fresh` from
+/// i32 words of global memory.
+#[test]
+fn atomic_bitcast_and_load_fresh_operands() {
+    let msg = build_error(|b| {
+        let x = b.i32(3);
+        b.bitcast(x, DType::I64);
+    });
+    assert!(
+        msg.contains("`bitcast`") && msg.contains("f32 to i32"),
+        "{msg}"
+    );
+    let msg = build_error(|b| {
+        let p = b.param_ptr("p", DType::F16);
+        let v = b.f32(1.0);
+        b.atomic_add(p, v, None);
+    });
+    assert!(
+        msg.contains("atomic_add needs an f32 or i32 pointer"),
+        "{msg}"
+    );
+    let msg = build_error(|b| {
+        let p = b.param_ptr("p", DType::I32);
+        let v = b.f32(1.0);
+        b.atomic_add(p, v, None);
+    });
+    assert!(msg.contains("added value must be i32"), "{msg}");
+    let msg = build_error(|b| {
+        let s = b.shared_alloc(DType::I32, 64);
+        b.load_fresh(s, None);
+    });
+    assert!(
+        msg.contains("load_fresh needs an i32 pointer to global memory"),
+        "{msg}"
+    );
+    let msg = build_error(|b| {
+        let p = b.param_ptr("p", DType::I32);
+        let i = b.arange(0, 16);
+        let ps = b.add_ptr(p, i);
+        let m = b.arange(0, 32);
+        let five = b.i32(5);
+        let m = b.lt(m, five);
+        b.load_fresh(ps, Some(m));
+    });
+    assert!(
+        msg.contains("load_fresh mask must be i1 of the pointer's shape")
+            || msg.contains("i32[16]"),
+        "{msg}"
+    );
+}
