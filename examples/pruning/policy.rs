@@ -29,13 +29,7 @@ pub fn run(dusk: &Dusk, rows: usize, seed: u64) -> Result<Vec<i32>, Box<dyn std:
         .iter()
         .map(|&n| (0..n).map(|_| rng.random_range(-3.0f32..3.0)).collect())
         .collect();
-    let mut indptr = vec![0i32];
-    let mut indices = vec![];
-    for &n in &lens {
-        indices.extend(0..n as i32);
-        indptr.push(indices.len() as i32);
-    }
-    let cand = TokenLists { indptr, indices };
+    let cand = TokenLists::leading(&lens);
     let p = 0.9;
     let mut plan = PrunePlan::new(
         dusk,

@@ -214,6 +214,18 @@ impl TokenLists {
         TokenLists { indptr, indices }
     }
 
+    /// Row `r` holds the first `lens[r]` token positions (`0..lens[r]`): every token of
+    /// sequences of those lengths, one row each.
+    pub fn leading(lens: &[usize]) -> TokenLists {
+        let mut indptr = vec![0i32];
+        let mut indices = vec![];
+        for &n in lens {
+            indices.extend(0..n as i32);
+            indptr.push(indices.len() as i32);
+        }
+        TokenLists { indptr, indices }
+    }
+
     /// The tokens of the chosen pages: `pages[b * num_kv_heads + h]` lists page numbers
     /// within sequence `b` (as a Quest selection gives), ascending.
     pub fn from_pages(

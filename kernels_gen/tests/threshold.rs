@@ -89,17 +89,6 @@ fn run(
     (kept, mass, flags)
 }
 
-/// Candidate rows of `lens` candidates at positions 0, 1, ... each.
-fn dense_lists(lens: &[usize]) -> TokenLists {
-    let mut indptr = vec![0i32];
-    let mut indices = vec![];
-    for &n in lens {
-        indices.extend(0..n as i32);
-        indptr.push(indices.len() as i32);
-    }
-    TokenLists { indptr, indices }
-}
-
 fn near_p(p: f64) -> impl Fn(f64, f64) -> bool {
     move |before, with| (before - p).abs() < 1e-5 || (with - p).abs() < 1e-5
 }
@@ -491,7 +480,7 @@ fn streaming_search_matches_the_oracle() {
         })
         .collect();
     let lens: Vec<usize> = rows.iter().map(|r| r.len()).collect();
-    let cand = dense_lists(&lens);
+    let cand = TokenLists::leading(&lens);
     let ps: Vec<f64> = (0..rows.len())
         .map(|i| [0.5, 0.9, 0.99, 1.0][i % 4])
         .collect();
@@ -580,7 +569,7 @@ fn multi_pivot_search_matches_the_oracle() {
         .map(|i| [0.5, 0.9, 0.99, 1.0, 1e-3][i % 5])
         .collect();
     let lens: Vec<usize> = rows.iter().map(|r| r.len()).collect();
-    let cand = dense_lists(&lens);
+    let cand = TokenLists::leading(&lens);
     let scores = dusk.device().upload(&rows.concat()).unwrap();
     for (stream, pivots) in [(false, 2), (false, 3), (true, 3), (true, 4)] {
         let cfg = SearchConfig {
@@ -632,7 +621,7 @@ fn a_plan_runs_again_on_fresh_scores() {
     let mut rng = SmallRng::seed_from_u64(33);
     for longest in [900, 5000] {
         let lens: Vec<usize> = (0..40).map(|_| rng.random_range(0..=longest)).collect();
-        let cand = dense_lists(&lens);
+        let cand = TokenLists::leading(&lens);
         let p = [ParamValues::Uniform(0.9)];
         let mut plan = PrunePlan::new(&dusk, &top_p::POLICY, &cand, 1, 1.0, &p).unwrap();
         for run in 0..3 {

@@ -98,16 +98,6 @@ fn sweep(n: usize) -> Vec<SearchConfig> {
     out
 }
 
-fn lists(lens: &[usize]) -> TokenLists {
-    let mut indptr = vec![0i32];
-    let mut indices = vec![];
-    for &n in lens {
-        indices.extend(0..n as i32);
-        indptr.push(indices.len() as i32);
-    }
-    TokenLists { indptr, indices }
-}
-
 /// Each row's kept set, from the plan's CSR output.
 fn kept_sets(plan: &PrunePlan, lens: &[usize]) -> Res<Vec<Vec<bool>>> {
     let ip = plan.sel_indptr().download()?;
@@ -147,7 +137,7 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         .map(|_| [0.5, 0.85, 0.9, 0.95, 0.99, 1.0, 1e-4][rng.random_range(0..7)])
         .collect();
     let scores: Vec<f32> = rows_s.concat();
-    let cand = lists(&lens);
+    let cand = TokenLists::leading(&lens);
     let s = dusk.device().upload(&scores)?;
     let mut near_ties = 0;
     // The default configuration (rows of 8192 stream), the rows held in registers, and
@@ -221,10 +211,24 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         .collect();
     let s = dusk.device().upload(&scores)?;
     let p = [ParamValues::Uniform(0.9)];
-    let mut heads = PrunePlan::new(dusk, &top_p::POLICY, &lists(&per_head), 1, scale, &p)?;
+    let mut heads = PrunePlan::new(
+        dusk,
+        &top_p::POLICY,
+        &TokenLists::leading(&per_head),
+        1,
+        scale,
+        &p,
+    )?;
     heads.run(dusk, &s)?;
     let one = kept_sets(&heads, &per_head)?;
-    let mut gqa = PrunePlan::new(dusk, &top_p::POLICY, &lists(glens), 4, scale, &p)?;
+    let mut gqa = PrunePlan::new(
+        dusk,
+        &top_p::POLICY,
+        &TokenLists::leading(glens),
+        4,
+        scale,
+        &p,
+    )?;
     gqa.poison_outputs(dusk, 0xFF)?;
     gqa.run(dusk, &s)?;
     let union = kept_sets(&gqa, glens)?;
@@ -250,7 +254,7 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
     let mut plan = PrunePlan::new(
         dusk,
         &top_p::POLICY,
-        &lists(&long),
+        &TokenLists::leading(&long),
         1,
         scale,
         &[ParamValues::PerRow(ps_l.to_vec())],
@@ -277,10 +281,24 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         .flat_map(|(i, &n)| logits(rng, n, i))
         .collect();
     let s = dusk.device().upload(&scores)?;
-    let mut heads = PrunePlan::new(dusk, &top_p::POLICY, &lists(&pairs), 1, scale, &p)?;
+    let mut heads = PrunePlan::new(
+        dusk,
+        &top_p::POLICY,
+        &TokenLists::leading(&pairs),
+        1,
+        scale,
+        &p,
+    )?;
     heads.run(dusk, &s)?;
     let one = kept_sets(&heads, &pairs)?;
-    let mut gqa = PrunePlan::new(dusk, &top_p::POLICY, &lists(&long), 2, scale, &p)?;
+    let mut gqa = PrunePlan::new(
+        dusk,
+        &top_p::POLICY,
+        &TokenLists::leading(&long),
+        2,
+        scale,
+        &p,
+    )?;
     gqa.poison_outputs(dusk, 0xFF)?;
     gqa.run(dusk, &s)?;
     for (r, u) in kept_sets(&gqa, &long)?.iter().enumerate() {
@@ -297,7 +315,14 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
     bad[17] = f32::NAN;
     let good = logits(rng, 300, 0);
     let s = dusk.device().upload(&[bad, good.clone()].concat())?;
-    let mut plan = PrunePlan::new(dusk, &top_p::POLICY, &lists(&[300, 300]), 1, scale, &p)?;
+    let mut plan = PrunePlan::new(
+        dusk,
+        &top_p::POLICY,
+        &TokenLists::leading(&[300, 300]),
+        1,
+        scale,
+        &p,
+    )?;
     plan.poison_outputs(dusk, 0xFF)?;
     plan.run(dusk, &s)?;
     let kept = kept_sets(&plan, &[300, 300])?;
@@ -367,7 +392,7 @@ pub fn run() -> Res<()> {
         let mut plan = PrunePlan::with_config(
             &dusk,
             &top_p::POLICY,
-            &lists(&lens),
+            &TokenLists::leading(&lens),
             cfg,
             scale,
             &[ParamValues::Uniform(0.9)],
@@ -398,7 +423,7 @@ pub fn run() -> Res<()> {
             let mut alt = PrunePlan::with_config(
                 &dusk,
                 &top_p::POLICY,
-                &lists(&lens),
+                &TokenLists::leading(&lens),
                 cfg,
                 scale,
                 &[ParamValues::Uniform(0.9)],
