@@ -4,16 +4,17 @@
 # `gpu-check threshold` with the sweep, then ncu on the default search at 8192 candidates
 # with and without the histogram. Results and logs go to $OUT.
 #
-#   OUT=$OUT bash benches/device_threshold.sh COMMIT DATE [quick]
+#   OUT=$OUT bash benches/device_threshold.sh COMMIT DATE [quick|sweep]
 #
-# `quick`: the defaults only (no sweep, no ncu).
+# `quick`: the defaults only (no sweep, no ncu); `sweep`: the defaults and the sweep, no ncu.
 #
 # Carry `.device` with `gpu-check` (../shared/tools/device-stage --release -p dusk-bench
 # --bin gpu-check) and FlashInfer's wheels in .device/whl (../shared/tools/device-wheels);
 # optional: `.device/prune-c` and `libdusk_capi.so` (cargo build --release -p dusk-capi,
 # then examples/c/README.md's gcc line with -o .device/prune-c).
 set -u
-commit=${1:?commit} date=${2:?date} quick=${3:-}
+commit=${1:?commit} date=${2:?date} mode=${3:-}
+quick=; [ "$mode" = quick ] && quick=1
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/whl/*.whl 2>&1 | tail -1
 export PYTHONPATH=/tmp/site
 cd .device
@@ -32,7 +33,7 @@ for n in 8192 32768 4096; do
   echo "fastest at $n:"
   awk "/x $n:/{f=1;next} /top-p/{f=0} f" "$OUT/bench.log" | sort -t: -k2 -n | head -6
 done
-[ -n "$quick" ] && exit 0
+[ -n "$mode" ] && exit 0
 for h in "" --no-histogram; do
   timeout 150 ncu --section SpeedOfLight --section WarpStateStats --section Occupancy \
     --section LaunchStats --section InstructionStats -k regex:threshold --launch-skip 4 \

@@ -171,6 +171,7 @@ pub fn search(max_len: usize, group: usize) -> Vec<SearchConfig> {
                     pivots: 1,
                     shared: false,
                     histogram: false,
+                    recompute: false,
                 });
             }
             block *= 2;

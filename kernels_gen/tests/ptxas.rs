@@ -440,6 +440,7 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
             pivots: 3,
             shared: false,
             histogram: false,
+            recompute: false,
         };
         ks.push(threshold::build(&top_p::POLICY, &cfg).unwrap());
     }

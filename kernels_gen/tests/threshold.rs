@@ -227,15 +227,20 @@ fn gqa_keeps_the_union_of_the_group() {
     let cand = TokenLists { indptr, indices };
     let p = 0.9;
     let params = [ParamValues::Uniform(p)];
-    // The default (streamed from `work`), then staged in shared memory (the positions
-    // compacted there before the rows' look-back), bisecting and from the histogram.
+    // The default, then staged in shared memory (the positions compacted there before the
+    // rows' look-back) bisecting and from the histogram, then streamed with the weights
+    // recomputed from each head's scores (the union recomputes every head's).
     let default = PrunePlan::new(&dusk, &top_p::POLICY, &cand, group, 0.5, &params).unwrap();
     let staged = |histogram| SearchConfig {
         histogram,
         ..SearchConfig::streamed(1024, group, 4, 1, true)
     };
-    let plans = [false, true].map(|h| {
-        PrunePlan::with_config(&dusk, &top_p::POLICY, &cand, staged(h), 0.5, &params).unwrap()
+    let recomputed = SearchConfig {
+        recompute: true,
+        ..SearchConfig::streamed(1024, group, 4, 1, false)
+    };
+    let plans = [staged(false), staged(true), recomputed].map(|cfg| {
+        PrunePlan::with_config(&dusk, &top_p::POLICY, &cand, cfg, 0.5, &params).unwrap()
     });
     let s = dusk.device().upload(&scores).unwrap();
     for mut plan in [default].into_iter().chain(plans) {
@@ -431,41 +436,28 @@ fn streaming_search_matches_the_oracle() {
         }
         let cand = TokenLists { indptr, indices };
         let p = 0.9;
-        let mut plan = PrunePlan::new(
-            &dusk,
-            &top_p::POLICY,
-            &cand,
-            group,
-            1.0,
-            &[ParamValues::Uniform(p)],
-        )
-        .unwrap();
-        assert!(plan.config().stream);
-        plan.run(&dusk, &dusk.device().upload(&heads.concat()).unwrap())
+        // The default, and the weights recomputed from the scores in every pass.
+        let default = SearchConfig::for_rows(20000, group);
+        for cfg in [
+            default,
+            SearchConfig {
+                recompute: !default.recompute,
+                ..default
+            },
+        ] {
+            let mut plan = PrunePlan::with_config(
+                &dusk,
+                &top_p::POLICY,
+                &cand,
+                cfg,
+                1.0,
+                &[ParamValues::Uniform(p)],
+            )
             .unwrap();
-        let ip = plan.sel_indptr().download().unwrap();
-        let sel = plan.sel_indices().download().unwrap();
-        let flags = plan.flags().download().unwrap();
-        for (r, &n) in lens.iter().enumerate() {
-            let mut union = vec![false; n];
-            for g in 0..group {
-                let h = &heads[r * group + g];
-                let o = if h.iter().any(|x| x.is_nan()) {
-                    assert_eq!(flags[r * group + g], 1);
-                    vec![true; n]
-                } else {
-                    let w = softmax(h, 1.0);
-                    top_p_oracle(&w, p)
-                };
-                for j in 0..n {
-                    union[j] |= o[j];
-                }
-            }
-            let mut kept = vec![false; n];
-            for t in &sel[ip[r] as usize..ip[r + 1] as usize] {
-                kept[*t as usize] = true;
-            }
-            assert_eq!(kept, union, "group {group}, row {r} ({n} candidates)");
+            assert!(plan.config().stream);
+            plan.run(&dusk, &dusk.device().upload(&heads.concat()).unwrap())
+                .unwrap();
+            check_streamed(&plan, &lens, &heads, group, p);
         }
     }
 
@@ -484,15 +476,18 @@ fn streaming_search_matches_the_oracle() {
     let ps: Vec<f64> = (0..rows.len())
         .map(|i| [0.5, 0.9, 0.99, 1.0][i % 4])
         .collect();
-    // The weights staged in the global workspace, then in shared memory; the first step
-    // bisecting, then from the histogram (on 8 warps too: its scan is padded).
-    for (shared, histogram, num_warps) in [
-        (false, false, 4),
-        (false, true, 4),
-        (true, false, 4),
-        (true, true, 4),
-        (false, true, 8),
-        (true, true, 8),
+    // The weights staged in the global workspace, then in shared memory, then recomputed
+    // from the scores in every pass; the first step bisecting, then from the histogram (on
+    // 8 warps too: its scan is padded).
+    for (shared, recompute, histogram, num_warps) in [
+        (false, false, false, 4),
+        (false, false, true, 4),
+        (true, false, false, 4),
+        (true, false, true, 4),
+        (false, true, false, 4),
+        (false, true, true, 4),
+        (false, false, true, 8),
+        (true, false, true, 8),
     ] {
         let cfg = SearchConfig {
             block: 1024,
@@ -502,6 +497,7 @@ fn streaming_search_matches_the_oracle() {
             pivots: 1,
             shared,
             histogram,
+            recompute,
         };
         let mut plan = PrunePlan::with_config(
             &dusk,
@@ -525,7 +521,8 @@ fn streaming_search_matches_the_oracle() {
             }
             check_kept(&w, &kept, &oracle, near_p(ps[r])).unwrap_or_else(|e| {
                 panic!(
-                    "streamed row {r} (p {}, shared {shared}, histogram {histogram}): {e}",
+                    "streamed row {r} (p {}, shared {shared}, recompute {recompute}, \
+                     histogram {histogram}): {e}",
                     ps[r]
                 )
             });
@@ -544,6 +541,7 @@ fn streaming_search_matches_the_oracle() {
             pivots: 1,
             shared: true,
             histogram: false,
+            recompute: false,
         },
         1.0,
         &[ParamValues::Uniform(0.9)],
@@ -551,6 +549,35 @@ fn streaming_search_matches_the_oracle() {
     .err()
     .expect("rows of up to 3000 candidates do not fit 2048 a head");
     assert!(err.to_string().contains("cfg.shared"), "{err}");
+}
+
+/// The kept sets of a streamed plan's rows of `lens` candidates against the oracle: each
+/// the union of its group's sets, every candidate for a query head with a NaN logit.
+fn check_streamed(plan: &PrunePlan, lens: &[usize], heads: &[Vec<f32>], group: usize, p: f64) {
+    let ip = plan.sel_indptr().download().unwrap();
+    let sel = plan.sel_indices().download().unwrap();
+    let flags = plan.flags().download().unwrap();
+    for (r, &n) in lens.iter().enumerate() {
+        let mut union = vec![false; n];
+        for g in 0..group {
+            let h = &heads[r * group + g];
+            let o = if h.iter().any(|x| x.is_nan()) {
+                assert_eq!(flags[r * group + g], 1);
+                vec![true; n]
+            } else {
+                let w = softmax(h, 1.0);
+                top_p_oracle(&w, p)
+            };
+            for j in 0..n {
+                union[j] |= o[j];
+            }
+        }
+        let mut kept = vec![false; n];
+        for t in &sel[ip[r] as usize..ip[r + 1] as usize] {
+            kept[*t as usize] = true;
+        }
+        assert_eq!(kept, union, "group {group}, row {r} ({n} candidates)");
+    }
 }
 
 /// Several pivots a step (resident and streamed) keep exactly the oracle's sets too.
@@ -580,6 +607,7 @@ fn multi_pivot_search_matches_the_oracle() {
             pivots,
             shared: false,
             histogram: stream,
+            recompute: pivots == 4,
         };
         for (policy, params) in [
             (&top_p::POLICY, vec![ParamValues::PerRow(ps.clone())]),

@@ -132,6 +132,10 @@ pub struct SearchConfig {
     /// [`HISTOGRAM_MAX_ROW`] candidates. Policies without a target, or that read
     /// `threshold` or `below`, search without it.
     pub histogram: bool,
+    /// With `stream` and not `shared`: the weights are not written to `work`; every pass
+    /// after the second recomputes them from the scores (read again, from L2 while the row
+    /// is in flight), trading a write and re-reads of `work` for re-reads of the scores.
+    pub recompute: bool,
 }
 
 /// Weights the shared-memory staging holds (32 KiB of f32, within the 48 KiB of static
@@ -178,6 +182,7 @@ impl SearchConfig {
             pivots,
             shared,
             histogram: true,
+            recompute: false,
         }
     }
 
@@ -213,8 +218,13 @@ pub fn search_name(policy: &Policy, cfg: &SearchConfig) -> String {
         String::new()
     };
     let histogram = if cfg.histogram { "_h" } else { "" };
+    let recompute = if cfg.recompute && !cfg.shared {
+        "_r"
+    } else {
+        ""
+    };
     format!(
-        "threshold_{}_{}{}_g{}_w{}{pivots}{histogram}",
+        "threshold_{}_{}{}_g{}_w{}{pivots}{histogram}{recompute}",
         policy.name,
         match (cfg.stream, cfg.shared) {
             (true, true) => "s",

@@ -27,13 +27,57 @@ fn load_tile(
     (offs, valid, b.load_masked(ptrs, Some(valid), Some(other)))
 }
 
+/// Where a query head's weights come from in each pass after the second: stored (in
+/// `work` or the shared staging, -1 past the row), or recomputed from its scores.
+#[derive(Clone, Copy)]
+enum RowWeights {
+    Stored(Value),
+    Recomputed {
+        scores: Value,
+        max: Value,
+        bad: Value,
+        scale: Value,
+    },
+}
+
+/// `e = 2^((s - max) * scale)`: every pass that computes a weight computes it this way, so
+/// a recomputed weight equals the one summed into `z` bit for bit.
+fn weight(b: &mut KernelBuilder, s: Value, max: Value, scale: Value) -> Value {
+    let centred = b.sub(s, max);
+    let scaled = b.mul(centred, scale);
+    b.exp2(scaled)
+}
+
+impl RowWeights {
+    /// The weights of tile `t0` (-1 past the row, +inf for an invalid row's candidates).
+    fn tile(self, b: &mut KernelBuilder, (t0, n): (Value, Value), tile: usize) -> Value {
+        match self {
+            RowWeights::Stored(w) => load_tile(b, w, (t0, n), tile, -1.0).2,
+            RowWeights::Recomputed {
+                scores,
+                max,
+                bad,
+                scale,
+            } => {
+                let (_, valid, s) = load_tile(b, scores, (t0, n), tile, 0.0);
+                let e = weight(b, s, max, scale);
+                let inf = b.f32(f32::INFINITY);
+                let e = b.select(bad, inf, e);
+                let minus_one = b.f32(-1.0);
+                b.select(valid, e, minus_one)
+            }
+        }
+    }
+}
+
 /// Builds the search for rows longer than a program's registers hold (any length): the
 /// row streams through in tiles of `cfg.block` candidates. A first pass finds the row's maximum
 /// (and NaN or infinite logits), a second writes each `e` to `work` (f32, laid out like
 /// `scores`) and sums them, and every search step then reads `work` back (from L1 or L2).
 /// With `cfg.shared` the weights go to the program's shared memory instead (`work` is
 /// then not touched), each query head's at `g * shared_row_capacity(group)`, and rows are
-/// cut at that capacity.
+/// cut at that capacity. With `cfg.recompute` they are not kept at all: every pass after
+/// the second recomputes them from the scores (which stay in L2 between the passes).
 /// Once the bracket holds at most a tile of candidates, they are gathered into the query
 /// row's tile of `scratch` (f32, `block` a query row) and the last steps run on it in
 /// registers. Parameters as [`super::resident::build_search`], with `work` and `scratch` after `scores`.
@@ -72,6 +116,15 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         }
         None => n,
     };
+    // Query head g's row of `scores` (and of `work`, laid out alike).
+    let head_row = |b: &mut KernelBuilder, at: Value, g: Value| -> Value {
+        let base = b.mul_c(start64, group as i64);
+        let gn = b.mul(g, row_len);
+        let gn64 = b.cast(gn, DType::I64);
+        let base = b.add(base, gn64);
+        b.add_ptr(at, base)
+    };
+    let scores_row = |b: &mut KernelBuilder, g: Value| head_row(b, scores, g);
     // Query head g's weights: its share of the shared staging, or its row of `work`.
     let weights_row = |b: &mut KernelBuilder, g: Value| -> Value {
         match staging {
@@ -79,15 +132,10 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
                 let at = b.mul_c(g, cap as i64);
                 b.add_ptr(st, at)
             }
-            None => {
-                let base = b.mul_c(start64, group as i64);
-                let gn = b.mul(g, row_len);
-                let gn64 = b.cast(gn, DType::I64);
-                let base = b.add(base, gn64);
-                b.add_ptr(work, base)
-            }
+            None => head_row(b, work, g),
         }
     };
+    let recompute = cfg.recompute && staging.is_none();
     let bounds = needs_bounds(policy);
     // Once the bracket holds at most a tile of candidates (and the policy reads no
     // nearest-element statistic, which a gathered tile cannot give), they are gathered
@@ -111,15 +159,13 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     let zf = b.f32(0.0);
     let none = b.splat(zf, &[gpad]);
     let (g_lo, g_hi) = (b.i32(0), b.i32(group as i32));
-    let found = b.for_range(g_lo, g_hi, one, &[none, zero_i], |b, g, carried| {
+    let no_heads = b.splat(zero_i, &[gpad]);
+    let carried = [none, zero_i, none, no_heads];
+    let found = b.for_range(g_lo, g_hi, one, &carried, |b, g, carried| {
         let group_i = b.i32(group as i32);
         let qrow0 = b.mul(row, group_i);
         let qrow = b.add(qrow0, g);
-        let base = b.mul_c(start64, group as i64);
-        let gn = b.mul(g, row_len);
-        let gn64 = b.cast(gn, DType::I64);
-        let base = b.add(base, gn64);
-        let s_row = b.add_ptr(scores, base);
+        let s_row = scores_row(b, g);
         let w_row = weights_row(b, g);
         let zero_i = b.i32(0);
 
@@ -165,14 +211,14 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             let from = if staging.is_some() { w_row } else { s_row };
             let (offs, valid, s) = load_tile(b, from, (t0, n), tile, 0.0);
             let zero = b.f32(0.0);
-            let centred = b.sub(s, m);
-            let scaled = b.mul(centred, scale);
-            let e_raw = b.exp2(scaled);
+            let e_raw = weight(b, s, m, scale);
             let e = b.select(valid, e_raw, zero);
-            let inf = b.f32(f32::INFINITY);
-            let e_or_all = b.select(bad, inf, e_raw);
-            let wp = b.add_ptr(w_row, offs);
-            b.store_masked(wp, e_or_all, Some(valid));
+            if !recompute {
+                let inf = b.f32(f32::INFINITY);
+                let e_or_all = b.select(bad, inf, e_raw);
+                let wp = b.add_ptr(w_row, offs);
+                b.store_masked(wp, e_or_all, Some(valid));
+            }
             if let Some((h, _)) = &histogram {
                 h.add(b, e, valid);
             }
@@ -185,6 +231,16 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         // tree), so the mass of every candidate equals z exactly.
         let z = b.sum(acc[0], 0);
         let n_pos = b.sum(acc[1], 0);
+        let weights = if recompute {
+            RowWeights::Recomputed {
+                scores: s_row,
+                max: m,
+                bad,
+                scale,
+            }
+        } else {
+            RowWeights::Stored(w_row)
+        };
 
         let param_vals = load_params(b, params, qrow);
         let row = RowTotals {
@@ -217,7 +273,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
                 .map(|v| b.splat(*v, &[tile]))
                 .collect();
             let acc = b.for_range(zero_i, n, tile_i, &init, |b, t0, c| {
-                let (_, _, es) = load_tile(b, w_row, (t0, n), tile, -1.0);
+                let es = weights.tile(b, (t0, n), tile);
                 let mut next = vec![];
                 for (i, mid) in mids.iter().enumerate() {
                     let terms = tally_terms(b, es, *mid, bounds);
@@ -262,7 +318,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             b.if_then(open, |b| {
                 let zero_i = b.i32(0);
                 b.for_range(zero_i, n, tile_i, &[zero_i], |b, t0, c| {
-                    let (_, _, es) = load_tile(b, w_row, (t0, n), tile, -1.0);
+                    let es = weights.tile(b, (t0, n), tile);
                     let at_lo = b.ge(es, lo);
                     let below_hi = b.lt(es, hi);
                     let inside = b.and(at_lo, below_hi);
@@ -293,43 +349,57 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         let lo = finish(b, &row, &out, &fin);
         let slots = b.arange(0, gpad as i64);
         let mine = b.eq(slots, g);
-        vec![b.select(mine, lo, carried[0]), fin[3]]
+        let (one_i, zero_i) = (b.i32(1), b.i32(0));
+        let bad_i = b.select(bad, one_i, zero_i);
+        vec![
+            b.select(mine, lo, carried[0]),
+            fin[3],
+            b.select(mine, m, carried[2]),
+            b.select(mine, bad_i, carried[3]),
+        ]
     });
     let thresholds = found[0];
+    // Query head g's element of a per-head block (`zero` of its type).
+    let of_head = |b: &mut KernelBuilder, per_head: Value, zero: Value, g: Value| -> Value {
+        let slots = b.arange(0, gpad as i64);
+        let mine = b.eq(slots, g);
+        let picked = b.select(mine, per_head, zero);
+        b.sum(picked, 0)
+    };
 
-    // The union of the heads' sets over one tile (1 kept, 0 not).
-    let union = |b: &mut KernelBuilder, offs: Value, valid: Value| -> Value {
+    // The union of the heads' sets over tile t0 (1 kept, 0 not).
+    let union = |b: &mut KernelBuilder, t0: Value| -> Value {
         let zero_i = b.i32(0);
         let none = b.splat(zero_i, &[tile]);
         let (g_lo, g_hi, one) = (b.i32(0), b.i32(group as i32), b.i32(1));
         b.for_range(g_lo, g_hi, one, &[none], |b, g, k| {
-            let slots = b.arange(0, gpad as i64);
-            let mine = b.eq(slots, g);
-            let zf = b.f32(0.0);
-            let picked = b.select(mine, thresholds, zf);
-            let t = b.sum(picked, 0);
-            let w_row = weights_row(b, g);
-            let wp = b.add_ptr(w_row, offs);
-            let minus_one = b.f32(-1.0);
-            let es = b.load_masked(wp, Some(valid), Some(minus_one));
+            let (zf, zero_i) = (b.f32(0.0), b.i32(0));
+            let t = of_head(b, thresholds, zf, g);
+            let weights = if recompute {
+                let bad_i = of_head(b, found[3], zero_i, g);
+                RowWeights::Recomputed {
+                    scores: scores_row(b, g),
+                    max: of_head(b, found[2], zf, g),
+                    bad: b.gt(bad_i, zero_i),
+                    scale,
+                }
+            } else {
+                RowWeights::Stored(weights_row(b, g))
+            };
+            let es = weights.tile(b, (t0, n), tile);
             let kept = b.ge(es, t);
             let kept = b.cast(kept, DType::I32);
             vec![b.maximum(k[0], kept)]
         })[0]
-    };
-    let tile_at = |b: &mut KernelBuilder, t0: Value| {
-        let ar = b.arange(0, tile as i64);
-        let offs = b.add(ar, t0);
-        let valid = b.lt(offs, n);
-        (offs, valid)
     };
     // Ordered compaction, a tile at a time: each kept position to `dst[rank - 1]` (dst
     // from the tile's start), masked by `ok`; returns how many were kept.
     let compact = |b: &mut KernelBuilder, dst: Value, ok: Value| -> Value {
         let zero_i = b.i32(0);
         b.for_range(zero_i, n, tile_i, &[zero_i], |b, t0, c| {
-            let (offs, valid) = tile_at(b, t0);
-            let keep = union(b, offs, valid);
+            let ar = b.arange(0, tile as i64);
+            let offs = b.add(ar, t0);
+            let keep = union(b, t0);
             let one = b.i32(1);
             let one_b = b.splat(one, &[tile]);
             let is_kept = b.eq(keep, one_b);
@@ -379,8 +449,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             } else {
                 let per = b.splat(zero_i, &[tile]);
                 let counts = b.for_range(zero_i, n, tile_i, &[per], |b, t0, c| {
-                    let (offs, valid) = tile_at(b, t0);
-                    let keep = union(b, offs, valid);
+                    let keep = union(b, t0);
                     vec![b.add(c[0], keep)]
                 });
                 let total = b.sum(counts[0], 0);

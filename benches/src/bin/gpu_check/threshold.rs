@@ -43,57 +43,36 @@ fn logits(rng: &mut SmallRng, n: usize, kind: usize) -> Vec<f32> {
         .collect()
 }
 
-/// Configurations timed beside the default for rows of `n` candidates.
+/// Configurations timed beside the default for rows of `n` candidates: the first step
+/// from the histogram throughout (it won at every length), the weights staged in shared
+/// memory where rows fit, in `work`, or recomputed from the scores.
 fn sweep(n: usize) -> Vec<SearchConfig> {
-    let cfg = |block, num_warps, stream, pivots| SearchConfig {
-        block,
-        group: 1,
-        num_warps,
-        stream,
-        pivots,
-        shared: false,
-        histogram: false,
-    };
+    let streamed =
+        |tile, warps, pivots, shared| SearchConfig::streamed(tile, 1, warps, pivots, shared);
     let mut out = vec![];
-    // Streamed configurations with the first step from the histogram and without.
-    let both = |c: SearchConfig| {
-        [
-            c,
-            SearchConfig {
-                histogram: true,
-                ..c
-            },
-        ]
-    };
     if n <= SHARED_ROW {
-        // The weights staged in shared memory instead of the global workspace.
-        for (tile, warps) in [(1024, 2), (2048, 2), (1024, 4), (2048, 4), (1024, 8)] {
-            for pivots in [1, 2, 3] {
-                out.extend(both(SearchConfig {
-                    shared: true,
-                    ..cfg(tile, warps, true, pivots)
-                }));
+        for (tile, warps) in [(1024, 2), (1024, 4), (2048, 4), (1024, 8)] {
+            for pivots in [1, 2] {
+                out.push(streamed(tile, warps, pivots, true));
             }
         }
     }
-    for (tile, warps) in [(1024, 2), (2048, 2), (4096, 2)] {
-        for pivots in [1, 2] {
-            out.extend(both(cfg(tile, warps, true, pivots)));
-        }
+    for (tile, warps) in [(1024, 2), (1024, 4), (2048, 4), (4096, 8)] {
+        out.push(streamed(tile, warps, 1, false));
     }
-    for (tile, warps) in [(1024, 4), (2048, 4), (4096, 4), (2048, 8), (4096, 8)] {
-        for pivots in [1, 2, 3] {
-            out.extend(both(cfg(tile, warps, true, pivots)));
-        }
-    }
-    if n <= 8192 {
-        for warps in [2, 4, 8, 16] {
-            if n >= 128 * warps as usize && n <= 2048 * warps as usize {
-                for pivots in [1, 3] {
-                    out.push(cfg(n, warps, false, pivots));
-                }
-            }
-        }
+    for (tile, warps) in [
+        (1024, 4),
+        (2048, 4),
+        (1024, 8),
+        (2048, 8),
+        (4096, 8),
+        (2048, 16),
+        (4096, 16),
+    ] {
+        out.push(SearchConfig {
+            recompute: true,
+            ..streamed(tile, warps, 1, false)
+        });
     }
     out
 }
@@ -150,6 +129,7 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         pivots: 1,
         shared: false,
         histogram: false,
+        recompute: false,
     };
     let shared = SearchConfig {
         block: 2048,
@@ -159,7 +139,17 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         ..resident
     };
     let streamed = SearchConfig::streamed(2048, 1, 4, 1, false);
-    for cfg in [None, Some(resident), Some(shared), Some(streamed)] {
+    let recomputed = SearchConfig {
+        recompute: true,
+        ..streamed
+    };
+    for cfg in [
+        None,
+        Some(resident),
+        Some(shared),
+        Some(streamed),
+        Some(recomputed),
+    ] {
         let params = [ParamValues::PerRow(ps.clone())];
         let mut plan = match cfg {
             None => PrunePlan::new(dusk, &top_p::POLICY, &cand, 1, scale, &params)?,
@@ -172,10 +162,15 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         let mass = plan.kept_mass().download()?;
         let label = format!(
             "{}{}",
-            match (plan.config().stream, plan.config().shared) {
-                (true, true) => "staged in shared memory",
-                (true, false) => "streamed",
-                (false, _) => "resident",
+            match (
+                plan.config().stream,
+                plan.config().shared,
+                plan.config().recompute
+            ) {
+                (true, true, _) => "staged in shared memory",
+                (true, false, true) => "streamed, weights recomputed",
+                (true, false, false) => "streamed",
+                (false, _, _) => "resident",
             },
             if plan.config().histogram {
                 ", histogram"
@@ -434,10 +429,11 @@ pub fn run() -> Res<()> {
             })?;
             let name = format!(
                 "{}{}w{}k{}{}",
-                match (cfg.stream, cfg.shared) {
-                    (true, true) => "shared t",
-                    (true, false) => "stream t",
-                    (false, _) => "b",
+                match (cfg.stream, cfg.shared, cfg.recompute) {
+                    (true, true, _) => "shared t",
+                    (true, false, true) => "recompute t",
+                    (true, false, false) => "stream t",
+                    (false, _, _) => "b",
                 },
                 cfg.block,
                 cfg.num_warps,
