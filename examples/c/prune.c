@@ -18,7 +18,7 @@
 
 enum {
   ROWS = 6,
-  TILE = 1024, /* the stock search streams its rows in tiles of this many candidates */
+  TILE = 2048, /* the stock search streams its rows in tiles of this many candidates */
   MAX_LEN = 8192
 };
 /* Candidates of each row: long, medium, one, none, ... */
@@ -89,8 +89,7 @@ int main(int argc, char **argv) {
 
   CUdeviceptr dscores = upload(scores, 4 * (size_t)nnz), dindptr = upload(indptr, sizeof indptr);
   CUdeviceptr dpos = upload(positions, 4 * (size_t)nnz), dp = upload(p, sizeof p);
-  CUdeviceptr work, scratch, prefix, budget, kept_mass, flags, sel_indptr, sel_indices;
-  CU(cuMemAlloc(&work, 4 * (size_t)nnz));
+  CUdeviceptr scratch, prefix, budget, kept_mass, flags, sel_indptr, sel_indices;
   CU(cuMemAlloc(&scratch, 4 * (size_t)ROWS * TILE));
   /* The rows' look-back words: zero once; each launch leaves them zero. */
   CU(cuMemAlloc(&prefix, 4 * (ROWS + 1)));
@@ -105,7 +104,7 @@ int main(int argc, char **argv) {
   CU(cuMemsetD8(sel_indices, 0xFF, 4 * (size_t)nnz));
   CU(cuMemsetD8(budget, 0xFF, 4 * ROWS));
 
-  DUSK(dusk_threshold_top_p_t1024_g1_w4_h(stream, dscores, work, scratch, dindptr, dpos, dp,
+  DUSK(dusk_threshold_top_p_t2048_g1_w4_h_r(stream, dscores, scratch, dindptr, dpos, dp,
                                         (float)(SCALE * LOG2_E), sel_indptr, sel_indices, prefix,
                                         budget, kept_mass, flags, ROWS));
   CU(cuStreamSynchronize(stream));

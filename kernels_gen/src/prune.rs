@@ -59,10 +59,11 @@ pub struct PrunePlan {
     cand_indptr: Buffer<i32>,
     cand_indices: Buffer<i32>,
     params: Vec<ParamBuffer>,
-    /// For the streaming search: each candidate's weight (one element when the weights
-    /// are staged in shared memory: the kernel does not touch it), and a tile a query row
-    /// for the candidates of the search's last steps.
-    work: Option<(Buffer<f32>, Buffer<f32>)>,
+    /// Each candidate's weight, for a streaming search that keeps them in global memory
+    /// ([`SearchConfig::uses_work`]).
+    work: Option<Buffer<f32>>,
+    /// For the streaming search: a tile a query row for the candidates of its last steps.
+    scratch: Option<Buffer<f32>>,
     /// The rows' look-back words and the arrival counter (zero between launches).
     prefix: Buffer<i32>,
     budget: Buffer<i32>,
@@ -190,15 +191,13 @@ impl PrunePlan {
             cand_indptr: device.upload(&cand.indptr)?,
             cand_indices: device.upload(&padded(&cand.indices))?,
             params: vec![],
-            work: if cfg.stream {
-                Some((
-                    device.alloc(if cfg.shared {
-                        1
-                    } else {
-                        (nnz * cfg.group).max(1)
-                    })?,
-                    device.alloc((rows * cfg.group * cfg.block).max(1))?,
-                ))
+            work: if cfg.uses_work() {
+                Some(device.alloc((nnz * cfg.group).max(1))?)
+            } else {
+                None
+            },
+            scratch: if cfg.stream {
+                Some(device.alloc((rows * cfg.group * cfg.block).max(1))?)
             } else {
                 None
             },
@@ -302,10 +301,7 @@ impl PrunePlan {
         }
         let device = dusk.device();
         let mut args = vec![Arg::from(scores)];
-        if let Some((w, scratch)) = &self.work {
-            args.push(Arg::from(w));
-            args.push(Arg::from(scratch));
-        }
+        args.extend(self.work.iter().chain(&self.scratch).map(Arg::from));
         args.extend([Arg::from(&self.cand_indptr), Arg::from(&self.cand_indices)]);
         for p in &self.params {
             args.push(match p {

@@ -52,6 +52,10 @@ struct Lower<'c, 'k> {
     dot_smem: Option<GlobalValue<'c>>,
     /// The block of each [`OpKind::SharedAlloc`] (by its result).
     shared_blocks: HashMap<ValueId, GlobalValue<'c>>,
+    /// Shared-memory atomics were the last ops touching shared memory and their closing
+    /// barrier is not yet emitted: atomics commute, so a run of them (nothing but
+    /// arithmetic between) shares one barrier at each end ([`Lower::settle_atomics`]).
+    atomics_open: bool,
     /// Compute capability times ten of the target.
     sm: u32,
 }
@@ -128,6 +132,7 @@ pub(super) fn lower<'c>(
         smem: None,
         dot_smem: None,
         shared_blocks: HashMap::new(),
+        atomics_open: false,
         sm,
     };
     l.tid = l.sreg("tid.x")?;
@@ -510,16 +515,51 @@ impl<'c, 'k> Lower<'c, 'k> {
     fn region(&mut self, r: &Region) -> R<Vec<Cv<'c>>> {
         for op in &r.ops {
             if let OpKind::Yield { values } = &op.kind {
+                self.settle_atomics()?;
                 return Ok(values.iter().map(|v| self.get(*v)).collect());
             }
             self.op(op)?;
         }
+        self.settle_atomics()?;
         Ok(vec![])
+    }
+
+    /// Emits the barrier that closes a run of shared-memory atomics, if one is open: before
+    /// any op that may touch shared memory or synchronise, and at the end of every region
+    /// (so every path out of a loop body or a branch is settled alike).
+    fn settle_atomics(&mut self) -> R<()> {
+        if self.atomics_open {
+            self.atomics_open = false;
+            self.barrier()?;
+        }
+        Ok(())
     }
 
     fn op(&mut self, op: &Op) -> R<()> {
         use OpKind::*;
         let res = op.results.first().copied();
+        // Arithmetic (and address arithmetic) leaves a run of shared atomics open.
+        let arithmetic = matches!(
+            op.kind,
+            Constant { .. }
+                | Arange { .. }
+                | Splat { .. }
+                | Binary { .. }
+                | Cmp { .. }
+                | Unary { .. }
+                | Cast { .. }
+                | Bitcast { .. }
+                | Select { .. }
+                | PtrCast { .. }
+                | AddPtr { .. }
+                | ProgramId { .. }
+                | NumPrograms { .. }
+        );
+        let shared_atomic = matches!(op.kind, AtomicAdd { ptr, .. }
+            if matches!(self.ty_of(ptr).elem, Elem::SharedPtr(_)));
+        if !arithmetic && !shared_atomic {
+            self.settle_atomics()?;
+        }
         let out: Cv<'c> = match &op.kind {
             SharedAlloc { .. } => {
                 let g = self.shared_blocks[&res.expect("result")];
@@ -1847,14 +1887,15 @@ impl<'c, 'k> Lower<'c, 'k> {
 
     /// [`OpKind::AtomicAdd`]: a `red.add` (relaxed; inkwell's `atomicrmw` takes integers
     /// only) of each element this thread owns (replicas stay silent) where `mask` holds;
-    /// into shared memory between barriers, as a store is.
+    /// into shared memory between barriers, as a store is, a run of atomics sharing them.
     fn atomic_add(&mut self, ptr: ValueId, value: ValueId, mask: Option<ValueId>) -> R<()> {
         let Some(d) = self.ty_of(ptr).elem.pointee() else {
             unreachable!("verified")
         };
         let shared = matches!(self.ty_of(ptr).elem, Elem::SharedPtr(_));
-        // The barrier first: right after another write's, the two merge.
-        if shared {
+        // The barrier first (right after another write's, the two merge), unless this add
+        // continues a run of atomics: they commute, so none needs to wait for another.
+        if shared && !self.atomics_open {
             self.barrier()?;
         }
         let xs = self.elems(value);
@@ -1886,9 +1927,8 @@ impl<'c, 'k> Lower<'c, 'k> {
                 Ok(())
             })?;
         }
-        if shared {
-            self.barrier()?;
-        }
+        // The closing barrier waits for the op after the run ([`Lower::settle_atomics`]).
+        self.atomics_open |= shared;
         Ok(())
     }
 

@@ -132,10 +132,19 @@ pub struct SearchConfig {
     /// [`HISTOGRAM_MAX_ROW`] candidates. Policies without a target, or that read
     /// `threshold` or `below`, search without it.
     pub histogram: bool,
-    /// With `stream` and not `shared`: the weights are not written to `work`; every pass
-    /// after the second recomputes them from the scores (read again, from L2 while the row
-    /// is in flight), trading a write and re-reads of `work` for re-reads of the scores.
+    /// With `stream` and not `shared`: the weights are not written to a `work` buffer (the
+    /// kernel has no such parameter); every pass after the second recomputes them from the
+    /// scores (read again, from L2 while the row is in flight), trading a write and
+    /// re-reads of `work` for re-reads of the scores.
     pub recompute: bool,
+}
+
+impl SearchConfig {
+    /// Whether the search keeps its weights in the global `work` buffer (a kernel
+    /// parameter only then): streamed, neither staged in shared memory nor recomputed.
+    pub fn uses_work(&self) -> bool {
+        self.stream && !self.shared && !self.recompute
+    }
 }
 
 /// Weights the shared-memory staging holds (32 KiB of f32, within the 48 KiB of static
@@ -192,9 +201,10 @@ impl SearchConfig {
     /// a row win, since each search step's fixed cost (the exchange between warps, the
     /// scalar bookkeeping every thread repeats) is paid per warp: 4 warps with the weights
     /// in shared memory where they fit ([`shared_row_capacity`]: 8192 candidates for one
-    /// query head a row), else 2 warps up to [`SHORT_ROWS`] and 4 beyond. Rows held in
-    /// registers lose since the search writes the CSR list itself: a row waiting for the
-    /// rows before it holds all of its registers.
+    /// query head a row), else 2 warps up to [`SHORT_ROWS`], and beyond, tiles of 2048 on
+    /// 4 warps with the weights recomputed from the scores in every pass (`recompute`).
+    /// Rows held in registers lose since the search writes the CSR list itself: a row
+    /// waiting for the rows before it holds all of its registers.
     pub fn for_rows(max_len: usize, group: usize) -> SearchConfig {
         let streamed =
             |num_warps, shared| SearchConfig::streamed(1024, group, num_warps, 1, shared);
@@ -204,8 +214,13 @@ impl SearchConfig {
         } else if max_len <= SHORT_ROWS {
             streamed(2, false)
         } else {
-            // 32768 candidates: 914.1 us; tiles of 4096 on 8 warps 1023.0 (e759827).
-            streamed(4, false)
+            // 32768 candidates: 865.4 us; tiles of 1024 from `work` (the default before)
+            // 904.3, recomputed 873.0, 8 warps 893.1 (969c215).
+            SearchConfig {
+                block: 2048,
+                recompute: true,
+                ..streamed(4, false)
+            }
         }
     }
 }

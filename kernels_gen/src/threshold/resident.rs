@@ -19,7 +19,7 @@ use dusk_compiler::{CompileError, DType, Kernel, KernelBuilder, Value};
 pub fn build_search(policy: &Policy, cfg: &SearchConfig) -> Result<Kernel, CompileError> {
     let mut b = KernelBuilder::new(&search_name(policy, cfg));
     b.set_num_warps(cfg.num_warps);
-    let k = search::declare(&mut b, policy, false);
+    let k = search::declare(&mut b, policy, cfg);
     let search::Kernel {
         scores,
         indices,

@@ -451,12 +451,15 @@ pub(super) fn next_points(
         .collect()
 }
 
-/// The parameters both search kernels take, in order (the streaming one adds `work` and
-/// `scratch` after `scores`), and the program's candidate row: its `start` and length `n`.
+/// The parameters both search kernels take, in order (the streaming one adds `work`, if
+/// it keeps its weights there, and `scratch` after `scores`), and the program's candidate
+/// row: its `start` and length `n`.
 pub(super) struct Kernel {
     pub(super) scores: Value,
-    /// `work` and `scratch`, for the streaming kernel.
-    pub(super) workspace: Option<(Value, Value)>,
+    /// The weights' global buffer ([`SearchConfig::uses_work`]).
+    pub(super) work: Option<Value>,
+    /// The streaming kernel's gathered tiles.
+    pub(super) scratch: Option<Value>,
     pub(super) indices: Value,
     pub(super) params: Vec<Value>,
     pub(super) scale: Value,
@@ -473,14 +476,10 @@ pub(super) struct Kernel {
 }
 
 /// Declares the search kernel's parameters on `b` and reads the program's candidate row.
-pub(super) fn declare(b: &mut KernelBuilder, policy: &Policy, streaming: bool) -> Kernel {
+pub(super) fn declare(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig) -> Kernel {
     let scores = b.param_ptr("scores", DType::F32);
-    let workspace = streaming.then(|| {
-        (
-            b.param_ptr("work", DType::F32),
-            b.param_ptr("scratch", DType::F32),
-        )
-    });
+    let work = cfg.uses_work().then(|| b.param_ptr("work", DType::F32));
+    let scratch = cfg.stream.then(|| b.param_ptr("scratch", DType::F32));
     let indptr = b.param_ptr("cand_indptr", DType::I32);
     let indices = b.param_ptr("cand_indices", DType::I32);
     let params: Vec<Value> = policy
@@ -505,7 +504,8 @@ pub(super) fn declare(b: &mut KernelBuilder, policy: &Policy, streaming: bool) -
     let n = b.sub(end, start);
     Kernel {
         scores,
-        workspace,
+        work,
+        scratch,
         indices,
         params,
         scale,

@@ -80,16 +80,18 @@ impl RowWeights {
 /// the second recomputes them from the scores (which stay in L2 between the passes).
 /// Once the bracket holds at most a tile of candidates, they are gathered into the query
 /// row's tile of `scratch` (f32, `block` a query row) and the last steps run on it in
-/// registers. Parameters as [`super::resident::build_search`], with `work` and `scratch` after `scores`.
+/// registers. Parameters as [`super::resident::build_search`], with `work` (only where the
+/// weights are kept there, [`SearchConfig::uses_work`]) and `scratch` after `scores`.
 /// Grid: one program per candidate row.
 pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Kernel, CompileError> {
     let (tile, group) = (cfg.block, cfg.group);
     let mut b = KernelBuilder::new(&search_name(policy, cfg));
     b.set_num_warps(cfg.num_warps);
-    let k = search::declare(&mut b, policy, true);
+    let k = search::declare(&mut b, policy, cfg);
     let search::Kernel {
         scores,
-        workspace,
+        work,
+        scratch,
         indices,
         ref params,
         scale,
@@ -101,7 +103,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         n,
         ..
     } = k;
-    let (work, scratch) = workspace.expect("declared with the streaming workspace");
+    let scratch = scratch.expect("declared for a streaming search");
     let one = b.i32(1);
     let start64 = b.cast(start, DType::I64);
     let staging = cfg.shared.then(|| b.shared_alloc(DType::F32, SHARED_ROW));
@@ -125,17 +127,18 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         b.add_ptr(at, base)
     };
     let scores_row = |b: &mut KernelBuilder, g: Value| head_row(b, scores, g);
-    // Query head g's weights: its share of the shared staging, or its row of `work`.
-    let weights_row = |b: &mut KernelBuilder, g: Value| -> Value {
-        match staging {
-            Some(st) => {
+    // Query head g's stored weights: its share of the shared staging, or its row of
+    // `work`; none when they are recomputed.
+    let weights_row = |b: &mut KernelBuilder, g: Value| -> Option<Value> {
+        match (staging, work) {
+            (Some(st), _) => {
                 let at = b.mul_c(g, cap as i64);
-                b.add_ptr(st, at)
+                Some(b.add_ptr(st, at))
             }
-            None => head_row(b, work, g),
+            (None, Some(work)) => Some(head_row(b, work, g)),
+            (None, None) => None,
         }
     };
-    let recompute = cfg.recompute && staging.is_none();
     let bounds = needs_bounds(policy);
     // Once the bracket holds at most a tile of candidates (and the policy reads no
     // nearest-element statistic, which a gathered tile cannot give), they are gathered
@@ -176,7 +179,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         let max0 = b.splat(ninf, &[tile]);
         let acc = b.for_range(zero_i, n, tile_i, &[bad0, max0], |b, t0, c| {
             let (offs, valid, s) = load_tile(b, s_row, (t0, n), tile, 0.0);
-            if staging.is_some() {
+            if let (Some(_), Some(w_row)) = (staging, w_row) {
                 // Staged as they are, so that pass 2 reads shared memory, not L2.
                 let wp = b.add_ptr(w_row, offs);
                 b.store_masked(wp, s, Some(valid));
@@ -198,9 +201,9 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         let empty = b.le(n, zero_i);
         let skip = b.or(bad, empty);
 
-        // Pass 2: e to `work` (-1 past the row, +inf for an invalid row's candidates); with
-        // the staging, e replaces the staged logit in place; with the histogram, e is added
-        // to its bucket.
+        // Pass 2: e to `work` (+inf for an invalid row's candidates); with the staging, e
+        // replaces the staged logit in place; recomputed, e is not stored; with the
+        // histogram, e is added to its bucket.
         if let Some((h, _)) = &histogram {
             h.clear(b);
         }
@@ -208,12 +211,15 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         let z0 = b.splat(zf, &[tile]);
         let pos0 = b.splat(zero_i, &[tile]);
         let acc = b.for_range(zero_i, n, tile_i, &[z0, pos0], |b, t0, c| {
-            let from = if staging.is_some() { w_row } else { s_row };
+            let from = match (staging, w_row) {
+                (Some(_), Some(staged)) => staged,
+                _ => s_row,
+            };
             let (offs, valid, s) = load_tile(b, from, (t0, n), tile, 0.0);
             let zero = b.f32(0.0);
             let e_raw = weight(b, s, m, scale);
             let e = b.select(valid, e_raw, zero);
-            if !recompute {
+            if let Some(w_row) = w_row {
                 let inf = b.f32(f32::INFINITY);
                 let e_or_all = b.select(bad, inf, e_raw);
                 let wp = b.add_ptr(w_row, offs);
@@ -231,15 +237,14 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         // tree), so the mass of every candidate equals z exactly.
         let z = b.sum(acc[0], 0);
         let n_pos = b.sum(acc[1], 0);
-        let weights = if recompute {
-            RowWeights::Recomputed {
+        let weights = match w_row {
+            Some(w_row) => RowWeights::Stored(w_row),
+            None => RowWeights::Recomputed {
                 scores: s_row,
                 max: m,
                 bad,
                 scale,
-            }
-        } else {
-            RowWeights::Stored(w_row)
+            },
         };
 
         let param_vals = load_params(b, params, qrow);
@@ -375,16 +380,17 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         b.for_range(g_lo, g_hi, one, &[none], |b, g, k| {
             let (zf, zero_i) = (b.f32(0.0), b.i32(0));
             let t = of_head(b, thresholds, zf, g);
-            let weights = if recompute {
-                let bad_i = of_head(b, found[3], zero_i, g);
-                RowWeights::Recomputed {
-                    scores: scores_row(b, g),
-                    max: of_head(b, found[2], zf, g),
-                    bad: b.gt(bad_i, zero_i),
-                    scale,
+            let weights = match weights_row(b, g) {
+                Some(w_row) => RowWeights::Stored(w_row),
+                None => {
+                    let bad_i = of_head(b, found[3], zero_i, g);
+                    RowWeights::Recomputed {
+                        scores: scores_row(b, g),
+                        max: of_head(b, found[2], zf, g),
+                        bad: b.gt(bad_i, zero_i),
+                        scale,
+                    }
                 }
-            } else {
-                RowWeights::Stored(weights_row(b, g))
             };
             let es = weights.tile(b, (t0, n), tile);
             let kept = b.ge(es, t);

@@ -8,7 +8,8 @@
 //!    rotated over two sets larger than L2 together, beside the peers' times (`--peer`,
 //!    written by `benches/baselines/topp_peers.py` in the same command). `--profile N`
 //!    skips the checks and the sweep and times the default for rows of N candidates only
-//!    (for ncu; `--no-histogram` without the histogram's first step); `--no-sweep` times
+//!    (for ncu; `--no-histogram` without the histogram's first step, `--recompute` with the
+//!    weights recomputed, `--tile T` and `--warps W` another tiling); `--no-sweep` times
 //!    the defaults only.
 //!
 //!     gpu-check threshold --peer peers.json --out benches/results/threshold_search.json
@@ -383,6 +384,13 @@ pub fn run() -> Res<()> {
         let mut cfg = SearchConfig::for_rows(n, 1);
         if flag("--no-histogram") {
             cfg.histogram = false;
+        }
+        cfg.recompute |= flag("--recompute");
+        if let Some(t) = arg("--tile") {
+            cfg.block = t.parse()?;
+        }
+        if let Some(w) = arg("--warps") {
+            cfg.num_warps = w.parse()?;
         }
         let mut plan = PrunePlan::with_config(
             &dusk,
