@@ -172,6 +172,7 @@ pub fn search(max_len: usize, group: usize) -> Vec<SearchConfig> {
                     shared: false,
                     histogram: false,
                     recompute: false,
+                    prefetch: false,
                 });
             }
             block *= 2;

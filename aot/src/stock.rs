@@ -112,7 +112,7 @@ fn search_kernel(search: &SearchConfig) -> Result<BundleKernel> {
             "policy": policy.name, "block": search.block, "group": search.group,
             "num_warps": search.num_warps, "stream": search.stream, "pivots": search.pivots,
             "shared": search.shared, "histogram": search.histogram,
-            "recompute": search.recompute,
+            "recompute": search.recompute, "prefetch": search.prefetch,
         })),
     })
 }

@@ -321,6 +321,35 @@ fn atomic_adds_into_shared_memory_assemble() {
     );
 }
 
+/// A sum of an i32 block that was just prefix-summed reuses the scan's total (the
+/// compaction's count of kept positions): no butterfly exchange, one barrier pair fewer;
+/// an f32 block's sum (rounded in another order than the scan's) is still reduced.
+#[test]
+fn the_sum_of_a_scanned_integer_block_is_the_scan_total() {
+    let build = |dtype: DType| {
+        let mut b = dusk_compiler::KernelBuilder::new("scan_and_sum");
+        let x = b.param_ptr("x", dtype);
+        let out = b.param_ptr("out", dtype);
+        let total = b.param_ptr("total", dtype);
+        b.set_num_warps(4);
+        let i = b.arange(0, 1024);
+        let src = b.add_ptr(x, i);
+        let v = b.load(src);
+        let ranks = b.cumsum(v);
+        let dst = b.add_ptr(out, i);
+        b.store(dst, ranks);
+        let sum = b.sum(v, 0);
+        b.store(total, sum);
+        let k = b.finish().unwrap();
+        compile(&k, &Target::sm90a()).unwrap()
+    };
+    let int = build(DType::I32);
+    assert!(!int.contains("shfl.sync.bfly"), "{int}");
+    assert_eq!(int.matches("bar.sync").count(), 2, "{int}");
+    let float = build(DType::F32);
+    assert!(float.contains("shfl.sync.bfly"), "{float}");
+}
+
 /// Assembles `ptx` for `arch`; returns ptxas's resource report.
 fn assemble(ptxas: &PathBuf, ptx: &str, arch: &str, name: &str) -> String {
     let dir = std::env::temp_dir().join(format!("dusk-ptxas-{}", std::process::id()));
@@ -442,6 +471,7 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
             shared: false,
             histogram: false,
             recompute: false,
+            prefetch: false,
         };
         ks.push(threshold::build(&top_p::POLICY, &cfg).unwrap());
     }

@@ -498,6 +498,8 @@ fn streaming_search_matches_the_oracle() {
             shared,
             histogram,
             recompute,
+            // L2 prefetches ahead of the loads (in bounds, and nothing else changes).
+            prefetch: histogram,
         };
         let mut plan = PrunePlan::with_config(
             &dusk,
@@ -542,6 +544,7 @@ fn streaming_search_matches_the_oracle() {
             shared: true,
             histogram: false,
             recompute: false,
+            prefetch: false,
         },
         1.0,
         &[ParamValues::Uniform(0.9)],
@@ -608,6 +611,7 @@ fn multi_pivot_search_matches_the_oracle() {
             shared: false,
             histogram: stream,
             recompute: pivots == 4,
+            prefetch: false,
         };
         for (policy, params) in [
             (&top_p::POLICY, vec![ParamValues::PerRow(ps.clone())]),

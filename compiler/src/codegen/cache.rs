@@ -2,8 +2,9 @@
 //! once per machine.
 //!
 //! The key is the kernel's printed IR (every op, type, constant and launch hint), the
-//! target, the PTX ISA, and the versions of dusk and LLVM: any change to one of them is a
-//! different key. On disk each entry holds its full key next to the PTX and is used only
+//! target, the PTX ISA, the versions of dusk and LLVM, and a fingerprint of the compiler's
+//! own source (`build.rs`, so a change to the lowering is a new key between releases too):
+//! any change to one of them is a different key. On disk each entry holds its full key next to the PTX and is used only
 //! when the key matches exactly, so a hash collision costs a recompile, never a wrong kernel.
 //! The folder is `$DUSK_CACHE_DIR`, else `$XDG_CACHE_HOME/dusk`, else `~/.cache/dusk`;
 //! `DUSK_CACHE_DIR=off` keeps the cache in memory only.
@@ -47,8 +48,9 @@ pub fn cache_dir() -> Option<PathBuf> {
 fn key(kernel: &Kernel, target: &Target) -> String {
     let (major, minor, patch) = inkwell::support::get_llvm_version();
     format!(
-        "dusk {} llvm {major}.{minor}.{patch} target {} ptx {}.{}\n{}",
+        "dusk {} ({}) llvm {major}.{minor}.{patch} target {} ptx {}.{}\n{}",
         env!("CARGO_PKG_VERSION"),
+        env!("DUSK_COMPILER_SOURCE"),
         target.arch_name(),
         target.ptx_isa.0,
         target.ptx_isa.1,

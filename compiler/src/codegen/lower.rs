@@ -56,6 +56,10 @@ struct Lower<'c, 'k> {
     /// barrier is not yet emitted: atomics commute, so a run of them (nothing but
     /// arithmetic between) shares one barrier at each end ([`Lower::settle_atomics`]).
     atomics_open: bool,
+    /// The total of each integer block prefix-summed in the regions being lowered (its
+    /// [`OpKind::Scan`] computes it anyway): a sum of the same block reuses it instead of
+    /// reducing again (an exchange between warps and a barrier pair saved).
+    scan_totals: HashMap<ValueId, BasicValueEnum<'c>>,
     /// Compute capability times ten of the target.
     sm: u32,
 }
@@ -133,6 +137,7 @@ pub(super) fn lower<'c>(
         dot_smem: None,
         shared_blocks: HashMap::new(),
         atomics_open: false,
+        scan_totals: HashMap::new(),
         sm,
     };
     l.tid = l.sreg("tid.x")?;
@@ -513,15 +518,19 @@ impl<'c, 'k> Lower<'c, 'k> {
     // ---- regions and ops ----
 
     fn region(&mut self, r: &Region) -> R<Vec<Cv<'c>>> {
+        // Totals of scans inside the region do not dominate what follows it.
+        let outer_scans = self.scan_totals.clone();
+        let mut out = vec![];
         for op in &r.ops {
             if let OpKind::Yield { values } = &op.kind {
-                self.settle_atomics()?;
-                return Ok(values.iter().map(|v| self.get(*v)).collect());
+                out = values.iter().map(|v| self.get(*v)).collect();
+                break;
             }
             self.op(op)?;
         }
         self.settle_atomics()?;
-        Ok(vec![])
+        self.scan_totals = outer_scans;
+        Ok(out)
     }
 
     /// Emits the barrier that closes a run of shared-memory atomics, if one is open: before
@@ -727,6 +736,11 @@ impl<'c, 'k> Lower<'c, 'k> {
                 self.grid_dependency("griddepcontrol.launch_dependents;")?;
                 return Ok(());
             }
+            Reduce {
+                op: ReduceOp::Sum,
+                value,
+                ..
+            } if self.scan_totals.contains_key(value) => Cv::S(self.scan_totals[value]),
             Reduce {
                 op: rop,
                 value,
@@ -2584,6 +2598,10 @@ impl<'c, 'k> Lower<'c, 'k> {
             carry = add(carry, all)?;
         }
         self.barrier()?;
+        // An integer sum is the same in any order: the block's sum, if asked for, is this.
+        if !d.is_float() {
+            self.scan_totals.insert(v, carry);
+        }
         Ok(Cv::B(out))
     }
 

@@ -137,6 +137,10 @@ pub struct SearchConfig {
     /// scores (read again, from L2 while the row is in flight), trading a write and
     /// re-reads of `work` for re-reads of the scores.
     pub recompute: bool,
+    /// With `stream`: each tile read from global memory first brings the tile two on
+    /// into L2 (`prefetch.global.L2`, no registers held), so a program's loads wait on L2
+    /// rather than DRAM.
+    pub prefetch: bool,
 }
 
 impl SearchConfig {
@@ -192,6 +196,7 @@ impl SearchConfig {
             shared,
             histogram: true,
             recompute: false,
+            prefetch: false,
         }
     }
 
@@ -238,8 +243,13 @@ pub fn search_name(policy: &Policy, cfg: &SearchConfig) -> String {
     } else {
         ""
     };
+    let prefetch = if cfg.prefetch && cfg.stream {
+        "_l2"
+    } else {
+        ""
+    };
     format!(
-        "threshold_{}_{}{}_g{}_w{}{pivots}{histogram}{recompute}",
+        "threshold_{}_{}{}_g{}_w{}{pivots}{histogram}{recompute}{prefetch}",
         policy.name,
         match (cfg.stream, cfg.shared) {
             (true, true) => "s",

@@ -8,23 +8,51 @@ use super::search::{
     tally_terms, Outputs, RowTotals, Tally,
 };
 use super::{output, search_name, shared_row_capacity, Policy, SearchConfig, SHARED_ROW};
-use dusk_compiler::{CompileError, DType, Kernel, KernelBuilder, Value};
+use dusk_compiler::{CompileError, DType, Elem, Kernel, KernelBuilder, Value};
+
+/// Tiles ahead of the one being read that [`SearchConfig::prefetch`] brings into L2.
+const PREFETCH_AHEAD: i64 = 2;
 
 /// Tile `t0` (of `tile` candidates) of a row of `n` f32 values at `row`: the offsets, which
-/// of them lie in the row, and the values (`other` past its end).
+/// of them lie in the row, and the values (`other` past its end). With `prefetch` and a
+/// row in global memory, the tile [`PREFETCH_AHEAD`] on is brought into L2 first.
 fn load_tile(
     b: &mut KernelBuilder,
     row: Value,
     (t0, n): (Value, Value),
-    tile: usize,
+    (tile, prefetch): (usize, bool),
     other: f32,
 ) -> (Value, Value, Value) {
+    if prefetch {
+        prefetch_tile(b, row, (t0, n), tile);
+    }
     let ar = b.arange(0, tile as i64);
     let offs = b.add(ar, t0);
     let valid = b.lt(offs, n);
     let ptrs = b.add_ptr(row, offs);
     let other = b.f32(other);
     (offs, valid, b.load_masked(ptrs, Some(valid), Some(other)))
+}
+
+/// Brings the 128 bytes at every 32nd element of the tile [`PREFETCH_AHEAD`] tiles past `t0`
+/// of a global row of `n` 4-byte elements into L2 (none reaching past the row; nothing for a
+/// row in shared memory): a program's loads then wait on L2, not DRAM, without holding more
+/// registers.
+fn prefetch_tile(b: &mut KernelBuilder, row: Value, (t0, n): (Value, Value), tile: usize) {
+    if !matches!(b.ty(row).elem, Elem::Ptr(_)) {
+        return;
+    }
+    const PER_LINE: usize = 128 / 4;
+    let lines = b.arange(0, (tile / PER_LINE) as i64);
+    let firsts = b.mul_c(lines, PER_LINE as i64);
+    let ahead = b.add_c(t0, PREFETCH_AHEAD * tile as i64);
+    let offs = b.add(firsts, ahead);
+    // Whole lines of the row only (the op's 128 bytes must lie in the buffer); the loads
+    // fetch a last partial line themselves.
+    let ends = b.add_c(offs, PER_LINE as i64);
+    let inside = b.le(ends, n);
+    let ptrs = b.add_ptr(row, offs);
+    b.prefetch(ptrs, Some(inside), 128);
 }
 
 /// Where a query head's weights come from in each pass after the second: stored (in
@@ -50,16 +78,16 @@ fn weight(b: &mut KernelBuilder, s: Value, max: Value, scale: Value) -> Value {
 
 impl RowWeights {
     /// The weights of tile `t0` (-1 past the row, +inf for an invalid row's candidates).
-    fn tile(self, b: &mut KernelBuilder, (t0, n): (Value, Value), tile: usize) -> Value {
+    fn tile(self, b: &mut KernelBuilder, (t0, n): (Value, Value), tiling: (usize, bool)) -> Value {
         match self {
-            RowWeights::Stored(w) => load_tile(b, w, (t0, n), tile, -1.0).2,
+            RowWeights::Stored(w) => load_tile(b, w, (t0, n), tiling, -1.0).2,
             RowWeights::Recomputed {
                 scores,
                 max,
                 bad,
                 scale,
             } => {
-                let (_, valid, s) = load_tile(b, scores, (t0, n), tile, 0.0);
+                let (_, valid, s) = load_tile(b, scores, (t0, n), tiling, 0.0);
                 let e = weight(b, s, max, scale);
                 let inf = b.f32(f32::INFINITY);
                 let e = b.select(bad, inf, e);
@@ -85,6 +113,7 @@ impl RowWeights {
 /// Grid: one program per candidate row.
 pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Kernel, CompileError> {
     let (tile, group) = (cfg.block, cfg.group);
+    let tiling = (tile, cfg.prefetch);
     let mut b = KernelBuilder::new(&search_name(policy, cfg));
     b.set_num_warps(cfg.num_warps);
     let k = search::declare(&mut b, policy, cfg);
@@ -178,7 +207,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         let bad0 = b.splat(zero_i, &[tile]);
         let max0 = b.splat(ninf, &[tile]);
         let acc = b.for_range(zero_i, n, tile_i, &[bad0, max0], |b, t0, c| {
-            let (offs, valid, s) = load_tile(b, s_row, (t0, n), tile, 0.0);
+            let (offs, valid, s) = load_tile(b, s_row, (t0, n), tiling, 0.0);
             if let (Some(_), Some(w_row)) = (staging, w_row) {
                 // Staged as they are, so that pass 2 reads shared memory, not L2.
                 let wp = b.add_ptr(w_row, offs);
@@ -215,7 +244,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
                 (Some(_), Some(staged)) => staged,
                 _ => s_row,
             };
-            let (offs, valid, s) = load_tile(b, from, (t0, n), tile, 0.0);
+            let (offs, valid, s) = load_tile(b, from, (t0, n), tiling, 0.0);
             let zero = b.f32(0.0);
             let e_raw = weight(b, s, m, scale);
             let e = b.select(valid, e_raw, zero);
@@ -278,7 +307,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
                 .map(|v| b.splat(*v, &[tile]))
                 .collect();
             let acc = b.for_range(zero_i, n, tile_i, &init, |b, t0, c| {
-                let es = weights.tile(b, (t0, n), tile);
+                let es = weights.tile(b, (t0, n), tiling);
                 let mut next = vec![];
                 for (i, mid) in mids.iter().enumerate() {
                     let terms = tally_terms(b, es, *mid, bounds);
@@ -323,7 +352,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             b.if_then(open, |b| {
                 let zero_i = b.i32(0);
                 b.for_range(zero_i, n, tile_i, &[zero_i], |b, t0, c| {
-                    let es = weights.tile(b, (t0, n), tile);
+                    let es = weights.tile(b, (t0, n), tiling);
                     let at_lo = b.ge(es, lo);
                     let below_hi = b.lt(es, hi);
                     let inside = b.and(at_lo, below_hi);
@@ -392,7 +421,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
                     }
                 }
             };
-            let es = weights.tile(b, (t0, n), tile);
+            let es = weights.tile(b, (t0, n), tiling);
             let kept = b.ge(es, t);
             let kept = b.cast(kept, DType::I32);
             vec![b.maximum(k[0], kept)]
@@ -411,6 +440,9 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             let is_kept = b.eq(keep, one_b);
             let is_kept = b.and(is_kept, ok);
             let src_row = b.add_ptr(indices, start64);
+            if cfg.prefetch {
+                prefetch_tile(b, src_row, (t0, n), tile);
+            }
             let src = b.add_ptr(src_row, offs);
             let tok = b.load_masked(src, Some(is_kept), None);
             vec![append_in_order(b, dst, tok, is_kept, c[0])]

@@ -9,7 +9,8 @@
 //!    written by `benches/baselines/topp_peers.py` in the same command). `--profile N`
 //!    skips the checks and the sweep and times the default for rows of N candidates only
 //!    (for ncu; `--no-histogram` without the histogram's first step, `--recompute` with the
-//!    weights recomputed, `--tile T` and `--warps W` another tiling); `--no-sweep` times
+//!    weights recomputed, `--prefetch` with L2 prefetches, `--tile T` and `--warps W`
+//!    another tiling); `--no-sweep` times
 //!    the defaults only.
 //!
 //!     gpu-check threshold --peer peers.json --out benches/results/threshold_search.json
@@ -61,18 +62,19 @@ fn sweep(n: usize) -> Vec<SearchConfig> {
     for (tile, warps) in [(1024, 2), (1024, 4), (2048, 4), (4096, 8)] {
         out.push(streamed(tile, warps, 1, false));
     }
-    for (tile, warps) in [
-        (1024, 4),
-        (2048, 4),
-        (1024, 8),
-        (2048, 8),
-        (4096, 8),
-        (2048, 16),
-        (4096, 16),
-    ] {
+    for (tile, warps) in [(1024, 4), (2048, 4), (1024, 8), (2048, 8)] {
+        for prefetch in [false, true] {
+            out.push(SearchConfig {
+                recompute: true,
+                prefetch,
+                ..streamed(tile, warps, 1, false)
+            });
+        }
+    }
+    for (tile, warps) in [(1024, 4), (1024, 2)] {
         out.push(SearchConfig {
-            recompute: true,
-            ..streamed(tile, warps, 1, false)
+            prefetch: true,
+            ..streamed(tile, warps, 1, n <= SHARED_ROW)
         });
     }
     out
@@ -131,6 +133,7 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         shared: false,
         histogram: false,
         recompute: false,
+        prefetch: false,
     };
     let shared = SearchConfig {
         block: 2048,
@@ -140,8 +143,10 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         ..resident
     };
     let streamed = SearchConfig::streamed(2048, 1, 4, 1, false);
+    // Recomputed weights, with L2 prefetches (memcheck sees their addresses stay in rows).
     let recomputed = SearchConfig {
         recompute: true,
+        prefetch: true,
         ..streamed
     };
     for cfg in [
@@ -386,6 +391,7 @@ pub fn run() -> Res<()> {
             cfg.histogram = false;
         }
         cfg.recompute |= flag("--recompute");
+        cfg.prefetch |= flag("--prefetch");
         if let Some(t) = arg("--tile") {
             cfg.block = t.parse()?;
         }
@@ -436,7 +442,7 @@ pub fn run() -> Res<()> {
                 alt.run(&dusk, &sets[k])
             })?;
             let name = format!(
-                "{}{}w{}k{}{}",
+                "{}{}w{}k{}{}{}",
                 match (cfg.stream, cfg.shared, cfg.recompute) {
                     (true, true, _) => "shared t",
                     (true, false, true) => "recompute t",
@@ -446,7 +452,8 @@ pub fn run() -> Res<()> {
                 cfg.block,
                 cfg.num_warps,
                 cfg.pivots,
-                if cfg.histogram { "h" } else { "" }
+                if cfg.histogram { "h" } else { "" },
+                if cfg.prefetch { " l2" } else { "" }
             );
             println!("  {name}: {:.1} us", median(&t));
             others.push(json!({"config": name, "us": median(&t)}));
