@@ -544,6 +544,13 @@ impl KernelBuilder {
         self.push(OpKind::WaitPriorGrid, caller_loc(Location::caller()), &[]);
     }
 
+    /// Waits for every thread of the program, their memory accesses visible; see
+    /// [`OpKind::Barrier`].
+    #[track_caller]
+    pub fn barrier(&mut self) {
+        self.push(OpKind::Barrier, caller_loc(Location::caller()), &[]);
+    }
+
     /// Lets the next kernel on the stream start; see [`OpKind::ReleaseDependents`].
     #[track_caller]
     pub fn release_dependents(&mut self) {

@@ -893,8 +893,9 @@ impl<'k> Interp<'k, '_, '_> {
         let g = |v: &ValueId| get(env, *v);
         let elem_ty = |v: &ValueId| dtype_of(k.ty(*v));
         Ok(Some(match &op.kind {
-            // Programs run one launch at a time here: nothing to wait for or release.
-            WaitPriorGrid | ReleaseDependents => return Ok(None),
+            // Programs run one launch at a time here, and each op for the whole program at
+            // once: nothing to wait for or release.
+            WaitPriorGrid | ReleaseDependents | Barrier => return Ok(None),
             ProgramId { axis } => Data::I32(vec![self.program[*axis as usize] as i32]),
             NumPrograms { axis } => Data::I32(vec![self.grid[*axis as usize] as i32]),
             Constant { value, dtype } => constant(*value, *dtype),

@@ -370,6 +370,12 @@ pub enum OpKind {
     /// `griddepcontrol.launch_dependents`); they still wait for this kernel's end at their
     /// [`OpKind::WaitPriorGrid`].
     ReleaseDependents,
+    /// Waits until every thread of the program has reached it, with their earlier memory
+    /// accesses (global and shared) visible to all of them (PTX `bar.sync`): between a
+    /// program's threads writing global memory and reading what other threads wrote there.
+    /// Shared-memory stores need none (they carry their own). Scalar conditions are uniform,
+    /// so every thread reaches it.
+    Barrier,
     /// Counts the program's arrival at the i32 `counter` (a scalar pointer): once for the
     /// whole program, after every thread's earlier stores, it adds 1 and gives every thread
     /// the count before its add. Stores a program made before arriving are visible to the
@@ -440,7 +446,8 @@ impl OpKind {
             | Arange { .. }
             | WaitPriorGrid
             | SharedAlloc { .. }
-            | ReleaseDependents => vec![],
+            | ReleaseDependents
+            | Barrier => vec![],
             Splat { value, .. } | Expand { value, .. } | Unary { value, .. } => vec![*value],
             Cast { value, .. } | Bitcast { value, .. } | Reduce { value, .. } | Scan { value } => {
                 vec![*value]
@@ -515,6 +522,7 @@ impl OpKind {
                 | OpKind::Arrive { .. }
                 | OpKind::WaitPriorGrid
                 | OpKind::ReleaseDependents
+                | OpKind::Barrier
                 | OpKind::Yield { .. }
         )
     }
@@ -579,6 +587,7 @@ impl OpKind {
             SharedAlloc { .. } => "shared_alloc",
             WaitPriorGrid => "wait_prior_grid",
             ReleaseDependents => "release_dependents",
+            Barrier => "barrier",
             Reduce { op, .. } => match op {
                 ReduceOp::Sum => "sum",
                 ReduceOp::Max => "max_reduce",

@@ -350,6 +350,35 @@ fn the_sum_of_a_scanned_integer_block_is_the_scan_total() {
     assert!(float.contains("shfl.sync.bfly"), "{float}");
 }
 
+/// `barrier`: global stores at positions other threads read back (a compaction into a
+/// scratch tile) are ordered before the loads by a `bar.sync` between them.
+#[test]
+fn a_barrier_orders_global_writes_before_other_threads_reads() {
+    let mut b = dusk_compiler::KernelBuilder::new("reversed_through_global");
+    let x = b.param_ptr("x", DType::F32);
+    let scratch = b.param_ptr("scratch", DType::F32);
+    let out = b.param_ptr("out", DType::F32);
+    b.set_num_warps(4);
+    let i = b.arange(0, 512);
+    let src = b.add_ptr(x, i);
+    let v = b.load(src);
+    let last = b.i32(511);
+    let reversed = b.sub(last, i);
+    let at = b.add_ptr(scratch, reversed);
+    b.store(at, v);
+    b.barrier();
+    let back = b.add_ptr(scratch, i);
+    let w = b.load(back);
+    let o = b.add_ptr(out, i);
+    b.store(o, w);
+    let k = b.finish().unwrap();
+    let ptx = compile(&k, &Target::sm90a()).unwrap();
+    let store = ptx.find("st.global").expect("the scattered store");
+    let sync = ptx[store..].find("bar.sync").expect("a barrier after it") + store;
+    let load = ptx[store..].find("ld.global").expect("the load back") + store;
+    assert!(sync < load, "{ptx}");
+}
+
 /// Assembles `ptx` for `arch`; returns ptxas's resource report.
 fn assemble(ptxas: &PathBuf, ptx: &str, arch: &str, name: &str) -> String {
     let dir = std::env::temp_dir().join(format!("dusk-ptxas-{}", std::process::id()));

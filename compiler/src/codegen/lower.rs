@@ -732,6 +732,10 @@ impl<'c, 'k> Lower<'c, 'k> {
                 self.grid_dependency("griddepcontrol.wait;")?;
                 return Ok(());
             }
+            Barrier => {
+                self.barrier()?;
+                return Ok(());
+            }
             ReleaseDependents => {
                 self.grid_dependency("griddepcontrol.launch_dependents;")?;
                 return Ok(());

@@ -358,6 +358,8 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
                     let inside = b.and(at_lo, below_hi);
                     vec![append_in_order(b, s_row, es, inside, c[0])]
                 });
+                // The tile is read back by other threads than wrote it.
+                b.barrier();
             });
             // The tile, -1 past the gathered candidates; the candidates at or above the
             // first phase's upper bound are counted by its tallies.

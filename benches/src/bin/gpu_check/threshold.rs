@@ -164,8 +164,6 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         plan.poison_outputs(dusk, 0xFF)?;
         plan.run(dusk, &s)?;
         dusk.device().synchronize()?;
-        let kept = kept_sets(&plan, &lens)?;
-        let mass = plan.kept_mass().download()?;
         let label = format!(
             "{}{}",
             match (
@@ -184,6 +182,8 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
                 ""
             }
         );
+        let kept = kept_sets(&plan, &lens).map_err(|e| format!("{label}: {e}"))?;
+        let mass = plan.kept_mass().download()?;
         for r in 0..rows {
             let w = softmax(&rows_s[r], scale as f64);
             let oracle = top_p_oracle(&w, ps[r]);
