@@ -207,7 +207,8 @@ impl SearchConfig {
     /// scalar bookkeeping every thread repeats) is paid per warp: 4 warps with the weights
     /// in shared memory where they fit ([`shared_row_capacity`]: 8192 candidates for one
     /// query head a row), else 2 warps up to [`SHORT_ROWS`], and beyond, tiles of 2048 on
-    /// 4 warps with the weights recomputed from the scores in every pass (`recompute`).
+    /// 8 warps with the weights recomputed from the scores in every pass (`recompute`) and
+    /// each tile's loads preceded by L2 prefetches of the tile two on (`prefetch`).
     /// Rows held in registers lose since the search writes the CSR list itself: a row
     /// waiting for the rows before it holds all of its registers.
     pub fn for_rows(max_len: usize, group: usize) -> SearchConfig {
@@ -219,12 +220,13 @@ impl SearchConfig {
         } else if max_len <= SHORT_ROWS {
             streamed(2, false)
         } else {
-            // 32768 candidates: 865.4 us; tiles of 1024 from `work` (the default before)
-            // 904.3, recomputed 873.0, 8 warps 893.1 (969c215).
+            // 32768 candidates: 789.6 us; without the prefetches 851.9, on 4 warps 830.2
+            // (826.2 with them), from `work` 861.5 (e336929).
             SearchConfig {
                 block: 2048,
                 recompute: true,
-                ..streamed(4, false)
+                prefetch: true,
+                ..streamed(8, false)
             }
         }
     }

@@ -62,7 +62,7 @@ fn sweep(n: usize) -> Vec<SearchConfig> {
     for (tile, warps) in [(1024, 2), (1024, 4), (2048, 4), (4096, 8)] {
         out.push(streamed(tile, warps, 1, false));
     }
-    for (tile, warps) in [(1024, 4), (2048, 4), (1024, 8), (2048, 8)] {
+    for (tile, warps) in [(1024, 4), (2048, 4), (2048, 8), (4096, 8), (2048, 16)] {
         for prefetch in [false, true] {
             out.push(SearchConfig {
                 recompute: true,
