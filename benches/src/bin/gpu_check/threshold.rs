@@ -77,14 +77,6 @@ fn sweep(n: usize) -> Vec<SearchConfig> {
             ..streamed(tile, warps, 1, n <= SHARED_ROW)
         });
     }
-    for (tile, warps) in [(1024, 4), (2048, 4), (2048, 8)] {
-        out.push(SearchConfig {
-            recompute: true,
-            prefetch: true,
-            split_output: true,
-            ..streamed(tile, warps, 1, false)
-        });
-    }
     out
 }
 
@@ -158,17 +150,12 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         prefetch: true,
         ..streamed
     };
-    let split = SearchConfig {
-        split_output: true,
-        ..recomputed
-    };
     for cfg in [
         None,
         Some(resident),
         Some(shared),
         Some(streamed),
         Some(recomputed),
-        Some(split),
     ] {
         let params = [ParamValues::PerRow(ps.clone())];
         let mut plan = match cfg {
@@ -186,9 +173,6 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
                 plan.config().recompute
             ) {
                 (true, true, _) => "staged in shared memory",
-                (true, false, true) if plan.config().split_output => {
-                    "streamed, weights recomputed, lists by a second kernel"
-                }
                 (true, false, true) => "streamed, weights recomputed",
                 (true, false, false) => "streamed",
                 (false, _, _) => "resident",
@@ -409,7 +393,6 @@ pub fn run() -> Res<()> {
         }
         cfg.recompute |= flag("--recompute");
         cfg.prefetch |= flag("--prefetch");
-        cfg.split_output |= flag("--split");
         if let Some(t) = arg("--tile") {
             cfg.block = t.parse()?;
         }
@@ -460,7 +443,7 @@ pub fn run() -> Res<()> {
                 alt.run(&dusk, &sets[k])
             })?;
             let name = format!(
-                "{}{}w{}k{}{}{}{}",
+                "{}{}w{}k{}{}{}",
                 match (cfg.stream, cfg.shared, cfg.recompute) {
                     (true, true, _) => "shared t",
                     (true, false, true) => "recompute t",
@@ -471,8 +454,7 @@ pub fn run() -> Res<()> {
                 cfg.num_warps,
                 cfg.pivots,
                 if cfg.histogram { "h" } else { "" },
-                if cfg.prefetch { " l2" } else { "" },
-                if cfg.split_output { " split" } else { "" }
+                if cfg.prefetch { " l2" } else { "" }
             );
             println!("  {name}: {:.1} us", median(&t));
             others.push(json!({"config": name, "us": median(&t)}));
