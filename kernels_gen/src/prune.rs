@@ -56,10 +56,6 @@ pub struct PrunePlan {
     nnz: usize,
     scale_log2e: f32,
     search: Arc<LoadedKernel>,
-    /// With [`SearchConfig::split_output`]: the kernel that writes the lists, and each
-    /// query row's threshold and maximum that the search leaves it.
-    compaction: Option<Arc<LoadedKernel>>,
-    state: Option<Buffer<f32>>,
     cand_indptr: Buffer<i32>,
     cand_indices: Buffer<i32>,
     params: Vec<ParamBuffer>,
@@ -184,18 +180,7 @@ impl PrunePlan {
             format!("at most {} candidates in all", threshold::OUTPUT_MAX_TOTAL),
             nnz,
         )?;
-        ensure(
-            !cfg.split_output || (cfg.stream && cfg.recompute && !cfg.shared),
-            "cfg.split_output",
-            "a streamed search with recomputed weights (recompute, not shared)",
-            cfg.split_output,
-        )?;
         let search = dusk.load(threshold::build(policy, &cfg)?)?;
-        let compaction = if cfg.split_output {
-            Some(dusk.load(threshold::build_compaction(&cfg)?)?)
-        } else {
-            None
-        };
         let mut plan = PrunePlan {
             policy: *policy,
             cfg,
@@ -203,12 +188,6 @@ impl PrunePlan {
             nnz,
             scale_log2e: scale * std::f32::consts::LOG2_E,
             search,
-            compaction,
-            state: if cfg.split_output {
-                Some(device.alloc((rows * cfg.group * 2).max(1))?)
-            } else {
-                None
-            },
             cand_indptr: device.upload(&cand.indptr)?,
             cand_indices: device.upload(&padded(&cand.indices))?,
             params: vec![],
@@ -339,24 +318,7 @@ impl PrunePlan {
             Arg::from(&self.kept_mass),
             Arg::from(&self.flags),
         ]);
-        args.extend(self.state.iter().map(Arg::from));
-        let grid = [self.rows as u32, 1, 1];
-        device.launch(&self.search, grid, &args)?;
-        if let (Some(compaction), Some(state)) = (&self.compaction, &self.state) {
-            let args = [
-                Arg::from(scores),
-                Arg::from(&self.cand_indptr),
-                Arg::from(&self.cand_indices),
-                Arg::F32(self.scale_log2e),
-                Arg::from(state),
-                Arg::from(&self.flags),
-                Arg::from(&self.sel_indptr),
-                Arg::from(&self.sel_indices),
-                Arg::from(&self.prefix),
-                Arg::from(&self.budget),
-            ];
-            device.launch(compaction, grid, &args)?;
-        }
+        device.launch(&self.search, [self.rows as u32, 1, 1], &args)?;
         Ok(())
     }
 

@@ -239,11 +239,7 @@ fn gqa_keeps_the_union_of_the_group() {
         recompute: true,
         ..SearchConfig::streamed(1024, group, 4, 1, false)
     };
-    let split = SearchConfig {
-        split_output: true,
-        ..recomputed
-    };
-    let plans = [staged(false), staged(true), recomputed, split].map(|cfg| {
+    let plans = [staged(false), staged(true), recomputed].map(|cfg| {
         PrunePlan::with_config(&dusk, &top_p::POLICY, &cand, cfg, 0.5, &params).unwrap()
     });
     let s = dusk.device().upload(&scores).unwrap();
@@ -440,18 +436,12 @@ fn streaming_search_matches_the_oracle() {
         }
         let cand = TokenLists { indptr, indices };
         let p = 0.9;
-        // The default, the weights recomputed from the scores in every pass or not, and
-        // the lists written by a second kernel.
+        // The default, and the weights recomputed from the scores in every pass.
         let default = SearchConfig::for_rows(20000, group);
         for cfg in [
             default,
             SearchConfig {
                 recompute: !default.recompute,
-                ..default
-            },
-            SearchConfig {
-                recompute: true,
-                split_output: true,
                 ..default
             },
         ] {
@@ -510,7 +500,6 @@ fn streaming_search_matches_the_oracle() {
             recompute,
             // L2 prefetches ahead of the loads (in bounds, and nothing else changes).
             prefetch: histogram,
-            split_output: false,
         };
         let mut plan = PrunePlan::with_config(
             &dusk,
@@ -556,7 +545,6 @@ fn streaming_search_matches_the_oracle() {
             histogram: false,
             recompute: false,
             prefetch: false,
-            split_output: false,
         },
         1.0,
         &[ParamValues::Uniform(0.9)],
@@ -624,7 +612,6 @@ fn multi_pivot_search_matches_the_oracle() {
             histogram: stream,
             recompute: pivots == 4,
             prefetch: false,
-            split_output: false,
         };
         for (policy, params) in [
             (&top_p::POLICY, vec![ParamValues::PerRow(ps.clone())]),

@@ -41,7 +41,7 @@ mod streaming;
 pub use histogram::MAX_ROW as HISTOGRAM_MAX_ROW;
 pub use output::MAX_TOTAL as OUTPUT_MAX_TOTAL;
 pub use resident::build_search;
-pub use streaming::{build_compaction, build_search_streaming};
+pub use streaming::build_search_streaming;
 
 use dusk_compiler::{CompileError, DType, Kernel, KernelBuilder, Value};
 
@@ -141,11 +141,6 @@ pub struct SearchConfig {
     /// into L2 (`prefetch.global.L2`, no registers held), so a program's loads wait on L2
     /// rather than DRAM.
     pub prefetch: bool,
-    /// With `recompute`: the search writes each query head's threshold and row maximum to
-    /// `state` and publishes its budget, and a second kernel ([`build_compaction`], one
-    /// program a row) finds each row's place and writes its list: no program waits for
-    /// the rows before it while holding a search's registers.
-    pub split_output: bool,
 }
 
 impl SearchConfig {
@@ -202,7 +197,6 @@ impl SearchConfig {
             histogram: true,
             recompute: false,
             prefetch: false,
-            split_output: false,
         }
     }
 
@@ -256,9 +250,8 @@ pub fn search_name(policy: &Policy, cfg: &SearchConfig) -> String {
     } else {
         ""
     };
-    let split = if cfg.split_output { "_x" } else { "" };
     format!(
-        "threshold_{}_{}{}_g{}_w{}{pivots}{histogram}{recompute}{prefetch}{split}",
+        "threshold_{}_{}{}_g{}_w{}{pivots}{histogram}{recompute}{prefetch}",
         policy.name,
         match (cfg.stream, cfg.shared) {
             (true, true) => "s",

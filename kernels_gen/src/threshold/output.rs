@@ -11,16 +11,8 @@
 //! to finish (counted by an arrival at `prefix[rows]`) sets every word back to zero, so
 //! the next launch (or a CUDA graph's replay) starts from zeroes without a memset.
 
+use super::search::Kernel as SearchKernel;
 use dusk_compiler::{KernelBuilder, Value};
-
-/// The kernel parameters the list is written through: the look-back words (rows + 1: one
-/// per row, then the arrival counter), the CSR offsets and the per-row budgets.
-#[derive(Clone, Copy)]
-pub(super) struct Lists {
-    pub(super) prefix: Value,
-    pub(super) sel_indptr: Value,
-    pub(super) budget: Value,
-}
 
 /// A published word: its budget or prefix in the low bits, and one of these two flags.
 const AGGREGATE: i32 = 1 << 29;
@@ -42,7 +34,7 @@ const SPIN_LEVELS: u32 = 4;
 
 /// Publishes row `row`'s budget `total` in its word (row 0's as its inclusive prefix):
 /// as early as the budget is known, since every row after it waits for it.
-pub(super) fn publish(b: &mut KernelBuilder, k: Lists, row: Value, total: Value) {
+pub(super) fn publish(b: &mut KernelBuilder, k: &SearchKernel, row: Value, total: Value) {
     let zero = b.i32(0);
     let first = b.eq(row, zero);
     let word = b.add_ptr(k.prefix, row);
@@ -55,7 +47,7 @@ pub(super) fn publish(b: &mut KernelBuilder, k: Lists, row: Value, total: Value)
 /// The offset in `sel_indices` of row `row`'s kept positions, once [`publish`] has put out
 /// its budget (see the module docs); publishes the row's inclusive prefix. Returns the
 /// offset and whether it was found (false only if the wait gave up).
-pub(super) fn look_back(b: &mut KernelBuilder, k: Lists, row: Value) -> (Value, Value) {
+pub(super) fn look_back(b: &mut KernelBuilder, k: &SearchKernel, row: Value) -> (Value, Value) {
     let zero = b.i32(0);
     let first = b.eq(row, zero);
     let word = b.add_ptr(k.prefix, row);
@@ -77,7 +69,7 @@ pub(super) fn look_back(b: &mut KernelBuilder, k: Lists, row: Value) -> (Value, 
 /// Look-back steps until done, at most `SPIN^levels`: loops nested `levels` deep, each
 /// level skipping its body once done, so a row that finds its place at once pays a few
 /// skipped iterations, not the bound.
-fn spin(b: &mut KernelBuilder, k: Lists, init: &[Value], levels: u32) -> Vec<Value> {
+fn spin(b: &mut KernelBuilder, k: &SearchKernel, init: &[Value], levels: u32) -> Vec<Value> {
     let (lo, hi, one) = (b.i32(0), b.i32(SPIN), b.i32(1));
     b.for_range(lo, hi, one, init, |b, _, c| {
         let waiting = b.not(c[2]);
@@ -96,7 +88,7 @@ fn spin(b: &mut KernelBuilder, k: Lists, init: &[Value], levels: u32) -> Vec<Val
 }
 
 /// One read of the window of rows below `c[0]` (carried: window end, offset so far, done).
-fn look_back_step(b: &mut KernelBuilder, k: Lists, c: &[Value]) -> Vec<Value> {
+fn look_back_step(b: &mut KernelBuilder, k: &SearchKernel, c: &[Value]) -> Vec<Value> {
     let (end, offset) = (c[0], c[1]);
     let i = b.arange(0, WINDOW as i64);
     let one = b.i32(1);
@@ -144,7 +136,7 @@ fn look_back_step(b: &mut KernelBuilder, k: Lists, c: &[Value]) -> Vec<Value> {
 /// sets every `prefix` word back to zero.
 pub(super) fn finish_row(
     b: &mut KernelBuilder,
-    k: Lists,
+    k: &SearchKernel,
     row: Value,
     (offset, found): (Value, Value),
     total: Value,
@@ -188,18 +180,10 @@ pub(super) fn finish_row(
     });
 }
 
-/// The budget row `row` published (by [`publish`], in an earlier kernel).
-pub(super) fn published(b: &mut KernelBuilder, k: Lists, row: Value) -> Value {
-    let word = b.add_ptr(k.prefix, row);
-    let w = b.load(word);
-    let value_mask = b.i32(MAX_TOTAL as i32);
-    b.and(w, value_mask)
-}
-
 /// [`publish`] then [`look_back`]: the offset of a row whose budget is known at its end.
 pub(super) fn row_offset(
     b: &mut KernelBuilder,
-    k: Lists,
+    k: &SearchKernel,
     row: Value,
     total: Value,
 ) -> (Value, Value) {

@@ -69,7 +69,7 @@ pub fn build_search(policy: &Policy, cfg: &SearchConfig) -> Result<Kernel, Compi
     // Ordered compaction of the union: a kept candidate's rank among the kept ones.
     let rank = b.cumsum(keep);
     let total = b.sum(keep, 0);
-    let at = output::row_offset(&mut b, k.lists(), row, total);
+    let at = output::row_offset(&mut b, &k, row, total);
     let one_b = b.splat(one, &[cfg.block]);
     let is_kept = b.eq(keep, one_b);
     let start64 = b.cast(start, DType::I64);
@@ -81,7 +81,7 @@ pub fn build_search(policy: &Policy, cfg: &SearchConfig) -> Result<Kernel, Compi
     let slot = b.sub(rank, one);
     let dst = b.add_ptr(dst_row, slot);
     b.store_masked(dst, tok, Some(is_kept));
-    output::finish_row(&mut b, k.lists(), row, at, total);
+    output::finish_row(&mut b, &k, row, at, total);
     b.finish()
 }
 

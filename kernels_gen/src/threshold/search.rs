@@ -470,23 +470,9 @@ pub(super) struct Kernel {
     pub(super) budget: Value,
     pub(super) kept_mass: Value,
     pub(super) flags: Value,
-    /// With [`SearchConfig::split_output`]: each query row's threshold and maximum (f32,
-    /// two a query row) for the compaction kernel.
-    pub(super) state: Option<Value>,
     pub(super) row: Value,
     pub(super) start: Value,
     pub(super) n: Value,
-}
-
-impl Kernel {
-    /// The parameters the CSR list is written through.
-    pub(super) fn lists(&self) -> super::output::Lists {
-        super::output::Lists {
-            prefix: self.prefix,
-            sel_indptr: self.sel_indptr,
-            budget: self.budget,
-        }
-    }
 }
 
 /// Declares the search kernel's parameters on `b` and reads the program's candidate row.
@@ -508,7 +494,6 @@ pub(super) fn declare(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig
     let budget = b.param_ptr("budget", DType::I32);
     let kept_mass = b.param_ptr("kept_mass", DType::F32);
     let flags = b.param_ptr("flags", DType::I32);
-    let state = cfg.split_output.then(|| b.param_ptr("state", DType::F32));
     let row = b.program_id(0);
     let p0 = b.add_ptr(indptr, row);
     let start = b.load(p0);
@@ -530,7 +515,6 @@ pub(super) fn declare(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig
         budget,
         kept_mass,
         flags,
-        state,
         row,
         start,
         n,

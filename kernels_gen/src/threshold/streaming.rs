@@ -383,15 +383,6 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             k1
         };
         let lo = finish(b, &row, &out, &fin);
-        if let Some(state) = k.state {
-            // For the compaction kernel: the threshold and the maximum the weights are
-            // recomputed against.
-            let at = b.mul_c(qrow, 2);
-            let p = b.add_ptr(state, at);
-            b.store(p, lo);
-            let p = b.add_ptr(p, one);
-            b.store(p, m);
-        }
         let slots = b.arange(0, gpad as i64);
         let mine = b.eq(slots, g);
         let (one_i, zero_i) = (b.i32(1), b.i32(0));
@@ -462,20 +453,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     // With one query head the budget is the search's count, published at once: the rows
     // after this one wait for it.
     if group == 1 {
-        output::publish(&mut b, k.lists(), row, found[1]);
-    }
-    if cfg.split_output {
-        // The compaction kernel writes the list; a group's union is counted here.
-        if group > 1 {
-            let per = b.splat(zero_i, &[tile]);
-            let counts = b.for_range(zero_i, n, tile_i, &[per], |b, t0, c| {
-                let keep = union(b, t0);
-                vec![b.add(c[0], keep)]
-            });
-            let total = b.sum(counts[0], 0);
-            output::publish(&mut b, k.lists(), row, total);
-        }
-        return b.finish();
+        output::publish(&mut b, &k, row, found[1]);
     }
     let (at, total) = match staging {
         // Staged: the positions are compacted over the weights (a tile's writes land below
@@ -486,9 +464,9 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             let t = b.bool(true);
             let total = compact(&mut b, positions, t);
             if group > 1 {
-                output::publish(&mut b, k.lists(), row, total);
+                output::publish(&mut b, &k, row, total);
             }
-            let at = output::look_back(&mut b, k.lists(), row);
+            let at = output::look_back(&mut b, &k, row);
             let dst_row = b.add_ptr(sel_indices, at.0);
             b.for_range(zero_i, total, tile_i, &[], |b, t0, _| {
                 let ar = b.arange(0, tile as i64);
@@ -515,119 +493,16 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
                     vec![b.add(c[0], keep)]
                 });
                 let total = b.sum(counts[0], 0);
-                output::publish(&mut b, k.lists(), row, total);
+                output::publish(&mut b, &k, row, total);
                 total
             };
-            let at = output::look_back(&mut b, k.lists(), row);
+            let at = output::look_back(&mut b, &k, row);
             let dst_row = b.add_ptr(sel_indices, at.0);
             compact(&mut b, dst_row, at.1);
             (at, total)
         }
     };
-    output::finish_row(&mut b, k.lists(), row, at, total);
-    b.finish()
-}
-
-/// The name of [`build_compaction`]'s kernel for `cfg`.
-pub fn compaction_name(cfg: &SearchConfig) -> String {
-    format!(
-        "threshold_compact_t{}_g{}_w{}{}",
-        cfg.block,
-        cfg.group,
-        cfg.num_warps,
-        if cfg.prefetch { "_l2" } else { "" }
-    )
-}
-
-/// The second kernel of a search with [`SearchConfig::split_output`]: one program a
-/// candidate row writes its kept positions (the union of its query heads' sets, each
-/// weight recomputed from the scores against the threshold and maximum the search left in
-/// `state`; a query head flagged invalid keeps every candidate) at its place in the list.
-/// The search has published every row's budget before this kernel starts, so a row's
-/// look-back never waits. Parameters: `scores`, `cand_indptr`, `cand_indices`,
-/// `scale_log2e`, `state`, `flags`, `sel_indptr`, `sel_indices`, `prefix`, `budget`.
-/// Grid: one program per candidate row.
-pub fn build_compaction(cfg: &SearchConfig) -> Result<Kernel, CompileError> {
-    let (tile, group) = (cfg.block, cfg.group);
-    let tiling = (tile, cfg.prefetch);
-    let mut b = KernelBuilder::new(&compaction_name(cfg));
-    b.set_num_warps(cfg.num_warps);
-    let scores = b.param_ptr("scores", DType::F32);
-    let indptr = b.param_ptr("cand_indptr", DType::I32);
-    let indices = b.param_ptr("cand_indices", DType::I32);
-    let scale = b.param_scalar("scale_log2e", DType::F32);
-    let state = b.param_ptr("state", DType::F32);
-    let flags = b.param_ptr("flags", DType::I32);
-    let sel_indptr = b.param_ptr("sel_indptr", DType::I32);
-    let sel_indices = b.param_ptr("sel_indices", DType::I32);
-    let prefix = b.param_ptr("prefix", DType::I32);
-    let budget = b.param_ptr("budget", DType::I32);
-    let lists = output::Lists {
-        prefix,
-        sel_indptr,
-        budget,
-    };
-    let row = b.program_id(0);
-    let p0 = b.add_ptr(indptr, row);
-    let start = b.load(p0);
-    let one = b.i32(1);
-    let p1 = b.add_ptr(p0, one);
-    let end = b.load(p1);
-    let n = b.sub(end, start);
-    let start64 = b.cast(start, DType::I64);
-    let total = output::published(&mut b, lists, row);
-    let at = output::look_back(&mut b, lists, row);
-    let dst_row = b.add_ptr(sel_indices, at.0);
-    let tile_i = b.i32(tile as i32);
-    let zero_i = b.i32(0);
-    b.for_range(zero_i, n, tile_i, &[zero_i], |b, t0, c| {
-        let zero_i = b.i32(0);
-        let none = b.splat(zero_i, &[tile]);
-        let (g_lo, g_hi, one) = (b.i32(0), b.i32(group as i32), b.i32(1));
-        let keep = b.for_range(g_lo, g_hi, one, &[none], |b, g, k| {
-            let qrow = b.mul_c(row, group as i64);
-            let qrow = b.add(qrow, g);
-            let at = b.mul_c(qrow, 2);
-            let pt = b.add_ptr(state, at);
-            let t = b.load(pt);
-            let one = b.i32(1);
-            let pm = b.add_ptr(pt, one);
-            let max = b.load(pm);
-            let pf = b.add_ptr(flags, qrow);
-            let flag = b.load(pf);
-            let zero_i = b.i32(0);
-            let bad = b.gt(flag, zero_i);
-            let base = b.mul_c(start64, group as i64);
-            let gn = b.mul(g, n);
-            let gn64 = b.cast(gn, DType::I64);
-            let base = b.add(base, gn64);
-            let s_row = b.add_ptr(scores, base);
-            let weights = RowWeights::Recomputed {
-                scores: s_row,
-                max,
-                bad,
-                scale,
-            };
-            let es = weights.tile(b, (t0, n), tiling);
-            let kept = b.ge(es, t);
-            let kept = b.cast(kept, DType::I32);
-            vec![b.maximum(k[0], kept)]
-        })[0];
-        let ar = b.arange(0, tile as i64);
-        let offs = b.add(ar, t0);
-        let one = b.i32(1);
-        let ones = b.splat(one, &[tile]);
-        let is_kept = b.eq(keep, ones);
-        let is_kept = b.and(is_kept, at.1);
-        let src_row = b.add_ptr(indices, start64);
-        if cfg.prefetch {
-            prefetch_tile(b, src_row, (t0, n), tile);
-        }
-        let src = b.add_ptr(src_row, offs);
-        let tok = b.load_masked(src, Some(is_kept), None);
-        vec![append_in_order(b, dst_row, tok, is_kept, c[0])]
-    });
-    output::finish_row(&mut b, lists, row, at, total);
+    output::finish_row(&mut b, &k, row, at, total);
     b.finish()
 }
 

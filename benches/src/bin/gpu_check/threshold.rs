@@ -134,7 +134,6 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         histogram: false,
         recompute: false,
         prefetch: false,
-        split_output: false,
     };
     let shared = SearchConfig {
         block: 2048,
