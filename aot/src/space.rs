@@ -173,7 +173,6 @@ pub fn search(max_len: usize, group: usize) -> Vec<SearchConfig> {
                     histogram: false,
                     recompute: false,
                     prefetch: false,
-                    prefetch_rows: false,
                 });
             }
             block *= 2;

@@ -501,7 +501,6 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
             histogram: false,
             recompute: false,
             prefetch: false,
-            prefetch_rows: false,
         };
         ks.push(threshold::build(&top_p::POLICY, &cfg).unwrap());
     }

@@ -500,7 +500,6 @@ fn streaming_search_matches_the_oracle() {
             recompute,
             // L2 prefetches ahead of the loads (in bounds, and nothing else changes).
             prefetch: histogram,
-            prefetch_rows: histogram,
         };
         let mut plan = PrunePlan::with_config(
             &dusk,
@@ -546,7 +545,6 @@ fn streaming_search_matches_the_oracle() {
             histogram: false,
             recompute: false,
             prefetch: false,
-            prefetch_rows: false,
         },
         1.0,
         &[ParamValues::Uniform(0.9)],
@@ -614,7 +612,6 @@ fn multi_pivot_search_matches_the_oracle() {
             histogram: stream,
             recompute: pivots == 4,
             prefetch: false,
-            prefetch_rows: false,
         };
         for (policy, params) in [
             (&top_p::POLICY, vec![ParamValues::PerRow(ps.clone())]),

@@ -141,10 +141,6 @@ pub struct SearchConfig {
     /// into L2 (`prefetch.global.L2`, no registers held), so a program's loads wait on L2
     /// rather than DRAM.
     pub prefetch: bool,
-    /// With `stream`: each query head's row of scores is brought into L2 whole before the
-    /// first pass, and the row's positions before its compaction (`prefetch.global.L2`,
-    /// fire and forget), so every pass over it waits on L2 while it stays there.
-    pub prefetch_rows: bool,
 }
 
 impl SearchConfig {
@@ -201,7 +197,6 @@ impl SearchConfig {
             histogram: true,
             recompute: false,
             prefetch: false,
-            prefetch_rows: false,
         }
     }
 
@@ -255,13 +250,8 @@ pub fn search_name(policy: &Policy, cfg: &SearchConfig) -> String {
     } else {
         ""
     };
-    let rows = if cfg.prefetch_rows && cfg.stream {
-        "_pr"
-    } else {
-        ""
-    };
     format!(
-        "threshold_{}_{}{}_g{}_w{}{pivots}{histogram}{recompute}{prefetch}{rows}",
+        "threshold_{}_{}{}_g{}_w{}{pivots}{histogram}{recompute}{prefetch}",
         policy.name,
         match (cfg.stream, cfg.shared) {
             (true, true) => "s",

@@ -39,32 +39,16 @@ fn load_tile(
 /// row in shared memory): a program's loads then wait on L2, not DRAM, without holding more
 /// registers.
 fn prefetch_tile(b: &mut KernelBuilder, row: Value, (t0, n): (Value, Value), tile: usize) {
-    let ahead = b.add_c(t0, PREFETCH_AHEAD * tile as i64);
-    prefetch_lines(b, row, (ahead, n), tile);
-}
-
-/// Brings a whole global row of `n` 4-byte elements into L2, `tile` elements a step: its
-/// loads (every pass over it, while it stays there) then wait on L2 only.
-fn prefetch_row(b: &mut KernelBuilder, row: Value, n: Value, tile: usize) {
-    let zero = b.i32(0);
-    let step = b.i32(tile as i32);
-    b.for_range(zero, n, step, &[], |b, t0, _| {
-        prefetch_lines(b, row, (t0, n), tile);
-        vec![]
-    });
-}
-
-/// Prefetches into L2 the 128 bytes at every 32nd element of `tile` elements of a global
-/// row from `from` on, those lying wholly inside its `n` (the op's bytes must lie in the
-/// buffer; the loads fetch a last partial line themselves).
-fn prefetch_lines(b: &mut KernelBuilder, row: Value, (from, n): (Value, Value), tile: usize) {
     if !matches!(b.ty(row).elem, Elem::Ptr(_)) {
         return;
     }
     const PER_LINE: usize = 128 / 4;
     let lines = b.arange(0, (tile / PER_LINE) as i64);
     let firsts = b.mul_c(lines, PER_LINE as i64);
-    let offs = b.add(firsts, from);
+    let ahead = b.add_c(t0, PREFETCH_AHEAD * tile as i64);
+    let offs = b.add(firsts, ahead);
+    // Whole lines of the row only (the op's 128 bytes must lie in the buffer); the loads
+    // fetch a last partial line themselves.
     let ends = b.add_c(offs, PER_LINE as i64);
     let inside = b.le(ends, n);
     let ptrs = b.add_ptr(row, offs);
@@ -217,9 +201,6 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         let w_row = weights_row(b, g);
         let zero_i = b.i32(0);
 
-        if cfg.prefetch_rows {
-            prefetch_row(b, s_row, n, tile);
-        }
         // Pass 1: the maximum, and whether any logit is NaN or infinite. Tiles fold into
         // per-thread accumulators, reduced across the program once at the end.
         let ninf = b.f32(f32::NEG_INFINITY);
@@ -469,11 +450,6 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             vec![append_in_order(b, dst, tok, is_kept, c[0])]
         })[0]
     };
-    if cfg.prefetch_rows {
-        // The positions the compaction reads, on their way while the row waits.
-        let src_row = b.add_ptr(indices, start64);
-        prefetch_row(&mut b, src_row, n, tile);
-    }
     // With one query head the budget is the search's count, published at once: the rows
     // after this one wait for it.
     if group == 1 {

@@ -77,20 +77,6 @@ fn sweep(n: usize) -> Vec<SearchConfig> {
             ..streamed(tile, warps, 1, n <= SHARED_ROW)
         });
     }
-    // Whole rows brought into L2 first.
-    for (tile, warps, recompute) in [
-        (2048, 8, true),
-        (1024, 4, true),
-        (2048, 4, true),
-        (1024, 4, false),
-    ] {
-        out.push(SearchConfig {
-            recompute,
-            prefetch: true,
-            prefetch_rows: true,
-            ..streamed(tile, warps, 1, n <= SHARED_ROW && !recompute)
-        });
-    }
     out
 }
 
@@ -148,7 +134,6 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         histogram: false,
         recompute: false,
         prefetch: false,
-        prefetch_rows: false,
     };
     let shared = SearchConfig {
         block: 2048,
@@ -162,7 +147,6 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
     let recomputed = SearchConfig {
         recompute: true,
         prefetch: true,
-        prefetch_rows: true,
         ..streamed
     };
     for cfg in [
@@ -408,7 +392,6 @@ pub fn run() -> Res<()> {
         }
         cfg.recompute |= flag("--recompute");
         cfg.prefetch |= flag("--prefetch");
-        cfg.prefetch_rows |= flag("--prefetch-rows");
         if let Some(t) = arg("--tile") {
             cfg.block = t.parse()?;
         }
@@ -459,7 +442,7 @@ pub fn run() -> Res<()> {
                 alt.run(&dusk, &sets[k])
             })?;
             let name = format!(
-                "{}{}w{}k{}{}{}{}",
+                "{}{}w{}k{}{}{}",
                 match (cfg.stream, cfg.shared, cfg.recompute) {
                     (true, true, _) => "shared t",
                     (true, false, true) => "recompute t",
@@ -470,8 +453,7 @@ pub fn run() -> Res<()> {
                 cfg.num_warps,
                 cfg.pivots,
                 if cfg.histogram { "h" } else { "" },
-                if cfg.prefetch { " l2" } else { "" },
-                if cfg.prefetch_rows { " rows" } else { "" }
+                if cfg.prefetch { " l2" } else { "" }
             );
             println!("  {name}: {:.1} us", median(&t));
             others.push(json!({"config": name, "us": median(&t)}));
