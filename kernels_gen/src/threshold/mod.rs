@@ -206,7 +206,8 @@ impl SearchConfig {
     /// a row win, since each search step's fixed cost (the exchange between warps, the
     /// scalar bookkeeping every thread repeats) is paid per warp: 4 warps with the weights
     /// in shared memory where they fit ([`shared_row_capacity`]: 8192 candidates for one
-    /// query head a row), else 2 warps up to [`SHORT_ROWS`], and beyond, tiles of 2048 on
+    /// query head a row; L2 prefetches ahead of the scores' and positions' loads), else 2
+    /// warps up to [`SHORT_ROWS`], and beyond, tiles of 2048 on
     /// 8 warps with the weights recomputed from the scores in every pass (`recompute`) and
     /// each tile's loads preceded by L2 prefetches of the tile two on (`prefetch`).
     /// Rows held in registers lose since the search writes the CSR list itself: a row
@@ -215,8 +216,13 @@ impl SearchConfig {
         let streamed =
             |num_warps, shared| SearchConfig::streamed(1024, group, num_warps, 1, shared);
         if max_len <= shared_row_capacity(group) {
-            // 8192 candidates: 195.7 us, 4096: 137.3; from `work` 4096: 147.9 (3020adf).
-            streamed(4, true)
+            // 8192 candidates: 180.1 us; without the prefetches 182.1 (1.1-1.3% slower in
+            // each of four runs, e336929 .. 1731b8b); from `work` at 4096: 153.1 against
+            // 137.9.
+            SearchConfig {
+                prefetch: true,
+                ..streamed(4, true)
+            }
         } else if max_len <= SHORT_ROWS {
             streamed(2, false)
         } else {
