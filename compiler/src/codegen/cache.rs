@@ -4,8 +4,9 @@
 //! The key is the kernel's printed IR (every op, type, constant and launch hint), the
 //! target, the PTX ISA, the versions of dusk and LLVM, and a fingerprint of the compiler's
 //! own source (`build.rs`, so a change to the lowering is a new key between releases too):
-//! any change to one of them is a different key. On disk each entry holds its full key next to the PTX and is used only
-//! when the key matches exactly, so a hash collision costs a recompile, never a wrong kernel.
+//! any change to one of them is a different key. On disk each entry holds its full key
+//! next to the PTX and is used only when the key matches exactly, so a hash collision
+//! costs a recompile, never a wrong kernel.
 //! The folder is `$DUSK_CACHE_DIR`, else `$XDG_CACHE_HOME/dusk`, else `~/.cache/dusk`;
 //! `DUSK_CACHE_DIR=off` keeps the cache in memory only.
 

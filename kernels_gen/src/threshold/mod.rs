@@ -134,8 +134,8 @@ pub struct SearchConfig {
     pub histogram: bool,
     /// With `stream` and not `shared`: the weights are not written to a `work` buffer (the
     /// kernel has no such parameter); every pass after the second recomputes them from the
-    /// scores (read again, from L2 while the row is in flight), trading a write and
-    /// re-reads of `work` for re-reads of the scores.
+    /// scores (read again), trading a write and re-reads of `work` for re-reads of the
+    /// scores.
     pub recompute: bool,
     /// With `stream`: each tile read from global memory first brings the tile two on
     /// into L2 (`prefetch.global.L2`, no registers held), so a program's loads wait on L2
@@ -207,11 +207,11 @@ impl SearchConfig {
     /// scalar bookkeeping every thread repeats) is paid per warp: 4 warps with the weights
     /// in shared memory where they fit ([`shared_row_capacity`]: 8192 candidates for one
     /// query head a row; L2 prefetches ahead of the scores' and positions' loads), else 2
-    /// warps up to [`SHORT_ROWS`], and beyond, tiles of 2048 on
-    /// 8 warps with the weights recomputed from the scores in every pass (`recompute`) and
-    /// each tile's loads preceded by L2 prefetches of the tile two on (`prefetch`).
-    /// Rows held in registers lose since the search writes the CSR list itself: a row
-    /// waiting for the rows before it holds all of its registers.
+    /// warps up to [`SHORT_ROWS`], and beyond, tiles of 2048 on 8 warps with the weights
+    /// recomputed from the scores in every pass (`recompute`) and each tile's loads
+    /// preceded by L2 prefetches of the tile two on (`prefetch`). Rows held in registers
+    /// lose since the search writes the CSR list itself: a row waiting for the rows before
+    /// it holds all of its registers.
     pub fn for_rows(max_len: usize, group: usize) -> SearchConfig {
         let streamed =
             |num_warps, shared| SearchConfig::streamed(1024, group, num_warps, 1, shared);

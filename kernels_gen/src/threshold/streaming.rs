@@ -105,7 +105,7 @@ impl RowWeights {
 /// With `cfg.shared` the weights go to the program's shared memory instead (`work` is
 /// then not touched), each query head's at `g * shared_row_capacity(group)`, and rows are
 /// cut at that capacity. With `cfg.recompute` they are not kept at all: every pass after
-/// the second recomputes them from the scores (which stay in L2 between the passes).
+/// the second recomputes them from the scores (read again, from L2 or memory).
 /// Once the bracket holds at most a tile of candidates, they are gathered into the query
 /// row's tile of `scratch` (f32, `block` a query row) and the last steps run on it in
 /// registers. Parameters as [`super::resident::build_search`], with `work` (only where the
