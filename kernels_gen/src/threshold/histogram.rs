@@ -47,7 +47,7 @@ const BASE: i32 = (0x3F80_0000u32 >> SHIFT) as i32 - (BUCKETS as i32 - 1);
 
 /// The histogram's blocks of shared memory, i32 a bucket: counts, and the sums of the low
 /// and (for rows longer than [`ONE_PART_ROW`]) the high part of the weights' bits below
-/// their bucket's.
+/// their bucket's; each with one slot more, where a tile's candidates past the row land.
 pub(super) struct Histogram {
     count: Value,
     high: Option<Value>,
@@ -62,9 +62,9 @@ impl Histogram {
     /// program of `num_warps`, for rows of at most [`ONE_PART_ROW`] (`short`) or longer.
     pub(super) fn new(b: &mut KernelBuilder, num_warps: u32, short: bool) -> Histogram {
         Histogram {
-            count: b.shared_alloc(DType::I32, BUCKETS),
-            high: (!short).then(|| b.shared_alloc(DType::I32, BUCKETS)),
-            low: b.shared_alloc(DType::I32, BUCKETS),
+            count: b.shared_alloc(DType::I32, BUCKETS + 1),
+            high: (!short).then(|| b.shared_alloc(DType::I32, BUCKETS + 1)),
+            low: b.shared_alloc(DType::I32, BUCKETS + 1),
             scan: BUCKETS.max(128 * num_warps as usize),
         }
     }
@@ -102,6 +102,10 @@ impl Histogram {
         let (zero, last) = (b.i32(0), b.i32(BUCKETS as i32 - 1));
         let bucket = b.maximum(bucket, zero);
         let bucket = b.minimum(bucket, last);
+        // Candidates past the row go to a slot after the buckets that nothing reads, so
+        // the adds need no mask (a masked shared atomic is a branch around each one).
+        let trash = b.i32(BUCKETS as i32);
+        let bucket = b.select(valid, bucket, trash);
         let below = b.i32((1 << SHIFT) - 1);
         let rest = b.and(bits, below);
         let shape = b.ty(es).shape.clone();
@@ -123,7 +127,7 @@ impl Histogram {
             .map(|(block, v)| (b.add_ptr(*block, bucket), *v))
             .collect();
         for (p, v) in adds {
-            b.atomic_add(p, v, Some(valid));
+            b.atomic_add(p, v, None);
         }
     }
 
