@@ -501,6 +501,7 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
             histogram: false,
             recompute: false,
             prefetch: false,
+            min_programs_per_sm: 0,
         };
         ks.push(threshold::build(&top_p::POLICY, &cfg).unwrap());
     }

@@ -500,6 +500,7 @@ fn streaming_search_matches_the_oracle() {
             recompute,
             // L2 prefetches ahead of the loads (in bounds, and nothing else changes).
             prefetch: histogram,
+            min_programs_per_sm: 0,
         };
         let mut plan = PrunePlan::with_config(
             &dusk,
@@ -545,6 +546,7 @@ fn streaming_search_matches_the_oracle() {
             histogram: false,
             recompute: false,
             prefetch: false,
+            min_programs_per_sm: 0,
         },
         1.0,
         &[ParamValues::Uniform(0.9)],
@@ -612,6 +614,7 @@ fn multi_pivot_search_matches_the_oracle() {
             histogram: stream,
             recompute: pivots == 4,
             prefetch: false,
+            min_programs_per_sm: 0,
         };
         for (policy, params) in [
             (&top_p::POLICY, vec![ParamValues::PerRow(ps.clone())]),

@@ -141,6 +141,9 @@ pub struct SearchConfig {
     /// into L2 (`prefetch.global.L2`, no registers held), so a program's loads wait on L2
     /// rather than DRAM.
     pub prefetch: bool,
+    /// Programs resident on a multiprocessor asked of ptxas, which caps the registers to
+    /// fit them (0: its own choice).
+    pub min_programs_per_sm: u32,
 }
 
 impl SearchConfig {
@@ -197,6 +200,7 @@ impl SearchConfig {
             histogram: true,
             recompute: false,
             prefetch: false,
+            min_programs_per_sm: 0,
         }
     }
 
@@ -207,11 +211,11 @@ impl SearchConfig {
     /// scalar bookkeeping every thread repeats) is paid per warp: 4 warps with the weights
     /// in shared memory where they fit ([`shared_row_capacity`]: 8192 candidates for one
     /// query head a row; L2 prefetches ahead of the scores' and positions' loads), else 2
-    /// warps up to [`SHORT_ROWS`], and beyond, tiles of 2048 on 8 warps with the weights
-    /// recomputed from the scores in every pass (`recompute`) and each tile's loads
-    /// preceded by L2 prefetches of the tile two on (`prefetch`). Rows held in registers
-    /// lose since the search writes the CSR list itself: a row waiting for the rows before
-    /// it holds all of its registers.
+    /// warps up to [`SHORT_ROWS`], and beyond, tiles of 2048 on 8 warps (three programs an
+    /// SM) with the weights recomputed from the scores in every pass (`recompute`) and each
+    /// tile's loads preceded by L2 prefetches of the tile two on (`prefetch`). Rows held
+    /// in registers lose since the search writes the CSR list itself: a row waiting for
+    /// the rows before it holds all of its registers.
     pub fn for_rows(max_len: usize, group: usize) -> SearchConfig {
         let streamed =
             |num_warps, shared| SearchConfig::streamed(1024, group, num_warps, 1, shared);
@@ -227,11 +231,13 @@ impl SearchConfig {
             streamed(2, false)
         } else {
             // 32768 candidates: 789.6 us; without the prefetches 851.9, on 4 warps 830.2
-            // (826.2 with them), from `work` 861.5 (e336929).
+            // (826.2 with them), from `work` 861.5 (e336929). Three programs an SM (80
+            // registers, no spills; 93 and two an SM by ptxas's own choice).
             SearchConfig {
                 block: 2048,
                 recompute: true,
                 prefetch: true,
+                min_programs_per_sm: 3,
                 ..streamed(8, false)
             }
         }
@@ -256,8 +262,12 @@ pub fn search_name(policy: &Policy, cfg: &SearchConfig) -> String {
     } else {
         ""
     };
+    let occupancy = match cfg.min_programs_per_sm {
+        0 => String::new(),
+        n => format!("_o{n}"),
+    };
     format!(
-        "threshold_{}_{}{}_g{}_w{}{pivots}{histogram}{recompute}{prefetch}",
+        "threshold_{}_{}{}_g{}_w{}{pivots}{histogram}{recompute}{prefetch}{occupancy}",
         policy.name,
         match (cfg.stream, cfg.shared) {
             (true, true) => "s",

@@ -19,6 +19,7 @@ use dusk_compiler::{CompileError, DType, Kernel, KernelBuilder, Value};
 pub fn build_search(policy: &Policy, cfg: &SearchConfig) -> Result<Kernel, CompileError> {
     let mut b = KernelBuilder::new(&search_name(policy, cfg));
     b.set_num_warps(cfg.num_warps);
+    b.set_min_programs_per_sm(cfg.min_programs_per_sm);
     let k = search::declare(&mut b, policy, cfg);
     let search::Kernel {
         scores,

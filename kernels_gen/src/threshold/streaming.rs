@@ -116,6 +116,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     let tiling = (tile, cfg.prefetch);
     let mut b = KernelBuilder::new(&search_name(policy, cfg));
     b.set_num_warps(cfg.num_warps);
+    b.set_min_programs_per_sm(cfg.min_programs_per_sm);
     let k = search::declare(&mut b, policy, cfg);
     let search::Kernel {
         scores,

@@ -77,6 +77,15 @@ fn sweep(n: usize) -> Vec<SearchConfig> {
             ..streamed(tile, warps, 1, n <= SHARED_ROW)
         });
     }
+    // Registers capped so that more programs fit an SM.
+    for (tile, warps, programs) in [(2048, 8, 2), (2048, 8, 3), (2048, 8, 4), (2048, 4, 6)] {
+        out.push(SearchConfig {
+            recompute: true,
+            prefetch: true,
+            min_programs_per_sm: programs,
+            ..streamed(tile, warps, 1, false)
+        });
+    }
     out
 }
 
@@ -134,6 +143,7 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         histogram: false,
         recompute: false,
         prefetch: false,
+        min_programs_per_sm: 0,
     };
     let shared = SearchConfig {
         block: 2048,
@@ -442,7 +452,7 @@ pub fn run() -> Res<()> {
                 alt.run(&dusk, &sets[k])
             })?;
             let name = format!(
-                "{}{}w{}k{}{}{}",
+                "{}{}w{}k{}{}{}{}",
                 match (cfg.stream, cfg.shared, cfg.recompute) {
                     (true, true, _) => "shared t",
                     (true, false, true) => "recompute t",
@@ -453,7 +463,11 @@ pub fn run() -> Res<()> {
                 cfg.num_warps,
                 cfg.pivots,
                 if cfg.histogram { "h" } else { "" },
-                if cfg.prefetch { " l2" } else { "" }
+                if cfg.prefetch { " l2" } else { "" },
+                match cfg.min_programs_per_sm {
+                    0 => String::new(),
+                    n => format!(" o{n}"),
+                }
             );
             println!("  {name}: {:.1} us", median(&t));
             others.push(json!({"config": name, "us": median(&t)}));
