@@ -212,7 +212,7 @@ impl SearchConfig {
     /// in shared memory where they fit ([`shared_row_capacity`]: 8192 candidates for one
     /// query head a row; L2 prefetches ahead of the scores' and positions' loads), else 2
     /// warps up to [`SHORT_ROWS`], and beyond, tiles of 2048 on 8 warps (three programs an
-    /// SM) with the weights recomputed from the scores in every pass (`recompute`) and each
+    /// SM for one query head a row) with the weights recomputed from the scores in every pass (`recompute`) and each
     /// tile's loads preceded by L2 prefetches of the tile two on (`prefetch`). Rows held
     /// in registers lose since the search writes the CSR list itself: a row waiting for
     /// the rows before it holds all of its registers.
@@ -231,13 +231,14 @@ impl SearchConfig {
             streamed(2, false)
         } else {
             // 32768 candidates: 789.6 us; without the prefetches 851.9, on 4 warps 830.2
-            // (826.2 with them), from `work` 861.5 (e336929). Three programs an SM (80
-            // registers, no spills; 93 and two an SM by ptxas's own choice).
+            // (826.2 with them), from `work` 861.5 (e336929). One query head a row: three
+            // programs an SM (80 registers, no spills; 93 and two an SM by ptxas's own
+            // choice); a group's union needs more (80 spill 16 bytes at group 4).
             SearchConfig {
                 block: 2048,
                 recompute: true,
                 prefetch: true,
-                min_programs_per_sm: 3,
+                min_programs_per_sm: if group == 1 { 3 } else { 0 },
                 ..streamed(8, false)
             }
         }
