@@ -211,11 +211,11 @@ impl SearchConfig {
     /// scalar bookkeeping every thread repeats) is paid per warp: 4 warps with the weights
     /// in shared memory where they fit ([`shared_row_capacity`]: 8192 candidates for one
     /// query head a row; L2 prefetches ahead of the scores' and positions' loads), else 2
-    /// warps up to [`SHORT_ROWS`], and beyond, tiles of 2048 on 8 warps (three programs an
-    /// SM for one query head a row) with the weights recomputed from the scores in every pass (`recompute`) and each
-    /// tile's loads preceded by L2 prefetches of the tile two on (`prefetch`). Rows held
-    /// in registers lose since the search writes the CSR list itself: a row waiting for
-    /// the rows before it holds all of its registers.
+    /// warps up to [`SHORT_ROWS`], and beyond, tiles of 2048 on 8 warps with the weights
+    /// recomputed from the scores in every pass (`recompute`) and each tile's loads
+    /// preceded by L2 prefetches of the tile two on (`prefetch`). Rows held in registers
+    /// lose since the search writes the CSR list itself: a row waiting for the rows before
+    /// it holds all of its registers.
     pub fn for_rows(max_len: usize, group: usize) -> SearchConfig {
         let streamed =
             |num_warps, shared| SearchConfig::streamed(1024, group, num_warps, 1, shared);
@@ -231,14 +231,13 @@ impl SearchConfig {
             streamed(2, false)
         } else {
             // 32768 candidates: 789.6 us; without the prefetches 851.9, on 4 warps 830.2
-            // (826.2 with them), from `work` 861.5 (e336929). One query head a row: three
-            // programs an SM (80 registers, no spills; 93 and two an SM by ptxas's own
-            // choice); a group's union needs more (80 spill 16 bytes at group 4).
+            // (826.2 with them), from `work` 861.5 (e336929). Registers capped for more
+            // programs an SM did not pay: 3 an SM (80 registers) 759.1 against 751.3, 4
+            // (64, spilling 8 bytes) 724.1 (480659e).
             SearchConfig {
                 block: 2048,
                 recompute: true,
                 prefetch: true,
-                min_programs_per_sm: if group == 1 { 3 } else { 0 },
                 ..streamed(8, false)
             }
         }
