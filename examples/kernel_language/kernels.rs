@@ -79,6 +79,26 @@ pub fn octaves<const BLOCK: usize, const BINS: usize>(
     store(above + program_id(0) * BINS + arange(0, BINS), cumsum(here));
 }
 
+/// The positive values of each block of `x`, in order, at the front of the block's span
+/// of `y` (zeros after them): ranks from a running sum, the values written to `scratch`
+/// at their ranks, then read back by the threads that own those places. Other threads
+/// wrote them, in global memory: `barrier()` between.
+#[kernel]
+pub fn keep_positive<const BLOCK: usize>(x: Ptr<f32>, scratch: Ptr<f32>, y: Ptr<f32>, n: i32) {
+    let offs = program_id(0) * BLOCK + arange(0, BLOCK);
+    let mask = offs < n;
+    let v = load(x + offs, mask, 0.0);
+    let keep = v > 0.0;
+    let rank = cumsum(where_(keep, 1, 0));
+    let kept = rank.max(0);
+    let base = program_id(0) * BLOCK;
+    store(scratch + (base + rank - 1), v, keep);
+    barrier();
+    let front = arange(0, BLOCK) < kept;
+    let back = load(scratch + base + arange(0, BLOCK), front, 0.0);
+    store(y + offs, back, mask);
+}
+
 /// A deterministic pseudo-random sequence in [-1, 1) (no dependency needed).
 fn noise(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -207,5 +227,23 @@ pub fn run_all(
     let err_counts = rel_error(&got(counts.download()?), &want_counts);
     let err_above = rel_error(&got(above.download()?), &want_above);
     out.push(("octaves", err_counts.max(err_above)));
+
+    let n = 2500 + (seed % 31) as usize;
+    let xs = noise(n, seed + 6);
+    let x = dev.upload(&xs)?;
+    let programs = n.div_ceil(block);
+    let scratch = dev.alloc::<f32>(programs * block)?;
+    let mut y = dev.alloc::<f32>(n)?;
+    dev.fill_bytes(&mut y, 0xFF)?;
+    let k = dusk.load(keep_positive::build::<1024>()?)?;
+    keep_positive::launch::<1024>(dev, &k, [programs as u32, 1, 1], &x, &scratch, &y, n as i32)?;
+    let mut want = vec![0f64; n];
+    for (p, chunk) in xs.chunks(block).enumerate() {
+        let kept = chunk.iter().filter(|v| **v > 0.0);
+        for (j, v) in kept.enumerate() {
+            want[p * block + j] = *v as f64;
+        }
+    }
+    out.push(("keep_positive", rel_error(&y.download()?, &want)));
     Ok(out)
 }

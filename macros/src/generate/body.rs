@@ -1111,6 +1111,14 @@ impl Lower {
                 let x = val!(0);
                 quote_spanned!(span=> #b.cumsum(#x))
             }
+            Builtin::Barrier => {
+                out.extend(quote_spanned!(span=> #b.barrier();));
+                return Ok(Gen {
+                    kind: Kind::Unit,
+                    ts: quote!(()),
+                    span,
+                });
+            }
             Builtin::Bitcast => {
                 let d = dtype(ty.expect("bitcast has a type"));
                 let x = val!(0);

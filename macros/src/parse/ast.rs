@@ -283,4 +283,5 @@ pub enum Builtin {
     AtomicAdd,
     Cumsum,
     Bitcast,
+    Barrier,
 }

@@ -161,6 +161,7 @@ pub const BUILTINS: &[Spec] = &[
         "atomic_add(ptr, value) or atomic_add(ptr, value, mask)",
     ),
     spec(Builtin::Cumsum, "cumsum", 1, 1, false, "cumsum(x)"),
+    spec(Builtin::Barrier, "barrier", 0, 0, false, "barrier()"),
     spec(
         Builtin::Bitcast,
         "bitcast",
