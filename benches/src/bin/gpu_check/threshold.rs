@@ -109,6 +109,52 @@ fn kept_sets(plan: &PrunePlan, lens: &[usize]) -> Res<Vec<Vec<bool>>> {
     Ok(out)
 }
 
+/// Rows of `lens` candidates searched with `group` query heads a row (p = 0.9): each
+/// row's kept set must be the union of the same scores searched one head at a time (the
+/// scores are laid out alike).
+fn union_equals_per_head(
+    dusk: &Dusk,
+    rng: &mut SmallRng,
+    lens: &[usize],
+    group: usize,
+    scale: f32,
+    label: &str,
+) -> Res<()> {
+    let per_head: Vec<usize> = lens.iter().flat_map(|&n| vec![n; group]).collect();
+    let scores: Vec<f32> = per_head
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &n)| logits(rng, n, i))
+        .collect();
+    let s = dusk.device().upload(&scores)?;
+    let p = [ParamValues::Uniform(0.9)];
+    let plan = |lens: &[usize], group| {
+        PrunePlan::new(
+            dusk,
+            &top_p::POLICY,
+            &TokenLists::leading(lens),
+            group,
+            scale,
+            &p,
+        )
+    };
+    let mut heads = plan(&per_head, 1)?;
+    heads.run(dusk, &s)?;
+    let one = kept_sets(&heads, &per_head)?;
+    let mut united = plan(lens, group)?;
+    united.poison_outputs(dusk, 0xFF)?;
+    united.run(dusk, &s)?;
+    for (r, u) in kept_sets(&united, lens)?.iter().enumerate() {
+        let want: Vec<bool> = (0..lens[r])
+            .map(|j| (0..group).any(|g| one[r * group + g][j]))
+            .collect();
+        if *u != want {
+            return Err(format!("{label} row {r}: union differs from the per-head sets").into());
+        }
+    }
+    Ok(())
+}
+
 /// Top-p on `rows` random rows against the oracle; GQA unions against per-head runs.
 fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
     let scale = 1.0 / (128f32).sqrt();
@@ -213,44 +259,7 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
     // GQA: groups of 4 query heads over one candidate list; the union must equal the union
     // of the same rows searched one head at a time (the scores layout is the same).
     let groups = rows / 4;
-    let glens = &lens[..groups];
-    let per_head: Vec<usize> = glens.iter().flat_map(|&n| [n; 4]).collect();
-    let scores: Vec<f32> = per_head
-        .iter()
-        .enumerate()
-        .flat_map(|(i, &n)| logits(rng, n, i))
-        .collect();
-    let s = dusk.device().upload(&scores)?;
-    let p = [ParamValues::Uniform(0.9)];
-    let mut heads = PrunePlan::new(
-        dusk,
-        &top_p::POLICY,
-        &TokenLists::leading(&per_head),
-        1,
-        scale,
-        &p,
-    )?;
-    heads.run(dusk, &s)?;
-    let one = kept_sets(&heads, &per_head)?;
-    let mut gqa = PrunePlan::new(
-        dusk,
-        &top_p::POLICY,
-        &TokenLists::leading(glens),
-        4,
-        scale,
-        &p,
-    )?;
-    gqa.poison_outputs(dusk, 0xFF)?;
-    gqa.run(dusk, &s)?;
-    let union = kept_sets(&gqa, glens)?;
-    for (r, u) in union.iter().enumerate() {
-        let want: Vec<bool> = (0..glens[r])
-            .map(|j| (0..4).any(|g| one[r * 4 + g][j]))
-            .collect();
-        if *u != want {
-            return Err(format!("GQA row {r}: union differs from the per-head sets").into());
-        }
-    }
+    union_equals_per_head(dusk, rng, &lens[..groups], 4, scale, "GQA")?;
 
     // Rows longer than registers hold stream (128k candidates among them): group 1 against
     // the oracle, group 2 against the union of per-head runs.
@@ -285,41 +294,7 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         })
         .map_err(|e| format!("long row {r} (n {}): {e}", long[r]))?;
     }
-    let pairs: Vec<usize> = long.iter().flat_map(|&n| [n; 2]).collect();
-    let scores: Vec<f32> = pairs
-        .iter()
-        .enumerate()
-        .flat_map(|(i, &n)| logits(rng, n, i))
-        .collect();
-    let s = dusk.device().upload(&scores)?;
-    let mut heads = PrunePlan::new(
-        dusk,
-        &top_p::POLICY,
-        &TokenLists::leading(&pairs),
-        1,
-        scale,
-        &p,
-    )?;
-    heads.run(dusk, &s)?;
-    let one = kept_sets(&heads, &pairs)?;
-    let mut gqa = PrunePlan::new(
-        dusk,
-        &top_p::POLICY,
-        &TokenLists::leading(&long),
-        2,
-        scale,
-        &p,
-    )?;
-    gqa.poison_outputs(dusk, 0xFF)?;
-    gqa.run(dusk, &s)?;
-    for (r, u) in kept_sets(&gqa, &long)?.iter().enumerate() {
-        let want: Vec<bool> = (0..long[r])
-            .map(|j| one[2 * r][j] || one[2 * r + 1][j])
-            .collect();
-        if *u != want {
-            return Err(format!("streamed GQA row {r}: union differs").into());
-        }
-    }
+    union_equals_per_head(dusk, rng, &long, 2, scale, "streamed GQA")?;
 
     // A NaN row is flagged and keeps all; its neighbours are unaffected.
     let mut bad = logits(rng, 300, 0);
@@ -332,7 +307,7 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         &TokenLists::leading(&[300, 300]),
         1,
         scale,
-        &p,
+        &[ParamValues::Uniform(0.9)],
     )?;
     plan.poison_outputs(dusk, 0xFF)?;
     plan.run(dusk, &s)?;
