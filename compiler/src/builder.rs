@@ -147,6 +147,17 @@ impl KernelBuilder {
     pub fn program_id(&mut self, axis: u8) -> Value {
         self.push1(OpKind::ProgramId { axis }, caller_loc(Location::caller()))
     }
+    /// The GPU's nanosecond clock (i64); see [`OpKind::GlobalTimer`].
+    #[track_caller]
+    pub fn global_timer(&mut self) -> Value {
+        let loc = caller_loc(Location::caller());
+        self.push(OpKind::GlobalTimer, loc, &[Type::scalar(DType::I64)])[0]
+    }
+    /// The multiprocessor running the program (i32); see [`OpKind::SmId`].
+    #[track_caller]
+    pub fn sm_id(&mut self) -> Value {
+        self.push1(OpKind::SmId, caller_loc(Location::caller()))
+    }
     #[track_caller]
     pub fn num_programs(&mut self, axis: u8) -> Value {
         self.push1(OpKind::NumPrograms { axis }, caller_loc(Location::caller()))
@@ -508,14 +519,15 @@ impl KernelBuilder {
         self.push(kind, caller_loc(Location::caller()), &[]);
     }
 
-    /// Brings `bytes` (a multiple of 128) at each pointer where `mask` holds into L2; see
-    /// [`OpKind::Prefetch`].
+    /// Brings `bytes` (a multiple of 128) at each pointer where `mask` holds into the cache
+    /// `level`; see [`OpKind::Prefetch`].
     #[track_caller]
-    pub fn prefetch(&mut self, ptr: Value, mask: Option<Value>, bytes: u32) {
+    pub fn prefetch(&mut self, ptr: Value, mask: Option<Value>, bytes: u32, level: CacheLevel) {
         let kind = OpKind::Prefetch {
             ptr: ptr.0,
             mask: mask.map(|m| m.0),
             bytes,
+            level,
         };
         self.push(kind, caller_loc(Location::caller()), &[]);
     }

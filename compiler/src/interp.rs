@@ -897,6 +897,11 @@ impl<'k> Interp<'k, '_, '_> {
             // once: nothing to wait for or release.
             WaitPriorGrid | ReleaseDependents | Barrier => return Ok(None),
             ProgramId { axis } => Data::I32(vec![self.program[*axis as usize] as i32]),
+            GlobalTimer => {
+                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+                Data::I64(vec![now.map_or(0, |d| d.as_nanos() as i64)])
+            }
+            SmId => Data::I32(vec![0]),
             NumPrograms { axis } => Data::I32(vec![self.grid[*axis as usize] as i32]),
             Constant { value, dtype } => constant(*value, *dtype),
             Arange { start, end } => Data::I32((*start..*end).map(|x| x as i32).collect()),
@@ -1063,7 +1068,9 @@ impl<'k> Interp<'k, '_, '_> {
                 }
                 return Ok(None);
             }
-            Prefetch { ptr, mask, bytes } => {
+            Prefetch {
+                ptr, mask, bytes, ..
+            } => {
                 // Nothing to do on the CPU but check that the bytes lie inside the buffer.
                 let mask = mask.as_ref().map(|m| get(&self.env, *m).bools());
                 for (i, &p) in get(&self.env, *ptr).ptrs().iter().enumerate() {

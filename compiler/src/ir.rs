@@ -216,6 +216,15 @@ pub struct Op {
     pub loc: Loc,
 }
 
+/// The cache an [`OpKind::Prefetch`] fills.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CacheLevel {
+    /// The SM's own L1 (the program's later loads of the lines hit it).
+    L1,
+    /// The GPU's L2.
+    L2,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum OpKind {
     /// The program's index along grid axis 0, 1 or 2 (i32).
@@ -350,15 +359,26 @@ pub enum OpKind {
         mask: Option<ValueId>,
     },
     /// Asks for the `bytes` bytes at each pointed-to address (where `mask` holds) to be
-    /// brought into L2 (PTX `prefetch.global.L2`, one per 128-byte line), holding no
-    /// registers and returning nothing: a later load of them then waits on L2, not DRAM.
-    /// Gathers whose next addresses are known a step early use it to keep more bytes in
-    /// flight than their registers hold. The addresses must lie inside their buffer.
+    /// brought into the cache `level` (PTX `prefetch.global.L2` or `.L1`, one per 128-byte
+    /// line), holding no registers and returning nothing: a later load of them then waits
+    /// on that cache, not DRAM (L2) or L2 (L1). Gathers whose next addresses are known a
+    /// step early use it to keep more bytes in flight than their registers hold; loops
+    /// whose steps each wait on L2 fill L1 first. The addresses must lie inside their
+    /// buffer.
     Prefetch {
         ptr: ValueId,
         mask: Option<ValueId>,
         bytes: u32,
+        level: CacheLevel,
     },
+    /// The GPU's clock in nanoseconds (i64, PTX `%globaltimer`, one clock for every SM),
+    /// read where it stands in the program: for timelines of a kernel's programs (when
+    /// each starts, waits and ends), which event timings of whole launches cannot give.
+    /// The interpreter gives the host's clock.
+    GlobalTimer,
+    /// The index of the multiprocessor running the program (i32, PTX `%smid`; 0 on the
+    /// interpreter): with [`OpKind::GlobalTimer`], which programs shared an SM.
+    SmId,
     /// Waits until the kernel queued before this one on the stream has finished and its
     /// writes are visible (PTX `griddepcontrol.wait`, sm_90 and newer; nothing on older
     /// GPUs, where kernels never overlap). A kernel holding it is launched so that its
@@ -442,6 +462,8 @@ impl OpKind {
         match self {
             ProgramId { .. }
             | NumPrograms { .. }
+            | GlobalTimer
+            | SmId
             | Constant { .. }
             | Arange { .. }
             | WaitPriorGrid
@@ -532,6 +554,8 @@ impl OpKind {
         use OpKind::*;
         match self {
             ProgramId { .. } => "program_id",
+            GlobalTimer => "global_timer",
+            SmId => "sm_id",
             NumPrograms { .. } => "num_programs",
             Constant { .. } => "constant",
             Arange { .. } => "arange",

@@ -15,7 +15,7 @@ pub mod verify;
 pub mod codegen;
 
 pub use builder::{KernelBuilder, Value};
-pub use ir::{BinOp, CmpOp, Const, DType, Elem, Kernel, ReduceOp, Type, UnOp};
+pub use ir::{BinOp, CacheLevel, CmpOp, Const, DType, Elem, Kernel, ReduceOp, Type, UnOp};
 
 /// Errors from building, verifying or compiling a kernel. Each names the kernel, the op
 /// and, where known, the source line that made the op.

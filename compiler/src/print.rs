@@ -66,9 +66,11 @@ fn attrs(kind: &OpKind) -> String {
         }
         Cast { to, .. } | Bitcast { to, .. } | PtrCast { to, .. } => format!(" to {}", to.name()),
         SharedAlloc { dtype, len } => format!(" {len} x {}", dtype.name()),
-        Prefetch { mask, bytes, .. } => {
+        Prefetch {
+            mask, bytes, level, ..
+        } => {
             format!(
-                "{} {bytes} bytes",
+                "{} {bytes} bytes into {level:?}",
                 if mask.is_some() { " masked" } else { "" }
             )
         }

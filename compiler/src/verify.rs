@@ -42,6 +42,8 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
                 shape: vec![],
             })
         }
+        GlobalTimer => one(Type::scalar(DType::I64)),
+        SmId => one(Type::scalar(DType::I32)),
         ProgramId { axis } | NumPrograms { axis } => {
             if *axis > 2 {
                 return Err(format!("grid axis {axis} out of range 0..=2"));
@@ -327,7 +329,9 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
             }
             one(Type::scalar(DType::I32))
         }
-        Prefetch { ptr, mask, bytes } => {
+        Prefetch {
+            ptr, mask, bytes, ..
+        } => {
             let p = ty(*ptr);
             if !matches!(p.elem, Elem::Ptr(_)) {
                 return Err(format!("prefetch needs a pointer, found {p}"));

@@ -334,6 +334,19 @@ impl<'c, 'k> Lower<'c, 'k> {
             .into_int_value())
     }
 
+    /// A 64-bit special register (`%globaltimer`).
+    fn sreg64(&self, name: &str) -> R<IntValue<'c>> {
+        let f = self.intrinsic(
+            &format!("llvm.nvvm.read.ptx.sreg.{name}"),
+            self.ctx.i64_type().fn_type(&[], false),
+        );
+        let v = self.b.build_call(f, &[], name).map_err(|e| self.err(e))?;
+        Ok(v.try_as_basic_value()
+            .basic()
+            .expect("sreg value")
+            .into_int_value())
+    }
+
     fn intrinsic(&self, name: &str, ty: inkwell::types::FunctionType<'c>) -> FunctionValue<'c> {
         self.module
             .get_function(name)
@@ -578,6 +591,8 @@ impl<'c, 'k> Lower<'c, 'k> {
                 self.sreg(&format!("ctaid.{}", ["x", "y", "z"][*axis as usize]))?
                     .into(),
             ),
+            GlobalTimer => Cv::S(self.sreg64("globaltimer")?.into()),
+            SmId => Cv::S(self.sreg("smid")?.into()),
             NumPrograms { axis } => Cv::S(
                 self.sreg(&format!("nctaid.{}", ["x", "y", "z"][*axis as usize]))?
                     .into(),
@@ -723,8 +738,13 @@ impl<'c, 'k> Lower<'c, 'k> {
                 return Ok(());
             }
             LoadFresh { ptr, mask } => self.load_fresh(*ptr, *mask)?,
-            Prefetch { ptr, mask, bytes } => {
-                self.prefetch(*ptr, *mask, *bytes)?;
+            Prefetch {
+                ptr,
+                mask,
+                bytes,
+                level,
+            } => {
+                self.prefetch(*ptr, *mask, *bytes, *level)?;
                 return Ok(());
             }
             Arrive { counter } => self.arrive(*counter)?,
@@ -2061,13 +2081,19 @@ impl<'c, 'k> Lower<'c, 'k> {
 
     /// `prefetch.global.L2` on each 128-byte line of `bytes` at each pointer this thread
     /// owns (replicas stay silent) where `mask` holds.
-    fn prefetch(&mut self, ptr: ValueId, mask: Option<ValueId>, bytes: u32) -> R<()> {
+    fn prefetch(
+        &mut self,
+        ptr: ValueId,
+        mask: Option<ValueId>,
+        bytes: u32,
+        level: CacheLevel,
+    ) -> R<()> {
         let at = self.owned_addresses(ptr, mask)?;
         let i64t = self.ctx.i64_type();
         let fn_t = self.ctx.void_type().fn_type(&[i64t.into()], false);
         let asm = self.ctx.create_inline_asm(
             fn_t,
-            "prefetch.global.L2 [$0];".to_string(),
+            format!("prefetch.global.{level:?} [$0];"),
             "l".to_string(),
             true,
             false,

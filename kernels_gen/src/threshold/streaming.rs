@@ -8,7 +8,7 @@ use super::search::{
     tally_terms, Outputs, RowTotals, Tally,
 };
 use super::{output, search_name, shared_row_capacity, Policy, SearchConfig, SHARED_ROW};
-use dusk_compiler::{CompileError, DType, Elem, Kernel, KernelBuilder, Value};
+use dusk_compiler::{CacheLevel, CompileError, DType, Elem, Kernel, KernelBuilder, Value};
 
 /// Tiles ahead of the one being read that [`SearchConfig::prefetch`] brings into L2.
 const PREFETCH_AHEAD: i64 = 2;
@@ -52,7 +52,7 @@ fn prefetch_tile(b: &mut KernelBuilder, row: Value, (t0, n): (Value, Value), til
     let ends = b.add_c(offs, PER_LINE as i64);
     let inside = b.le(ends, n);
     let ptrs = b.add_ptr(row, offs);
-    b.prefetch(ptrs, Some(inside), 128);
+    b.prefetch(ptrs, Some(inside), 128, CacheLevel::L2);
 }
 
 /// Where a query head's weights come from in each pass after the second: stored (in
