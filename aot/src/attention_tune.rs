@@ -214,6 +214,7 @@ fn split_hash(shape: &AttentionShape, t: &AttentionTuning) -> Result<String, Str
         fused_merge: false,
         sparq: false,
         merge_chunks: t.merge_chunks,
+        timeline: false,
     })
     .map_err(|e| e.to_string())?;
     Ok(ir_hash(&split))

@@ -30,7 +30,7 @@ enum {
   Q_ROWS = BATCH * Q_HEADS,
   CHUNK = 128,             /* dense: tokens per chunk of the split */
   MIN_SEGMENT = 64,        /* lists: the shortest segment of the balanced split */
-  ROW_TOKENS = 16          /* lists: what a row start counts as, in entries */
+  ROW_TOKENS = 24          /* lists: what a row start counts as, in entries */
 };
 static const double LOG2_E = 1.4426950408889634; /* softmax runs in base 2 */
 static const int SEQ[BATCH] = {1000, 517};

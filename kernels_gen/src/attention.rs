@@ -25,6 +25,10 @@
 //! the GPU pruner writes can change every step without the host seeing them, and skewed
 //! lists (a few long rows, many short ones) give every program the same number of tokens,
 //! where chunks of a row left the programs holding short chunks idle (benches/NOTES.md).
+//! Before its first tile a program waits on the row search, then the positions (beside the
+//! sequence's metadata), the pages, K and V: the search's loads also give the first row's
+//! list offsets, and each next row's are loaded a row ahead, so they cost no round trip to
+//! L2 of their own (with the merge inside the split, each row loads its own).
 //!
 //! Softmax inside a program keeps one running maximum *per token slot* of the tile (a
 //! `[block_tokens]` vector) rather than one per row, so the loop needs no reduction across
@@ -52,7 +56,7 @@
 //! as absent (the host checks lists it is given; this keeps lists made on the device from
 //! reading outside the cache or the lists).
 
-use dusk_compiler::{CompileError, DType, Kernel, KernelBuilder, Value};
+use dusk_compiler::{CacheLevel, CompileError, DType, Kernel, KernelBuilder, Value};
 
 /// Where a row's token positions come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -122,7 +126,17 @@ pub struct SplitConfig {
     pub sparq: bool,
     /// With `fused_merge`: partials combined a step (see [`MergeConfig::block_chunks`]).
     pub merge_chunks: usize,
+    /// With `balanced`, for diagnosis: a pointer parameter `timeline` (i64) after the
+    /// partial buffers (and the fused merge's), where program p writes [`TIMELINE_WORDS`]
+    /// words at `p * TIMELINE_WORDS`: the GPU's clock at its start, once its row search is
+    /// done, when its first tile's scores are in, at its end (0 if it has no segment), and
+    /// its SM. Each clock is read where the values before it are in (a branch on them), so
+    /// it tells when the data arrived, not when the load was issued.
+    pub timeline: bool,
 }
+
+/// Words of a program's record in a timeline (see [`SplitConfig::timeline`]).
+pub const TIMELINE_WORDS: usize = 8;
 
 impl SplitConfig {
     /// The plans' default for GQA groups of 2 to 8 at head_dim 64 or 128: the tensor-core
@@ -147,6 +161,7 @@ impl SplitConfig {
             fused_merge: false,
             sparq: false,
             merge_chunks: 8,
+            timeline: false,
         }
     }
 }
@@ -171,6 +186,11 @@ pub struct MergeConfig {
     /// Partial results of the balanced split of token lists (see
     /// [`SplitConfig::balanced`]).
     pub balanced: bool,
+    /// With `balanced`, for diagnosis: a pointer parameter `timeline` after `sel_indptr`,
+    /// the split's (see [`SplitConfig::timeline`]), where the program of query row q writes
+    /// at `(programs + q) * TIMELINE_WORDS` its clock at its start, past its wait for the
+    /// split, at its end, and its SM.
+    pub timeline: bool,
 }
 
 /// Which entries of a row's token list one work item takes.
@@ -225,11 +245,48 @@ fn balanced_segments(b: &mut KernelBuilder, bal: &Balance) -> (Value, Value, Val
     (total, line, b.maximum(seg, one))
 }
 
+/// Row `row`'s offsets in the token lists: `sel_indptr[row]`, `sel_indptr[row + 1]`.
+fn list_offsets(b: &mut KernelBuilder, indptr: Value, row: Value) -> (Value, Value) {
+    let p = b.add_ptr(indptr, row);
+    let start = b.load(p);
+    let row1 = b.add_c(row, 1);
+    let p = b.add_ptr(indptr, row1);
+    (start, b.load(p))
+}
+
 /// How far row r's entries sit along the balanced split's line past their offsets in the
 /// lists: `(r + 1) * row_tokens`.
 fn row_shift(b: &mut KernelBuilder, r: Value, row_tokens: Value) -> Value {
     let r1 = b.add_c(r, 1);
     b.mul(r1, row_tokens)
+}
+
+/// Writes the GPU's clock to word `word` of a timeline `record` (see
+/// [`SplitConfig::timeline`]) where `after` holds: a branch on the values `after` was
+/// computed from, so the clock is read once they have arrived.
+fn stamp(b: &mut KernelBuilder, record: Value, word: i32, after: Value) {
+    b.if_then(after, |b| {
+        let now = b.global_timer();
+        let w = b.i32(word);
+        let p = b.add_ptr(record, w);
+        b.store(p, now);
+    });
+}
+
+/// The first step's word of a timeline record: at the step of tile `t0` of the program's
+/// first row (`first_row`), once `score` (computed from the tile's K) is in.
+fn stamp_first_step(
+    b: &mut KernelBuilder,
+    record: Value,
+    (t, t0, first_row): (Value, Value, Value),
+    score: Value,
+) {
+    let first_tile = b.eq(t, t0);
+    let here = b.and(first_tile, first_row);
+    // Never false for a finite score, but only known once it is in.
+    let arrived = b.eq(score, score);
+    let here = b.and(here, arrived);
+    stamp(b, record, 2, here);
 }
 
 /// The score of masked slots: far below any real score, yet finite.
@@ -269,7 +326,7 @@ fn unsupported(kernel: &str, what: String) -> CompileError {
 pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let (d, bt, g_n) = (cfg.head_dim, cfg.block_tokens, cfg.group);
     let name = format!(
-        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}{}{}{}{}{}",
+        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}{}{}{}{}{}{}",
         match cfg.source {
             TokenSource::Dense => "dense",
             TokenSource::Lists => "lists",
@@ -292,7 +349,8 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
             (false, _) => String::new(),
             (true, false) => format!("_m{}", cfg.merge_chunks),
             (true, true) => format!("_m{}_sparq", cfg.merge_chunks),
-        }
+        },
+        if cfg.timeline { "_timeline" } else { "" }
     );
     let tc = cfg.tensor_cores;
     if !matches!(d, 64 | 128 | 256)
@@ -307,6 +365,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         || (cfg.balanced && (cfg.source != TokenSource::Lists || cfg.chunk_fastest))
         || (cfg.fused_merge
             && (!cfg.balanced || !cfg.merge_chunks.is_power_of_two() || cfg.merge_chunks > 64))
+        || (cfg.timeline && !cfg.balanced)
     {
         return Err(unsupported(
             &name,
@@ -344,6 +403,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     } else {
         None
     };
+    let timeline = cfg.timeline.then(|| b.param_ptr("timeline", DType::I64));
     let num_q_heads = b.param_scalar("num_q_heads", DType::I32);
     let num_kv_heads = b.param_scalar("num_kv_heads", DType::I32);
     // The merge inside the split: where it writes, and the row counters.
@@ -388,9 +448,17 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         b.release_dependents();
     }
 
-    // One work item: the entries `span` of row `row`'s tokens; query head g of the row
-    // writes partial slot `slot0 + g * stride`.
-    let item = |b: &mut KernelBuilder, row: Value, span: Span, slot0: Value, stride: Value| {
+    // One work item: the entries `span` of row `row`'s tokens, (lists) whose offsets in
+    // `sel_indices` are `list` (`sel_indptr[row]`, `sel_indptr[row + 1]`, as the caller has
+    // them); query head g of the row writes partial slot `slot0 + g * stride`. With a
+    // timeline, `first_step` is the program's record and whether this is its first row.
+    let item = |b: &mut KernelBuilder,
+                row: Value,
+                list: Option<(Value, Value)>,
+                span: Span,
+                slot0: Value,
+                stride: Value,
+                first_step: Option<(Value, Value)>| {
         // Row -> (batch, first query head, KV head).
         let c_group = b.i32(g_n as i32);
         let rows_per_batch = b.div(num_q_heads, c_group);
@@ -420,12 +488,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         let (list_start, n_work, n_valid) = match cfg.source {
             TokenSource::Dense => (zero_i, seq_len, seq_len),
             TokenSource::Lists => {
-                let ip = sel_indptr.expect("lists");
-                let p = b.add_ptr(ip, row);
-                let s = b.load(p);
-                let row1 = b.add_c(row, 1);
-                let p = b.add_ptr(ip, row1);
-                let e = b.load(p);
+                let (s, e) = list.expect("the list's offsets");
                 let n = b.sub(e, s);
                 (s, n, n)
             }
@@ -553,9 +616,9 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     let off = row_offsets(b, pos, page);
                     let row_bytes = (d * cfg.dtype.size_bytes()) as u32;
                     let kp = b.add_ptr(k, off);
-                    b.prefetch(kp, Some(ok), row_bytes);
+                    b.prefetch(kp, Some(ok), row_bytes, CacheLevel::L2);
                     let vp = b.add_ptr(v, off);
-                    b.prefetch(vp, Some(ok), row_bytes);
+                    b.prefetch(vp, Some(ok), row_bytes, CacheLevel::L2);
                 };
                 let load_kv = |b: &mut KernelBuilder, pos: Value, page: Value| -> (Value, Value) {
                     let z = b.i32(0);
@@ -672,6 +735,10 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                         let vc = b.expand(valid, 0, 8);
                         let s = b.select(vc, s, masked);
                         let mx = b.max(s, 1);
+                        if let Some((record, first_row)) = first_step {
+                            let m = b.max(mx, 0);
+                            stamp_first_step(b, record, (t, t0, first_row), m);
+                        }
                         let m_new = b.maximum(m, mx);
                         let dm = b.sub(m, m_new);
                         let alpha = b.exp2(dm);
@@ -701,6 +768,10 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                         let prod = b.mul(kt, qe);
                         let s = b.sum(prod, 1);
                         let s = b.select(valid, s, masked);
+                        if let (Some((record, first_row)), 0) = (first_step, g) {
+                            let m = b.max(s, 0);
+                            stamp_first_step(b, record, (t, t0, first_row), m);
+                        }
                         let m_new = b.maximum(m, s);
                         let dm = b.sub(m, m_new);
                         let alpha = b.exp2(dm);
@@ -806,6 +877,21 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
             // the rows it covers: from the last row starting at or before `s` to the last
             // starting before `e`.
             let pid = b.program_id(0);
+            // The program's timeline record: its start and SM now, the rest zero until set.
+            let record = timeline.map(|t| {
+                let at = b.mul_c(pid, TIMELINE_WORDS as i64);
+                let record = b.add_ptr(t, at);
+                let now = b.global_timer();
+                let sm = b.sm_id();
+                let sm = b.cast(sm, DType::I64);
+                let zero = b.i64(0);
+                for (word, v) in [(0, now), (1, zero), (2, zero), (3, zero), (4, sm)] {
+                    let w = b.i32(word);
+                    let p = b.add_ptr(record, w);
+                    b.store(p, v);
+                }
+                record
+            });
             let bal = Balance {
                 sel_indptr: indptr,
                 rows,
@@ -820,39 +906,71 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
             let e = b.minimum(e, line);
             // The row search before the branch on `busy`: its loads of the row starts do not
             // wait on `total`, so the two round trips to L2 overlap (the search heads every
-            // program's chain of dependent loads).
-            let (first_row, end_row) = if merged.is_some() {
-                held_rows(&mut b, &bal, total, (s, seg))
+            // program's chain of dependent loads). Without the merge inside the split it
+            // also gives the first row's offsets, and the loop below carries each row's
+            // offsets into the next, loading one a row ahead: a program's first positions
+            // wait on the search alone, one round trip to L2 fewer before its first tile.
+            let (first_row, end_row, first_list) = if merged.is_some() {
+                let (first, end) = held_rows(&mut b, &bal, total, (s, seg));
+                (first, end, None)
             } else {
-                covered_rows(&mut b, &bal, (s, e))
+                let (first, end, list) = covered_rows(&mut b, &bal, line, (s, e));
+                (first, end, Some(list))
             };
             let busy = b.lt(s, e);
             b.if_then(busy, |b| {
+                if let Some(record) = record {
+                    let searched = b.lt(first_row, end_row);
+                    stamp(b, record, 1, searched);
+                }
                 let one_i = b.i32(1);
                 let c_group = b.i32(g_n as i32);
-                b.for_range(first_row, end_row, one_i, &[], |b, row, _| {
-                    let p = b.add_ptr(indptr, row);
-                    let rs = b.load(p);
-                    let row1 = b.add_c(row, 1);
-                    let p = b.add_ptr(indptr, row1);
-                    let re = b.load(p);
+                let init = first_list.map_or(vec![], |(rs, re)| vec![rs, re]);
+                b.for_range(first_row, end_row, one_i, &init, |b, row, carried| {
+                    let (list, next) = match *carried {
+                        [rs, re] => {
+                            // The next row's end, requested before this row's work
+                            // (masked past the last offset: no row follows the last).
+                            let row2 = b.add_c(row, 2);
+                            let exists = b.le(row2, rows);
+                            let p = b.add_ptr(indptr, row2);
+                            let after = b.load_masked(p, Some(exists), None);
+                            ((rs, re), vec![re, after])
+                        }
+                        _ => (list_offsets(b, indptr, row), vec![]),
+                    };
+                    // Offsets clamped to `0..=total` (no-ops for valid lists): whatever
+                    // lists the device wrote, the arithmetic below cannot wrap, so a piece
+                    // is never longer than the segment (wrapped bounds made loops of
+                    // billions of steps).
+                    let zero_i = b.i32(0);
+                    let rs = b.maximum(list.0, zero_i);
+                    let rs = b.minimum(rs, total);
+                    let re = b.maximum(list.1, rs);
+                    let list = (rs, b.minimum(re, total));
                     // The row's entries on the line, cut to the segment, back to entries.
                     let shift = row_shift(b, row, row_tokens);
-                    let rs = b.add(rs, shift);
-                    let re = b.add(re, shift);
+                    let rs = b.add(list.0, shift);
+                    let re = b.add(list.1, shift);
                     let from = b.maximum(s, rs);
                     let to = b.minimum(e, re);
                     let start = b.sub(from, rs);
                     let end = b.sub(to, rs);
                     let piece = b.add(pid, row);
                     let slot0 = b.mul(piece, c_group);
-                    item(b, row, Span::Entries { start, end }, slot0, one_i);
+                    let span = Span::Entries { start, end };
+                    let first_step = record.map(|r| (r, b.eq(row, first_row)));
+                    item(b, row, Some(list), span, slot0, one_i, first_step);
                     if let Some((io, counters)) = merged {
                         let shape = (g_n, 32 * cfg.num_warps as usize);
                         merge_if_last(b, &io, counters, &bal, (total, seg), pid, row, shape);
                     }
-                    vec![]
+                    next
                 });
+                if let Some(record) = record {
+                    let t = b.bool(true);
+                    stamp(b, record, 3, t);
+                }
             });
         }
         _ => {
@@ -871,11 +989,15 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                 chunk,
                 tokens: chunk_tokens,
             };
-            item(&mut b, row, span, slot0, max_chunks);
+            let list = sel_indptr.map(|indptr| list_offsets(&mut b, indptr, row));
+            item(&mut b, row, list, span, slot0, max_chunks, None);
         }
     }
     b.finish()
 }
+
+/// Partials of a row whose outputs one step of the merge's L1 prefetch covers.
+const PREFETCH_PIECES: usize = 64;
 
 /// Warps of a merge program: a step's `[block_chunks, head_dim]` outputs at most 16 values
 /// a thread, and at least 2 warps (4 at head_dim 256), at most 8.
@@ -891,11 +1013,22 @@ pub fn merge_lse_width(head_dim: usize, block_chunks: usize) -> usize {
 
 /// The rows a program of the balanced split visits: from the last row starting at or
 /// before its segment's start `s` to the last starting before its end `e` (row r starts
-/// at `indptr[r] + r * row_tokens` on the line). Returns `first..end`.
-fn covered_rows(b: &mut KernelBuilder, bal: &Balance, (s, e): (Value, Value)) -> (Value, Value) {
+/// at `indptr[r] + r * row_tokens` on the line, `line` long). Returns `first..end` and the
+/// first row's offsets `indptr[first]`, `indptr[first + 1]`, from the nearest row starts
+/// at or before `s` and after it (the last offset where no row starts after `s`): the
+/// search's own loads, so the row's positions need no round trip to L2 for them. They are
+/// exact for valid lists; for others they stay on the line, so nothing after them wraps.
+fn covered_rows(
+    b: &mut KernelBuilder,
+    bal: &Balance,
+    line: Value,
+    (s, e): (Value, Value),
+) -> (Value, Value, (Value, Value)) {
     let zero_i = b.i32(0);
     let step = b.i32(SEARCH_ROWS as i32);
-    let counts = b.for_range(zero_i, bal.rows, step, &[zero_i, zero_i], |b, r0, c| {
+    let (none_le, none_gt) = (b.i32(i32::MIN), b.i32(i32::MAX));
+    let init = [zero_i, zero_i, none_le, none_gt];
+    let found = b.for_range(zero_i, bal.rows, step, &init, |b, r0, c| {
         let r = b.arange(0, SEARCH_ROWS as i64);
         let r = b.add(r0, r);
         let ok = b.lt(r, bal.rows);
@@ -912,10 +1045,30 @@ fn covered_rows(b: &mut KernelBuilder, bal: &Balance, (s, e): (Value, Value)) ->
         let before_end = b.lt(first, e);
         let ones = b.select(before_end, one_i, zero_i);
         let n_lt = b.sum(ones, 0);
-        vec![b.add(c[0], n_le), b.add(c[1], n_lt)]
+        // The nearest starts at or before `s` and after it (masked rows start at
+        // `i32::MAX`, which changes neither).
+        let le = b.select(at_or_before, first, none_le);
+        let max_le = b.max(le, 0);
+        let gt = b.select(at_or_before, none_gt, first);
+        let min_gt = b.min(gt, 0);
+        vec![
+            b.add(c[0], n_le),
+            b.add(c[1], n_lt),
+            b.maximum(c[2], max_le),
+            b.minimum(c[3], min_gt),
+        ]
     });
-    let first = b.add_c(counts[0], -1);
-    (b.maximum(first, zero_i), counts[1])
+    let first = b.add_c(found[0], -1);
+    let first = b.maximum(first, zero_i);
+    // The first row's start and the next row's (the line's end past the last row), kept
+    // on the line: no-ops for valid lists.
+    let start = b.maximum(found[2], zero_i);
+    let next = b.minimum(found[3], line);
+    let starts = b.mul(first, bal.row_tokens);
+    let rs = b.sub(start, starts);
+    let starts = b.add(starts, bal.row_tokens);
+    let re = b.sub(next, starts);
+    (first, found[1], (rs, re))
 }
 
 /// A range of rows covering those whose pieces lie in the segment starting at `s` (`seg`
@@ -1204,12 +1357,13 @@ fn slots_of(b: &mut KernelBuilder, piece: Value, heads: Value, c_group: Value) -
 pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     let (d, cb) = (cfg.head_dim, cfg.block_chunks);
     let name = format!(
-        "attn_merge_d{}_{}_c{}{}{}",
+        "attn_merge_d{}_{}_c{}{}{}{}",
         d,
         cfg.dtype.name(),
         cb,
         if cfg.sparq { "_sparq" } else { "" },
-        if cfg.balanced { "_bal" } else { "" }
+        if cfg.balanced { "_bal" } else { "" },
+        if cfg.timeline { "_timeline" } else { "" }
     );
     if !matches!(d, 64 | 128 | 256)
         || !cb.is_power_of_two()
@@ -1231,6 +1385,7 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     } else {
         None
     };
+    let timeline = (cfg.balanced && cfg.timeline).then(|| b.param_ptr("timeline", DType::I64));
     // `max_chunks`, or with a balanced split the query heads per row (`group`) and what
     // places the row's pieces.
     let per_row = b.param_scalar(
@@ -1270,6 +1425,24 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
         dtype: cfg.dtype,
     };
     let row = b.program_id(0);
+    // The program's timeline record (after the split's programs' records): its start and
+    // SM now.
+    let record = match (timeline, split) {
+        (Some(t), Some([_, programs, ..])) => {
+            let at = b.add(programs, row);
+            let at = b.mul_c(at, TIMELINE_WORDS as i64);
+            let record = b.add_ptr(t, at);
+            let now = b.global_timer();
+            b.store(record, now);
+            let sm = b.sm_id();
+            let sm = b.cast(sm, DType::I64);
+            let w = b.i32(3);
+            let p = b.add_ptr(record, w);
+            b.store(p, sm);
+            Some(record)
+        }
+        _ => None,
+    };
     // This query row's partials: index `c * stride + base` for `c` in `lo..hi`.
     let zero_i = b.i32(0);
     let one_i = b.i32(1);
@@ -1295,7 +1468,14 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     // below are the split's, so the merge waits for it here (its programs may have started
     // during the split's last programs: see `OpKind::WaitPriorGrid`).
     b.wait_prior_grid();
+    let t = b.bool(true);
+    if let Some(record) = record {
+        stamp(&mut b, record, 1, t);
+    }
     merge_row(&mut b, &io, row, lo, hi, stride, base);
+    if let Some(record) = record {
+        stamp(&mut b, record, 2, t);
+    }
     b.finish()
 }
 
@@ -1476,6 +1656,31 @@ fn merge_row(
     // Pass 2's first step is loaded before pass 1 so that both go to L2 together: a row
     // of at most `cb` partials (most rows) then costs one round trip, not two.
     let first = load_step(b, lo);
+    // The partials of the later steps, brought into L1 meanwhile: each later step then
+    // waits on L1, not on a round trip to L2 of its own (on an H100 the skewed benchmark's
+    // rows of 17 to 47 pieces ended the merge about 2.5 us after all the others).
+    let after = b.add_c(lo, cb as i64);
+    let step = b.i32(PREFETCH_PIECES as i32);
+    b.for_range(after, hi, step, &[], |b, c0, _| {
+        let lines = (d * 4 / 128) as i64;
+        let c = b.arange(0, PREFETCH_PIECES as i64);
+        let c = b.add(c0, c);
+        let ok = b.lt(c, hi);
+        let e = b.mul(c, stride);
+        let e = b.add(e, base);
+        let e = b.cast(e, DType::I64);
+        let e = b.mul_c(e, d as i64);
+        let e = b.expand(e, 1, lines as usize);
+        let line = b.arange(0, lines);
+        let line = b.mul_c(line, 32);
+        let line = b.cast(line, DType::I64);
+        let line = b.expand(line, 0, PREFETCH_PIECES);
+        let off = b.add(e, line);
+        let p = b.add_ptr(part_o, off);
+        let okx = b.expand(ok, 1, lines as usize);
+        b.prefetch(p, Some(okx), 128, CacheLevel::L1);
+        vec![]
+    });
     // Pass 1: the largest chunk LSE.
     let step = b.i32(wide as i32);
     let m0 = b.splat(neg_inf, &[wide]);

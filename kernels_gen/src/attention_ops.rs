@@ -12,7 +12,7 @@
 //! The metadata (page table, token lists) lives on the device in an [`AttentionMeta`],
 //! either uploaded from host lists (fully validated) or wrapping lists the GPU wrote.
 
-use crate::attention::{self, MergeConfig, SplitConfig, TokenSource};
+use crate::attention::{self, MergeConfig, SplitConfig, TokenSource, TIMELINE_WORDS};
 use crate::error::{ensure, invalid, Result};
 use crate::ops::Dusk;
 use crate::paged::{KvShape, PageTable, TokenLists};
@@ -99,6 +99,12 @@ pub struct AttentionTuning {
     /// Partial results the merge combines per step (a power of two up to 64; see
     /// [`MergeConfig::block_chunks`](crate::attention::MergeConfig)).
     pub merge_chunks: usize,
+    /// Token lists, for diagnosis: every program writes its clock at its start, its first
+    /// step and its end, and its SM, into a buffer the plan keeps
+    /// ([`AttentionPlan::timeline`]; see
+    /// [`SplitConfig::timeline`](crate::attention::SplitConfig)): where a launch's time
+    /// goes, program by program, which event timings of the whole launch cannot say.
+    pub timeline: bool,
 }
 
 /// Work items the default chunk size aims for, per multiprocessor (dense and padded).
@@ -114,8 +120,11 @@ const MIN_CHUNK_ONE_WARP: usize = 128;
 /// and a partial result after its last, so pieces of under 8 steps would be mostly overhead.
 const MIN_SEGMENT_LISTS: usize = 64;
 /// What starting a piece of a row costs, in entries, by default (see
-/// [`AttentionTuning::row_tokens`]).
-const ROW_TOKENS: u32 = 16;
+/// [`AttentionTuning::row_tokens`]): its chain of four dependent round trips to L2 takes
+/// about 5 us at a launch's start on an H100 (the timeline, benches/NOTES.md), two to three
+/// steps of 8 entries. On the skewed benchmark 24 beat 16 in 8 of 9 paired draws (by 0.4%
+/// of copy on average), and 0 lost 3%.
+const ROW_TOKENS: u32 = 24;
 /// Partial results the merge combines per step, by default: a row of up to 32 chunks or
 /// pieces in one step of each pass.
 const MERGE_CHUNKS: usize = 8;
@@ -183,6 +192,7 @@ impl AttentionTuning {
             row_tokens: ROW_TOKENS,
             merge_chunks: MERGE_CHUNKS,
             fused_merge: false,
+            timeline: false,
         }
     }
 }
@@ -231,6 +241,9 @@ pub struct AttentionPlan {
     merge: Option<Arc<LoadedKernel>>,
     /// The split's arrival counters when it merges: one per row, zero between launches.
     counters: Option<Buffer<i32>>,
+    /// With [`AttentionTuning::timeline`]: [`TIMELINE_WORDS`] words a program, the split's
+    /// programs first, then the merge's.
+    timeline: Option<Buffer<i64>>,
     part_o: Buffer<f32>,
     part_lse: Buffer<f32>,
     layout: Layout,
@@ -394,6 +407,12 @@ impl AttentionPlan {
         )?;
         let rows = spec.batch * spec.num_q_heads / pg;
         ensure(
+            lists || !tuning.timeline,
+            "timeline",
+            "token lists (the balanced split keeps a timeline)",
+            format!("{:?}", spec.mode),
+        )?;
+        ensure(
             !(lists && tuning.chunk_fastest),
             "chunk_fastest",
             "false for token lists (they are split evenly over a 1-D grid)",
@@ -435,6 +454,7 @@ impl AttentionPlan {
             fused_merge: lists && tuning.fused_merge,
             sparq: spec.sparq,
             merge_chunks: tuning.merge_chunks,
+            timeline: tuning.timeline,
         };
         let merge_cfg = MergeConfig {
             head_dim: spec.kv.head_dim,
@@ -442,6 +462,7 @@ impl AttentionPlan {
             sparq: spec.sparq,
             block_chunks: tuning.merge_chunks,
             balanced: lists,
+            timeline: tuning.timeline,
         };
         let split = dusk.kernel(format!("{split_cfg:?}"), || {
             attention::build_split(&split_cfg)
@@ -486,6 +507,12 @@ impl AttentionPlan {
                 }
                 _ => None,
             },
+            timeline: match &layout {
+                Layout::Balanced { programs } if tuning.timeline => {
+                    Some(dev.upload(&vec![0i64; (programs + q_rows) * TIMELINE_WORDS])?)
+                }
+                _ => None,
+            },
             part_o: dev.alloc(slots * spec.kv.head_dim)?,
             part_lse: dev.alloc(slots)?,
             layout,
@@ -496,6 +523,14 @@ impl AttentionPlan {
 
     pub fn spec(&self) -> &AttentionSpec {
         &self.spec
+    }
+    /// With [`AttentionTuning::timeline`], the last run's records: [`TIMELINE_WORDS`] i64
+    /// words a program, the split's programs (`grid()[0]` of them) first, each `[start,
+    /// row search done, first step, end, SM, 0, 0, 0]` (end 0: no segment), then the
+    /// merge's, one a query row, each `[start, past its wait, end, SM, 0, ...]`; clocks in
+    /// nanoseconds (`%globaltimer`).
+    pub fn timeline(&self) -> Option<&Buffer<i64>> {
+        self.timeline.as_ref()
     }
     pub fn tuning(&self) -> &AttentionTuning {
         &self.tuning
@@ -752,6 +787,9 @@ impl AttentionPlan {
             }
             args.push(Arg::from(counters));
         }
+        if let Some(t) = &self.timeline {
+            args.push(Arg::from(t));
+        }
         args.extend([
             Arg::I32(spec.num_q_heads as i32),
             Arg::I32(spec.kv.num_kv_heads as i32),
@@ -789,15 +827,20 @@ impl AttentionPlan {
         }
         match &self.layout {
             Layout::Grid { max_chunks } => margs.push(Arg::I32(*max_chunks as i32)),
-            Layout::Balanced { programs } => margs.extend([
-                Arg::from(meta.sel_indptr.as_ref().expect("list meta")),
-                Arg::I32((spec.batch * spec.num_q_heads / self.rows) as i32),
-                Arg::I32(self.rows as i32),
-                Arg::I32(*programs as i32),
-                Arg::I32(num_indices),
-                Arg::I32(self.tuning.chunk_tokens as i32),
-                Arg::I32(self.tuning.row_tokens as i32),
-            ]),
+            Layout::Balanced { programs } => {
+                margs.push(Arg::from(meta.sel_indptr.as_ref().expect("list meta")));
+                if let Some(t) = &self.timeline {
+                    margs.push(Arg::from(t));
+                }
+                margs.extend([
+                    Arg::I32((spec.batch * spec.num_q_heads / self.rows) as i32),
+                    Arg::I32(self.rows as i32),
+                    Arg::I32(*programs as i32),
+                    Arg::I32(num_indices),
+                    Arg::I32(self.tuning.chunk_tokens as i32),
+                    Arg::I32(self.tuning.row_tokens as i32),
+                ]);
+            }
         }
         if spec.sparq {
             margs.push(Arg::I32(spec.num_q_heads as i32));

@@ -5,6 +5,7 @@
 //! shapes, modes, chunk sizes and budgets.
 
 use dusk_compiler::DType;
+use dusk_kernels::attention::TIMELINE_WORDS;
 use dusk_kernels::attention_ops;
 use dusk_kernels::attention_ops::{
     AttentionMode, AttentionPlan, AttentionSpec, AttentionTuning, SparqMix,
@@ -614,10 +615,15 @@ fn device_lists_never_read_out_of_bounds() {
         assert!(err < 2e-3, "rel err {err:.2e}");
         // Offsets that do not start at 0 and go backwards: wrong answers are allowed, reads
         // and writes outside the buffers are not (the interpreter checks every access).
+        // Offsets near the ends of i32 made the piece arithmetic wrap into loops of
+        // billions of steps before the split clamped them.
         for indptr in [
             vec![5, 9, 2, 7, 7],
             vec![3, 3, 1, 6, -4],
             vec![0, 7, 7, 7, 1 << 30],
+            vec![1 << 30, 7, i32::MIN, 72, -(1 << 30)],
+            vec![i32::MIN, 75, 1 << 30, 1 << 30, -10],
+            vec![-6, i32::MAX, i32::MIN, -(1 << 30), 8],
         ] {
             let bad = lists(&indptr);
             plan.run(&dusk, &qb, &kb, &vb, &bad, None, &mut out, &mut lse)
@@ -631,4 +637,60 @@ fn device_lists_never_read_out_of_bounds() {
         let err = reference::rel_error(&f(&again.download().unwrap()), &want);
         assert!(err < 2e-3, "after bad lists: rel err {err:.2e}");
     }
+}
+
+/// The timeline (a diagnosis option) changes nothing in the results, and every record
+/// says its program started, searched, stepped and ended in that order.
+#[test]
+fn timeline_records_each_program_in_order() {
+    let dusk = Dusk::new(Device::cpu()).unwrap();
+    let dev = dusk.device();
+    let run = |timeline: bool| {
+        let (plan, table) = small_plan_tuned(&dusk, GROUP, 64, |t| {
+            t.timeline = timeline;
+            t.list_programs = 3;
+        });
+        let kv = plan.spec().kv;
+        let mut rng = SmallRng::seed_from_u64(5);
+        let lists = random_lists(&mut rng, &table, 16, 2, &[30, 2, 17, 9]);
+        let meta = plan.upload_meta(&dusk, &table, Some(&lists)).unwrap();
+        let gen = |n: usize| -> Vec<f16> {
+            (0..n)
+                .map(|i| f16::from_f32(((i * 7919) % 97) as f32 / 50.0 - 1.0))
+                .collect()
+        };
+        let (qb, kb) = (
+            dev.upload(&gen(2 * 4 * 64)).unwrap(),
+            dev.upload(&gen(kv.elements())).unwrap(),
+        );
+        let mut out = dev.alloc::<f16>(2 * 4 * 64).unwrap();
+        let mut lse = dev.alloc::<f32>(8).unwrap();
+        plan.run(&dusk, &qb, &kb, &kb, &meta, None, &mut out, &mut lse)
+            .unwrap();
+        let words = plan.timeline().map(|t| t.download().unwrap());
+        (out.download().unwrap(), words, plan.grid()[0] as usize)
+    };
+    let (plain, none, _) = run(false);
+    assert!(none.is_none());
+    let (timed, words, programs) = run(true);
+    assert_eq!(plain, timed);
+    let words = words.expect("a timeline");
+    assert_eq!(words.len(), (programs + 8) * TIMELINE_WORDS);
+    let mut busy = 0;
+    for (p, r) in words.chunks(TIMELINE_WORDS).enumerate() {
+        if p < programs && r[3] == 0 {
+            // No segment (segments are at least 64 entries): a start and nothing else.
+            assert!(r[0] > 0 && r[1] == 0 && r[2] == 0, "split {p}: {r:?}");
+        } else if p < programs {
+            // start <= searched <= first step <= end.
+            assert!(
+                r[0] <= r[1] && r[1] <= r[2] && r[2] <= r[3],
+                "split {p}: {r:?}"
+            );
+            busy += 1;
+        } else {
+            assert!(r[0] > 0 && r[0] <= r[1] && r[1] <= r[2], "merge {p}: {r:?}");
+        }
+    }
+    assert!(busy > 0);
 }

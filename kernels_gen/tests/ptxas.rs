@@ -108,12 +108,19 @@ fn attention_kernels() -> Vec<Kernel> {
                     fused_merge: false,
                     sparq: false,
                     merge_chunks: 8,
+                    timeline: false,
                 };
                 // With token lists, also the merge inside the split (an option, checked
                 // without the L2 prefetch), with and without SparQ's transform.
                 let with_fused = |ks: &mut Vec<Kernel>, cfg: SplitConfig| {
                     ks.push(attention::build_split(&cfg).unwrap());
                     if cfg.balanced {
+                        // The timeline (a diagnosis option) assembles too.
+                        let timed = SplitConfig {
+                            timeline: true,
+                            ..cfg
+                        };
+                        ks.push(attention::build_split(&timed).unwrap());
                         for sparq in [false, true] {
                             let cfg = SplitConfig {
                                 fused_merge: true,
@@ -150,6 +157,7 @@ fn attention_kernels() -> Vec<Kernel> {
                             sparq,
                             block_chunks,
                             balanced,
+                            timeline: balanced && block_chunks == 64,
                         };
                         ks.push(attention::build_merge(&cfg).unwrap());
                     }
@@ -188,6 +196,7 @@ fn attention_kernels() -> Vec<Kernel> {
             fused_merge: false,
             sparq: false,
             merge_chunks: 8,
+            timeline: false,
         };
         ks.push(attention::build_split(&cfg).unwrap());
     }
@@ -214,6 +223,7 @@ fn attention_reads_kv_in_16_byte_vectors() {
         fused_merge: false,
         sparq: false,
         merge_chunks: 8,
+        timeline: false,
     };
     let ptx = compile(&attention::build_split(&cfg).unwrap(), &Target::sm90a()).unwrap();
     let v4 = ptx.matches("ld.global.v4").count();

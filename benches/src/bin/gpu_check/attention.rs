@@ -16,10 +16,13 @@
 //! `--check-only` stops after 1 and 2 (for compute-sanitizer); `--sweep` and
 //! `--sweep-lists` name other tunings to time beside the defaults (see [`Tiling`]);
 //! `--profile` times one dense GQA case only, for `ncu` (`--profile-skewed`: the skewed
-//! group varlen case); `--cpu` runs 1 on the interpreter.
+//! group varlen case; `--skewed-repeats N`: that case timed on N draws of its budgets, each
+//! beside the `--sweep-lists` tilings, and with `--timeline` where each program's time
+//! goes); `--cpu` runs 1 on the interpreter.
 
 use crate::common::{arg, copy_gbps, flag, Res};
 use dusk::compiler::{DType, KernelBuilder};
+use dusk::kernels::attention::TIMELINE_WORDS;
 use dusk::kernels::attention_ops::{
     default_tiling, AttentionMeta, AttentionMode, AttentionPlan, AttentionSpec, AttentionTuning,
     SparqMix,
@@ -930,6 +933,9 @@ impl Bench<'_> {
             let plan = AttentionPlan::new(self.dusk, spec)?;
             let meta = plan.upload_meta(self.dusk, &table, Some(&lists))?;
             if i == 0 {
+                if flag("--timeline") {
+                    timeline(self.dusk, spec, &table, &lists, &c, &q)?;
+                }
                 tuning = describe(plan.tuning());
                 grid = plan.grid();
                 (us[i], passes, others) = time_default(self.dusk, &plan, &c, &meta, &q, || {
@@ -946,6 +952,13 @@ impl Bench<'_> {
         let extra = json!({"kept_tokens": tokens, "measured_mean_budget": mean,
                            "longest_budget": lists.max_row_len(), "tuning": tuning, "split_grid": grid,
                            "default_passes_us": passes, "other_tilings_us": others});
+        for o in &others {
+            if let (Some(t), Some(us)) = (o["tiling"].as_str(), o["us"].as_f64()) {
+                let gbps = bytes as f64 / (us * 1e-6) / 1e9;
+                let pct = 100.0 * gbps / self.copy_gbps;
+                println!("    tiling {t}: {us:.1} us, {pct:.1}% of copy");
+            }
+        }
         self.record(&name, shape, us[0], "padded", Some(us[1]), bytes, extra);
         Ok(())
     }
@@ -979,6 +992,24 @@ pub fn run() -> Res<()> {
             cases: vec![],
         };
         return bench.skewed(64, 32, 8, 32768, &tilings("--sweep-lists"));
+    }
+    if let Some(repeats) = arg("--skewed-repeats").and_then(|n| n.parse::<usize>().ok()) {
+        // The skewed group varlen case alone, on `repeats` fresh draws of the budgets (they
+        // move its time by a few percent), each with the `--sweep-lists` tilings beside
+        // the default: an A/B of list tilings in minutes, not the whole benchmark.
+        let mut bench = Bench {
+            dusk: &dusk,
+            fill: fill_kernel(&dusk)?,
+            rng,
+            copy_gbps: copy_gbps(&dev)?,
+            peers: None,
+            cases: vec![],
+        };
+        println!("device copy: {:.0} GB/s (read + write)", bench.copy_gbps);
+        for _ in 0..repeats {
+            bench.skewed(64, 32, 8, 32768, &tilings("--sweep-lists"))?;
+        }
+        return Ok(());
     }
     if flag("--profile") {
         // One case for a profiler: dense GQA 32/8, batch 32, 32k context, default tuning
@@ -1055,6 +1086,188 @@ pub fn run() -> Res<()> {
     println!("{text}");
     if let Some(path) = arg("--out") {
         std::fs::write(path, text)?;
+    }
+    Ok(())
+}
+
+/// The `q`-quantile of `xs` (sorted here), nearest rank.
+fn quantile(xs: &mut [f64], q: f64) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    xs[((xs.len() - 1) as f64 * q).round() as usize]
+}
+
+/// `min / p10 / p50 / p90 / max` of `xs` in microseconds.
+fn spread(mut xs: Vec<f64>) -> String {
+    let q: Vec<String> = [0.0, 0.1, 0.5, 0.9, 1.0]
+        .iter()
+        .map(|&p| format!("{:.1}", quantile(&mut xs, p)))
+        .collect();
+    q.join(" / ")
+}
+
+/// Where the skewed case's time goes, program by program: the default plan with its
+/// timeline on (each split program's clock at its start, once its row search is done,
+/// at its first step, at its end, and its SM; each merge program's at its start, after its
+/// wait for the split, at its end), run after warm-up runs, then summarised: when programs
+/// start, how long their chains before the first step take, how their ends spread (per
+/// program, per SM, by the rows a program visits), and when the merge starts and ends.
+fn timeline(
+    dusk: &Dusk,
+    spec: AttentionSpec,
+    table: &PageTable,
+    lists: &TokenLists,
+    c: &Cache,
+    q: &Buffer<f16>,
+) -> Res<()> {
+    let plan = AttentionPlan::with_tuning(dusk, spec, |u| u.timeline = true)?;
+    let meta = plan.upload_meta(dusk, table, Some(lists))?;
+    time_samples(dusk, &plan, c, &meta, q)?;
+    let words = plan
+        .timeline()
+        .ok_or("the plan keeps no timeline")?
+        .download()?;
+    let t = plan.tuning();
+    let programs = plan.grid()[0] as usize;
+    let rows = lists.indptr.len() - 1;
+    // The host's copy of the balanced split's arithmetic: each program's rows.
+    let rt = t.row_tokens as i64;
+    let total = *lists.indptr.last().unwrap_or(&0) as i64;
+    let line = total + rows as i64 * rt;
+    let seg = ((line + programs as i64 - 1) / programs as i64)
+        .max(t.chunk_tokens as i64)
+        .max(1);
+    let starts: Vec<i64> = (0..rows)
+        .map(|r| lists.indptr[r] as i64 + r as i64 * rt)
+        .collect();
+    let visited = |p: usize| -> usize {
+        let s = p as i64 * seg;
+        let e = (s + seg).min(line);
+        if s >= e {
+            return 0;
+        }
+        let first = starts.iter().filter(|&&x| x <= s).count().max(1) - 1;
+        starts.iter().filter(|&&x| x < e).count() - first
+    };
+    let rec = |p: usize| &words[p * TIMELINE_WORDS..(p + 1) * TIMELINE_WORDS];
+    let split: Vec<&[i64]> = (0..programs).map(rec).collect();
+    let t0 = split.iter().map(|r| r[0]).min().unwrap_or(0);
+    let us = |ns: i64| (ns - t0) as f64 / 1e3;
+    let busy: Vec<&&[i64]> = split.iter().filter(|r| r[3] > 0).collect();
+    let split_end = split.iter().map(|r| r[3]).max().unwrap_or(t0);
+    println!(
+        "timeline ({} split programs, {} with a segment; us from the first start):",
+        programs,
+        busy.len()
+    );
+    println!(
+        "  split starts   {}",
+        spread(split.iter().map(|r| us(r[0])).collect())
+    );
+    let chain = |k: usize| spread(busy.iter().map(|r| (r[k] - r[0]) as f64 / 1e3).collect());
+    println!("  row search     {} (after each start)", chain(1));
+    println!("  first step     {} (after each start)", chain(2));
+    println!(
+        "  split ends     {}",
+        spread(busy.iter().map(|r| us(r[3])).collect())
+    );
+    // Per SM: the first start and last end of its programs.
+    let mut sms: std::collections::BTreeMap<i64, (i64, i64, usize)> = Default::default();
+    for r in &split {
+        let e = sms.entry(r[4]).or_insert((i64::MAX, i64::MIN, 0));
+        *e = (e.0.min(r[0]), e.1.max(r[3].max(r[0])), e.2 + 1);
+    }
+    let span = (split_end - t0) as f64;
+    let active: f64 =
+        sms.values().map(|(a, b, _)| (b - a) as f64).sum::<f64>() / (sms.len() as f64 * span);
+    println!(
+        "  per SM ({} SMs): last end {}; programs {}; SMs busy {:.0}% of the split's span",
+        sms.len(),
+        spread(sms.values().map(|(_, b, _)| us(*b)).collect()),
+        spread(sms.values().map(|(_, _, n)| *n as f64).collect()),
+        100.0 * active
+    );
+    // Ends and chains by the rows a program visits.
+    let mut by_rows: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+    for (p, r) in split.iter().enumerate() {
+        if r[3] > 0 {
+            by_rows.entry(visited(p).min(4)).or_default().push(p);
+        }
+    }
+    for (n, ps) in &by_rows {
+        println!(
+            "  {}{} rows: {} programs, ends {}, first step {}",
+            n,
+            if *n == 4 { "+" } else { "" },
+            ps.len(),
+            spread(ps.iter().map(|&p| us(split[p][3])).collect()),
+            spread(
+                ps.iter()
+                    .map(|&p| (split[p][2] - split[p][0]) as f64 / 1e3)
+                    .collect()
+            )
+        );
+    }
+    let merge: Vec<&[i64]> = (programs..words.len() / TIMELINE_WORDS).map(rec).collect();
+    if merge.iter().all(|r| r[0] > 0) {
+        println!(
+            "  merge ({} programs): starts {}; past its wait {}; ends {} (split's last end {:.1})",
+            merge.len(),
+            spread(merge.iter().map(|r| us(r[0])).collect()),
+            spread(merge.iter().map(|r| us(r[1])).collect()),
+            spread(merge.iter().map(|r| us(r[2])).collect()),
+            us(split_end)
+        );
+        // By the pieces its row has (the merge's steps take 8 a step).
+        let group = merge.len() / rows;
+        let pieces = |r: usize| -> i64 {
+            let (a, b) = (lists.indptr[r] as i64, lists.indptr[r + 1] as i64);
+            let (rs, re) = (a + (r as i64 + 1) * rt, b + (r as i64 + 1) * rt);
+            if rs >= re {
+                0
+            } else {
+                (re - 1) / seg - rs / seg + 1
+            }
+        };
+        let mut by_pieces: std::collections::BTreeMap<i64, Vec<usize>> = Default::default();
+        for (m, _) in merge.iter().enumerate() {
+            let n = pieces(m / group.max(1));
+            let bucket = match n {
+                0..=1 => n,
+                2..=8 => 8,
+                9..=16 => 16,
+                _ => 99,
+            };
+            by_pieces.entry(bucket).or_default().push(m);
+        }
+        for (n, ms) in &by_pieces {
+            println!(
+                "  merge, rows of {}: {} programs, starts {}, past its wait {}, ends {}",
+                match n {
+                    0 | 1 => format!("{n} piece(s)"),
+                    8 => "2-8 pieces".into(),
+                    16 => "9-16 pieces".into(),
+                    _ => "17+ pieces".into(),
+                },
+                ms.len(),
+                spread(ms.iter().map(|&m| us(merge[m][0])).collect()),
+                spread(ms.iter().map(|&m| us(merge[m][1])).collect()),
+                spread(ms.iter().map(|&m| us(merge[m][2])).collect()),
+            );
+        }
+    }
+    // Does a late first step make a late end? Ends by the quarter of first steps.
+    let mut order: Vec<&&[i64]> = busy.clone();
+    order.sort_by_key(|r| r[2] - r[0]);
+    for (i, q) in order.chunks(order.len().div_ceil(4).max(1)).enumerate() {
+        println!(
+            "  first steps, quarter {}: first step {}, ends {}",
+            i + 1,
+            spread(q.iter().map(|r| (r[2] - r[0]) as f64 / 1e3).collect()),
+            spread(q.iter().map(|r| us(r[3])).collect())
+        );
     }
     Ok(())
 }
