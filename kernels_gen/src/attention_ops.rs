@@ -122,8 +122,8 @@ const MIN_SEGMENT_LISTS: usize = 64;
 /// What starting a piece of a row costs, in entries, by default (see
 /// [`AttentionTuning::row_tokens`]): its chain of four dependent round trips to L2 takes
 /// about 5 us at a launch's start on an H100 (the timeline, benches/NOTES.md), two to three
-/// steps of 8 entries. On the skewed benchmark 24 beat 16 in 8 of 9 paired draws (by 0.4%
-/// of copy on average), and 0 lost 3%.
+/// steps of 8 entries. On the skewed benchmark 24 beat 16 in 9 of 12 paired draws (by 0.3%
+/// of copy on average: within the noise of one draw, not of twelve), and 0 lost 3%.
 const ROW_TOKENS: u32 = 24;
 /// Partial results the merge combines per step, by default: a row of up to 32 chunks or
 /// pieces in one step of each pass.
