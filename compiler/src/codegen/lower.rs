@@ -12,7 +12,7 @@ use inkwell::basic_block::BasicBlock;
 use inkwell::builder::Builder;
 use inkwell::context::Context;
 use inkwell::module::{Linkage, Module};
-use inkwell::types::{BasicType, BasicTypeEnum};
+use inkwell::types::{BasicType, BasicTypeEnum, IntType};
 use inkwell::values::{AsValueRef, InstructionOpcode};
 use inkwell::values::{
     BasicMetadataValueEnum, BasicValue, BasicValueEnum, FastMathFlags, FloatValue, FunctionValue,
@@ -322,23 +322,16 @@ impl<'c, 'k> Lower<'c, 'k> {
         }
     }
 
+    /// A 32-bit special register (`%tid.x`, `%ctaid.x`, `%smid`, ...).
     fn sreg(&self, name: &str) -> R<IntValue<'c>> {
-        let f = self.intrinsic(
-            &format!("llvm.nvvm.read.ptx.sreg.{name}"),
-            self.ctx.i32_type().fn_type(&[], false),
-        );
-        let v = self.b.build_call(f, &[], name).map_err(|e| self.err(e))?;
-        Ok(v.try_as_basic_value()
-            .basic()
-            .expect("sreg value")
-            .into_int_value())
+        self.special_register(name, self.ctx.i32_type())
     }
 
-    /// A 64-bit special register (`%globaltimer`).
-    fn sreg64(&self, name: &str) -> R<IntValue<'c>> {
+    /// A special register of type `ty` (`%globaltimer` is 64-bit).
+    fn special_register(&self, name: &str, ty: IntType<'c>) -> R<IntValue<'c>> {
         let f = self.intrinsic(
             &format!("llvm.nvvm.read.ptx.sreg.{name}"),
-            self.ctx.i64_type().fn_type(&[], false),
+            ty.fn_type(&[], false),
         );
         let v = self.b.build_call(f, &[], name).map_err(|e| self.err(e))?;
         Ok(v.try_as_basic_value()
@@ -591,7 +584,10 @@ impl<'c, 'k> Lower<'c, 'k> {
                 self.sreg(&format!("ctaid.{}", ["x", "y", "z"][*axis as usize]))?
                     .into(),
             ),
-            GlobalTimer => Cv::S(self.sreg64("globaltimer")?.into()),
+            GlobalTimer => Cv::S(
+                self.special_register("globaltimer", self.ctx.i64_type())?
+                    .into(),
+            ),
             SmId => Cv::S(self.sreg("smid")?.into()),
             NumPrograms { axis } => Cv::S(
                 self.sreg(&format!("nctaid.{}", ["x", "y", "z"][*axis as usize]))?
