@@ -71,6 +71,8 @@ pub struct PrunePlan {
     flags: Buffer<i32>,
     sel_indptr: Buffer<i32>,
     sel_indices: Buffer<i32>,
+    /// With [`SearchConfig::timeline`]: each row's record of the last run.
+    timeline: Option<Buffer<i64>>,
 }
 
 impl PrunePlan {
@@ -160,6 +162,12 @@ impl PrunePlan {
             cfg.histogram,
         )?;
         ensure(
+            cfg.stream || !cfg.timeline,
+            "cfg.timeline",
+            "a streaming search (the rows held in registers keep no timeline)",
+            cfg.timeline,
+        )?;
+        ensure(
             (1..=4).contains(&cfg.pivots),
             "cfg.pivots",
             "1 to 4 points a search step",
@@ -207,6 +215,11 @@ impl PrunePlan {
             flags: device.alloc((rows * cfg.group).max(1))?,
             sel_indptr: device.alloc(rows + 1)?,
             sel_indices: device.alloc(nnz.max(1))?,
+            timeline: if cfg.timeline {
+                Some(device.upload(&vec![0i64; rows.max(1) * threshold::TIMELINE_WORDS])?)
+            } else {
+                None
+            },
         };
         plan.set_params(dusk, params)?;
         Ok(plan)
@@ -288,6 +301,13 @@ impl PrunePlan {
         self.cfg
     }
 
+    /// With [`SearchConfig::timeline`], the last run's records: [`threshold::TIMELINE_WORDS`]
+    /// i64 words a row, `[start, pass 1 done, pass 2 done, budget known, place found, end,
+    /// SM, 0]`, clocks in nanoseconds (`%globaltimer`).
+    pub fn timeline(&self) -> Option<&Buffer<i64>> {
+        self.timeline.as_ref()
+    }
+
     /// Searches every query row of `scores` and writes the kept positions: one launch.
     pub fn run(&mut self, dusk: &Dusk, scores: &Buffer<f32>) -> Result<()> {
         ensure(
@@ -318,6 +338,7 @@ impl PrunePlan {
             Arg::from(&self.kept_mass),
             Arg::from(&self.flags),
         ]);
+        args.extend(self.timeline.iter().map(Arg::from));
         device.launch(&self.search, [self.rows as u32, 1, 1], &args)?;
         Ok(())
     }

@@ -512,6 +512,8 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
             recompute: false,
             prefetch: false,
             min_programs_per_sm: 0,
+            // The timeline (a diagnosis option) assembles too.
+            timeline: stream && num_warps == 8,
         };
         ks.push(threshold::build(&top_p::POLICY, &cfg).unwrap());
     }

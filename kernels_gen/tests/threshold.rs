@@ -8,7 +8,7 @@ use dusk_kernels::paged::TokenLists;
 use dusk_kernels::policies::{ratio_to_max, top_k, top_p, top_p_bounded};
 use dusk_kernels::prune::{ParamValues, PrunePlan};
 use dusk_kernels::reference::{check_kept, softmax, threshold_oracle, top_p_oracle};
-use dusk_kernels::threshold::{Policy, SearchConfig};
+use dusk_kernels::threshold::{Policy, SearchConfig, TIMELINE_WORDS};
 use dusk_kernels::DuskError;
 use dusk_macros::policy;
 use dusk_runtime::Device;
@@ -239,7 +239,13 @@ fn gqa_keeps_the_union_of_the_group() {
         recompute: true,
         ..SearchConfig::streamed(1024, group, 4, 1, false)
     };
-    let plans = [staged(false), staged(true), recomputed].map(|cfg| {
+    // And with its timeline (a diagnosis option), which changes nothing in the results and
+    // records each row's phases in order.
+    let timed = SearchConfig {
+        timeline: true,
+        ..recomputed
+    };
+    let plans = [staged(false), staged(true), recomputed, timed].map(|cfg| {
         PrunePlan::with_config(&dusk, &top_p::POLICY, &cand, cfg, 0.5, &params).unwrap()
     });
     let s = dusk.device().upload(&scores).unwrap();
@@ -247,6 +253,11 @@ fn gqa_keeps_the_union_of_the_group() {
         plan.poison_outputs(&dusk, 0xFF).unwrap();
         plan.run(&dusk, &s).unwrap();
         check_union(&plan, &lens, &heads, group, p);
+        if let Some(t) = plan.timeline() {
+            for r in t.download().unwrap().chunks(TIMELINE_WORDS) {
+                assert!(r[0] > 0 && r[..6].windows(2).all(|w| w[0] <= w[1]), "{r:?}");
+            }
+        }
     }
 }
 
@@ -501,6 +512,7 @@ fn streaming_search_matches_the_oracle() {
             // L2 prefetches ahead of the loads (in bounds, and nothing else changes).
             prefetch: histogram,
             min_programs_per_sm: 0,
+            timeline: false,
         };
         let mut plan = PrunePlan::with_config(
             &dusk,
@@ -547,6 +559,7 @@ fn streaming_search_matches_the_oracle() {
             recompute: false,
             prefetch: false,
             min_programs_per_sm: 0,
+            timeline: false,
         },
         1.0,
         &[ParamValues::Uniform(0.9)],
@@ -615,6 +628,7 @@ fn multi_pivot_search_matches_the_oracle() {
             recompute: pivots == 4,
             prefetch: false,
             min_programs_per_sm: 0,
+            timeline: false,
         };
         for (policy, params) in [
             (&top_p::POLICY, vec![ParamValues::PerRow(ps.clone())]),

@@ -144,7 +144,18 @@ pub struct SearchConfig {
     /// Programs resident on a multiprocessor asked of ptxas, which caps the registers to
     /// fit them (0: its own choice).
     pub min_programs_per_sm: u32,
+    /// With `stream`, for diagnosis: a last pointer parameter `timeline` (i64), where row
+    /// r's program writes [`TIMELINE_WORDS`] words at `r * TIMELINE_WORDS`: the GPU's
+    /// clock at its start, after pass 1 (the maximum), after pass 2 (the weights' sum and
+    /// histogram), once the budget is known (the search done), once its place in the list
+    /// is found (the wait for the rows before it; rows staged in shared memory compact
+    /// their positions there first), at its end, and its SM. Each clock is read behind a
+    /// branch on the values before it, so it is when they arrived.
+    pub timeline: bool,
 }
+
+/// Words of a row's record in a search's timeline (see [`SearchConfig::timeline`]).
+pub const TIMELINE_WORDS: usize = 8;
 
 impl SearchConfig {
     /// Whether the search keeps its weights in the global `work` buffer (a kernel
@@ -201,6 +212,7 @@ impl SearchConfig {
             recompute: false,
             prefetch: false,
             min_programs_per_sm: 0,
+            timeline: false,
         }
     }
 
@@ -266,8 +278,9 @@ pub fn search_name(policy: &Policy, cfg: &SearchConfig) -> String {
         0 => String::new(),
         n => format!("_o{n}"),
     };
+    let timeline = if cfg.timeline { "_timeline" } else { "" };
     format!(
-        "threshold_{}_{}{}_g{}_w{}{pivots}{histogram}{recompute}{prefetch}{occupancy}",
+        "threshold_{}_{}{}_g{}_w{}{pivots}{histogram}{recompute}{prefetch}{occupancy}{timeline}",
         policy.name,
         match (cfg.stream, cfg.shared) {
             (true, true) => "s",

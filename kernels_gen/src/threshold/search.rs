@@ -473,6 +473,8 @@ pub(super) struct Kernel {
     pub(super) row: Value,
     pub(super) start: Value,
     pub(super) n: Value,
+    /// With [`SearchConfig::timeline`]: the row's record, its start and SM written.
+    pub(super) timeline: Option<Value>,
 }
 
 /// Declares the search kernel's parameters on `b` and reads the program's candidate row.
@@ -494,7 +496,20 @@ pub(super) fn declare(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig
     let budget = b.param_ptr("budget", DType::I32);
     let kept_mass = b.param_ptr("kept_mass", DType::F32);
     let flags = b.param_ptr("flags", DType::I32);
+    let timeline = cfg.timeline.then(|| b.param_ptr("timeline", DType::I64));
     let row = b.program_id(0);
+    let timeline = timeline.map(|t| {
+        let at = b.mul_c(row, super::TIMELINE_WORDS as i64);
+        let record = b.add_ptr(t, at);
+        let now = b.global_timer();
+        b.store(record, now);
+        let sm = b.sm_id();
+        let sm = b.cast(sm, DType::I64);
+        let w = b.i32(6);
+        let p = b.add_ptr(record, w);
+        b.store(p, sm);
+        record
+    });
     let p0 = b.add_ptr(indptr, row);
     let start = b.load(p0);
     let one = b.i32(1);
@@ -518,5 +533,23 @@ pub(super) fn declare(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig
         row,
         start,
         n,
+        timeline,
+    }
+}
+
+/// Writes the GPU's clock to word `word` of a timeline `record` (see
+/// [`SearchConfig::timeline`]) once `arrived` (an i32 count or offset, never negative,
+/// computed from the values the phase produced) is in: behind a branch on it, so the clock
+/// is read when they have arrived. Nothing without a record.
+pub(super) fn stamp(b: &mut KernelBuilder, record: Option<Value>, word: i32, arrived: Value) {
+    if let Some(record) = record {
+        let zero = b.i32(0);
+        let after = b.ge(arrived, zero);
+        b.if_then(after, |b| {
+            let now = b.global_timer();
+            let w = b.i32(word);
+            let p = b.add_ptr(record, w);
+            b.store(p, now);
+        });
     }
 }

@@ -226,6 +226,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             vec![b.add(c[0], bad_i), b.maximum(c[1], s_valid)]
         });
         let stats = [b.sum(acc[0], 0), b.max(acc[1], 0)];
+        search::stamp(b, k.timeline, 1, stats[0]);
         let bad = b.gt(stats[0], zero_i);
         let m = stats[1];
         let empty = b.le(n, zero_i);
@@ -267,6 +268,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         // tree), so the mass of every candidate equals z exactly.
         let z = b.sum(acc[0], 0);
         let n_pos = b.sum(acc[1], 0);
+        search::stamp(b, k.timeline, 2, n_pos);
         let weights = match w_row {
             Some(w_row) => RowWeights::Stored(w_row),
             None => RowWeights::Recomputed {
@@ -396,6 +398,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         ]
     });
     let thresholds = found[0];
+    search::stamp(&mut b, k.timeline, 3, found[1]);
     // Query head g's element of a per-head block (`zero` of its type).
     let of_head = |b: &mut KernelBuilder, per_head: Value, zero: Value, g: Value| -> Value {
         let slots = b.arange(0, gpad as i64);
@@ -468,6 +471,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
                 output::publish(&mut b, &k, row, total);
             }
             let at = output::look_back(&mut b, &k, row);
+            search::stamp(&mut b, k.timeline, 4, at.0);
             let dst_row = b.add_ptr(sel_indices, at.0);
             b.for_range(zero_i, total, tile_i, &[], |b, t0, _| {
                 let ar = b.arange(0, tile as i64);
@@ -498,12 +502,14 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
                 total
             };
             let at = output::look_back(&mut b, &k, row);
+            search::stamp(&mut b, k.timeline, 4, at.0);
             let dst_row = b.add_ptr(sel_indices, at.0);
             compact(&mut b, dst_row, at.1);
             (at, total)
         }
     };
     output::finish_row(&mut b, &k, row, at, total);
+    search::stamp(&mut b, k.timeline, 5, total);
     b.finish()
 }
 

@@ -20,7 +20,7 @@
 //! beside the `--sweep-lists` tilings, and with `--timeline` where each program's time
 //! goes); `--cpu` runs 1 on the interpreter.
 
-use crate::common::{arg, copy_gbps, flag, Res};
+use crate::common::{arg, copy_gbps, flag, spread, Res};
 use dusk::compiler::{DType, KernelBuilder};
 use dusk::kernels::attention::TIMELINE_WORDS;
 use dusk::kernels::attention_ops::{
@@ -1088,24 +1088,6 @@ pub fn run() -> Res<()> {
         std::fs::write(path, text)?;
     }
     Ok(())
-}
-
-/// The `q`-quantile of `xs` (sorted here), nearest rank.
-fn quantile(xs: &mut [f64], q: f64) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    if xs.is_empty() {
-        return f64::NAN;
-    }
-    xs[((xs.len() - 1) as f64 * q).round() as usize]
-}
-
-/// `min / p10 / p50 / p90 / max` of `xs` in microseconds.
-fn spread(mut xs: Vec<f64>) -> String {
-    let q: Vec<String> = [0.0, 0.1, 0.5, 0.9, 1.0]
-        .iter()
-        .map(|&p| format!("{:.1}", quantile(&mut xs, p)))
-        .collect();
-    q.join(" / ")
 }
 
 /// Where the skewed case's time goes, program by program: the default plan with its

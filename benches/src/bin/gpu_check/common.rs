@@ -28,3 +28,21 @@ pub fn arg(name: &str) -> Option<String> {
 pub fn flag(name: &str) -> bool {
     std::env::args().any(|a| a == name)
 }
+
+/// The `q`-quantile of `xs` (sorted here), nearest rank.
+fn quantile(xs: &mut [f64], q: f64) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    xs[((xs.len() - 1) as f64 * q).round() as usize]
+}
+
+/// `min / p10 / p50 / p90 / max` of `xs` in microseconds.
+pub fn spread(mut xs: Vec<f64>) -> String {
+    let q: Vec<String> = [0.0, 0.1, 0.5, 0.9, 1.0]
+        .iter()
+        .map(|&p| format!("{:.1}", quantile(&mut xs, p)))
+        .collect();
+    q.join(" / ")
+}

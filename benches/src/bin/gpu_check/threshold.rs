@@ -10,18 +10,18 @@
 //!    skips the checks and the sweep and times the default for rows of N candidates only
 //!    (for ncu; `--no-histogram` without the histogram's first step, `--recompute` with the
 //!    weights recomputed, `--prefetch` with L2 prefetches, `--tile T` and `--warps W`
-//!    another tiling); `--no-sweep` times
-//!    the defaults only.
+//!    another tiling, `--timeline` each row's phases from the GPU's clock); `--no-sweep`
+//!    times the defaults only.
 //!
 //!     gpu-check threshold --peer peers.json --out benches/results/threshold_search.json
 
-use crate::common::{arg, copy_gbps, flag, Res};
+use crate::common::{arg, copy_gbps, flag, spread, Res};
 use dusk::kernels::ops::Dusk;
 use dusk::kernels::paged::TokenLists;
 use dusk::kernels::policies::top_p;
 use dusk::kernels::prune::{ParamValues, PrunePlan};
 use dusk::kernels::reference::{check_kept, softmax, top_p_oracle};
-use dusk::kernels::threshold::{SearchConfig, SHARED_ROW};
+use dusk::kernels::threshold::{SearchConfig, SHARED_ROW, TIMELINE_WORDS};
 use dusk::runtime::{median, Device};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -190,6 +190,7 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         recompute: false,
         prefetch: false,
         min_programs_per_sm: 0,
+        timeline: false,
     };
     let shared = SearchConfig {
         block: 2048,
@@ -383,6 +384,7 @@ pub fn run() -> Res<()> {
         if let Some(w) = arg("--warps") {
             cfg.num_warps = w.parse()?;
         }
+        cfg.timeline = flag("--timeline");
         let mut plan = PrunePlan::with_config(
             &dusk,
             &top_p::POLICY,
@@ -397,6 +399,9 @@ pub fn run() -> Res<()> {
             plan.run(&dusk, &sets[k])
         })?;
         let us = median(&t);
+        if let Some(words) = plan.timeline() {
+            timeline(&words.download()?);
+        }
         let bytes = (rows * n * 4) as f64;
         let gbps = bytes / (us * 1e-6) / 1e9;
         // Reading the scores once at the copy rate (bytes moved per second, read + write).
@@ -489,4 +494,33 @@ pub fn run() -> Res<()> {
         std::fs::write(path, text)?;
     }
     Ok(())
+}
+
+/// Where a search's time goes, row by row (`--timeline`, with `--profile N`): each phase's
+/// duration over the rows (us: min / p10 / p50 / p90 / max) and its share of the rows'
+/// summed time, from the records of the last run (see [`SearchConfig::timeline`]).
+fn timeline(words: &[i64]) {
+    let recs: Vec<&[i64]> = words.chunks(TIMELINE_WORDS).collect();
+    let t0 = recs.iter().map(|r| r[0]).min().unwrap_or(0);
+    let end = recs.iter().map(|r| r[5]).max().unwrap_or(t0);
+    let total: f64 = recs.iter().map(|r| (r[5] - r[0]) as f64).sum();
+    println!(
+        "timeline ({} rows, {:.1} us from the first start to the last end):",
+        recs.len(),
+        (end - t0) as f64 / 1e3
+    );
+    let starts: Vec<f64> = recs.iter().map(|r| (r[0] - t0) as f64 / 1e3).collect();
+    println!("  starts                    {}", spread(starts));
+    for (name, a, b) in [
+        ("pass 1 (maximum)", 0, 1),
+        ("pass 2 (weights, histogram)", 1, 2),
+        ("search (budget known)", 2, 3),
+        ("to its place in the list", 3, 4),
+        ("compaction (staged: copy)", 4, 5),
+        ("whole row", 0, 5),
+    ] {
+        let d: Vec<f64> = recs.iter().map(|r| (r[b] - r[a]) as f64 / 1e3).collect();
+        let share = 100.0 * d.iter().sum::<f64>() * 1e3 / total;
+        println!("  {name:<27} {} ({share:.0}% of the rows' time)", spread(d));
+    }
 }
