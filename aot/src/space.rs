@@ -174,6 +174,8 @@ pub fn search(max_len: usize, group: usize) -> Vec<SearchConfig> {
                     recompute: false,
                     prefetch: false,
                     min_programs_per_sm: 0,
+                    timeline: false,
+                    pipelined: false,
                 });
             }
             block *= 2;
