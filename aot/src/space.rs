@@ -175,7 +175,6 @@ pub fn search(max_len: usize, group: usize) -> Vec<SearchConfig> {
                     prefetch: false,
                     min_programs_per_sm: 0,
                     timeline: false,
-                    pipelined: false,
                 });
             }
             block *= 2;

@@ -499,14 +499,6 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
     ] {
         let cfg = SearchConfig::for_rows(len, group);
         ks.push(threshold::build(&top_p::POLICY, &cfg).unwrap());
-        if cfg.stream && !cfg.shared && group == 1 {
-            // Each pass's loads a tile ahead (a tuning option; GQA 4 spills 24 bytes).
-            let cfg = SearchConfig {
-                pipelined: true,
-                ..cfg
-            };
-            ks.push(threshold::build(&top_p::POLICY, &cfg).unwrap());
-        }
     }
     for (block, num_warps, stream) in [(2048, 4, true), (4096, 8, true), (4096, 4, false)] {
         let cfg = SearchConfig {
@@ -522,7 +514,6 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
             min_programs_per_sm: 0,
             // The timeline (a diagnosis option) assembles too.
             timeline: stream && num_warps == 8,
-            pipelined: false,
         };
         ks.push(threshold::build(&top_p::POLICY, &cfg).unwrap());
     }

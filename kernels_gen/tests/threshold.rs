@@ -447,23 +447,13 @@ fn streaming_search_matches_the_oracle() {
         }
         let cand = TokenLists { indptr, indices };
         let p = 0.9;
-        // The default, the weights recomputed from the scores in every pass (or not), and
-        // both with each pass's loads a tile ahead.
+        // The default, and the weights recomputed from the scores in every pass.
         let default = SearchConfig::for_rows(20000, group);
-        let other = SearchConfig {
-            recompute: !default.recompute,
-            ..default
-        };
         for cfg in [
             default,
-            other,
             SearchConfig {
-                pipelined: true,
+                recompute: !default.recompute,
                 ..default
-            },
-            SearchConfig {
-                pipelined: true,
-                ..other
             },
         ] {
             let mut plan = PrunePlan::with_config(
@@ -523,7 +513,6 @@ fn streaming_search_matches_the_oracle() {
             prefetch: histogram,
             min_programs_per_sm: 0,
             timeline: false,
-            pipelined: false,
         };
         let mut plan = PrunePlan::with_config(
             &dusk,
@@ -571,7 +560,6 @@ fn streaming_search_matches_the_oracle() {
             prefetch: false,
             min_programs_per_sm: 0,
             timeline: false,
-            pipelined: false,
         },
         1.0,
         &[ParamValues::Uniform(0.9)],
@@ -641,7 +629,6 @@ fn multi_pivot_search_matches_the_oracle() {
             prefetch: false,
             min_programs_per_sm: 0,
             timeline: false,
-            pipelined: false,
         };
         for (policy, params) in [
             (&top_p::POLICY, vec![ParamValues::PerRow(ps.clone())]),

@@ -152,11 +152,6 @@ pub struct SearchConfig {
     /// their positions there first), at its end, and its SM. Each clock is read behind a
     /// branch on the values before it, so it is when they arrived.
     pub timeline: bool,
-    /// With `stream` and not `shared`: every pass over the row issues each tile's loads
-    /// while the tile before is used (the loaded tile carried through the loop, a tile's
-    /// worth of registers more), so a pass waits on one round trip to L2 per row, not one
-    /// per tile.
-    pub pipelined: bool,
 }
 
 /// Words of a row's record in a search's timeline (see [`SearchConfig::timeline`]).
@@ -218,7 +213,6 @@ impl SearchConfig {
             prefetch: false,
             min_programs_per_sm: 0,
             timeline: false,
-            pipelined: false,
         }
     }
 
@@ -285,13 +279,8 @@ pub fn search_name(policy: &Policy, cfg: &SearchConfig) -> String {
         n => format!("_o{n}"),
     };
     let timeline = if cfg.timeline { "_timeline" } else { "" };
-    let pipelined = if cfg.pipelined && cfg.stream && !cfg.shared {
-        "_p"
-    } else {
-        ""
-    };
     format!(
-        "threshold_{}_{}{}_g{}_w{}{pivots}{histogram}{recompute}{prefetch}{pipelined}{occupancy}{timeline}",
+        "threshold_{}_{}{}_g{}_w{}{pivots}{histogram}{recompute}{prefetch}{occupancy}{timeline}",
         policy.name,
         match (cfg.stream, cfg.shared) {
             (true, true) => "s",

@@ -26,17 +26,12 @@ fn load_tile(
     if prefetch {
         prefetch_tile(b, row, (t0, n), tile);
     }
-    let (offs, valid) = tile_span(b, (t0, n), tile);
+    let ar = b.arange(0, tile as i64);
+    let offs = b.add(ar, t0);
+    let valid = b.lt(offs, n);
     let ptrs = b.add_ptr(row, offs);
     let other = b.f32(other);
     (offs, valid, b.load_masked(ptrs, Some(valid), Some(other)))
-}
-
-/// Tile `t0`'s offsets in a row of `n`, and which of them lie in the row.
-fn tile_span(b: &mut KernelBuilder, (t0, n): (Value, Value), tile: usize) -> (Value, Value) {
-    let ar = b.arange(0, tile as i64);
-    let offs = b.add(ar, t0);
-    (offs, b.lt(offs, n))
 }
 
 /// Brings the 128 bytes at every 32nd element of the tile [`PREFETCH_AHEAD`] tiles past `t0`
@@ -58,38 +53,6 @@ fn prefetch_tile(b: &mut KernelBuilder, row: Value, (t0, n): (Value, Value), til
     let inside = b.le(ends, n);
     let ptrs = b.add_ptr(row, offs);
     b.prefetch(ptrs, Some(inside), 128, CacheLevel::L2);
-}
-
-/// `for t0 in (0..n).step_by(tile)`, folding `init` with `body(b, t0, loaded, carried)`
-/// where `loaded` is what `load(b, t0)` gives for the tile (loads masked past the row).
-/// `ahead` issues each tile's loads while the tile before is used (carried through the
-/// loop): a pass then waits on one round trip to memory, not one per tile.
-fn tile_pass(
-    b: &mut KernelBuilder,
-    (n, tile, ahead): (Value, usize, bool),
-    init: &[Value],
-    load: impl Fn(&mut KernelBuilder, Value) -> Vec<Value>,
-    body: impl FnOnce(&mut KernelBuilder, Value, &[Value], &[Value]) -> Vec<Value>,
-) -> Vec<Value> {
-    let zero = b.i32(0);
-    let step = b.i32(tile as i32);
-    if !ahead {
-        return b.for_range(zero, n, step, init, |b, t0, c| {
-            let loaded = load(b, t0);
-            body(b, t0, &loaded, c)
-        });
-    }
-    let first = load(b, zero);
-    let k = first.len();
-    let mut carried = first;
-    carried.extend_from_slice(init);
-    let out = b.for_range(zero, n, step, &carried, |b, t0, c| {
-        let next = b.add_c(t0, tile as i64);
-        let mut out = load(b, next);
-        out.extend(body(b, t0, &c[..k], &c[k..]));
-        out
-    });
-    out[k..].to_vec()
 }
 
 /// Where a query head's weights come from in each pass after the second: stored (in
@@ -175,8 +138,6 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     let start64 = b.cast(start, DType::I64);
     let staging = cfg.shared.then(|| b.shared_alloc(DType::F32, SHARED_ROW));
     let cap = shared_row_capacity(group);
-    // Rows in global memory: each pass's loads a tile ahead (`SearchConfig::pipelined`).
-    let ahead = cfg.pipelined && staging.is_none();
     // The row's length as the scores are laid out; `n`, what is searched (cut at the
     // staging's capacity).
     let row_len = n;
@@ -246,10 +207,8 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         let ninf = b.f32(f32::NEG_INFINITY);
         let bad0 = b.splat(zero_i, &[tile]);
         let max0 = b.splat(ninf, &[tile]);
-        let load = |b: &mut KernelBuilder, t0| vec![load_tile(b, s_row, (t0, n), tiling, 0.0).2];
-        let acc = tile_pass(b, (n, tile, ahead), &[bad0, max0], load, |b, t0, l, c| {
-            let s = l[0];
-            let (offs, valid) = tile_span(b, (t0, n), tile);
+        let acc = b.for_range(zero_i, n, tile_i, &[bad0, max0], |b, t0, c| {
+            let (offs, valid, s) = load_tile(b, s_row, (t0, n), tiling, 0.0);
             if let (Some(_), Some(w_row)) = (staging, w_row) {
                 // Staged as they are, so that pass 2 reads shared memory, not L2.
                 let wp = b.add_ptr(w_row, offs);
@@ -282,14 +241,12 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         let zf = b.f32(0.0);
         let z0 = b.splat(zf, &[tile]);
         let pos0 = b.splat(zero_i, &[tile]);
-        let from = match (staging, w_row) {
-            (Some(_), Some(staged)) => staged,
-            _ => s_row,
-        };
-        let load = |b: &mut KernelBuilder, t0| vec![load_tile(b, from, (t0, n), tiling, 0.0).2];
-        let acc = tile_pass(b, (n, tile, ahead), &[z0, pos0], load, |b, t0, l, c| {
-            let s = l[0];
-            let (offs, valid) = tile_span(b, (t0, n), tile);
+        let acc = b.for_range(zero_i, n, tile_i, &[z0, pos0], |b, t0, c| {
+            let from = match (staging, w_row) {
+                (Some(_), Some(staged)) => staged,
+                _ => s_row,
+            };
+            let (offs, valid, s) = load_tile(b, from, (t0, n), tiling, 0.0);
             let zero = b.f32(0.0);
             let e_raw = weight(b, s, m, scale);
             let e = b.select(valid, e_raw, zero);
@@ -352,9 +309,8 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
                 .flat_map(|_| per.iter())
                 .map(|v| b.splat(*v, &[tile]))
                 .collect();
-            let load = |b: &mut KernelBuilder, t0| vec![weights.tile(b, (t0, n), tiling)];
-            let acc = tile_pass(b, (n, tile, ahead), &init, load, |b, _, l, c| {
-                let es = l[0];
+            let acc = b.for_range(zero_i, n, tile_i, &init, |b, t0, c| {
+                let es = weights.tile(b, (t0, n), tiling);
                 let mut next = vec![];
                 for (i, mid) in mids.iter().enumerate() {
                     let terms = tally_terms(b, es, *mid, bounds);
@@ -398,9 +354,8 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             let s_row = b.add_ptr(scratch, s_off);
             b.if_then(open, |b| {
                 let zero_i = b.i32(0);
-                let load = |b: &mut KernelBuilder, t0| vec![weights.tile(b, (t0, n), tiling)];
-                tile_pass(b, (n, tile, ahead), &[zero_i], load, |b, _, l, c| {
-                    let es = l[0];
+                b.for_range(zero_i, n, tile_i, &[zero_i], |b, t0, c| {
+                    let es = weights.tile(b, (t0, n), tiling);
                     let at_lo = b.ge(es, lo);
                     let below_hi = b.lt(es, hi);
                     let inside = b.and(at_lo, below_hi);
@@ -482,37 +437,20 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     // from the tile's start), masked by `ok`; returns how many were kept.
     let compact = |b: &mut KernelBuilder, dst: Value, ok: Value| -> Value {
         let zero_i = b.i32(0);
-        let src_row = b.add_ptr(indices, start64);
-        // The tile's union and (a tile ahead) its positions, all of them: which are kept
-        // is not known when they are requested.
-        let load = |b: &mut KernelBuilder, t0| {
+        b.for_range(zero_i, n, tile_i, &[zero_i], |b, t0, c| {
+            let ar = b.arange(0, tile as i64);
+            let offs = b.add(ar, t0);
             let keep = union(b, t0);
-            if !ahead {
-                return vec![keep];
-            }
+            let one = b.i32(1);
+            let one_b = b.splat(one, &[tile]);
+            let is_kept = b.eq(keep, one_b);
+            let is_kept = b.and(is_kept, ok);
+            let src_row = b.add_ptr(indices, start64);
             if cfg.prefetch {
                 prefetch_tile(b, src_row, (t0, n), tile);
             }
-            let (offs, valid) = tile_span(b, (t0, n), tile);
             let src = b.add_ptr(src_row, offs);
-            vec![keep, b.load_masked(src, Some(valid), None)]
-        };
-        tile_pass(b, (n, tile, ahead), &[zero_i], load, |b, t0, l, c| {
-            let (offs, _) = tile_span(b, (t0, n), tile);
-            let one = b.i32(1);
-            let one_b = b.splat(one, &[tile]);
-            let is_kept = b.eq(l[0], one_b);
-            let is_kept = b.and(is_kept, ok);
-            let tok = match l.get(1) {
-                Some(tok) => *tok,
-                None => {
-                    if cfg.prefetch {
-                        prefetch_tile(b, src_row, (t0, n), tile);
-                    }
-                    let src = b.add_ptr(src_row, offs);
-                    b.load_masked(src, Some(is_kept), None)
-                }
-            };
+            let tok = b.load_masked(src, Some(is_kept), None);
             vec![append_in_order(b, dst, tok, is_kept, c[0])]
         })[0]
     };

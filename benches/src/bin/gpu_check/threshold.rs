@@ -10,8 +10,7 @@
 //!    skips the checks and the sweep and times the default for rows of N candidates only
 //!    (for ncu; `--no-histogram` without the histogram's first step, `--recompute` with the
 //!    weights recomputed, `--prefetch` with L2 prefetches, `--tile T` and `--warps W`
-//!    another tiling, `--pipelined` each pass's loads a tile ahead, `--timeline` each
-//!    row's phases from the GPU's clock); `--no-sweep`
+//!    another tiling, `--timeline` each row's phases from the GPU's clock); `--no-sweep`
 //!    times the defaults only.
 //!
 //!     gpu-check threshold --peer peers.json --out benches/results/threshold_search.json
@@ -76,15 +75,6 @@ fn sweep(n: usize) -> Vec<SearchConfig> {
         out.push(SearchConfig {
             prefetch: true,
             ..streamed(tile, warps, 1, n <= SHARED_ROW)
-        });
-    }
-    // Each pass's loads a tile ahead (rows in global memory).
-    for (tile, warps) in [(1024, 4), (2048, 4), (2048, 8), (1024, 8)] {
-        out.push(SearchConfig {
-            recompute: true,
-            prefetch: true,
-            pipelined: true,
-            ..streamed(tile, warps, 1, false)
         });
     }
     // Registers capped so that more programs fit an SM.
@@ -201,7 +191,6 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         prefetch: false,
         min_programs_per_sm: 0,
         timeline: false,
-        pipelined: false,
     };
     let shared = SearchConfig {
         block: 2048,
@@ -396,7 +385,6 @@ pub fn run() -> Res<()> {
             cfg.num_warps = w.parse()?;
         }
         cfg.timeline = flag("--timeline");
-        cfg.pipelined |= flag("--pipelined");
         let mut plan = PrunePlan::with_config(
             &dusk,
             &top_p::POLICY,
