@@ -56,6 +56,7 @@
 //! as absent (the host checks lists it is given; this keeps lists made on the device from
 //! reading outside the cache or the lists).
 
+use crate::timeline::{open_record, stamp};
 use dusk_compiler::{CacheLevel, CompileError, DType, Kernel, KernelBuilder, Value};
 
 /// Where a row's token positions come from.
@@ -127,16 +128,13 @@ pub struct SplitConfig {
     /// With `fused_merge`: partials combined a step (see [`MergeConfig::block_chunks`]).
     pub merge_chunks: usize,
     /// With `balanced`, for diagnosis: a pointer parameter `timeline` (i64) after the
-    /// partial buffers (and the fused merge's), where program p writes [`TIMELINE_WORDS`]
-    /// words at `p * TIMELINE_WORDS`: the GPU's clock at its start, once its row search is
-    /// done, when its first tile's scores are in, at its end (0 if it has no segment), and
-    /// its SM. Each clock is read where the values before it are in (a branch on them), so
-    /// it tells when the data arrived, not when the load was issued.
+    /// partial buffers (and the fused merge's), where program p writes record p
+    /// ([`crate::timeline`]): the GPU's clock at its start, once its row search is done,
+    /// when its first tile's scores are in, at its end (0 if it has no segment), and its
+    /// SM. Each clock is read where the values before it are in (a branch on them), so it
+    /// tells when the data arrived, not when the load was issued.
     pub timeline: bool,
 }
-
-/// Words of a program's record in a timeline (see [`SplitConfig::timeline`]).
-pub const TIMELINE_WORDS: usize = 8;
 
 impl SplitConfig {
     /// The plans' default for GQA groups of 2 to 8 at head_dim 64 or 128: the tensor-core
@@ -187,9 +185,9 @@ pub struct MergeConfig {
     /// [`SplitConfig::balanced`]).
     pub balanced: bool,
     /// With `balanced`, for diagnosis: a pointer parameter `timeline` after `sel_indptr`,
-    /// the split's (see [`SplitConfig::timeline`]), where the program of query row q writes
-    /// at `(programs + q) * TIMELINE_WORDS` its clock at its start, past its wait for the
-    /// split, at its end, and its SM.
+    /// the split's (see [`SplitConfig::timeline`]), where the program of query row q
+    /// writes record `programs + q` ([`crate::timeline`]): its clock at its start, past its
+    /// wait for the split, at its end, and its SM.
     pub timeline: bool,
 }
 
@@ -259,18 +257,6 @@ fn list_offsets(b: &mut KernelBuilder, indptr: Value, row: Value) -> (Value, Val
 fn row_shift(b: &mut KernelBuilder, r: Value, row_tokens: Value) -> Value {
     let r1 = b.add_c(r, 1);
     b.mul(r1, row_tokens)
-}
-
-/// Writes the GPU's clock to word `word` of a timeline `record` (see
-/// [`SplitConfig::timeline`]) where `after` holds: a branch on the values `after` was
-/// computed from, so the clock is read once they have arrived.
-fn stamp(b: &mut KernelBuilder, record: Value, word: i32, after: Value) {
-    b.if_then(after, |b| {
-        let now = b.global_timer();
-        let w = b.i32(word);
-        let p = b.add_ptr(record, w);
-        b.store(p, now);
-    });
 }
 
 /// The first step's word of a timeline record: at the step of tile `t0` of the program's
@@ -878,20 +864,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
             // starting before `e`.
             let pid = b.program_id(0);
             // The program's timeline record: its start and SM now, the rest zero until set.
-            let record = timeline.map(|t| {
-                let at = b.mul_c(pid, TIMELINE_WORDS as i64);
-                let record = b.add_ptr(t, at);
-                let now = b.global_timer();
-                let sm = b.sm_id();
-                let sm = b.cast(sm, DType::I64);
-                let zero = b.i64(0);
-                for (word, v) in [(0, now), (1, zero), (2, zero), (3, zero), (4, sm)] {
-                    let w = b.i32(word);
-                    let p = b.add_ptr(record, w);
-                    b.store(p, v);
-                }
-                record
-            });
+            let record = timeline.map(|t| open_record(&mut b, t, pid, 4, &[1, 2, 3]));
             let bal = Balance {
                 sel_indptr: indptr,
                 rows,
@@ -1430,16 +1403,7 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     let record = match (timeline, split) {
         (Some(t), Some([_, programs, ..])) => {
             let at = b.add(programs, row);
-            let at = b.mul_c(at, TIMELINE_WORDS as i64);
-            let record = b.add_ptr(t, at);
-            let now = b.global_timer();
-            b.store(record, now);
-            let sm = b.sm_id();
-            let sm = b.cast(sm, DType::I64);
-            let w = b.i32(3);
-            let p = b.add_ptr(record, w);
-            b.store(p, sm);
-            Some(record)
+            Some(open_record(&mut b, t, at, 3, &[]))
         }
         _ => None,
     };

@@ -12,10 +12,11 @@
 //! The metadata (page table, token lists) lives on the device in an [`AttentionMeta`],
 //! either uploaded from host lists (fully validated) or wrapping lists the GPU wrote.
 
-use crate::attention::{self, MergeConfig, SplitConfig, TokenSource, TIMELINE_WORDS};
+use crate::attention::{self, MergeConfig, SplitConfig, TokenSource};
 use crate::error::{ensure, invalid, Result};
 use crate::ops::Dusk;
 use crate::paged::{KvShape, PageTable, TokenLists};
+use crate::timeline::TIMELINE_WORDS;
 use dusk_compiler::DType;
 use dusk_runtime::{Arg, Buffer, Element, LoadedKernel};
 use std::sync::Arc;

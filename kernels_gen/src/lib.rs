@@ -21,6 +21,7 @@ pub mod quantize;
 pub mod reference;
 pub mod spgemv;
 pub mod threshold;
+pub mod timeline;
 
 pub use error::{DuskError, Result};
 

@@ -216,7 +216,7 @@ impl PrunePlan {
             sel_indptr: device.alloc(rows + 1)?,
             sel_indices: device.alloc(nnz.max(1))?,
             timeline: if cfg.timeline {
-                Some(device.upload(&vec![0i64; rows.max(1) * threshold::TIMELINE_WORDS])?)
+                Some(device.upload(&vec![0i64; rows.max(1) * crate::timeline::TIMELINE_WORDS])?)
             } else {
                 None
             },
@@ -301,7 +301,7 @@ impl PrunePlan {
         self.cfg
     }
 
-    /// With [`SearchConfig::timeline`], the last run's records: [`threshold::TIMELINE_WORDS`]
+    /// With [`SearchConfig::timeline`], the last run's records: [`crate::timeline::TIMELINE_WORDS`]
     /// i64 words a row, `[start, pass 1 done, pass 2 done, budget known, place found, end,
     /// SM, 0]`, clocks in nanoseconds (`%globaltimer`).
     pub fn timeline(&self) -> Option<&Buffer<i64>> {

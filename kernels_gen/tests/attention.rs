@@ -5,7 +5,6 @@
 //! shapes, modes, chunk sizes and budgets.
 
 use dusk_compiler::DType;
-use dusk_kernels::attention::TIMELINE_WORDS;
 use dusk_kernels::attention_ops;
 use dusk_kernels::attention_ops::{
     AttentionMode, AttentionPlan, AttentionSpec, AttentionTuning, SparqMix,
@@ -13,6 +12,7 @@ use dusk_kernels::attention_ops::{
 use dusk_kernels::ops::Dusk;
 use dusk_kernels::paged::{KvShape, PageTable, TokenLists};
 use dusk_kernels::reference::HalfFloat;
+use dusk_kernels::timeline::TIMELINE_WORDS;
 use dusk_kernels::{reference, DuskError};
 use dusk_runtime::Device;
 use half::{bf16, f16};

@@ -498,18 +498,7 @@ pub(super) fn declare(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig
     let flags = b.param_ptr("flags", DType::I32);
     let timeline = cfg.timeline.then(|| b.param_ptr("timeline", DType::I64));
     let row = b.program_id(0);
-    let timeline = timeline.map(|t| {
-        let at = b.mul_c(row, super::TIMELINE_WORDS as i64);
-        let record = b.add_ptr(t, at);
-        let now = b.global_timer();
-        b.store(record, now);
-        let sm = b.sm_id();
-        let sm = b.cast(sm, DType::I64);
-        let w = b.i32(6);
-        let p = b.add_ptr(record, w);
-        b.store(p, sm);
-        record
-    });
+    let timeline = timeline.map(|t| crate::timeline::open_record(b, t, row, 6, &[]));
     let p0 = b.add_ptr(indptr, row);
     let start = b.load(p0);
     let one = b.i32(1);
@@ -545,11 +534,6 @@ pub(super) fn stamp(b: &mut KernelBuilder, record: Option<Value>, word: i32, arr
     if let Some(record) = record {
         let zero = b.i32(0);
         let after = b.ge(arrived, zero);
-        b.if_then(after, |b| {
-            let now = b.global_timer();
-            let w = b.i32(word);
-            let p = b.add_ptr(record, w);
-            b.store(p, now);
-        });
+        crate::timeline::stamp(b, record, word, after);
     }
 }

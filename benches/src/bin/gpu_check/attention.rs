@@ -22,7 +22,6 @@
 
 use crate::common::{arg, copy_gbps, flag, spread, Res};
 use dusk::compiler::{DType, KernelBuilder};
-use dusk::kernels::attention::TIMELINE_WORDS;
 use dusk::kernels::attention_ops::{
     default_tiling, AttentionMeta, AttentionMode, AttentionPlan, AttentionSpec, AttentionTuning,
     SparqMix,
@@ -30,6 +29,7 @@ use dusk::kernels::attention_ops::{
 use dusk::kernels::ops::Dusk;
 use dusk::kernels::paged::{KvShape, PageTable, TokenLists};
 use dusk::kernels::reference::{self, HalfFloat};
+use dusk::kernels::timeline::TIMELINE_WORDS;
 use dusk::runtime::{median, Arg, Buffer, Device, Element, LoadedKernel};
 use half::{bf16, f16};
 use rand::rngs::SmallRng;
