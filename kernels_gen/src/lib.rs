@@ -9,6 +9,7 @@
 //! - [`ops`]: validated, compiled-once entry points for both ([`ops::Dusk`]).
 //! - [`paged`]: the paged KV cache and token-list descriptions the entry points check.
 //! - [`mod@reference`]: plain host versions, the oracles of tests and GPU checks.
+//! - [`timeline`]: per-program clock records, a diagnosis option of attention and search.
 
 pub mod attention;
 pub mod attention_ops;
