@@ -225,6 +225,16 @@ pub enum CacheLevel {
     L2,
 }
 
+impl CacheLevel {
+    /// The level as PTX names it (`prefetch.global.L1`).
+    pub fn ptx(self) -> &'static str {
+        match self {
+            CacheLevel::L1 => "L1",
+            CacheLevel::L2 => "L2",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum OpKind {
     /// The program's index along grid axis 0, 1 or 2 (i32).

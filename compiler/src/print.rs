@@ -70,8 +70,9 @@ fn attrs(kind: &OpKind) -> String {
             mask, bytes, level, ..
         } => {
             format!(
-                "{} {bytes} bytes into {level:?}",
-                if mask.is_some() { " masked" } else { "" }
+                "{} {bytes} bytes into {}",
+                if mask.is_some() { " masked" } else { "" },
+                level.ptx()
             )
         }
         Load { mask, other, .. } => {

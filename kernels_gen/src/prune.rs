@@ -301,8 +301,8 @@ impl PrunePlan {
         self.cfg
     }
 
-    /// With [`SearchConfig::timeline`], the last run's records: [`crate::timeline::TIMELINE_WORDS`]
-    /// i64 words a row, `[start, pass 1 done, pass 2 done, budget known, place found, end,
+    /// With [`SearchConfig::timeline`], the last run's records:
+    /// [`crate::timeline::TIMELINE_WORDS`] i64 words a row, `[start, pass 1 done, pass 2 done, budget known, place found, end,
     /// SM, 0]`, clocks in nanoseconds (`%globaltimer`).
     pub fn timeline(&self) -> Option<&Buffer<i64>> {
         self.timeline.as_ref()

@@ -2089,7 +2089,7 @@ impl<'c, 'k> Lower<'c, 'k> {
         let fn_t = self.ctx.void_type().fn_type(&[i64t.into()], false);
         let asm = self.ctx.create_inline_asm(
             fn_t,
-            format!("prefetch.global.{level:?} [$0];"),
+            format!("prefetch.global.{} [$0];", level.ptx()),
             "l".to_string(),
             true,
             false,

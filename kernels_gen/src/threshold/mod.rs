@@ -145,11 +145,12 @@ pub struct SearchConfig {
     /// fit them (0: its own choice).
     pub min_programs_per_sm: u32,
     /// With `stream`, for diagnosis: a last pointer parameter `timeline` (i64), where row
-    /// r's program writes record r ([`crate::timeline`]): the GPU's clock at its start, after pass 1 (the maximum), after pass 2 (the weights' sum and
-    /// histogram), once the budget is known (the search done), once its place in the list
-    /// is found (the wait for the rows before it; rows staged in shared memory compact
-    /// their positions there first), at its end, and its SM. Each clock is read behind a
-    /// branch on the values before it, so it is when they arrived.
+    /// r's program writes record r ([`crate::timeline`]): the GPU's clock at its start,
+    /// after pass 1 (the maximum), after pass 2 (the weights' sum and histogram), once the
+    /// budget is known (the search done), once its place in the list is found (the wait
+    /// for the rows before it; rows staged in shared memory compact their positions there
+    /// first), at its end, and its SM. Each clock is read behind a branch on the values
+    /// before it, so it is when they arrived.
     pub timeline: bool,
 }
 

@@ -728,7 +728,20 @@ struct Bench<'a> {
     cases: Vec<Value>,
 }
 
-impl Bench<'_> {
+impl<'a> Bench<'a> {
+    /// A benchmark run's state: `copy_gbps` the yardstick (NaN when only profiled),
+    /// `peers` their times for the same cases.
+    fn new(dusk: &'a Dusk, rng: SmallRng, copy_gbps: f64, peers: Option<Value>) -> Res<Self> {
+        Ok(Bench {
+            dusk,
+            fill: fill_kernel(dusk)?,
+            rng,
+            copy_gbps,
+            peers,
+            cases: vec![],
+        })
+    }
+
     fn peer(&self, case: &str, key: &str) -> Option<f64> {
         self.peers.as_ref()?["cases"]
             .as_array()?
@@ -983,29 +996,14 @@ pub fn run() -> Res<()> {
     if flag("--profile-skewed") {
         // The skewed group varlen case alone, for a profiler: group lists first (5 untimed
         // runs, 30 timed twice), then the padded baseline.
-        let mut bench = Bench {
-            dusk: &dusk,
-            fill: fill_kernel(&dusk)?,
-            rng,
-            copy_gbps: f64::NAN,
-            peers: None,
-            cases: vec![],
-        };
+        let mut bench = Bench::new(&dusk, rng, f64::NAN, None)?;
         return bench.skewed(64, 32, 8, 32768, &tilings("--sweep-lists"));
     }
     if let Some(repeats) = arg("--skewed-repeats").and_then(|n| n.parse::<usize>().ok()) {
         // The skewed group varlen case alone, on `repeats` fresh draws of the budgets (they
         // move its time by a few percent), each with the `--sweep-lists` tilings beside
         // the default: an A/B of list tilings in minutes, not the whole benchmark.
-        let mut bench = Bench {
-            dusk: &dusk,
-            fill: fill_kernel(&dusk)?,
-            rng,
-            copy_gbps: copy_gbps(&dev)?,
-            peers: None,
-            cases: vec![],
-        };
-        println!("device copy: {:.0} GB/s (read + write)", bench.copy_gbps);
+        let mut bench = Bench::new(&dusk, rng, copy_gbps(&dev)?, None)?;
         for _ in 0..repeats {
             bench.skewed(64, 32, 8, 32768, &tilings("--sweep-lists"))?;
         }
@@ -1014,14 +1012,7 @@ pub fn run() -> Res<()> {
     if flag("--profile") {
         // One case for a profiler: dense GQA 32/8, batch 32, 32k context, default tuning
         // (5 untimed then 30 timed runs).
-        let mut bench = Bench {
-            dusk: &dusk,
-            fill: fill_kernel(&dusk)?,
-            rng,
-            copy_gbps: f64::NAN,
-            peers: None,
-            cases: vec![],
-        };
+        let mut bench = Bench::new(&dusk, rng, f64::NAN, None)?;
         return bench.dense(32, 32, 8, 32768, &[]);
     }
     let worst = correctness(&dusk, &mut rng)?;
@@ -1046,14 +1037,7 @@ pub fn run() -> Res<()> {
     let peers: Option<Value> = arg("--peers")
         .and_then(|p| std::fs::read_to_string(p).ok())
         .and_then(|s| serde_json::from_str(&s).ok());
-    let mut bench = Bench {
-        dusk: &dusk,
-        fill: fill_kernel(&dusk)?,
-        rng,
-        copy_gbps,
-        peers,
-        cases: vec![],
-    };
+    let mut bench = Bench::new(&dusk, rng, copy_gbps, peers)?;
     // `--sweep` applies to the dense cases, `--sweep-lists` to the list ones.
     let (sweep, sweep_lists) = (tilings("--sweep"), tilings("--sweep-lists"));
     println!("timings (median of 30, caches under 256 MB rotated):");
