@@ -212,6 +212,7 @@ fn split_hash(shape: &AttentionShape, t: &AttentionTuning) -> Result<String, Str
         chunk_fastest: t.chunk_fastest,
         balanced: false,
         fused_merge: false,
+        row_signals: false,
         sparq: false,
         merge_chunks: t.merge_chunks,
         timeline: false,

@@ -133,6 +133,7 @@ fn attention_kernels(head_dim: usize, group: usize, lists: bool) -> Result<[Bund
         sparq: false,
         block_chunks: 8,
         balanced: lists,
+        row_signals: false,
         timeline: false,
     };
     let kind = if lists { "lists" } else { "dense" };

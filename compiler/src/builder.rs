@@ -550,6 +550,17 @@ impl KernelBuilder {
         self.push1(kind, caller_loc(Location::caller()))
     }
 
+    /// Waits a bounded while for the i32 at `counter` to reach `target` and returns the last
+    /// count read; see [`OpKind::AwaitCount`].
+    #[track_caller]
+    pub fn await_count(&mut self, counter: Value, target: Value) -> Value {
+        let kind = OpKind::AwaitCount {
+            counter: counter.0,
+            target: target.0,
+        };
+        self.push1(kind, caller_loc(Location::caller()))
+    }
+
     /// Waits for the previous kernel on the stream; see [`OpKind::WaitPriorGrid`].
     #[track_caller]
     pub fn wait_prior_grid(&mut self) {

@@ -416,6 +416,19 @@ pub enum OpKind {
     Arrive {
         counter: ValueId,
     },
+    /// Waits, a bounded while, for the i32 at `counter` (a scalar pointer) to reach
+    /// `target` (a scalar i32), and gives every thread the last count it read. Where the
+    /// count reached `target` the stores made before those arrivals ([`OpKind::Arrive`])
+    /// are visible to the program's loads after it (thread 0 polls with `ld.relaxed.gpu`,
+    /// then `fence.acq_rel.gpu`, and barriers carry the order to the other threads); where
+    /// it did not (the bound ran out: about 128 polls), nothing is promised and the
+    /// program must wait some other way ([`OpKind::WaitPriorGrid`]). A merge waits so for
+    /// the pieces of its own row instead of for the whole split before it. The interpreter
+    /// runs kernels one after another, so it reads the final count at once.
+    AwaitCount {
+        counter: ValueId,
+        target: ValueId,
+    },
     /// `len` elements of the program's shared memory: a scalar shared pointer to the first.
     /// Every program has its own; what they hold before the program stores there is
     /// undefined (the interpreter fills them with 0xFF bytes: NaN for floats). Stores to
@@ -485,6 +498,7 @@ impl OpKind {
                 vec![*value]
             }
             Arrive { counter } => vec![*counter],
+            AwaitCount { counter, target } => vec![*counter, *target],
             MultiReduce { values, .. } => values.clone(),
             PtrCast { ptr, .. } => vec![*ptr],
             DotInt4 { codes, q } => vec![*codes, *q],
@@ -552,6 +566,7 @@ impl OpKind {
                 | OpKind::AtomicAdd { .. }
                 | OpKind::Prefetch { .. }
                 | OpKind::Arrive { .. }
+                | OpKind::AwaitCount { .. }
                 | OpKind::WaitPriorGrid
                 | OpKind::ReleaseDependents
                 | OpKind::Barrier
@@ -618,6 +633,7 @@ impl OpKind {
             LoadFresh { .. } => "load_fresh",
             Prefetch { .. } => "prefetch",
             Arrive { .. } => "arrive",
+            AwaitCount { .. } => "await_count",
             SharedAlloc { .. } => "shared_alloc",
             WaitPriorGrid => "wait_prior_grid",
             ReleaseDependents => "release_dependents",

@@ -329,6 +329,17 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
             }
             one(Type::scalar(DType::I32))
         }
+        AwaitCount { counter, target } => {
+            let c = ty(*counter);
+            if c != Type::ptr(DType::I32) {
+                return Err(format!("await_count needs a scalar i32 pointer, found {c}"));
+            }
+            let t = ty(*target);
+            if t != Type::scalar(DType::I32) {
+                return Err(format!("await_count needs a scalar i32 target, found {t}"));
+            }
+            one(Type::scalar(DType::I32))
+        }
         Prefetch {
             ptr, mask, bytes, ..
         } => {

@@ -123,6 +123,14 @@ pub struct SplitConfig {
     ///
     /// [`OpKind::Arrive`]: dusk_compiler::ir::OpKind::Arrive
     pub fused_merge: bool,
+    /// With `balanced` and without `fused_merge`: a pointer parameter `counters` (i32
+    /// `[2 * rows]`, zero before the first launch) after `part_lse`; a program that has
+    /// written a piece of row r arrives at counter r ([`OpKind::Arrive`]), so the merge
+    /// ([`MergeConfig::row_signals`]) can combine a row as soon as its pieces are in,
+    /// while other programs still stream K and V, instead of after the whole split.
+    ///
+    /// [`OpKind::Arrive`]: dusk_compiler::ir::OpKind::Arrive
+    pub row_signals: bool,
     /// With `fused_merge`: SparQ's output transform (see [`MergeConfig::sparq`]).
     pub sparq: bool,
     /// With `fused_merge`: partials combined a step (see [`MergeConfig::block_chunks`]).
@@ -157,6 +165,7 @@ impl SplitConfig {
             chunk_fastest: false,
             balanced: source == TokenSource::Lists,
             fused_merge: false,
+            row_signals: false,
             sparq: false,
             merge_chunks: 8,
             timeline: false,
@@ -184,6 +193,17 @@ pub struct MergeConfig {
     /// Partial results of the balanced split of token lists (see
     /// [`SplitConfig::balanced`]).
     pub balanced: bool,
+    /// With `balanced`: a pointer parameter `counters` after `sel_indptr`, the split's
+    /// (see [`SplitConfig::row_signals`]). A program waits (a bounded while,
+    /// [`OpKind::AwaitCount`]) until its row's counter shows all of the row's pieces, and
+    /// only if that runs out for the whole split; the row's programs then count themselves
+    /// at counter `rows + r` and the last sets both back to zero. A split arrives at most
+    /// once a piece (a row's count never passes its pieces, whatever the lists say), so
+    /// when a program stops waiting no arrival is still to come, and every launch leaves
+    /// the counters zero.
+    ///
+    /// [`OpKind::AwaitCount`]: dusk_compiler::ir::OpKind::AwaitCount
+    pub row_signals: bool,
     /// With `balanced`, for diagnosis: a pointer parameter `timeline` after `sel_indptr`,
     /// the split's (see [`SplitConfig::timeline`]), where the program of query row q
     /// writes record `programs + q` ([`crate::timeline`]): its clock at its start, past its
@@ -308,11 +328,12 @@ fn unsupported(kernel: &str, what: String) -> CompileError {
 /// half for groups of pieces merged into one), and `part_lse` is followed by the merge's
 /// `out`, `lse`, (`sparq`) `alpha`, `v_mean` (as in [`build_merge`]) and `counters` (i32
 /// `[programs + 2 * rows]`, zero before the first launch; every launch leaves them zero,
-/// whatever the lists say).
+/// whatever the lists say). With `row_signals` instead, `part_lse` is followed by the
+/// merge's `counters` (i32 `[2 * rows]`, see [`MergeConfig::row_signals`]).
 pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let (d, bt, g_n) = (cfg.head_dim, cfg.block_tokens, cfg.group);
     let name = format!(
-        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}{}{}{}{}{}{}",
+        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}{}{}{}{}{}{}{}",
         match cfg.source {
             TokenSource::Dense => "dense",
             TokenSource::Lists => "lists",
@@ -336,6 +357,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
             (true, false) => format!("_m{}", cfg.merge_chunks),
             (true, true) => format!("_m{}_sparq", cfg.merge_chunks),
         },
+        if cfg.row_signals { "_rs" } else { "" },
         if cfg.timeline { "_timeline" } else { "" }
     );
     let tc = cfg.tensor_cores;
@@ -351,6 +373,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         || (cfg.balanced && (cfg.source != TokenSource::Lists || cfg.chunk_fastest))
         || (cfg.fused_merge
             && (!cfg.balanced || !cfg.merge_chunks.is_power_of_two() || cfg.merge_chunks > 64))
+        || (cfg.row_signals && (!cfg.balanced || cfg.fused_merge))
         || (cfg.timeline && !cfg.balanced)
     {
         return Err(unsupported(
@@ -389,6 +412,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     } else {
         None
     };
+    let row_counters = cfg.row_signals.then(|| b.param_ptr("counters", DType::I32));
     let timeline = cfg.timeline.then(|| b.param_ptr("timeline", DType::I64));
     let num_q_heads = b.param_scalar("num_q_heads", DType::I32);
     let num_kv_heads = b.param_scalar("num_kv_heads", DType::I32);
@@ -934,6 +958,16 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     let span = Span::Entries { start, end };
                     let first_step = record.map(|r| (r, b.eq(row, first_row)));
                     item(b, row, Some(list), span, slot0, one_i, first_step);
+                    if let Some(counters) = row_counters {
+                        // The piece is written: the merge may take the row once every
+                        // piece is (a piece holds entries exactly where the merge's
+                        // arithmetic counts one, so a row's count never passes its pieces).
+                        let holds = b.lt(from, to);
+                        b.if_then(holds, |b| {
+                            let counter = b.add_ptr(counters, row);
+                            b.arrive(counter);
+                        });
+                    }
                     if let Some((io, counters)) = merged {
                         let shape = (g_n, 32 * cfg.num_warps as usize);
                         merge_if_last(b, &io, counters, &bal, (total, seg), pid, row, shape);
@@ -1324,24 +1358,27 @@ fn slots_of(b: &mut KernelBuilder, piece: Value, heads: Value, c_group: Value) -
 /// `[batch * q_heads]`, natural log; `-inf` for an empty row), with `sparq` also `alpha`
 /// (f32 per query row) and `v_mean` (`[batch * kv_heads, D]`); then the i32 scalars
 /// `max_chunks` and, with `sparq`, `num_q_heads`, `num_kv_heads`. Grid: `batch * q_heads`.
-/// With `balanced`, `sel_indptr` follows `v_mean` (or `lse`) and the i32 scalars `group`
-/// (query heads per token-list row), `rows`, `programs` (of the split grid), `num_indices`,
-/// `min_tokens` and `row_tokens` (as given to the split) replace `max_chunks`.
+/// With `balanced`, `sel_indptr` follows `v_mean` (or `lse`), then with `row_signals`
+/// `counters` (the split's), and the i32 scalars `group` (query heads per token-list row),
+/// `rows`, `programs` (of the split grid), `num_indices`, `min_tokens` and `row_tokens` (as
+/// given to the split) replace `max_chunks`.
 pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     let (d, cb) = (cfg.head_dim, cfg.block_chunks);
     let name = format!(
-        "attn_merge_d{}_{}_c{}{}{}{}",
+        "attn_merge_d{}_{}_c{}{}{}{}{}",
         d,
         cfg.dtype.name(),
         cb,
         if cfg.sparq { "_sparq" } else { "" },
         if cfg.balanced { "_bal" } else { "" },
+        if cfg.row_signals { "_rs" } else { "" },
         if cfg.timeline { "_timeline" } else { "" }
     );
     if !matches!(d, 64 | 128 | 256)
         || !cb.is_power_of_two()
         || cb > 64
         || !matches!(cfg.dtype, DType::F16 | DType::BF16)
+        || (cfg.row_signals && !cfg.balanced)
     {
         return Err(unsupported(
             &name,
@@ -1358,6 +1395,7 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     } else {
         None
     };
+    let counters = cfg.row_signals.then(|| b.param_ptr("counters", DType::I32));
     let timeline = (cfg.balanced && cfg.timeline).then(|| b.param_ptr("timeline", DType::I64));
     // `max_chunks`, or with a balanced split the query heads per row (`group`) and what
     // places the row's pieces.
@@ -1407,10 +1445,11 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
         }
         _ => None,
     };
-    // This query row's partials: index `c * stride + base` for `c` in `lo..hi`.
+    // This query row's partials: index `c * stride + base` for `c` in `lo..hi`; with a
+    // balanced split also its token-list row and the count of token-list rows.
     let zero_i = b.i32(0);
     let one_i = b.i32(1);
-    let (lo, hi, stride, base) = match (indptr, split) {
+    let (lo, hi, stride, base, list_row) = match (indptr, split) {
         (Some(indptr), Some([rows, programs, num_indices, min_tokens, row_tokens])) => {
             let r = b.div(row, per_row);
             let g = b.rem(row, per_row);
@@ -1424,19 +1463,45 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
             };
             let (total, _, seg) = balanced_segments(&mut b, &bal);
             let (lo, hi, _) = row_pieces(&mut b, &bal, total, seg, r);
-            (lo, hi, per_row, g)
+            (lo, hi, per_row, g, Some((r, rows)))
         }
-        _ => (zero_i, per_row, one_i, b.mul(row, per_row)),
+        _ => (zero_i, per_row, one_i, b.mul(row, per_row), None),
     };
     // Everything above reads only what was written before the split ran; the partials
-    // below are the split's, so the merge waits for it here (its programs may have started
-    // during the split's last programs: see `OpKind::WaitPriorGrid`).
-    b.wait_prior_grid();
+    // below are the split's, so the merge waits for them here (its programs may have
+    // started during the split's last programs: see `OpKind::WaitPriorGrid`): for its own
+    // row's pieces where the split signals them, else (or if that wait runs out) for the
+    // whole split.
+    let signals = counters.zip(list_row).map(|(counters, (r, _))| {
+        let counter = b.add_ptr(counters, r);
+        let pieces = b.sub(hi, lo);
+        let count = b.await_count(counter, pieces);
+        let short = b.lt(count, pieces);
+        b.if_then(short, |b| b.wait_prior_grid());
+        counter
+    });
+    if signals.is_none() {
+        b.wait_prior_grid();
+    }
     let t = b.bool(true);
     if let Some(record) = record {
         stamp(&mut b, record, 1, t);
     }
     merge_row(&mut b, &io, row, lo, hi, stride, base);
+    if let (Some(counter), Some((r, rows))) = (signals, list_row) {
+        // Each of the row's programs has seen all its pieces or waited for the whole split,
+        // so no arrival is still to come: the last of them to finish frees both counters.
+        let at = b.add(rows, r);
+        let done = b.add_ptr(counters.expect("counters"), at);
+        let before = b.arrive(done);
+        let last = b.add_c(per_row, -1);
+        let last = b.eq(before, last);
+        b.if_then(last, |b| {
+            let zero_i = b.i32(0);
+            b.store(counter, zero_i);
+            b.store(done, zero_i);
+        });
+    }
     if let Some(record) = record {
         stamp(&mut b, record, 2, t);
     }

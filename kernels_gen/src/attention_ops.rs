@@ -97,6 +97,12 @@ pub struct AttentionTuning {
     /// replay 18.6 against 12.2; benches/NOTES.md), since the last piece's wait for its
     /// stores and the atomic sit on the critical path. A knob for other GPUs and shapes.
     pub fused_merge: bool,
+    /// Token lists with a merge launch: the split counts each row's pieces as they are
+    /// written and the merge combines a row as soon as its pieces are in, rather than
+    /// after the whole split (see
+    /// [`MergeConfig::row_signals`](crate::attention::MergeConfig)); the rows merged while
+    /// the split's last programs still run leave only the last rows' merge after it.
+    pub row_signals: bool,
     /// Partial results the merge combines per step (a power of two up to 64; see
     /// [`MergeConfig::block_chunks`](crate::attention::MergeConfig)).
     pub merge_chunks: usize,
@@ -193,6 +199,7 @@ impl AttentionTuning {
             row_tokens: ROW_TOKENS,
             merge_chunks: MERGE_CHUNKS,
             fused_merge: false,
+            row_signals: true,
             timeline: false,
         }
     }
@@ -240,7 +247,8 @@ pub struct AttentionPlan {
     split: Arc<LoadedKernel>,
     /// The merge launch; none when the split merges (token lists, `fused_merge`).
     merge: Option<Arc<LoadedKernel>>,
-    /// The split's arrival counters when it merges: one per row, zero between launches.
+    /// Token lists: the rows' arrival counters (zero between launches) when the split
+    /// merges (`fused_merge`) or signals the merge (`row_signals`).
     counters: Option<Buffer<i32>>,
     /// With [`AttentionTuning::timeline`]: [`TIMELINE_WORDS`] words a program, the split's
     /// programs first, then the merge's.
@@ -281,6 +289,7 @@ pub struct AttentionMeta {
 
 /// SparQ's output transform inputs: `alpha` per (batch, query head), f32, and the running
 /// mean of V per (batch, KV head), `[batch * num_kv_heads, head_dim]`.
+#[derive(Clone, Copy)]
 pub struct SparqMix<'a, T: Element> {
     pub alpha: &'a Buffer<f32>,
     pub v_mean: &'a Buffer<T>,
@@ -453,6 +462,7 @@ impl AttentionPlan {
             chunk_fastest: tuning.chunk_fastest,
             balanced: lists,
             fused_merge: lists && tuning.fused_merge,
+            row_signals: lists && !tuning.fused_merge && tuning.row_signals,
             sparq: spec.sparq,
             merge_chunks: tuning.merge_chunks,
             timeline: tuning.timeline,
@@ -463,6 +473,7 @@ impl AttentionPlan {
             sparq: spec.sparq,
             block_chunks: tuning.merge_chunks,
             balanced: lists,
+            row_signals: split_cfg.row_signals,
             timeline: tuning.timeline,
         };
         let split = dusk.kernel(format!("{split_cfg:?}"), || {
@@ -502,10 +513,11 @@ impl AttentionPlan {
             tuning,
             split,
             merge,
-            counters: match (&layout, split_cfg.fused_merge) {
-                (Layout::Balanced { programs }, true) => {
+            counters: match &layout {
+                Layout::Balanced { programs } if split_cfg.fused_merge => {
                     Some(dev.upload(&vec![0i32; programs + 2 * rows])?)
                 }
+                _ if split_cfg.row_signals => Some(dev.upload(&vec![0i32; 2 * rows])?),
                 _ => None,
             },
             timeline: match &layout {
@@ -524,6 +536,12 @@ impl AttentionPlan {
 
     pub fn spec(&self) -> &AttentionSpec {
         &self.spec
+    }
+    /// Token lists with the merge inside the split or with row signals
+    /// ([`AttentionTuning::fused_merge`], [`AttentionTuning::row_signals`]): the rows' arrival
+    /// counters, which every launch leaves zero whatever its lists say (for checks).
+    pub fn row_counters(&self) -> Option<&Buffer<i32>> {
+        self.counters.as_ref()
     }
     /// With [`AttentionTuning::timeline`], the last run's records: [`TIMELINE_WORDS`] i64
     /// words a program, the split's programs (`grid()[0]` of them) first, each `[start,
@@ -782,9 +800,11 @@ impl AttentionPlan {
         let dev = dusk.device();
         args.extend([Arg::from(&self.part_o), Arg::from(&self.part_lse)]);
         if let Some(counters) = &self.counters {
-            args.extend([Arg::from(&*out), Arg::from(&*lse)]);
-            if let Some(s) = &sparq {
-                args.extend([Arg::from(s.alpha), Arg::from(s.v_mean)]);
+            if self.merge.is_none() {
+                args.extend([Arg::from(&*out), Arg::from(&*lse)]);
+                if let Some(s) = &sparq {
+                    args.extend([Arg::from(s.alpha), Arg::from(s.v_mean)]);
+                }
             }
             args.push(Arg::from(counters));
         }
@@ -830,6 +850,9 @@ impl AttentionPlan {
             Layout::Grid { max_chunks } => margs.push(Arg::I32(*max_chunks as i32)),
             Layout::Balanced { programs } => {
                 margs.push(Arg::from(meta.sel_indptr.as_ref().expect("list meta")));
+                if let Some(counters) = &self.counters {
+                    margs.push(Arg::from(counters));
+                }
                 if let Some(t) = &self.timeline {
                     margs.push(Arg::from(t));
                 }

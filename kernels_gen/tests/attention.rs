@@ -556,9 +556,19 @@ fn bad_shapes_are_rejected() {
 #[test]
 fn device_lists_never_read_out_of_bounds() {
     let dusk = Dusk::new(Device::cpu()).unwrap();
-    // With a merge launch and with the split merging rows.
-    for fused in [false, true] {
-        let (plan, table) = small_plan_tuned(&dusk, GROUP, 64, |t| t.fused_merge = fused);
+    // With a merge launch (waiting for the whole split, or for each row's pieces) and with
+    // the split merging rows.
+    for (fused, signals) in [(false, false), (false, true), (true, false)] {
+        let (plan, table) = small_plan_tuned(&dusk, GROUP, 64, |t| {
+            t.fused_merge = fused;
+            t.row_signals = signals;
+        });
+        // Every launch, whatever its lists, leaves the rows' counters zero.
+        let counters_clear = |plan: &AttentionPlan| {
+            let c = plan.row_counters().map(|c| c.download().unwrap());
+            assert_eq!(c.is_some(), fused || signals);
+            assert!(c.iter().flatten().all(|&x| x == 0), "{c:?}");
+        };
         let dev = dusk.device();
         let kv = plan.spec().kv;
         // Sequence 0 (40 tokens), KV heads 0 and 1; sequence 1 (20 tokens), heads 0 and 1.
@@ -628,6 +638,7 @@ fn device_lists_never_read_out_of_bounds() {
             let bad = lists(&indptr);
             plan.run(&dusk, &qb, &kb, &vb, &bad, None, &mut out, &mut lse)
                 .unwrap();
+            counters_clear(&plan);
         }
         // Bad lists leave no state behind (the split's arrival counters): good lists after
         // them give the right answer again.

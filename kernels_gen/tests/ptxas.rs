@@ -106,11 +106,13 @@ fn attention_kernels() -> Vec<Kernel> {
                     chunk_fastest: false,
                     balanced: source == TokenSource::Lists,
                     fused_merge: false,
+                    row_signals: false,
                     sparq: false,
                     merge_chunks: 8,
                     timeline: false,
                 };
-                // With token lists, also the merge inside the split (an option, checked
+                // With token lists, also the split signalling the merge's rows, and the
+                // merge inside the split (an option, checked
                 // without the L2 prefetch), with and without SparQ's transform.
                 let with_fused = |ks: &mut Vec<Kernel>, cfg: SplitConfig| {
                     ks.push(attention::build_split(&cfg).unwrap());
@@ -121,6 +123,11 @@ fn attention_kernels() -> Vec<Kernel> {
                             ..cfg
                         };
                         ks.push(attention::build_split(&timed).unwrap());
+                        let signals = SplitConfig {
+                            row_signals: true,
+                            ..cfg
+                        };
+                        ks.push(attention::build_split(&signals).unwrap());
                         for sparq in [false, true] {
                             let cfg = SplitConfig {
                                 fused_merge: true,
@@ -157,9 +164,20 @@ fn attention_kernels() -> Vec<Kernel> {
                             sparq,
                             block_chunks,
                             balanced,
+                            row_signals: false,
                             timeline: balanced && block_chunks == 64,
                         };
                         ks.push(attention::build_merge(&cfg).unwrap());
+                        if balanced {
+                            // The timeline checked at the default step (at 64 a step it
+                            // spills 4 bytes at d64 on sm_80 with the signals).
+                            let cfg = MergeConfig {
+                                row_signals: true,
+                                timeline: block_chunks == 8,
+                                ..cfg
+                            };
+                            ks.push(attention::build_merge(&cfg).unwrap());
+                        }
                     }
                 }
             }
@@ -194,6 +212,7 @@ fn attention_kernels() -> Vec<Kernel> {
             chunk_fastest: false,
             balanced: false,
             fused_merge: false,
+            row_signals: false,
             sparq: false,
             merge_chunks: 8,
             timeline: false,
@@ -221,6 +240,7 @@ fn attention_reads_kv_in_16_byte_vectors() {
         chunk_fastest: false,
         balanced: false,
         fused_merge: false,
+        row_signals: false,
         sparq: false,
         merge_chunks: 8,
         timeline: false,
@@ -228,6 +248,43 @@ fn attention_reads_kv_in_16_byte_vectors() {
     let ptx = compile(&attention::build_split(&cfg).unwrap(), &Target::sm90a()).unwrap();
     let v4 = ptx.matches("ld.global.v4").count();
     assert!(v4 >= 2, "K and V not read in 16-byte vectors:\n{ptx}");
+}
+
+/// With row signals the split arrives once a piece (one acquire-release atomic) and the
+/// merge polls its row's counter, fences, and waits for the whole split only where the
+/// polls ran out; then counts its own arrival.
+#[test]
+fn row_signals_poll_then_fence() {
+    let cfg = SplitConfig {
+        row_signals: true,
+        ..SplitConfig::tensor_cores(128, 4, DType::F16, TokenSource::Lists)
+    };
+    let ptx = compile(&attention::build_split(&cfg).unwrap(), &Target::sm90a()).unwrap();
+    assert_eq!(
+        ptx.matches("atom.acq_rel.gpu.global.add.u32").count(),
+        1,
+        "{ptx}"
+    );
+    assert!(ptx.contains("griddepcontrol.launch_dependents"), "{ptx}");
+    let merge = MergeConfig {
+        head_dim: 128,
+        dtype: DType::F16,
+        sparq: false,
+        block_chunks: 8,
+        balanced: true,
+        row_signals: true,
+        timeline: false,
+    };
+    let ptx = compile(&attention::build_merge(&merge).unwrap(), &Target::sm90a()).unwrap();
+    let poll = ptx.find("ld.relaxed.gpu.global.u32").expect("a poll");
+    let fence = ptx.find("fence.acq_rel.gpu").expect("a fence");
+    let wait = ptx.find("griddepcontrol.wait").expect("the fallback wait");
+    assert!(poll < fence && fence < wait, "{ptx}");
+    assert_eq!(
+        ptx.matches("atom.acq_rel.gpu.global.add.u32").count(),
+        1,
+        "{ptx}"
+    );
 }
 
 /// The split that merges token lists counts arrivals with one acquire-release atomic

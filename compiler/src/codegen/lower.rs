@@ -24,6 +24,9 @@ use std::collections::HashMap;
 const PTX_KERNEL_CC: u32 = 71;
 const GLOBAL: u16 = 1;
 const SHARED: u16 = 3;
+/// Polls of [`OpKind::AwaitCount`] before it gives up (each a round trip to L2, about a
+/// microsecond under load).
+const AWAIT_POLLS: u32 = 128;
 
 /// A lowered value: one LLVM value for a scalar, the thread's elements for a block.
 #[derive(Clone)]
@@ -263,7 +266,7 @@ fn shared_bytes(k: &Kernel, layouts: &Layouts) -> usize {
             }
             OpKind::MultiReduce { values, .. } => values.len() * k.num_warps as usize * 8,
             // The count, broadcast from thread 0.
-            OpKind::Arrive { .. } => 4,
+            OpKind::Arrive { .. } | OpKind::AwaitCount { .. } => 4,
             OpKind::Scan { value } => match layouts.get(*value) {
                 Layout::Blocked(b) => {
                     (b.per_thread(0) / b.size_per_thread[0]) * b.warps_per_cta[0] * 4
@@ -744,6 +747,7 @@ impl<'c, 'k> Lower<'c, 'k> {
                 return Ok(());
             }
             Arrive { counter } => self.arrive(*counter)?,
+            AwaitCount { counter, target } => self.await_count(*counter, *target)?,
             WaitPriorGrid => {
                 self.grid_dependency("griddepcontrol.wait;")?;
                 return Ok(());
@@ -2030,16 +2034,52 @@ impl<'c, 'k> Lower<'c, 'k> {
         Ok(())
     }
 
-    /// [`OpKind::Arrive`]: a barrier (every thread's stores made), thread 0's add with
-    /// acquire-release semantics at GPU scope, its old count broadcast through shared memory
-    /// (a barrier after the write, another after the read so that the slot may be reused).
-    /// The barriers carry the ordering to and from the other threads, as CUTLASS's
-    /// semaphores do.
+    /// [`OpKind::Arrive`]: thread 0's add with acquire-release semantics at GPU scope,
+    /// between barriers, its old count given to every thread (see `on_thread0`).
     fn arrive(&mut self, counter: ValueId) -> R<Cv<'c>> {
+        let one = self.ctx.i32_type().const_int(1, false);
+        self.on_thread0(
+            counter,
+            one,
+            "atom.acq_rel.gpu.global.add.u32 $0, [$1], $2;",
+            "arrive",
+        )
+    }
+
+    /// [`OpKind::AwaitCount`]: thread 0 polls the counter (`ld.relaxed.gpu`, at most
+    /// `AWAIT_POLLS` times) until it reaches the target, then fences with acquire-release
+    /// semantics at GPU scope (the acquire half of the arrivals' release), and the count is
+    /// broadcast as [`OpKind::Arrive`]'s is.
+    fn await_count(&mut self, counter: ValueId, target: ValueId) -> R<Cv<'c>> {
+        let Cv::S(t) = self.get(target) else {
+            return Err(self.err("await_count needs a scalar target"));
+        };
+        let text = format!(
+            "{{ .reg .pred p; .reg .u32 i; mov.u32 i, 0;\n\
+             AWAIT${{:uid}}: ld.relaxed.gpu.global.u32 $0, [$1];\n\
+             setp.ge.s32 p, $0, $2; @p bra.uni DONE${{:uid}};\n\
+             add.u32 i, i, 1; setp.lt.u32 p, i, {AWAIT_POLLS}; @p bra.uni AWAIT${{:uid}};\n\
+             DONE${{:uid}}: fence.acq_rel.gpu; }}"
+        );
+        self.on_thread0(counter, t.into_int_value(), &text, "await_count")
+    }
+
+    /// Runs `text` (an i32 result `$0`, the counter's address `$1`, `value` as `$2`) on
+    /// thread 0 between barriers (every thread's stores made before it), and broadcasts
+    /// its result through shared memory (a barrier after the write, another after the
+    /// read so that the slot may be reused). The barriers carry the ordering to and from
+    /// the other threads, as CUTLASS's semaphores do.
+    fn on_thread0(
+        &mut self,
+        counter: ValueId,
+        value: IntValue<'c>,
+        text: &str,
+        op: &str,
+    ) -> R<Cv<'c>> {
         let i32t = self.ctx.i32_type();
         let i64t = self.ctx.i64_type();
         let Cv::S(p) = self.get(counter) else {
-            return Err(self.err("arrive needs a scalar pointer"));
+            return Err(self.err(format!("{op} needs a scalar pointer")));
         };
         let addr = self
             .b
@@ -2051,11 +2091,11 @@ impl<'c, 'k> Lower<'c, 'k> {
             .b
             .build_int_compare(IntPredicate::EQ, self.tid, i32t.const_zero(), "")
             .map_err(|x| self.err(x))?;
-        let fn_t = i32t.fn_type(&[i64t.into()], false);
+        let fn_t = i32t.fn_type(&[i64t.into(), i32t.into()], false);
         let asm = self.ctx.create_inline_asm(
             fn_t,
-            "atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;".to_string(),
-            "=r,l,~{memory}".to_string(),
+            text.to_string(),
+            "=r,l,r,~{memory}".to_string(),
             true,
             false,
             None,
@@ -2063,9 +2103,9 @@ impl<'c, 'k> Lower<'c, 'k> {
         );
         self.guarded(Some(first), |s| {
             let old =
-                s.b.build_indirect_call(fn_t, asm, &[addr.into()], "")
+                s.b.build_indirect_call(fn_t, asm, &[addr.into(), value.into()], "")
                     .map_err(|x| s.err(x))?;
-            let old = old.try_as_basic_value().basic().expect("atom value");
+            let old = old.try_as_basic_value().basic().expect("asm value");
             s.b.build_store(slot, old).map_err(|x| s.err(x))?;
             Ok(())
         })?;

@@ -98,6 +98,9 @@ struct CheckCase {
     list_programs: Option<u32>,
     /// Token lists: the split merges rows (no merge launch).
     fused_merge: bool,
+    /// Token lists with a merge launch: the merge takes each row once its pieces are in
+    /// (the default), else after the whole split.
+    row_signals: bool,
 }
 
 /// One correctness case on the GPU; returns (output rel err, worst lse abs err).
@@ -139,6 +142,7 @@ fn check_case<T: HalfFloat>(dusk: &Dusk, rng: &mut SmallRng, c: &CheckCase) -> R
             t.list_programs = n;
         }
         t.fused_merge = c.fused_merge;
+        t.row_signals = c.row_signals;
         if c.tensor_cores == Some(false) && t.tensor_cores {
             let (bt, w, f) = default_tiling(c.head_dim, c.group);
             (t.block_tokens, t.num_warps, t.prefetch, t.tensor_cores) = (bt, w, f, false);
@@ -160,13 +164,24 @@ fn check_case<T: HalfFloat>(dusk: &Dusk, rng: &mut SmallRng, c: &CheckCase) -> R
     let v_mean = gen(rng, batch * c.kv_heads * c.head_dim);
     let (qb, kb, vb) = (dev.upload(&q)?, dev.upload(&k)?, dev.upload(&v)?);
     let (ab, vmb) = (dev.upload(&alpha)?, dev.upload(&v_mean)?);
-    let mut out = poisoned::<T>(dev, q.len())?;
-    let mut lse = poisoned::<f32>(dev, batch * hq)?;
     let mix = c.sparq.then_some(SparqMix {
         alpha: &ab,
         v_mean: &vmb,
     });
-    plan.run(dusk, &qb, &kb, &vb, &meta, mix, &mut out, &mut lse)?;
+    // Three launches back to back, the outputs poisoned before each and the last checked:
+    // a merge that read a row before its pieces were in, or counters that a launch left
+    // set, would show in the later ones.
+    let (mut out, mut lse) = (dev.alloc::<T>(1)?, dev.alloc::<f32>(1)?);
+    for _ in 0..3 {
+        out = poisoned::<T>(dev, q.len())?;
+        lse = poisoned::<f32>(dev, batch * hq)?;
+        plan.run(dusk, &qb, &kb, &vb, &meta, mix, &mut out, &mut lse)?;
+    }
+    if let Some(counters) = plan.row_counters() {
+        if counters.download()?.iter().any(|&c| c != 0) {
+            return Err("attention: a launch left the rows' counters set".into());
+        }
+    }
     let f = |x: &[T]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
     let vm = f(&v_mean);
     let (want, want_lse) = reference::attention(
@@ -218,6 +233,7 @@ impl CheckCase {
             tensor_cores: None,
             list_programs: None,
             fused_merge: false,
+            row_signals: true,
         }
     }
 }
@@ -313,11 +329,14 @@ fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<f64> {
     let mut worst = 0.0f64;
     println!("correctness (fresh random inputs, outputs poisoned, f64 reference):");
     for (case, bf) in cases {
-        // Token lists both ways: merged by a second launch and by the split itself.
+        // Token lists three ways: merged by a second launch (row by row as the split
+        // signals them, or after the whole split) and by the split itself.
         let lists = matches!(case.mode, HeadVarlen | GroupVarlen);
-        for fused_merge in [false, true].into_iter().take(1 + lists as usize) {
+        let ways = [(false, true), (false, false), (true, false)];
+        for (fused_merge, row_signals) in ways.into_iter().take(1 + 2 * lists as usize) {
             let c = CheckCase {
                 fused_merge,
+                row_signals,
                 seqs: case.seqs.clone(),
                 lens: case.lens.clone(),
                 ..case
@@ -331,7 +350,7 @@ fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<f64> {
             };
             let tol = if bf { 1e-2 } else { 2e-3 };
             println!(
-                "  {mode:?} seqs {:?} kv_heads {kv_heads} group {group} d {head_dim} lens {:?}{}{}{}{}{}: rel err {err:.2e}, lse abs err {lse_err:.1e}",
+                "  {mode:?} seqs {:?} kv_heads {kv_heads} group {group} d {head_dim} lens {:?}{}{}{}{}{}{}: rel err {err:.2e}, lse abs err {lse_err:.1e}",
                 c.seqs,
                 c.lens,
                 if sparq { " sparq" } else { "" },
@@ -341,7 +360,8 @@ fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<f64> {
                     Some(n) => format!(" {n} list programs"),
                     None => String::new(),
                 },
-                if fused_merge { " fused merge" } else { "" }
+                if fused_merge { " fused merge" } else { "" },
+                if lists && !fused_merge && !row_signals { " merge after the split" } else { "" }
             );
             if err >= tol || lse_err > 1e-2 {
                 return Err(format!(
@@ -584,7 +604,8 @@ fn time_samples(
 /// the grid; dense only), `lN` (token lists: N programs of the balanced split; with lists
 /// `cCHUNK` is the shortest segment and `hH` what a row start counts as, in entries), `pP`
 /// (1: one more tile of K and V into L2 a step early, 0: not), `kK` (partials the merge
-/// combines a step), `jJ` (token lists, 1: the split merges rows, 0: a merge launch), e.g. `8x4`, `16x4v32`, `8x4f2c256`, `8x1o16`, `8x1m0`, `8x1c512g1`,
+/// combines a step), `jJ` (token lists, 1: the split merges rows, 0: a merge launch), `sS`
+/// (token lists, 1: the merge takes each row once its pieces are in, 0: after the split), e.g. `8x4`, `16x4v32`, `8x4f2c256`, `8x1o16`, `8x1m0`, `8x1c512g1`,
 /// `8x1l3168`, `8x1p0`.
 #[derive(Clone, Copy)]
 struct Tiling {
@@ -601,6 +622,7 @@ struct Tiling {
     row_tokens: Option<u32>,
     merge_chunks: Option<usize>,
     fused_merge: Option<bool>,
+    row_signals: Option<bool>,
 }
 
 fn parse_tiling(t: &str) -> Option<Tiling> {
@@ -627,6 +649,7 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
         row_tokens: None,
         merge_chunks: None,
         fused_merge: None,
+        row_signals: None,
     };
     for (k, v) in &fields[1..] {
         match k {
@@ -642,6 +665,7 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
             'h' => out.row_tokens = Some(v.parse().ok()?),
             'k' => out.merge_chunks = Some(v.parse().ok()?),
             'j' => out.fused_merge = Some(v.parse::<u8>().ok()? == 1),
+            's' => out.row_signals = Some(v.parse::<u8>().ok()? == 1),
             _ => return None,
         }
     }
@@ -657,7 +681,7 @@ fn tilings(name: &str) -> Vec<Tiling> {
 
 fn describe(t: &AttentionTuning) -> String {
     format!(
-        "{}x{}v{}f{}o{}{}{}{}{} chunk {} row-tokens {} merge-chunks {}{}",
+        "{}x{}v{}f{}o{}{}{}{}{} chunk {} row-tokens {} merge-chunks {}{}{}",
         t.block_tokens,
         t.num_warps,
         t.vector_bytes,
@@ -678,7 +702,8 @@ fn describe(t: &AttentionTuning) -> String {
         t.chunk_tokens,
         t.row_tokens,
         t.merge_chunks,
-        if t.fused_merge { " fused" } else { "" }
+        if t.fused_merge { " fused" } else { "" },
+        if t.row_signals { " row-signals" } else { "" }
     )
 }
 
@@ -706,6 +731,7 @@ fn time_tilings(
             u.row_tokens = t.row_tokens.unwrap_or(u.row_tokens);
             u.merge_chunks = t.merge_chunks.unwrap_or(u.merge_chunks);
             u.fused_merge = t.fused_merge.unwrap_or(u.fused_merge);
+            u.row_signals = t.row_signals.unwrap_or(u.row_signals);
             u.tensor_cores = t
                 .mma
                 .unwrap_or(u.tensor_cores && t.block_tokens == 8 && t.num_warps == 1);
