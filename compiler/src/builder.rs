@@ -550,6 +550,14 @@ impl KernelBuilder {
         self.push1(kind, caller_loc(Location::caller()))
     }
 
+    /// Adds 1 to `counter` once this program's stores are made, without waiting; see
+    /// [`OpKind::Signal`].
+    #[track_caller]
+    pub fn signal(&mut self, counter: Value) {
+        let kind = OpKind::Signal { counter: counter.0 };
+        self.push(kind, caller_loc(Location::caller()), &[]);
+    }
+
     /// Waits a bounded while for the i32 at `counter` to reach `target` and returns the last
     /// count read; see [`OpKind::AwaitCount`].
     #[track_caller]

@@ -747,6 +747,18 @@ fn get(env: &[Option<Data>], v: ValueId) -> &Data {
 }
 
 impl<'k> Interp<'k, '_, '_> {
+    /// Adds 1 to the i32 at the scalar pointer `counter`; returns the count before. Programs
+    /// run one after another here: each sees every earlier one's add.
+    fn add_one(&mut self, counter: ValueId) -> Result<Data, String> {
+        let p = get(&self.env, counter).ptrs()[0];
+        let Data::I32(old) = load(DType::I32, &self.mem, &[p], None, None)? else {
+            unreachable!("an i32 load")
+        };
+        let new = Data::I32(vec![old[0].wrapping_add(1)]);
+        store(&mut self.mem, DType::I32, &[p], None, &new)?;
+        Ok(Data::I32(old))
+    }
+
     fn set(&mut self, v: ValueId, d: Data) {
         self.env[v.0 as usize] = Some(d);
     }
@@ -1095,20 +1107,10 @@ impl<'k> Interp<'k, '_, '_> {
                     off: 0,
                 }])
             }
-            Arrive { counter } => {
-                // Programs run one after another here: each sees every earlier one's add.
-                let p = get(&self.env, *counter).ptrs()[0];
-                let Data::I32(old) = load(DType::I32, &self.mem, &[p], None, None)? else {
-                    unreachable!("an i32 load")
-                };
-                store(
-                    &mut self.mem,
-                    DType::I32,
-                    &[p],
-                    None,
-                    &Data::I32(vec![old[0].wrapping_add(1)]),
-                )?;
-                Data::I32(old)
+            Arrive { counter } => self.add_one(*counter)?,
+            Signal { counter } => {
+                self.add_one(*counter)?;
+                return Ok(None);
             }
             AwaitCount { counter, .. } => {
                 // Kernels run one after another here: the count is final already.

@@ -416,15 +416,24 @@ pub enum OpKind {
     Arrive {
         counter: ValueId,
     },
+    /// Adds 1 to the i32 at `counter` (a scalar pointer) once for the whole program, after
+    /// every thread's earlier stores, without waiting for the add (a barrier, then thread
+    /// 0's `red.release.gpu`): stores a program made before it are visible to a program
+    /// whose [`OpKind::AwaitCount`] saw its add. A split announces a written piece so.
+    Signal {
+        counter: ValueId,
+    },
     /// Waits, a bounded while, for the i32 at `counter` (a scalar pointer) to reach
-    /// `target` (a scalar i32), and gives every thread the last count it read. Where the
-    /// count reached `target` the stores made before those arrivals ([`OpKind::Arrive`])
-    /// are visible to the program's loads after it (thread 0 polls with `ld.relaxed.gpu`,
-    /// then `fence.acq_rel.gpu`, and barriers carry the order to the other threads); where
-    /// it did not (the bound ran out: about 128 polls), nothing is promised and the
-    /// program must wait some other way ([`OpKind::WaitPriorGrid`]). A merge waits so for
-    /// the pieces of its own row instead of for the whole split before it. The interpreter
-    /// runs kernels one after another, so it reads the final count at once.
+    /// `target` (a scalar i32: reached when `count - target`, wrapping, is not negative,
+    /// so counts may run on across launches), and gives every thread the last count it
+    /// read. Where the count reached `target` the stores made before those arrivals
+    /// ([`OpKind::Signal`], [`OpKind::Arrive`]) are visible to the program's loads after it
+    /// (thread 0 polls with `ld.relaxed.gpu`, then `fence.acq_rel.gpu`, and barriers carry
+    /// the order to the other threads); where it did not (the bound ran out: about 128
+    /// polls), nothing is promised and the program must wait some other way
+    /// ([`OpKind::WaitPriorGrid`]). A merge waits so for the pieces of its own row instead
+    /// of for the whole split before it. The interpreter runs kernels one after another, so
+    /// it reads the final count at once.
     AwaitCount {
         counter: ValueId,
         target: ValueId,
@@ -499,6 +508,7 @@ impl OpKind {
             }
             Arrive { counter } => vec![*counter],
             AwaitCount { counter, target } => vec![*counter, *target],
+            Signal { counter } => vec![*counter],
             MultiReduce { values, .. } => values.clone(),
             PtrCast { ptr, .. } => vec![*ptr],
             DotInt4 { codes, q } => vec![*codes, *q],
@@ -567,6 +577,7 @@ impl OpKind {
                 | OpKind::Prefetch { .. }
                 | OpKind::Arrive { .. }
                 | OpKind::AwaitCount { .. }
+                | OpKind::Signal { .. }
                 | OpKind::WaitPriorGrid
                 | OpKind::ReleaseDependents
                 | OpKind::Barrier
@@ -634,6 +645,7 @@ impl OpKind {
             Prefetch { .. } => "prefetch",
             Arrive { .. } => "arrive",
             AwaitCount { .. } => "await_count",
+            Signal { .. } => "signal",
             SharedAlloc { .. } => "shared_alloc",
             WaitPriorGrid => "wait_prior_grid",
             ReleaseDependents => "release_dependents",

@@ -329,6 +329,13 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
             }
             one(Type::scalar(DType::I32))
         }
+        Signal { counter } => {
+            let c = ty(*counter);
+            if c != Type::ptr(DType::I32) {
+                return Err(format!("signal needs a scalar i32 pointer, found {c}"));
+            }
+            Ok(vec![])
+        }
         AwaitCount { counter, target } => {
             let c = ty(*counter);
             if c != Type::ptr(DType::I32) {

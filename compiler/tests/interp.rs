@@ -862,6 +862,34 @@ fn arrive_counts_programs_and_the_last_sees_their_stores() {
     assert_eq!(bytes_i32(&total), [10 * (0..n as i32).sum::<i32>()]);
 }
 
+/// `signal` adds one per program (wrapping past `i32::MAX`); `await_count` in a later launch
+/// gives every thread the count, whose wrapping difference from the target says whether it
+/// was reached.
+#[test]
+fn signals_wrap_and_a_later_launch_reads_their_count() {
+    let mut b = KernelBuilder::new("signal");
+    let counter = b.param_ptr("counter", DType::I32);
+    b.signal(counter);
+    let signal = b.finish().unwrap();
+    let mut b = KernelBuilder::new("await");
+    let counter = b.param_ptr("counter", DType::I32);
+    let target = b.param_scalar("target", DType::I32);
+    let out = b.param_ptr("out", DType::I32);
+    let count = b.await_count(counter, target);
+    let behind = b.sub(count, target);
+    b.store(out, behind);
+    let wait = b.finish().unwrap();
+    let mut counter = i32_bytes(&[i32::MAX - 2]);
+    run(&signal, [5, 1, 1], &[ptr(0)], &mut [&mut counter[..]]).unwrap();
+    assert_eq!(bytes_i32(&counter), [i32::MIN + 2]);
+    for (target, want) in [(i32::MIN + 2, 0), (i32::MIN + 3, -1), (i32::MAX, 3)] {
+        let mut out = i32_bytes(&[7]);
+        let args = [ptr(0), ArgValue::I32(target), ptr(1)];
+        run(&wait, [1, 1, 1], &args, &mut [&mut counter[..], &mut out]).unwrap();
+        assert_eq!(bytes_i32(&out), [want], "target {target}");
+    }
+}
+
 /// `shared_alloc`: a block stored to shared memory in one order and loaded back in another
 /// (a 16 x 16 transpose) by the same program; each program has its own block, unwritten
 /// elements read as the 0xFF fill (NaN), and an access past the block is a fault.

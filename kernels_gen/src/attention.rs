@@ -123,13 +123,13 @@ pub struct SplitConfig {
     ///
     /// [`OpKind::Arrive`]: dusk_compiler::ir::OpKind::Arrive
     pub fused_merge: bool,
-    /// With `balanced` and without `fused_merge`: a pointer parameter `counters` (i32
-    /// `[2 * rows]`, zero before the first launch) after `part_lse`; a program that has
-    /// written a piece of row r arrives at counter r ([`OpKind::Arrive`]), so the merge
-    /// ([`MergeConfig::row_signals`]) can combine a row as soon as its pieces are in,
-    /// while other programs still stream K and V, instead of after the whole split.
+    /// With `balanced` and without `fused_merge`: a pointer parameter `counters` (the
+    /// merge's, see [`MergeConfig::row_signals`]) after `part_lse`; a program that has
+    /// written a piece of row r adds 1 to counter r ([`OpKind::Signal`]), so the merge can
+    /// combine a row as soon as its pieces are in, while other programs still stream K
+    /// and V, instead of after the whole split.
     ///
-    /// [`OpKind::Arrive`]: dusk_compiler::ir::OpKind::Arrive
+    /// [`OpKind::Signal`]: dusk_compiler::ir::OpKind::Signal
     pub row_signals: bool,
     /// With `fused_merge`: SparQ's output transform (see [`MergeConfig::sparq`]).
     pub sparq: bool,
@@ -193,14 +193,16 @@ pub struct MergeConfig {
     /// Partial results of the balanced split of token lists (see
     /// [`SplitConfig::balanced`]).
     pub balanced: bool,
-    /// With `balanced`: a pointer parameter `counters` after `sel_indptr`, the split's
-    /// (see [`SplitConfig::row_signals`]). A program waits (a bounded while,
-    /// [`OpKind::AwaitCount`]) until its row's counter shows all of the row's pieces, and
-    /// only if that runs out for the whole split; the row's programs then count themselves
-    /// at counter `rows + r` and the last sets both back to zero. A split arrives at most
-    /// once a piece (a row's count never passes its pieces, whatever the lists say), so
-    /// when a program stops waiting no arrival is still to come, and every launch leaves
-    /// the counters zero.
+    /// With `balanced`: a pointer parameter `counters` after `sel_indptr` (i32 `[rows +
+    /// batch * q_heads]`, zero before the first launch; the first `rows` are the split's,
+    /// see [`SplitConfig::row_signals`]). The program of query row q waits (a bounded
+    /// while, [`OpKind::AwaitCount`]) until its token-list row's count of arrivals is its
+    /// row's pieces past `counters[rows + q]`, the count it took up to in the launch
+    /// before, and only if that runs out for the whole split; then it keeps the count it
+    /// took. A split arrives at most once a piece, so a row's count never passes its
+    /// pieces whatever the lists say: when a program stops waiting no arrival of the
+    /// launch is still to come, and the next launch starts level. No counter is ever
+    /// reset (counts wrap, and the comparison with them).
     ///
     /// [`OpKind::AwaitCount`]: dusk_compiler::ir::OpKind::AwaitCount
     pub row_signals: bool,
@@ -329,7 +331,7 @@ fn unsupported(kernel: &str, what: String) -> CompileError {
 /// `out`, `lse`, (`sparq`) `alpha`, `v_mean` (as in [`build_merge`]) and `counters` (i32
 /// `[programs + 2 * rows]`, zero before the first launch; every launch leaves them zero,
 /// whatever the lists say). With `row_signals` instead, `part_lse` is followed by the
-/// merge's `counters` (i32 `[2 * rows]`, see [`MergeConfig::row_signals`]).
+/// merge's `counters` (see [`MergeConfig::row_signals`]).
 pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let (d, bt, g_n) = (cfg.head_dim, cfg.block_tokens, cfg.group);
     let name = format!(
@@ -965,7 +967,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                         let holds = b.lt(from, to);
                         b.if_then(holds, |b| {
                             let counter = b.add_ptr(counters, row);
-                            b.arrive(counter);
+                            b.signal(counter);
                         });
                     }
                     if let Some((io, counters)) = merged {
@@ -1472,13 +1474,30 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     // started during the split's last programs: see `OpKind::WaitPriorGrid`): for its own
     // row's pieces where the split signals them, else (or if that wait runs out) for the
     // whole split.
-    let signals = counters.zip(list_row).map(|(counters, (r, _))| {
+    // With signals: the row's count of arrivals runs on across launches, and this program
+    // keeps, at `counters[rows + row]`, the count it has taken up to; it waits until its
+    // row's pieces (`hi - lo`, as the split arrives once a piece) are in on top of that.
+    let signals = counters.zip(list_row).map(|(counters, (r, rows))| {
         let counter = b.add_ptr(counters, r);
+        let at = b.add(rows, row);
+        let seen = b.add_ptr(counters, at);
+        let before = b.load(seen);
         let pieces = b.sub(hi, lo);
-        let count = b.await_count(counter, pieces);
-        let short = b.lt(count, pieces);
-        b.if_then(short, |b| b.wait_prior_grid());
-        counter
+        let target = b.add(before, pieces);
+        let count = b.await_count(counter, target);
+        let behind = b.sub(count, target);
+        let zero_i = b.i32(0);
+        let short = b.lt(behind, zero_i);
+        // Where the polls ran out, the whole split; then its final count, every arrival in.
+        let taken = b.if_else(
+            short,
+            |b| {
+                b.wait_prior_grid();
+                vec![b.load_fresh(counter, None)]
+            },
+            |_| vec![count],
+        );
+        (seen, taken[0])
     });
     if signals.is_none() {
         b.wait_prior_grid();
@@ -1488,19 +1507,10 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
         stamp(&mut b, record, 1, t);
     }
     merge_row(&mut b, &io, row, lo, hi, stride, base);
-    if let (Some(counter), Some((r, rows))) = (signals, list_row) {
-        // Each of the row's programs has seen all its pieces or waited for the whole split,
-        // so no arrival is still to come: the last of them to finish frees both counters.
-        let at = b.add(rows, r);
-        let done = b.add_ptr(counters.expect("counters"), at);
-        let before = b.arrive(done);
-        let last = b.add_c(per_row, -1);
-        let last = b.eq(before, last);
-        b.if_then(last, |b| {
-            let zero_i = b.i32(0);
-            b.store(counter, zero_i);
-            b.store(done, zero_i);
-        });
+    if let Some((seen, taken)) = signals {
+        // Every arrival of this launch at the row is in `taken` (a row's count never passes
+        // its pieces), so the next launch waits for its own on top of it.
+        b.store(seen, taken);
     }
     if let Some(record) = record {
         stamp(&mut b, record, 2, t);

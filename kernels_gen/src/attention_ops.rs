@@ -247,8 +247,9 @@ pub struct AttentionPlan {
     split: Arc<LoadedKernel>,
     /// The merge launch; none when the split merges (token lists, `fused_merge`).
     merge: Option<Arc<LoadedKernel>>,
-    /// Token lists: the rows' arrival counters (zero between launches) when the split
-    /// merges (`fused_merge`) or signals the merge (`row_signals`).
+    /// Token lists: the rows' arrival counters when the split merges (`fused_merge`: zero
+    /// between launches) or signals the merge (`row_signals`: the rows' counts of arrivals,
+    /// then what each merge program has taken of them; see `counters_settled`).
     counters: Option<Buffer<i32>>,
     /// With [`AttentionTuning::timeline`]: [`TIMELINE_WORDS`] words a program, the split's
     /// programs first, then the merge's.
@@ -517,7 +518,7 @@ impl AttentionPlan {
                 Layout::Balanced { programs } if split_cfg.fused_merge => {
                     Some(dev.upload(&vec![0i32; programs + 2 * rows])?)
                 }
-                _ if split_cfg.row_signals => Some(dev.upload(&vec![0i32; 2 * rows])?),
+                _ if split_cfg.row_signals => Some(dev.upload(&vec![0i32; rows + q_rows])?),
                 _ => None,
             },
             timeline: match &layout {
@@ -537,11 +538,26 @@ impl AttentionPlan {
     pub fn spec(&self) -> &AttentionSpec {
         &self.spec
     }
-    /// Token lists with the merge inside the split or with row signals
-    /// ([`AttentionTuning::fused_merge`], [`AttentionTuning::row_signals`]): the rows' arrival
-    /// counters, which every launch leaves zero whatever its lists say (for checks).
-    pub fn row_counters(&self) -> Option<&Buffer<i32>> {
-        self.counters.as_ref()
+    /// Whether the rows' counters are as every launch must leave them, whatever its lists
+    /// said (for checks; a download, so a sync): with the merge inside the split
+    /// ([`AttentionTuning::fused_merge`]) all zero; with row signals
+    /// ([`AttentionTuning::row_signals`]) each merge program's count taken equal to its
+    /// row's count of arrivals. True where the plan keeps no counters.
+    pub fn counters_settled(&self) -> Result<bool> {
+        let Some(c) = &self.counters else {
+            return Ok(true);
+        };
+        let c = c.download()?;
+        Ok(if self.merge.is_none() {
+            c.iter().all(|&x| x == 0)
+        } else {
+            let (arrivals, taken) = c.split_at(self.rows);
+            let group = taken.len() / self.rows;
+            taken
+                .iter()
+                .enumerate()
+                .all(|(q, &t)| t == arrivals[q / group])
+        })
     }
     /// With [`AttentionTuning::timeline`], the last run's records: [`TIMELINE_WORDS`] i64
     /// words a program, the split's programs (`grid()[0]` of them) first, each `[start,

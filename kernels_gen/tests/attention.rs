@@ -563,12 +563,8 @@ fn device_lists_never_read_out_of_bounds() {
             t.fused_merge = fused;
             t.row_signals = signals;
         });
-        // Every launch, whatever its lists, leaves the rows' counters zero.
-        let counters_clear = |plan: &AttentionPlan| {
-            let c = plan.row_counters().map(|c| c.download().unwrap());
-            assert_eq!(c.is_some(), fused || signals);
-            assert!(c.iter().flatten().all(|&x| x == 0), "{c:?}");
-        };
+        // Every launch, whatever its lists, leaves the rows' counters settled.
+        let counters_clear = |plan: &AttentionPlan| assert!(plan.counters_settled().unwrap());
         let dev = dusk.device();
         let kv = plan.spec().kv;
         // Sequence 0 (40 tokens), KV heads 0 and 1; sequence 1 (20 tokens), heads 0 and 1.

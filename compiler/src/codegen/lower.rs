@@ -748,6 +748,10 @@ impl<'c, 'k> Lower<'c, 'k> {
             }
             Arrive { counter } => self.arrive(*counter)?,
             AwaitCount { counter, target } => self.await_count(*counter, *target)?,
+            Signal { counter } => {
+                self.signal(*counter)?;
+                return Ok(());
+            }
             WaitPriorGrid => {
                 self.grid_dependency("griddepcontrol.wait;")?;
                 return Ok(());
@@ -2055,13 +2059,47 @@ impl<'c, 'k> Lower<'c, 'k> {
             return Err(self.err("await_count needs a scalar target"));
         };
         let text = format!(
-            "{{ .reg .pred p; .reg .u32 i; mov.u32 i, 0;\n\
+            "{{ .reg .pred p; .reg .u32 i; .reg .s32 d; mov.u32 i, 0;\n\
              AWAIT${{:uid}}: ld.relaxed.gpu.global.u32 $0, [$1];\n\
-             setp.ge.s32 p, $0, $2; @p bra.uni DONE${{:uid}};\n\
+             sub.s32 d, $0, $2; setp.ge.s32 p, d, 0; @p bra.uni DONE${{:uid}};\n\
              add.u32 i, i, 1; setp.lt.u32 p, i, {AWAIT_POLLS}; @p bra.uni AWAIT${{:uid}};\n\
              DONE${{:uid}}: fence.acq_rel.gpu; }}"
         );
         self.on_thread0(counter, t.into_int_value(), &text, "await_count")
+    }
+
+    /// [`OpKind::Signal`]: a barrier (every thread's stores made), then thread 0's
+    /// `red.release.gpu` add of 1, which nothing waits for.
+    fn signal(&mut self, counter: ValueId) -> R<()> {
+        let i32t = self.ctx.i32_type();
+        let i64t = self.ctx.i64_type();
+        let Cv::S(p) = self.get(counter) else {
+            return Err(self.err("signal needs a scalar pointer"));
+        };
+        let addr = self
+            .b
+            .build_ptr_to_int(p.into_pointer_value(), i64t, "")
+            .map_err(|x| self.err(x))?;
+        self.barrier()?;
+        let first = self
+            .b
+            .build_int_compare(IntPredicate::EQ, self.tid, i32t.const_zero(), "")
+            .map_err(|x| self.err(x))?;
+        let fn_t = self.ctx.void_type().fn_type(&[i64t.into()], false);
+        let asm = self.ctx.create_inline_asm(
+            fn_t,
+            "red.release.gpu.global.add.u32 [$0], 1;".to_string(),
+            "l,~{memory}".to_string(),
+            true,
+            false,
+            None,
+            false,
+        );
+        self.guarded(Some(first), |s| {
+            s.b.build_indirect_call(fn_t, asm, &[addr.into()], "")
+                .map_err(|x| s.err(x))?;
+            Ok(())
+        })
     }
 
     /// Runs `text` (an i32 result `$0`, the counter's address `$1`, `value` as `$2`) on
