@@ -14,8 +14,11 @@
 //! - [`build_merge`]: one program per (batch, query head): combines the row's chunks by
 //!   their log-sum-exp, writes the output in the input dtype and the natural-log LSE, and
 //!   optionally applies SparQ's output transform `alpha * y + (1 - alpha) * v_mean`.
-//!   With token lists the split can do this itself ([`SplitConfig::fused_merge`]): the
-//!   last program to finish a piece of a row, counted per row, merges it.
+//!   With token lists the split counts each row's written pieces and the merge takes a row
+//!   as soon as they are all in ([`SplitConfig::row_signals`]), so most rows are merged
+//!   while the split's last programs still run; or the split merges itself
+//!   ([`SplitConfig::fused_merge`]): the last program to finish a piece of a row, counted
+//!   per row, merges it.
 //!
 //! Dense and padded: the grid is `(rows, max_chunks)`, fixed by the plan from a maximum
 //! budget. Token lists are split evenly (see `balanced_segments`): a fixed grid of about
