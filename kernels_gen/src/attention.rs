@@ -1474,12 +1474,12 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     };
     // Everything above reads only what was written before the split ran; the partials
     // below are the split's, so the merge waits for them here (its programs may have
-    // started during the split's last programs: see `OpKind::WaitPriorGrid`): for its own
-    // row's pieces where the split signals them, else (or if that wait runs out) for the
-    // whole split.
-    // With signals: the row's count of arrivals runs on across launches, and this program
-    // keeps, at `counters[rows + row]`, the count it has taken up to; it waits until its
-    // row's pieces (`hi - lo`, as the split arrives once a piece) are in on top of that.
+    // started during the split's last programs: see `OpKind::WaitPriorGrid`): for the
+    // whole split, or with signals for its own row's pieces. Then the row's count of
+    // arrivals runs on across launches and this program keeps, at `counters[rows + row]`,
+    // the count it has taken up to: it waits until its row's pieces (`hi - lo`, as the
+    // split arrives once a piece) are in on top of that, and for the whole split only if
+    // the polls run out.
     let signals = counters.zip(list_row).map(|(counters, (r, rows))| {
         let counter = b.add_ptr(counters, r);
         let at = b.add(rows, row);
