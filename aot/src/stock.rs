@@ -9,8 +9,8 @@
 //! | `spgemv_quant_mma_d128_g4_b4_t64_w2_o0` | SpGEMV, GQA 4 default (tensor cores) | `rows, ceil(max_row_len / 64)` |
 //! | `threshold_top_p_t2048_g1_w8_h_r_l2` | top-p search, rows of any length (streamed in tiles of 2048 on 8 warps, the weights recomputed from the scores in each pass, L2 prefetches a tile ahead, the first step from a histogram of the weights; the default beyond 8192 candidates), the kept positions written as one CSR list | `rows` |
 //! | `threshold_top_p_s1024_g1_w4_h_l2` | top-p search, rows up to 8192 candidates (weights staged in shared memory, tiles of 1024, L2 prefetches a tile ahead, the first step from a histogram; the default there) | `rows` |
-//! | `attn_split_lists_d128_g4_f16` | group varlen attention over token lists, GQA 4 (tensor cores), balanced split | `programs` |
-//! | `attn_merge_lists_d128_f16` | its merge by log-sum-exp | `q_rows` |
+//! | `attn_split_lists_d128_g4_f16` | group varlen attention over token lists, GQA 4 (tensor cores), balanced split, each written piece counted at its row's counter | `programs` |
+//! | `attn_merge_lists_d128_f16` | its merge by log-sum-exp, each row as soon as its pieces are in (`counters`: `rows + q_rows` i32, zeroed once, kept across launches) | `q_rows` |
 //! | `attn_split_dense_d128_g4_f16` | dense paged decode attention, GQA 4, chunks of `chunk_tokens` | `rows, chunks` (= its `max_chunks`) |
 //! | `attn_merge_dense_d128_f16` | its merge | `q_rows` |
 //!
@@ -126,14 +126,19 @@ fn attention_kernels(head_dim: usize, group: usize, lists: bool) -> Result<[Bund
     } else {
         TokenSource::Dense
     };
-    let split = SplitConfig::tensor_cores(head_dim, group, dusk_compiler::DType::F16, source);
+    // With lists the merge takes each row once its pieces are in (row signals), as the
+    // plans do: both kernels take the `counters` the caller keeps zeroed once.
+    let split = SplitConfig {
+        row_signals: lists,
+        ..SplitConfig::tensor_cores(head_dim, group, dusk_compiler::DType::F16, source)
+    };
     let merge = MergeConfig {
         head_dim,
         dtype: dusk_compiler::DType::F16,
         sparq: false,
         block_chunks: 8,
         balanced: lists,
-        row_signals: false,
+        row_signals: lists,
         timeline: false,
     };
     let kind = if lists { "lists" } else { "dense" };
@@ -153,6 +158,7 @@ fn attention_kernels(head_dim: usize, group: usize, lists: bool) -> Result<[Bund
     let config = json!({
         "head_dim": head_dim, "page_size": 16, "group": group, "dtype": "f16",
         "source": kind, "block_tokens": 8, "num_warps": 1, "tensor_cores": true,
+        "row_signals": lists,
     });
     Ok([
         BundleKernel {
@@ -171,6 +177,7 @@ fn attention_kernels(head_dim: usize, group: usize, lists: bool) -> Result<[Bund
             grid: [vec![factor("q_rows", 1)], vec![], vec![]],
             config: obj(json!({
                 "head_dim": head_dim, "dtype": "f16", "source": kind, "block_chunks": 8,
+                "row_signals": lists,
             })),
         },
     ])

@@ -121,8 +121,12 @@ static CUdeviceptr poisoned(size_t bytes) {
   return d;
 }
 
-/* Token lists over `programs` split programs: partials for (programs + ROWS) pieces. */
-static int run_lists(CUstream stream, const struct Inputs *in, int programs) {
+/* Token lists over `programs` split programs: partials for (programs + ROWS) pieces.
+ * `counters` (ROWS + Q_ROWS i32, zeroed once before the first launch) is the split's and
+ * the merge's state for merging each row as soon as its pieces are in: it carries from
+ * launch to launch, so an engine keeps one for every step (any number of programs). */
+static int run_lists(CUstream stream, const struct Inputs *in, int programs,
+                     CUdeviceptr counters) {
   int32_t indptr[ROWS + 1] = {0}, *indices = malloc(sizeof(int32_t) * 4096 * ROWS);
   int32_t *perm = malloc(sizeof(int32_t) * 4096);
   for (int r = 0; r < ROWS; r++) {
@@ -145,11 +149,12 @@ static int run_lists(CUstream stream, const struct Inputs *in, int programs) {
   float scale_log2 = (float)(LOG2_E / sqrt((double)D));
   DUSK(dusk_attn_split_lists_d128_g4_f16(stream, in->dq, in->dk, in->dv, in->dindptr,
                                          in->dpages, in->dlast, dsel_indptr, dsel, part_o,
-                                         part_lse, Q_HEADS, KV_HEADS, ROWS, MIN_SEGMENT,
-                                         ROW_TOKENS, nnz ? nnz : 1, scale_log2, programs));
-  DUSK(dusk_attn_merge_lists_d128_f16(stream, part_o, part_lse, dout, dlse, dsel_indptr, GROUP,
-                                      ROWS, programs, nnz ? nnz : 1, MIN_SEGMENT, ROW_TOKENS,
-                                      Q_ROWS));
+                                         part_lse, counters, Q_HEADS, KV_HEADS, ROWS,
+                                         MIN_SEGMENT, ROW_TOKENS, nnz ? nnz : 1, scale_log2,
+                                         programs));
+  DUSK(dusk_attn_merge_lists_d128_f16(stream, part_o, part_lse, dout, dlse, dsel_indptr,
+                                      counters, GROUP, ROWS, programs, nnz ? nnz : 1,
+                                      MIN_SEGMENT, ROW_TOKENS, Q_ROWS));
   CU(cuStreamSynchronize(stream));
   char what[96];
   snprintf(what, sizeof what, "group varlen lists (%d tokens, %d split programs)", nnz, programs);
@@ -217,8 +222,12 @@ int main(int argc, char **argv) {
    * fastest (the plans use SMs x programs an SM holds). A few long segments, too. */
   int sms = 0;
   CU(cuDeviceGetAttribute(&sms, 16 /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */, dev));
-  int status = run_lists(stream, &in, 8 * sms);
-  status |= run_lists(stream, &in, 3);
+  CUdeviceptr counters;
+  CU(cuMemAlloc(&counters, 4 * (size_t)(ROWS + Q_ROWS)));
+  CU(cuMemsetD8(counters, 0, 4 * (size_t)(ROWS + Q_ROWS)));
+  int status = run_lists(stream, &in, 8 * sms, counters);
+  status |= run_lists(stream, &in, 3, counters);
+  cuMemFree(counters);
   status |= run_dense(stream, &in);
   dusk_shutdown();
   printf(status ? "FAILED\n" : "OK\n");
