@@ -2071,35 +2071,8 @@ impl<'c, 'k> Lower<'c, 'k> {
     /// [`OpKind::Signal`]: a barrier (every thread's stores made), then thread 0's
     /// `red.release.gpu` add of 1, which nothing waits for.
     fn signal(&mut self, counter: ValueId) -> R<()> {
-        let i32t = self.ctx.i32_type();
-        let i64t = self.ctx.i64_type();
-        let Cv::S(p) = self.get(counter) else {
-            return Err(self.err("signal needs a scalar pointer"));
-        };
-        let addr = self
-            .b
-            .build_ptr_to_int(p.into_pointer_value(), i64t, "")
-            .map_err(|x| self.err(x))?;
-        self.barrier()?;
-        let first = self
-            .b
-            .build_int_compare(IntPredicate::EQ, self.tid, i32t.const_zero(), "")
-            .map_err(|x| self.err(x))?;
-        let fn_t = self.ctx.void_type().fn_type(&[i64t.into()], false);
-        let asm = self.ctx.create_inline_asm(
-            fn_t,
-            "red.release.gpu.global.add.u32 [$0], 1;".to_string(),
-            "l,~{memory}".to_string(),
-            true,
-            false,
-            None,
-            false,
-        );
-        self.guarded(Some(first), |s| {
-            s.b.build_indirect_call(fn_t, asm, &[addr.into()], "")
-                .map_err(|x| s.err(x))?;
-            Ok(())
-        })
+        let text = "red.release.gpu.global.add.u32 [$0], 1;";
+        self.counter_asm_on_thread0(counter, "signal", text, None)
     }
 
     /// Runs `text` (an i32 result `$0`, the counter's address `$1`, `value` as `$2`) on
@@ -2115,6 +2088,25 @@ impl<'c, 'k> Lower<'c, 'k> {
         op: &str,
     ) -> R<Cv<'c>> {
         let i32t = self.ctx.i32_type();
+        let slot = self.smem_ptr(i32t.into(), i32t.const_zero())?;
+        self.counter_asm_on_thread0(counter, op, text, Some((value, slot)))?;
+        self.barrier()?;
+        let v = self.b.build_load(i32t, slot, "").map_err(|x| self.err(x))?;
+        self.barrier()?;
+        Ok(Cv::S(v))
+    }
+
+    /// A barrier, then `text` on thread 0 with the scalar pointer `counter`'s address as
+    /// an operand: alone (`$0`, no result), or with `value` (`$2`) and an i32 result (`$0`,
+    /// the address `$1`) that thread 0 stores to the shared `slot`.
+    fn counter_asm_on_thread0(
+        &mut self,
+        counter: ValueId,
+        op: &str,
+        text: &str,
+        result: Option<(IntValue<'c>, PointerValue<'c>)>,
+    ) -> R<()> {
+        let i32t = self.ctx.i32_type();
         let i64t = self.ctx.i64_type();
         let Cv::S(p) = self.get(counter) else {
             return Err(self.err(format!("{op} needs a scalar pointer")));
@@ -2123,34 +2115,44 @@ impl<'c, 'k> Lower<'c, 'k> {
             .b
             .build_ptr_to_int(p.into_pointer_value(), i64t, "")
             .map_err(|x| self.err(x))?;
-        let slot = self.smem_ptr(i32t.into(), i32t.const_zero())?;
         self.barrier()?;
         let first = self
             .b
             .build_int_compare(IntPredicate::EQ, self.tid, i32t.const_zero(), "")
             .map_err(|x| self.err(x))?;
-        let fn_t = i32t.fn_type(&[i64t.into(), i32t.into()], false);
+        let (fn_t, constraints) = match result {
+            Some(_) => (
+                i32t.fn_type(&[i64t.into(), i32t.into()], false),
+                "=r,l,r,~{memory}",
+            ),
+            None => (
+                self.ctx.void_type().fn_type(&[i64t.into()], false),
+                "l,~{memory}",
+            ),
+        };
         let asm = self.ctx.create_inline_asm(
             fn_t,
             text.to_string(),
-            "=r,l,r,~{memory}".to_string(),
+            constraints.to_string(),
             true,
             false,
             None,
             false,
         );
         self.guarded(Some(first), |s| {
-            let old =
-                s.b.build_indirect_call(fn_t, asm, &[addr.into(), value.into()], "")
+            let mut args: Vec<BasicMetadataValueEnum> = vec![addr.into()];
+            if let Some((value, _)) = result {
+                args.push(value.into());
+            }
+            let call =
+                s.b.build_indirect_call(fn_t, asm, &args, "")
                     .map_err(|x| s.err(x))?;
-            let old = old.try_as_basic_value().basic().expect("asm value");
-            s.b.build_store(slot, old).map_err(|x| s.err(x))?;
+            if let Some((_, slot)) = result {
+                let old = call.try_as_basic_value().basic().expect("asm value");
+                s.b.build_store(slot, old).map_err(|x| s.err(x))?;
+            }
             Ok(())
-        })?;
-        self.barrier()?;
-        let v = self.b.build_load(i32t, slot, "").map_err(|x| self.err(x))?;
-        self.barrier()?;
-        Ok(Cv::S(v))
+        })
     }
 
     /// `prefetch.global.L2` on each 128-byte line of `bytes` at each pointer this thread
