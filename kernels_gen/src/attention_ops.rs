@@ -102,7 +102,7 @@ pub struct AttentionTuning {
     /// after the whole split (see
     /// [`MergeConfig::row_signals`](crate::attention::MergeConfig)); the rows merged while
     /// the split's last programs still run leave only the last rows' merge after it. On an
-    /// H100 it won all 6 paired draws of the skewed group varlen case, by 0.8 to 1.4% of
+    /// H100 it won 13 of 15 paired draws of the skewed group varlen case, by about 1.2% of
     /// the copy rate (benches/NOTES.md).
     pub row_signals: bool,
     /// Partial results the merge combines per step (a power of two up to 64; see

@@ -564,7 +564,7 @@ fn device_lists_never_read_out_of_bounds() {
             t.row_signals = signals;
         });
         // Every launch, whatever its lists, leaves the rows' counters settled.
-        let counters_clear = |plan: &AttentionPlan| assert!(plan.counters_settled().unwrap());
+        let settled = |plan: &AttentionPlan| assert!(plan.counters_settled().unwrap());
         let dev = dusk.device();
         let kv = plan.spec().kv;
         // Sequence 0 (40 tokens), KV heads 0 and 1; sequence 1 (20 tokens), heads 0 and 1.
@@ -634,7 +634,7 @@ fn device_lists_never_read_out_of_bounds() {
             let bad = lists(&indptr);
             plan.run(&dusk, &qb, &kb, &vb, &bad, None, &mut out, &mut lse)
                 .unwrap();
-            counters_clear(&plan);
+            settled(&plan);
         }
         // Bad lists leave no state behind (the split's arrival counters): good lists after
         // them give the right answer again.

@@ -171,12 +171,15 @@ fn check_case<T: HalfFloat>(dusk: &Dusk, rng: &mut SmallRng, c: &CheckCase) -> R
     // Three launches back to back, the outputs poisoned before each and the last checked:
     // a merge that read a row before its pieces were in, or counters that a launch left
     // set, would show in the later ones.
-    let (mut out, mut lse) = (dev.alloc::<T>(1)?, dev.alloc::<f32>(1)?);
-    for _ in 0..3 {
-        out = poisoned::<T>(dev, q.len())?;
-        lse = poisoned::<f32>(dev, batch * hq)?;
+    let launch = || -> Res<(Buffer<T>, Buffer<f32>)> {
+        let mut out = poisoned::<T>(dev, q.len())?;
+        let mut lse = poisoned::<f32>(dev, batch * hq)?;
         plan.run(dusk, &qb, &kb, &vb, &meta, mix, &mut out, &mut lse)?;
-    }
+        Ok((out, lse))
+    };
+    launch()?;
+    launch()?;
+    let (out, lse) = launch()?;
     if !plan.counters_settled()? {
         return Err("attention: a launch left the rows' counters unsettled".into());
     }
