@@ -213,7 +213,6 @@ fn split_hash(shape: &AttentionShape, t: &AttentionTuning) -> Result<String, Str
         balanced: false,
         fused_merge: false,
         row_signals: false,
-        stage_next_row: false,
         sparq: false,
         merge_chunks: t.merge_chunks,
         timeline: false,

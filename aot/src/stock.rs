@@ -130,7 +130,6 @@ fn attention_kernels(head_dim: usize, group: usize, lists: bool) -> Result<[Bund
     // plans do: both kernels take the `counters` the caller keeps zeroed once.
     let split = SplitConfig {
         row_signals: lists,
-        stage_next_row: lists,
         ..SplitConfig::tensor_cores(head_dim, group, dusk_compiler::DType::F16, source)
     };
     let merge = MergeConfig {

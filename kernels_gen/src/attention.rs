@@ -134,14 +134,6 @@ pub struct SplitConfig {
     ///
     /// [`OpKind::Signal`]: dusk_compiler::ir::OpKind::Signal
     pub row_signals: bool,
-    /// With `balanced` and without `fused_merge`: each row's start is requested during the
-    /// row before it. A program's segment often ends in the next row; a piece used to start
-    /// with its own chain of dependent round trips to L2 (positions with the sequence's
-    /// metadata, pages, then K and V) while the memory system idled. Now the row before,
-    /// once its first K and V are requested, requests the next row's positions and pages,
-    /// so a row's piece waits on its K and V alone; its signal (`row_signals`) is given
-    /// there too, where its fence overlaps those loads rather than stalling alone.
-    pub stage_next_row: bool,
     /// With `fused_merge`: SparQ's output transform (see [`MergeConfig::sparq`]).
     pub sparq: bool,
     /// With `fused_merge`: partials combined a step (see [`MergeConfig::block_chunks`]).
@@ -177,7 +169,6 @@ impl SplitConfig {
             balanced: source == TokenSource::Lists,
             fused_merge: false,
             row_signals: false,
-            stage_next_row: false,
             sparq: false,
             merge_chunks: 8,
             timeline: false,
@@ -232,36 +223,6 @@ enum Span {
     Chunk { chunk: Value, tokens: Value },
     /// Entries `start..end`.
     Entries { start: Value, end: Value },
-}
-
-/// Where a row's tokens are found: its list's first entry, the end of its span (entries),
-/// its sequence's length and first page entry.
-#[derive(Clone, Copy)]
-struct RowAt {
-    list_start: Value,
-    t1: Value,
-    seq_len: Value,
-    page_base: Value,
-}
-
-/// The row after the current one, whose start is requested during the current row
-/// ([`SplitConfig::stage_next_row`]): its offsets in `sel_indices` (clamped), its span of
-/// entries, whether it is one of the program's rows (no loads if not), and the signal still
-/// to be given for the row before the current one (its counter, whether it held a piece).
-#[derive(Clone, Copy)]
-struct NextRow {
-    row: Value,
-    list: (Value, Value),
-    span: (Value, Value),
-    exists: Value,
-    signal: Option<(Value, Value)>,
-}
-
-/// A row's start requested during the row before (positions, pages, sequence; see
-/// `build_split`), and the row after it.
-struct Ahead {
-    staged: Vec<Value>,
-    next: NextRow,
 }
 
 /// What places the pieces of the balanced split; the split and the merge take the same.
@@ -377,7 +338,7 @@ fn unsupported(kernel: &str, what: String) -> CompileError {
 pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let (d, bt, g_n) = (cfg.head_dim, cfg.block_tokens, cfg.group);
     let name = format!(
-        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}{}{}{}{}{}{}{}{}",
+        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}{}{}{}{}{}{}{}",
         match cfg.source {
             TokenSource::Dense => "dense",
             TokenSource::Lists => "lists",
@@ -402,7 +363,6 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
             (true, true) => format!("_m{}_sparq", cfg.merge_chunks),
         },
         if cfg.row_signals { "_rs" } else { "" },
-        if cfg.stage_next_row { "_sn" } else { "" },
         if cfg.timeline { "_timeline" } else { "" }
     );
     let tc = cfg.tensor_cores;
@@ -419,7 +379,6 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         || (cfg.fused_merge
             && (!cfg.balanced || !cfg.merge_chunks.is_power_of_two() || cfg.merge_chunks > 64))
         || (cfg.row_signals && (!cfg.balanced || cfg.fused_merge))
-        || (cfg.stage_next_row && (!cfg.balanced || cfg.fused_merge))
         || (cfg.timeline && !cfg.balanced)
     {
         return Err(unsupported(
@@ -504,139 +463,41 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         b.release_dependents();
     }
 
-    // Row -> (batch, first query head, KV head).
-    let geometry = |b: &mut KernelBuilder, row: Value| -> (Value, Value, Value) {
-        let c_group = b.i32(g_n as i32);
-        let rows_per_batch = b.div(num_q_heads, c_group);
-        let batch = b.div(row, rows_per_batch);
-        let r = b.rem(row, rows_per_batch);
-        let qh0 = b.mul(r, c_group);
-        let q_per_kv = b.div(num_q_heads, num_kv_heads);
-        (batch, qh0, b.div(qh0, q_per_kv))
-    };
-    // The sequence of `batch`: its first page entry and its length (`exists` false: no
-    // loads, both zero).
-    let sequence = |b: &mut KernelBuilder, batch: Value, exists: Option<Value>| -> (Value, Value) {
-        let p = b.add_ptr(kv_indptr, batch);
-        let page_base = b.load_masked(p, exists, None);
-        let b1 = b.add_c(batch, 1);
-        let p = b.add_ptr(kv_indptr, b1);
-        let page_end = b.load_masked(p, exists, None);
-        let p = b.add_ptr(kv_last_page_len, batch);
-        let last = b.load_masked(p, exists, None);
-        let pages = b.sub(page_end, page_base);
-        let ps = cfg.page_size as i64;
-        let full = b.mul_c(pages, ps);
-        let full = b.add_c(full, -ps);
-        let seq_len = b.add(full, last);
-        let zero_i = b.i32(0);
-        (page_base, b.maximum(seq_len, zero_i))
-    };
-    // The positions of the `block_tokens` entries from `tile` on, -1 for "absent" (past the
-    // span, outside the sequence, outside `sel_indices`), so one i32 block carries both.
-    let positions = |b: &mut KernelBuilder, at: &RowAt, tile: Value| -> Value {
-        let j = b.arange(0, bt as i64);
-        let j = b.add(tile, j);
-        let inb = b.lt(j, at.t1);
-        let minus1 = b.i32(-1);
-        let pos = match sel_indices {
-            None => j,
-            Some(ix) => {
-                let e = b.add(at.list_start, j);
-                let readable = match num_indices {
-                    Some(n) => {
-                        let z = b.i32(0);
-                        let lo = b.ge(e, z);
-                        let hi = b.lt(e, n);
-                        let inside = b.and(lo, hi);
-                        b.and(inb, inside)
-                    }
-                    None => inb,
-                };
-                let p = b.add_ptr(ix, e);
-                b.load_masked(p, Some(readable), Some(minus1))
-            }
-        };
-        let z = b.i32(0);
-        let nonneg = b.ge(pos, z);
-        let in_seq = b.lt(pos, at.seq_len);
-        let ok = b.and(inb, nonneg);
-        let ok = b.and(ok, in_seq);
-        b.select(ok, pos, minus1)
-    };
-    let page_of = |b: &mut KernelBuilder, at: &RowAt, pos: Value| -> Value {
-        let z = b.i32(0);
-        let ok = b.ge(pos, z);
-        let c_ps = b.i32(cfg.page_size as i32);
-        let page_in_seq = b.div(pos, c_ps);
-        let pi = b.add(at.page_base, page_in_seq);
-        let p = b.add_ptr(kv_page_indices, pi);
-        b.load_masked(p, Some(ok), Some(z))
-    };
-    // The software pipeline's depth: K and V of tiles 0..P in flight, the pages of tiles
-    // P.. (P + 1 with `l2_prefetch`), the positions of the tile after those (lists).
-    let pf = cfg.prefetch;
-    let pairs = 1 + cfg.l2_prefetch as usize;
-    let paged_tiles = pf + pairs;
-    let tile_at = |b: &mut KernelBuilder, base: Value, i: usize| -> Value {
-        let c = b.i32((i * bt) as i32);
-        b.add(base, c)
-    };
-    // A row's start requested ahead (`stage_next_row`): the positions of its tiles
-    // `0..=paged_tiles` and the pages of `0..paged_tiles` from entry `span.0`, then its
-    // sequence's first page entry and length; `between` runs once the positions are
-    // requested, before the pages wait for them.
-    let stage = |b: &mut KernelBuilder,
-                 next: &NextRow,
-                 between: &dyn Fn(&mut KernelBuilder)|
-     -> Vec<Value> {
-        let (batch, _, _) = geometry(b, next.row);
-        let (page_base, seq_len) = sequence(b, batch, Some(next.exists));
-        let n = b.sub(next.list.1, next.list.0);
-        let t1 = b.minimum(next.span.1, n);
-        let at = RowAt {
-            list_start: next.list.0,
-            t1,
-            seq_len,
-            page_base,
-        };
-        let mut staged: Vec<Value> = (0..=paged_tiles)
-            .map(|i| {
-                let tile = tile_at(b, next.span.0, i);
-                positions(b, &at, tile)
-            })
-            .collect();
-        between(b);
-        for i in 0..paged_tiles {
-            let page = page_of(b, &at, staged[i]);
-            staged.push(page);
-        }
-        staged.extend([page_base, seq_len]);
-        staged
-    };
-
     // One work item: the entries `span` of row `row`'s tokens, (lists) whose offsets in
     // `sel_indices` are `list` (`sel_indptr[row]`, `sel_indptr[row + 1]`, as the caller has
     // them); query head g of the row writes partial slot `slot0 + g * stride`. With a
     // timeline, `first_step` is the program's record and whether this is its first row.
-    // With `ahead` (`stage_next_row`) the row's start was requested during the row before
-    // (`ahead.staged`, from [`stage`]) and this item requests the next row's (`ahead.next`),
-    // which it returns.
     let item = |b: &mut KernelBuilder,
                 row: Value,
                 list: Option<(Value, Value)>,
                 span: Span,
                 slot0: Value,
                 stride: Value,
-                first_step: Option<(Value, Value)>,
-                ahead: Option<Ahead>|
-     -> Vec<Value> {
-        let (batch, qh0, kvh) = geometry(b, row);
-        let (page_base, seq_len) = match &ahead {
-            Some(a) => (a.staged[2 * paged_tiles + 1], a.staged[2 * paged_tiles + 2]),
-            None => sequence(b, batch, None),
-        };
+                first_step: Option<(Value, Value)>| {
+        // Row -> (batch, first query head, KV head).
+        let c_group = b.i32(g_n as i32);
+        let rows_per_batch = b.div(num_q_heads, c_group);
+        let batch = b.div(row, rows_per_batch);
+        let r = b.rem(row, rows_per_batch);
+        let qh0 = b.mul(r, c_group);
+        let q_per_kv = b.div(num_q_heads, num_kv_heads);
+        let kvh = b.div(qh0, q_per_kv);
+
+        // The sequence: its first page entry and its length.
+        let p = b.add_ptr(kv_indptr, batch);
+        let page_base = b.load(p);
+        let b1 = b.add_c(batch, 1);
+        let p = b.add_ptr(kv_indptr, b1);
+        let page_end = b.load(p);
+        let p = b.add_ptr(kv_last_page_len, batch);
+        let last = b.load(p);
+        let pages = b.sub(page_end, page_base);
+        let ps = cfg.page_size as i64;
+        let full = b.mul_c(pages, ps);
+        let full = b.add_c(full, -ps);
+        let seq_len = b.add(full, last);
         let zero_i = b.i32(0);
+        let seq_len = b.maximum(seq_len, zero_i);
 
         // The row's list: where it starts, entries to visit, entries that count.
         let (list_start, n_work, n_valid) = match cfg.source {
@@ -664,27 +525,6 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         let t1 = b.minimum(t_end, n_work);
         let live = b.lt(t0, t1);
         let neg_inf = b.f32(f32::NEG_INFINITY);
-        let at = RowAt {
-            list_start,
-            t1,
-            seq_len,
-            page_base,
-        };
-        // The previous row's signal (its piece is written), then the next row's start.
-        let next_start = |b: &mut KernelBuilder| -> Vec<Value> {
-            let Some(a) = &ahead else {
-                return vec![];
-            };
-            let signal = |b: &mut KernelBuilder| {
-                if let (Some((r, held)), Some(counters)) = (a.next.signal, row_counters) {
-                    b.if_then(held, |b| {
-                        let counter = b.add_ptr(counters, r);
-                        b.signal(counter);
-                    });
-                }
-            };
-            stage(b, &a.next, &signal)
-        };
 
         b.if_else(
             live,
@@ -731,10 +571,50 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                 // iteration: while tile t is computed, the K and V rows of tiles t+1..=t+P are in
                 // flight (P = `prefetch`), the page-table entries of tile t+P+1 and (lists) the
                 // positions of tile t+P+2.
+                // Positions travel as `pos` with -1 for "absent" (past the chunk, outside the
+                // sequence), so one i32 block carries both.
+                let positions = |b: &mut KernelBuilder, tile: Value| -> Value {
+                    let j = b.arange(0, bt as i64);
+                    let j = b.add(tile, j);
+                    let inb = b.lt(j, t1);
+                    let minus1 = b.i32(-1);
+                    let pos = match sel_indices {
+                        None => j,
+                        Some(ix) => {
+                            let e = b.add(list_start, j);
+                            let readable = match num_indices {
+                                Some(n) => {
+                                    let z = b.i32(0);
+                                    let lo = b.ge(e, z);
+                                    let hi = b.lt(e, n);
+                                    let inside = b.and(lo, hi);
+                                    b.and(inb, inside)
+                                }
+                                None => inb,
+                            };
+                            let p = b.add_ptr(ix, e);
+                            b.load_masked(p, Some(readable), Some(minus1))
+                        }
+                    };
+                    let z = b.i32(0);
+                    let nonneg = b.ge(pos, z);
+                    let in_seq = b.lt(pos, seq_len);
+                    let ok = b.and(inb, nonneg);
+                    let ok = b.and(ok, in_seq);
+                    b.select(ok, pos, minus1)
+                };
+                let page_of = |b: &mut KernelBuilder, pos: Value| -> Value {
+                    let z = b.i32(0);
+                    let ok = b.ge(pos, z);
+                    let c_ps = b.i32(cfg.page_size as i32);
+                    let page_in_seq = b.div(pos, c_ps);
+                    let pi = b.add(page_base, page_in_seq);
+                    let p = b.add_ptr(kv_page_indices, pi);
+                    b.load_masked(p, Some(ok), Some(z))
+                };
                 // Element offset of each token's K (and V) row of this KV head.
                 let row_offsets = |b: &mut KernelBuilder, pos: Value, page: Value| -> Value {
-                    let ps = cfg.page_size as i64;
-                    let c_ps = b.i32(ps as i32);
+                    let c_ps = b.i32(cfg.page_size as i32);
                     let slot = b.rem(pos, c_ps);
                     let page64 = b.cast(page, DType::I64);
                     let tok = b.mul_c(page64, ps);
@@ -771,47 +651,34 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     (kt, vt)
                 };
                 // Prologue: K and V of tiles 0..P, pages of tile P, (lists) positions of P+1.
-                let mut init = vec![];
-                let next_row_start = match &ahead {
-                    Some(a) => {
-                        // Positions and pages came with the row's start: only K and V wait.
-                        let (pos, pages) = a.staged.split_at(paged_tiles + 1);
-                        for i in 0..pf {
-                            let (kt, vt) = load_kv(b, pos[i], pages[i]);
-                            init.extend([kt, vt]);
-                        }
-                        init.extend(&pos[..pf]);
-                        for a in pf..paged_tiles {
-                            init.extend([pos[a], pages[a]]);
-                        }
-                        init.push(pos[paged_tiles]);
-                        next_start(b)
-                    }
-                    None => {
-                        let mut poss = vec![];
-                        for i in 0..pf {
-                            let tile = tile_at(b, t0, i);
-                            let pos = positions(b, &at, tile);
-                            let page = page_of(b, &at, pos);
-                            let (kt, vt) = load_kv(b, pos, page);
-                            init.extend([kt, vt]);
-                            poss.push(pos);
-                        }
-                        init.extend(poss);
-                        // Positions and pages of tiles P (and P + 1 with `l2_prefetch`).
-                        for a in pf..paged_tiles {
-                            let tile = tile_at(b, t0, a);
-                            let pos = positions(b, &at, tile);
-                            let page = page_of(b, &at, pos);
-                            init.extend([pos, page]);
-                        }
-                        if lists {
-                            let tile = tile_at(b, t0, paged_tiles);
-                            init.push(positions(b, &at, tile));
-                        }
-                        vec![]
-                    }
+                let pf = cfg.prefetch;
+                let tile_at = |b: &mut KernelBuilder, base: Value, i: usize| -> Value {
+                    let c = b.i32((i * bt) as i32);
+                    b.add(base, c)
                 };
+                let mut init = vec![];
+                let mut poss = vec![];
+                for i in 0..pf {
+                    let tile = tile_at(b, t0, i);
+                    let pos = positions(b, tile);
+                    let page = page_of(b, pos);
+                    let (kt, vt) = load_kv(b, pos, page);
+                    init.extend([kt, vt]);
+                    poss.push(pos);
+                }
+                init.extend(poss);
+                // Positions and pages of tiles P (and P + 1 with `l2_prefetch`).
+                let pairs = 1 + cfg.l2_prefetch as usize;
+                for a in 0..pairs {
+                    let tile = tile_at(b, t0, pf + a);
+                    let pos = positions(b, tile);
+                    let page = page_of(b, pos);
+                    init.extend([pos, page]);
+                }
+                if lists {
+                    let tile = tile_at(b, t0, pf + pairs);
+                    init.push(positions(b, tile));
+                }
                 let stages = init.len();
                 let masked = b.f32(MASKED);
                 let zero_f = b.f32(0.0);
@@ -850,9 +717,9 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     let pos_far = if lists {
                         carried[3 * pf + 2 * pairs]
                     } else {
-                        positions(b, &at, tile)
+                        positions(b, tile)
                     };
-                    let page_far = page_of(b, &at, pos_far);
+                    let page_far = page_of(b, pos_far);
                     let mut next = carried[2..2 * pf].to_vec();
                     next.extend([kt_p, vt_p]);
                     next.extend(carried[2 * pf + 1..3 * pf].iter().copied());
@@ -861,7 +728,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     next.extend([pos_far, page_far]);
                     if lists {
                         let tile = tile_at(b, t, far + 1);
-                        next.push(positions(b, &at, tile));
+                        next.push(positions(b, tile));
                     }
                     let z = b.i32(0);
                     let valid = b.ge(pos, z);
@@ -1000,13 +867,13 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     let p = b.add_ptr(p, dr);
                     b.store(p, o);
                 }
-                next_row_start
+                vec![]
             },
             |b| {
                 // Nothing to do in this chunk: say so to the merge (a balanced split makes
                 // no empty pieces, and the merge reads none).
                 if matches!(span, Span::Entries { .. }) {
-                    return next_start(b);
+                    return vec![];
                 }
                 for g in 0..g_n {
                     let c = b.i32(g as i32);
@@ -1017,7 +884,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                 }
                 vec![]
             },
-        )
+        );
     };
     match (sel_indptr, rows_min) {
         (Some(indptr), Some((rows, min_tokens, row_tokens))) if cfg.balanced => {
@@ -1060,45 +927,10 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                 }
                 let one_i = b.i32(1);
                 let c_group = b.i32(g_n as i32);
-                // Row `row`'s offsets clamped to `0..=total` (no-ops for valid lists):
-                // whatever lists the device wrote, the arithmetic below cannot wrap, so a
-                // piece is never longer than the segment (wrapped bounds made loops of
-                // billions of steps). Then its entries on the line, cut to the segment and
-                // back to entries: `(list, start, end, held)`, held when the piece has any.
-                let cut = |b: &mut KernelBuilder, row: Value, list: (Value, Value)| {
-                    let zero_i = b.i32(0);
-                    let rs = b.maximum(list.0, zero_i);
-                    let rs = b.minimum(rs, total);
-                    let re = b.maximum(list.1, rs);
-                    let list = (rs, b.minimum(re, total));
-                    let shift = row_shift(b, row, row_tokens);
-                    let rs = b.add(list.0, shift);
-                    let re = b.add(list.1, shift);
-                    let from = b.maximum(s, rs);
-                    let to = b.minimum(e, re);
-                    let start = b.sub(from, rs);
-                    let end = b.sub(to, rs);
-                    (list, start, end, b.lt(from, to))
-                };
-                let staged_values = 2 * paged_tiles + 3;
-                let mut init = first_list.map_or(vec![], |(rs, re)| vec![rs, re]);
-                if let (true, Some(list)) = (cfg.stage_next_row, first_list) {
-                    // The first row's start, then (carried) whether a previous row's
-                    // signal is still to be given: none yet.
-                    let (list, start, end, _) = cut(b, first_row, list);
-                    let first = NextRow {
-                        row: first_row,
-                        list,
-                        span: (start, end),
-                        exists: b.lt(first_row, end_row),
-                        signal: None,
-                    };
-                    init.extend(stage(b, &first, &|_| {}));
-                    init.push(b.bool(false));
-                }
-                let fin = b.for_range(first_row, end_row, one_i, &init, |b, row, carried| {
-                    let (list, mut next) = match carried[..] {
-                        [rs, re, ..] => {
+                let init = first_list.map_or(vec![], |(rs, re)| vec![rs, re]);
+                b.for_range(first_row, end_row, one_i, &init, |b, row, carried| {
+                    let (list, next) = match *carried {
+                        [rs, re] => {
                             // The next row's end, requested before this row's work
                             // (masked past the last offset: no row follows the last).
                             let row2 = b.add_c(row, 2);
@@ -1109,43 +941,34 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                         }
                         _ => (list_offsets(b, indptr, row), vec![]),
                     };
-                    let (list, start, end, held) = cut(b, row, list);
+                    // Offsets clamped to `0..=total` (no-ops for valid lists): whatever
+                    // lists the device wrote, the arithmetic below cannot wrap, so a piece
+                    // is never longer than the segment (wrapped bounds made loops of
+                    // billions of steps).
+                    let zero_i = b.i32(0);
+                    let rs = b.maximum(list.0, zero_i);
+                    let rs = b.minimum(rs, total);
+                    let re = b.maximum(list.1, rs);
+                    let list = (rs, b.minimum(re, total));
+                    // The row's entries on the line, cut to the segment, back to entries.
+                    let shift = row_shift(b, row, row_tokens);
+                    let rs = b.add(list.0, shift);
+                    let re = b.add(list.1, shift);
+                    let from = b.maximum(s, rs);
+                    let to = b.minimum(e, re);
+                    let start = b.sub(from, rs);
+                    let end = b.sub(to, rs);
                     let piece = b.add(pid, row);
                     let slot0 = b.mul(piece, c_group);
                     let span = Span::Entries { start, end };
                     let first_step = record.map(|r| (r, b.eq(row, first_row)));
-                    let ahead = match (cfg.stage_next_row, &next[..]) {
-                        (true, &[rs, re]) => {
-                            // This row's start came with the row before; the next row's
-                            // is requested now, and the row before's signal given then.
-                            let row1 = b.add_c(row, 1);
-                            let (list1, start1, end1, _) = cut(b, row1, (rs, re));
-                            let prev = b.add_c(row, -1);
-                            let next_row = NextRow {
-                                row: row1,
-                                list: list1,
-                                span: (start1, end1),
-                                exists: b.lt(row1, end_row),
-                                signal: Some((prev, carried[2 + staged_values])),
-                            };
-                            Some(Ahead {
-                                staged: carried[2..2 + staged_values].to_vec(),
-                                next: next_row,
-                            })
-                        }
-                        _ => None,
-                    };
-                    let staged = ahead.is_some();
-                    let next_start =
-                        item(b, row, Some(list), span, slot0, one_i, first_step, ahead);
-                    if staged {
-                        next.extend(next_start);
-                        next.push(held);
-                    } else if let Some(counters) = row_counters {
+                    item(b, row, Some(list), span, slot0, one_i, first_step);
+                    if let Some(counters) = row_counters {
                         // The piece is written: the merge may take the row once every
                         // piece is (a piece holds entries exactly where the merge's
                         // arithmetic counts one, so a row's count never passes its pieces).
-                        b.if_then(held, |b| {
+                        let holds = b.lt(from, to);
+                        b.if_then(holds, |b| {
                             let counter = b.add_ptr(counters, row);
                             b.signal(counter);
                         });
@@ -1156,16 +979,6 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     }
                     next
                 });
-                if let (true, Some(counters), Some(&held)) =
-                    (cfg.stage_next_row, row_counters, fin.last())
-                {
-                    // The last row's signal, which no next row gives.
-                    b.if_then(held, |b| {
-                        let last = b.add_c(end_row, -1);
-                        let counter = b.add_ptr(counters, last);
-                        b.signal(counter);
-                    });
-                }
                 if let Some(record) = record {
                     let t = b.bool(true);
                     stamp(b, record, 3, t);
@@ -1189,7 +1002,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                 tokens: chunk_tokens,
             };
             let list = sel_indptr.map(|indptr| list_offsets(&mut b, indptr, row));
-            item(&mut b, row, list, span, slot0, max_chunks, None, None);
+            item(&mut b, row, list, span, slot0, max_chunks, None);
         }
     }
     b.finish()

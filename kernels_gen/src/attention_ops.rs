@@ -105,10 +105,6 @@ pub struct AttentionTuning {
     /// H100 it won 13 of 15 paired draws of the skewed group varlen case, by about 1.2% of
     /// the copy rate (benches/NOTES.md).
     pub row_signals: bool,
-    /// Token lists with a merge launch: each row's start (positions, pages) requested
-    /// during the row before it, so a program's later pieces wait on K and V alone (see
-    /// [`SplitConfig::stage_next_row`](crate::attention::SplitConfig)).
-    pub stage_next_row: bool,
     /// Partial results the merge combines per step (a power of two up to 64; see
     /// [`MergeConfig::block_chunks`](crate::attention::MergeConfig)).
     pub merge_chunks: usize,
@@ -206,7 +202,6 @@ impl AttentionTuning {
             merge_chunks: MERGE_CHUNKS,
             fused_merge: false,
             row_signals: true,
-            stage_next_row: true,
             timeline: false,
         }
     }
@@ -471,7 +466,6 @@ impl AttentionPlan {
             balanced: lists,
             fused_merge: lists && tuning.fused_merge,
             row_signals: lists && !tuning.fused_merge && tuning.row_signals,
-            stage_next_row: lists && !tuning.fused_merge && tuning.stage_next_row,
             sparq: spec.sparq,
             merge_chunks: tuning.merge_chunks,
             timeline: tuning.timeline,

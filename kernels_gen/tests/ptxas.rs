@@ -107,7 +107,6 @@ fn attention_kernels() -> Vec<Kernel> {
                     balanced: source == TokenSource::Lists,
                     fused_merge: false,
                     row_signals: false,
-                    stage_next_row: false,
                     sparq: false,
                     merge_chunks: 8,
                     timeline: false,
@@ -129,12 +128,6 @@ fn attention_kernels() -> Vec<Kernel> {
                             ..cfg
                         };
                         ks.push(attention::build_split(&signals).unwrap());
-                        // The plans' default: rows' starts requested a row ahead.
-                        let staged = SplitConfig {
-                            stage_next_row: true,
-                            ..signals
-                        };
-                        ks.push(attention::build_split(&staged).unwrap());
                         for sparq in [false, true] {
                             let cfg = SplitConfig {
                                 fused_merge: true,
@@ -220,7 +213,6 @@ fn attention_kernels() -> Vec<Kernel> {
             balanced: false,
             fused_merge: false,
             row_signals: false,
-            stage_next_row: false,
             sparq: false,
             merge_chunks: 8,
             timeline: false,
@@ -249,7 +241,6 @@ fn attention_reads_kv_in_16_byte_vectors() {
         balanced: false,
         fused_merge: false,
         row_signals: false,
-        stage_next_row: false,
         sparq: false,
         merge_chunks: 8,
         timeline: false,

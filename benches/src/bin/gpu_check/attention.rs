@@ -101,9 +101,6 @@ struct CheckCase {
     /// Token lists with a merge launch: the merge takes each row once its pieces are in
     /// (the default), else after the whole split.
     row_signals: bool,
-    /// Token lists with a merge launch: each row's start requested during the row before
-    /// (the default).
-    stage_next_row: bool,
 }
 
 /// One correctness case on the GPU; returns (output rel err, worst lse abs err).
@@ -146,7 +143,6 @@ fn check_case<T: HalfFloat>(dusk: &Dusk, rng: &mut SmallRng, c: &CheckCase) -> R
         }
         t.fused_merge = c.fused_merge;
         t.row_signals = c.row_signals;
-        t.stage_next_row = c.stage_next_row;
         if c.tensor_cores == Some(false) && t.tensor_cores {
             let (bt, w, f) = default_tiling(c.head_dim, c.group);
             (t.block_tokens, t.num_warps, t.prefetch, t.tensor_cores) = (bt, w, f, false);
@@ -239,7 +235,6 @@ impl CheckCase {
             list_programs: None,
             fused_merge: false,
             row_signals: true,
-            stage_next_row: true,
         }
     }
 }
@@ -335,30 +330,20 @@ fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<f64> {
     let mut worst = 0.0f64;
     println!("correctness (fresh random inputs, outputs poisoned, f64 reference):");
     for (case, bf) in cases {
-        // Token lists four ways: merged by a second launch (row by row as the split
-        // signals them, with and without rows' starts requested a row ahead, or after the
-        // whole split) and by the split itself.
+        // Token lists three ways: merged by a second launch (row by row as the split
+        // signals them, or after the whole split) and by the split itself.
         let lists = matches!(case.mode, HeadVarlen | GroupVarlen);
-        let ways = [
-            (false, true, true),
-            (false, true, false),
-            (false, false, true),
-            (true, false, false),
-        ];
-        for (fused_merge, row_signals, stage_next_row) in
-            ways.into_iter().take(1 + 3 * lists as usize)
-        {
+        let ways = [(false, true), (false, false), (true, false)];
+        for (fused_merge, row_signals) in ways.into_iter().take(1 + 2 * lists as usize) {
             let c = CheckCase {
                 fused_merge,
                 row_signals,
-                stage_next_row,
                 seqs: case.seqs.clone(),
                 lens: case.lens.clone(),
                 ..case
             };
             let (mode, kv_heads, group, head_dim) = (c.mode, c.kv_heads, c.group, c.head_dim);
             let (sparq, tensor_cores, list_programs) = (c.sparq, c.tensor_cores, c.list_programs);
-            let unstaged = lists && !fused_merge && !stage_next_row;
             let (err, lse_err) = if bf {
                 check_case::<bf16>(dusk, rng, &c)?
             } else {
@@ -366,7 +351,7 @@ fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<f64> {
             };
             let tol = if bf { 1e-2 } else { 2e-3 };
             println!(
-                "  {mode:?} seqs {:?} kv_heads {kv_heads} group {group} d {head_dim} lens {:?}{}{}{}{}{}{}{}: rel err {err:.2e}, lse abs err {lse_err:.1e}",
+                "  {mode:?} seqs {:?} kv_heads {kv_heads} group {group} d {head_dim} lens {:?}{}{}{}{}{}{}: rel err {err:.2e}, lse abs err {lse_err:.1e}",
                 c.seqs,
                 c.lens,
                 if sparq { " sparq" } else { "" },
@@ -377,8 +362,7 @@ fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<f64> {
                     None => String::new(),
                 },
                 if fused_merge { " fused merge" } else { "" },
-                if lists && !fused_merge && !row_signals { " merge after the split" } else { "" },
-                if unstaged { " rows started alone" } else { "" }
+                if lists && !fused_merge && !row_signals { " merge after the split" } else { "" }
             );
             if err >= tol || lse_err > 1e-2 {
                 return Err(format!(
@@ -622,8 +606,7 @@ fn time_samples(
 /// `cCHUNK` is the shortest segment and `hH` what a row start counts as, in entries), `pP`
 /// (1: one more tile of K and V into L2 a step early, 0: not), `kK` (partials the merge
 /// combines a step), `jJ` (token lists, 1: the split merges rows, 0: a merge launch), `sS`
-/// (token lists, 1: the merge takes each row once its pieces are in, 0: after the split), `nN`
-/// (token lists, 1: each row's start requested during the row before, 0: not), e.g. `8x4`, `16x4v32`, `8x4f2c256`, `8x1o16`, `8x1m0`, `8x1c512g1`,
+/// (token lists, 1: the merge takes each row once its pieces are in, 0: after the split), e.g. `8x4`, `16x4v32`, `8x4f2c256`, `8x1o16`, `8x1m0`, `8x1c512g1`,
 /// `8x1l3168`, `8x1p0`.
 #[derive(Clone, Copy)]
 struct Tiling {
@@ -641,7 +624,6 @@ struct Tiling {
     merge_chunks: Option<usize>,
     fused_merge: Option<bool>,
     row_signals: Option<bool>,
-    stage_next_row: Option<bool>,
 }
 
 fn parse_tiling(t: &str) -> Option<Tiling> {
@@ -669,7 +651,6 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
         merge_chunks: None,
         fused_merge: None,
         row_signals: None,
-        stage_next_row: None,
     };
     for (k, v) in &fields[1..] {
         match k {
@@ -686,7 +667,6 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
             'k' => out.merge_chunks = Some(v.parse().ok()?),
             'j' => out.fused_merge = Some(v.parse::<u8>().ok()? == 1),
             's' => out.row_signals = Some(v.parse::<u8>().ok()? == 1),
-            'n' => out.stage_next_row = Some(v.parse::<u8>().ok()? == 1),
             _ => return None,
         }
     }
@@ -702,7 +682,7 @@ fn tilings(name: &str) -> Vec<Tiling> {
 
 fn describe(t: &AttentionTuning) -> String {
     format!(
-        "{}x{}v{}f{}o{}{}{}{}{} chunk {} row-tokens {} merge-chunks {}{}{}{}",
+        "{}x{}v{}f{}o{}{}{}{}{} chunk {} row-tokens {} merge-chunks {}{}{}",
         t.block_tokens,
         t.num_warps,
         t.vector_bytes,
@@ -724,12 +704,7 @@ fn describe(t: &AttentionTuning) -> String {
         t.row_tokens,
         t.merge_chunks,
         if t.fused_merge { " fused" } else { "" },
-        if t.row_signals { " row-signals" } else { "" },
-        if t.stage_next_row && !t.fused_merge {
-            " rows-staged"
-        } else {
-            ""
-        }
+        if t.row_signals { " row-signals" } else { "" }
     )
 }
 
@@ -758,7 +733,6 @@ fn time_tilings(
             u.merge_chunks = t.merge_chunks.unwrap_or(u.merge_chunks);
             u.fused_merge = t.fused_merge.unwrap_or(u.fused_merge);
             u.row_signals = t.row_signals.unwrap_or(u.row_signals);
-            u.stage_next_row = t.stage_next_row.unwrap_or(u.stage_next_row);
             u.tensor_cores = t
                 .mma
                 .unwrap_or(u.tensor_cores && t.block_tokens == 8 && t.num_warps == 1);
