@@ -213,6 +213,7 @@ fn split_hash(shape: &AttentionShape, t: &AttentionTuning) -> Result<String, Str
         balanced: false,
         fused_merge: false,
         row_signals: false,
+        partial_dtype: DType::F32,
         sparq: false,
         merge_chunks: t.merge_chunks,
         timeline: false,

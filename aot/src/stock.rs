@@ -139,6 +139,7 @@ fn attention_kernels(head_dim: usize, group: usize, lists: bool) -> Result<[Bund
         block_chunks: 8,
         balanced: lists,
         row_signals: lists,
+        partial_dtype: dusk_compiler::DType::F32,
         timeline: false,
     };
     let kind = if lists { "lists" } else { "dense" };

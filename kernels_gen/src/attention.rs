@@ -134,6 +134,14 @@ pub struct SplitConfig {
     ///
     /// [`OpKind::Signal`]: dusk_compiler::ir::OpKind::Signal
     pub row_signals: bool,
+    /// The element type of the partial outputs (`part_o`): f32, or f16 / bf16 to halve
+    /// their traffic. They are normalised (each a convex combination of V rows, so within
+    /// V's range) and the merge adds them in f32: rounding them to f16 adds about 2^-12 of
+    /// relative error to an output that is itself rounded to f16. With token lists the
+    /// partials are about an eighth of the bytes a step moves (a piece's
+    /// `group x head_dim` f32 values written by the split and read by the merge, beside
+    /// its K and V rows).
+    pub partial_dtype: DType,
     /// With `fused_merge`: SparQ's output transform (see [`MergeConfig::sparq`]).
     pub sparq: bool,
     /// With `fused_merge`: partials combined a step (see [`MergeConfig::block_chunks`]).
@@ -169,6 +177,7 @@ impl SplitConfig {
             balanced: source == TokenSource::Lists,
             fused_merge: false,
             row_signals: false,
+            partial_dtype: DType::F32,
             sparq: false,
             merge_chunks: 8,
             timeline: false,
@@ -209,6 +218,9 @@ pub struct MergeConfig {
     ///
     /// [`OpKind::AwaitCount`]: dusk_compiler::ir::OpKind::AwaitCount
     pub row_signals: bool,
+    /// The element type of the partial outputs, the split's (see
+    /// [`SplitConfig::partial_dtype`]).
+    pub partial_dtype: DType,
     /// With `balanced`, for diagnosis: a pointer parameter `timeline` after `sel_indptr`,
     /// the split's (see [`SplitConfig::timeline`]), where the program of query row q
     /// writes record `programs + q` ([`crate::timeline`]): its clock at its start, past its
@@ -338,7 +350,7 @@ fn unsupported(kernel: &str, what: String) -> CompileError {
 pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let (d, bt, g_n) = (cfg.head_dim, cfg.block_tokens, cfg.group);
     let name = format!(
-        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}{}{}{}{}{}{}{}",
+        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}{}{}{}{}{}{}{}{}",
         match cfg.source {
             TokenSource::Dense => "dense",
             TokenSource::Lists => "lists",
@@ -363,6 +375,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
             (true, true) => format!("_m{}_sparq", cfg.merge_chunks),
         },
         if cfg.row_signals { "_rs" } else { "" },
+        partial_suffix(cfg.partial_dtype),
         if cfg.timeline { "_timeline" } else { "" }
     );
     let tc = cfg.tensor_cores;
@@ -379,6 +392,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         || (cfg.fused_merge
             && (!cfg.balanced || !cfg.merge_chunks.is_power_of_two() || cfg.merge_chunks > 64))
         || (cfg.row_signals && (!cfg.balanced || cfg.fused_merge))
+        || !matches!(cfg.partial_dtype, DType::F32 | DType::F16 | DType::BF16)
         || (cfg.timeline && !cfg.balanced)
     {
         return Err(unsupported(
@@ -409,7 +423,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
             Some(b.param_ptr("sel_lens", DType::I32)),
         ),
     };
-    let part_o = b.param_ptr("part_o", DType::F32);
+    let part_o = b.param_ptr("part_o", cfg.partial_dtype);
     let part_lse = b.param_ptr("part_lse", DType::F32);
     let merged = if cfg.fused_merge {
         let (out, lse_out, sparq) = merge_output_params(&mut b, cfg.dtype, cfg.sparq);
@@ -836,6 +850,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     let off = b.add(base, dcol);
                     let p = b.add_ptr(part_o, off);
                     let mask = b.expand(real, 0, d);
+                    let o = to_partial(b, part_o, o);
                     b.store_masked(p, o, Some(mask));
                 }
                 for g in 0..if tc { 0 } else { g_n } {
@@ -865,6 +880,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     let base = b.mul_c(slot64, d as i64);
                     let p = b.add_ptr(part_o, base);
                     let p = b.add_ptr(p, dr);
+                    let o = to_partial(b, part_o, o);
                     b.store(p, o);
                 }
                 vec![]
@@ -1296,7 +1312,7 @@ fn merge_pieces(
             let p = row_ptrs(b, part_o, slots, dr);
             let mask = b.expand(has, 1, d);
             let o = b.load_masked(p, Some(mask), None);
-            loaded.push((l, has, o));
+            loaded.push((l, has, from_partial(b, o)));
         }
         let (mut acc, mut ws) = (carried[0], carried[1]);
         for (l, has, o) in loaded {
@@ -1315,14 +1331,15 @@ fn merge_pieces(
     let ie = b.expand(inv, 1, d);
     let y = b.mul(acc, ie);
     // A group's partial, in the pieces' own format: the normalised output, base-2 LSE.
-    let to_partial = b.not(to_row);
-    let heads_mask = b.splat(to_partial, &[group]);
+    let kept_as_partial = b.not(to_row);
+    let heads_mask = b.splat(kept_as_partial, &[group]);
     let slots = slots_of(b, slot, heads, c_group);
     let p = b.add_ptr(part_lse, slots);
     b.store_masked(p, lse2, Some(heads_mask));
     let p = row_ptrs(b, part_o, slots, dr);
     let mask = b.expand(heads_mask, 1, d);
-    b.store_masked(p, y, Some(mask));
+    let partial = to_partial(b, part_o, y);
+    b.store_masked(p, partial, Some(mask));
     // The row's results.
     let heads_mask = b.splat(to_row, &[group]);
     let lse = natural_log(b, lse2);
@@ -1370,13 +1387,14 @@ fn slots_of(b: &mut KernelBuilder, piece: Value, heads: Value, c_group: Value) -
 pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     let (d, cb) = (cfg.head_dim, cfg.block_chunks);
     let name = format!(
-        "attn_merge_d{}_{}_c{}{}{}{}{}",
+        "attn_merge_d{}_{}_c{}{}{}{}{}{}",
         d,
         cfg.dtype.name(),
         cb,
         if cfg.sparq { "_sparq" } else { "" },
         if cfg.balanced { "_bal" } else { "" },
         if cfg.row_signals { "_rs" } else { "" },
+        partial_suffix(cfg.partial_dtype),
         if cfg.timeline { "_timeline" } else { "" }
     );
     if !matches!(d, 64 | 128 | 256)
@@ -1384,6 +1402,7 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
         || cb > 64
         || !matches!(cfg.dtype, DType::F16 | DType::BF16)
         || (cfg.row_signals && !cfg.balanced)
+        || !matches!(cfg.partial_dtype, DType::F32 | DType::F16 | DType::BF16)
     {
         return Err(unsupported(
             &name,
@@ -1392,7 +1411,7 @@ pub fn build_merge(cfg: &MergeConfig) -> Result<Kernel, CompileError> {
     }
     let mut b = KernelBuilder::new(&name);
     b.set_num_warps(merge_warps(d, cb));
-    let part_o = b.param_ptr("part_o", DType::F32);
+    let part_o = b.param_ptr("part_o", cfg.partial_dtype);
     let part_lse = b.param_ptr("part_lse", DType::F32);
     let (out, lse_out, sparq) = merge_output_params(&mut b, cfg.dtype, cfg.sparq);
     let indptr = if cfg.balanced {
@@ -1550,6 +1569,31 @@ struct MergeIo {
     dtype: DType,
 }
 
+/// The kernel-name suffix of a partial-output type (none for f32).
+fn partial_suffix(dtype: DType) -> String {
+    match dtype {
+        DType::F32 => String::new(),
+        t => format!("_p{}", t.name()),
+    }
+}
+
+/// A partial result's f32 outputs `o` in the type `part_o` holds them in
+/// ([`SplitConfig::partial_dtype`]).
+fn to_partial(b: &mut KernelBuilder, part_o: Value, o: Value) -> Value {
+    match b.ty(part_o).elem.pointee() {
+        Some(t) if t != DType::F32 => b.cast(o, t),
+        _ => o,
+    }
+}
+
+/// Partial outputs as loaded from `part_o`, in f32 for the merge's arithmetic.
+fn from_partial(b: &mut KernelBuilder, o: Value) -> Value {
+    match b.ty(o).elem.dtype() {
+        Some(t) if t != DType::F32 => b.cast(o, DType::F32),
+        _ => o,
+    }
+}
+
 /// Row(s) `r` of the balanced split on its line (see `balanced_segments`): where the row
 /// starts, and where its entries begin and end, from its offsets clamped to `0..=total`
 /// (an end before the start taken as the start). `ok` masks the loads of a block of rows.
@@ -1693,7 +1737,8 @@ fn merge_row(
         let ok = b.and(ok, has);
         let p = row_ptrs(b, part_o, e, dr);
         let okx = b.expand(ok, 1, d);
-        (l, b.load_masked(p, Some(okx), None), ok)
+        let o = b.load_masked(p, Some(okx), None);
+        (l, from_partial(b, o), ok)
     };
     // Pass 2's first step is loaded before pass 1 so that both go to L2 together: a row
     // of at most `cb` partials (most rows) then costs one round trip, not two.
@@ -1703,8 +1748,9 @@ fn merge_row(
     // rows of 17 to 47 pieces ended the merge about 2.5 us after all the others).
     let after = b.add_c(lo, cb as i64);
     let step = b.i32(PREFETCH_PIECES as i32);
+    let size = b.ty(part_o).elem.pointee().map_or(4, |t| t.size_bytes());
     b.for_range(after, hi, step, &[], |b, c0, _| {
-        let lines = (d * 4 / 128) as i64;
+        let lines = (d * size).div_ceil(128) as i64;
         let c = b.arange(0, PREFETCH_PIECES as i64);
         let c = b.add(c0, c);
         let ok = b.lt(c, hi);
@@ -1714,7 +1760,7 @@ fn merge_row(
         let e = b.mul_c(e, d as i64);
         let e = b.expand(e, 1, lines as usize);
         let line = b.arange(0, lines);
-        let line = b.mul_c(line, 32);
+        let line = b.mul_c(line, (128 / size) as i64);
         let line = b.cast(line, DType::I64);
         let line = b.expand(line, 0, PREFETCH_PIECES);
         let off = b.add(e, line);

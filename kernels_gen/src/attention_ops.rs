@@ -105,6 +105,12 @@ pub struct AttentionTuning {
     /// H100 it won 13 of 15 paired draws of the skewed group varlen case, by about 1.2% of
     /// the copy rate (benches/NOTES.md).
     pub row_signals: bool,
+    /// The element type of the split's partial outputs: f32, f16 or bf16 (see
+    /// [`SplitConfig::partial_dtype`](crate::attention::SplitConfig)). By default the
+    /// inputs' type for f16 (half the partials' traffic, which with token lists is about
+    /// an eighth of a step's bytes) and f32 for bf16, whose 8 bits of mantissa would
+    /// add more error than the inputs' own rounding.
+    pub partial_dtype: DType,
     /// Partial results the merge combines per step (a power of two up to 64; see
     /// [`MergeConfig::block_chunks`](crate::attention::MergeConfig)).
     pub merge_chunks: usize,
@@ -202,6 +208,11 @@ impl AttentionTuning {
             merge_chunks: MERGE_CHUNKS,
             fused_merge: false,
             row_signals: true,
+            partial_dtype: if spec.dtype == DType::F16 {
+                DType::F16
+            } else {
+                DType::F32
+            },
             timeline: false,
         }
     }
@@ -256,11 +267,37 @@ pub struct AttentionPlan {
     /// With [`AttentionTuning::timeline`]: [`TIMELINE_WORDS`] words a program, the split's
     /// programs first, then the merge's.
     timeline: Option<Buffer<i64>>,
-    part_o: Buffer<f32>,
+    part_o: Partials,
     part_lse: Buffer<f32>,
     layout: Layout,
     rows: usize,
     scale_log2: f32,
+}
+
+/// The split's partial outputs, in the type the plan's tuning chose.
+enum Partials {
+    F32(Buffer<f32>),
+    F16(Buffer<half::f16>),
+    BF16(Buffer<half::bf16>),
+}
+
+impl Partials {
+    fn alloc(dusk: &Dusk, dtype: DType, len: usize) -> Result<Partials> {
+        let dev = dusk.device();
+        Ok(match dtype {
+            DType::F16 => Partials::F16(dev.alloc(len)?),
+            DType::BF16 => Partials::BF16(dev.alloc(len)?),
+            _ => Partials::F32(dev.alloc(len)?),
+        })
+    }
+
+    fn arg(&self) -> Arg<'_> {
+        match self {
+            Partials::F32(b) => Arg::from(b),
+            Partials::F16(b) => Arg::from(b),
+            Partials::BF16(b) => Arg::from(b),
+        }
+    }
 }
 
 /// Programs of `kernel` that fit on one SM at once, from its registers (64K registers
@@ -399,6 +436,12 @@ impl AttentionPlan {
             tuning.chunk_tokens,
         )?;
         ensure(
+            matches!(tuning.partial_dtype, DType::F32 | DType::F16 | DType::BF16),
+            "partial_dtype",
+            "f32, f16 or bf16",
+            tuning.partial_dtype.name(),
+        )?;
+        ensure(
             tuning.merge_chunks.is_power_of_two() && tuning.merge_chunks <= 64,
             "merge_chunks",
             "a power of two up to 64",
@@ -466,6 +509,7 @@ impl AttentionPlan {
             balanced: lists,
             fused_merge: lists && tuning.fused_merge,
             row_signals: lists && !tuning.fused_merge && tuning.row_signals,
+            partial_dtype: tuning.partial_dtype,
             sparq: spec.sparq,
             merge_chunks: tuning.merge_chunks,
             timeline: tuning.timeline,
@@ -477,6 +521,7 @@ impl AttentionPlan {
             block_chunks: tuning.merge_chunks,
             balanced: lists,
             row_signals: split_cfg.row_signals,
+            partial_dtype: tuning.partial_dtype,
             timeline: tuning.timeline,
         };
         let split = dusk.kernel(format!("{split_cfg:?}"), || {
@@ -529,7 +574,7 @@ impl AttentionPlan {
                 }
                 _ => None,
             },
-            part_o: dev.alloc(slots * spec.kv.head_dim)?,
+            part_o: Partials::alloc(dusk, tuning.partial_dtype, slots * spec.kv.head_dim)?,
             part_lse: dev.alloc(slots)?,
             layout,
             rows,
@@ -817,7 +862,7 @@ impl AttentionPlan {
             }
         }
         let dev = dusk.device();
-        args.extend([Arg::from(&self.part_o), Arg::from(&self.part_lse)]);
+        args.extend([self.part_o.arg(), Arg::from(&self.part_lse)]);
         if let Some(counters) = &self.counters {
             if self.merge.is_none() {
                 args.extend([Arg::from(&*out), Arg::from(&*lse)]);
@@ -856,7 +901,7 @@ impl AttentionPlan {
             return Ok(());
         };
         let mut margs = vec![
-            Arg::from(&self.part_o),
+            self.part_o.arg(),
             Arg::from(&self.part_lse),
             Arg::from(&*out),
             Arg::from(&*lse),

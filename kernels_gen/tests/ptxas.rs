@@ -107,6 +107,7 @@ fn attention_kernels() -> Vec<Kernel> {
                     balanced: source == TokenSource::Lists,
                     fused_merge: false,
                     row_signals: false,
+                    partial_dtype: DType::F32,
                     sparq: false,
                     merge_chunks: 8,
                     timeline: false,
@@ -125,6 +126,7 @@ fn attention_kernels() -> Vec<Kernel> {
                         ks.push(attention::build_split(&timed).unwrap());
                         let signals = SplitConfig {
                             row_signals: true,
+                            partial_dtype: dtype,
                             ..cfg
                         };
                         ks.push(attention::build_split(&signals).unwrap());
@@ -133,6 +135,7 @@ fn attention_kernels() -> Vec<Kernel> {
                                 fused_merge: true,
                                 l2_prefetch: false,
                                 sparq,
+                                partial_dtype: if sparq { dtype } else { DType::F32 },
                                 ..cfg
                             };
                             ks.push(attention::build_split(&cfg).unwrap());
@@ -165,6 +168,7 @@ fn attention_kernels() -> Vec<Kernel> {
                             block_chunks,
                             balanced,
                             row_signals: false,
+                            partial_dtype: DType::F32,
                             timeline: balanced && block_chunks == 64,
                         };
                         ks.push(attention::build_merge(&cfg).unwrap());
@@ -173,6 +177,7 @@ fn attention_kernels() -> Vec<Kernel> {
                             // spills 4 bytes at d64 on sm_80 with the signals).
                             let cfg = MergeConfig {
                                 row_signals: true,
+                                partial_dtype: dtype,
                                 timeline: block_chunks == 8,
                                 ..cfg
                             };
@@ -213,6 +218,7 @@ fn attention_kernels() -> Vec<Kernel> {
             balanced: false,
             fused_merge: false,
             row_signals: false,
+            partial_dtype: DType::F32,
             sparq: false,
             merge_chunks: 8,
             timeline: false,
@@ -241,6 +247,7 @@ fn attention_reads_kv_in_16_byte_vectors() {
         balanced: false,
         fused_merge: false,
         row_signals: false,
+        partial_dtype: DType::F32,
         sparq: false,
         merge_chunks: 8,
         timeline: false,
@@ -274,6 +281,7 @@ fn row_signals_poll_then_fence() {
         block_chunks: 8,
         balanced: true,
         row_signals: true,
+        partial_dtype: DType::F32,
         timeline: false,
     };
     let ptx = compile(&attention::build_merge(&merge).unwrap(), &Target::sm90a()).unwrap();

@@ -606,7 +606,8 @@ fn time_samples(
 /// `cCHUNK` is the shortest segment and `hH` what a row start counts as, in entries), `pP`
 /// (1: one more tile of K and V into L2 a step early, 0: not), `kK` (partials the merge
 /// combines a step), `jJ` (token lists, 1: the split merges rows, 0: a merge launch), `sS`
-/// (token lists, 1: the merge takes each row once its pieces are in, 0: after the split), e.g. `8x4`, `16x4v32`, `8x4f2c256`, `8x1o16`, `8x1m0`, `8x1c512g1`,
+/// (token lists, 1: the merge takes each row once its pieces are in, 0: after the split), `rR`
+/// (1: partial outputs in f16, 0: in f32), e.g. `8x4`, `16x4v32`, `8x4f2c256`, `8x1o16`, `8x1m0`, `8x1c512g1`,
 /// `8x1l3168`, `8x1p0`.
 #[derive(Clone, Copy)]
 struct Tiling {
@@ -624,6 +625,7 @@ struct Tiling {
     merge_chunks: Option<usize>,
     fused_merge: Option<bool>,
     row_signals: Option<bool>,
+    f16_partials: Option<bool>,
 }
 
 fn parse_tiling(t: &str) -> Option<Tiling> {
@@ -651,6 +653,7 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
         merge_chunks: None,
         fused_merge: None,
         row_signals: None,
+        f16_partials: None,
     };
     for (k, v) in &fields[1..] {
         match k {
@@ -667,6 +670,7 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
             'k' => out.merge_chunks = Some(v.parse().ok()?),
             'j' => out.fused_merge = Some(v.parse::<u8>().ok()? == 1),
             's' => out.row_signals = Some(v.parse::<u8>().ok()? == 1),
+            'r' => out.f16_partials = Some(v.parse::<u8>().ok()? == 1),
             _ => return None,
         }
     }
@@ -682,7 +686,7 @@ fn tilings(name: &str) -> Vec<Tiling> {
 
 fn describe(t: &AttentionTuning) -> String {
     format!(
-        "{}x{}v{}f{}o{}{}{}{}{} chunk {} row-tokens {} merge-chunks {}{}{}",
+        "{}x{}v{}f{}o{}{}{}{}{} chunk {} row-tokens {} merge-chunks {}{}{} partials {}",
         t.block_tokens,
         t.num_warps,
         t.vector_bytes,
@@ -704,7 +708,8 @@ fn describe(t: &AttentionTuning) -> String {
         t.row_tokens,
         t.merge_chunks,
         if t.fused_merge { " fused" } else { "" },
-        if t.row_signals { " row-signals" } else { "" }
+        if t.row_signals { " row-signals" } else { "" },
+        t.partial_dtype.name()
     )
 }
 
@@ -733,6 +738,9 @@ fn time_tilings(
             u.merge_chunks = t.merge_chunks.unwrap_or(u.merge_chunks);
             u.fused_merge = t.fused_merge.unwrap_or(u.fused_merge);
             u.row_signals = t.row_signals.unwrap_or(u.row_signals);
+            if let Some(f16) = t.f16_partials {
+                u.partial_dtype = if f16 { DType::F16 } else { DType::F32 };
+            }
             u.tensor_cores = t
                 .mma
                 .unwrap_or(u.tensor_cores && t.block_tokens == 8 && t.num_warps == 1);
@@ -948,6 +956,11 @@ impl<'a> Bench<'a> {
             .collect();
         let lists = random_lists(&mut self.rng, &table, hkv, &lens);
         let tokens = lists.indices.len();
+        println!(
+            "  skewed draw: {tokens} kept tokens, longest row {}, rows of 1024+ tokens {}",
+            lists.max_row_len(),
+            lens.iter().filter(|&&n| n >= 1024).count()
+        );
         let bytes = tokens * (2 * D * 2 + 4);
         let c = cache(self.dusk, &self.fill, kv, bytes)?;
         let q = random_device(self.dusk, &self.fill, batch * hq * D, 11)?;
