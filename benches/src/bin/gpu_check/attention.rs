@@ -18,7 +18,8 @@
 //! `--profile` times one dense GQA case only, for `ncu` (`--profile-skewed`: the skewed
 //! group varlen case; `--skewed-repeats N`: that case timed on N draws of its budgets, each
 //! beside the `--sweep-lists` tilings, and with `--timeline` where each program's time
-//! goes); `--cpu` runs 1 on the interpreter.
+//! goes); `--seed N` draws the same inputs in every process; `--cpu` runs 1 on the
+//! interpreter.
 
 use crate::common::{arg, copy_gbps, flag, spread, Res};
 use dusk::compiler::{DType, KernelBuilder};
@@ -1032,7 +1033,10 @@ pub fn run() -> Res<()> {
         dev.num_sms().unwrap_or(0)
     );
     let dusk = Dusk::new(dev.clone())?;
-    let mut rng = SmallRng::seed_from_u64(std::process::id() as u64 ^ 0xa77e);
+    // `--seed N`: the same draws (inputs, lists, budgets) in every process, so that two
+    // builds can be compared draw by draw; by default each process draws its own.
+    let seed = arg("--seed").and_then(|s| s.parse::<u64>().ok());
+    let mut rng = SmallRng::seed_from_u64(seed.unwrap_or(std::process::id() as u64 ^ 0xa77e));
     if flag("--profile-skewed") {
         // The skewed group varlen case alone, for a profiler: group lists first (5 untimed
         // runs, 30 timed twice), then the padded baseline.
