@@ -1308,11 +1308,14 @@ fn merge_pieces(
             let slots = slots_of(b, c, heads, c_group);
             let p = b.add_ptr(part_lse, slots);
             let l = b.load_masked(p, Some(ok), Some(neg_inf));
-            let has = b.gt(l, neg_inf);
+            // The outputs beside the LSEs, not after them (see `merge_row`).
             let p = row_ptrs(b, part_o, slots, dr);
-            let mask = b.expand(has, 1, d);
+            let mask = b.expand(ok, 1, d);
             let o = b.load_masked(p, Some(mask), None);
-            loaded.push((l, has, from_partial(b, o)));
+            let has = b.gt(l, neg_inf);
+            let o = from_partial(b, o);
+            let kept = b.expand(has, 1, d);
+            loaded.push((l, has, b.select(kept, o, zero_f)));
         }
         let (mut acc, mut ws) = (carried[0], carried[1]);
         for (l, has, o) in loaded {
@@ -1731,14 +1734,20 @@ fn merge_row(
         (b.load_masked(p, Some(ok), Some(neg_inf)), ok, e)
     };
     // The LSEs and outputs of partials `c0 .. c0 + cb` (masked past `hi`), and which exist.
+    // Both loads leave together: the outputs are masked by the index alone and those of
+    // partials without tokens (`lse = -inf`, outputs never written) dropped after, so a
+    // step waits on one round trip, not on the LSEs and then the outputs.
     let load_step = |b: &mut KernelBuilder, c0: Value| -> (Value, Value, Value) {
         let (l, ok, e) = lses(b, c0, cb);
-        let has = b.gt(l, neg_inf);
-        let ok = b.and(ok, has);
         let p = row_ptrs(b, part_o, e, dr);
         let okx = b.expand(ok, 1, d);
         let o = b.load_masked(p, Some(okx), None);
-        (l, from_partial(b, o), ok)
+        let has = b.gt(l, neg_inf);
+        let ok = b.and(ok, has);
+        let o = from_partial(b, o);
+        let okx = b.expand(ok, 1, d);
+        let zero_f = b.f32(0.0);
+        (l, b.select(okx, o, zero_f), ok)
     };
     // Pass 2's first step is loaded before pass 1 so that both go to L2 together: a row
     // of at most `cb` partials (most rows) then costs one round trip, not two.
