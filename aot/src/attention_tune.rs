@@ -214,6 +214,7 @@ fn split_hash(shape: &AttentionShape, t: &AttentionTuning) -> Result<String, Str
         fused_merge: false,
         row_signals: false,
         partial_dtype: DType::F32,
+        stream_kv: false,
         sparq: false,
         merge_chunks: t.merge_chunks,
         timeline: false,

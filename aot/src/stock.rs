@@ -19,7 +19,8 @@
 //! attention split over token lists takes any grid: as many programs as fit on the GPU
 //! at once is fastest (the SMs times the programs an SM holds, as
 //! `cuOccupancyMaxActiveBlocksPerMultiprocessor` reports); its partial buffers hold
-//! `(programs + rows) x group` rows (`part_o` of head_dim floats each, `part_lse` one),
+//! `(programs + rows) x group` rows (`part_o` of head_dim f16 values each, `part_lse` one
+//! f32),
 //! and the merge is given the same `programs` (see `dusk_kernels::attention`).
 
 use crate::bundle::{factor, BundleKernel};
@@ -127,9 +128,12 @@ fn attention_kernels(head_dim: usize, group: usize, lists: bool) -> Result<[Bund
         TokenSource::Dense
     };
     // With lists the merge takes each row once its pieces are in (row signals), as the
-    // plans do: both kernels take the `counters` the caller keeps zeroed once.
+    // plans do: both kernels take the `counters` the caller keeps zeroed once. Partial
+    // outputs in f16 and K and V read as a stream, as the plans' defaults for f16.
     let split = SplitConfig {
         row_signals: lists,
+        partial_dtype: dusk_compiler::DType::F16,
+        stream_kv: true,
         ..SplitConfig::tensor_cores(head_dim, group, dusk_compiler::DType::F16, source)
     };
     let merge = MergeConfig {
@@ -139,7 +143,7 @@ fn attention_kernels(head_dim: usize, group: usize, lists: bool) -> Result<[Bund
         block_chunks: 8,
         balanced: lists,
         row_signals: lists,
-        partial_dtype: dusk_compiler::DType::F32,
+        partial_dtype: dusk_compiler::DType::F16,
         timeline: false,
     };
     let kind = if lists { "lists" } else { "dense" };
@@ -159,7 +163,7 @@ fn attention_kernels(head_dim: usize, group: usize, lists: bool) -> Result<[Bund
     let config = json!({
         "head_dim": head_dim, "page_size": 16, "group": group, "dtype": "f16",
         "source": kind, "block_tokens": 8, "num_warps": 1, "tensor_cores": true,
-        "row_signals": lists,
+        "row_signals": lists, "partial_dtype": "f16", "stream_kv": true,
     });
     Ok([
         BundleKernel {
@@ -178,7 +182,7 @@ fn attention_kernels(head_dim: usize, group: usize, lists: bool) -> Result<[Bund
             grid: [vec![factor("q_rows", 1)], vec![], vec![]],
             config: obj(json!({
                 "head_dim": head_dim, "dtype": "f16", "source": kind, "block_chunks": 8,
-                "row_signals": lists,
+                "row_signals": lists, "partial_dtype": "f16",
             })),
         },
     ])

@@ -452,6 +452,27 @@ impl KernelBuilder {
     /// Loads where `mask` holds; elsewhere the result is `other` (zero when `None`).
     #[track_caller]
     pub fn load_masked(&mut self, ptr: Value, mask: Option<Value>, other: Option<Value>) -> Value {
+        self.load_with(ptr, mask, other, false)
+    }
+    /// As [`KernelBuilder::load_masked`], of global data read once: its lines are the
+    /// first the caches evict (see [`OpKind::Load`]).
+    #[track_caller]
+    pub fn load_streaming(
+        &mut self,
+        ptr: Value,
+        mask: Option<Value>,
+        other: Option<Value>,
+    ) -> Value {
+        self.load_with(ptr, mask, other, true)
+    }
+    #[track_caller]
+    fn load_with(
+        &mut self,
+        ptr: Value,
+        mask: Option<Value>,
+        other: Option<Value>,
+        streaming: bool,
+    ) -> Value {
         let loc = caller_loc(Location::caller());
         let pt = self.ty(ptr).clone();
         let d = match pt.elem {
@@ -474,6 +495,7 @@ impl KernelBuilder {
             ptr: ptr.0,
             mask: mask.map(|m| m.0),
             other: other.map(|o| o.0),
+            streaming,
         };
         self.push(kind, loc, &[pt.with_elem(Elem::Num(d))])[0]
     }

@@ -1024,7 +1024,9 @@ impl<'k> Interp<'k, '_, '_> {
                     _ => return Err("pointer offsets are i32 or i64".into()),
                 })
             }
-            Load { ptr, mask, other } => {
+            Load {
+                ptr, mask, other, ..
+            } => {
                 let Some(d) = k.ty(*ptr).elem.pointee() else {
                     unreachable!("verified: a pointer")
                 };

@@ -340,11 +340,15 @@ pub enum OpKind {
         offset: ValueId,
     },
     /// Reads the pointed-to elements; where `mask` is false nothing is read and `other`
-    /// (zero when absent) is the result.
+    /// (zero when absent) is the result. `streaming` (global memory only): data read once,
+    /// so its lines are the first the caches evict (PTX `ld.global.cs`), keeping the lines
+    /// other loads come back to (a decode step's metadata, partial results) cached while a
+    /// stream many times the L2 passes through.
     Load {
         ptr: ValueId,
         mask: Option<ValueId>,
         other: Option<ValueId>,
+        streaming: bool,
     },
     Store {
         ptr: ValueId,
@@ -527,7 +531,9 @@ impl OpKind {
                 on_false,
             } => vec![*cond, *on_true, *on_false],
             AddPtr { ptr, offset } => vec![*ptr, *offset],
-            Load { ptr, mask, other } => {
+            Load {
+                ptr, mask, other, ..
+            } => {
                 let mut v = vec![*ptr];
                 v.extend(mask.iter().copied());
                 v.extend(other.iter().copied());

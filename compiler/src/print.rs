@@ -75,8 +75,16 @@ fn attrs(kind: &OpKind) -> String {
                 level.ptx()
             )
         }
-        Load { mask, other, .. } => {
+        Load {
+            mask,
+            other,
+            streaming,
+            ..
+        } => {
             let mut a = String::new();
+            if *streaming {
+                a.push_str(" streaming");
+            }
             if mask.is_some() {
                 a.push_str(" masked");
             }

@@ -266,11 +266,19 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
             same_shape(&p, &o, "pointer and offset")?;
             one(p)
         }
-        Load { ptr, mask, other } => {
+        Load {
+            ptr,
+            mask,
+            other,
+            streaming,
+        } => {
             let p = ty(*ptr);
             let Some(d) = p.elem.pointee() else {
                 return Err(format!("load needs a pointer, found {p}"));
             };
+            if *streaming && !matches!(p.elem, Elem::Ptr(_)) {
+                return Err(format!("a streaming load reads global memory, found {p}"));
+            }
             check_mask(&p, mask.map(ty), "load")?;
             if let Some(o) = other {
                 let o = ty(*o);

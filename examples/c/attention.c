@@ -144,7 +144,7 @@ static int run_lists(CUstream stream, const struct Inputs *in, int programs,
   CUdeviceptr dsel_indptr = upload(indptr, sizeof indptr);
   CUdeviceptr dsel = upload(indices, sizeof(int32_t) * (nnz ? nnz : 1));
   size_t pieces = (size_t)(programs + ROWS) * GROUP;
-  CUdeviceptr part_o = poisoned(4 * pieces * D), part_lse = poisoned(4 * pieces);
+  CUdeviceptr part_o = poisoned(2 * pieces * D), part_lse = poisoned(4 * pieces);
   CUdeviceptr dout = poisoned(2 * (size_t)Q_ROWS * D), dlse = poisoned(4 * Q_ROWS);
   float scale_log2 = (float)(LOG2_E / sqrt((double)D));
   DUSK(dusk_attn_split_lists_d128_g4_f16(stream, in->dq, in->dk, in->dv, in->dindptr,
@@ -169,7 +169,7 @@ static int run_lists(CUstream stream, const struct Inputs *in, int programs,
 static int run_dense(CUstream stream, const struct Inputs *in) {
   int longest = SEQ[0] > SEQ[1] ? SEQ[0] : SEQ[1], chunks = (longest + CHUNK - 1) / CHUNK;
   size_t slots = (size_t)Q_ROWS * chunks;
-  CUdeviceptr part_o = poisoned(4 * slots * D), part_lse = poisoned(4 * slots);
+  CUdeviceptr part_o = poisoned(2 * slots * D), part_lse = poisoned(4 * slots);
   CUdeviceptr dout = poisoned(2 * (size_t)Q_ROWS * D), dlse = poisoned(4 * Q_ROWS);
   float scale_log2 = (float)(LOG2_E / sqrt((double)D));
   DUSK(dusk_attn_split_dense_d128_g4_f16(stream, in->dq, in->dk, in->dv, in->dindptr,

@@ -142,6 +142,11 @@ pub struct SplitConfig {
     /// `group x head_dim` f32 values written by the split and read by the merge, beside
     /// its K and V rows).
     pub partial_dtype: DType,
+    /// K and V read as a stream (`ld.global.cs`, [`KernelBuilder::load_streaming`]): a
+    /// step reads each row once, and with lines marked to go first the caches keep what
+    /// is read again (the lists, the page table, the partial results the merge reads back)
+    /// while a stream many times the L2 passes through.
+    pub stream_kv: bool,
     /// With `fused_merge`: SparQ's output transform (see [`MergeConfig::sparq`]).
     pub sparq: bool,
     /// With `fused_merge`: partials combined a step (see [`MergeConfig::block_chunks`]).
@@ -178,6 +183,7 @@ impl SplitConfig {
             fused_merge: false,
             row_signals: false,
             partial_dtype: DType::F32,
+            stream_kv: false,
             sparq: false,
             merge_chunks: 8,
             timeline: false,
@@ -350,7 +356,7 @@ fn unsupported(kernel: &str, what: String) -> CompileError {
 pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let (d, bt, g_n) = (cfg.head_dim, cfg.block_tokens, cfg.group);
     let name = format!(
-        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}{}{}{}{}{}{}{}{}",
+        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}{}{}{}{}{}{}{}{}{}",
         match cfg.source {
             TokenSource::Dense => "dense",
             TokenSource::Lists => "lists",
@@ -376,6 +382,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         },
         if cfg.row_signals { "_rs" } else { "" },
         partial_suffix(cfg.partial_dtype),
+        if cfg.stream_kv { "_cs" } else { "" },
         if cfg.timeline { "_timeline" } else { "" }
     );
     let tc = cfg.tensor_cores;
@@ -658,10 +665,14 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     let dcol = b.expand(dcol, 0, bt);
                     let off2 = b.add(off2, dcol);
                     let mask2 = b.expand(ok, 1, d);
+                    let load = |b: &mut KernelBuilder, p: Value| match cfg.stream_kv {
+                        true => b.load_streaming(p, Some(mask2), None),
+                        false => b.load_masked(p, Some(mask2), None),
+                    };
                     let kp = b.add_ptr(k, off2);
-                    let kt = b.load_masked(kp, Some(mask2), None);
+                    let kt = load(b, kp);
                     let vp = b.add_ptr(v, off2);
-                    let vt = b.load_masked(vp, Some(mask2), None);
+                    let vt = load(b, vp);
                     (kt, vt)
                 };
                 // Prologue: K and V of tiles 0..P, pages of tile P, (lists) positions of P+1.

@@ -108,6 +108,7 @@ fn attention_kernels() -> Vec<Kernel> {
                     fused_merge: false,
                     row_signals: false,
                     partial_dtype: DType::F32,
+                    stream_kv: false,
                     sparq: false,
                     merge_chunks: 8,
                     timeline: false,
@@ -127,6 +128,7 @@ fn attention_kernels() -> Vec<Kernel> {
                         let signals = SplitConfig {
                             row_signals: true,
                             partial_dtype: dtype,
+                            stream_kv: true,
                             ..cfg
                         };
                         ks.push(attention::build_split(&signals).unwrap());
@@ -219,6 +221,7 @@ fn attention_kernels() -> Vec<Kernel> {
             fused_merge: false,
             row_signals: false,
             partial_dtype: DType::F32,
+            stream_kv: false,
             sparq: false,
             merge_chunks: 8,
             timeline: false,
@@ -248,6 +251,7 @@ fn attention_reads_kv_in_16_byte_vectors() {
         fused_merge: false,
         row_signals: false,
         partial_dtype: DType::F32,
+        stream_kv: false,
         sparq: false,
         merge_chunks: 8,
         timeline: false,
@@ -255,6 +259,28 @@ fn attention_reads_kv_in_16_byte_vectors() {
     let ptx = compile(&attention::build_split(&cfg).unwrap(), &Target::sm90a()).unwrap();
     let v4 = ptx.matches("ld.global.v4").count();
     assert!(v4 >= 2, "K and V not read in 16-byte vectors:\n{ptx}");
+}
+
+/// K and V read as a stream are `ld.global.cs`, in 16-byte vectors, and nothing else is.
+#[test]
+fn streamed_kv_loads_are_cache_streaming() {
+    let cfg = SplitConfig {
+        row_signals: true,
+        stream_kv: true,
+        ..SplitConfig::tensor_cores(128, 4, DType::F16, TokenSource::Lists)
+    };
+    let ptx = compile(&attention::build_split(&cfg).unwrap(), &Target::sm90a()).unwrap();
+    // One tile's K and V a step, each 16 bytes a thread and row: the prologue's and the
+    // loop's.
+    let streamed = ptx.matches("ld.global.cs.v4.u32").count();
+    assert!(streamed >= 4, "{streamed} streaming loads:\n{ptx}");
+    assert_eq!(ptx.matches("ld.global.cs").count(), streamed, "{ptx}");
+    let plain = SplitConfig {
+        stream_kv: false,
+        ..cfg
+    };
+    let ptx = compile(&attention::build_split(&plain).unwrap(), &Target::sm90a()).unwrap();
+    assert!(!ptx.contains("ld.global.cs"), "{ptx}");
 }
 
 /// With row signals the split adds to its row's counter once a piece without waiting (a

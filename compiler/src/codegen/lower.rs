@@ -727,7 +727,12 @@ impl<'c, 'k> Lower<'c, 'k> {
                 }
                 self.wrap(*ptr, out)
             }
-            Load { ptr, mask, other } => self.load(*ptr, *mask, *other, res.expect("result"))?,
+            Load {
+                ptr,
+                mask,
+                other,
+                streaming,
+            } => self.load(*ptr, *mask, *other, *streaming, res.expect("result"))?,
             Store { ptr, value, mask } => {
                 self.store(*ptr, *value, *mask)?;
                 return Ok(());
@@ -1688,6 +1693,7 @@ impl<'c, 'k> Lower<'c, 'k> {
         ptr: ValueId,
         mask: Option<ValueId>,
         other: Option<ValueId>,
+        streaming: bool,
         res: ValueId,
     ) -> R<Cv<'c>> {
         let Some(d) = self.ty_of(ptr).elem.pointee() else {
@@ -1705,7 +1711,7 @@ impl<'c, 'k> Lower<'c, 'k> {
         for g in (0..ps.len()).step_by(vw) {
             let p = ps[g].into_pointer_value();
             let m = ms.as_ref().map(|m| m[g].into_int_value());
-            let raw = self.masked_load(at, p, m, vw * esize)?;
+            let raw = self.masked_load(at, p, m, vw * esize, streaming)?;
             // Split the access back into elements.
             let parts: Vec<BasicValueEnum<'c>> = if vw == 1 {
                 vec![raw]
@@ -1786,21 +1792,17 @@ impl<'c, 'k> Lower<'c, 'k> {
     }
 
     /// One (possibly vector) load of type `at`; where `mask` is false nothing is read and
-    /// the result is zero.
+    /// the result is zero. `streaming`: see [`OpKind::Load`].
     fn masked_load(
         &self,
         at: BasicTypeEnum<'c>,
         p: PointerValue<'c>,
         mask: Option<IntValue<'c>>,
         bytes: usize,
+        streaming: bool,
     ) -> R<BasicValueEnum<'c>> {
         let Some(m) = mask else {
-            let v = self.b.build_load(at, p, "").map_err(|x| self.err(x))?;
-            v.as_instruction_value()
-                .expect("load")
-                .set_alignment(bytes as u32)
-                .map_err(|x| self.err(x))?;
-            return Ok(v);
+            return self.plain_load(at, p, bytes, streaming);
         };
         let from = self.b.get_insert_block().expect("block");
         let then_bb = self.ctx.append_basic_block(self.func, "ld");
@@ -1809,11 +1811,7 @@ impl<'c, 'k> Lower<'c, 'k> {
             .build_conditional_branch(m, then_bb, cont)
             .map_err(|x| self.err(x))?;
         self.b.position_at_end(then_bb);
-        let v = self.b.build_load(at, p, "").map_err(|x| self.err(x))?;
-        v.as_instruction_value()
-            .expect("load")
-            .set_alignment(bytes as u32)
-            .map_err(|x| self.err(x))?;
+        let v = self.plain_load(at, p, bytes, streaming)?;
         self.b
             .build_unconditional_branch(cont)
             .map_err(|x| self.err(x))?;
@@ -1821,6 +1819,87 @@ impl<'c, 'k> Lower<'c, 'k> {
         let phi = self.b.build_phi(at, "").map_err(|x| self.err(x))?;
         phi.add_incoming(&[(&v, then_bb), (&at.const_zero(), from)]);
         Ok(phi.as_basic_value())
+    }
+
+    /// An unconditional load of type `at`, `bytes` aligned. Streaming loads of one, two or
+    /// four 32-bit words are `ld.global.cs` (LLVM's NVPTX backend has no cache-operator
+    /// annotation; other shapes load as usual). The asm is volatile so that it stays inside
+    /// its mask's branch.
+    fn plain_load(
+        &self,
+        at: BasicTypeEnum<'c>,
+        p: PointerValue<'c>,
+        bytes: usize,
+        streaming: bool,
+    ) -> R<BasicValueEnum<'c>> {
+        let i32t = self.ctx.i32_type();
+        let words = match at {
+            BasicTypeEnum::IntType(t) if t.get_bit_width() == 32 => Some(1),
+            BasicTypeEnum::VectorType(t)
+                if t.get_element_type() == i32t.into() && matches!(t.get_size(), 2 | 4) =>
+            {
+                Some(t.get_size())
+            }
+            _ => None,
+        };
+        let Some(words) = words.filter(|_| streaming) else {
+            let v = self.b.build_load(at, p, "").map_err(|x| self.err(x))?;
+            v.as_instruction_value()
+                .expect("load")
+                .set_alignment(bytes as u32)
+                .map_err(|x| self.err(x))?;
+            return Ok(v);
+        };
+        let i64t = self.ctx.i64_type();
+        let outs: Vec<String> = (0..words).map(|i| format!("${i}")).collect();
+        let (shape, list) = match words {
+            1 => ("", outs[0].clone()),
+            n => (
+                if n == 2 { ".v2" } else { ".v4" },
+                format!("{{{}}}", outs.join(",")),
+            ),
+        };
+        let text = format!("ld.global.cs{shape}.u32 {list}, [${words}];");
+        let mut constraints: Vec<&str> = vec!["=r"; words as usize];
+        constraints.push("l");
+        let ret = self
+            .ctx
+            .struct_type(&vec![i32t.into(); words as usize], false);
+        let fn_t = ret.fn_type(&[i64t.into()], false);
+        let asm =
+            self.ctx
+                .create_inline_asm(fn_t, text, constraints.join(","), true, false, None, false);
+        let addr = self
+            .b
+            .build_ptr_to_int(p, i64t, "")
+            .map_err(|x| self.err(x))?;
+        let r = self
+            .b
+            .build_indirect_call(fn_t, asm, &[addr.into()], "")
+            .map_err(|x| self.err(x))?
+            .try_as_basic_value()
+            .basic()
+            .expect("loaded words")
+            .into_struct_value();
+        let parts: Vec<BasicValueEnum<'c>> = (0..words)
+            .map(|i| {
+                self.b
+                    .build_extract_value(r, i, "")
+                    .map_err(|x| self.err(x))
+            })
+            .collect::<R<_>>()?;
+        if words == 1 {
+            return Ok(parts[0]);
+        }
+        let vt = i32t.vec_type(words);
+        let mut v = vt.get_undef();
+        for (i, x) in parts.into_iter().enumerate() {
+            v = self
+                .b
+                .build_insert_element(v, x.into_int_value(), self.i32c(i as i64), "")
+                .map_err(|x| self.err(x))?;
+        }
+        Ok(v.into())
     }
 
     fn store(&mut self, ptr: ValueId, value: ValueId, mask: Option<ValueId>) -> R<()> {

@@ -253,7 +253,9 @@ pub fn assign(k: &Kernel) -> Layouts {
                 uf.union(ptr.0 as usize, offset.0 as usize);
                 uf.union(ptr.0 as usize, res.expect("result").0 as usize);
             }
-            Load { ptr, mask, other } => {
+            Load {
+                ptr, mask, other, ..
+            } => {
                 let r = res.expect("result").0 as usize;
                 uf.union(ptr.0 as usize, r);
                 for v in mask.iter().chain(other.iter()) {

@@ -18,8 +18,9 @@
 //! `--profile` times one dense GQA case only, for `ncu` (`--profile-skewed`: the skewed
 //! group varlen case; `--skewed-repeats N`: that case timed on N draws of its budgets, each
 //! beside the `--sweep-lists` tilings, and with `--timeline` where each program's time
-//! goes); `--seed N` draws the same inputs in every process; `--cpu` runs 1 on the
-//! interpreter.
+//! goes); `--seed N` draws the same inputs in every process; `--cold-meta N` times every
+//! case rotating through N copies of its metadata (lists, page table), so that no run finds
+//! the ones before it left in L2; `--cpu` runs 1 on the interpreter.
 
 use crate::common::{arg, copy_gbps, flag, spread, Res};
 use dusk::compiler::{DType, KernelBuilder};
@@ -547,12 +548,28 @@ fn cache(dusk: &Dusk, fill: &LoadedKernel, kv: KvShape, read_bytes: usize) -> Re
     Ok(Cache { pairs })
 }
 
+/// The metadata a timed plan rotates through: one upload, or with `--cold-meta N` N of
+/// them (N x the lists and the page table, beyond the L2 for N of 64 or more on these
+/// cases), so that each run reads metadata no run before it left in L2, as an engine
+/// whose other kernels evict it between steps would.
+fn metas(
+    dusk: &Dusk,
+    plan: &AttentionPlan,
+    table: &PageTable,
+    lists: Option<&TokenLists>,
+) -> Res<Vec<AttentionMeta>> {
+    let copies = arg("--cold-meta").and_then(|n| n.parse::<usize>().ok());
+    (0..copies.unwrap_or(1).max(1))
+        .map(|_| Ok(plan.upload_meta(dusk, table, lists)?))
+        .collect()
+}
+
 /// Median time of `plan.run` over the cache's copies, in us.
 fn time_plan(
     dusk: &Dusk,
     plan: &AttentionPlan,
     c: &Cache,
-    meta: &AttentionMeta,
+    meta: &[AttentionMeta],
     q: &Buffer<f16>,
 ) -> Res<f64> {
     Ok(median(&time_samples(dusk, plan, c, meta, q)?))
@@ -565,7 +582,7 @@ fn time_default(
     dusk: &Dusk,
     plan: &AttentionPlan,
     c: &Cache,
-    meta: &AttentionMeta,
+    meta: &[AttentionMeta],
     q: &Buffer<f16>,
     between: impl FnOnce() -> Res<Vec<Value>>,
 ) -> Res<(f64, Value, Vec<Value>)> {
@@ -577,12 +594,13 @@ fn time_default(
     Ok((median(&a), passes, others))
 }
 
-/// Event timings of 30 runs after 5 untimed ones, rotating through the cache's copies.
+/// Event timings of 30 runs after 5 untimed ones, rotating through the cache's copies (and
+/// the metadata's).
 fn time_samples(
     dusk: &Dusk,
     plan: &AttentionPlan,
     c: &Cache,
-    meta: &AttentionMeta,
+    meta: &[AttentionMeta],
     q: &Buffer<f16>,
 ) -> Res<Vec<f64>> {
     let dev = dusk.device();
@@ -592,8 +610,9 @@ fn time_samples(
     let mut i = 0;
     let t = dev.time_us(30, 5, || {
         let (k, v) = &c.pairs[i % c.pairs.len()];
+        let m = &meta[i % meta.len()];
         i += 1;
-        plan.run(dusk, q, k, v, meta, None, &mut out, &mut lse)
+        plan.run(dusk, q, k, v, m, None, &mut out, &mut lse)
             .map_err(|e| e.to_string())
     })?;
     Ok(t)
@@ -608,7 +627,7 @@ fn time_samples(
 /// (1: one more tile of K and V into L2 a step early, 0: not), `kK` (partials the merge
 /// combines a step), `jJ` (token lists, 1: the split merges rows, 0: a merge launch), `sS`
 /// (token lists, 1: the merge takes each row once its pieces are in, 0: after the split), `rR`
-/// (1: partial outputs in f16, 0: in f32), e.g. `8x4`, `16x4v32`, `8x4f2c256`, `8x1o16`, `8x1m0`, `8x1c512g1`,
+/// (1: partial outputs in f16, 0: in f32), `yY` (1: K and V loads streaming, 0: not), e.g. `8x4`, `16x4v32`, `8x4f2c256`, `8x1o16`, `8x1m0`, `8x1c512g1`,
 /// `8x1l3168`, `8x1p0`.
 #[derive(Clone, Copy)]
 struct Tiling {
@@ -627,6 +646,7 @@ struct Tiling {
     fused_merge: Option<bool>,
     row_signals: Option<bool>,
     f16_partials: Option<bool>,
+    stream_kv: Option<bool>,
 }
 
 fn parse_tiling(t: &str) -> Option<Tiling> {
@@ -655,6 +675,7 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
         fused_merge: None,
         row_signals: None,
         f16_partials: None,
+        stream_kv: None,
     };
     for (k, v) in &fields[1..] {
         match k {
@@ -672,6 +693,7 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
             'j' => out.fused_merge = Some(v.parse::<u8>().ok()? == 1),
             's' => out.row_signals = Some(v.parse::<u8>().ok()? == 1),
             'r' => out.f16_partials = Some(v.parse::<u8>().ok()? == 1),
+            'y' => out.stream_kv = Some(v.parse::<u8>().ok()? == 1),
             _ => return None,
         }
     }
@@ -687,7 +709,7 @@ fn tilings(name: &str) -> Vec<Tiling> {
 
 fn describe(t: &AttentionTuning) -> String {
     format!(
-        "{}x{}v{}f{}o{}{}{}{}{} chunk {} row-tokens {} merge-chunks {}{}{} partials {}",
+        "{}x{}v{}f{}o{}{}{}{}{} chunk {} row-tokens {} merge-chunks {}{}{} partials {}{}",
         t.block_tokens,
         t.num_warps,
         t.vector_bytes,
@@ -710,7 +732,8 @@ fn describe(t: &AttentionTuning) -> String {
         t.merge_chunks,
         if t.fused_merge { " fused" } else { "" },
         if t.row_signals { " row-signals" } else { "" },
-        t.partial_dtype.name()
+        t.partial_dtype.name(),
+        if t.stream_kv { " streamed" } else { "" }
     )
 }
 
@@ -739,6 +762,7 @@ fn time_tilings(
             u.merge_chunks = t.merge_chunks.unwrap_or(u.merge_chunks);
             u.fused_merge = t.fused_merge.unwrap_or(u.fused_merge);
             u.row_signals = t.row_signals.unwrap_or(u.row_signals);
+            u.stream_kv = t.stream_kv.unwrap_or(u.stream_kv);
             if let Some(f16) = t.f16_partials {
                 u.partial_dtype = if f16 { DType::F16 } else { DType::F32 };
             }
@@ -748,7 +772,7 @@ fn time_tilings(
             u.chunk_tokens =
                 t.chunk.unwrap_or(u.chunk_tokens).div_ceil(t.block_tokens) * t.block_tokens;
         })?;
-        let m = p.upload_meta(dusk, table, lists)?;
+        let m = metas(dusk, &p, table, lists)?;
         let us = time_plan(dusk, &p, c, &m, q)?;
         out.push(json!({"tiling": describe(p.tuning()), "us": us}));
     }
@@ -850,7 +874,7 @@ impl<'a> Bench<'a> {
             dtype: DType::F16,
         };
         let plan = AttentionPlan::new(self.dusk, spec)?;
-        let meta = plan.upload_meta(self.dusk, &table, None)?;
+        let meta = metas(self.dusk, &plan, &table, None)?;
         let (us, passes, others) = time_default(self.dusk, &plan, &c, &meta, &q, || {
             time_tilings(self.dusk, spec, &table, None, &c, &q, tilings)
         })?;
@@ -914,7 +938,7 @@ impl<'a> Bench<'a> {
             dtype: DType::F16,
         };
         let plan = AttentionPlan::new(self.dusk, spec)?;
-        let meta = plan.upload_meta(self.dusk, &table, Some(&lists))?;
+        let meta = metas(self.dusk, &plan, &table, Some(&lists))?;
         let (us, passes, others) = time_default(self.dusk, &plan, &c, &meta, &q, || {
             time_tilings(self.dusk, spec, &table, Some(&lists), &c, &q, tilings)
         })?;
@@ -985,7 +1009,7 @@ impl<'a> Bench<'a> {
                 dtype: DType::F16,
             };
             let plan = AttentionPlan::new(self.dusk, spec)?;
-            let meta = plan.upload_meta(self.dusk, &table, Some(&lists))?;
+            let meta = metas(self.dusk, &plan, &table, Some(&lists))?;
             if i == 0 {
                 if flag("--timeline") {
                     timeline(self.dusk, spec, &table, &lists, &c, &q)?;
@@ -1134,7 +1158,7 @@ fn timeline(
 ) -> Res<()> {
     let plan = AttentionPlan::with_tuning(dusk, spec, |u| u.timeline = true)?;
     let meta = plan.upload_meta(dusk, table, Some(lists))?;
-    time_samples(dusk, &plan, c, &meta, q)?;
+    time_samples(dusk, &plan, c, std::slice::from_ref(&meta), q)?;
     let words = plan
         .timeline()
         .ok_or("the plan keeps no timeline")?
