@@ -236,4 +236,14 @@ fn atomic_bitcast_and_load_fresh_operands() {
         msg.contains("load_fresh mask must be i1 of the pointer's shape"),
         "{msg}"
     );
+    let msg = build_error(|b| {
+        let s = b.shared_alloc(DType::I32, 64);
+        let i = b.arange(0, 64);
+        let ps = b.add_ptr(s, i);
+        b.load_streaming(ps, None, None);
+    });
+    assert!(
+        msg.contains("a streaming load reads global memory"),
+        "{msg}"
+    );
 }
