@@ -173,6 +173,7 @@ pub fn search(max_len: usize, group: usize) -> Vec<SearchConfig> {
                     histogram: false,
                     recompute: false,
                     prefetch: false,
+                    backoff_ns: 0,
                     min_programs_per_sm: 0,
                     timeline: false,
                 });

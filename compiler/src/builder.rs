@@ -604,6 +604,12 @@ impl KernelBuilder {
         self.push(OpKind::Barrier, caller_loc(Location::caller()), &[]);
     }
 
+    /// Pauses the thread for about `ns` nanoseconds; see [`OpKind::Sleep`].
+    #[track_caller]
+    pub fn sleep(&mut self, ns: u32) {
+        self.push(OpKind::Sleep { ns }, caller_loc(Location::caller()), &[]);
+    }
+
     /// Lets the next kernel on the stream start; see [`OpKind::ReleaseDependents`].
     #[track_caller]
     pub fn release_dependents(&mut self) {

@@ -907,7 +907,7 @@ impl<'k> Interp<'k, '_, '_> {
         Ok(Some(match &op.kind {
             // Programs run one launch at a time here, and each op for the whole program at
             // once: nothing to wait for or release.
-            WaitPriorGrid | ReleaseDependents | Barrier => return Ok(None),
+            WaitPriorGrid | ReleaseDependents | Barrier | Sleep { .. } => return Ok(None),
             ProgramId { axis } => Data::I32(vec![self.program[*axis as usize] as i32]),
             GlobalTimer => {
                 let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);

@@ -404,6 +404,13 @@ pub enum OpKind {
     /// `griddepcontrol.launch_dependents`); they still wait for this kernel's end at their
     /// [`OpKind::WaitPriorGrid`].
     ReleaseDependents,
+    /// Pauses the thread for about `ns` nanoseconds (PTX `nanosleep`, sm_70 and newer; the
+    /// hardware may wake it earlier or later, up to twice as long): the backoff of a loop
+    /// waiting on other programs, whose polls would otherwise take the issue slots of the
+    /// programs sharing its SM. Nothing in the interpreter.
+    Sleep {
+        ns: u32,
+    },
     /// Waits until every thread of the program has reached it, with their earlier memory
     /// accesses (global and shared) visible to all of them (PTX `bar.sync`): between a
     /// program's threads writing global memory and reading what other threads wrote there.
@@ -505,6 +512,7 @@ impl OpKind {
             | WaitPriorGrid
             | SharedAlloc { .. }
             | ReleaseDependents
+            | Sleep { .. }
             | Barrier => vec![],
             Splat { value, .. } | Expand { value, .. } | Unary { value, .. } => vec![*value],
             Cast { value, .. } | Bitcast { value, .. } | Reduce { value, .. } | Scan { value } => {
@@ -586,6 +594,7 @@ impl OpKind {
                 | OpKind::Signal { .. }
                 | OpKind::WaitPriorGrid
                 | OpKind::ReleaseDependents
+                | OpKind::Sleep { .. }
                 | OpKind::Barrier
                 | OpKind::Yield { .. }
         )
@@ -655,6 +664,7 @@ impl OpKind {
             SharedAlloc { .. } => "shared_alloc",
             WaitPriorGrid => "wait_prior_grid",
             ReleaseDependents => "release_dependents",
+            Sleep { .. } => "sleep",
             Barrier => "barrier",
             Reduce { op, .. } => match op {
                 ReduceOp::Sum => "sum",

@@ -29,7 +29,7 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
     use OpKind::*;
     let one = |t: Type| Ok(vec![t]);
     match kind {
-        WaitPriorGrid | ReleaseDependents | Barrier => Ok(vec![]),
+        WaitPriorGrid | ReleaseDependents | Barrier | Sleep { .. } => Ok(vec![]),
         SharedAlloc { dtype, len } => {
             if *len == 0 || *dtype == DType::Bool {
                 return Err(format!(

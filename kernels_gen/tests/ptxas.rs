@@ -599,6 +599,7 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
             histogram: false,
             recompute: false,
             prefetch: false,
+            backoff_ns: 0,
             min_programs_per_sm: 0,
             // The timeline (a diagnosis option) assembles too.
             timeline: stream && num_warps == 8,

@@ -512,6 +512,7 @@ fn streaming_search_matches_the_oracle() {
             recompute,
             // L2 prefetches ahead of the loads (in bounds, and nothing else changes).
             prefetch: histogram,
+            backoff_ns: 0,
             min_programs_per_sm: 0,
             timeline: false,
         };
@@ -559,6 +560,7 @@ fn streaming_search_matches_the_oracle() {
             histogram: false,
             recompute: false,
             prefetch: false,
+            backoff_ns: 0,
             min_programs_per_sm: 0,
             timeline: false,
         },
@@ -628,6 +630,7 @@ fn multi_pivot_search_matches_the_oracle() {
             histogram: stream,
             recompute: pivots == 4,
             prefetch: false,
+            backoff_ns: 0,
             min_programs_per_sm: 0,
             timeline: false,
         };

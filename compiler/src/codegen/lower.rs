@@ -769,6 +769,10 @@ impl<'c, 'k> Lower<'c, 'k> {
                 self.grid_dependency("griddepcontrol.launch_dependents;")?;
                 return Ok(());
             }
+            Sleep { ns } => {
+                self.sleep(*ns)?;
+                return Ok(());
+            }
             Reduce {
                 op: ReduceOp::Sum,
                 value,
@@ -2106,6 +2110,28 @@ impl<'c, 'k> Lower<'c, 'k> {
             fn_t,
             text.to_string(),
             "~{memory}".to_string(),
+            true,
+            false,
+            None,
+            false,
+        );
+        self.b
+            .build_indirect_call(fn_t, asm, &[], "")
+            .map_err(|x| self.err(x))?;
+        Ok(())
+    }
+
+    /// [`OpKind::Sleep`]: `nanosleep` (sm_70 and newer; nothing before, where the loop just
+    /// polls sooner).
+    fn sleep(&mut self, ns: u32) -> R<()> {
+        if self.sm < 70 {
+            return Ok(());
+        }
+        let fn_t = self.ctx.void_type().fn_type(&[], false);
+        let asm = self.ctx.create_inline_asm(
+            fn_t,
+            format!("nanosleep.u32 {ns};"),
+            String::new(),
             true,
             false,
             None,

@@ -141,6 +141,11 @@ pub struct SearchConfig {
     /// into L2 (`prefetch.global.L2`, no registers held), so a program's loads wait on L2
     /// rather than DRAM.
     pub prefetch: bool,
+    /// Nanoseconds a row waiting for the rows before it to publish their budgets sleeps
+    /// between two reads of their words (`output.rs`; 0: it reads again at once). A read
+    /// of a window is some hundreds of instructions over the program's warps; while a row
+    /// waits they take the issue slots of the programs sharing its SM.
+    pub backoff_ns: u32,
     /// Programs resident on a multiprocessor asked of ptxas, which caps the registers to
     /// fit them (0: its own choice).
     pub min_programs_per_sm: u32,
@@ -208,6 +213,7 @@ impl SearchConfig {
             histogram: true,
             recompute: false,
             prefetch: false,
+            backoff_ns: 0,
             min_programs_per_sm: 0,
             timeline: false,
         }
@@ -234,6 +240,7 @@ impl SearchConfig {
             // 137.9.
             SearchConfig {
                 prefetch: true,
+                backoff_ns: 0,
                 ..streamed(4, true)
             }
         } else if max_len <= SHORT_ROWS {
@@ -242,11 +249,14 @@ impl SearchConfig {
             // 32768 candidates: 789.6 us; without the prefetches 851.9, on 4 warps 830.2
             // (826.2 with them), from `work` 861.5 (e336929). Registers capped for more
             // programs an SM did not pay: 3 an SM (80 registers) 759.1 against 751.3, 4
-            // (64, spilling 8 bytes) 724.1 (480659e).
+            // (64, spilling 8 bytes) 724.1 (480659e). A microsecond's sleep between the
+            // reads of the rows' words while a row waits: 730.8 / 730.7 us against 746.2 /
+            // 746.9 without (200 to 2000 ns alike; at 8192 staged, no change).
             SearchConfig {
                 block: 2048,
                 recompute: true,
                 prefetch: true,
+                backoff_ns: 1000,
                 ..streamed(8, false)
             }
         }
@@ -271,13 +281,17 @@ pub fn search_name(policy: &Policy, cfg: &SearchConfig) -> String {
     } else {
         ""
     };
+    let backoff = match cfg.backoff_ns {
+        0 => String::new(),
+        ns => format!("_b{ns}"),
+    };
     let occupancy = match cfg.min_programs_per_sm {
         0 => String::new(),
         n => format!("_o{n}"),
     };
     let timeline = if cfg.timeline { "_timeline" } else { "" };
     format!(
-        "threshold_{}_{}{}_g{}_w{}{pivots}{histogram}{recompute}{prefetch}{occupancy}{timeline}",
+        "threshold_{}_{}{}_g{}_w{}{pivots}{histogram}{recompute}{prefetch}{backoff}{occupancy}{timeline}",
         policy.name,
         match (cfg.stream, cfg.shared) {
             (true, true) => "s",

@@ -128,6 +128,11 @@ fn look_back_step(b: &mut KernelBuilder, k: &SearchKernel, c: &[Value]) -> Vec<V
     let offset = b.select(moved, new_offset, offset);
     let back = b.sub(end, w);
     let end = b.select(pass, back, end);
+    if k.backoff_ns > 0 {
+        // A word still empty: sleep before reading the window again.
+        let wait = b.not(moved);
+        b.if_then(wait, |b| b.sleep(k.backoff_ns));
+    }
     vec![end, offset, found]
 }
 

@@ -475,6 +475,8 @@ pub(super) struct Kernel {
     pub(super) n: Value,
     /// With [`SearchConfig::timeline`]: the row's record, its start and SM written.
     pub(super) timeline: Option<Value>,
+    /// [`SearchConfig::backoff_ns`].
+    pub(super) backoff_ns: u32,
 }
 
 /// Declares the search kernel's parameters on `b` and reads the program's candidate row.
@@ -523,6 +525,7 @@ pub(super) fn declare(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig
         start,
         n,
         timeline,
+        backoff_ns: cfg.backoff_ns,
     }
 }
 

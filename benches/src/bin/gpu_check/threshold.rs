@@ -9,7 +9,8 @@
 //!    written by `benches/baselines/topp_peers.py` in the same command). `--profile N`
 //!    skips the checks and the sweep and times the default for rows of N candidates only
 //!    (for ncu; `--no-histogram` without the histogram's first step, `--recompute` with the
-//!    weights recomputed, `--prefetch` with L2 prefetches, `--tile T` and `--warps W`
+//!    weights recomputed, `--prefetch` with L2 prefetches, `--backoff NS` sleeping NS
+//!    between reads of the words of the rows before, `--tile T` and `--warps W`
 //!    another tiling, `--timeline` each row's phases from the GPU's clock); `--no-sweep`
 //!    times the defaults only.
 //!
@@ -75,6 +76,7 @@ fn sweep(n: usize) -> Vec<SearchConfig> {
     for (tile, warps) in [(1024, 4), (1024, 2)] {
         out.push(SearchConfig {
             prefetch: true,
+            backoff_ns: 0,
             ..streamed(tile, warps, 1, n <= SHARED_ROW)
         });
     }
@@ -83,6 +85,7 @@ fn sweep(n: usize) -> Vec<SearchConfig> {
         out.push(SearchConfig {
             recompute: true,
             prefetch: true,
+            backoff_ns: 0,
             min_programs_per_sm: programs,
             ..streamed(tile, warps, 1, false)
         });
@@ -190,6 +193,7 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         histogram: false,
         recompute: false,
         prefetch: false,
+        backoff_ns: 0,
         min_programs_per_sm: 0,
         timeline: false,
     };
@@ -205,6 +209,7 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
     let recomputed = SearchConfig {
         recompute: true,
         prefetch: true,
+        backoff_ns: 0,
         ..streamed
     };
     for cfg in [
@@ -379,6 +384,9 @@ pub fn run() -> Res<()> {
         }
         cfg.recompute |= flag("--recompute");
         cfg.prefetch |= flag("--prefetch");
+        if let Some(ns) = arg("--backoff") {
+            cfg.backoff_ns = ns.parse()?;
+        }
         if let Some(t) = arg("--tile") {
             cfg.block = t.parse()?;
         }
