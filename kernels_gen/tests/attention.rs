@@ -548,7 +548,9 @@ fn bad_shapes_are_rejected() {
     assert_eq!(
         arg_of(AttentionPlan::new(&dusk, spec).err().unwrap()),
         "sm_scale"
-    );
+    ); // Partial outputs in a type the merge does not add in.
+    let e = AttentionPlan::with_tuning(&dusk, *plan.spec(), |t| t.partial_dtype = DType::I32);
+    assert_eq!(arg_of(e.err().unwrap()), "partial_dtype");
 }
 
 /// Lists written on the device are not checked on the host: an `indptr` that runs past
