@@ -2105,20 +2105,7 @@ impl<'c, 'k> Lower<'c, 'k> {
         if self.sm < 90 {
             return Ok(());
         }
-        let fn_t = self.ctx.void_type().fn_type(&[], false);
-        let asm = self.ctx.create_inline_asm(
-            fn_t,
-            text.to_string(),
-            "~{memory}".to_string(),
-            true,
-            false,
-            None,
-            false,
-        );
-        self.b
-            .build_indirect_call(fn_t, asm, &[], "")
-            .map_err(|x| self.err(x))?;
-        Ok(())
+        self.asm_statement(text, "~{memory}")
     }
 
     /// [`OpKind::Sleep`]: `nanosleep` (sm_70 and newer; nothing before, where the loop just
@@ -2127,11 +2114,16 @@ impl<'c, 'k> Lower<'c, 'k> {
         if self.sm < 70 {
             return Ok(());
         }
+        self.asm_statement(&format!("nanosleep.u32 {ns};"), "")
+    }
+
+    /// One volatile PTX statement without operands (`constraints`: its clobbers).
+    fn asm_statement(&mut self, text: &str, constraints: &str) -> R<()> {
         let fn_t = self.ctx.void_type().fn_type(&[], false);
         let asm = self.ctx.create_inline_asm(
             fn_t,
-            format!("nanosleep.u32 {ns};"),
-            String::new(),
+            text.to_string(),
+            constraints.to_string(),
             true,
             false,
             None,
