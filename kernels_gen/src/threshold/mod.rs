@@ -251,7 +251,9 @@ impl SearchConfig {
             // programs an SM did not pay: 3 an SM (80 registers) 759.1 against 751.3, 4
             // (64, spilling 8 bytes) 724.1 (480659e). A microsecond's sleep between the
             // reads of the rows' words while a row waits: 730.8 / 730.7 us against 746.2 /
-            // 746.9 without (200 to 2000 ns alike; at 8192 staged, no change).
+            // 746.9 without in one command, 756.6 / 732.8 against 737.9 / 734.4 in a second
+            // (within the noise: it is kept for the issue slots a waiting row leaves to the
+            // program beside it, not for a measured gain).
             SearchConfig {
                 block: 2048,
                 recompute: true,

@@ -10,7 +10,8 @@
 //!    skips the checks and the sweep and times the default for rows of N candidates only
 //!    (for ncu; `--no-histogram` without the histogram's first step, `--recompute` with the
 //!    weights recomputed, `--prefetch` with L2 prefetches, `--backoff NS` sleeping NS
-//!    between reads of the words of the rows before, `--tile T` and `--warps W`
+//!    between reads of the words of the rows before, `--programs N` N programs an SM
+//!    asked of ptxas, `--tile T` and `--warps W`
 //!    another tiling, `--timeline` each row's phases from the GPU's clock); `--no-sweep`
 //!    times the defaults only.
 //!
@@ -386,6 +387,9 @@ pub fn run() -> Res<()> {
         cfg.prefetch |= flag("--prefetch");
         if let Some(ns) = arg("--backoff") {
             cfg.backoff_ns = ns.parse()?;
+        }
+        if let Some(n) = arg("--programs") {
+            cfg.min_programs_per_sm = n.parse()?;
         }
         if let Some(t) = arg("--tile") {
             cfg.block = t.parse()?;
