@@ -665,9 +665,12 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     let dcol = b.expand(dcol, 0, bt);
                     let off2 = b.add(off2, dcol);
                     let mask2 = b.expand(ok, 1, d);
-                    let load = |b: &mut KernelBuilder, p: Value| match cfg.stream_kv {
-                        true => b.load_streaming(p, Some(mask2), None),
-                        false => b.load_masked(p, Some(mask2), None),
+                    let load = |b: &mut KernelBuilder, p: Value| {
+                        if cfg.stream_kv {
+                            b.load_streaming(p, Some(mask2), None)
+                        } else {
+                            b.load_masked(p, Some(mask2), None)
+                        }
                     };
                     let kp = b.add_ptr(k, off2);
                     let kt = load(b, kp);
