@@ -172,7 +172,6 @@ pub fn search(max_len: usize, group: usize) -> Vec<SearchConfig> {
                     shared: false,
                     histogram: false,
                     recompute: false,
-                    marks: false,
                     prefetch: false,
                     backoff_ns: 0,
                     min_programs_per_sm: 0,

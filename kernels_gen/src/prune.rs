@@ -153,21 +153,6 @@ impl PrunePlan {
             cfg.shared,
         )?;
         ensure(
-            !cfg.marks
-                || (cfg.stream
-                    && !cfg.shared
-                    && cfg.block <= threshold::MARK_MAX_BLOCK
-                    && longest <= threshold::mark_row_capacity(cfg.group)),
-            "cfg.marks",
-            format!(
-                "streaming rows from global memory (not `shared`) in tiles of at most {} and of at most {} candidates for group {} (the longest row: {longest})",
-                threshold::MARK_MAX_BLOCK,
-                threshold::mark_row_capacity(cfg.group),
-                cfg.group
-            ),
-            cfg.marks,
-        )?;
-        ensure(
             !cfg.histogram || longest <= threshold::HISTOGRAM_MAX_ROW,
             "cfg.histogram",
             format!(

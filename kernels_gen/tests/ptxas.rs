@@ -598,7 +598,6 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
             shared: false,
             histogram: false,
             recompute: false,
-            marks: false,
             prefetch: false,
             backoff_ns: 0,
             min_programs_per_sm: 0,

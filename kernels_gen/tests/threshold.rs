@@ -8,7 +8,7 @@ use dusk_kernels::paged::TokenLists;
 use dusk_kernels::policies::{ratio_to_max, top_k, top_p, top_p_bounded};
 use dusk_kernels::prune::{ParamValues, PrunePlan};
 use dusk_kernels::reference::{check_kept, softmax, threshold_oracle, top_p_oracle};
-use dusk_kernels::threshold::{mark_row_capacity, Policy, SearchConfig};
+use dusk_kernels::threshold::{Policy, SearchConfig};
 use dusk_kernels::timeline::TIMELINE_WORDS;
 use dusk_kernels::DuskError;
 use dusk_macros::policy;
@@ -240,18 +240,13 @@ fn gqa_keeps_the_union_of_the_group() {
         recompute: true,
         ..SearchConfig::streamed(1024, group, 4, 1, false)
     };
-    // With marks: each head's in its quarter of the marks' shared memory.
-    let marked = SearchConfig {
-        marks: true,
-        ..recomputed
-    };
     // And with its timeline (a diagnosis option), which changes nothing in the results and
     // records each row's phases in order.
     let timed = SearchConfig {
         timeline: true,
         ..recomputed
     };
-    let plans = [staged(false), staged(true), recomputed, marked, timed].map(|cfg| {
+    let plans = [staged(false), staged(true), recomputed, timed].map(|cfg| {
         PrunePlan::with_config(&dusk, &top_p::POLICY, &cand, cfg, 0.5, &params).unwrap()
     });
     let s = dusk.device().upload(&scores).unwrap();
@@ -453,20 +448,12 @@ fn streaming_search_matches_the_oracle() {
         }
         let cand = TokenLists { indptr, indices };
         let p = 0.9;
-        // The default, the weights recomputed from the scores in every pass (or not), and
-        // marks in shared memory where the rows fit them.
+        // The default, and the weights recomputed from the scores in every pass.
         let default = SearchConfig::for_rows(20000, group);
-        let marks = 20000 <= mark_row_capacity(group);
         for cfg in [
             default,
             SearchConfig {
                 recompute: !default.recompute,
-                marks: false,
-                ..default
-            },
-            SearchConfig {
-                recompute: true,
-                marks,
                 ..default
             },
         ] {
@@ -503,20 +490,16 @@ fn streaming_search_matches_the_oracle() {
         .collect();
     // The weights staged in the global workspace, then in shared memory, then recomputed
     // from the scores in every pass; the first step bisecting, then from the histogram (on
-    // 8 warps too: its scan is padded); with each candidate's mark kept in shared memory
-    // (from `work` and recomputed).
-    for (shared, recompute, histogram, num_warps, marks) in [
-        (false, false, false, 4, false),
-        (false, false, true, 4, false),
-        (true, false, false, 4, false),
-        (true, false, true, 4, false),
-        (false, true, false, 4, false),
-        (false, true, true, 4, false),
-        (false, false, true, 8, false),
-        (true, false, true, 8, false),
-        (false, false, true, 4, true),
-        (false, true, true, 4, true),
-        (false, true, false, 8, true),
+    // 8 warps too: its scan is padded).
+    for (shared, recompute, histogram, num_warps) in [
+        (false, false, false, 4),
+        (false, false, true, 4),
+        (true, false, false, 4),
+        (true, false, true, 4),
+        (false, true, false, 4),
+        (false, true, true, 4),
+        (false, false, true, 8),
+        (true, false, true, 8),
     ] {
         let cfg = SearchConfig {
             block: 1024,
@@ -527,7 +510,6 @@ fn streaming_search_matches_the_oracle() {
             shared,
             histogram,
             recompute,
-            marks,
             // L2 prefetches ahead of the loads (in bounds, and nothing else changes).
             prefetch: histogram,
             backoff_ns: 0,
@@ -557,7 +539,7 @@ fn streaming_search_matches_the_oracle() {
             check_kept(&w, &kept, &oracle, near_p(ps[r])).unwrap_or_else(|e| {
                 panic!(
                     "streamed row {r} (p {}, shared {shared}, recompute {recompute}, \
-                     histogram {histogram}, marks {marks}): {e}",
+                     histogram {histogram}): {e}",
                     ps[r]
                 )
             });
@@ -577,7 +559,6 @@ fn streaming_search_matches_the_oracle() {
             shared: true,
             histogram: false,
             recompute: false,
-            marks: false,
             prefetch: false,
             backoff_ns: 0,
             min_programs_per_sm: 0,
@@ -589,22 +570,6 @@ fn streaming_search_matches_the_oracle() {
     .err()
     .expect("rows of up to 3000 candidates do not fit 2048 a head");
     assert!(err.to_string().contains("cfg.shared"), "{err}");
-    // As are rows longer than the marks hold (1024 a head for groups of 32).
-    let err = PrunePlan::with_config(
-        &dusk,
-        &top_p::POLICY,
-        &cand,
-        SearchConfig {
-            recompute: true,
-            marks: true,
-            ..SearchConfig::streamed(1024, 32, 4, 1, false)
-        },
-        1.0,
-        &[ParamValues::Uniform(0.9)],
-    )
-    .err()
-    .expect("rows of up to 3000 candidates do not fit 1024 marks a head");
-    assert!(err.to_string().contains("cfg.marks"), "{err}");
 }
 
 /// The kept sets of a streamed plan's rows of `lens` candidates against the oracle: each
@@ -664,7 +629,6 @@ fn multi_pivot_search_matches_the_oracle() {
             shared: false,
             histogram: stream,
             recompute: pivots == 4,
-            marks: false,
             prefetch: false,
             backoff_ns: 0,
             min_programs_per_sm: 0,

@@ -41,9 +41,6 @@ pub const MAX_ROW: usize = 1 << 22;
 /// The longest rows whose low bits sum in one part (under 2^18 a candidate, 2^31 in all).
 pub(super) const ONE_PART_ROW: usize = 1 << 13;
 
-/// Keys a candidate's mark can hold (a byte): the top buckets, 8 octaves.
-pub(super) const MARK_KEYS: usize = 256;
-
 /// The bucket index of the pattern of `1.0` (the row maximum's `e`) is `BUCKETS - 1`; this
 /// is what is taken off a pattern's leading bits to get its bucket.
 const BASE: i32 = (0x3F80_0000u32 >> SHIFT) as i32 - (BUCKETS as i32 - 1);
@@ -95,8 +92,8 @@ impl Histogram {
             .collect()
     }
 
-    /// The buckets of a block of weights `es` (i32, 0 to `BUCKETS - 1`).
-    fn bucket(b: &mut KernelBuilder, es: Value) -> Value {
+    /// Adds a block of weights `es` (where `valid`) to the buckets.
+    pub(super) fn add(&self, b: &mut KernelBuilder, es: Value, valid: Value) {
         let bits = b.bitcast(es, DType::I32);
         let shift = b.i32(SHIFT as i32);
         let lead = b.shr(bits, shift);
@@ -104,24 +101,7 @@ impl Histogram {
         let bucket = b.sub(lead, base);
         let (zero, last) = (b.i32(0), b.i32(BUCKETS as i32 - 1));
         let bucket = b.maximum(bucket, zero);
-        b.minimum(bucket, last)
-    }
-
-    /// The marks' key of a block of weights `es` (i32, 0 to 255): the bucket among the
-    /// top [`MARK_KEYS`] (8 octaves below the maximum), 0 for every weight below them.
-    /// Monotone in `e`, as the buckets are.
-    pub(super) fn mark_key(b: &mut KernelBuilder, es: Value) -> Value {
-        let bucket = Self::bucket(b, es);
-        let below = b.i32((BUCKETS - MARK_KEYS) as i32);
-        let key = b.sub(bucket, below);
-        let zero = b.i32(0);
-        b.maximum(key, zero)
-    }
-
-    /// Adds a block of weights `es` (where `valid`) to the buckets.
-    pub(super) fn add(&self, b: &mut KernelBuilder, es: Value, valid: Value) {
-        let bits = b.bitcast(es, DType::I32);
-        let bucket = Self::bucket(b, es);
+        let bucket = b.minimum(bucket, last);
         // Candidates past the row go to a slot after the buckets that nothing reads, so
         // the adds need no mask (a masked shared atomic is a branch around each one).
         let trash = b.i32(BUCKETS as i32);

@@ -137,15 +137,6 @@ pub struct SearchConfig {
     /// scores (read again), trading a write and re-reads of `work` for re-reads of the
     /// scores.
     pub recompute: bool,
-    /// With `stream`, `recompute` and a policy that gathers (one with a target that reads
-    /// neither `threshold` nor `below`): every candidate keeps a mark, a byte in the
-    /// program's shared memory, for rows of up to [`mark_row_capacity`] candidates
-    /// (longer rows are cut there; the plans check the rows fit). Pass 2 writes each
-    /// weight's bucket there; the gather then reads the scores of only the candidates
-    /// whose bucket can lie in the bracket and overwrites each mark with whether the
-    /// candidate is kept, which the compaction reads instead of the row's scores. Past
-    /// the first pass a row's scores are read once more at most (pass 2), not three times.
-    pub marks: bool,
     /// With `stream`: each tile read from global memory first brings the tile two on
     /// into L2 (`prefetch.global.L2`, no registers held), so a program's loads wait on L2
     /// rather than DRAM.
@@ -187,19 +178,6 @@ pub fn shared_row_capacity(group: usize) -> usize {
     (SHARED_ROW / group.max(1)) & !3
 }
 
-/// Candidates the marks hold (a byte each, 32 KiB of shared memory): each of a group's
-/// query heads gets `MARK_ROW / group` of them.
-pub const MARK_ROW: usize = 32768;
-
-/// The longest rows [`SearchConfig::marks`] holds for groups of `group` query heads.
-pub fn mark_row_capacity(group: usize) -> usize {
-    (MARK_ROW / group.max(1)) & !3
-}
-
-/// The largest tile the marks allow: the gathered candidates' positions (i32) share
-/// the program's 48 KiB of static shared memory with them and the histogram.
-pub const MARK_MAX_BLOCK: usize = 2048;
-
 /// Upper bound on search steps; each one moves a bound onto an element, so real rows stop
 /// far sooner (about 20 steps for 32k candidates).
 pub const MAX_STEPS: i32 = 128;
@@ -234,7 +212,6 @@ impl SearchConfig {
             shared,
             histogram: true,
             recompute: false,
-            marks: false,
             prefetch: false,
             backoff_ns: 0,
             min_programs_per_sm: 0,
@@ -280,7 +257,6 @@ impl SearchConfig {
             SearchConfig {
                 block: 2048,
                 recompute: true,
-                marks: max_len <= mark_row_capacity(group),
                 prefetch: true,
                 backoff_ns: 1000,
                 ..streamed(8, false)
@@ -302,7 +278,6 @@ pub fn search_name(policy: &Policy, cfg: &SearchConfig) -> String {
     } else {
         ""
     };
-    let marks = if cfg.marks { "_m" } else { "" };
     let prefetch = if cfg.prefetch && cfg.stream {
         "_l2"
     } else {
@@ -318,7 +293,7 @@ pub fn search_name(policy: &Policy, cfg: &SearchConfig) -> String {
     };
     let timeline = if cfg.timeline { "_timeline" } else { "" };
     format!(
-        "threshold_{}_{}{}_g{}_w{}{pivots}{histogram}{recompute}{marks}{prefetch}{backoff}{occupancy}{timeline}",
+        "threshold_{}_{}{}_g{}_w{}{pivots}{histogram}{recompute}{prefetch}{backoff}{occupancy}{timeline}",
         policy.name,
         match (cfg.stream, cfg.shared) {
             (true, true) => "s",

@@ -7,10 +7,7 @@ use super::search::{
     self, finish, initial_bracket, load_params, needs_bounds, reduce_terms, search_steps, tally,
     tally_terms, Outputs, RowTotals, Tally,
 };
-use super::{
-    mark_row_capacity, output, search_name, shared_row_capacity, Policy, SearchConfig, MARK_ROW,
-    SHARED_ROW,
-};
+use super::{output, search_name, shared_row_capacity, Policy, SearchConfig, SHARED_ROW};
 use dusk_compiler::{CacheLevel, CompileError, DType, Elem, Kernel, KernelBuilder, Value};
 
 /// Tiles ahead of the one being read that [`SearchConfig::prefetch`] brings into L2.
@@ -71,26 +68,6 @@ enum RowWeights {
     },
 }
 
-/// The marks ([`SearchConfig::marks`]) in the program's shared memory: a byte a
-/// candidate, query head g's from `g * cap`, holding its weight's key
-/// ([`Histogram::mark_key`]) after pass 2 and whether it is kept (1) or not (0) after the
-/// gather; and the gathered candidates' positions in the row, beside their weights in
-/// `scratch`.
-#[derive(Clone, Copy)]
-struct Marks {
-    keys: Value,
-    gathered: Value,
-    cap: usize,
-}
-
-impl Marks {
-    /// Query head g's marks.
-    fn row(self, b: &mut KernelBuilder, g: Value) -> Value {
-        let at = b.mul_c(g, self.cap as i64);
-        b.add_ptr(self.keys, at)
-    }
-}
-
 /// `e = 2^((s - max) * scale)`: every pass that computes a weight computes it this way, so
 /// a recomputed weight equals the one summed into `z` bit for bit.
 fn weight(b: &mut KernelBuilder, s: Value, max: Value, scale: Value) -> Value {
@@ -100,32 +77,6 @@ fn weight(b: &mut KernelBuilder, s: Value, max: Value, scale: Value) -> Value {
 }
 
 impl RowWeights {
-    /// The weights at `offs` where `mask` holds (-1 elsewhere, +inf for an invalid row's
-    /// candidates): the candidates' own loads, no tile's.
-    fn at(self, b: &mut KernelBuilder, offs: Value, mask: Value) -> Value {
-        let minus_one = b.f32(-1.0);
-        match self {
-            RowWeights::Stored(w) => {
-                let ptrs = b.add_ptr(w, offs);
-                b.load_masked(ptrs, Some(mask), Some(minus_one))
-            }
-            RowWeights::Recomputed {
-                scores,
-                max,
-                bad,
-                scale,
-            } => {
-                let ptrs = b.add_ptr(scores, offs);
-                let zero = b.f32(0.0);
-                let s = b.load_masked(ptrs, Some(mask), Some(zero));
-                let e = weight(b, s, max, scale);
-                let inf = b.f32(f32::INFINITY);
-                let e = b.select(bad, inf, e);
-                b.select(mask, e, minus_one)
-            }
-        }
-    }
-
     /// The weights of tile `t0` (-1 past the row, +inf for an invalid row's candidates).
     fn tile(self, b: &mut KernelBuilder, (t0, n): (Value, Value), tiling: (usize, bool)) -> Value {
         match self {
@@ -187,34 +138,15 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     let start64 = b.cast(start, DType::I64);
     let staging = cfg.shared.then(|| b.shared_alloc(DType::F32, SHARED_ROW));
     let cap = shared_row_capacity(group);
-    let bounds = needs_bounds(policy);
-    // Once the bracket holds at most a tile of candidates (and the policy reads no
-    // nearest-element statistic, which a gathered tile cannot give), they are gathered
-    // into the query row's scratch tile and the last steps run in registers.
-    let gather = !bounds;
-    let marks = (cfg.marks && gather && staging.is_none()).then(|| {
-        // A thread holds 4 of a tile's candidates, as it does of their f32 scores: 16
-        // bytes of marks would give every tile-shaped block 16 a thread.
-        b.set_vector_bytes(4);
-        Marks {
-            keys: b.shared_alloc(DType::U8, MARK_ROW),
-            gathered: b.shared_alloc(DType::I32, tile),
-            cap: mark_row_capacity(group),
-        }
-    });
     // The row's length as the scores are laid out; `n`, what is searched (cut at the
-    // staging's or the marks' capacity).
+    // staging's capacity).
     let row_len = n;
-    let n = match (staging, marks) {
-        (Some(_), _) => {
+    let n = match staging {
+        Some(_) => {
             let c = b.i32(cap as i32);
             b.minimum(n, c)
         }
-        (None, Some(mk)) => {
-            let c = b.i32(mk.cap as i32);
-            b.minimum(n, c)
-        }
-        (None, None) => n,
+        None => n,
     };
     // Query head g's row of `scores` (and of `work`, laid out alike).
     let head_row = |b: &mut KernelBuilder, at: Value, g: Value| -> Value {
@@ -237,6 +169,11 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             (None, None) => None,
         }
     };
+    let bounds = needs_bounds(policy);
+    // Once the bracket holds at most a tile of candidates (and the policy reads no
+    // nearest-element statistic, which a gathered tile cannot give), they are gathered
+    // into the query row's scratch tile and the last steps run in registers.
+    let gather = !bounds;
     // The histogram's first step, for policies with a target to aim it; rows staged in
     // shared memory are short enough for its one-part sums.
     const _: () = assert!(SHARED_ROW <= ONE_PART_ROW);
@@ -318,14 +255,6 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
                 let e_or_all = b.select(bad, inf, e_raw);
                 let wp = b.add_ptr(w_row, offs);
                 b.store_masked(wp, e_or_all, Some(valid));
-            }
-            if let Some(mk) = marks {
-                // Beside the histogram's atomics, so that their barriers merge.
-                let key = Histogram::mark_key(b, e_raw);
-                let key = b.cast(key, DType::U8);
-                let m_row = mk.row(b, g);
-                let kp = b.add_ptr(m_row, offs);
-                b.store_masked(kp, key, Some(valid));
             }
             if let Some((h, _)) = &histogram {
                 h.add(b, e, valid);
@@ -423,25 +352,18 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             let qrow64 = b.cast(qrow, DType::I64);
             let s_off = b.mul_c(qrow64, tile as i64);
             let s_row = b.add_ptr(scratch, s_off);
-            match marks {
-                Some(mk) => {
-                    let m_row = mk.row(b, g);
-                    let ends = (m_row, mk.gathered, s_row);
-                    mark_and_gather(b, ends, weights, (n, tile), (lo, hi), (open, bad));
-                }
-                None => b.if_then(open, |b| {
-                    let zero_i = b.i32(0);
-                    b.for_range(zero_i, n, tile_i, &[zero_i], |b, t0, c| {
-                        let es = weights.tile(b, (t0, n), tiling);
-                        let at_lo = b.ge(es, lo);
-                        let below_hi = b.lt(es, hi);
-                        let inside = b.and(at_lo, below_hi);
-                        vec![append_in_order(b, &[(s_row, es)], inside, c[0])]
-                    });
-                    // The tile is read back by other threads than wrote it.
-                    b.barrier();
-                }),
-            }
+            b.if_then(open, |b| {
+                let zero_i = b.i32(0);
+                b.for_range(zero_i, n, tile_i, &[zero_i], |b, t0, c| {
+                    let es = weights.tile(b, (t0, n), tiling);
+                    let at_lo = b.ge(es, lo);
+                    let below_hi = b.lt(es, hi);
+                    let inside = b.and(at_lo, below_hi);
+                    vec![append_in_order(b, s_row, es, inside, c[0])]
+                });
+                // The tile is read back by other threads than wrote it.
+                b.barrier();
+            });
             // The tile, -1 past the gathered candidates; the candidates at or above the
             // first phase's upper bound are counted by its tallies.
             let ar = b.arange(0, tile as i64);
@@ -450,7 +372,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             let minus_one = b.f32(-1.0);
             let es = b.load_masked(sp, Some(valid), Some(minus_one));
             let (base_mass, base_count) = (k1[4], k1[5]);
-            let fin = search_steps(b, policy, cfg, &param_vals, &row, &k1, None, |b, mids| {
+            search_steps(b, policy, cfg, &param_vals, &row, &k1, None, |b, mids| {
                 tally(b, es, mids, false)
                     .into_iter()
                     .map(|t| Tally {
@@ -459,22 +381,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
                         ..t
                     })
                     .collect()
-            });
-            if let Some(mk) = marks {
-                // The gathered candidates at or above the threshold are kept.
-                let gp = b.add_ptr(mk.gathered, ar);
-                let at = b.load_masked(gp, Some(valid), None);
-                let kept = b.ge(es, fin[0]);
-                let kept = b.and(kept, valid);
-                let kept = b.and(kept, open);
-                let m_row = mk.row(b, g);
-                let mp = b.add_ptr(m_row, at);
-                let one = b.i32(1);
-                let one = b.cast(one, DType::U8);
-                let ones = b.splat(one, &[tile]);
-                b.store_masked(mp, ones, Some(kept));
-            }
-            fin
+            })
         } else {
             k1
         };
@@ -507,17 +414,6 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         let (g_lo, g_hi, one) = (b.i32(0), b.i32(group as i32), b.i32(1));
         b.for_range(g_lo, g_hi, one, &[none], |b, g, k| {
             let (zf, zero_i) = (b.f32(0.0), b.i32(0));
-            if let Some(mk) = marks {
-                let ar = b.arange(0, tile as i64);
-                let offs = b.add(ar, t0);
-                let valid = b.lt(offs, n);
-                let m_row = mk.row(b, g);
-                let mp = b.add_ptr(m_row, offs);
-                let mark = b.load_masked(mp, Some(valid), None);
-                let kept = b.cast(mark, DType::I32);
-                let kept = b.select(valid, kept, zero_i);
-                return vec![b.maximum(k[0], kept)];
-            }
             let t = of_head(b, thresholds, zf, g);
             let weights = match weights_row(b, g) {
                 Some(w_row) => RowWeights::Stored(w_row),
@@ -555,7 +451,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             }
             let src = b.add_ptr(src_row, offs);
             let tok = b.load_masked(src, Some(is_kept), None);
-            vec![append_in_order(b, &[(dst, tok)], is_kept, c[0])]
+            vec![append_in_order(b, dst, tok, is_kept, c[0])]
         })[0]
     };
     // With one query head the budget is the search's count, published at once: the rows
@@ -617,12 +513,12 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     b.finish()
 }
 
-/// Appends the elements of each block of `outs` (`(dst, values)`) where `keep` holds to
-/// its `dst`, in order, after the `count` already there (one prefix sum gives each its
-/// slot); returns the new count.
+/// Appends the elements of block `values` where `keep` holds to `dst`, in order, after the
+/// `count` already there (a prefix sum gives each its slot); returns the new count.
 fn append_in_order(
     b: &mut KernelBuilder,
-    outs: &[(Value, Value)],
+    dst: Value,
+    values: Value,
     keep: Value,
     count: Value,
 ) -> Value {
@@ -630,83 +526,9 @@ fn append_in_order(
     let keep_i = b.select(keep, one, zero);
     let rank = b.cumsum(keep_i);
     let before = b.sub(count, one);
-    let slots: Vec<Value> = outs
-        .iter()
-        .map(|&(dst, _)| {
-            let at = b.add_ptr(dst, before);
-            b.add_ptr(at, rank)
-        })
-        .collect();
-    for (at, &(_, values)) in slots.into_iter().zip(outs) {
-        b.store_masked(at, values, Some(keep));
-    }
+    let at = b.add_ptr(dst, before);
+    let at = b.add_ptr(at, rank);
+    b.store_masked(at, values, Some(keep));
     let here = b.sum(keep_i, 0);
     b.add(count, here)
-}
-
-/// The gather with [`SearchConfig::marks`], over every candidate of query head g's row:
-/// a candidate whose key ([`Histogram::mark_key`], from its mark) lies below bracket
-/// `[lo, hi)`'s keys is dropped and one above it kept, without reading its weight; the
-/// rest have their weights read and compared. Candidates inside the bracket are gathered
-/// (weights to `s_row`, positions to `gathered`) when it is `open`, else kept (the
-/// threshold is then `lo`); an invalid (`bad`) row keeps every candidate. Each mark is
-/// overwritten with the candidate's fate (1 kept, 0 not); the gathered ones are settled
-/// once the search on them ends.
-fn mark_and_gather(
-    b: &mut KernelBuilder,
-    (m_row, gathered, s_row): (Value, Value, Value),
-    weights: RowWeights,
-    (n, tile): (Value, usize),
-    (lo, hi): (Value, Value),
-    (open, bad): (Value, Value),
-) {
-    // Every weight below `hi` has a key at most that of the float just below it.
-    let k_lo = Histogram::mark_key(b, lo);
-    let hi_bits = b.bitcast(hi, DType::I32);
-    let one = b.i32(1);
-    let below_hi = b.sub(hi_bits, one);
-    let below_hi = b.bitcast(below_hi, DType::F32);
-    let k_hi = Histogram::mark_key(b, below_hi);
-    let good = b.not(bad);
-    let (zero_i, tile_i) = (b.i32(0), b.i32(tile as i32));
-    b.for_range(zero_i, n, tile_i, &[zero_i], |b, t0, c| {
-        let ar = b.arange(0, tile as i64);
-        let offs = b.add(ar, t0);
-        let valid = b.lt(offs, n);
-        let mp = b.add_ptr(m_row, offs);
-        let key = b.load_masked(mp, Some(valid), None);
-        let key = b.cast(key, DType::I32);
-        let from_lo = b.ge(key, k_lo);
-        let to_hi = b.le(key, k_hi);
-        let need = b.and(from_lo, to_hi);
-        let need = b.and(need, valid);
-        let need = b.and(need, good);
-        let es = weights.at(b, offs, need);
-        let over = b.gt(key, k_hi);
-        let at_hi = b.ge(es, hi);
-        let at_hi = b.and(at_hi, need);
-        let kept = b.or(over, at_hi);
-        let kept = b.or(kept, bad);
-        let at_lo = b.ge(es, lo);
-        let below = b.lt(es, hi);
-        let inside = b.and(at_lo, below);
-        let inside = b.and(inside, need);
-        let closed = b.not(open);
-        let settled = b.and(inside, closed);
-        let kept = b.or(kept, settled);
-        let kept = b.and(kept, valid);
-        let (one, zero) = (b.i32(1), b.i32(0));
-        let mark = b.select(kept, one, zero);
-        let mark = b.cast(mark, DType::U8);
-        b.store_masked(mp, mark, Some(valid));
-        let gather = b.and(inside, open);
-        vec![append_in_order(
-            b,
-            &[(s_row, es), (gathered, offs)],
-            gather,
-            c[0],
-        )]
-    });
-    // The tile is read back by other threads than wrote it.
-    b.barrier();
 }

@@ -193,7 +193,6 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         shared: false,
         histogram: false,
         recompute: false,
-        marks: false,
         prefetch: false,
         backoff_ns: 0,
         min_programs_per_sm: 0,
@@ -214,16 +213,12 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         backoff_ns: 0,
         ..streamed
     };
-    // The default for rows of up to 32768 (recomputed, each candidate's mark in shared
-    // memory).
-    let marked = SearchConfig::for_rows(32768, 1);
     for cfg in [
         None,
         Some(resident),
         Some(shared),
         Some(streamed),
         Some(recomputed),
-        Some(marked),
     ] {
         let params = [ParamValues::PerRow(ps.clone())];
         let mut plan = match cfg {
@@ -234,7 +229,7 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         plan.run(dusk, &s)?;
         dusk.device().synchronize()?;
         let label = format!(
-            "{}{}{}",
+            "{}{}",
             match (
                 plan.config().stream,
                 plan.config().shared,
@@ -249,8 +244,7 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
                 ", histogram"
             } else {
                 ""
-            },
-            if plan.config().marks { ", marks" } else { "" }
+            }
         );
         let kept = kept_sets(&plan, &lens).map_err(|e| format!("{label}: {e}"))?;
         let mass = plan.kept_mass().download()?;
@@ -390,9 +384,6 @@ pub fn run() -> Res<()> {
             cfg.histogram = false;
         }
         cfg.recompute |= flag("--recompute");
-        if flag("--no-marks") {
-            cfg.marks = false;
-        }
         cfg.prefetch |= flag("--prefetch");
         if let Some(ns) = arg("--backoff") {
             cfg.backoff_ns = ns.parse()?;
