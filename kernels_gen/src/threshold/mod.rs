@@ -259,6 +259,7 @@ impl SearchConfig {
                 recompute: true,
                 prefetch: true,
                 backoff_ns: 1000,
+                min_programs_per_sm: if group == 1 { 3 } else { 0 },
                 ..streamed(8, false)
             }
         }

@@ -13,13 +13,31 @@ use dusk_compiler::{CacheLevel, CompileError, DType, Elem, Kernel, KernelBuilder
 /// Tiles ahead of the one being read that [`SearchConfig::prefetch`] brings into L2.
 const PREFETCH_AHEAD: i64 = 2;
 
+/// Runs `body` over the tiles of a row of `n` candidates (`t0` = 0, `tile`, ...) carrying
+/// `init`: the whole tiles first, told they are `full` (every candidate lies in the row,
+/// so their loads need no masks nor their values a select), then the last partial tile.
+fn for_tiles(
+    b: &mut KernelBuilder,
+    n: Value,
+    tile: usize,
+    init: &[Value],
+    mut body: impl FnMut(&mut KernelBuilder, Value, bool, &[Value]) -> Vec<Value>,
+) -> Vec<Value> {
+    let whole = b.i32(!(tile as i32 - 1));
+    let n_full = b.and(n, whole);
+    let (zero, step) = (b.i32(0), b.i32(tile as i32));
+    let acc = b.for_range(zero, n_full, step, init, |b, t0, c| body(b, t0, true, c));
+    b.for_range(n_full, n, step, &acc, |b, t0, c| body(b, t0, false, c))
+}
+
 /// Tile `t0` (of `tile` candidates) of a row of `n` f32 values at `row`: the offsets, which
-/// of them lie in the row, and the values (`other` past its end). With `prefetch` and a
-/// row in global memory, the tile [`PREFETCH_AHEAD`] on is brought into L2 first.
+/// of them lie in the row (all of a `full` tile's, a constant), and the values (`other`
+/// past its end). With `prefetch` and a row in global memory, the tile
+/// [`PREFETCH_AHEAD`] on is brought into L2 first.
 fn load_tile(
     b: &mut KernelBuilder,
     row: Value,
-    (t0, n): (Value, Value),
+    (t0, n, full): (Value, Value, bool),
     (tile, prefetch): (usize, bool),
     other: f32,
 ) -> (Value, Value, Value) {
@@ -28,8 +46,13 @@ fn load_tile(
     }
     let ar = b.arange(0, tile as i64);
     let offs = b.add(ar, t0);
-    let valid = b.lt(offs, n);
     let ptrs = b.add_ptr(row, offs);
+    if full {
+        let all = b.bool(true);
+        let valid = b.splat(all, &[tile]);
+        return (offs, valid, b.load(ptrs));
+    }
+    let valid = b.lt(offs, n);
     let other = b.f32(other);
     (offs, valid, b.load_masked(ptrs, Some(valid), Some(other)))
 }
@@ -78,16 +101,21 @@ fn weight(b: &mut KernelBuilder, s: Value, max: Value, scale: Value) -> Value {
 
 impl RowWeights {
     /// The weights of tile `t0` (-1 past the row, +inf for an invalid row's candidates).
-    fn tile(self, b: &mut KernelBuilder, (t0, n): (Value, Value), tiling: (usize, bool)) -> Value {
+    fn tile(
+        self,
+        b: &mut KernelBuilder,
+        at: (Value, Value, bool),
+        tiling: (usize, bool),
+    ) -> Value {
         match self {
-            RowWeights::Stored(w) => load_tile(b, w, (t0, n), tiling, -1.0).2,
+            RowWeights::Stored(w) => load_tile(b, w, at, tiling, -1.0).2,
             RowWeights::Recomputed {
                 scores,
                 max,
                 bad,
                 scale,
             } => {
-                let (_, valid, s) = load_tile(b, scores, (t0, n), tiling, 0.0);
+                let (_, valid, s) = load_tile(b, scores, at, tiling, 0.0);
                 let e = weight(b, s, max, scale);
                 let inf = b.f32(f32::INFINITY);
                 let e = b.select(bad, inf, e);
@@ -202,33 +230,30 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         let w_row = weights_row(b, g);
         let zero_i = b.i32(0);
 
-        // Pass 1: the maximum, and whether any logit is NaN or infinite. Tiles fold into
-        // per-thread accumulators, reduced across the program once at the end.
-        let ninf = b.f32(f32::NEG_INFINITY);
-        let bad0 = b.splat(zero_i, &[tile]);
+        // Pass 1: the maximum, and whether any logit is NaN or infinite (a sum of each
+        // logit times 0, which is NaN then and 0 otherwise: one instruction a candidate).
+        // Tiles fold into per-thread accumulators, reduced across the program at the end.
+        let (zf, ninf) = (b.f32(0.0), b.f32(f32::NEG_INFINITY));
+        let probe0 = b.splat(zf, &[tile]);
         let max0 = b.splat(ninf, &[tile]);
-        let acc = b.for_range(zero_i, n, tile_i, &[bad0, max0], |b, t0, c| {
-            let (offs, valid, s) = load_tile(b, s_row, (t0, n), tiling, 0.0);
+        let acc = for_tiles(b, n, tile, &[probe0, max0], |b, t0, full, c| {
+            let (offs, valid, s) = load_tile(b, s_row, (t0, n, full), tiling, 0.0);
             if let (Some(_), Some(w_row)) = (staging, w_row) {
                 // Staged as they are, so that pass 2 reads shared memory, not L2.
                 let wp = b.add_ptr(w_row, offs);
-                b.store_masked(wp, s, Some(valid));
+                b.store_masked(wp, s, (!full).then_some(valid));
             }
-            let mag = b.abs(s);
-            let inf = b.f32(f32::INFINITY);
-            let finite = b.lt(mag, inf);
-            let not_finite = b.not(finite);
-            let bad_here = b.and(valid, not_finite);
-            let (one_i, zero_i) = (b.i32(1), b.i32(0));
-            let bad_i = b.select(bad_here, one_i, zero_i);
+            let zf = b.f32(0.0);
+            let probe = b.mul(s, zf);
             let ninf = b.f32(f32::NEG_INFINITY);
             let s_valid = b.select(valid, s, ninf);
-            vec![b.add(c[0], bad_i), b.maximum(c[1], s_valid)]
+            vec![b.add(c[0], probe), b.maximum(c[1], s_valid)]
         });
-        let stats = [b.sum(acc[0], 0), b.max(acc[1], 0)];
-        search::stamp(b, k.timeline, 1, stats[0]);
-        let bad = b.gt(stats[0], zero_i);
-        let m = stats[1];
+        let probe = b.sum(acc[0], 0);
+        let m = b.max(acc[1], 0);
+        let bad = b.ne(probe, zf);
+        let bad_i = b.select(bad, one, zero_i);
+        search::stamp(b, k.timeline, 1, bad_i);
         let empty = b.le(n, zero_i);
         let skip = b.or(bad, empty);
 
@@ -241,12 +266,12 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         let zf = b.f32(0.0);
         let z0 = b.splat(zf, &[tile]);
         let pos0 = b.splat(zero_i, &[tile]);
-        let acc = b.for_range(zero_i, n, tile_i, &[z0, pos0], |b, t0, c| {
+        let acc = for_tiles(b, n, tile, &[z0, pos0], |b, t0, full, c| {
             let from = match (staging, w_row) {
                 (Some(_), Some(staged)) => staged,
                 _ => s_row,
             };
-            let (offs, valid, s) = load_tile(b, from, (t0, n), tiling, 0.0);
+            let (offs, valid, s) = load_tile(b, from, (t0, n, full), tiling, 0.0);
             let zero = b.f32(0.0);
             let e_raw = weight(b, s, m, scale);
             let e = b.select(valid, e_raw, zero);
@@ -254,7 +279,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
                 let inf = b.f32(f32::INFINITY);
                 let e_or_all = b.select(bad, inf, e_raw);
                 let wp = b.add_ptr(w_row, offs);
-                b.store_masked(wp, e_or_all, Some(valid));
+                b.store_masked(wp, e_or_all, (!full).then_some(valid));
             }
             if let Some((h, _)) = &histogram {
                 h.add(b, e, valid);
@@ -309,8 +334,8 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
                 .flat_map(|_| per.iter())
                 .map(|v| b.splat(*v, &[tile]))
                 .collect();
-            let acc = b.for_range(zero_i, n, tile_i, &init, |b, t0, c| {
-                let es = weights.tile(b, (t0, n), tiling);
+            let acc = for_tiles(b, n, tile, &init, |b, t0, full, c| {
+                let es = weights.tile(b, (t0, n, full), tiling);
                 let mut next = vec![];
                 for (i, mid) in mids.iter().enumerate() {
                     let terms = tally_terms(b, es, *mid, bounds);
@@ -354,8 +379,8 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             let s_row = b.add_ptr(scratch, s_off);
             b.if_then(open, |b| {
                 let zero_i = b.i32(0);
-                b.for_range(zero_i, n, tile_i, &[zero_i], |b, t0, c| {
-                    let es = weights.tile(b, (t0, n), tiling);
+                for_tiles(b, n, tile, &[zero_i], |b, t0, full, c| {
+                    let es = weights.tile(b, (t0, n, full), tiling);
                     let at_lo = b.ge(es, lo);
                     let below_hi = b.lt(es, hi);
                     let inside = b.and(at_lo, below_hi);
@@ -408,7 +433,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     };
 
     // The union of the heads' sets over tile t0 (1 kept, 0 not).
-    let union = |b: &mut KernelBuilder, t0: Value| -> Value {
+    let union = |b: &mut KernelBuilder, t0: Value, full: bool| -> Value {
         let zero_i = b.i32(0);
         let none = b.splat(zero_i, &[tile]);
         let (g_lo, g_hi, one) = (b.i32(0), b.i32(group as i32), b.i32(1));
@@ -427,7 +452,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
                     }
                 }
             };
-            let es = weights.tile(b, (t0, n), tiling);
+            let es = weights.tile(b, (t0, n, full), tiling);
             let kept = b.ge(es, t);
             let kept = b.cast(kept, DType::I32);
             vec![b.maximum(k[0], kept)]
@@ -437,10 +462,10 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     // from the tile's start), masked by `ok`; returns how many were kept.
     let compact = |b: &mut KernelBuilder, dst: Value, ok: Value| -> Value {
         let zero_i = b.i32(0);
-        b.for_range(zero_i, n, tile_i, &[zero_i], |b, t0, c| {
+        for_tiles(b, n, tile, &[zero_i], |b, t0, full, c| {
             let ar = b.arange(0, tile as i64);
             let offs = b.add(ar, t0);
-            let keep = union(b, t0);
+            let keep = union(b, t0, full);
             let one = b.i32(1);
             let one_b = b.splat(one, &[tile]);
             let is_kept = b.eq(keep, one_b);
@@ -493,8 +518,8 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
                 found[1]
             } else {
                 let per = b.splat(zero_i, &[tile]);
-                let counts = b.for_range(zero_i, n, tile_i, &[per], |b, t0, c| {
-                    let keep = union(b, t0);
+                let counts = for_tiles(&mut b, n, tile, &[per], |b, t0, full, c| {
+                    let keep = union(b, t0, full);
                     vec![b.add(c[0], keep)]
                 });
                 let total = b.sum(counts[0], 0);
