@@ -101,12 +101,7 @@ fn weight(b: &mut KernelBuilder, s: Value, max: Value, scale: Value) -> Value {
 
 impl RowWeights {
     /// The weights of tile `t0` (-1 past the row, +inf for an invalid row's candidates).
-    fn tile(
-        self,
-        b: &mut KernelBuilder,
-        at: (Value, Value, bool),
-        tiling: (usize, bool),
-    ) -> Value {
+    fn tile(self, b: &mut KernelBuilder, at: (Value, Value, bool), tiling: (usize, bool)) -> Value {
         match self {
             RowWeights::Stored(w) => load_tile(b, w, at, tiling, -1.0).2,
             RowWeights::Recomputed {
