@@ -253,7 +253,10 @@ impl SearchConfig {
             // reads of the rows' words while a row waits: 730.8 / 730.7 us against 746.2 /
             // 746.9 without in one command, 756.6 / 732.8 against 737.9 / 734.4 in a second
             // (within the noise: it is kept for the issue slots a waiting row leaves to the
-            // program beside it, not for a measured gain).
+            // program beside it, not for a measured gain). Since whole tiles run without
+            // masks (2b458b8) the kernel takes 107 registers, 2 programs an SM: 883-911 us;
+            // capped at 3 an SM (80, no spills; group 1, where it does not spill) 745-759,
+            // at 4 736-738 (8 bytes spilled).
             SearchConfig {
                 block: 2048,
                 recompute: true,
