@@ -10,9 +10,10 @@
   search alone writing a keep mask instead, for reference.
 
 Inputs rotate over two score sets of rows x n f32 (larger than L2 together). Writes JSON
-with each peer's median time (CUDA events) and the device copy bandwidth.
+with each peer's median time (CUDA events) and the device copy bandwidth. `--focus F`
+multiplies the logits (the rows `gpu-check threshold --focus F` times).
 
-    python3 benches/baselines/topp_peers.py --out peers.json
+    python3 benches/baselines/topp_peers.py --out peers.json [--focus 12]
 """
 import argparse
 import json
@@ -124,20 +125,23 @@ def torch_topp(s, p, scale):
     return keep
 
 
-def logits(rows, n, gen):
-    # Attention-like rows: a few heavy tokens over a diffuse background.
+def logits(rows, n, gen, focus):
+    # Attention-like rows: a few heavy tokens over a diffuse background, times `focus`
+    # (as `gpu-check threshold --focus`).
     s = torch.randn(rows, n, device="cuda", generator=gen) * 2.0
     spikes = torch.rand(rows, n, device="cuda", generator=gen) < 0.01
-    return s + spikes * 6.0
+    return (s + spikes * 6.0) * focus
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--focus", type=float, default=1.0,
+                    help="multiplies the logits: 1 diffuse rows (~86%% kept), 12 focused (~2%% at 32768)")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda")
     gen.manual_seed(1)
-    out = {"copy_gbps": copy_gbps(), "cases": []}
+    out = {"copy_gbps": copy_gbps(), "focus": args.focus, "cases": []}
     scale = 1.0 / (128 ** 0.5)
     try:
         import flashinfer.sampling as fis
@@ -145,7 +149,7 @@ def main():
         fis = None
         out["flashinfer_error"] = repr(e)
     for rows, n in [(2048, 8192), (2048, 32768), (2048, 4096)]:
-        sets = [logits(rows, n, gen) for _ in range(2)]
+        sets = [logits(rows, n, gen, args.focus) for _ in range(2)]
         probs = [torch.softmax(s * scale, dim=-1) for s in sets]
         p = torch.full((rows,), 0.9, device="cuda")
         keep = torch.empty(rows, n, dtype=torch.int8, device="cuda")

@@ -13,7 +13,10 @@
 //!    between reads of the words of the rows before, `--programs N` N programs an SM
 //!    asked of ptxas, `--tile T` and `--warps W`
 //!    another tiling, `--timeline` each row's phases from the GPU's clock); `--no-sweep`
-//!    times the defaults only.
+//!    times the defaults only; `--focus F` multiplies the timed rows' logits by F (1: the
+//!    diffuse rows that keep ~86% of their candidates; 12: attention as focused as
+//!    Twilight's, ~2% kept at 32768), the cases then named `top_p_focus{F}_...`, each with
+//!    the fraction of candidates the default kept.
 //!
 //!     gpu-check threshold --peer peers.json --out benches/results/threshold_search.json
 
@@ -363,6 +366,23 @@ pub fn run() -> Res<()> {
         .transpose()?
         .transpose()?;
     let scale = 1.0 / (128f32).sqrt();
+    let focus: f32 = arg("--focus")
+        .map(|f| f.parse())
+        .transpose()?
+        .unwrap_or(1.0);
+    let focus_tag = if focus == 1.0 {
+        String::new()
+    } else {
+        format!("focus{focus}_")
+    };
+    if let Some(p) = &peer {
+        let peer_focus = p["focus"].as_f64().unwrap_or(1.0);
+        if peer_focus != focus as f64 {
+            return Err(
+                format!("--peer timed rows of focus {peer_focus}, these are {focus}").into(),
+            );
+        }
+    }
     let mut cases = vec![];
     let sizes = match profile {
         Some(n) => vec![n],
@@ -374,7 +394,10 @@ pub fn run() -> Res<()> {
         let lens = vec![n; rows];
         let sets: Vec<_> = (0..2)
             .map(|i| {
-                let s: Vec<f32> = (0..rows).flat_map(|_| logits(&mut rng, n, 0)).collect();
+                let s: Vec<f32> = (0..rows)
+                    .flat_map(|_| logits(&mut rng, n, 0))
+                    .map(|x| x * focus)
+                    .collect();
                 let _ = i;
                 dev.upload(&s)
             })
@@ -415,14 +438,18 @@ pub fn run() -> Res<()> {
         if let Some(words) = plan.timeline() {
             timeline(&words.download()?);
         }
+        // The last run's budgets: what these rows keep (the output's bytes follow it).
+        let kept = plan.budgets().download()?;
+        let kept_fraction = kept.iter().map(|&b| b as f64).sum::<f64>() / (rows * n) as f64;
         let bytes = (rows * n * 4) as f64;
         let gbps = bytes / (us * 1e-6) / 1e9;
         // Reading the scores once at the copy rate (bytes moved per second, read + write).
         let read_us = bytes / (copy_gbps * 1e9) * 1e6;
         println!(
-            "top-p {rows} rows x {n}: {us:.1} us; reading the scores once at the copy rate: {read_us:.1} us ({:.2}x); {:.1}% of copy BW",
+            "top-p {rows} rows x {n}: {us:.1} us; reading the scores once at the copy rate: {read_us:.1} us ({:.2}x); {:.1}% of copy BW; {:.2}% of the candidates kept",
             us / read_us,
-            100.0 * gbps / copy_gbps
+            100.0 * gbps / copy_gbps,
+            100.0 * kept_fraction
         );
         // Other configurations beside the default, same inputs (tuning's raw material).
         let mut others = vec![];
@@ -475,8 +502,9 @@ pub fn run() -> Res<()> {
         for name in ["flashinfer", "torch", "triton"] {
             let peer_us = pc.as_ref().and_then(|c| c[format!("{name}_us")].as_f64());
             cases.push(json!({
-                "case": format!("top_p_b{batch}_h{heads}_n{n}_vs_{name}"),
-                "shape": {"batch": batch, "num_q_heads": heads, "candidates": n, "p_permille": 900},
+                "case": format!("top_p_{focus_tag}b{batch}_h{heads}_n{n}_vs_{name}"),
+                "shape": {"batch": batch, "num_q_heads": heads, "candidates": n, "p_permille": 900, "logit_focus": focus},
+                "kept_fraction": kept_fraction,
                 "ours_us": us,
                 "peer": name,
                 "peer_us": peer_us,
