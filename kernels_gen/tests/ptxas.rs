@@ -644,8 +644,13 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
             let report = assemble(&ptxas, &stages.ptx, &arch, &k.name);
             // The streamed search's histogram and staging: ptxas spills a word or two
             // around the barriers of their shared-memory writes (at most 8 bytes: tiles of
-            // 2048 staged, GQA 8 from `work`, sm_90a). Allowed up to 8 there.
-            let allowed = if k.name.ends_with("_h") || k.name.starts_with("threshold_top_p_s") {
+            // 2048 staged, GQA 8 from `work`, sm_90a). The long-row default, capped at 80
+            // registers for 3 programs an SM (`_o3`), spills one word between pass 2 and
+            // the compaction, outside every loop (SASS checked). Allowed up to 8 there.
+            let allowed = if k.name.ends_with("_h")
+                || k.name.ends_with("_o3")
+                || k.name.starts_with("threshold_top_p_s")
+            {
                 8
             } else {
                 0

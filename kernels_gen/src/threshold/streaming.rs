@@ -131,7 +131,10 @@ impl RowWeights {
 /// the second recomputes them from the scores (read again, from L2 or memory).
 /// Once the bracket holds at most a tile of candidates, they are gathered into the query
 /// row's tile of `scratch` (f32, `block` a query row) and the last steps run on it in
-/// registers. Parameters as [`super::resident::build_search`], with `work` (only where the
+/// registers. With one query head and the row not staged, a row whose bracket's lower end
+/// keeps at most a tile (a focused row: Twilight's rows keep a few percent) is listed:
+/// the gather takes every candidate from there up, with its offset in the row, and the
+/// compaction writes the kept ones from that tile instead of reading the row a fourth time. Parameters as [`super::resident::build_search`], with `work` (only where the
 /// weights are kept there, [`SearchConfig::uses_work`]) and `scratch` after `scores`.
 /// Grid: one program per candidate row.
 pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Kernel, CompileError> {
@@ -157,6 +160,12 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         ..
     } = k;
     let scratch = scratch.expect("declared for a streaming search");
+    // Query row q's tile of `scratch`, where its gathered candidates go.
+    let scratch_row = |b: &mut KernelBuilder, q: Value| -> Value {
+        let q64 = b.cast(q, DType::I64);
+        let off = b.mul_c(q64, tile as i64);
+        b.add_ptr(scratch, off)
+    };
     let one = b.i32(1);
     let start64 = b.cast(start, DType::I64);
     let staging = cfg.shared.then(|| b.shared_alloc(DType::F32, SHARED_ROW));
@@ -197,6 +206,12 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     // nearest-element statistic, which a gathered tile cannot give), they are gathered
     // into the query row's scratch tile and the last steps run in registers.
     let gather = !bounds;
+    // With one query head and the row in global memory, a row whose bracket's lower end
+    // keeps at most a tile (a focused row) gathers every candidate from there up with its
+    // offset in the row (`listing`, shared memory), so the compaction reads that list
+    // instead of the whole row again.
+    let listing =
+        (gather && group == 1 && staging.is_none()).then(|| b.shared_alloc(DType::I32, tile));
     // The histogram's first step, for policies with a target to aim it; rows staged in
     // shared memory are short enough for its one-part sums.
     const _: () = assert!(SHARED_ROW <= ONE_PART_ROW);
@@ -216,7 +231,9 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     let none = b.splat(zf, &[gpad]);
     let (g_lo, g_hi) = (b.i32(0), b.i32(group as i32));
     let no_heads = b.splat(zero_i, &[gpad]);
-    let carried = [none, zero_i, none, no_heads];
+    // Per head: threshold, budget, maximum, invalid; and how many candidates `listing`
+    // holds (0: the row is not listed).
+    let carried = [none, zero_i, none, no_heads, zero_i];
     let found = b.for_range(g_lo, g_hi, one, &carried, |b, g, carried| {
         let group_i = b.i32(group as i32);
         let qrow0 = b.mul(row, group_i);
@@ -362,37 +379,77 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             gather.then_some(cap),
             streamed,
         );
-        let fin = if gather {
+        let (fin, listed) = if gather {
             let (lo, hi) = (k1[0], k1[1]);
-            let gap = b.sub(k1[3], k1[5]);
+            let in_bracket = b.sub(k1[3], k1[5]);
             let one_i = b.i32(1);
-            let several = b.gt(gap, one_i);
+            let several = b.gt(in_bracket, one_i);
             let apart = b.lt(lo, hi);
             let open = b.and(several, apart);
-            let qrow64 = b.cast(qrow, DType::I64);
-            let s_off = b.mul_c(qrow64, tile as i64);
-            let s_row = b.add_ptr(scratch, s_off);
-            b.if_then(open, |b| {
+            // Listed: every candidate at or above `lo` (k1[3] of them) is gathered, not
+            // only those below `hi`.
+            let listed = match listing {
+                Some(_) => {
+                    let few = b.le(k1[3], tile_i);
+                    let valid_row = b.not(skip);
+                    b.and(few, valid_row)
+                }
+                None => b.bool(false),
+            };
+            let gap = b.select(listed, k1[3], in_bracket);
+            let open = b.or(open, listed);
+            let s_row = scratch_row(b, qrow);
+            // The candidates in [lo, hi) into the scratch tile; listed, every one from lo
+            // up with its offset into `listing`.
+            let gather_into = |b: &mut KernelBuilder, listing: Option<Value>| {
                 let zero_i = b.i32(0);
                 for_tiles(b, n, tile, &[zero_i], |b, t0, full, c| {
                     let es = weights.tile(b, (t0, n, full), tiling);
                     let at_lo = b.ge(es, lo);
-                    let below_hi = b.lt(es, hi);
-                    let inside = b.and(at_lo, below_hi);
-                    vec![append_in_order(b, s_row, es, inside, c[0])]
+                    let inside = match listing {
+                        Some(_) => at_lo,
+                        None => {
+                            let below_hi = b.lt(es, hi);
+                            b.and(at_lo, below_hi)
+                        }
+                    };
+                    let mut lists = vec![(s_row, es)];
+                    if let Some(listing) = listing {
+                        let ar = b.arange(0, tile as i64);
+                        let offs = b.add(ar, t0);
+                        lists.push((listing, offs));
+                    }
+                    vec![append_in_order(b, &lists, inside, c[0])]
                 });
                 // The tile is read back by other threads than wrote it.
                 b.barrier();
+                vec![]
+            };
+            b.if_then(open, |b| match listing {
+                // Two loops, so that a row not listed pays nothing for the offsets.
+                Some(block) => {
+                    b.if_else(
+                        listed,
+                        |b| gather_into(b, Some(block)),
+                        |b| gather_into(b, None),
+                    );
+                }
+                None => {
+                    gather_into(b, None);
+                }
             });
             // The tile, -1 past the gathered candidates; the candidates at or above the
-            // first phase's upper bound are counted by its tallies.
+            // first phase's upper bound are counted by its tallies (unless listed: then
+            // the tile holds them).
             let ar = b.arange(0, tile as i64);
             let valid = b.lt(ar, gap);
             let sp = b.add_ptr(s_row, ar);
             let minus_one = b.f32(-1.0);
             let es = b.load_masked(sp, Some(valid), Some(minus_one));
-            let (base_mass, base_count) = (k1[4], k1[5]);
-            search_steps(b, policy, cfg, &param_vals, &row, &k1, None, |b, mids| {
+            let (zf, zero_i) = (b.f32(0.0), b.i32(0));
+            let base_mass = b.select(listed, zf, k1[4]);
+            let base_count = b.select(listed, zero_i, k1[5]);
+            let fin = search_steps(b, policy, cfg, &param_vals, &row, &k1, None, |b, mids| {
                 tally(b, es, mids, false)
                     .into_iter()
                     .map(|t| Tally {
@@ -401,9 +458,10 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
                         ..t
                     })
                     .collect()
-            })
+            });
+            (fin, b.select(listed, gap, zero_i))
         } else {
-            k1
+            (k1, b.i32(0))
         };
         let lo = finish(b, &row, &out, &fin);
         let slots = b.arange(0, gpad as i64);
@@ -415,6 +473,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             fin[3],
             b.select(mine, m, carried[2]),
             b.select(mine, bad_i, carried[3]),
+            listed,
         ]
     });
     let thresholds = found[0];
@@ -471,9 +530,33 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             }
             let src = b.add_ptr(src_row, offs);
             let tok = b.load_masked(src, Some(is_kept), None);
-            vec![append_in_order(b, dst, tok, is_kept, c[0])]
+            vec![append_in_order(b, &[(dst, tok)], is_kept, c[0])]
         })[0]
     };
+    // The compaction of a listed row (one query head): the `count` candidates of its
+    // gathered tile, each kept if its weight reaches the threshold, their positions from
+    // the offsets in `listing`.
+    let compact_listed =
+        |b: &mut KernelBuilder, (listing, count): (Value, Value), dst: Value, ok: Value| {
+            let ar = b.arange(0, tile as i64);
+            let valid = b.lt(ar, count);
+            let s_row = scratch_row(b, row);
+            let sp = b.add_ptr(s_row, ar);
+            let minus_one = b.f32(-1.0);
+            let es = b.load_masked(sp, Some(valid), Some(minus_one));
+            let lp = b.add_ptr(listing, ar);
+            let zero_i = b.i32(0);
+            let offs = b.load_masked(lp, Some(valid), Some(zero_i));
+            let zf = b.f32(0.0);
+            let t = of_head(b, thresholds, zf, zero_i);
+            let kept = b.ge(es, t);
+            let kept = b.and(kept, valid);
+            let kept = b.and(kept, ok);
+            let src_row = b.add_ptr(indices, start64);
+            let src = b.add_ptr(src_row, offs);
+            let tok = b.load_masked(src, Some(kept), None);
+            append_in_order(b, &[(dst, tok)], kept, zero_i);
+        };
     // With one query head the budget is the search's count, published at once: the rows
     // after this one wait for it.
     if group == 1 {
@@ -524,7 +607,26 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             let at = output::look_back(&mut b, &k, row);
             search::stamp(&mut b, k.timeline, 4, at.0);
             let dst_row = b.add_ptr(sel_indices, at.0);
-            compact(&mut b, dst_row, at.1);
+            let listed = found[4];
+            let is_listed = b.gt(listed, zero_i);
+            match listing {
+                Some(listing) => {
+                    b.if_else(
+                        is_listed,
+                        |b| {
+                            compact_listed(b, (listing, listed), dst_row, at.1);
+                            vec![]
+                        },
+                        |b| {
+                            compact(b, dst_row, at.1);
+                            vec![]
+                        },
+                    );
+                }
+                None => {
+                    compact(&mut b, dst_row, at.1);
+                }
+            }
             (at, total)
         }
     };
@@ -533,12 +635,12 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     b.finish()
 }
 
-/// Appends the elements of block `values` where `keep` holds to `dst`, in order, after the
-/// `count` already there (a prefix sum gives each its slot); returns the new count.
+/// Appends the elements of each block of `values` where `keep` holds to its `dst`, in
+/// order, after the `count` already there (one prefix sum gives each element its slot in
+/// every list); returns the new count.
 fn append_in_order(
     b: &mut KernelBuilder,
-    dst: Value,
-    values: Value,
+    lists: &[(Value, Value)],
     keep: Value,
     count: Value,
 ) -> Value {
@@ -546,9 +648,11 @@ fn append_in_order(
     let keep_i = b.select(keep, one, zero);
     let rank = b.cumsum(keep_i);
     let before = b.sub(count, one);
-    let at = b.add_ptr(dst, before);
-    let at = b.add_ptr(at, rank);
-    b.store_masked(at, values, Some(keep));
+    let slot = b.add(rank, before);
+    for &(dst, values) in lists {
+        let at = b.add_ptr(dst, slot);
+        b.store_masked(at, values, Some(keep));
+    }
     let here = b.sum(keep_i, 0);
     b.add(count, here)
 }
