@@ -7,8 +7,8 @@
 //! | `spgemv_prepare_q_d128_b4` | query to 15-bit fixed point | `q_rows` |
 //! | `spgemv_quant_dp2a_d128_g1_b4_t64_w2_o14` | SpGEMV, MHA default (`dp2a`) | `rows, ceil(max_row_len / 64)` |
 //! | `spgemv_quant_mma_d128_g4_b4_t64_w2_o0` | SpGEMV, GQA 4 default (tensor cores) | `rows, ceil(max_row_len / 64)` |
-//! | `threshold_top_p_t2048_g1_w8_h_r_l2_b1000_o3` | top-p search, rows of any length (streamed in tiles of 2048 on 8 warps, the weights recomputed from the scores in each pass, L2 prefetches a tile ahead, the first step from a histogram of the weights, a 1 us sleep between the reads of the earlier rows' budgets while it waits for them, registers capped for 3 programs an SM; the default beyond 8192 candidates), the kept positions written as one CSR list | `rows` |
-//! | `threshold_top_p_s1024_g1_w4_h_l2` | top-p search, rows up to 8192 candidates (weights staged in shared memory, tiles of 1024, L2 prefetches a tile ahead, the first step from a histogram; the default there) | `rows` |
+//! | `threshold_top_p_t2048_g1_w4_h_r_l2` | top-p search, rows of any length (streamed in tiles of 2048 on 4 warps, the weights recomputed from the scores in each pass, L2 prefetches a tile ahead, the first step from a histogram of the weights, a focused row's few candidates from the cut up listed for its compaction; the default beyond 8192 candidates), the kept positions written as one CSR list | `rows` |
+//! | `threshold_top_p_s1024_g1_w2_h_l2` | top-p search, rows up to 8192 candidates (weights staged in shared memory, tiles of 1024 on 2 warps, L2 prefetches a tile ahead, the first step from a histogram; the default there) | `rows` |
 //! | `attn_split_lists_d128_g4_f16` | group varlen attention over token lists, GQA 4 (tensor cores), balanced split, each written piece counted at its row's counter | `programs` |
 //! | `attn_merge_lists_d128_f16` | its merge by log-sum-exp, each row as soon as its pieces are in (`counters`: `rows + q_rows` i32, zeroed once, kept across launches) | `q_rows` |
 //! | `attn_split_dense_d128_g4_f16` | dense paged decode attention, GQA 4, chunks of `chunk_tokens` | `rows, chunks` (= its `max_chunks`) |

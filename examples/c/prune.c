@@ -104,7 +104,7 @@ int main(int argc, char **argv) {
   CU(cuMemsetD8(sel_indices, 0xFF, 4 * (size_t)nnz));
   CU(cuMemsetD8(budget, 0xFF, 4 * ROWS));
 
-  DUSK(dusk_threshold_top_p_t2048_g1_w8_h_r_l2_b1000_o3(stream, dscores, scratch, dindptr, dpos, dp,
+  DUSK(dusk_threshold_top_p_t2048_g1_w4_h_r_l2(stream, dscores, scratch, dindptr, dpos, dp,
                                         (float)(SCALE * LOG2_E), sel_indptr, sel_indices, prefix,
                                         budget, kept_mass, flags, ROWS));
   CU(cuStreamSynchronize(stream));

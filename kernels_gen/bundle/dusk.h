@@ -59,20 +59,20 @@ static inline int dusk_spgemv_quant_mma_d128_g4_b4_t64_w2_o0(CUstream stream, CU
     return dusk_launch("spgemv_quant_mma_d128_g4_b4_t64_w2_o0", stream, args, 10, inputs, 2);
 }
 
-/* threshold_top_p_t2048_g1_w8_h_r_l2_b1000_o3 (threshold_search): {"block":2048,"group":1,"histogram":true,"min_programs_per_sm":3,"num_warps":8,"pivots":1,"policy":"top_p","prefetch":true,"recompute":true,"shared":false,"stream":true}
- * grid (rows, 1, 1), 256 threads a program. */
-static inline int dusk_threshold_top_p_t2048_g1_w8_h_r_l2_b1000_o3(CUstream stream, CUdeviceptr scores, CUdeviceptr scratch, CUdeviceptr cand_indptr, CUdeviceptr cand_indices, CUdeviceptr p, float scale_log2e, CUdeviceptr sel_indptr, CUdeviceptr sel_indices, CUdeviceptr prefix, CUdeviceptr budget, CUdeviceptr kept_mass, CUdeviceptr flags, uint64_t rows) {
+/* threshold_top_p_t2048_g1_w4_h_r_l2 (threshold_search): {"block":2048,"group":1,"histogram":true,"min_programs_per_sm":0,"num_warps":4,"pivots":1,"policy":"top_p","prefetch":true,"recompute":true,"shared":false,"stream":true}
+ * grid (rows, 1, 1), 128 threads a program. */
+static inline int dusk_threshold_top_p_t2048_g1_w4_h_r_l2(CUstream stream, CUdeviceptr scores, CUdeviceptr scratch, CUdeviceptr cand_indptr, CUdeviceptr cand_indices, CUdeviceptr p, float scale_log2e, CUdeviceptr sel_indptr, CUdeviceptr sel_indices, CUdeviceptr prefix, CUdeviceptr budget, CUdeviceptr kept_mass, CUdeviceptr flags, uint64_t rows) {
     void *args[] = {&scores, &scratch, &cand_indptr, &cand_indices, &p, &scale_log2e, &sel_indptr, &sel_indices, &prefix, &budget, &kept_mass, &flags};
     const uint64_t inputs[] = {rows};
-    return dusk_launch("threshold_top_p_t2048_g1_w8_h_r_l2_b1000_o3", stream, args, 12, inputs, 1);
+    return dusk_launch("threshold_top_p_t2048_g1_w4_h_r_l2", stream, args, 12, inputs, 1);
 }
 
-/* threshold_top_p_s1024_g1_w4_h_l2 (threshold_search): {"block":1024,"group":1,"histogram":true,"min_programs_per_sm":0,"num_warps":4,"pivots":1,"policy":"top_p","prefetch":true,"recompute":false,"shared":true,"stream":true}
- * grid (rows, 1, 1), 128 threads a program. */
-static inline int dusk_threshold_top_p_s1024_g1_w4_h_l2(CUstream stream, CUdeviceptr scores, CUdeviceptr scratch, CUdeviceptr cand_indptr, CUdeviceptr cand_indices, CUdeviceptr p, float scale_log2e, CUdeviceptr sel_indptr, CUdeviceptr sel_indices, CUdeviceptr prefix, CUdeviceptr budget, CUdeviceptr kept_mass, CUdeviceptr flags, uint64_t rows) {
+/* threshold_top_p_s1024_g1_w2_h_l2 (threshold_search): {"block":1024,"group":1,"histogram":true,"min_programs_per_sm":0,"num_warps":2,"pivots":1,"policy":"top_p","prefetch":true,"recompute":false,"shared":true,"stream":true}
+ * grid (rows, 1, 1), 64 threads a program. */
+static inline int dusk_threshold_top_p_s1024_g1_w2_h_l2(CUstream stream, CUdeviceptr scores, CUdeviceptr scratch, CUdeviceptr cand_indptr, CUdeviceptr cand_indices, CUdeviceptr p, float scale_log2e, CUdeviceptr sel_indptr, CUdeviceptr sel_indices, CUdeviceptr prefix, CUdeviceptr budget, CUdeviceptr kept_mass, CUdeviceptr flags, uint64_t rows) {
     void *args[] = {&scores, &scratch, &cand_indptr, &cand_indices, &p, &scale_log2e, &sel_indptr, &sel_indices, &prefix, &budget, &kept_mass, &flags};
     const uint64_t inputs[] = {rows};
-    return dusk_launch("threshold_top_p_s1024_g1_w4_h_l2", stream, args, 12, inputs, 1);
+    return dusk_launch("threshold_top_p_s1024_g1_w2_h_l2", stream, args, 12, inputs, 1);
 }
 
 /* attn_split_lists_d128_g4_f16 (attention_split): {"block_tokens":8,"dtype":"f16","group":4,"head_dim":128,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":true,"source":"lists","stream_kv":true,"tensor_cores":true}

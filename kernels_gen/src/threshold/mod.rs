@@ -220,49 +220,51 @@ impl SearchConfig {
     }
 
     /// The default for rows of up to `max_len` candidates, from the configurations timed on
-    /// an H100 (`gpu-check threshold` sweeps them; benches/NOTES.md has the figures): every
-    /// default streams the row in tiles of 1024 with the histogram's first step. Few warps
-    /// a row win, since each search step's fixed cost (the exchange between warps, the
-    /// scalar bookkeeping every thread repeats) is paid per warp: 4 warps with the weights
-    /// in shared memory where they fit ([`shared_row_capacity`]: 8192 candidates for one
+    /// an H100 (`gpu-check threshold` sweeps them, on near-uniform rows and with `--focus
+    /// 12` on rows as focused as Twilight's; benches/NOTES.md has the figures): every
+    /// default streams the row in tiles with the histogram's first step. Few warps a row
+    /// win, since each search step's fixed cost (the exchange between warps, the scalar
+    /// bookkeeping every thread repeats) is paid per warp: 2 warps with the weights in
+    /// shared memory where they fit ([`shared_row_capacity`]: 8192 candidates for one
     /// query head a row; L2 prefetches ahead of the scores' and positions' loads), else 2
-    /// warps up to [`SHORT_ROWS`], and beyond, tiles of 2048 on 8 warps with the weights
+    /// warps from `work` up to [`SHORT_ROWS`], and beyond, tiles of 2048 with the weights
     /// recomputed from the scores in every pass (`recompute`) and each tile's loads
-    /// preceded by L2 prefetches of the tile two on (`prefetch`). Rows held in registers
-    /// lose since the search writes the CSR list itself: a row waiting for the rows before
-    /// it holds all of its registers.
+    /// preceded by L2 prefetches of the tile two on (`prefetch`): on 4 warps for one query
+    /// head a row, on 8 with a 1 us sleep between the reads of the earlier rows' budgets
+    /// for GQA groups (not timed since the one-head default moved to 4 warps). Rows held
+    /// in registers lose since the search writes the CSR list itself: a row waiting for
+    /// the rows before it holds all of its registers.
     pub fn for_rows(max_len: usize, group: usize) -> SearchConfig {
         let streamed =
             |num_warps, shared| SearchConfig::streamed(1024, group, num_warps, 1, shared);
         if max_len <= shared_row_capacity(group) {
-            // 8192 candidates: 180.1 us; without the prefetches 182.1 (1.1-1.3% slower in
-            // each of four runs, e336929 .. 1731b8b); from `work` at 4096: 153.1 against
-            // 137.9.
+            // 61c39ce's sweep, focused / near-uniform rows: 8192 candidates 139.4 / 158.7 us
+            // on 2 warps against 144.9 / 163.4 on 4 (the default then); 4096 112.6 / 118.7
+            // against 128.0 / 131.9.
             SearchConfig {
                 prefetch: true,
-                backoff_ns: 0,
-                ..streamed(4, true)
+                ..streamed(2, true)
             }
         } else if max_len <= SHORT_ROWS {
             streamed(2, false)
+        } else if group == 1 {
+            // 32768 candidates, 61c39ce's sweep: 470.5 / 732.1 us on 4 warps against 505.3 /
+            // 755.6 for the default then (8 warps, registers capped for 3 programs an SM,
+            // 776.7 as a sweep row on the near-uniform rows).
+            SearchConfig {
+                block: 2048,
+                recompute: true,
+                prefetch: true,
+                ..streamed(4, false)
+            }
         } else {
-            // 32768 candidates: 789.6 us; without the prefetches 851.9, on 4 warps 830.2
-            // (826.2 with them), from `work` 861.5 (e336929). Registers capped for more
-            // programs an SM did not pay: 3 an SM (80 registers) 759.1 against 751.3, 4
-            // (64, spilling 8 bytes) 724.1 (480659e). A microsecond's sleep between the
-            // reads of the rows' words while a row waits: 730.8 / 730.7 us against 746.2 /
-            // 746.9 without in one command, 756.6 / 732.8 against 737.9 / 734.4 in a second
-            // (within the noise: it is kept for the issue slots a waiting row leaves to the
-            // program beside it, not for a measured gain). Since whole tiles run without
-            // masks (2b458b8) the kernel takes 107 registers, 2 programs an SM: 883-911 us;
-            // capped at 3 an SM (80, no spills; group 1, where it does not spill) 745-759,
-            // at 4 736-738 (8 bytes spilled).
+            // GQA groups' long rows, as one query head's were up to 61c39ce (32768
+            // candidates with one head: 789.6 us on 8 warps against 830.2 on 4 at e336929).
             SearchConfig {
                 block: 2048,
                 recompute: true,
                 prefetch: true,
                 backoff_ns: 1000,
-                min_programs_per_sm: if group == 1 { 3 } else { 0 },
                 ..streamed(8, false)
             }
         }
