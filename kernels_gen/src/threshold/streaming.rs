@@ -134,7 +134,8 @@ impl RowWeights {
 /// registers. With one query head and the row not staged, a row whose bracket's lower end
 /// keeps at most a tile (a focused row: Twilight's rows keep a few percent) is listed:
 /// the gather takes every candidate from there up, with its offset in the row, and the
-/// compaction writes the kept ones from that tile instead of reading the row a fourth time. Parameters as [`super::resident::build_search`], with `work` (only where the
+/// compaction writes the kept ones from that tile instead of reading the row a fourth
+/// time. Parameters as [`super::resident::build_search`], with `work` (only where the
 /// weights are kept there, [`SearchConfig::uses_work`]) and `scratch` after `scores`.
 /// Grid: one program per candidate row.
 pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Kernel, CompileError> {
