@@ -24,6 +24,8 @@ python3 benches/baselines/spgemv_torch.py --out /tmp/peer.json && \\
   .device/gpu-check spgemv --peer /tmp/peer.json --out benches/results/spgemv.json --commit <sha> --date <date>
 python3 benches/baselines/topp_peers.py --out /tmp/topp.json && \\
   .device/gpu-check threshold --peer /tmp/topp.json --out benches/results/threshold_search.json --commit <sha> --date <date>
+python3 benches/baselines/topp_peers.py --focus 12 --out /tmp/topp12.json && \\
+  .device/gpu-check threshold --focus 12 --peer /tmp/topp12.json --out benches/results/threshold_search_focus.json --commit <sha> --date <date>
 python3 benches/baselines/attention_peers.py --out /tmp/attn.json && \\
   .device/gpu-check attention --peers /tmp/attn.json --out benches/results/varlen_attention.json --commit <sha> --date <date>
 python3 benches/report.py > BENCHMARKS.md
