@@ -14,14 +14,13 @@ use dusk_kernels::attention_ops::{
 };
 use dusk_kernels::ops::Dusk;
 use dusk_kernels::paged::{KvShape, PageTable};
-use dusk_runtime::{median, Buffer};
+use dusk_runtime::Buffer;
 use half::f16;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-const L2_BYTES: usize = 50 << 20;
 /// Largest relative error of the outputs of the sampled rows (f16 outputs).
 pub const TOLERANCE: f64 = 2e-3;
 
@@ -268,7 +267,7 @@ impl<'d> AttentionProblem<'d> {
         let (d, hkv) = (shape.head_dim, shape.num_kv_heads);
         let q_len = shape.batch * shape.num_q_heads * d;
         let kv_len = spec.kv.elements();
-        let copies = (2 * L2_BYTES).div_ceil(shape.bytes().max(1)).clamp(1, 8);
+        let copies = dusk.device().rotation_sets(shape.bytes());
         let dev = dusk.device();
         let mut sets = vec![];
         let mut want = vec![];
@@ -429,17 +428,14 @@ impl Candidate for AttentionCandidate<'_> {
             return Err("not prepared".into());
         };
         let dev = p.dusk.device();
-        let (iters, warmup) = if dev.is_gpu() { (40, 5) } else { (3, 1) };
-        let mut i = 0;
         let times = dev
-            .time_us(iters, warmup, || {
-                let set = &p.sets[i % p.sets.len()];
-                i += 1;
+            .time_calls(p.sets.len(), |i| {
+                let set = &p.sets[i];
                 s.plan.run(
                     p.dusk, &set.q, &set.k, &set.v, &s.meta, None, &mut s.out, &mut s.lse,
                 )
             })
             .map_err(|e| e.to_string())?;
-        Ok(median(&times))
+        Ok(times.median_us())
     }
 }

@@ -13,12 +13,10 @@ use dusk_kernels::policies::top_p;
 use dusk_kernels::prune::{ParamValues, PrunePlan};
 use dusk_kernels::reference::{check_kept, softmax, top_p_oracle};
 use dusk_kernels::threshold::{self, SearchConfig};
-use dusk_runtime::{median, Buffer};
+use dusk_runtime::Buffer;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-
-const L2_BYTES: usize = 50 << 20;
 
 /// `rows` candidate rows (batch x heads, MHA) of `len` candidates each, top-p with `p`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -132,7 +130,7 @@ impl<'d> SearchProblem<'d> {
             indptr.push(indices.len() as i32);
         }
         let cand = TokenLists { indptr, indices };
-        let copies = (2 * L2_BYTES).div_ceil(shape.bytes().max(1)).clamp(1, 8);
+        let copies = dusk.device().rotation_sets(shape.bytes());
         let mut sets = vec![];
         let mut sample = vec![];
         for c in 0..copies {
@@ -245,15 +243,12 @@ impl Candidate for SearchCandidate<'_> {
             return Err("not prepared".into());
         };
         let dev = p.dusk.device();
-        let (iters, warmup) = if dev.is_gpu() { (40, 5) } else { (3, 1) };
-        let mut i = 0;
         let times = dev
-            .time_us(iters, warmup, || {
-                let s = &p.sets[i % p.sets.len()];
-                i += 1;
+            .time_calls(p.sets.len(), |i| {
+                let s = &p.sets[i];
                 plan.run(p.dusk, s)
             })
             .map_err(|e| e.to_string())?;
-        Ok(median(&times))
+        Ok(times.median_us())
     }
 }

@@ -10,14 +10,12 @@ use dusk_kernels::ops::{Dusk, QuantizedK, SpgemvPlan};
 use dusk_kernels::paged::{KvShape, PageTable, TokenLists};
 use dusk_kernels::reference::{self, QuantizedRows};
 use dusk_kernels::spgemv::{self, SpgemvConfig};
-use dusk_runtime::{median, Buffer};
+use dusk_runtime::Buffer;
 use half::f16;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, RngCore, SeedableRng};
 
-/// L2 of the largest GPU we tune on (H100: 50 MB): inputs are rotated past twice this.
-const L2_BYTES: usize = 50 << 20;
 /// Largest relative error (‖got - want‖ / ‖want‖ over the sampled rows) a config may have.
 pub const TOLERANCE: f64 = 1e-3;
 
@@ -207,7 +205,7 @@ impl<'d> SpgemvProblem<'d> {
         let q_len = shape.batch * shape.num_q_heads * shape.head_dim;
         let nnz = cand.indices.len();
         let bytes = nnz * (row_bytes + 4 + 4) + nnz * shape.group() * 4;
-        let copies = (2 * L2_BYTES).div_ceil(bytes.max(1)).clamp(1, 8);
+        let copies = dusk.device().rotation_sets(bytes);
         let dev = dusk.device();
         let mut sets = vec![];
         let mut host = None;
@@ -376,15 +374,12 @@ impl Candidate for SpgemvCandidate<'_> {
             return Err("not prepared".into());
         };
         let dev = p.dusk.device();
-        let (iters, warmup) = if dev.is_gpu() { (40, 5) } else { (3, 1) };
-        let mut i = 0;
         let times = dev
-            .time_us(iters, warmup, || {
-                let set = &p.sets[i % p.sets.len()];
-                i += 1;
+            .time_calls(p.sets.len(), |i| {
+                let set = &p.sets[i];
                 plan.run(p.dusk, &set.q, &set.k, scores)
             })
             .map_err(|e| e.to_string())?;
-        Ok(median(&times))
+        Ok(times.median_us())
     }
 }

@@ -27,8 +27,8 @@ pub trait Candidate {
     fn prepare(&mut self) -> Result<(), String>;
     /// Runs once on outputs poisoned with NaN and compares with the reference.
     fn check(&mut self) -> Result<(), Rejection>;
-    /// Times it (CUDA events on the GPU: warm-up, then the median of many runs, inputs
-    /// rotated beyond L2), in microseconds.
+    /// Times it with the harness (`Device::time_calls`: calls captured in a CUDA graph and
+    /// replayed, inputs rotated past twice the L2), the median per call in microseconds.
     fn time_us(&mut self) -> Result<f64, String>;
 }
 

@@ -7,7 +7,7 @@ use dusk_aot::spgemv_tune::{SpgemvProblem, SpgemvShape};
 use dusk_aot::tune::{self, Candidate, DeviceId, Rejection, Status, TuneCache};
 use dusk_compiler::{DType, Kernel, KernelBuilder};
 use dusk_kernels::ops::Dusk;
-use dusk_runtime::{median, Arg, Buffer, Device, LoadedKernel};
+use dusk_runtime::{Arg, Buffer, Device, LoadedKernel};
 use std::sync::Arc;
 
 /// `y[i] = 2 x[i]`, `block` elements a program.
@@ -90,9 +90,9 @@ impl Candidate for Doubling<'_> {
     fn time_us(&mut self) -> Result<f64, String> {
         let times = self
             .dev
-            .time_us(5, 1, || self.launch())
+            .time_calls(1, |_| self.launch())
             .map_err(|e| e.to_string())?;
-        Ok(median(&times))
+        Ok(times.median_us())
     }
 }
 

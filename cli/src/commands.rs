@@ -9,7 +9,7 @@ use dusk_aot::stock;
 use dusk_aot::tune::{self, DeviceId, Status, TuneCache};
 use dusk_compiler::codegen::{compile_cached, compile_stages, Source, Target};
 use dusk_kernels::ops::Dusk;
-use dusk_runtime::{median, Device};
+use dusk_runtime::Device;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -461,8 +461,8 @@ fn copy_gbps(dev: &Device) -> Res<Option<f64>> {
     let n = 1usize << 30;
     let src = dev.upload(&vec![0x5Au8; n])?;
     let mut dst = dev.alloc::<u8>(n)?;
-    let t = dev.time_us(20, 3, || dst.copy_from(&src))?;
-    Ok(Some(2.0 * n as f64 / (median(&t) * 1e-6) / 1e9))
+    let t = dev.time_calls(1, |_| dst.copy_from(&src))?;
+    Ok(Some(2.0 * n as f64 / (t.median_us() * 1e-6) / 1e9))
 }
 
 fn spgemv_shape_json(s: &SpgemvShape) -> Value {

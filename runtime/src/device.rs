@@ -33,6 +33,7 @@ pub(crate) struct Gpu {
     pub(crate) driver_version: (u32, u32),
     pub(crate) compute_capability: (u32, u32),
     pub(crate) num_sms: u32,
+    pub(crate) l2_bytes: usize,
 }
 
 impl Device {
@@ -190,6 +191,9 @@ fn open_gpu(ordinal: usize) -> Result<Device> {
     let sms = ctx
         .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .map_err(driver("cuDeviceGetAttribute"))?;
+    let l2 = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
+        .map_err(driver("cuDeviceGetAttribute"))?;
     Ok(Device {
         backend: Backend::Gpu(Arc::new(Gpu {
             ctx,
@@ -199,6 +203,7 @@ fn open_gpu(ordinal: usize) -> Result<Device> {
             driver_version,
             compute_capability: (major.max(0) as u32, minor.max(0) as u32),
             num_sms: sms.max(0) as u32,
+            l2_bytes: l2.max(0) as usize,
         })),
     })
 }

@@ -94,7 +94,7 @@ pub enum RuntimeError {
     #[error("bundle {path}: {msg}")]
     Bundle { path: String, msg: String },
 
-    /// The closure given to [`Device::time_us`](crate::Device::time_us) failed.
+    /// The closure given to [`Device::time_calls`](crate::Device::time_calls) failed.
     #[error("the timed closure failed: {0}")]
     Timed(#[source] Box<dyn std::error::Error + Send + Sync>),
 }

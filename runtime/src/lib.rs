@@ -13,7 +13,8 @@
 //! - [`LoadedKernel`]: [`Device::load_kernel`] from the IR and, on the GPU, its PTX;
 //!   [`Device::launch`] checks every [`Arg`] against the kernel's parameters first.
 //! - [`Bundle`]: ahead-of-time PTX and a manifest, loaded with no LLVM ([`bundle`]).
-//! - Timing: [`Device::time_us`] (CUDA events on the GPU) and [`median`].
+//! - Timing: the harness every benchmark and the tuner use ([`Device::time_calls`]: inputs
+//!   rotated past twice the L2, calls captured in a CUDA graph and replayed), and [`median`].
 //!
 //! Buffers round-trip on any device:
 //!
@@ -36,7 +37,7 @@
 //!
 //! ```no_run
 //! use dusk_compiler::{DType, KernelBuilder};
-//! use dusk_runtime::{median, Arg, Device};
+//! use dusk_runtime::{Arg, Device};
 //! use std::sync::Arc;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -50,8 +51,8 @@
 //! let kernel = dev.load_kernel(ir, dev.is_gpu().then_some(ptx.as_str()))?;
 //! let buf = dev.upload(&vec![1.0f32; 4096])?;
 //! dev.launch(&kernel, [32, 1, 1], &[Arg::from(&buf), Arg::I32(4096)])?;
-//! let times = dev.time_us(100, 10, || dev.launch(&kernel, [32, 1, 1], &[Arg::from(&buf), Arg::I32(4096)]))?;
-//! println!("{:.1} us", median(&times));
+//! let t = dev.time_calls(1, |_| dev.launch(&kernel, [32, 1, 1], &[Arg::from(&buf), Arg::I32(4096)]))?;
+//! println!("{:.1} us a call ({})", t.median_us(), t.timing);
 //! # Ok(()) }
 //! ```
 
@@ -68,7 +69,7 @@ pub use bundle::{Bundle, LoadedBundle, Manifest, RawBundle};
 pub use device::Device;
 pub use error::{Result, RuntimeError};
 pub use kernel::{Arg, LoadedKernel};
-pub use timing::median;
+pub use timing::{median, rotation_sets, Measured, TimeConfig, Timing};
 
 /// The cudarc version this crate is built on, for callers that use
 /// [`Device::cuda_stream`].

@@ -2,7 +2,9 @@
 //! interpreter. Needs no GPU; `Device::best()` must fall back here without panicking.
 
 use dusk_compiler::{DType, Kernel, KernelBuilder};
-use dusk_runtime::{median, Arg, Buffer, Device, Element, RuntimeError};
+use dusk_runtime::{
+    median, rotation_sets, Arg, Buffer, Device, Element, RuntimeError, TimeConfig, Timing,
+};
 use half::{bf16, f16};
 use std::sync::Arc;
 
@@ -304,16 +306,23 @@ fn cpu_launch_runs_the_interpreter() {
 #[test]
 fn cpu_timing_and_median() {
     let dev = Device::cpu();
-    let mut calls = 0;
+    let mut seen = vec![];
+    let cfg = TimeConfig {
+        cpu_rounds: 4,
+        ..TimeConfig::default()
+    };
     let t = dev
-        .time_us(5, 2, || {
-            calls += 1;
+        .time_calls_with(&cfg, 3, |set| {
+            seen.push(set);
             Ok::<(), String>(())
         })
         .unwrap();
-    assert_eq!((t.len(), calls), (5, 7));
-    assert!(t.iter().all(|v| *v >= 0.0));
-    let e = dev.time_us(3, 0, || Err("boom".to_string())).unwrap_err();
+    // One eager turn through the sets, then a turn a round.
+    assert_eq!(seen, [0, 1, 2].repeat(5));
+    assert_eq!((t.samples_us.len(), t.calls, t.timing), (4, 3, Timing::Cpu));
+    assert!(t.samples_us.iter().all(|v| *v >= 0.0));
+    assert_eq!(t.timing.to_string(), "cpu");
+    let e = dev.time_calls(1, |_| Err("boom".to_string())).unwrap_err();
     assert!(
         matches!(e, RuntimeError::Timed(_)) && e.to_string().contains("boom"),
         "{e}"
@@ -322,4 +331,30 @@ fn cpu_timing_and_median() {
     assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
     assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
     assert!(median(&[]).is_nan());
+}
+
+/// The rotation rule: together the sets exceed twice the L2, and no more sets than that.
+#[test]
+fn rotation_sets_exceed_twice_the_l2() {
+    let l2 = 50 << 20;
+    for bytes in [
+        1usize,
+        4096,
+        16 << 20,
+        33 << 20,
+        50 << 20,
+        100 << 20,
+        101 << 20,
+        1 << 30,
+    ] {
+        let n = rotation_sets(bytes, l2);
+        assert!(n * bytes > 2 * l2, "{n} sets of {bytes} bytes");
+        assert!(
+            n == 1 || (n - 1) * bytes <= 2 * l2,
+            "{n} sets of {bytes} bytes"
+        );
+    }
+    assert_eq!(rotation_sets(0, l2), 2 * l2 + 1);
+    assert_eq!(Device::cpu().rotation_sets(4096), 1);
+    assert_eq!(Device::cpu().l2_bytes(), None);
 }

@@ -3,7 +3,7 @@
 //! copies, poisoning, timing and the errors, not the code generator.
 
 use dusk_compiler::{DType, Kernel, KernelBuilder};
-use dusk_runtime::{median, Arg, Device, Element, RuntimeError};
+use dusk_runtime::{Arg, Device, Element, RuntimeError, Timing};
 use half::{bf16, f16};
 use std::sync::Arc;
 
@@ -343,22 +343,31 @@ fn scalar_arguments_reach_the_kernel() {
 #[test]
 fn timing_and_copy_bandwidth() {
     let dev = gpu();
+    let l2 = dev.l2_bytes().unwrap();
+    assert!(l2 >= 1 << 20, "L2 of {l2} bytes");
     let n = 256usize << 20;
     let src = dev.upload(&vec![0x5Au8; n]).unwrap();
     let mut dst = dev.alloc::<u8>(n).unwrap();
-    let t = dev.time_us(20, 3, || dst.copy_from(&src)).unwrap();
-    assert_eq!(t.len(), 20);
-    assert!(t.iter().all(|v| *v > 0.0));
-    let gbps = 2.0 * n as f64 / (median(&t) * 1e-6) / 1e9;
+    let t = dev.time_calls(1, |_| dst.copy_from(&src)).unwrap();
+    assert_eq!((t.timing, t.samples_us.len()), (Timing::Graph, 15));
+    assert!(t.samples_us.iter().all(|v| *v > 0.0));
+    let gbps = 2.0 * n as f64 / (t.median_us() * 1e-6) / 1e9;
     println!(
         "device copy of {} MiB: median {:.1} us, {gbps:.0} GB/s (read + write)",
         n >> 20,
-        median(&t)
+        t.median_us()
     );
     assert!(gbps > 100.0, "{gbps} GB/s is not a device copy");
     assert_eq!(dst.download().unwrap()[n - 1], 0x5A);
 
-    let e = dev.time_us(2, 0, || Err("stop")).unwrap_err();
+    // A call a graph cannot hold (it waits on the host) is queued between events instead.
+    let small = dev.upload(&[1u8; 64]).unwrap();
+    let t = dev.time_calls(2, |_| small.download().map(drop)).unwrap();
+    assert_eq!(t.timing, Timing::Queued);
+    assert!(t.graph_error.is_some());
+    assert_eq!(t.calls, 20);
+
+    let e = dev.time_calls(1, |_| Err("stop")).unwrap_err();
     assert!(matches!(e, RuntimeError::Timed(_)), "{e}");
 }
 

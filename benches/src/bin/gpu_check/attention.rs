@@ -22,7 +22,8 @@
 //! case rotating through N copies of its metadata (lists, page table), so that no run finds
 //! the ones before it left in L2; `--cpu` runs 1 on the interpreter.
 
-use crate::common::{arg, copy_gbps, flag, spread, Res};
+use crate::common::{case_json, copy_gbps, spread, Common, PeerTime, Res};
+use clap::Args;
 use dusk::compiler::{DType, KernelBuilder};
 use dusk::kernels::attention_ops::{
     default_tiling, AttentionMeta, AttentionMode, AttentionPlan, AttentionSpec, AttentionTuning,
@@ -32,7 +33,7 @@ use dusk::kernels::ops::Dusk;
 use dusk::kernels::paged::{KvShape, PageTable, TokenLists};
 use dusk::kernels::reference::{self, HalfFloat};
 use dusk::kernels::timeline::TIMELINE_WORDS;
-use dusk::runtime::{median, Arg, Buffer, Device, Element, LoadedKernel};
+use dusk::runtime::{Arg, Buffer, Device, Element, LoadedKernel, Measured, TimeConfig};
 use half::{bf16, f16};
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
@@ -42,8 +43,6 @@ use std::sync::Arc;
 
 const D: usize = 128;
 const PAGE: usize = 16;
-/// Caches smaller than this are rotated through several copies so reads come from DRAM.
-const ROTATE_BYTES: usize = 256 << 20;
 
 fn page_table(rng: &mut SmallRng, seq_lens: &[usize]) -> (PageTable, usize) {
     let total = PageTable::pages_needed(seq_lens, PAGE);
@@ -475,8 +474,15 @@ fn graph_replay(dusk: &Dusk, rng: &mut SmallRng, fused_merge: bool) -> Res<(f64,
     if e1.max(e2) >= 2e-3 {
         return Err(format!("graph replay: rel err {e1:.2e}, {e2:.2e}").into());
     }
-    // Replay time against plain launches of the same step.
-    let replay = median(&dev.time_us(50, 5, || graph.launch())?);
+    // The replay's time: graph launches queued between events (a graph is not captured in
+    // a graph).
+    let queued = TimeConfig {
+        graph: false,
+        ..TimeConfig::default()
+    };
+    let replay = dev
+        .time_calls_with(&queued, 1, |_| graph.launch())?
+        .median_us();
     Ok((e1, e2, replay))
 }
 
@@ -530,13 +536,14 @@ fn random_device(dusk: &Dusk, fill: &LoadedKernel, n: usize, seed: i64) -> Res<B
     Ok(buf)
 }
 
-/// A benchmark cache: `copies` K/V pairs (rotated so reads come from DRAM).
+/// A benchmark cache: K/V pairs in as many copies as the harness's rotation asks for the
+/// bytes a run reads (so reads come from DRAM).
 struct Cache {
     pairs: Vec<(Buffer<f16>, Buffer<f16>)>,
 }
 
 fn cache(dusk: &Dusk, fill: &LoadedKernel, kv: KvShape, read_bytes: usize) -> Res<Cache> {
-    let copies = ROTATE_BYTES.div_ceil(read_bytes.max(1)).max(1);
+    let copies = dusk.device().rotation_sets(read_bytes);
     let mut pairs = vec![];
     for c in 0..copies {
         let s = 2 * c as i64 * kv.elements() as i64;
@@ -557,27 +564,16 @@ fn metas(
     plan: &AttentionPlan,
     table: &PageTable,
     lists: Option<&TokenLists>,
+    cold_meta: usize,
 ) -> Res<Vec<AttentionMeta>> {
-    let copies = arg("--cold-meta").and_then(|n| n.parse::<usize>().ok());
-    (0..copies.unwrap_or(1).max(1))
+    (0..cold_meta.max(1))
         .map(|_| Ok(plan.upload_meta(dusk, table, lists)?))
         .collect()
 }
 
-/// Median time of `plan.run` over the cache's copies, in us.
-fn time_plan(
-    dusk: &Dusk,
-    plan: &AttentionPlan,
-    c: &Cache,
-    meta: &[AttentionMeta],
-    q: &Buffer<f16>,
-) -> Res<f64> {
-    Ok(median(&time_samples(dusk, plan, c, meta, q)?))
-}
-
 /// The default timed twice, before and after the other tilings (a pass now and then ran
-/// 10-17% slower than the same configuration timed beside it, 6f9a353's run): the median
-/// of both passes' samples, and each pass's median.
+/// 10-17% slower than the same configuration timed beside it, 6f9a353's run): both passes'
+/// samples together, and each pass's median.
 fn time_default(
     dusk: &Dusk,
     plan: &AttentionPlan,
@@ -585,37 +581,45 @@ fn time_default(
     meta: &[AttentionMeta],
     q: &Buffer<f16>,
     between: impl FnOnce() -> Res<Vec<Value>>,
-) -> Res<(f64, Value, Vec<Value>)> {
-    let mut a = time_samples(dusk, plan, c, meta, q)?;
+) -> Res<(Measured, Value, Vec<Value>)> {
+    let mut a = time_plan(dusk, plan, c, meta, q)?;
     let others = between()?;
-    let b = time_samples(dusk, plan, c, meta, q)?;
-    let passes = json!([median(&a), median(&b)]);
-    a.extend(b);
-    Ok((median(&a), passes, others))
+    let b = time_plan(dusk, plan, c, meta, q)?;
+    let passes = json!([a.median_us(), b.median_us()]);
+    if a.timing != b.timing {
+        return Err(format!("the default was timed as {} then {}", a.timing, b.timing).into());
+    }
+    a.samples_us.extend(b.samples_us);
+    Ok((a, passes, others))
 }
 
-/// Event timings of 30 runs after 5 untimed ones, rotating through the cache's copies (and
-/// the metadata's).
-fn time_samples(
+/// `plan.run` timed by the harness, rotating through the cache's copies (and the
+/// metadata's).
+fn time_plan(
     dusk: &Dusk,
     plan: &AttentionPlan,
     c: &Cache,
     meta: &[AttentionMeta],
     q: &Buffer<f16>,
-) -> Res<Vec<f64>> {
+) -> Res<Measured> {
     let dev = dusk.device();
     let rows = plan.spec().batch * plan.spec().num_q_heads;
     let mut out = dev.alloc::<f16>(rows * D)?;
     let mut lse = dev.alloc::<f32>(rows)?;
-    let mut i = 0;
-    let t = dev.time_us(30, 5, || {
+    let sets = c.pairs.len().max(meta.len());
+    Ok(dev.time_calls(sets, |i| {
         let (k, v) = &c.pairs[i % c.pairs.len()];
-        let m = &meta[i % meta.len()];
-        i += 1;
-        plan.run(dusk, q, k, v, m, None, &mut out, &mut lse)
-            .map_err(|e| e.to_string())
-    })?;
-    Ok(t)
+        plan.run(
+            dusk,
+            q,
+            k,
+            v,
+            &meta[i % meta.len()],
+            None,
+            &mut out,
+            &mut lse,
+        )
+    })?)
 }
 
 /// An alternative tuning to time beside the default: `BTxW` then optional `vBYTES`
@@ -700,11 +704,19 @@ fn parse_tiling(t: &str) -> Option<Tiling> {
     (out.num_warps > 0).then_some(out)
 }
 
-/// The tilings listed after `name` (comma-separated, see [`Tiling`]); none when absent.
-fn tilings(name: &str) -> Vec<Tiling> {
-    arg(name)
-        .map(|s| s.split(',').filter_map(parse_tiling).collect())
-        .unwrap_or_default()
+/// The tilings of `list` (comma-separated, see [`Tiling`]); a malformed one is an error
+/// naming `option`.
+fn tilings(option: &str, list: &Option<String>) -> Res<Vec<Tiling>> {
+    let Some(list) = list else {
+        return Ok(vec![]);
+    };
+    list.split(',')
+        .map(|t| {
+            parse_tiling(t).ok_or_else(|| {
+                format!("{option}: `{t}` is not a tiling (e.g. 8x4, 8x1j1k4; see gpu-check attention --help)").into()
+            })
+        })
+        .collect()
 }
 
 fn describe(t: &AttentionTuning) -> String {
@@ -738,6 +750,7 @@ fn describe(t: &AttentionTuning) -> String {
 }
 
 /// Times `spec` under each of `tilings`; returns `[{"tiling", "us"}]`.
+#[allow(clippy::too_many_arguments)]
 fn time_tilings(
     dusk: &Dusk,
     spec: AttentionSpec,
@@ -746,6 +759,7 @@ fn time_tilings(
     c: &Cache,
     q: &Buffer<f16>,
     tilings: &[Tiling],
+    cold_meta: usize,
 ) -> Res<Vec<Value>> {
     let mut out = vec![];
     for t in tilings {
@@ -772,9 +786,9 @@ fn time_tilings(
             u.chunk_tokens =
                 t.chunk.unwrap_or(u.chunk_tokens).div_ceil(t.block_tokens) * t.block_tokens;
         })?;
-        let m = metas(dusk, &p, table, lists)?;
-        let us = time_plan(dusk, &p, c, &m, q)?;
-        out.push(json!({"tiling": describe(p.tuning()), "us": us}));
+        let m = metas(dusk, &p, table, lists, cold_meta)?;
+        let t = time_plan(dusk, &p, c, &m, q)?;
+        out.push(json!({"tiling": describe(p.tuning()), "us": t.median_us(), "timing": t.timing.as_str()}));
     }
     Ok(out)
 }
@@ -786,12 +800,22 @@ struct Bench<'a> {
     copy_gbps: f64,
     peers: Option<Value>,
     cases: Vec<Value>,
+    /// Copies of each case's metadata rotated through (`--cold-meta`).
+    cold_meta: usize,
+    /// Where each program's time goes, for the skewed case (`--timeline`).
+    timeline: bool,
 }
 
 impl<'a> Bench<'a> {
     /// A benchmark run's state: `copy_gbps` the yardstick (NaN when only profiled),
     /// `peers` their times for the same cases.
-    fn new(dusk: &'a Dusk, rng: SmallRng, copy_gbps: f64, peers: Option<Value>) -> Res<Self> {
+    fn new(
+        dusk: &'a Dusk,
+        rng: SmallRng,
+        copy_gbps: f64,
+        peers: Option<Value>,
+        args: &AttentionArgs,
+    ) -> Res<Self> {
         Ok(Bench {
             dusk,
             fill: fill_kernel(dusk)?,
@@ -799,15 +823,18 @@ impl<'a> Bench<'a> {
             copy_gbps,
             peers,
             cases: vec![],
+            cold_meta: args.cold_meta,
+            timeline: args.timeline,
         })
     }
 
-    fn peer(&self, case: &str, key: &str) -> Option<f64> {
-        self.peers.as_ref()?["cases"]
-            .as_array()?
-            .iter()
-            .find(|c| c["case"] == case)?[key]
-            .as_f64()
+    /// The peer `key`'s time for `case` (`{key}_us`, `{key}_timing` in the peers' file).
+    fn peer(&self, case: &str, key: &str) -> PeerTime {
+        let found = self
+            .peers
+            .as_ref()
+            .and_then(|p| p["cases"].as_array()?.iter().find(|c| c["case"] == case));
+        PeerTime::from_case(found, key)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -815,33 +842,34 @@ impl<'a> Bench<'a> {
         &mut self,
         case: &str,
         shape: Value,
-        us: f64,
+        ours: &Measured,
         peer: &str,
-        peer_us: Option<f64>,
+        peer_time: &PeerTime,
         bytes: usize,
         extra: Value,
     ) {
+        let us = ours.median_us();
         let gbps = bytes as f64 / (us * 1e-6) / 1e9;
         println!(
-            "  {case} vs {peer}: {us:.1} us (peer {}), {gbps:.0} GB/s = {:.1}% of copy",
-            peer_us.map_or("n/a".into(), |p| format!("{p:.1} us, {:.2}x", p / us)),
+            "  {case} vs {peer}: {us:.1} us ({}; peer {}), {gbps:.0} GB/s = {:.1}% of copy",
+            ours.timing,
+            peer_time.us.map_or("n/a".into(), |p| format!(
+                "{p:.1} us ({}), {:.2}x",
+                peer_time.timing.as_deref().unwrap_or("?"),
+                p / us
+            )),
             100.0 * gbps / self.copy_gbps
         );
-        let mut c = json!({
-            "case": format!("{case}_vs_{peer}"),
-            "shape": shape,
-            "ours_us": us,
-            "peer": peer,
-            "peer_us": peer_us,
-            "speedup_vs_peer": peer_us.map(|p| p / us),
-            "bytes": bytes as u64,
-            "gbps": gbps,
-            "frac_of_copy_bw": gbps / self.copy_gbps,
-        });
-        if let (Some(o), Some(e)) = (c.as_object_mut(), extra.as_object()) {
-            o.extend(e.clone());
-        }
-        self.cases.push(c);
+        self.cases.push(case_json(
+            &format!("{case}_vs_{peer}"),
+            shape,
+            ours,
+            peer,
+            peer_time,
+            bytes as f64,
+            self.copy_gbps,
+            extra,
+        ));
     }
 
     /// Dense decode, beside FlashInfer and SDPA (flash); `tilings` are timed too.
@@ -874,9 +902,18 @@ impl<'a> Bench<'a> {
             dtype: DType::F16,
         };
         let plan = AttentionPlan::new(self.dusk, spec)?;
-        let meta = metas(self.dusk, &plan, &table, None)?;
+        let meta = metas(self.dusk, &plan, &table, None, self.cold_meta)?;
         let (us, passes, others) = time_default(self.dusk, &plan, &c, &meta, &q, || {
-            time_tilings(self.dusk, spec, &table, None, &c, &q, tilings)
+            time_tilings(
+                self.dusk,
+                spec,
+                &table,
+                None,
+                &c,
+                &q,
+                tilings,
+                self.cold_meta,
+            )
         })?;
         let tu = plan.tuning();
         let name = format!("dense_b{batch}_h{hq}x{hkv}_ctx{ctx}");
@@ -887,10 +924,10 @@ impl<'a> Bench<'a> {
             "default_passes_us": passes,
             "other_tilings_us": others,
         });
-        let fi = self.peer(&name, "flashinfer_us");
-        self.record(&name, shape.clone(), us, "flashinfer", fi, bytes, extra);
-        let sd = self.peer(&name, "sdpa_flash_us");
-        self.record(&name, shape, us, "sdpa-flash", sd, bytes, json!({}));
+        let fi = self.peer(&name, "flashinfer");
+        self.record(&name, shape.clone(), &us, "flashinfer", &fi, bytes, extra);
+        let sd = self.peer(&name, "sdpa_flash");
+        self.record(&name, shape, &us, "sdpa-flash", &sd, bytes, json!({}));
         Ok(())
     }
 
@@ -938,17 +975,26 @@ impl<'a> Bench<'a> {
             dtype: DType::F16,
         };
         let plan = AttentionPlan::new(self.dusk, spec)?;
-        let meta = metas(self.dusk, &plan, &table, Some(&lists))?;
+        let meta = metas(self.dusk, &plan, &table, Some(&lists), self.cold_meta)?;
         let (us, passes, others) = time_default(self.dusk, &plan, &c, &meta, &q, || {
-            time_tilings(self.dusk, spec, &table, Some(&lists), &c, &q, tilings)
+            time_tilings(
+                self.dusk,
+                spec,
+                &table,
+                Some(&lists),
+                &c,
+                &q,
+                tilings,
+                self.cold_meta,
+            )
         })?;
         let name = format!("quarter_b{batch}_h{hq}x{hkv}_ctx{ctx}");
         let shape = json!({"batch": batch, "num_q_heads": hq, "num_kv_heads": hkv, "head_dim": D,
                            "page_size": PAGE, "context": ctx, "kept_pages_pct": 25});
-        let fi = self.peer(&name, "flashinfer_us");
+        let fi = self.peer(&name, "flashinfer");
         let extra = json!({"tuning": describe(plan.tuning()), "split_grid": plan.grid(),
                            "default_passes_us": passes, "other_tilings_us": others});
-        self.record(&name, shape, us, "flashinfer", fi, bytes, extra);
+        self.record(&name, shape, &us, "flashinfer", &fi, bytes, extra);
         Ok(())
     }
 
@@ -989,15 +1035,12 @@ impl<'a> Bench<'a> {
         let bytes = tokens * (2 * D * 2 + 4);
         let c = cache(self.dusk, &self.fill, kv, bytes)?;
         let q = random_device(self.dusk, &self.fill, batch * hq * D, 11)?;
-        let mut us = [0.0; 2];
+        let mut timed = vec![];
         let mut others = vec![];
         let mut passes = json!(null);
         let mut tuning = String::new();
         let mut grid = [0; 3];
-        for (i, mode) in [AttentionMode::GroupVarlen, AttentionMode::Padded]
-            .into_iter()
-            .enumerate()
-        {
+        for mode in [AttentionMode::GroupVarlen, AttentionMode::Padded] {
             let spec = AttentionSpec {
                 kv,
                 batch,
@@ -1009,18 +1052,29 @@ impl<'a> Bench<'a> {
                 dtype: DType::F16,
             };
             let plan = AttentionPlan::new(self.dusk, spec)?;
-            let meta = metas(self.dusk, &plan, &table, Some(&lists))?;
-            if i == 0 {
-                if flag("--timeline") {
+            let meta = metas(self.dusk, &plan, &table, Some(&lists), self.cold_meta)?;
+            if mode == AttentionMode::GroupVarlen {
+                if self.timeline {
                     timeline(self.dusk, spec, &table, &lists, &c, &q)?;
                 }
                 tuning = describe(plan.tuning());
                 grid = plan.grid();
-                (us[i], passes, others) = time_default(self.dusk, &plan, &c, &meta, &q, || {
-                    time_tilings(self.dusk, spec, &table, Some(&lists), &c, &q, tilings)
+                let t;
+                (t, passes, others) = time_default(self.dusk, &plan, &c, &meta, &q, || {
+                    time_tilings(
+                        self.dusk,
+                        spec,
+                        &table,
+                        Some(&lists),
+                        &c,
+                        &q,
+                        tilings,
+                        self.cold_meta,
+                    )
                 })?;
+                timed.push(t);
             } else {
-                us[i] = time_plan(self.dusk, &plan, &c, &meta, &q)?;
+                timed.push(time_plan(self.dusk, &plan, &c, &meta, &q)?);
             }
         }
         let name = format!("skewed_b{batch}_h{hq}x{hkv}_ctx{ctx}");
@@ -1037,14 +1091,49 @@ impl<'a> Bench<'a> {
                 println!("    tiling {t}: {us:.1} us, {pct:.1}% of copy");
             }
         }
-        self.record(&name, shape, us[0], "padded", Some(us[1]), bytes, extra);
+        let padded = PeerTime {
+            us: Some(timed[1].median_us()),
+            timing: Some(timed[1].timing.as_str().into()),
+        };
+        self.record(&name, shape, &timed[0], "padded", &padded, bytes, extra);
         Ok(())
     }
 }
 
-pub fn run() -> Res<()> {
-    // `--cpu`: the correctness checks through the interpreter (to test this program).
-    let dev = if flag("--cpu") {
+/// `gpu-check attention`'s options.
+#[derive(Args, Debug)]
+pub struct AttentionArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Run the correctness checks through the interpreter (to test this program).
+    #[arg(long)]
+    cpu: bool,
+    /// Tilings to time beside the defaults of the dense cases (comma-separated; see
+    /// `Tiling` in attention.rs).
+    #[arg(long, value_name = "TILINGS")]
+    sweep: Option<String>,
+    /// Tilings to time beside the defaults of the token-list cases.
+    #[arg(long, value_name = "TILINGS")]
+    sweep_lists: Option<String>,
+    /// Time one dense GQA case only (batch 32, 32k), for a profiler.
+    #[arg(long)]
+    profile: bool,
+    /// Time the skewed group varlen case only, for a profiler.
+    #[arg(long)]
+    profile_skewed: bool,
+    /// Time the skewed case alone on N fresh draws of its budgets.
+    #[arg(long, value_name = "N")]
+    skewed_repeats: Option<usize>,
+    /// Rotate every case through N copies of its metadata (lists, page table).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    cold_meta: usize,
+    /// Where each program's time goes in the skewed case.
+    #[arg(long)]
+    timeline: bool,
+}
+
+pub fn run(args: &AttentionArgs) -> Res<()> {
+    let dev = if args.cpu {
         Device::cpu()
     } else {
         Device::gpu(0)?
@@ -1059,28 +1148,29 @@ pub fn run() -> Res<()> {
     let dusk = Dusk::new(dev.clone())?;
     // `--seed N`: the same draws (inputs, lists, budgets) in every process, so that two
     // builds can be compared draw by draw; by default each process draws its own.
-    let seed = arg("--seed").and_then(|s| s.parse::<u64>().ok());
-    let mut rng = SmallRng::seed_from_u64(seed.unwrap_or(std::process::id() as u64 ^ 0xa77e));
-    if flag("--profile-skewed") {
+    let mut rng = SmallRng::seed_from_u64(args.common.seed_or(0xa77e));
+    let sweep = tilings("--sweep", &args.sweep)?;
+    let sweep_lists = tilings("--sweep-lists", &args.sweep_lists)?;
+    if args.profile_skewed {
         // The skewed group varlen case alone, for a profiler: group lists first (5 untimed
         // runs, 30 timed twice), then the padded baseline.
-        let mut bench = Bench::new(&dusk, rng, f64::NAN, None)?;
-        return bench.skewed(64, 32, 8, 32768, &tilings("--sweep-lists"));
+        let mut bench = Bench::new(&dusk, rng, f64::NAN, None, args)?;
+        return bench.skewed(64, 32, 8, 32768, &sweep_lists);
     }
-    if let Some(repeats) = arg("--skewed-repeats").and_then(|n| n.parse::<usize>().ok()) {
+    if let Some(repeats) = args.skewed_repeats {
         // The skewed group varlen case alone, on `repeats` fresh draws of the budgets (they
         // move its time by a few percent), each with the `--sweep-lists` tilings beside
         // the default: an A/B of list tilings in minutes, not the whole benchmark.
-        let mut bench = Bench::new(&dusk, rng, copy_gbps(&dev)?, None)?;
+        let mut bench = Bench::new(&dusk, rng, copy_gbps(&dev)?, None, args)?;
         for _ in 0..repeats {
-            bench.skewed(64, 32, 8, 32768, &tilings("--sweep-lists"))?;
+            bench.skewed(64, 32, 8, 32768, &sweep_lists)?;
         }
         return Ok(());
     }
-    if flag("--profile") {
+    if args.profile {
         // One case for a profiler: dense GQA 32/8, batch 32, 32k context, default tuning
         // (5 untimed then 30 timed runs).
-        let mut bench = Bench::new(&dusk, rng, f64::NAN, None)?;
+        let mut bench = Bench::new(&dusk, rng, f64::NAN, None, args)?;
         return bench.dense(32, 32, 8, 32768, &[]);
     }
     let worst = correctness(&dusk, &mut rng)?;
@@ -1096,19 +1186,15 @@ pub fn run() -> Res<()> {
             g.0, g.1, g.2
         );
     }
-    if flag("--check-only") {
+    if args.common.check_only {
         println!("all checks passed");
         return Ok(());
     }
 
     let copy_gbps = copy_gbps(&dev)?;
-    let peers: Option<Value> = arg("--peers")
-        .and_then(|p| std::fs::read_to_string(p).ok())
-        .and_then(|s| serde_json::from_str(&s).ok());
-    let mut bench = Bench::new(&dusk, rng, copy_gbps, peers)?;
-    // `--sweep` applies to the dense cases, `--sweep-lists` to the list ones.
-    let (sweep, sweep_lists) = (tilings("--sweep"), tilings("--sweep-lists"));
-    println!("timings (median of 30, caches under 256 MB rotated):");
+    let peers = args.common.peers()?;
+    let mut bench = Bench::new(&dusk, rng, copy_gbps, peers, args)?;
+    println!("timings (harness: inputs rotated past twice the L2, median per call):");
     for batch in [1usize, 32, 64] {
         for ctx in [8192usize, 32768] {
             for (hq, hkv) in [(32usize, 8usize), (32, 32)] {
@@ -1120,25 +1206,18 @@ pub fn run() -> Res<()> {
         bench.quarter(32, 32, hkv, 32768, &sweep_lists)?;
     }
     bench.skewed(64, 32, 8, 32768, &sweep_lists)?;
-    let result = json!({
-        "device": dev.name(),
-        "driver": dev.driver_version().map(|(a, b)| format!("{a}.{b}")),
-        "commit": arg("--commit"),
-        "date": arg("--date"),
-        "copy_gbps": copy_gbps,
-        "peer_copy_gbps": bench.peers.as_ref().and_then(|p| p["copy_gbps"].as_f64()),
-        "peer_versions": bench.peers.as_ref().map(|p| json!({"torch": p["torch"], "flashinfer": p["flashinfer"]})),
-        "check_max_rel_error": worst,
-        "graph_replay": {"rel_err_step1": graph.0, "rel_err_step2": graph.1, "replay_us": graph.2},
-        "graph_replay_fused_merge": {"rel_err_step1": graph_fused.0, "rel_err_step2": graph_fused.1,
-                                     "replay_us": graph_fused.2},
-        "cases": bench.cases,
-    });
-    let text = serde_json::to_string_pretty(&result)?;
-    println!("{text}");
-    if let Some(path) = arg("--out") {
-        std::fs::write(path, text)?;
-    }
+    args.common.write_results(
+        &dev,
+        copy_gbps,
+        bench.peers.as_ref(),
+        json!({
+            "check_max_rel_error": worst,
+            "graph_replay": {"rel_err_step1": graph.0, "rel_err_step2": graph.1, "replay_us": graph.2},
+            "graph_replay_fused_merge": {"rel_err_step1": graph_fused.0, "rel_err_step2": graph_fused.1,
+                                         "replay_us": graph_fused.2},
+        }),
+        bench.cases,
+    )?;
     Ok(())
 }
 
@@ -1158,7 +1237,7 @@ fn timeline(
 ) -> Res<()> {
     let plan = AttentionPlan::with_tuning(dusk, spec, |u| u.timeline = true)?;
     let meta = plan.upload_meta(dusk, table, Some(lists))?;
-    time_samples(dusk, &plan, c, std::slice::from_ref(&meta), q)?;
+    time_plan(dusk, &plan, c, std::slice::from_ref(&meta), q)?;
     let words = plan
         .timeline()
         .ok_or("the plan keeps no timeline")?

@@ -1,28 +1,56 @@
 //! The GPU checks and benchmarks of dusk's kernels, one binary for the device machine (what
 //! travels there is limited: LLVM is linked once). Each subcommand checks its kernels
 //! against the host references on fresh random inputs, outputs poisoned first, then times
-//! them beside the peers' figures from the same command:
+//! them with the harness (`dusk::runtime::Device::time_calls`: inputs rotated past twice
+//! the L2, calls captured in a CUDA graph and replayed) beside the peers' figures from the
+//! same command, which `benches/baselines/harness.py` times by the same rule:
 //!
-//!     gpu-check spgemv    [--check-only] [--peer peer.json] [--out spgemv.json]
-//!     gpu-check threshold [--check-only] [--rows N] [--peer peers.json] [--out threshold_search.json]
-//!     gpu-check attention [--check-only] [--peers peers.json] [--out varlen_attention.json] [--sweep ..]
+//!     gpu-check spgemv    [--check-only] [--peers peers.json] [--out spgemv.json]
+//!     gpu-check threshold [--check-only] [--rows N] [--peers peers.json] [--out threshold_search.json]
+//!     gpu-check attention [--check-only] [--peers peers.json] [--out varlen_attention.json]
 //!
-//! `--commit` and `--date` are copied into the results.
+//! `gpu-check <subcommand> --help` lists every option.
 
 mod attention;
 mod common;
 mod spgemv;
 mod threshold;
 
-fn main() -> common::Res<()> {
-    match std::env::args().nth(1).as_deref() {
-        Some("spgemv") => spgemv::run(),
-        Some("threshold") => threshold::run(),
-        Some("attention") => attention::run(),
-        other => Err(format!(
-            "usage: gpu-check spgemv|threshold|attention [options] (found {})",
-            other.unwrap_or("no subcommand")
-        )
-        .into()),
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// GPU checks and benchmarks of dusk's kernels (run on the device machine).
+#[derive(Parser)]
+#[command(name = "gpu-check")]
+struct Cli {
+    #[command(subcommand)]
+    family: Family,
+}
+
+#[derive(Subcommand)]
+enum Family {
+    /// quantize_k and the INT4/INT8 SpGEMV: checks, then timings beside PyTorch.
+    Spgemv(spgemv::SpgemvArgs),
+    /// The fused threshold search (top-p): checks against the sort oracle, then timings
+    /// beside FlashInfer, PyTorch and Triton.
+    Threshold(threshold::ThresholdArgs),
+    /// Varlen paged decode attention: checks, graph replay, then timings beside FlashInfer
+    /// and SDPA.
+    Attention(attention::AttentionArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.family {
+        Family::Spgemv(a) => spgemv::run(&a),
+        Family::Threshold(a) => threshold::run(&a),
+        Family::Attention(a) => attention::run(&a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpu-check: {e}");
+            ExitCode::FAILURE
+        }
     }
 }

@@ -7,18 +7,19 @@
 //!    all tokens and a random quarter of the pages, beside the PyTorch peer's times
 //!    (`--peer`, written by `benches/baselines/spgemv_torch.py` in the same command).
 //!
-//!    `gpu-check spgemv --peer peer.json --out benches/results/spgemv.json --commit <sha>`
+//!    `gpu-check spgemv --peers peer.json --out benches/results/spgemv.json --commit <sha>`
 
-use crate::common::{arg, copy_gbps, Res};
+use crate::common::{case_json, copy_gbps, Common, PeerTime, Res};
+use clap::Args;
 use dusk::kernels::ops::{Dusk, QuantizedK, SpgemvPlan};
 use dusk::kernels::paged::{KvShape, PageTable, TokenLists};
 use dusk::kernels::reference;
-use dusk::runtime::{median, Buffer, Device};
+use dusk::runtime::{Buffer, Device, Measured};
 use half::f16;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, RngCore, SeedableRng};
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// A page table over shuffled pages; the last page of each sequence is partly filled
 /// when `ragged`.
@@ -169,7 +170,7 @@ fn bench_case(
     c: &BenchCase,
     copy_gbps: f64,
     tilings: &[Tiling],
-) -> Res<Vec<(String, f64, f64)>> {
+) -> Res<Vec<(String, Measured, f64)>> {
     let dev = dusk.device();
     let (batch, q_heads, context, page_size, d, bits) =
         (32usize, 32usize, 32768usize, 16usize, 128usize, 4u32);
@@ -181,17 +182,6 @@ fn bench_case(
         head_dim: d,
     };
     let rows = kv.rows();
-    // Random codes, scales and zeros: K is far larger than L2, so no rotation is needed.
-    let mut packed = vec![0u8; rows * d / 2];
-    rng.fill_bytes(&mut packed);
-    let qk = QuantizedK {
-        packed: dev.upload(&packed)?,
-        scale: dev.upload(&random_f16(rng, rows))?,
-        zero: dev.upload(&random_f16(rng, rows))?,
-        kv,
-        bits,
-    };
-    drop(packed);
     let cand = if c.quarter {
         TokenLists::from_pages(
             &table,
@@ -202,13 +192,26 @@ fn bench_case(
     } else {
         TokenLists::all_tokens(&table, page_size, c.kv_heads)
     };
-    let q = dev.upload(&random_f16(rng, batch * q_heads * d))?;
     let group = q_heads / c.kv_heads;
     let nnz = cand.indices.len();
     // Bytes the kernel must move: codes, scale and zero of each candidate, its index, and
     // the scores written.
     let bytes = nnz * (d * bits as usize / 8 + 4 + 4) + nnz * group * 4;
-    let group = q_heads / c.kv_heads;
+    // Random codes, scales and zeros, in as many copies as the harness's rotation asks
+    // (one where the candidates' bytes alone pass twice the L2).
+    let mut sets = vec![];
+    for _ in 0..dev.rotation_sets(bytes) {
+        let mut packed = vec![0u8; rows * d / 2];
+        rng.fill_bytes(&mut packed);
+        sets.push(QuantizedK {
+            packed: dev.upload(&packed)?,
+            scale: dev.upload(&random_f16(rng, rows))?,
+            zero: dev.upload(&random_f16(rng, rows))?,
+            kv,
+            bits,
+        });
+    }
+    let q = dev.upload(&random_f16(rng, batch * q_heads * d))?;
     let mut out = vec![];
     for tiling in tilings {
         if matches!(tiling, Some((_, _, _, true))) && group == 1 {
@@ -223,11 +226,8 @@ fn bench_case(
             }
         })?;
         let mut scores = dev.alloc::<f32>(plan.num_scores())?;
-        let times = dev.time_us(40, 5, || {
-            plan.run(dusk, &q, &qk, &mut scores)
-                .map_err(|e| e.to_string())
-        })?;
-        let us = median(&times);
+        let t = dev.time_calls(sets.len(), |i| plan.run(dusk, &q, &sets[i], &mut scores))?;
+        let us = t.median_us();
         let gbps = bytes as f64 / (us * 1e-6) / 1e9;
         let cfg = plan.config();
         let label = format!(
@@ -239,21 +239,33 @@ fn bench_case(
             if tiling.is_none() { " (default)" } else { "" }
         );
         println!(
-            "  spgemv kv_heads={} {} {label}: {us:.1} us, {gbps:.0} GB/s = {:.1}% of copy",
+            "  spgemv kv_heads={} {} {label}: {us:.1} us ({}), {gbps:.0} GB/s = {:.1}% of copy",
             c.kv_heads,
             if c.quarter {
                 "quarter pages"
             } else {
                 "all tokens"
             },
+            t.timing,
             100.0 * gbps / copy_gbps
         );
-        out.push((label, us, bytes as f64));
+        out.push((label, t, bytes as f64));
     }
     Ok(out)
 }
 
-pub fn run() -> Res<()> {
+/// `gpu-check spgemv`'s options.
+#[derive(Args, Debug)]
+pub struct SpgemvArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Time one GQA all-tokens case at one tiling, `TOKENSxWARPS` (one compiled into
+    /// dusk-kernels, `spgemv::specialised_configs`), for a profiler; no checks.
+    #[arg(long, value_name = "TOKENSxWARPS")]
+    profile: Option<String>,
+}
+
+pub fn run(args: &SpgemvArgs) -> Res<()> {
     let dev = Device::gpu(0)?;
     println!(
         "device: {} (driver {:?}, cc {:?})",
@@ -262,11 +274,14 @@ pub fn run() -> Res<()> {
         dev.compute_capability()
     );
     let dusk = Dusk::new(dev.clone())?;
-    let mut rng = SmallRng::seed_from_u64(std::process::id() as u64 ^ 0x5eed);
-    if let Some(t) = arg("--profile") {
+    let mut rng = SmallRng::seed_from_u64(args.common.seed_or(0x5eed));
+    if let Some(t) = &args.profile {
         // One GQA all-tokens case at one tiling ("64x4"), for a profiler to look at; the
         // tiling must be one compiled into dusk-kernels (`spgemv::specialised`).
-        let (tokens, warps) = t.split_once('x').ok_or("--profile TOKENSxWARPS")?;
+        let (tokens, warps) = t
+            .split_once('x')
+            .ok_or_else(|| format!("--profile {t}: expected TOKENSxWARPS, e.g. 64x4"))?;
+        let bad = |e: std::num::ParseIntError| format!("--profile {t}: {e}");
         let c = BenchCase {
             kv_heads: 8,
             quarter: false,
@@ -276,7 +291,12 @@ pub fn run() -> Res<()> {
             &mut rng,
             &c,
             f64::NAN,
-            &[Some((tokens.parse()?, warps.parse()?, 0, false))],
+            &[Some((
+                tokens.parse().map_err(bad)?,
+                warps.parse().map_err(bad)?,
+                0,
+                false,
+            ))],
         )?;
         return Ok(());
     }
@@ -386,17 +406,14 @@ pub fn run() -> Res<()> {
         }
         worst_err = worst_err.max(err);
     }
-    if std::env::args().any(|a| a == "--check-only") {
+    if args.common.check_only {
         println!("all checks passed");
         return Ok(());
     }
 
     let copy_gbps = copy_gbps(&dev)?;
 
-    let peer: Option<Value> = arg("--peer")
-        .map(|p| std::fs::read_to_string(p).map(|s| serde_json::from_str(&s)))
-        .transpose()?
-        .transpose()?;
+    let peers = args.common.peers()?;
     // The default tiling first (the reported figure), then alternatives from the sweep.
     let tilings: [Tiling; 6] = [
         None,
@@ -412,46 +429,35 @@ pub fn run() -> Res<()> {
             let c = BenchCase { kv_heads, quarter };
             let results = bench_case(&dusk, &mut rng, &c, copy_gbps, &tilings)?;
             // The figure reported is the default configuration's (the first).
-            let (_, us, bytes) = results[0].clone();
+            let (_, ours, bytes) = &results[0];
             let cand_name = if quarter { "quarter_pages" } else { "all" };
-            let peer_us = peer.as_ref().and_then(|p| {
+            let peer_case = peers.as_ref().and_then(|p| {
                 p["cases"]
                     .as_array()?
                     .iter()
-                    .find(|x| x["num_kv_heads"] == kv_heads && x["candidates"] == cand_name)?
-                    ["peer_us"]
-                    .as_f64()
+                    .find(|x| x["num_kv_heads"] == kv_heads && x["candidates"] == cand_name)
             });
-            let gbps = bytes / (us * 1e-6) / 1e9;
-            cases.push(json!({
-                "case": format!("spgemv_int4_b32_h32x{kv_heads}_ctx32768_{cand_name}"),
-                "shape": {"batch": 32, "num_q_heads": 32, "num_kv_heads": kv_heads, "head_dim": 128, "page_size": 16,
-                          "context": 32768, "bits": 4, "candidate_pages_pct": if quarter { 25 } else { 100 }},
-                "ours_us": us,
-                "peer": "torch",
-                "peer_us": peer_us,
-                "speedup_vs_peer": peer_us.map(|p| p / us),
-                "bytes": bytes as u64,
-                "gbps": gbps,
-                "frac_of_copy_bw": gbps / copy_gbps,
-                "other_tilings_us": results[1..].iter().map(|(n, t, _)| json!({"tiling": n, "us": t})).collect::<Vec<_>>(),
-            }));
+            cases.push(case_json(
+                &format!("spgemv_int4_b32_h32x{kv_heads}_ctx32768_{cand_name}"),
+                json!({"batch": 32, "num_q_heads": 32, "num_kv_heads": kv_heads, "head_dim": 128, "page_size": 16,
+                       "context": 32768, "bits": 4, "candidate_pages_pct": if quarter { 25 } else { 100 }}),
+                ours,
+                "torch",
+                &PeerTime::from_case(peer_case, "peer"),
+                *bytes,
+                copy_gbps,
+                json!({"other_tilings_us": results[1..].iter()
+                    .map(|(n, t, _)| json!({"tiling": n, "us": t.median_us(), "timing": t.timing.as_str()}))
+                    .collect::<Vec<_>>()}),
+            ));
         }
     }
-    let result = json!({
-        "device": dev.name(),
-        "driver": dev.driver_version().map(|(a, b)| format!("{a}.{b}")),
-        "commit": arg("--commit"),
-        "date": arg("--date"),
-        "copy_gbps": copy_gbps,
-        "peer_copy_gbps": peer.as_ref().and_then(|p| p["copy_gbps"].as_f64()),
-        "check_max_rel_error": worst_err,
-        "cases": cases,
-    });
-    let text = serde_json::to_string_pretty(&result)?;
-    println!("{text}");
-    if let Some(path) = arg("--out") {
-        std::fs::write(path, text)?;
-    }
+    args.common.write_results(
+        &dev,
+        copy_gbps,
+        peers.as_ref(),
+        json!({"check_max_rel_error": worst_err}),
+        cases,
+    )?;
     Ok(())
 }

@@ -5,7 +5,7 @@
 //!    4) against the union of the same kernel's per-head sets; NaN rows flagged;
 //! 2. device-to-device copy bandwidth;
 //! 3. 2048 rows (batch 64 x 32 heads) of 8192, 32768 and 4096 candidates, p = 0.9, scores
-//!    rotated over two sets larger than L2 together, beside the peers' times (`--peer`,
+//!    rotated past twice the L2 (the harness's rule), beside the peers' times (`--peers`,
 //!    written by `benches/baselines/topp_peers.py` in the same command). `--profile N`
 //!    skips the checks and the sweep and times the default for rows of N candidates only
 //!    (for ncu; `--no-histogram` without the histogram's first step, `--recompute` with the
@@ -18,9 +18,10 @@
 //!    Twilight's, ~2% kept at 32768), the cases then named `top_p_focus{F}_...`, each with
 //!    the fraction of candidates the default kept.
 //!
-//!     gpu-check threshold --peer peers.json --out benches/results/threshold_search.json
+//!     gpu-check threshold --peers peers.json --out benches/results/threshold_search.json
 
-use crate::common::{arg, copy_gbps, flag, spread, Res};
+use crate::common::{case_json, copy_gbps, spread, Common, PeerTime, Res};
+use clap::Args;
 use dusk::kernels::ops::Dusk;
 use dusk::kernels::paged::TokenLists;
 use dusk::kernels::policies::top_p;
@@ -28,10 +29,10 @@ use dusk::kernels::prune::{ParamValues, PrunePlan};
 use dusk::kernels::reference::{check_kept, softmax, top_p_oracle};
 use dusk::kernels::threshold::{SearchConfig, SHARED_ROW};
 use dusk::kernels::timeline::TIMELINE_WORDS;
-use dusk::runtime::{median, Device};
+use dusk::runtime::{Device, Measured};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use serde_json::{json, Value};
+use serde_json::json;
 
 fn normal(rng: &mut SmallRng) -> f32 {
     let (u, v): (f32, f32) = (rng.random_range(1e-7..1.0), rng.random());
@@ -332,54 +333,91 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
     Ok((2 * rows + groups + 2 * long.len(), near_ties))
 }
 
-pub fn run() -> Res<()> {
+/// `gpu-check threshold`'s options.
+#[derive(Args, Debug)]
+pub struct ThresholdArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Rows checked against the oracle (default 4000 on the GPU, 60 on the CPU).
+    #[arg(long)]
+    rows: Option<usize>,
+    /// No checks and no sweep: time the default for rows of N candidates only (for ncu).
+    #[arg(long, value_name = "N")]
+    profile: Option<usize>,
+    /// Multiply the timed rows' logits by F (1: diffuse rows keeping ~86% of their
+    /// candidates; 12: rows as focused as Twilight's, ~2% kept at 32768).
+    #[arg(long, value_name = "F", default_value_t = 1.0)]
+    focus: f32,
+    /// Time the defaults only.
+    #[arg(long)]
+    no_sweep: bool,
+    /// The timed default without the histogram's first step.
+    #[arg(long)]
+    no_histogram: bool,
+    /// The timed default with the weights recomputed in each pass.
+    #[arg(long)]
+    recompute: bool,
+    /// The timed default with L2 prefetches.
+    #[arg(long)]
+    prefetch: bool,
+    /// The timed default sleeping NS between reads of the earlier rows' words.
+    #[arg(long, value_name = "NS")]
+    backoff: Option<u32>,
+    /// The timed default with N programs an SM asked of ptxas.
+    #[arg(long, value_name = "N")]
+    programs: Option<u32>,
+    /// The timed default with tiles (or blocks) of T candidates.
+    #[arg(long, value_name = "T")]
+    tile: Option<usize>,
+    /// The timed default on W warps.
+    #[arg(long, value_name = "W")]
+    warps: Option<u32>,
+    /// Each row's phases from the GPU's clock (with --profile).
+    #[arg(long)]
+    timeline: bool,
+}
+
+pub fn run(args: &ThresholdArgs) -> Res<()> {
     let dev = Device::best();
     println!("device: {}", dev.name());
     let dusk = Dusk::new(dev.clone())?;
-    let mut rng = SmallRng::seed_from_u64(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_nanos() as u64,
-    );
-    let rows = match arg("--rows") {
-        Some(r) => r.parse()?,
+    let mut rng = SmallRng::seed_from_u64(args.common.seed_or(0x7095));
+    let rows = match args.rows {
+        Some(r) => r,
         None if dev.is_gpu() => 4000,
         None => 60,
     };
     // `--profile N`: no checks, only the timing of rows of N candidates (for ncu).
-    let profile: Option<usize> = arg("--profile").map(|n| n.parse()).transpose()?;
+    let profile = args.profile;
     let (checked, near) = if profile.is_some() {
         (0, 0)
     } else {
         check(&dusk, &mut rng, rows)?
     };
     println!("threshold search: {checked} rows agree with the oracle ({near} differ at a cut within rounding of p)");
-    if flag("--check-only") {
+    if args.common.check_only {
         println!("all checks passed");
         return Ok(());
+    }
+    if !dev.is_gpu() {
+        return Err("timing needs a GPU (run with --check-only on the CPU)".into());
     }
 
     let copy_gbps = copy_gbps(&dev)?;
 
-    let peer: Option<Value> = arg("--peer")
-        .map(|p| std::fs::read_to_string(p).map(|s| serde_json::from_str(&s)))
-        .transpose()?
-        .transpose()?;
+    let peers = args.common.peers()?;
     let scale = 1.0 / (128f32).sqrt();
-    let focus: f32 = arg("--focus")
-        .map(|f| f.parse())
-        .transpose()?
-        .unwrap_or(1.0);
+    let focus = args.focus;
     let focus_tag = if focus == 1.0 {
         String::new()
     } else {
         format!("focus{focus}_")
     };
-    if let Some(p) = &peer {
+    if let Some(p) = &peers {
         let peer_focus = p["focus"].as_f64().unwrap_or(1.0);
         if peer_focus != focus as f64 {
             return Err(
-                format!("--peer timed rows of focus {peer_focus}, these are {focus}").into(),
+                format!("--peers timed rows of focus {peer_focus}, these are {focus}").into(),
             );
         }
     }
@@ -392,35 +430,25 @@ pub fn run() -> Res<()> {
         let (batch, heads) = (64usize, 32usize);
         let rows = batch * heads;
         let lens = vec![n; rows];
-        let sets: Vec<_> = (0..2)
-            .map(|i| {
+        let bytes = (rows * n * 4) as f64;
+        let sets: Vec<_> = (0..dev.rotation_sets(bytes as usize))
+            .map(|_| {
                 let s: Vec<f32> = (0..rows)
                     .flat_map(|_| logits(&mut rng, n, 0))
                     .map(|x| x * focus)
                     .collect();
-                let _ = i;
                 dev.upload(&s)
             })
             .collect::<Result<_, _>>()?;
         let mut cfg = SearchConfig::for_rows(n, 1);
-        if flag("--no-histogram") {
-            cfg.histogram = false;
-        }
-        cfg.recompute |= flag("--recompute");
-        cfg.prefetch |= flag("--prefetch");
-        if let Some(ns) = arg("--backoff") {
-            cfg.backoff_ns = ns.parse()?;
-        }
-        if let Some(n) = arg("--programs") {
-            cfg.min_programs_per_sm = n.parse()?;
-        }
-        if let Some(t) = arg("--tile") {
-            cfg.block = t.parse()?;
-        }
-        if let Some(w) = arg("--warps") {
-            cfg.num_warps = w.parse()?;
-        }
-        cfg.timeline = flag("--timeline");
+        cfg.histogram &= !args.no_histogram;
+        cfg.recompute |= args.recompute;
+        cfg.prefetch |= args.prefetch;
+        cfg.backoff_ns = args.backoff.unwrap_or(cfg.backoff_ns);
+        cfg.min_programs_per_sm = args.programs.unwrap_or(cfg.min_programs_per_sm);
+        cfg.block = args.tile.unwrap_or(cfg.block);
+        cfg.num_warps = args.warps.unwrap_or(cfg.num_warps);
+        cfg.timeline = args.timeline;
         let mut plan = PrunePlan::with_config(
             &dusk,
             &top_p::POLICY,
@@ -429,31 +457,27 @@ pub fn run() -> Res<()> {
             scale,
             &[ParamValues::Uniform(0.9)],
         )?;
-        let mut k = 0usize;
-        let t = dev.time_us(30, 5, || {
-            k ^= 1;
-            plan.run(&dusk, &sets[k])
-        })?;
-        let us = median(&t);
+        let ours = dev.time_calls(sets.len(), |i| plan.run(&dusk, &sets[i]))?;
+        let us = ours.median_us();
         if let Some(words) = plan.timeline() {
             timeline(&words.download()?);
         }
         // The last run's budgets: what these rows keep (the output's bytes follow it).
         let kept = plan.budgets().download()?;
         let kept_fraction = kept.iter().map(|&b| b as f64).sum::<f64>() / (rows * n) as f64;
-        let bytes = (rows * n * 4) as f64;
         let gbps = bytes / (us * 1e-6) / 1e9;
         // Reading the scores once at the copy rate (bytes moved per second, read + write).
         let read_us = bytes / (copy_gbps * 1e9) * 1e6;
         println!(
-            "top-p {rows} rows x {n}: {us:.1} us; reading the scores once at the copy rate: {read_us:.1} us ({:.2}x); {:.1}% of copy BW; {:.2}% of the candidates kept",
+            "top-p {rows} rows x {n}: {us:.1} us ({}); reading the scores once at the copy rate: {read_us:.1} us ({:.2}x); {:.1}% of copy BW; {:.2}% of the candidates kept",
+            ours.timing,
             us / read_us,
             100.0 * gbps / copy_gbps,
             100.0 * kept_fraction
         );
         // Other configurations beside the default, same inputs (tuning's raw material).
         let mut others = vec![];
-        let sweep = if profile.is_some() || flag("--no-sweep") {
+        let sweep = if profile.is_some() || args.no_sweep {
             vec![]
         } else {
             sweep(n)
@@ -467,10 +491,7 @@ pub fn run() -> Res<()> {
                 scale,
                 &[ParamValues::Uniform(0.9)],
             )?;
-            let t = dev.time_us(20, 3, || {
-                k ^= 1;
-                alt.run(&dusk, &sets[k])
-            })?;
+            let t: Measured = dev.time_calls(sets.len(), |i| alt.run(&dusk, &sets[i]))?;
             let name = format!(
                 "{}{}w{}k{}{}{}{}",
                 match (cfg.stream, cfg.shared, cfg.recompute) {
@@ -489,52 +510,37 @@ pub fn run() -> Res<()> {
                     n => format!(" o{n}"),
                 }
             );
-            println!("  {name}: {:.1} us", median(&t));
-            others.push(json!({"config": name, "us": median(&t)}));
+            println!("  {name}: {:.1} us", t.median_us());
+            others.push(json!({"config": name, "us": t.median_us(), "timing": t.timing.as_str()}));
         }
-        let pc = peer.as_ref().and_then(|p| {
+        let pc = peers.as_ref().and_then(|p| {
             p["cases"]
                 .as_array()?
                 .iter()
                 .find(|c| c["n"] == n && c["rows"] == rows)
-                .cloned()
         });
         for name in ["flashinfer", "torch", "triton"] {
-            let peer_us = pc.as_ref().and_then(|c| c[format!("{name}_us")].as_f64());
-            cases.push(json!({
-                "case": format!("top_p_{focus_tag}b{batch}_h{heads}_n{n}_vs_{name}"),
-                "shape": {"batch": batch, "num_q_heads": heads, "candidates": n, "p_permille": 900, "logit_focus": focus},
-                "kept_fraction": kept_fraction,
-                "ours_us": us,
-                "peer": name,
-                "peer_us": peer_us,
-                "speedup_vs_peer": peer_us.map(|p| p / us),
-                "bytes": bytes as u64,
-                "gbps": gbps,
-                "frac_of_copy_bw": gbps / copy_gbps,
-                "time_over_one_read": us / read_us,
-                "other_configs_us": others,
-            }));
+            cases.push(case_json(
+                &format!("top_p_{focus_tag}b{batch}_h{heads}_n{n}_vs_{name}"),
+                json!({"batch": batch, "num_q_heads": heads, "candidates": n, "p_permille": 900, "logit_focus": focus}),
+                &ours,
+                name,
+                &PeerTime::from_case(pc, name),
+                bytes,
+                copy_gbps,
+                json!({"kept_fraction": kept_fraction, "time_over_one_read": us / read_us,
+                       "other_configs_us": others}),
+            ));
         }
     }
-    let result = json!({
-        "device": dev.name(),
-        "driver": dev.driver_version().map(|(a, b)| format!("{a}.{b}")),
-        "commit": arg("--commit"),
-        "date": arg("--date"),
-        "copy_gbps": copy_gbps,
-        "peer_copy_gbps": peer.as_ref().and_then(|p| p["copy_gbps"].as_f64()),
-        "checked_rows": checked,
-        "near_tie_rows": near,
-        "triton_rows_equal_to_sort": peer.as_ref().map(|p| p["cases"].clone()),
-        "cases": cases,
-    });
-    let text = serde_json::to_string_pretty(&result)?;
-    println!("{text}");
-    if let Some(path) = arg("--out") {
-        std::fs::write(path, text)?;
-    }
-    Ok(())
+    args.common.write_results(
+        &dev,
+        copy_gbps,
+        peers.as_ref(),
+        json!({"checked_rows": checked, "near_tie_rows": near,
+               "triton_rows_equal_to_sort": peers.as_ref().map(|p| p["cases"].clone())}),
+        cases,
+    )
 }
 
 /// Where a search's time goes, row by row (`--timeline`, with `--profile N`): each phase's
