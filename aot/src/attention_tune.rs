@@ -4,6 +4,7 @@
 //! [`Candidate`] per config of its space (tokens a step, warps, tiles prefetched, chunk).
 
 use crate::bundle::ir_hash;
+use crate::config_text::ConfigText;
 use crate::space::{Fit, Limits, TuneKey};
 use crate::tune::{space_hash_of, Candidate, DeviceId, Rejection, TuneCache};
 use crate::Result;
@@ -179,17 +180,11 @@ impl AttentionShape {
     }
 }
 
-/// `8x4 f1 c512`: tokens a step x warps, tiles prefetched, chunk tokens; ` mma` on the
-/// tensor cores.
+/// How reports and tuning records name a tuning: its [`ConfigText`] text, every field
+/// (`block_tokens=8,num_warps=4,chunk_tokens=512,...`), which `gpu-check attention
+/// --config` reads back.
 pub fn label(t: &AttentionTuning) -> String {
-    format!(
-        "{}x{} f{} c{}{}",
-        t.block_tokens,
-        t.num_warps,
-        t.prefetch,
-        t.chunk_tokens,
-        if t.tensor_cores { " mma" } else { "" }
-    )
+    t.to_text()
 }
 
 /// The kernel hash of the dense split kernel `t` builds for `shape` (or why it does not

@@ -5,6 +5,9 @@
 //!   `dusk-runtime` reads with no LLVM, and `dusk.h`, the C header of `dusk-capi`'s ABI.
 //! - [`stock`]: the kernels of the committed bundle (`kernels_gen/bundle/`) and how their
 //!   grids are sized.
+//! - [`config_text`]: the one `key=value` syntax of kernel configurations
+//!   (`block_tokens=64,num_warps=2,...`) that the tuner's reports print and the benchmark
+//!   binary's `--config` reads.
 //! - [`space`]: config spaces declared next to each kernel family, the pruning hook that
 //!   drops configs that cannot fit before compiling, and the tuning key that buckets shapes.
 //! - [`tune`]: the tuner: every surviving config checked against the reference before it
@@ -30,6 +33,7 @@
 
 pub mod attention_tune;
 pub mod bundle;
+pub mod config_text;
 pub mod search_tune;
 pub mod space;
 pub mod spgemv_tune;

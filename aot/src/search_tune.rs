@@ -4,6 +4,7 @@
 //! (block held in registers, warps; the streaming search's warps).
 
 use crate::bundle::ir_hash;
+use crate::config_text::ConfigText;
 use crate::space::{self, Limits, TuneKey};
 use crate::tune::{space_hash_of, Candidate, DeviceId, Rejection, TuneCache};
 use crate::Result;
@@ -87,14 +88,11 @@ fn search_hash(cfg: &SearchConfig) -> Result<String, String> {
     Ok(ir_hash(&ir))
 }
 
-/// `b8192x16` (block x warps) or `t4096x8` (streaming tile x warps).
+/// How reports and tuning records name a config: its [`ConfigText`] text,
+/// `block=2048,num_warps=4,stream=true,pivots=1,...` (every field but the shape's group),
+/// which `gpu-check threshold --config` reads back.
 pub fn label(c: &SearchConfig) -> String {
-    format!(
-        "{}{}x{}",
-        if c.stream { "t" } else { "b" },
-        c.block,
-        c.num_warps
-    )
+    c.to_text()
 }
 
 /// A search config as JSON.

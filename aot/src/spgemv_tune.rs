@@ -2,6 +2,7 @@
 //! copies when one is smaller than twice L2, rotated between timed runs), the host
 //! reference on sampled rows, and one [`Candidate`] per config of its space.
 
+use crate::config_text::ConfigText;
 use crate::space::{self, Limits, TuneKey};
 use crate::stock::{spgemv_config_json, spgemv_name};
 use crate::tune::{space_hash_of, Candidate, DeviceId, Rejection, TuneCache};
@@ -119,15 +120,11 @@ impl SpgemvShape {
     }
 }
 
-/// A short label of a config: `64x2/14 dp2a`.
+/// How reports and tuning records name a config: its [`ConfigText`] text,
+/// `block_tokens=64,num_warps=2,min_programs_per_sm=14,tensor_cores=false` (the shape's
+/// head_dim, group and bits left out), which `gpu-check spgemv --config` reads back.
 pub fn label(c: &SpgemvConfig) -> String {
-    format!(
-        "{}x{}/{} {}",
-        c.block_tokens,
-        c.num_warps,
-        c.min_programs_per_sm,
-        if c.tensor_cores { "mma" } else { "dp2a" }
-    )
+    c.to_text()
 }
 
 /// A config as a tuning record names it: its fields and its bundle name.

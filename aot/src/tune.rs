@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 /// One config of a tuning run, ready to be tried.
 pub trait Candidate {
-    /// How reports name it (e.g. `64x2/14 dp2a`).
+    /// How reports name it: its config's `key=value` text ([`crate::config_text`]).
     fn label(&self) -> String;
     /// The configuration, as the manifest records it.
     fn config(&self) -> serde_json::Value;

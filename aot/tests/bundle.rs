@@ -139,7 +139,8 @@ fn manifest_carries_tuning_results_of_its_kernels() {
             best: Some(0),
             default: 0,
             trials: vec![Trial {
-                label: "64x2/14 dp2a".into(),
+                label: "block_tokens=64,num_warps=2,min_programs_per_sm=14,tensor_cores=false"
+                    .into(),
                 config: serde_json::json!({}),
                 ir_hash: hash,
                 status: Status::Ok { us: 100.0 },
