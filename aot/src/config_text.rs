@@ -45,7 +45,7 @@
 //! c.apply_text("block_tokens=128,num_warps=4").unwrap();
 //! assert_eq!((c.block_tokens, c.num_warps, c.min_programs_per_sm), (128, 4, 14));
 //! let err = c.apply_text("block_tokens=128,warps=4").unwrap_err();
-//! assert!(err.to_string().starts_with("unknown key `warps` for a spgemv config; valid keys: block_tokens, num_warps"));
+//! assert!(err.to_string().starts_with("unknown key `warps` for the spgemv config; valid keys: block_tokens, num_warps"));
 //! ```
 
 use dusk_compiler::DType;
@@ -58,7 +58,7 @@ use dusk_kernels::threshold::SearchConfig;
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigTextError {
     /// Nothing (or only spaces) between two commas, or before or after a comma.
-    #[error("pair {index} of `{text}` is empty: a {family} config is key=value pairs separated by commas")]
+    #[error("pair {index} of `{text}` is empty: the {family} config is written as key=value pairs separated by commas")]
     EmptyPair {
         family: &'static str,
         text: String,
@@ -66,21 +66,21 @@ pub enum ConfigTextError {
         index: usize,
     },
     /// An item without `=`, or with nothing before it.
-    #[error("`{pair}` is not a key=value pair; the keys of a {family} config are {keys}")]
+    #[error("`{pair}` is not a key=value pair; the keys of the {family} config are {keys}")]
     NotAPair {
         family: &'static str,
         pair: String,
         keys: String,
     },
     /// A key that is no field of the config.
-    #[error("unknown key `{key}` for a {family} config; valid keys: {keys}")]
+    #[error("unknown key `{key}` for the {family} config; valid keys: {keys}")]
     UnknownKey {
         family: &'static str,
         key: String,
         keys: String,
     },
     /// A field of the config that the shape fixes (see [`ConfigText::fixed_keys`]).
-    #[error("key `{key}` is fixed by the shape, not set in the text of a {family} config; valid keys: {keys}")]
+    #[error("key `{key}` is fixed by the shape, not set in the text of the {family} config; valid keys: {keys}")]
     FixedKey {
         family: &'static str,
         key: String,
@@ -482,7 +482,7 @@ mod tests {
                     text: "block_tokens=128,,num_warps=4".into(),
                     index: 2,
                 },
-                "pair 2 of `block_tokens=128,,num_warps=4` is empty: a spgemv config is key=value pairs separated by commas",
+                "pair 2 of `block_tokens=128,,num_warps=4` is empty: the spgemv config is written as key=value pairs separated by commas",
             ),
             (
                 "block_tokens=128,",
@@ -491,7 +491,7 @@ mod tests {
                     text: "block_tokens=128,".into(),
                     index: 2,
                 },
-                "pair 2 of `block_tokens=128,` is empty: a spgemv config is key=value pairs separated by commas",
+                "pair 2 of `block_tokens=128,` is empty: the spgemv config is written as key=value pairs separated by commas",
             ),
             (
                 "block_tokens=128,tensor_cores",
@@ -500,7 +500,7 @@ mod tests {
                     pair: "tensor_cores".into(),
                     keys: "block_tokens, num_warps, min_programs_per_sm, tensor_cores".into(),
                 },
-                "`tensor_cores` is not a key=value pair; the keys of a spgemv config are block_tokens, num_warps, min_programs_per_sm, tensor_cores",
+                "`tensor_cores` is not a key=value pair; the keys of the spgemv config are block_tokens, num_warps, min_programs_per_sm, tensor_cores",
             ),
             (
                 "=4",
@@ -509,7 +509,7 @@ mod tests {
                     pair: "=4".into(),
                     keys: "block_tokens, num_warps, min_programs_per_sm, tensor_cores".into(),
                 },
-                "`=4` is not a key=value pair; the keys of a spgemv config are block_tokens, num_warps, min_programs_per_sm, tensor_cores",
+                "`=4` is not a key=value pair; the keys of the spgemv config are block_tokens, num_warps, min_programs_per_sm, tensor_cores",
             ),
             (
                 "block_tokens=128,warps=4",
@@ -518,7 +518,7 @@ mod tests {
                     key: "warps".into(),
                     keys: "block_tokens, num_warps, min_programs_per_sm, tensor_cores".into(),
                 },
-                "unknown key `warps` for a spgemv config; valid keys: block_tokens, num_warps, min_programs_per_sm, tensor_cores",
+                "unknown key `warps` for the spgemv config; valid keys: block_tokens, num_warps, min_programs_per_sm, tensor_cores",
             ),
             (
                 "group=8",
@@ -527,7 +527,7 @@ mod tests {
                     key: "group".into(),
                     keys: "block_tokens, num_warps, min_programs_per_sm, tensor_cores".into(),
                 },
-                "key `group` is fixed by the shape, not set in the text of a spgemv config; valid keys: block_tokens, num_warps, min_programs_per_sm, tensor_cores",
+                "key `group` is fixed by the shape, not set in the text of the spgemv config; valid keys: block_tokens, num_warps, min_programs_per_sm, tensor_cores",
             ),
             (
                 "num_warps=4,block_tokens=32,num_warps=8",

@@ -14,7 +14,7 @@
 //!    `gpu-check attention --peers peers.json --out varlen_attention.json --commit <sha>`
 //!
 //! `--check-only` stops after 1 and 2 (for compute-sanitizer); `--sweep` and
-//! `--sweep-lists` name other tunings to time beside the defaults (see [`Tiling`]);
+//! `--sweep-lists` name other tunings to time beside the defaults (the shared config text);
 //! `--profile` times one dense GQA case only, for `ncu` (`--profile-skewed`: the skewed
 //! group varlen case; `--skewed-repeats N`: that case timed on N draws of its budgets, each
 //! beside the `--sweep-lists` tilings, and with `--timeline` where each program's time
@@ -34,6 +34,7 @@ use dusk::kernels::paged::{KvShape, PageTable, TokenLists};
 use dusk::kernels::reference::{self, HalfFloat};
 use dusk::kernels::timeline::TIMELINE_WORDS;
 use dusk::runtime::{Arg, Buffer, Device, Element, LoadedKernel, Measured, TimeConfig};
+use dusk_aot::config_text::ConfigText;
 use half::{bf16, f16};
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
@@ -622,131 +623,13 @@ fn time_plan(
     })?)
 }
 
-/// An alternative tuning to time beside the default: `BTxW` then optional `vBYTES`
-/// (bytes per thread and row), `fP` (tiles prefetched), `cCHUNK` (chunk tokens), `mM`
-/// (tensor cores: 1 on, 0 off; on by default where the tiling allows, 8 tokens on one
-/// warp), `oN` (programs per SM asked of ptxas), `g1` (a row's chunks next to each other in
-/// the grid; dense only), `lN` (token lists: N programs of the balanced split; with lists
-/// `cCHUNK` is the shortest segment and `hH` what a row start counts as, in entries), `pP`
-/// (1: one more tile of K and V into L2 a step early, 0: not), `kK` (partials the merge
-/// combines a step), `jJ` (token lists, 1: the split merges rows, 0: a merge launch), `sS`
-/// (token lists, 1: the merge takes each row once its pieces are in, 0: after the split), `rR`
-/// (1: partial outputs in f16, 0: in f32), `yY` (1: K and V loads streaming, 0: not), e.g. `8x4`, `16x4v32`, `8x4f2c256`, `8x1o16`, `8x1m0`, `8x1c512g1`,
-/// `8x1l3168`, `8x1p0`.
-#[derive(Clone, Copy)]
-struct Tiling {
-    block_tokens: usize,
-    num_warps: u32,
-    vector_bytes: Option<u32>,
-    prefetch: Option<usize>,
-    chunk: Option<usize>,
-    mma: Option<bool>,
-    programs: Option<u32>,
-    chunk_fastest: Option<bool>,
-    list_programs: Option<u32>,
-    l2_prefetch: Option<bool>,
-    row_tokens: Option<u32>,
-    merge_chunks: Option<usize>,
-    fused_merge: Option<bool>,
-    row_signals: Option<bool>,
-    f16_partials: Option<bool>,
-    stream_kv: Option<bool>,
-}
-
-fn parse_tiling(t: &str) -> Option<Tiling> {
-    // Split "8x4f2c256" into ("8", 'x', "4"), ('f', "2"), ('c', "256").
-    let mut fields: Vec<(char, String)> = vec![(' ', String::new())];
-    for ch in t.chars() {
-        if ch.is_ascii_digit() {
-            fields.last_mut()?.1.push(ch);
-        } else {
-            fields.push((ch, String::new()));
-        }
-    }
-    let mut out = Tiling {
-        block_tokens: fields.first()?.1.parse().ok()?,
-        num_warps: 0,
-        vector_bytes: None,
-        prefetch: None,
-        chunk: None,
-        mma: None,
-        programs: None,
-        chunk_fastest: None,
-        list_programs: None,
-        l2_prefetch: None,
-        row_tokens: None,
-        merge_chunks: None,
-        fused_merge: None,
-        row_signals: None,
-        f16_partials: None,
-        stream_kv: None,
-    };
-    for (k, v) in &fields[1..] {
-        match k {
-            'x' => out.num_warps = v.parse().ok()?,
-            'v' => out.vector_bytes = Some(v.parse().ok()?),
-            'f' => out.prefetch = Some(v.parse().ok()?),
-            'c' => out.chunk = Some(v.parse().ok()?),
-            'm' => out.mma = Some(v.parse::<u8>().ok()? == 1),
-            'o' => out.programs = Some(v.parse().ok()?),
-            'g' => out.chunk_fastest = Some(v.parse::<u8>().ok()? == 1),
-            'l' => out.list_programs = Some(v.parse().ok()?),
-            'p' => out.l2_prefetch = Some(v.parse::<u8>().ok()? == 1),
-            'h' => out.row_tokens = Some(v.parse().ok()?),
-            'k' => out.merge_chunks = Some(v.parse().ok()?),
-            'j' => out.fused_merge = Some(v.parse::<u8>().ok()? == 1),
-            's' => out.row_signals = Some(v.parse::<u8>().ok()? == 1),
-            'r' => out.f16_partials = Some(v.parse::<u8>().ok()? == 1),
-            'y' => out.stream_kv = Some(v.parse::<u8>().ok()? == 1),
-            _ => return None,
-        }
-    }
-    (out.num_warps > 0).then_some(out)
-}
-
-/// The tilings of `list` (comma-separated, see [`Tiling`]); a malformed one is an error
-/// naming `option`.
-fn tilings(option: &str, list: &Option<String>) -> Res<Vec<Tiling>> {
-    let Some(list) = list else {
-        return Ok(vec![]);
-    };
-    list.split(',')
-        .map(|t| {
-            parse_tiling(t).ok_or_else(|| {
-                format!("{option}: `{t}` is not a tiling (e.g. 8x4, 8x1j1k4; see gpu-check attention --help)").into()
-            })
-        })
-        .collect()
-}
+/// An alternative tuning to time beside the default: overrides in the shared config text
+/// (`dusk_aot::config_text`, e.g. `fused_merge=true,merge_chunks=4`) applied onto the
+/// plan's default tuning.
+type Tiling = String;
 
 fn describe(t: &AttentionTuning) -> String {
-    format!(
-        "{}x{}v{}f{}o{}{}{}{}{} chunk {} row-tokens {} merge-chunks {}{}{} partials {}{}",
-        t.block_tokens,
-        t.num_warps,
-        t.vector_bytes,
-        t.prefetch,
-        t.min_programs_per_sm,
-        if t.l2_prefetch { " l2" } else { "" },
-        if t.tensor_cores { " mma" } else { "" },
-        if t.chunk_fastest {
-            " chunk-fastest"
-        } else {
-            ""
-        },
-        if t.list_programs > 0 {
-            format!(" list-programs {}", t.list_programs)
-        } else {
-            String::new()
-        },
-        t.chunk_tokens,
-        t.row_tokens,
-        t.merge_chunks,
-        if t.fused_merge { " fused" } else { "" },
-        if t.row_signals { " row-signals" } else { "" },
-        t.partial_dtype.name(),
-        if t.stream_kv { " streamed" } else { "" }
-    )
+    t.to_text()
 }
 
 /// Times `spec` under each of `tilings`; returns `[{"tiling", "us"}]`.
@@ -763,29 +646,13 @@ fn time_tilings(
 ) -> Res<Vec<Value>> {
     let mut out = vec![];
     for t in tilings {
+        let mut bad = None;
         let p = AttentionPlan::with_tuning(dusk, spec, |u: &mut AttentionTuning| {
-            u.block_tokens = t.block_tokens;
-            u.num_warps = t.num_warps;
-            u.vector_bytes = t.vector_bytes.unwrap_or(u.vector_bytes);
-            u.prefetch = t.prefetch.unwrap_or(u.prefetch);
-            u.min_programs_per_sm = t.programs.unwrap_or(u.min_programs_per_sm);
-            u.chunk_fastest = t.chunk_fastest.unwrap_or(u.chunk_fastest);
-            u.list_programs = t.list_programs.unwrap_or(u.list_programs);
-            u.l2_prefetch = t.l2_prefetch.unwrap_or(u.l2_prefetch);
-            u.row_tokens = t.row_tokens.unwrap_or(u.row_tokens);
-            u.merge_chunks = t.merge_chunks.unwrap_or(u.merge_chunks);
-            u.fused_merge = t.fused_merge.unwrap_or(u.fused_merge);
-            u.row_signals = t.row_signals.unwrap_or(u.row_signals);
-            u.stream_kv = t.stream_kv.unwrap_or(u.stream_kv);
-            if let Some(f16) = t.f16_partials {
-                u.partial_dtype = if f16 { DType::F16 } else { DType::F32 };
-            }
-            u.tensor_cores = t
-                .mma
-                .unwrap_or(u.tensor_cores && t.block_tokens == 8 && t.num_warps == 1);
-            u.chunk_tokens =
-                t.chunk.unwrap_or(u.chunk_tokens).div_ceil(t.block_tokens) * t.block_tokens;
+            bad = u.apply_text(t).err();
         })?;
+        if let Some(e) = bad {
+            return Err(format!("attention config `{t}`: {e}").into());
+        }
         let m = metas(dusk, &p, table, lists, cold_meta)?;
         let t = time_plan(dusk, &p, c, &m, q)?;
         out.push(json!({"tiling": describe(p.tuning()), "us": t.median_us(), "timing": t.timing.as_str()}));
@@ -1108,13 +975,13 @@ pub struct AttentionArgs {
     /// Run the correctness checks through the interpreter (to test this program).
     #[arg(long)]
     cpu: bool,
-    /// Tilings to time beside the defaults of the dense cases (comma-separated; see
-    /// `Tiling` in attention.rs).
-    #[arg(long, value_name = "TILINGS")]
-    sweep: Option<String>,
-    /// Tilings to time beside the defaults of the token-list cases.
-    #[arg(long, value_name = "TILINGS")]
-    sweep_lists: Option<String>,
+    /// A tuning to time beside the defaults of the dense cases: overrides in the shared
+    /// config text (e.g. `chunk_tokens=256,num_warps=1`); repeat the option for more.
+    #[arg(long, value_name = "CONFIG")]
+    sweep: Vec<String>,
+    /// A tuning to time beside the defaults of the token-list cases (as --sweep).
+    #[arg(long, value_name = "CONFIG")]
+    sweep_lists: Vec<String>,
     /// Time one dense GQA case only (batch 32, 32k), for a profiler.
     #[arg(long)]
     profile: bool,
@@ -1149,13 +1016,40 @@ pub fn run(args: &AttentionArgs) -> Res<()> {
     // `--seed N`: the same draws (inputs, lists, budgets) in every process, so that two
     // builds can be compared draw by draw; by default each process draws its own.
     let mut rng = SmallRng::seed_from_u64(args.common.seed_or(0xa77e));
-    let sweep = tilings("--sweep", &args.sweep)?;
-    let sweep_lists = tilings("--sweep-lists", &args.sweep_lists)?;
+    let (sweep, sweep_lists) = (&args.sweep, &args.sweep_lists);
+    // A malformed tuning text is an error before anything runs.
+    let probe = AttentionTuning::for_spec(
+        &AttentionSpec {
+            kv: KvShape {
+                num_pages: 1,
+                page_size: PAGE,
+                num_kv_heads: 8,
+                head_dim: D,
+            },
+            batch: 1,
+            num_q_heads: 32,
+            mode: AttentionMode::Dense,
+            max_tokens: PAGE,
+            sm_scale: None,
+            sparq: false,
+            dtype: DType::F16,
+        },
+        132,
+    );
+    for (option, t) in sweep
+        .iter()
+        .map(|t| ("--sweep", t))
+        .chain(sweep_lists.iter().map(|t| ("--sweep-lists", t)))
+    {
+        probe
+            .with_text(t)
+            .map_err(|e| format!("{option} {t}: {e}"))?;
+    }
     if args.profile_skewed {
         // The skewed group varlen case alone, for a profiler: group lists first (5 untimed
         // runs, 30 timed twice), then the padded baseline.
         let mut bench = Bench::new(&dusk, rng, f64::NAN, None, args)?;
-        return bench.skewed(64, 32, 8, 32768, &sweep_lists);
+        return bench.skewed(64, 32, 8, 32768, sweep_lists);
     }
     if let Some(repeats) = args.skewed_repeats {
         // The skewed group varlen case alone, on `repeats` fresh draws of the budgets (they
@@ -1163,7 +1057,7 @@ pub fn run(args: &AttentionArgs) -> Res<()> {
         // the default: an A/B of list tilings in minutes, not the whole benchmark.
         let mut bench = Bench::new(&dusk, rng, copy_gbps(&dev)?, None, args)?;
         for _ in 0..repeats {
-            bench.skewed(64, 32, 8, 32768, &sweep_lists)?;
+            bench.skewed(64, 32, 8, 32768, sweep_lists)?;
         }
         return Ok(());
     }
@@ -1198,14 +1092,14 @@ pub fn run(args: &AttentionArgs) -> Res<()> {
     for batch in [1usize, 32, 64] {
         for ctx in [8192usize, 32768] {
             for (hq, hkv) in [(32usize, 8usize), (32, 32)] {
-                bench.dense(batch, hq, hkv, ctx, &sweep)?;
+                bench.dense(batch, hq, hkv, ctx, sweep)?;
             }
         }
     }
     for hkv in [8usize, 32] {
-        bench.quarter(32, 32, hkv, 32768, &sweep_lists)?;
+        bench.quarter(32, 32, hkv, 32768, sweep_lists)?;
     }
-    bench.skewed(64, 32, 8, 32768, &sweep_lists)?;
+    bench.skewed(64, 32, 8, 32768, sweep_lists)?;
     args.common.write_results(
         &dev,
         copy_gbps,

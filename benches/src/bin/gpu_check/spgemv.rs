@@ -14,7 +14,9 @@ use clap::Args;
 use dusk::kernels::ops::{Dusk, QuantizedK, SpgemvPlan};
 use dusk::kernels::paged::{KvShape, PageTable, TokenLists};
 use dusk::kernels::reference;
+use dusk::kernels::spgemv::SpgemvConfig;
 use dusk::runtime::{Buffer, Device, Measured};
+use dusk_aot::config_text::ConfigText;
 use half::f16;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
@@ -155,9 +157,9 @@ fn check_case(dusk: &Dusk, rng: &mut SmallRng, case: &CheckCase) -> Res<(u8, f64
     Ok((worst, reference::rel_error(&got_s, &want_s)))
 }
 
-/// Tokens per program, warps, programs per SM asked of ptxas, tensor cores; `None` is the
-/// default configuration.
-type Tiling = Option<(usize, u32, u32, bool)>;
+/// A configuration in the shared config text (`dusk_aot::config_text`, e.g.
+/// `block_tokens=64,num_warps=2`) applied onto the shape's default; `None` is the default.
+type Tiling = Option<String>;
 
 struct BenchCase {
     kv_heads: usize,
@@ -214,15 +216,19 @@ fn bench_case(
     let q = dev.upload(&random_f16(rng, batch * q_heads * d))?;
     let mut out = vec![];
     for tiling in tilings {
-        if matches!(tiling, Some((_, _, _, true))) && group == 1 {
+        let base = SpgemvConfig::new(d, page_size, group, bits);
+        let chosen = match tiling {
+            Some(text) => base
+                .with_text(text)
+                .map_err(|e| format!("spgemv config: {e}"))?,
+            None => base,
+        };
+        if chosen.tensor_cores && group == 1 {
             continue; // the tensor cores take groups of 2 to 8 query heads
         }
         let plan = SpgemvPlan::with_config(dusk, kv, q_heads, bits, &table, &cand, |cfg| {
-            if let Some((tokens, warps, occ, mma)) = *tiling {
-                cfg.block_tokens = tokens;
-                cfg.num_warps = warps;
-                cfg.min_programs_per_sm = occ;
-                cfg.tensor_cores = mma;
+            if tiling.is_some() {
+                *cfg = chosen;
             }
         })?;
         let mut scores = dev.alloc::<f32>(plan.num_scores())?;
@@ -231,11 +237,8 @@ fn bench_case(
         let gbps = bytes as f64 / (us * 1e-6) / 1e9;
         let cfg = plan.config();
         let label = format!(
-            "{}x{}/{} {}{}",
-            cfg.block_tokens,
-            cfg.num_warps,
-            cfg.min_programs_per_sm,
-            if cfg.tensor_cores { "mma" } else { "dp2a" },
+            "{}{}",
+            cfg.to_text(),
             if tiling.is_none() { " (default)" } else { "" }
         );
         println!(
@@ -259,10 +262,15 @@ fn bench_case(
 pub struct SpgemvArgs {
     #[command(flatten)]
     common: Common,
-    /// Time one GQA all-tokens case at one tiling, `TOKENSxWARPS` (one compiled into
-    /// dusk-kernels, `spgemv::specialised_configs`), for a profiler; no checks.
-    #[arg(long, value_name = "TOKENSxWARPS")]
+    /// Time one GQA all-tokens case at one configuration (config text, e.g.
+    /// `block_tokens=64,num_warps=4`; one compiled into dusk-kernels,
+    /// `spgemv::specialised_configs`), for a profiler; no checks.
+    #[arg(long, value_name = "CONFIG")]
     profile: Option<String>,
+    /// A configuration to time beside the default (config text; repeat the option for
+    /// more). Keys: block_tokens, num_warps, min_programs_per_sm, tensor_cores.
+    #[arg(long, value_name = "CONFIG")]
+    sweep: Vec<String>,
 }
 
 pub fn run(args: &SpgemvArgs) -> Res<()> {
@@ -275,29 +283,20 @@ pub fn run(args: &SpgemvArgs) -> Res<()> {
     );
     let dusk = Dusk::new(dev.clone())?;
     let mut rng = SmallRng::seed_from_u64(args.common.seed_or(0x5eed));
+    // A malformed config text is an error before anything runs.
+    for t in args.sweep.iter().chain(&args.profile) {
+        SpgemvConfig::new(128, 16, 4, 4)
+            .with_text(t)
+            .map_err(|e| format!("spgemv config `{t}`: {e}"))?;
+    }
     if let Some(t) = &args.profile {
         // One GQA all-tokens case at one tiling ("64x4"), for a profiler to look at; the
         // tiling must be one compiled into dusk-kernels (`spgemv::specialised`).
-        let (tokens, warps) = t
-            .split_once('x')
-            .ok_or_else(|| format!("--profile {t}: expected TOKENSxWARPS, e.g. 64x4"))?;
-        let bad = |e: std::num::ParseIntError| format!("--profile {t}: {e}");
         let c = BenchCase {
             kv_heads: 8,
             quarter: false,
         };
-        bench_case(
-            &dusk,
-            &mut rng,
-            &c,
-            f64::NAN,
-            &[Some((
-                tokens.parse().map_err(bad)?,
-                warps.parse().map_err(bad)?,
-                0,
-                false,
-            ))],
-        )?;
+        bench_case(&dusk, &mut rng, &c, f64::NAN, &[Some(t.clone())])?;
         return Ok(());
     }
 
@@ -415,14 +414,9 @@ pub fn run(args: &SpgemvArgs) -> Res<()> {
 
     let peers = args.common.peers()?;
     // The default tiling first (the reported figure), then alternatives from the sweep.
-    let tilings: [Tiling; 6] = [
-        None,
-        Some((64, 2, 14, false)),
-        Some((128, 4, 0, true)),
-        Some((64, 4, 0, true)),
-        Some((32, 1, 0, false)),
-        Some((128, 4, 6, false)),
-    ];
+    let tilings: Vec<Tiling> = std::iter::once(None)
+        .chain(args.sweep.iter().cloned().map(Some))
+        .collect();
     let mut cases = vec![];
     for kv_heads in [8usize, 32] {
         for quarter in [false, true] {

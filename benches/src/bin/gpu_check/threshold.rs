@@ -8,11 +8,9 @@
 //!    rotated past twice the L2 (the harness's rule), beside the peers' times (`--peers`,
 //!    written by `benches/baselines/topp_peers.py` in the same command). `--profile N`
 //!    skips the checks and the sweep and times the default for rows of N candidates only
-//!    (for ncu; `--no-histogram` without the histogram's first step, `--recompute` with the
-//!    weights recomputed, `--prefetch` with L2 prefetches, `--backoff NS` sleeping NS
-//!    between reads of the words of the rows before, `--programs N` N programs an SM
-//!    asked of ptxas, `--tile T` and `--warps W`
-//!    another tiling, `--timeline` each row's phases from the GPU's clock); `--no-sweep`
+//!    (for ncu; `--config TEXT` changes the timed default in the shared config text, e.g.
+//!    `histogram=false` or `backoff_ns=1000,min_programs_per_sm=3`; `--timeline` each row's
+//!    phases from the GPU's clock); `--no-sweep`
 //!    times the defaults only; `--focus F` multiplies the timed rows' logits by F (1: the
 //!    diffuse rows that keep ~86% of their candidates; 12: attention as focused as
 //!    Twilight's, ~2% kept at 32768), the cases then named `top_p_focus{F}_...`, each with
@@ -30,6 +28,7 @@ use dusk::kernels::reference::{check_kept, softmax, top_p_oracle};
 use dusk::kernels::threshold::{SearchConfig, SHARED_ROW};
 use dusk::kernels::timeline::TIMELINE_WORDS;
 use dusk::runtime::{Device, Measured};
+use dusk_aot::config_text::ConfigText;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
@@ -351,27 +350,15 @@ pub struct ThresholdArgs {
     /// Time the defaults only.
     #[arg(long)]
     no_sweep: bool,
-    /// The timed default without the histogram's first step.
-    #[arg(long)]
-    no_histogram: bool,
-    /// The timed default with the weights recomputed in each pass.
-    #[arg(long)]
-    recompute: bool,
-    /// The timed default with L2 prefetches.
-    #[arg(long)]
-    prefetch: bool,
-    /// The timed default sleeping NS between reads of the earlier rows' words.
-    #[arg(long, value_name = "NS")]
-    backoff: Option<u32>,
-    /// The timed default with N programs an SM asked of ptxas.
-    #[arg(long, value_name = "N")]
-    programs: Option<u32>,
-    /// The timed default with tiles (or blocks) of T candidates.
-    #[arg(long, value_name = "T")]
-    tile: Option<usize>,
-    /// The timed default on W warps.
-    #[arg(long, value_name = "W")]
-    warps: Option<u32>,
+    /// Overrides on the timed default, in the shared config text (e.g.
+    /// `histogram=false,num_warps=8`). Keys: block, num_warps, stream, pivots, shared,
+    /// histogram, recompute, prefetch, backoff_ns, min_programs_per_sm, timeline.
+    #[arg(long, value_name = "CONFIG")]
+    config: Option<String>,
+    /// A configuration to time beside the default, besides the built-in sweep (config
+    /// text; repeat the option for more).
+    #[arg(long, value_name = "CONFIG")]
+    sweep: Vec<String>,
     /// Each row's phases from the GPU's clock (with --profile).
     #[arg(long)]
     timeline: bool,
@@ -441,14 +428,10 @@ pub fn run(args: &ThresholdArgs) -> Res<()> {
             })
             .collect::<Result<_, _>>()?;
         let mut cfg = SearchConfig::for_rows(n, 1);
-        cfg.histogram &= !args.no_histogram;
-        cfg.recompute |= args.recompute;
-        cfg.prefetch |= args.prefetch;
-        cfg.backoff_ns = args.backoff.unwrap_or(cfg.backoff_ns);
-        cfg.min_programs_per_sm = args.programs.unwrap_or(cfg.min_programs_per_sm);
-        cfg.block = args.tile.unwrap_or(cfg.block);
-        cfg.num_warps = args.warps.unwrap_or(cfg.num_warps);
-        cfg.timeline = args.timeline;
+        if let Some(text) = &args.config {
+            cfg.apply_text(text).map_err(|e| format!("--config: {e}"))?;
+        }
+        cfg.timeline |= args.timeline;
         let mut plan = PrunePlan::with_config(
             &dusk,
             &top_p::POLICY,
@@ -477,11 +460,15 @@ pub fn run(args: &ThresholdArgs) -> Res<()> {
         );
         // Other configurations beside the default, same inputs (tuning's raw material).
         let mut others = vec![];
-        let sweep = if profile.is_some() || args.no_sweep {
+        let mut sweep = if profile.is_some() || args.no_sweep {
             vec![]
         } else {
             sweep(n)
         };
+        for text in &args.sweep {
+            let base = SearchConfig::for_rows(n, 1);
+            sweep.push(base.with_text(text).map_err(|e| format!("--sweep: {e}"))?);
+        }
         for cfg in sweep {
             let mut alt = PrunePlan::with_config(
                 &dusk,
@@ -492,24 +479,7 @@ pub fn run(args: &ThresholdArgs) -> Res<()> {
                 &[ParamValues::Uniform(0.9)],
             )?;
             let t: Measured = dev.time_calls(sets.len(), |i| alt.run(&dusk, &sets[i]))?;
-            let name = format!(
-                "{}{}w{}k{}{}{}{}",
-                match (cfg.stream, cfg.shared, cfg.recompute) {
-                    (true, true, _) => "shared t",
-                    (true, false, true) => "recompute t",
-                    (true, false, false) => "stream t",
-                    (false, _, _) => "b",
-                },
-                cfg.block,
-                cfg.num_warps,
-                cfg.pivots,
-                if cfg.histogram { "h" } else { "" },
-                if cfg.prefetch { " l2" } else { "" },
-                match cfg.min_programs_per_sm {
-                    0 => String::new(),
-                    n => format!(" o{n}"),
-                }
-            );
+            let name = cfg.to_text();
             println!("  {name}: {:.1} us", t.median_us());
             others.push(json!({"config": name, "us": t.median_us(), "timing": t.timing.as_str()}));
         }
