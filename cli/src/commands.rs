@@ -458,11 +458,7 @@ fn copy_gbps(dev: &Device) -> Res<Option<f64>> {
     if !dev.is_gpu() {
         return Ok(None);
     }
-    let n = 1usize << 30;
-    let src = dev.upload(&vec![0x5Au8; n])?;
-    let mut dst = dev.alloc::<u8>(n)?;
-    let t = dev.time_calls(1, |_| dst.copy_from(&src))?;
-    Ok(Some(2.0 * n as f64 / (t.median_us() * 1e-6) / 1e9))
+    Ok(Some(dev.copy_gbps(1 << 30)?))
 }
 
 fn spgemv_shape_json(s: &SpgemvShape) -> Value {

@@ -997,6 +997,17 @@ pub struct AttentionArgs {
     /// Where each program's time goes in the skewed case.
     #[arg(long)]
     timeline: bool,
+    /// Time only the cases whose name contains one of these (e.g. `dense_b1_`; repeat the
+    /// option for more).
+    #[arg(long, value_name = "TEXT")]
+    only: Vec<String>,
+}
+
+impl AttentionArgs {
+    /// Whether the case `name` is timed (`--only`).
+    fn wanted(&self, name: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|o| name.contains(o.as_str()))
+    }
 }
 
 pub fn run(args: &AttentionArgs) -> Res<()> {
@@ -1092,14 +1103,20 @@ pub fn run(args: &AttentionArgs) -> Res<()> {
     for batch in [1usize, 32, 64] {
         for ctx in [8192usize, 32768] {
             for (hq, hkv) in [(32usize, 8usize), (32, 32)] {
-                bench.dense(batch, hq, hkv, ctx, sweep)?;
+                if args.wanted(&format!("dense_b{batch}_h{hq}x{hkv}_ctx{ctx}")) {
+                    bench.dense(batch, hq, hkv, ctx, sweep)?;
+                }
             }
         }
     }
     for hkv in [8usize, 32] {
-        bench.quarter(32, 32, hkv, 32768, sweep_lists)?;
+        if args.wanted(&format!("quarter_b32_h32x{hkv}_ctx32768")) {
+            bench.quarter(32, 32, hkv, 32768, sweep_lists)?;
+        }
     }
-    bench.skewed(64, 32, 8, 32768, sweep_lists)?;
+    if args.wanted("skewed_b64_h32x8_ctx32768") {
+        bench.skewed(64, 32, 8, 32768, sweep_lists)?;
+    }
     args.common.write_results(
         &dev,
         copy_gbps,

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Every kernel family measured on the GPU machine with the harness, ours and the peers in
+# the same command (DESIGN.md section 6): each peer script (benches/baselines/, timed by
+# harness.py) runs first, then `gpu-check <family>` reads its figures and writes the
+# results (DESIGN.md section 8). Run from the repository root with `.device/` carried:
+#   .device/gpu-check     ../shared/tools/device-stage --release -p dusk-bench --bin gpu-check
+#   .device/whl/*.whl     ../shared/tools/device-wheels (FlashInfer 0.5.3)
+#
+#   OUT=$OUT bash benches/device_bench.sh COMMIT DATE STEP...
+#
+# STEP: `attention`, `spgemv`, `threshold` (p = 0.9 on diffuse rows), `focus` (the same on
+# rows as focused as Twilight's, logits x 12), `sanitize` (memcheck and racecheck over
+# every family's checks). Extra gpu-check options for a family go in GPU_CHECK_<FAMILY>
+# (e.g. GPU_CHECK_ATTENTION='--only dense_b1_ --sweep l2_prefetch=true').
+# Writes into $OUT (at most 8 files come back): varlen_attention.json, spgemv.json,
+# threshold_search.json, threshold_search_focus.json, bench.log (every step's output) and
+# sanitize.log; prints a short summary last.
+set -u
+commit=${1:?commit} date=${2:?date}
+shift 2
+out=${OUT:?OUT names the folder whose files come back}
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/whl/*.whl 2>&1 | tail -1
+export PYTHONPATH=/tmp/site MAX_JOBS=16 PYTHONUNBUFFERED=1
+gc=.device/gpu-check
+log="$out/bench.log"
+peers=/tmp/dusk-peers
+mkdir -p "$peers"
+stamp=(--commit "$commit" --date "$date")
+
+run_family() { # family, peer script, results file, extra peer args, extra gpu-check args
+  local family=$1 script=$2 results=$3 peer_args=$4 extra=$5
+  echo "== $family: peers ($script $peer_args)" >>"$log"
+  # shellcheck disable=SC2086
+  python3 "benches/baselines/$script" $peer_args --out "$peers/$family.json" >>"$log" 2>&1 ||
+    echo "$family: the peer script failed (see bench.log)"
+  echo "== $family: gpu-check $extra" >>"$log"
+  # shellcheck disable=SC2086
+  $gc "${family%%-*}" --peers "$peers/$family.json" --out "$out/$results" "${stamp[@]}" $extra >>"$log" 2>&1 ||
+    echo "$family: gpu-check failed (see bench.log)"
+}
+
+for step in "$@"; do
+  case $step in
+    attention) run_family attention attention_peers.py varlen_attention.json "" "${GPU_CHECK_ATTENTION:-}" ;;
+    spgemv) run_family spgemv spgemv_torch.py spgemv.json "" "${GPU_CHECK_SPGEMV:-}" ;;
+    threshold) run_family threshold topp_peers.py threshold_search.json "" "--no-sweep ${GPU_CHECK_THRESHOLD:-}" ;;
+    focus) run_family threshold-focus topp_peers.py threshold_search_focus.json "--focus 12" "--no-sweep --focus 12 ${GPU_CHECK_THRESHOLD:-}" ;;
+    sanitize)
+      for tool in memcheck racecheck; do
+        for family in spgemv "threshold --rows 300" attention; do
+          echo "== compute-sanitizer --tool $tool gpu-check $family --check-only" >>"$out/sanitize.log"
+          # shellcheck disable=SC2086
+          compute-sanitizer --tool $tool $gc $family --check-only 2>&1 | tail -4 >>"$out/sanitize.log"
+        done
+      done ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
+
+# The summary: every case's ratio to its peer and fraction of the copy rate.
+python3 - "$out" <<'PY'
+import glob, json, os, sys
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
+    r = json.load(open(path))
+    print(f"{os.path.basename(path)} (copy {r.get('copy_gbps', 0):.0f} GB/s)")
+    for c in r.get("cases", []):
+        s = c.get("speedup_vs_peer")
+        t = c.get("timing", {})
+        print(f"  {c['case'][:52]:<52} {c['ours_us']:8.1f} us  {s if s is None else round(s, 3)!s:>6}x"
+              f"  {100 * c.get('frac_of_copy_bw', 0):5.1f}%  {t.get('ours')}/{t.get('peer')}")
+PY
+grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$out/sanitize.log" 2>/dev/null
