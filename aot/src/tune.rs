@@ -369,7 +369,6 @@ enum Progress {
     /// The bar, and the best config so far as its message shows it.
     Bar(ProgressBar, String),
     Lines {
-        key: String,
         total: usize,
         start: Instant,
     },
@@ -383,20 +382,16 @@ impl Progress {
         if !std::io::stderr().is_terminal() {
             eprintln!("{key}: tuning {total} configs");
             return Progress::Lines {
-                key: key.to_string(),
                 total,
                 start: Instant::now(),
             };
         }
         let bar = ProgressBar::new(total as u64);
         bar.set_style(
-            ProgressStyle::with_template(
-                "{prefix} [{bar:30}] {pos}/{len} configs, {elapsed}  {msg}",
-            )
-            .expect("a valid template")
-            .progress_chars("=> "),
+            ProgressStyle::with_template("[{bar:30}] {pos}/{len} configs, {elapsed}  {wide_msg}")
+                .expect("a valid template")
+                .progress_chars("=> "),
         );
-        bar.set_prefix(key.to_string());
         // Redrawn every second, so that the time keeps moving through a slow config.
         bar.enable_steady_tick(Duration::from_secs(1));
         Progress::Bar(bar, String::new())
@@ -417,7 +412,7 @@ impl Progress {
     fn done(&self, n: usize, label: &str, status: &Status) {
         match self {
             Progress::Bar(bar, _) => bar.inc(1),
-            Progress::Lines { key, total, start } => {
+            Progress::Lines { total, start } => {
                 let what = match status {
                     Status::Ok { us } => format!("{us:.1} us"),
                     Status::Wrong { .. } => "wrong output".to_string(),
@@ -425,7 +420,7 @@ impl Progress {
                     Status::Pruned { .. } => "pruned".to_string(),
                 };
                 eprintln!(
-                    "{key}: {n}/{total} configs, {:.1} s: {label}: {what}",
+                    "  {n}/{total} configs, {:.1} s: {label}: {what}",
                     start.elapsed().as_secs_f64()
                 );
             }
