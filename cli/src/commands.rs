@@ -1222,6 +1222,19 @@ mod tests {
             check_interpreter_size(&arg(Family::Attention, "batch=1,heads=8/2,context=1025"))
                 .is_err()
         );
+        // `dusk tune --help` states the limits.
+        let mut cmd = <TuneArgs as clap::Args>::augment_args(clap::Command::new("tune"));
+        let help = cmd.render_long_help().to_string();
+        for (what, max) in [
+            ("batch x query heads x candidates", INTERPRETER_MAX_SCORES),
+            ("rows x len", INTERPRETER_MAX_WEIGHTS),
+            ("batch x query heads x context", INTERPRETER_MAX_ATTENDED),
+        ] {
+            assert!(
+                help.contains(&format!("{what} up to {max}")),
+                "{what}: {help}"
+            );
+        }
     }
 
     #[test]
