@@ -12,7 +12,9 @@ use dusk_runtime::Device;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// One config of a tuning run, ready to be tried.
 pub trait Candidate {
@@ -93,6 +95,51 @@ impl TuneRecord {
     /// The default's time and the best's time, when both were timed.
     pub fn default_and_best_us(&self) -> Option<(f64, f64)> {
         Some((self.us(self.default)?, self.us(self.best?)?))
+    }
+
+    /// Why no config won, when none did: how many configs failed in which way, and the
+    /// first one's reason (`none of the 8 configs passed (8 failed at compile); the first,
+    /// 64x2/0 mma, failed at compile: ...`). `None` when a config passed.
+    pub fn why_none_passed(&self) -> Option<String> {
+        if self.best.is_some() {
+            return None;
+        }
+        let mut counts: Vec<(String, usize)> = vec![];
+        for t in &self.trials {
+            let kind = match &t.status {
+                Status::Ok { .. } => "timed".to_string(),
+                Status::Wrong { .. } => "wrong output".to_string(),
+                Status::Failed { stage, .. } => format!("failed at {stage}"),
+                Status::Pruned { .. } => "pruned".to_string(),
+            };
+            match counts.iter_mut().find(|(k, _)| *k == kind) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((kind, 1)),
+            }
+        }
+        let Some(first) = self.trials.first() else {
+            return Some("the space has no configs".to_string());
+        };
+        let why = match &first.status {
+            Status::Ok { us } => format!("was timed at {us} us"),
+            Status::Wrong { error } => format!("gave wrong output: {error}"),
+            Status::Failed { stage, error } => format!("failed at {stage}: {error}"),
+            Status::Pruned { reason } => format!("was pruned: {reason}"),
+        };
+        let counts = counts
+            .iter()
+            .map(|(k, n)| format!("{n} {k}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        Some(if self.trials.len() == 1 {
+            format!("its only config, {}, {why}", first.label)
+        } else {
+            format!(
+                "none of the {} configs passed ({counts}); the first, {}, {why}",
+                self.trials.len(),
+                first.label
+            )
+        })
     }
 }
 
@@ -236,8 +283,12 @@ pub fn space_hash_of(
 }
 
 /// Tries every candidate in order (the first is the default): prepare, check, time.
-/// `pruned` configs are recorded as such. The progress bar (hidden when `progress` is
-/// false or stderr is not a terminal) shows configs done and the best so far.
+/// `pruned` configs are recorded as such. A time that is zero, negative or not finite is
+/// recorded as a failure at `time`: no config wins on a broken timer.
+///
+/// With `progress`, a bar on stderr shows configs done out of all, the time elapsed, the
+/// config being tried and the best so far; when stderr is not a terminal (a log, CI), one
+/// line a config instead.
 pub fn run(
     key: &str,
     dev: &DeviceId,
@@ -245,21 +296,13 @@ pub fn run(
     pruned: Vec<(String, serde_json::Value, String)>,
     progress: bool,
 ) -> TuneRecord {
-    let bar = if progress {
-        ProgressBar::new(candidates.len() as u64)
-    } else {
-        ProgressBar::hidden()
-    };
-    bar.set_style(
-        ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} configs  {msg}")
-            .expect("a valid template")
-            .progress_chars("=> "),
-    );
-    bar.set_prefix(key.to_string());
+    let total = candidates.len();
+    let mut progress = Progress::new(key, total, progress);
     let mut trials = vec![];
     let mut best: Option<(usize, f64)> = None;
     for c in candidates.iter_mut() {
         let label = c.label();
+        progress.trying(&label);
         let config = c.config();
         let ir_hash = c.kernel_hash().unwrap_or_default();
         let status = match c.kernel_hash().and_then(|_| c.prepare()) {
@@ -274,7 +317,11 @@ pub fn run(
                     error,
                 },
                 Ok(()) => match c.time_us() {
-                    Ok(us) => Status::Ok { us },
+                    Ok(us) if us > 0.0 && us.is_finite() => Status::Ok { us },
+                    Ok(us) => Status::Failed {
+                        stage: "time".into(),
+                        error: format!("the timer gave {us} us"),
+                    },
                     Err(error) => Status::Failed {
                         stage: "time".into(),
                         error,
@@ -285,18 +332,18 @@ pub fn run(
         if let Status::Ok { us } = status {
             if best.is_none_or(|(_, b)| us < b) {
                 best = Some((trials.len(), us));
-                bar.set_message(format!("best: {label} {us:.1} us"));
+                progress.best(&label, us);
             }
         }
+        progress.done(trials.len() + 1, &label, &status);
         trials.push(Trial {
             label,
             config,
             ir_hash,
             status,
         });
-        bar.inc(1);
     }
-    bar.finish_and_clear();
+    progress.finish();
     for (label, config, reason) in pruned {
         trials.push(Trial {
             label,
@@ -313,5 +360,77 @@ pub fn run(
         best: best.map(|(i, _)| i),
         default: 0,
         trials,
+    }
+}
+
+/// The progress of [`run`]: a bar on a terminal, plain lines elsewhere, or nothing.
+enum Progress {
+    Off,
+    /// The bar, and the best config so far as its message shows it.
+    Bar(ProgressBar, String),
+    Lines {
+        total: usize,
+        start: Instant,
+    },
+}
+
+impl Progress {
+    fn new(key: &str, total: usize, on: bool) -> Progress {
+        if !on {
+            return Progress::Off;
+        }
+        if !std::io::stderr().is_terminal() {
+            eprintln!("{key}: tuning {total} configs");
+            return Progress::Lines {
+                total,
+                start: Instant::now(),
+            };
+        }
+        let bar = ProgressBar::new(total as u64);
+        bar.set_style(
+            ProgressStyle::with_template("[{bar:30}] {pos}/{len} configs, {elapsed}  {wide_msg}")
+                .expect("a valid template")
+                .progress_chars("=> "),
+        );
+        // Redrawn every second, so that the time keeps moving through a slow config.
+        bar.enable_steady_tick(Duration::from_secs(1));
+        Progress::Bar(bar, String::new())
+    }
+
+    fn trying(&self, label: &str) {
+        if let Progress::Bar(bar, best) = self {
+            bar.set_message(format!("trying {label}{best}"));
+        }
+    }
+
+    fn best(&mut self, label: &str, us: f64) {
+        if let Progress::Bar(_, best) = self {
+            *best = format!("  (best: {label} {us:.1} us)");
+        }
+    }
+
+    fn done(&self, n: usize, label: &str, status: &Status) {
+        match self {
+            Progress::Bar(bar, _) => bar.inc(1),
+            Progress::Lines { total, start } => {
+                let what = match status {
+                    Status::Ok { us } => format!("{us:.1} us"),
+                    Status::Wrong { .. } => "wrong output".to_string(),
+                    Status::Failed { stage, .. } => format!("failed at {stage}"),
+                    Status::Pruned { .. } => "pruned".to_string(),
+                };
+                eprintln!(
+                    "  {n}/{total} configs, {:.1} s: {label}: {what}",
+                    start.elapsed().as_secs_f64()
+                );
+            }
+            Progress::Off => {}
+        }
+    }
+
+    fn finish(&self) {
+        if let Progress::Bar(bar, _) = self {
+            bar.finish_and_clear();
+        }
     }
 }

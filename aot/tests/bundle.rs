@@ -1,7 +1,7 @@
 //! The committed stock bundle (`kernels_gen/bundle/`) must be what the current sources
 //! compile to: regenerate it and compare every file. When it is stale, regenerate it with
 //!
-//!     cargo run -p dusk-cli -- compile --out kernels_gen/bundle
+//!     cargo dusk compile --out kernels_gen/bundle
 //!
 //! (or `DUSK_BLESS=1 cargo test -p dusk-aot --test bundle`).
 
@@ -44,7 +44,7 @@ fn committed_stock_bundle_is_fresh() {
         assert!(
             want == have,
             "kernels_gen/bundle/{f} is stale: the sources compile to something else; \
-             regenerate it with `cargo run -p dusk-cli -- compile --out kernels_gen/bundle`"
+             regenerate it with `cargo dusk compile --out kernels_gen/bundle`"
         );
     }
     let _ = std::fs::remove_dir_all(&fresh);

@@ -1,6 +1,7 @@
 //! The tuner on the CPU interpreter: a planted fast-but-wrong config is rejected by the
 //! reference check and never wins; `spgemv_quant`'s real space tunes end to end; results
-//! survive a round trip through the persistent cache.
+//! survive a round trip through the persistent cache; a broken timer never wins, and a run
+//! in which no config passes says why.
 
 use dusk_aot::space::Limits;
 use dusk_aot::spgemv_tune::{SpgemvProblem, SpgemvShape};
@@ -157,6 +158,82 @@ fn a_planted_fast_wrong_config_never_wins() {
     let best = rec.best_trial().expect("a config passed");
     assert_eq!(best.config["planted"], false, "{rec:?}");
     assert!(matches!(best.status, Status::Ok { .. }));
+}
+
+/// A config that runs and checks, and whose timer gives `us`.
+struct Timer(f64);
+
+impl Candidate for Timer {
+    fn label(&self) -> String {
+        format!("timer {}", self.0)
+    }
+    fn config(&self) -> serde_json::Value {
+        serde_json::json!({"timer": self.0.to_string()})
+    }
+    fn kernel_hash(&self) -> Result<String, String> {
+        Ok("1".repeat(16))
+    }
+    fn prepare(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+    fn check(&mut self) -> Result<(), Rejection> {
+        Ok(())
+    }
+    fn time_us(&mut self) -> Result<f64, String> {
+        Ok(self.0)
+    }
+}
+
+#[test]
+fn a_zero_or_non_finite_time_never_wins() {
+    let dev = DeviceId::of(&Device::cpu());
+    let cands: Vec<Box<dyn Candidate>> = vec![
+        Box::new(Timer(0.0)),
+        Box::new(Timer(f64::NAN)),
+        Box::new(Timer(-1.0)),
+        Box::new(Timer(f64::INFINITY)),
+        Box::new(Timer(3.5)),
+    ];
+    let rec = tune::run("timers", &dev, cands, vec![], false);
+    for t in &rec.trials[..4] {
+        assert!(
+            matches!(&t.status, Status::Failed { stage, error } if stage == "time" && error.contains("the timer gave")),
+            "{t:?}"
+        );
+    }
+    assert_eq!(rec.best, Some(4));
+    assert_eq!(rec.why_none_passed(), None);
+}
+
+#[test]
+fn when_every_config_fails_the_record_says_why() {
+    let dev = DeviceId::of(&Device::cpu());
+    let cands: Vec<Box<dyn Candidate>> =
+        vec![Box::new(Broken), Box::new(Timer(0.0)), Box::new(Broken)];
+    let pruned = vec![(
+        "huge".to_string(),
+        serde_json::json!({}),
+        "about 300 registers a thread".to_string(),
+    )];
+    let rec = tune::run("broken", &dev, cands, pruned, false);
+    assert_eq!(rec.best, None);
+    assert_eq!(
+        rec.why_none_passed().unwrap(),
+        "none of the 4 configs passed (2 failed at compile, 1 failed at time, 1 pruned); \
+         the first, broken, failed at compile: ptxas: too many resources requested for launch"
+    );
+    // Every config pruned: nothing was tried.
+    let rec = tune::run(
+        "pruned",
+        &dev,
+        vec![],
+        vec![("huge".into(), serde_json::json!({}), "too big".into())],
+        false,
+    );
+    assert_eq!(
+        rec.why_none_passed().unwrap(),
+        "its only config, huge, was pruned: too big"
+    );
 }
 
 #[test]

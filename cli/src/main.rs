@@ -2,6 +2,7 @@
 //! Run `dusk --help`, or `dusk <command> --help`.
 
 mod commands;
+mod errors;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -22,8 +23,15 @@ use std::process::ExitCode;
 ///   dusk compile spgemv_quant_mma_d128_g4_b4_t64_w2_o0 --emit ir,ptx --out dump
 ///   dusk inspect                           registers, shared memory, spills (ptxas)
 ///   dusk tune spgemv --shape batch=32,heads=32/8,context=32768   (on a GPU)
+///   dusk tune spgemv --interpreter --shape batch=1,heads=8/2,context=256   (no GPU)
 #[derive(Parser)]
-#[command(name = "dusk", version, verbatim_doc_comment)]
+#[command(
+    name = "dusk",
+    version,
+    verbatim_doc_comment,
+    after_help = "Exit status: 0 done; 1 failed (a kernel, a file, every config of a tune); \
+                  2 a bad argument; 3 no CUDA GPU for tune or bench."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -45,8 +53,10 @@ enum Command {
     Inspect(commands::InspectArgs),
     /// Tune a kernel family's config for shapes on this GPU: every config that fits is
     /// compiled, checked against the reference, then timed; results go to the tuning cache.
+    /// Needs a CUDA GPU (or --interpreter, for small shapes, never cached).
     Tune(commands::TuneArgs),
     /// Time a kernel family's default config, and the tuned one when the cache has it.
+    /// Needs a CUDA GPU (or --interpreter, for small shapes).
     Bench(commands::BenchArgs),
 }
 
@@ -74,16 +84,11 @@ fn main() -> ExitCode {
         Command::Bench(a) => commands::bench(a),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => ExitCode::from(errors::EXIT_OK),
         Err(e) => {
-            // One line per cause, no backtrace.
-            eprintln!("error: {e}");
-            let mut source = std::error::Error::source(&*e);
-            while let Some(s) = source {
-                eprintln!("  caused by: {s}");
-                source = s.source();
-            }
-            ExitCode::FAILURE
+            // The error and each cause it does not already say, one line each; no backtrace.
+            eprintln!("{}", errors::report(&*e));
+            ExitCode::from(errors::exit_code(&*e))
         }
     }
 }
