@@ -114,7 +114,11 @@ def measure(fns, min_calls=MIN_CALLS, replays=REPLAYS, warmup=WARMUP):
     except Exception as e:  # noqa: BLE001 -- any capture or replay failure: queue instead
         graph_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
         _recover()
-    samples = _replay_samples(lambda: [f() for f in seq], calls, replays, warmup)
+    def queue():
+        for f in seq:
+            f()  # each call's result dropped at once, as in the graph
+
+    samples = _replay_samples(queue, calls, replays, warmup)
     return Measured(samples, "queued", calls, graph_error)
 
 
@@ -166,6 +170,7 @@ def _graph_samples(seq, calls, replays, warmup, stream):
     ended (and the previous stream restored) before an error leaves."""
     graph = cuda.CUDAGraph()
     cuda.synchronize()
+    cuda.empty_cache()  # what the eager runs left cached, free for the graph's own pool
     err = None
     try:
         with cuda.stream(stream):
