@@ -3,59 +3,38 @@
 tensor-core decode; the faster is the peer), for dense and page-sparse (a random quarter of
 each sequence's pages), and PyTorch SDPA with the flash backend (dense, contiguous K/V).
 
-Median of CUDA-event-timed runs after warm-up; when a case's KV is smaller than 256 MB,
-several copies of the cache are rotated so that reads come from DRAM, not L2. Also measures
-the device-to-device copy bandwidth in the same process.
+Timed by harness.py, the rule dusk's side follows too: the KV cache comes in
+`rotation_sets(bytes one call reads)` copies (together more than twice the L2) and the
+calls, cycling through them, are captured in a CUDA graph and replayed between two events
+(GPU time per call, the median of the replays); a peer that cannot be captured is timed as
+the same calls queued between two events. FlashInfer's `plan` (host work, once per page
+table) is outside the timed calls; `run` writes into a preallocated output. Each figure
+comes with how it was timed (`*_timing`: "graph" or "queued") and its spread
+(`*_spread_us`: min, p10, p50, p90, max). Also measures the device-to-device copy bandwidth
+in the same process, by the same rule.
 
     python3 benches/baselines/attention_peers.py --out peers.json
 """
 import argparse
 import json
-import math
+import os
+import sys
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
 HEAD_DIM, PAGE = 128, 16
-ROTATE_BYTES = 256 << 20
-
-
-def median_us(fns, iters=30, warmup=5):
-    """Median time of one call, cycling through `fns` (one per rotated input copy)."""
-    for i in range(warmup):
-        fns[i % len(fns)]()
-    torch.cuda.synchronize()
-    times = []
-    for i in range(iters):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fns[i % len(fns)]()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    times.sort()
-    return times[len(times) // 2]
-
-
-def copy_gbps():
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
-    b = torch.empty_like(a)
-    us = median_us([lambda: b.copy_(a)], iters=20)
-    del a, b
-    return 2 * n / (us * 1e-6) / 1e9
-
-
-def copies_for(nbytes):
-    return max(1, math.ceil(ROTATE_BYTES / max(nbytes, 1)))
 
 
 def flashinfer_case(flashinfer, batch, hq, hkv, context, quarter, gen):
     pages_per_seq = context // PAGE
     keep = pages_per_seq // 4 if quarter else pages_per_seq
     num_pages = batch * pages_per_seq
+    # What one call reads: K and V of the pages it attends to (f16).
     kv_bytes = 2 * batch * keep * PAGE * hkv * HEAD_DIM * 2
-    copies = copies_for(kv_bytes)
+    copies = harness.rotation_sets(kv_bytes)
     caches = [
         (torch.randn(num_pages, PAGE, hkv, HEAD_DIM, dtype=torch.float16, device="cuda", generator=gen),
          torch.randn(num_pages, PAGE, hkv, HEAD_DIM, dtype=torch.float16, device="cuda", generator=gen))
@@ -70,18 +49,19 @@ def flashinfer_case(flashinfer, batch, hq, hkv, context, quarter, gen):
     indptr = torch.arange(0, batch + 1, device="cuda", dtype=torch.int32) * keep
     last = torch.full((batch,), PAGE, dtype=torch.int32, device="cuda")
     q = torch.randn(batch, hq, HEAD_DIM, dtype=torch.float16, device="cuda", generator=gen)
-    out = {}
+    o = torch.empty_like(q)
+    variants = {}
     for tc in (False, True):
         ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
         w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc)
         w.plan(indptr, indices, last, hq, hkv, HEAD_DIM, PAGE, pos_encoding_mode="NONE",
                q_data_type=torch.float16, kv_data_type=torch.float16)
-        fns = [lambda c=c: w.run(q, c) for c in caches]
-        out["tensor_cores" if tc else "cuda_cores"] = median_us(fns)
-        del w, ws
+        fns = [lambda c=c: w.run(q, c, out=o) for c in caches]
+        variants["tensor_cores" if tc else "cuda_cores"] = harness.measure(fns)
+        del w, ws, fns
     del caches
     torch.cuda.empty_cache()
-    return out, kv_bytes
+    return variants, kv_bytes, copies
 
 
 def sdpa_case(batch, hq, hkv, context, gen):
@@ -89,30 +69,31 @@ def sdpa_case(batch, hq, hkv, context, gen):
     import torch.nn.functional as F
 
     kv_bytes = 2 * batch * context * hkv * HEAD_DIM * 2
-    copies = copies_for(kv_bytes)
     kvs = [
         (torch.randn(batch, hkv, context, HEAD_DIM, dtype=torch.float16, device="cuda", generator=gen),
          torch.randn(batch, hkv, context, HEAD_DIM, dtype=torch.float16, device="cuda", generator=gen))
-        for _ in range(copies)
+        for _ in range(harness.rotation_sets(kv_bytes))
     ]
     q = torch.randn(batch, hq, 1, HEAD_DIM, dtype=torch.float16, device="cuda", generator=gen)
     note = "enable_gqa"
     try:
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             fns = [lambda k=k, v=v: F.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hkv) for k, v in kvs]
-            us = median_us(fns)
+            m = harness.measure(fns)
     except RuntimeError as e:
         # Flash without GQA support: K and V repeated per query head beforehand (not timed);
-        # the kernel then reads group-times the bytes.
+        # the kernel then reads group-times the bytes (and rotates over as many sets as that
+        # needs: fewer, as rotation_sets falls with the bytes).
         note = f"repeat_interleave ({str(e).splitlines()[0][:80]})"
         g = hq // hkv
-        kvs = [(k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)) for k, v in kvs[:1]]
+        sets = harness.rotation_sets(kv_bytes * g)
+        kvs = [(k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)) for k, v in kvs[:sets]]
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             fns = [lambda k=k, v=v: F.scaled_dot_product_attention(q, k, v) for k, v in kvs]
-            us = median_us(fns)
+            m = harness.measure(fns)
     del kvs
     torch.cuda.empty_cache()
-    return us, note
+    return m, note
 
 
 def main():
@@ -124,17 +105,24 @@ def main():
 
     gen = torch.Generator(device="cuda")
     gen.manual_seed(7)
+    copy, copy_m = harness.measure_copy()
     result = {"torch": torch.__version__, "flashinfer": flashinfer.__version__,
-              "device": torch.cuda.get_device_name(), "copy_gbps": copy_gbps(), "cases": []}
+              "device": torch.cuda.get_device_name(), "l2_bytes": harness.l2_bytes(),
+              "copy_gbps": copy, "copy_timing": copy_m.timing, "cases": []}
     shapes = [(b, hq, hkv, ctx, False) for b in (1, 32, 64) for ctx in (8192, 32768) for hq, hkv in ((32, 8), (32, 32))]
     shapes += [(32, 32, 8, 32768, True), (32, 32, 32, 32768, True)]
     for batch, hq, hkv, ctx, quarter in shapes:
         name = f"{'quarter' if quarter else 'dense'}_b{batch}_h{hq}x{hkv}_ctx{ctx}"
-        fi, kv_bytes = flashinfer_case(flashinfer, batch, hq, hkv, ctx, quarter, gen)
-        entry = {"case": name, "flashinfer_us": min(fi.values()), "flashinfer_variants_us": fi,
-                 "kv_bytes": kv_bytes}
+        fi, kv_bytes, copies = flashinfer_case(flashinfer, batch, hq, hkv, ctx, quarter, gen)
+        best = min(fi, key=lambda v: fi[v].median_us)
+        entry = {"case": name, "kv_bytes": kv_bytes, "rotation_sets": copies,
+                 "flashinfer_variant": best}
+        harness.put(entry, "flashinfer", fi[best])
+        entry["flashinfer_variants_us"] = {v: m.median_us for v, m in fi.items()}
+        entry["flashinfer_variants_timing"] = {v: m.timing for v, m in fi.items()}
         if not quarter and not args.no_sdpa:
-            entry["sdpa_flash_us"], entry["sdpa_note"] = sdpa_case(batch, hq, hkv, ctx, gen)
+            m, entry["sdpa_note"] = sdpa_case(batch, hq, hkv, ctx, gen)
+            harness.put(entry, "sdpa_flash", m)
         print(json.dumps(entry), flush=True)
         result["cases"].append(entry)
     with open(args.out, "w") as f:
