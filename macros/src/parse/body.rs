@@ -1,7 +1,7 @@
 //! Statements and expressions of a kernel body.
 
 use super::ast::{BinOp, Block, Builtin, ElemTy, Expr, ExprKind, For, If, Stmt, UnOp};
-use super::builtins::{self, METHODS};
+use super::builtins;
 use super::Errors;
 use proc_macro2::Span;
 use quote::ToTokens;
@@ -778,7 +778,7 @@ fn method_call(m: &syn::ExprMethodCall) -> Result<Expr> {
             format!("`.step_by(s)` is only supported on a `for` loop's range: {FOR_FORMS}"),
         ));
     }
-    if !METHODS.contains(&name.as_str()) {
+    let Some(spec) = builtins::method(&name) else {
         return Err(Error::new(
             span,
             format!(
@@ -787,8 +787,7 @@ fn method_call(m: &syn::ExprMethodCall) -> Result<Expr> {
                 builtins::methods_list()
             ),
         ));
-    }
-    let spec = builtins::lookup(&name).expect("every method is a builtin");
+    };
     let mut args: Vec<&syn::Expr> = vec![&m.receiver];
     args.extend(m.args.iter());
     builtin(spec, m.turbofish.as_ref(), args, span, &m.args)
