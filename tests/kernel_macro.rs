@@ -402,6 +402,32 @@ fn helper_kernels() {
     assert_eq!(k.params.len(), 3);
 }
 
+/// A helper whose name is one edit from the builtin `load`: a plain call `loads(..)` is
+/// taken for a misspelt builtin (see tests/ui/unknown_builtin.rs), `self::loads(..)` calls
+/// the helper; helpers with names far from every builtin are called plainly.
+#[kernel]
+fn loads(p: Ptr<f32>, i: Block<i32>) -> Block<f32> {
+    load(p + i) + load(p + i + 1)
+}
+
+#[kernel]
+fn pair_sums(x: Ptr<f32>, out: Ptr<f32>) {
+    let i = arange(0, 8) * 2;
+    store(out + arange(0, 8), self::loads(x, i));
+}
+
+#[test]
+fn helpers_named_like_builtins_are_called_through_self() {
+    let dev = Device::cpu();
+    let xs = noise(16, 4);
+    let k = load(&dev, pair_sums::build().unwrap());
+    let x = dev.upload(&xs).unwrap();
+    let out = poisoned(&dev, 8);
+    pair_sums::launch(&dev, &k, [1, 1, 1], &x, &out).unwrap();
+    let want: Vec<f32> = xs.chunks(2).map(|p| p[0] + p[1]).collect();
+    assert_close(&out.download().unwrap(), &want, 1e-6);
+}
+
 /// Doubles its argument.
 #[kernel]
 fn twice(x: Block<f32>) -> Block<f32> {

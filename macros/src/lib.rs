@@ -15,6 +15,7 @@ use proc_macro2::TokenStream as TokenStream2;
 mod generate;
 mod parse;
 mod policy;
+mod suggest;
 
 /// Turns a function in the kernel language into a module with `build`, `launch` and
 /// `inline` (only `inline` for a helper taking `Block<T>` parameters). Options: `num_warps = N` (default 4), `min_programs_per_sm = N`, `debug`

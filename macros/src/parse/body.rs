@@ -3,6 +3,7 @@
 use super::ast::{BinOp, Block, Builtin, ElemTy, Expr, ExprKind, For, If, Stmt, UnOp};
 use super::builtins;
 use super::Errors;
+use crate::suggest;
 use proc_macro2::Span;
 use quote::ToTokens;
 use syn::spanned::Spanned;
@@ -649,6 +650,19 @@ fn call(c: &syn::ExprCall) -> Result<Expr> {
             );
         }
     }
+    if path.segments.len() == 1 && path.leading_colon.is_none() {
+        if let Some(known) = suggest::closest(&name, builtins::BUILTINS.iter().map(|s| s.name)) {
+            let spec = builtins::lookup(known).expect("a builtin's name");
+            return Err(Error::new(
+                span,
+                format!(
+                    "unknown builtin `{name}`; did you mean `{known}`? (`{}`; a #[kernel] helper \
+                     named `{name}` is called as `self::{name}(..)`)",
+                    spec.usage
+                ),
+            ));
+        }
+    }
     if let Some(s) = path.segments.iter().find(|s| !s.arguments.is_none()) {
         return Err(Error::new_spanned(
             s,
@@ -779,6 +793,17 @@ fn method_call(m: &syn::ExprMethodCall) -> Result<Expr> {
         ));
     }
     let Some(spec) = builtins::method(&name) else {
+        let methods = builtins::BUILTINS
+            .iter()
+            .filter(|s| s.method.is_some())
+            .map(|s| s.name)
+            .chain(["to"]);
+        if let Some(known) = suggest::closest(&name, methods) {
+            return Err(Error::new(
+                span,
+                format!("the method `{name}` is not supported in #[kernel] functions; did you mean `.{known}()`?"),
+            ));
+        }
         return Err(Error::new(
             span,
             format!(
