@@ -56,8 +56,10 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// `count` (i32), `threshold` (f32, the smallest kept weight), `below` (f32, the largest
 /// weight left out, negative when none is), `max_weight` (f32) and `candidates` (i32) are
 /// the kept set's statistics; every other parameter (f32 or i32) is the policy's own, a value
-/// per row, checked on the host by its `#[check(expr)]` attribute. Expands to a module with
-/// the predicate's `inline` and `POLICY`, the descriptor the search is built from.
+/// per row, checked on the host by its `#[check(expr)]` attribute. A parameter whose name is
+/// one slip away from a statistic's (`kount`) is an error, taken for a misspelling, unless
+/// it is marked `#[param]` (or has a `#[check]`). Expands to a module with the predicate's
+/// `inline` and `POLICY`, the descriptor the search is built from.
 ///
 /// ```ignore
 /// #[dusk::policy]
