@@ -1,5 +1,6 @@
-//! The kernel-language guide's examples (vector add, row softmax, GEMV), checked against
-//! plain Rust on the GPU when there is one and through the interpreter otherwise.
+//! The kernel-language guide's kernels (vector add, row softmax, GEMV, a histogram, a
+//! compaction), checked against plain Rust on the GPU when there is one and through the
+//! interpreter otherwise.
 //!
 //!     cargo run --release --example kernel_language
 
