@@ -413,10 +413,11 @@ fn bad_arguments_are_rejected_before_launch() {
     assert_eq!(arg_of(r), "params", "k = 2.5");
     // An integer parameter given a fraction says that it must be an integer, per row too.
     for values in [ParamValues::Uniform(16.5), ParamValues::PerRow(vec![16.5])] {
-        let e = PrunePlan::new(&dusk, &top_k::POLICY, &cand, 1, 1.0, &[values])
+        let err = PrunePlan::new(&dusk, &top_k::POLICY, &cand, 1, 1.0, &[values])
             .err()
-            .unwrap()
-            .to_string();
+            .unwrap();
+        let e = err.to_string();
+        assert_eq!(format!("{err:?}"), e, "Debug prints the same line");
         assert_eq!(
             e,
             "invalid argument `params`: expected an integer for `k` (an i32 parameter of \
