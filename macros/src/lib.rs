@@ -61,6 +61,9 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// it is marked `#[param]` (or has a `#[check]`). Expands to a module with the predicate's
 /// `inline` and `POLICY`, the descriptor the search is built from.
 ///
+/// (Not a doc test: this crate's doc tests cannot use `dusk`, which depends on it. The
+/// guide's policy example, in `docs/kernel-language.md`, is run as a doc test of `dusk`.)
+///
 /// ```ignore
 /// #[dusk::policy]
 /// pub fn top_p(mass: f32, #[check(p > 0.0 && p <= 1.0)] p: f32) -> bool {
