@@ -14,7 +14,19 @@ use half::f16;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    // Errors are printed with `Display` (one line saying what and where), not the `Debug`
+    // that `fn main() -> Result<..>` would print.
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let device = Device::best();
     let gpu = device.is_gpu();
     println!("device: {}", device.name());

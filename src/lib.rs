@@ -3,7 +3,7 @@
 //! This facade re-exports the parts: [`compiler`] (tile IR, interpreter, NVPTX codegen),
 //! [`runtime`] (devices, buffers, launches on the GPU or the CPU interpreter) and
 //! [`kernels`] (the stock kernels and their host entry points), and `#[kernel]`, the kernel
-//! language (`docs/kernel-language.md`).
+//! language ([`guide`], `docs/kernel-language.md`).
 
 pub use dusk_compiler as compiler;
 pub use dusk_kernels as kernels;
@@ -19,6 +19,12 @@ pub use dusk_macros::kernel;
 pub use dusk_macros::policy;
 /// The `f16` and `bf16` element types of buffers (used by the signatures `#[kernel]` generates).
 pub use half;
+
+/// The kernel language's guide, `docs/kernel-language.md`. Every example in it is a doc test:
+/// each kernel is built, run through the CPU interpreter and compared with plain Rust (in
+/// lines rustdoc hides), so `cargo test` keeps the guide true.
+#[doc = include_str!("../docs/kernel-language.md")]
+pub mod guide {}
 
 /// The README's examples, compiled as doc tests so they stay true.
 #[cfg(doctest)]

@@ -402,6 +402,32 @@ fn helper_kernels() {
     assert_eq!(k.params.len(), 3);
 }
 
+/// A helper whose name is one edit from the builtin `load`: a plain call `loads(..)` is
+/// taken for a misspelt builtin (see tests/ui/unknown_builtin.rs), `self::loads(..)` calls
+/// the helper; helpers with names far from every builtin are called plainly.
+#[kernel]
+fn loads(p: Ptr<f32>, i: Block<i32>) -> Block<f32> {
+    load(p + i) + load(p + i + 1)
+}
+
+#[kernel]
+fn pair_sums(x: Ptr<f32>, out: Ptr<f32>) {
+    let i = arange(0, 8) * 2;
+    store(out + arange(0, 8), self::loads(x, i));
+}
+
+#[test]
+fn helpers_named_like_builtins_are_called_through_self() {
+    let dev = Device::cpu();
+    let xs = noise(16, 4);
+    let k = load(&dev, pair_sums::build().unwrap());
+    let x = dev.upload(&xs).unwrap();
+    let out = poisoned(&dev, 8);
+    pair_sums::launch(&dev, &k, [1, 1, 1], &x, &out).unwrap();
+    let want: Vec<f32> = xs.chunks(2).map(|p| p[0] + p[1]).collect();
+    assert_close(&out.download().unwrap(), &want, 1e-6);
+}
+
 /// Doubles its argument.
 #[kernel]
 fn twice(x: Block<f32>) -> Block<f32> {
@@ -704,17 +730,32 @@ fn mixes_types<const BLOCK: usize>(x: Ptr<f32>) {
     store(x + i, w);
 }
 
+/// The 1-based line and column of `needle` in the line of this file ending with `marker`.
+fn source_position(marker: &str, needle: &str) -> (usize, usize) {
+    let src = include_str!("kernel_macro.rs");
+    let (i, l) = src
+        .lines()
+        .enumerate()
+        .find(|(_, l)| l.ends_with(marker))
+        .unwrap();
+    (i + 1, l.find(needle).unwrap() + 1)
+}
+
 #[test]
 fn build_errors_name_the_kernel_and_the_line() {
-    let line = include_str!("kernel_macro.rs")
-        .lines()
-        .position(|l| l.ends_with("// MIXES-TYPES"))
-        .unwrap()
-        + 1;
-    let e = mixes_types::build::<64>().unwrap_err().to_string();
-    assert!(e.contains("mixes_types_BLOCK64"), "{e}");
-    assert!(e.contains(&format!("kernel_macro.rs:{line}")), "{e}");
-    assert!(e.contains("f32[64]") && e.contains("i32[64]"), "{e}");
+    // The location is the kernel's own source, down to the operator: the generated builder
+    // calls carry the user's spans.
+    let (line, column) = source_position("// MIXES-TYPES", "+ i");
+    let e = mixes_types::build::<64>().unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "kernel mixes_types_BLOCK64, tests/kernel_macro.rs:{line}:{column}: add: operand \
+             types differ: f32[64] and i32[64]"
+        )
+    );
+    // `Debug` reads the same, so `fn main() -> Result<(), Box<dyn Error>>` prints it well.
+    assert_eq!(format!("{e:?}"), e.to_string());
 }
 
 #[kernel]
@@ -726,14 +767,35 @@ fn wrong_shapes(x: Ptr<f32>) {
 
 #[test]
 fn shape_errors_point_at_the_operator() {
-    let line = include_str!("kernel_macro.rs")
-        .lines()
-        .position(|l| l.ends_with("// WRONG-SHAPES"))
-        .unwrap()
-        + 1;
+    let (line, column) = source_position("// WRONG-SHAPES", "* b");
     let e = wrong_shapes::build().unwrap_err().to_string();
-    assert!(e.contains("op `mul`"), "{e}");
-    assert!(e.contains(&format!("kernel_macro.rs:{line}")), "{e}");
+    assert!(
+        e.starts_with(&format!(
+            "kernel wrong_shapes, tests/kernel_macro.rs:{line}:{column}: mul: "
+        )),
+        "{e}"
+    );
+    assert!(e.contains("f32[64] and f32[128]"), "{e}");
+}
+
+#[kernel]
+fn masks_with_ints(x: Ptr<f32>) {
+    let offs = arange(0, 64);
+    let v = load(x + offs, offs, 0.0); // INT-MASK
+    store(x + offs, v);
+}
+
+#[test]
+fn mask_errors_speak_the_kernel_language() {
+    let (line, column) = source_position("// INT-MASK", "load(");
+    let e = masks_with_ints::build().unwrap_err().to_string();
+    assert_eq!(
+        e,
+        format!(
+            "kernel masks_with_ints, tests/kernel_macro.rs:{line}:{column}: load: a mask must \
+             be a bool block of the pointer's shape (bool[64], e.g. `offs < n`), found i32[64]"
+        )
+    );
 }
 
 #[test]

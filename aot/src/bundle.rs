@@ -50,7 +50,7 @@ pub fn ir_hash(kernel: &Kernel) -> String {
 
 /// A parameter's type as the manifest names it (`ptr<f16>`, `i32`): its IR spelling.
 fn param_type(k: &Kernel, i: usize) -> String {
-    k.params[i].ty.to_string()
+    k.params[i].ty.ir_name()
 }
 
 /// The generator string: dusk's and LLVM's versions.

@@ -45,8 +45,8 @@ use dusk_kernels::DuskError;
 use dusk_runtime::RuntimeError;
 
 /// Errors of the ahead-of-time tools. Each says what it was doing and with which file or
-/// kernel.
-#[derive(Debug, thiserror::Error)]
+/// kernel. `Debug` prints the same line as `Display`.
+#[derive(thiserror::Error)]
 pub enum AotError {
     #[error(transparent)]
     Compile(#[from] CompileError),
@@ -61,6 +61,13 @@ pub enum AotError {
     },
     #[error("{what}: {msg}")]
     Invalid { what: String, msg: String },
+}
+
+impl std::fmt::Debug for AotError {
+    /// The same line as `Display`, so that `?` in `main` and `unwrap` print it readably.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 pub type Result<T, E = AotError> = std::result::Result<T, E>;

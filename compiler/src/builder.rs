@@ -29,6 +29,7 @@ fn caller_loc(l: &'static Location<'static>) -> Loc {
     Loc {
         file: l.file(),
         line: l.line(),
+        column: l.column(),
     }
 }
 

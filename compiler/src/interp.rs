@@ -44,7 +44,7 @@ impl ArgValue {
             } => {
                 format!("a pointer to buffer {buffer} at byte {offset_bytes}")
             }
-            ArgValue::Bool(v) => format!("i1 {v}"),
+            ArgValue::Bool(v) => format!("bool {v}"),
             ArgValue::U8(v) => format!("u8 {v}"),
             ArgValue::I32(v) => format!("i32 {v}"),
             ArgValue::I64(v) => format!("i64 {v}"),
@@ -54,9 +54,10 @@ impl ArgValue {
 }
 
 /// What can go wrong while interpreting. Out-of-bounds accesses are errors, never UB.
-#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+/// `Debug` prints the same line as `Display`.
+#[derive(thiserror::Error, Clone, PartialEq)]
 pub enum InterpError {
-    #[error("kernel `{kernel}`: argument {index} (`{name}`): expected {expected}, found {found}")]
+    #[error("kernel {kernel}: argument {index} (`{name}`): expected {expected}, found {found}")]
     BadArgument {
         kernel: String,
         index: usize,
@@ -64,16 +65,18 @@ pub enum InterpError {
         expected: String,
         found: String,
     },
-    #[error("kernel `{kernel}`: expected {expected} arguments, found {found}")]
+    #[error("kernel {kernel}: expected {expected} arguments, found {found}")]
     ArgumentCount {
         kernel: String,
         expected: usize,
         found: usize,
     },
-    #[error("kernel `{kernel}`: op `{op}`{loc} in program {program:?}: {msg}")]
+    /// An op failed in one program (an access out of bounds, a division by zero).
+    #[error("{}", crate::located(&format!("kernel {kernel}"), loc, &format!("{op} in program ({}, {}, {})", program[0], program[1], program[2]), msg))]
     Fault {
         kernel: String,
         op: String,
+        /// `file:line:column` of the code that made the op; empty when unknown.
         loc: String,
         program: [u32; 3],
         msg: String,
@@ -81,6 +84,12 @@ pub enum InterpError {
     /// The kernel failed verification (the interpreter checks it before running it).
     #[error(transparent)]
     Invalid(#[from] CompileError),
+}
+
+impl std::fmt::Debug for InterpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 /// Runs every program of `grid` (x fastest) over `memory`.

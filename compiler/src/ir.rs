@@ -37,6 +37,14 @@ impl DType {
     pub fn is_signed(self) -> bool {
         matches!(self, DType::I32 | DType::I64)
     }
+    /// The kernel language's spelling, for messages: as [`DType::name`], but `bool`.
+    pub fn lang_name(self) -> &'static str {
+        match self {
+            DType::Bool => "bool",
+            d => d.name(),
+        }
+    }
+    /// The IR's spelling (`i1` for `Bool`), as the printer and bundle manifests write it.
     pub fn name(self) -> &'static str {
         match self {
             DType::Bool => "i1",
@@ -118,19 +126,32 @@ impl Type {
     }
 }
 
-impl fmt::Display for Type {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl Type {
+    /// The IR's spelling (`i1[64]`, `ptr<f16>`), as the printer and bundle manifests
+    /// write it; `Display` spells the element types as kernels do (`bool[64]`).
+    pub fn ir_name(&self) -> String {
+        self.spell(DType::name)
+    }
+
+    fn spell(&self, name: fn(DType) -> &'static str) -> String {
         let e = match self.elem {
-            Elem::Num(d) => d.name().to_string(),
-            Elem::Ptr(d) => format!("ptr<{}>", d.name()),
-            Elem::SharedPtr(d) => format!("shared_ptr<{}>", d.name()),
+            Elem::Num(d) => name(d).to_string(),
+            Elem::Ptr(d) => format!("ptr<{}>", name(d)),
+            Elem::SharedPtr(d) => format!("shared_ptr<{}>", name(d)),
         };
         if self.shape.is_empty() {
-            write!(f, "{e}")
+            e
         } else {
             let dims: Vec<String> = self.shape.iter().map(|d| d.to_string()).collect();
-            write!(f, "{e}[{}]", dims.join("x"))
+            format!("{e}[{}]", dims.join("x"))
         }
+    }
+}
+
+impl fmt::Display for Type {
+    /// As kernels spell it, for messages: `f32[128]`, `bool[64]`, `ptr<f16>[8x64]`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.spell(DType::lang_name))
     }
 }
 
@@ -202,11 +223,24 @@ pub struct Region {
     pub ops: Vec<Op>,
 }
 
-/// Where an op came from, so errors can point at user source.
+/// Where an op came from, so errors can point at user source: the builder's caller, which
+/// for a `#[kernel]` is the kernel's own source (the generated calls carry its spans).
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Loc {
     pub file: &'static str,
     pub line: u32,
+    pub column: u32,
+}
+
+impl fmt::Display for Loc {
+    /// `file:line:column`, as compilers print locations; empty when unknown.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.file.is_empty() {
+            Ok(())
+        } else {
+            write!(f, "{}:{}:{}", self.file, self.line, self.column)
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]

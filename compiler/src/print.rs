@@ -9,7 +9,7 @@ pub fn print_kernel(k: &Kernel) -> String {
     let params: Vec<String> = k
         .params
         .iter()
-        .map(|p| format!("%{}: {} /*{}*/", p.value.0, p.ty, p.name))
+        .map(|p| format!("%{}: {} /*{}*/", p.value.0, p.ty.ir_name(), p.name))
         .collect();
     let occupancy = if k.min_programs_per_sm > 0 {
         format!(" min_programs_per_sm={}", k.min_programs_per_sm)
@@ -110,7 +110,7 @@ fn print_region(k: &Kernel, r: &Region, depth: usize, s: &mut String) {
             let _ = write!(s, " {}", vals(&operands));
         }
         if !op.results.is_empty() {
-            let tys: Vec<String> = op.results.iter().map(|v| k.ty(*v).to_string()).collect();
+            let tys: Vec<String> = op.results.iter().map(|v| k.ty(*v).ir_name()).collect();
             let _ = write!(s, " : {}", tys.join(", "));
         }
         let regions = op.kind.regions();

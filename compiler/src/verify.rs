@@ -100,8 +100,8 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
         }
         Binary { op, lhs, rhs } => {
             let (a, b) = (ty(*lhs), ty(*rhs));
-            same_shape(&a, &b, "binary operands")?;
-            let d = num(&a, "lhs")?;
+            same_shape(&a, &b, "operands")?;
+            let d = num(&a, "the left operand")?;
             if a.elem != b.elem {
                 return Err(format!("operand types differ: {a} and {b}"));
             }
@@ -110,17 +110,21 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
                 BinOp::And | BinOp::Or | BinOp::Xor | BinOp::Shl | BinOp::Shr | BinOp::Rem
             );
             if int_only && d.is_float() {
-                return Err(format!("{op:?} needs integers, found {a}"));
+                return Err(format!("`{}` needs integers, found {a}", bin_symbol(*op)));
             }
             if d == DType::Bool && !matches!(op, BinOp::And | BinOp::Or | BinOp::Xor) {
-                return Err(format!("{op:?} is not defined on i1"));
+                return Err(format!(
+                    "`{}` is not defined on bools (only `&`, `|` and `^` are), found {a}; \
+                     convert with `as i32` first",
+                    bin_symbol(*op)
+                ));
             }
             one(a)
         }
         Cmp { lhs, rhs, .. } => {
             let (a, b) = (ty(*lhs), ty(*rhs));
-            same_shape(&a, &b, "compare operands")?;
-            num(&a, "lhs")?;
+            same_shape(&a, &b, "compared values")?;
+            num(&a, "the left operand")?;
             if a.elem != b.elem {
                 return Err(format!("operand types differ: {a} and {b}"));
             }
@@ -128,19 +132,22 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
         }
         Unary { op, value } => {
             let t = ty(*value);
-            let d = num(&t, "operand")?;
+            let d = num(&t, "the operand")?;
             let float_only = matches!(op, UnOp::Exp2 | UnOp::Log2 | UnOp::Sqrt | UnOp::Rsqrt);
             if float_only && !d.is_float() {
-                return Err(format!("{op:?} needs floats, found {t}"));
+                return Err(format!(
+                    "`{}` needs floats, found {t}; convert with `as f32` first",
+                    un_symbol(*op)
+                ));
             }
             if *op == UnOp::Not && d.is_float() {
-                return Err(format!("not needs integers or i1, found {t}"));
+                return Err(format!("`!` needs integers or bools, found {t}"));
             }
             one(t)
         }
         Cast { value, to } => {
             let t = ty(*value);
-            num(&t, "operand")?;
+            num(&t, "the operand")?;
             one(t.with_elem(Elem::Num(*to)))
         }
         Bitcast { value, to } => {
@@ -164,10 +171,13 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
         } => {
             let (c, a, b) = (ty(*cond), ty(*on_true), ty(*on_false));
             if c.elem != Elem::Num(DType::Bool) {
-                return Err(format!("select condition must be i1, found {c}"));
+                return Err(format!(
+                    "the condition of `where_` must be a bool block (a comparison such as \
+                     `x > 0`), found {c}"
+                ));
             }
             if a != b {
-                return Err(format!("select arms differ: {a} and {b}"));
+                return Err(format!("the two values of `where_` differ: {a} and {b}"));
             }
             if !c.is_scalar() {
                 same_shape(&c, &a, "select condition and arms")?;
@@ -279,7 +289,7 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
             if *streaming && !matches!(p.elem, Elem::Ptr(_)) {
                 return Err(format!("a streaming load reads global memory, found {p}"));
             }
-            check_mask(&p, mask.map(ty), "load")?;
+            check_mask(&p, mask.map(ty))?;
             if let Some(o) = other {
                 let o = ty(*o);
                 if o != p.with_elem(Elem::Num(d)) {
@@ -302,7 +312,7 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
                     p.with_elem(Elem::Num(d))
                 ));
             }
-            check_mask(&p, mask.map(ty), "store")?;
+            check_mask(&p, mask.map(ty))?;
             Ok(vec![])
         }
         LoadFresh { ptr, mask } => {
@@ -312,7 +322,7 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
                     "load_fresh needs an i32 pointer to global memory, found {p}"
                 ));
             }
-            check_mask(&p, mask.map(ty), "load_fresh")?;
+            check_mask(&p, mask.map(ty))?;
             one(p.with_elem(Elem::Num(DType::I32)))
         }
         AtomicAdd { ptr, value, mask } => {
@@ -327,7 +337,7 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
                     p.with_elem(Elem::Num(d))
                 ));
             }
-            check_mask(&p, mask.map(ty), "atomic_add")?;
+            check_mask(&p, mask.map(ty))?;
             Ok(vec![])
         }
         Arrive { counter } => {
@@ -367,14 +377,17 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
                     "prefetch bytes must be a multiple of 128 up to 4096, found {bytes}"
                 ));
             }
-            check_mask(&p, mask.map(ty), "prefetch")?;
+            check_mask(&p, mask.map(ty))?;
             Ok(vec![])
         }
         Reduce { op: _, value, axis } => {
             let t = ty(*value);
-            let d = num(&t, "operand")?;
+            let d = num(&t, "the operand")?;
             if d == DType::Bool {
-                return Err("reduction of i1 values".into());
+                return Err(format!(
+                    "cannot reduce bools ({t}); convert with `as i32` first (a sum then counts \
+                     the true ones)"
+                ));
             }
             match t.shape.len() {
                 1 if *axis == 0 => one(Type::scalar(d)),
@@ -395,7 +408,7 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
             for v in values {
                 let t = ty(*v);
                 same_shape(&first, &t, "fused reductions")?;
-                let d = num(&t, "operand")?;
+                let d = num(&t, "the operand")?;
                 if d == DType::Bool || t.shape.len() != 1 {
                     return Err(format!("fused reductions take 1-D numbers, found {t}"));
                 }
@@ -405,7 +418,7 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
         }
         Scan { value } => {
             let t = ty(*value);
-            let d = num(&t, "operand")?;
+            let d = num(&t, "the operand")?;
             if t.shape.len() != 1 || !matches!(d, DType::I32 | DType::F32) {
                 return Err(format!("cumsum takes a 1-D i32 or f32 block, found {t}"));
             }
@@ -455,7 +468,8 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
         } => {
             if ty(*cond) != Type::scalar(DType::Bool) {
                 return Err(format!(
-                    "if condition must be a scalar i1, found {}",
+                    "an `if` condition must be a scalar bool (for a block, choose elementwise \
+                     with `where_(mask, a, b)`), found {}",
                     ty(*cond)
                 ));
             }
@@ -494,19 +508,22 @@ fn yield_types(r: &Region, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<Type>, St
 fn check_yield(r: &Region, want: &[Type], ty: &dyn Fn(ValueId) -> Type) -> Result<(), String> {
     let got = yield_types(r, ty)?;
     if got != want {
-        let f = |v: &[Type]| {
-            v.iter()
-                .map(|t| t.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
         return Err(format!(
             "region yields ({}) but ({}) expected",
-            f(&got),
-            f(want)
+            list(&got),
+            list(want)
         ));
     }
     Ok(())
+}
+
+/// Types as a comma-separated list.
+fn list(types: &[Type]) -> String {
+    types
+        .iter()
+        .map(|t| t.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Checks types, SSA scoping (each value defined once, before use, in an enclosing region)
@@ -614,7 +631,11 @@ fn verify_region(
             return Err(err(
                 name,
                 &op.loc,
-                format!("result types {got:?} but the op gives {want:?}"),
+                format!(
+                    "result types ({}) but the op gives ({})",
+                    list(&got),
+                    list(&want)
+                ),
             ));
         }
         for v in &op.results {
@@ -628,20 +649,50 @@ fn verify_region(
     Ok(())
 }
 
+/// `file:line:column`, or empty when the op has no location.
 pub(crate) fn format_loc(loc: &Loc) -> String {
-    if loc.file.is_empty() {
-        String::new()
-    } else {
-        format!(" at {}:{}", loc.file, loc.line)
+    loc.to_string()
+}
+
+/// A memory op's optional `mask`: bools of its pointer's shape.
+fn check_mask(p: &Type, mask: Option<Type>) -> Result<(), String> {
+    let want = p.with_elem(Elem::Num(DType::Bool));
+    match mask {
+        Some(m) if m != want => Err(format!(
+            "a mask must be a bool block of the pointer's shape ({want}, e.g. `offs < n`), \
+             found {m}"
+        )),
+        _ => Ok(()),
     }
 }
 
-/// A memory op's optional `mask`: i1 of its pointer's shape.
-fn check_mask(p: &Type, mask: Option<Type>, op: &str) -> Result<(), String> {
-    match mask {
-        Some(m) if m != p.with_elem(Elem::Num(DType::Bool)) => Err(format!(
-            "{op} mask must be i1 of the pointer's shape, found {m}"
-        )),
-        _ => Ok(()),
+/// How kernels write a binary op.
+fn bin_symbol(op: BinOp) -> &'static str {
+    match op {
+        BinOp::Add => "+",
+        BinOp::Sub => "-",
+        BinOp::Mul => "*",
+        BinOp::Div => "/",
+        BinOp::Rem => "%",
+        BinOp::Min => "minimum",
+        BinOp::Max => "maximum",
+        BinOp::And => "&",
+        BinOp::Or => "|",
+        BinOp::Xor => "^",
+        BinOp::Shl => "<<",
+        BinOp::Shr => ">>",
+    }
+}
+
+/// How kernels write a unary op.
+fn un_symbol(op: UnOp) -> &'static str {
+    match op {
+        UnOp::Neg => "-",
+        UnOp::Not => "!",
+        UnOp::Abs => "abs",
+        UnOp::Exp2 => "exp2",
+        UnOp::Log2 => "log2",
+        UnOp::Sqrt => "sqrt",
+        UnOp::Rsqrt => "rsqrt",
     }
 }

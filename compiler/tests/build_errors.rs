@@ -24,9 +24,102 @@ fn shape_mismatch_names_kernel_op_line_and_both_shapes() {
         b.add(x, y);
     });
     assert!(msg.contains("bad_kernel"), "{msg}");
-    assert!(msg.contains("`add`"), "{msg}");
+    assert!(msg.contains(": add: "), "{msg}");
     assert!(msg.contains(&format!("build_errors.rs:{line}")), "{msg}");
     assert!(msg.contains("i32[16]") && msg.contains("i32[32]"), "{msg}");
+}
+
+/// The message is one line: the kernel, `file:line:column` of the builder call that made
+/// the op, the op, and what is wrong; `Debug` prints the same line (so `?` in `main` and
+/// `unwrap` read well).
+#[test]
+fn build_errors_read_as_one_line_with_file_line_and_column() {
+    let mut b = KernelBuilder::new("max_sub_exp_COLS128");
+    let x = b.param_ptr("x", DType::F32);
+    let offs = b.arange(0, 128);
+    let p = b.add_ptr(x, offs);
+    let v = b.load(p);
+    let (line, column) = (line!() + 1, 15);
+    let _ = b.add(v, offs);
+    let e = b.finish().unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "kernel max_sub_exp_COLS128, {}:{line}:{column}: add: operand types differ: \
+             f32[128] and i32[128]",
+            file!()
+        )
+    );
+    assert_eq!(format!("{e:?}"), e.to_string());
+    assert!(!e.to_string().contains('\n'));
+}
+
+/// Bools are spelled as kernels spell them (`bool`, never the IR's `i1`), and the messages
+/// about them say what to write.
+#[test]
+fn bool_messages_speak_the_kernel_language() {
+    let msg = build_error(|b| {
+        let i = b.arange(0, 64);
+        let z = b.i32(0);
+        let m = b.gt(i, z);
+        b.sum(m, 0);
+    });
+    assert!(
+        msg.contains("cannot reduce bools (bool[64]); convert with `as i32` first"),
+        "{msg}"
+    );
+    let msg = build_error(|b| {
+        let i = b.arange(0, 64);
+        let f = b.cast(i, DType::F32);
+        b.select(i, f, f);
+    });
+    assert!(
+        msg.contains("the condition of `where_` must be a bool block")
+            && msg.contains("found i32[64]"),
+        "{msg}"
+    );
+    let msg = build_error(|b| {
+        let i = b.arange(0, 64);
+        let z = b.i32(0);
+        let m = b.gt(i, z);
+        b.add(m, m);
+    });
+    assert!(
+        msg.contains("`+` is not defined on bools (only `&`, `|` and `^` are), found bool[64]"),
+        "{msg}"
+    );
+    let msg = build_error(|b| {
+        let i = b.arange(0, 64);
+        let z = b.i32(0);
+        let m = b.gt(i, z);
+        b.if_then(m, |_| {});
+    });
+    assert!(
+        msg.contains("an `if` condition must be a scalar bool") && msg.contains("found bool[64]"),
+        "{msg}"
+    );
+    let msg = build_error(|b| {
+        let x = b.i32(3);
+        b.sqrt(x);
+    });
+    assert!(
+        msg.contains("`sqrt` needs floats, found i32; convert with `as f32` first"),
+        "{msg}"
+    );
+    for text in [
+        build_error(|b| {
+            let i = b.arange(0, 64);
+            let z = b.i32(0);
+            let m = b.gt(i, z);
+            b.sum(m, 0);
+        }),
+        build_error(|b| {
+            let t = b.bool(true);
+            b.exp2(t);
+        }),
+    ] {
+        assert!(!text.contains("i1"), "{text}");
+    }
 }
 
 #[test]
@@ -78,7 +171,7 @@ fn loads_need_pointers_and_matching_masks() {
         b.load_masked(ptrs, Some(mask), None);
     });
     assert!(
-        msg.contains("mask must be i1 of the pointer's shape"),
+        msg.contains(": load: a mask must be a bool block of the pointer's shape (bool[8], e.g. `offs < n`), found bool[16]"),
         "{msg}"
     );
 }
@@ -93,7 +186,7 @@ fn loop_carried_types_must_match() {
         b.for_range(lo, hi, st, &[init], |_, i, _| vec![i]);
     });
     assert!(
-        msg.contains("`for`") && msg.contains("yields (i32) but (f32) expected"),
+        msg.contains(": for: ") && msg.contains("yields (i32) but (f32) expected"),
         "{msg}"
     );
 }
@@ -160,7 +253,7 @@ fn dot_checks_types_and_sizes() {
         b.dot(a, a, None);
     });
     assert!(
-        msg.contains("f16 or bf16") && msg.contains("`dot`"),
+        msg.contains("f16 or bf16") && msg.contains(": dot: "),
         "{msg}"
     );
     let msg = build_error(|b| {
@@ -197,7 +290,7 @@ fn atomic_bitcast_and_load_fresh_operands() {
         b.bitcast(x, DType::I64);
     });
     assert!(
-        msg.contains("`bitcast`") && msg.contains("f32 to i32"),
+        msg.contains(": bitcast: ") && msg.contains("f32 to i32"),
         "{msg}"
     );
     let msg = build_error(|b| {
@@ -233,7 +326,7 @@ fn atomic_bitcast_and_load_fresh_operands() {
         b.load_fresh(ps, Some(m));
     });
     assert!(
-        msg.contains("load_fresh mask must be i1 of the pointer's shape"),
+        msg.contains(": load_fresh: a mask must be a bool block of the pointer's shape"),
         "{msg}"
     );
     let msg = build_error(|b| {

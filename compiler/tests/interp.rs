@@ -670,6 +670,7 @@ fn out_of_bounds_store_is_a_fault_and_writes_nothing() {
     let out = b.param_ptr("out", DType::I32);
     let r = b.arange(0, 8);
     let p = b.add_ptr(out, r);
+    let line = line!() + 1;
     b.store(p, r);
     let k = b.finish().unwrap();
     let mut bo = vec![0u8; 4 * 7];
@@ -678,6 +679,17 @@ fn out_of_bounds_store_is_a_fault_and_writes_nothing() {
         matches!(&e, InterpError::Fault { op, .. } if op == "store"),
         "{e}"
     );
+    // One line: the kernel, `file:line:column` of the op, the op and the program, then
+    // what went wrong; `Debug` reads the same.
+    let text = e.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "kernel oob_store, {}:{line}:7: store in program (0, 0, 0): ",
+            file!()
+        )),
+        "{text}"
+    );
+    assert_eq!(format!("{e:?}"), text);
     assert!(bo.iter().all(|&x| x == 0));
 }
 

@@ -1,6 +1,8 @@
 //! The kernels of `docs/kernel-language.md`, with plain Rust references and a runner
-//! that checks each on a device against its reference. Used by the `kernel_language`
-//! example (GPU or interpreter) and by `tests/guide.rs` (interpreter, in CI).
+//! that checks each on a device against its reference, for the `kernel_language` example
+//! (the GPU when there is one, the interpreter otherwise). The guide is where these kernels
+//! live: its doc tests run them through the interpreter in CI, and `tests/guide.rs` fails
+//! when a kernel here is no longer the guide's (edit the guide, then copy it here).
 
 use dusk::kernel;
 use dusk::kernels::reference::rel_error;
@@ -112,7 +114,7 @@ fn noise(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// Runs the three kernels on `dusk`'s device over odd sizes, outputs poisoned first, and
+/// Runs the kernels on `dusk`'s device over odd sizes, outputs poisoned first, and
 /// returns each one's name and relative error against its f64 reference.
 pub fn run_all(
     dusk: &Dusk,

@@ -5,7 +5,19 @@
 
 mod pipeline;
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    // Errors are printed with `Display` (one line saying what and where), not the `Debug`
+    // that `fn main() -> Result<..>` would print.
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let dusk = dusk::Dusk::new(dusk::runtime::Device::best())?;
     println!("device: {}", dusk.device().name());
     let lens: Vec<usize> = if dusk.device().is_gpu() {

@@ -9,7 +9,19 @@ use dusk_kernels::attention::{self, SplitConfig, TokenSource};
 use dusk_kernels::quantize::{self, QuantizeConfig};
 use dusk_kernels::spgemv::{self, SpgemvConfig};
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    // Errors are printed with `Display` (one line saying what and where), not the `Debug`
+    // that `fn main() -> Result<..>` would print.
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let dir = args.next().unwrap_or_else(|| "dusk-stages".into());
     let arch = args.next().unwrap_or_else(|| "sm_90a".into());

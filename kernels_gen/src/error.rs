@@ -4,7 +4,8 @@
 use dusk_compiler::CompileError;
 use dusk_runtime::RuntimeError;
 
-#[derive(Debug, thiserror::Error)]
+/// `Debug` prints the same line as `Display`.
+#[derive(thiserror::Error)]
 pub enum DuskError {
     #[error("invalid argument `{arg}`: expected {expected}, found {found}")]
     InvalidArgument {
@@ -16,6 +17,13 @@ pub enum DuskError {
     Compile(#[from] CompileError),
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
+}
+
+impl std::fmt::Debug for DuskError {
+    /// The same line as `Display`, so that `?` in `main` and `unwrap` print it readably.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 pub type Result<T> = std::result::Result<T, DuskError>;

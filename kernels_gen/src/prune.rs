@@ -254,6 +254,21 @@ impl PrunePlan {
                     xs.clone()
                 }
             };
+            if p.dtype == DType::I32 {
+                // An i32 parameter given 16.5 would be truncated on the device: refuse it.
+                let integral =
+                    |x: f64| x.fract() == 0.0 && (i32::MIN as f64..=i32::MAX as f64).contains(&x);
+                if let Some(bad) = vals.iter().find(|x| !integral(**x)) {
+                    return Err(invalid(
+                        "params",
+                        format!(
+                            "an integer for `{}` (an i32 parameter of policy `{}`)",
+                            p.name, self.policy.name
+                        ),
+                        bad,
+                    ));
+                }
+            }
             if let Some(bad) = vals.iter().find(|x| !(p.check)(**x)) {
                 return Err(invalid(
                     "params",

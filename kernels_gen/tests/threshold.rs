@@ -22,6 +22,24 @@ fn top_p_at_least_4(mass: f32, count: i32, #[check(p > 0.0 && p <= 1.0)] p: f32)
     mass >= p && count >= 4
 }
 
+/// A parameter named one slip away from a statistic (`counts`, `count`) must be declared
+/// the policy's own with `#[param]` (a `#[check]` does too); see
+/// `tests/ui/policy_misspelt_statistic.rs` for the error without it.
+#[policy(crate = "dusk_kernels::dusk_paths")]
+fn at_least_counts(count: i32, #[param] counts: i32) -> bool {
+    count >= counts
+}
+
+#[test]
+fn param_marks_a_parameter_named_like_a_statistic() {
+    let p = &at_least_counts::POLICY;
+    assert_eq!(p.reads, &["count"]);
+    assert_eq!(p.params.len(), 1);
+    assert_eq!(p.params[0].name, "counts");
+    assert_eq!(p.params[0].expected, "any integer");
+    assert!((p.params[0].check)(3.0) && !(p.params[0].check)(3.5));
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Shape {
     Focused,
@@ -393,6 +411,28 @@ fn bad_arguments_are_rejected_before_launch() {
         &[ParamValues::Uniform(2.5)],
     );
     assert_eq!(arg_of(r), "params", "k = 2.5");
+    // An integer parameter given a fraction says that it must be an integer, per row too.
+    for values in [ParamValues::Uniform(16.5), ParamValues::PerRow(vec![16.5])] {
+        let err = PrunePlan::new(&dusk, &top_k::POLICY, &cand, 1, 1.0, &[values])
+            .err()
+            .unwrap();
+        let e = err.to_string();
+        assert_eq!(format!("{err:?}"), e, "Debug prints the same line");
+        assert_eq!(
+            e,
+            "invalid argument `params`: expected an integer for `k` (an i32 parameter of \
+             policy `top_k`), found 16.5"
+        );
+    }
+    let r = PrunePlan::new(
+        &dusk,
+        &top_k::POLICY,
+        &cand,
+        1,
+        1.0,
+        &[ParamValues::Uniform(3e9)],
+    );
+    assert_eq!(arg_of(r), "params", "k = 3e9, past i32");
     let r = PrunePlan::new(&dusk, &top_p::POLICY, &cand, 1, 1.0, &[]);
     assert_eq!(arg_of(r), "params", "missing p");
     let r = PrunePlan::new(

@@ -15,6 +15,7 @@ use proc_macro2::TokenStream as TokenStream2;
 mod generate;
 mod parse;
 mod policy;
+mod suggest;
 
 /// Turns a function in the kernel language into a module with `build`, `launch` and
 /// `inline` (only `inline` for a helper taking `Block<T>` parameters). Options: `num_warps = N` (default 4), `min_programs_per_sm = N`, `debug`
@@ -55,8 +56,13 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// `count` (i32), `threshold` (f32, the smallest kept weight), `below` (f32, the largest
 /// weight left out, negative when none is), `max_weight` (f32) and `candidates` (i32) are
 /// the kept set's statistics; every other parameter (f32 or i32) is the policy's own, a value
-/// per row, checked on the host by its `#[check(expr)]` attribute. Expands to a module with
-/// the predicate's `inline` and `POLICY`, the descriptor the search is built from.
+/// per row, checked on the host by its `#[check(expr)]` attribute. A parameter whose name is
+/// one slip away from a statistic's (`kount`) is an error, taken for a misspelling, unless
+/// it is marked `#[param]` (or has a `#[check]`). Expands to a module with the predicate's
+/// `inline` and `POLICY`, the descriptor the search is built from.
+///
+/// (Not a doc test: this crate's doc tests cannot use `dusk`, which depends on it. The
+/// guide's policy example, in `docs/kernel-language.md`, is run as a doc test of `dusk`.)
 ///
 /// ```ignore
 /// #[dusk::policy]

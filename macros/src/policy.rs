@@ -1,9 +1,10 @@
 //! `#[policy]`: a predicate in the kernel language plus the descriptor the threshold search
 //! is built from. The predicate goes through the kernel language's own parse and generate
 //! stages (it becomes an inline helper kernel); this module only sorts its parameters into
-//! the kept set's statistics and the policy's own values, and reads their `#[check]`s.
+//! the kept set's statistics and the policy's own values, and reads their `#[check]`s and
+//! `#[param]`s.
 
-use crate::{generate, parse};
+use crate::{generate, parse, suggest};
 use proc_macro2::{Span, TokenStream};
 use quote::quote;
 use syn::spanned::Spanned;
@@ -70,16 +71,45 @@ fn expand_inner(attr: TokenStream, item: TokenStream) -> syn::Result<TokenStream
             }
         };
         let mut check = None;
+        let mut param = None;
         let mut rest = vec![];
         for a in pt.attrs.drain(..) {
             if a.path().is_ident("check") {
                 check = Some(a.parse_args::<syn::Expr>()?);
+            } else if a.path().is_ident("param") {
+                a.meta.require_path_only()?;
+                param = Some(a.path().span());
             } else {
                 rest.push(a);
             }
         }
         pt.attrs = rest;
-        if let Some((_, want)) = STATS.iter().find(|(s, _)| name == s) {
+        let stat = STATS.iter().find(|(s, _)| name == s);
+        if let (Some(_), Some(at)) = (stat, param) {
+            return Err(Error::new(
+                at,
+                format!(
+                    "`{name}` is a statistic of the kept set, filled in by the search; give the \
+                     policy's own parameter another name"
+                ),
+            ));
+        }
+        // A name one slip away from a statistic is taken for a misspelt statistic, unless
+        // it is declared the policy's own (`#[param]`, or a `#[check]`): otherwise `kount`
+        // would silently become a parameter, and fail only when a plan runs.
+        if stat.is_none() && param.is_none() && check.is_none() {
+            let known = STATS.iter().map(|(s, _)| *s);
+            if let Some(meant) = suggest::closest(&name.to_string(), known) {
+                return Err(Error::new(
+                    name.span(),
+                    format!(
+                        "`{name}` is not a statistic of the kept set; did you mean `{meant}`? \
+                         (mark it #[param] if it is the policy's own parameter)"
+                    ),
+                ));
+            }
+        }
+        if let Some((_, want)) = stat {
             if ty != want {
                 return Err(Error::new(
                     ty.span(),
@@ -142,6 +172,7 @@ fn descriptor(name: &Ident, args: &[Arg], target: TokenStream) -> TokenStream {
                 let v = Ident::new("__v", Span::mixed_site());
                 let (cond, text) = match check {
                     Some(e) => (quote!(#e), quote!(#e).to_string()),
+                    None if ty == "i32" => (quote!(true), "any integer".to_string()),
                     None => (quote!(true), "any finite value".to_string()),
                 };
                 let text = LitStr::new(&text, Span::call_site());
@@ -155,7 +186,7 @@ fn descriptor(name: &Ident, args: &[Arg], target: TokenStream) -> TokenStream {
                         name: #pname,
                         dtype: #dtype,
                         check: {
-                            #[allow(clippy::unnecessary_cast)]
+                            #[allow(clippy::unnecessary_cast, unused_variables)]
                             fn __check(#v: f64) -> bool {
                                 #v.is_finite() && #integral {
                                     let #name = #v as #ty;

@@ -6,8 +6,9 @@ use dusk_compiler::interp::InterpError;
 use dusk_compiler::DType;
 
 /// Everything that can go wrong in the runtime. Messages name the kernel, the argument and
-/// the driver call involved, so they can be acted on without a debugger.
-#[derive(Debug, thiserror::Error)]
+/// the driver call involved, so they can be acted on without a debugger. `Debug` prints the
+/// same line as `Display`.
+#[derive(thiserror::Error)]
 pub enum RuntimeError {
     /// No CUDA driver could be loaded, it found no device, or the ordinal is out of range.
     #[error("no usable GPU: {reason}")]
@@ -97,6 +98,13 @@ pub enum RuntimeError {
     /// The closure given to [`Device::time_calls`](crate::Device::time_calls) failed.
     #[error("the timed closure failed: {0}")]
     Timed(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl std::fmt::Debug for RuntimeError {
+    /// The same line as `Display`, so that `?` in `main` and `unwrap` print it readably.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 /// The runtime's result type.

@@ -28,12 +28,12 @@ impl Arg<'_> {
     /// How errors show this argument: `buffer<f32>[n]` or the scalar type.
     pub fn describe(&self) -> String {
         match self {
-            Arg::Buffer(b) => format!("buffer<{}>[{}]", b.dtype().name(), b.len()),
+            Arg::Buffer(b) => format!("buffer<{}>[{}]", b.dtype().lang_name(), b.len()),
             Arg::I32(_) => "i32".into(),
             Arg::I64(_) => "i64".into(),
             Arg::F32(_) => "f32".into(),
             Arg::U8(_) => "u8".into(),
-            Arg::Bool(_) => "i1 (bool)".into(),
+            Arg::Bool(_) => "bool".into(),
         }
     }
 
@@ -96,8 +96,8 @@ scalar_arg!(bool, Bool);
 /// How errors show a parameter's type.
 pub(crate) fn describe_param(ty: &Type) -> String {
     match ty.elem {
-        Elem::Ptr(d) if ty.is_scalar() => format!("a buffer of {}", d.name()),
-        Elem::Num(d) if ty.is_scalar() => d.name().to_string(),
+        Elem::Ptr(d) if ty.is_scalar() => format!("a buffer of {}", d.lang_name()),
+        Elem::Num(d) if ty.is_scalar() => d.lang_name().to_string(),
         _ => format!("{ty} (block parameters cannot be passed)"),
     }
 }

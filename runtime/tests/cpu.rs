@@ -182,6 +182,12 @@ fn launch_checks_arguments_before_running() {
         }
         _ => panic!("wrong error: {e}"),
     }
+    // One line, and `Debug` prints it too (for `?` in `main` and `unwrap`).
+    assert_eq!(
+        e.to_string(),
+        "kernel `scale`: argument 1 (`y`): expected a buffer of f32, found buffer<f16>[4]"
+    );
+    assert_eq!(format!("{e:?}"), e.to_string());
 
     let e = dev
         .launch(

@@ -169,7 +169,7 @@ pub fn compile_stages(kernel: &Kernel, target: &Target) -> Result<Stages, Compil
     let mut layout_text: Vec<String> = layouts
         .of
         .iter()
-        .map(|(v, l)| format!("%{} : {} : {:?}", v.0, kernel.ty(*v), l))
+        .map(|(v, l)| format!("%{} : {} : {:?}", v.0, kernel.ty(*v).ir_name(), l))
         .collect();
     layout_text.sort();
 

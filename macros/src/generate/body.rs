@@ -5,7 +5,7 @@
 //! compile-time number or bool (an `i64`, `f64` or `bool` Rust expression, folded by rustc).
 //! Compile-time numbers become IR constants only where they meet a value, taking its type
 //! (`x * 2` multiplies by a constant of `x`'s type), or where a value is needed (`i32`,
-//! `f32`, `i1` by default).
+//! `f32`, `bool` by default).
 
 use super::carried;
 use super::types::dtype;
@@ -738,7 +738,7 @@ impl Lower {
         Ok(quote_spanned!(e.span=> #prefix #path::inline #turbofish(#b, #(#vals),*)))
     }
 
-    /// `g` as a value: compile-time numbers become i32 / f32 / i1 constants.
+    /// `g` as a value: compile-time numbers become i32 / f32 / bool constants.
     fn value(&mut self, g: Gen, out: &mut TokenStream) -> Result<TokenStream> {
         let b = &self.b;
         let (span, ts) = (g.span, &g.ts);

@@ -1,8 +1,9 @@
 //! Statements and expressions of a kernel body.
 
 use super::ast::{BinOp, Block, Builtin, ElemTy, Expr, ExprKind, For, If, Stmt, UnOp};
-use super::builtins::{self, METHODS};
+use super::builtins;
 use super::Errors;
+use crate::suggest;
 use proc_macro2::Span;
 use quote::ToTokens;
 use syn::spanned::Spanned;
@@ -649,6 +650,19 @@ fn call(c: &syn::ExprCall) -> Result<Expr> {
             );
         }
     }
+    if path.segments.len() == 1 && path.leading_colon.is_none() {
+        if let Some(known) = suggest::closest(&name, builtins::BUILTINS.iter().map(|s| s.name)) {
+            let spec = builtins::lookup(known).expect("a builtin's name");
+            return Err(Error::new(
+                span,
+                format!(
+                    "unknown builtin `{name}`; did you mean `{known}`? (`{}`; a #[kernel] helper \
+                     named `{name}` is called as `self::{name}(..)`)",
+                    spec.usage
+                ),
+            ));
+        }
+    }
     if let Some(s) = path.segments.iter().find(|s| !s.arguments.is_none()) {
         return Err(Error::new_spanned(
             s,
@@ -778,7 +792,18 @@ fn method_call(m: &syn::ExprMethodCall) -> Result<Expr> {
             format!("`.step_by(s)` is only supported on a `for` loop's range: {FOR_FORMS}"),
         ));
     }
-    if !METHODS.contains(&name.as_str()) {
+    let Some(spec) = builtins::method(&name) else {
+        let methods = builtins::BUILTINS
+            .iter()
+            .filter(|s| s.method.is_some())
+            .map(|s| s.name)
+            .chain(["to"]);
+        if let Some(known) = suggest::closest(&name, methods) {
+            return Err(Error::new(
+                span,
+                format!("the method `{name}` is not supported in #[kernel] functions; did you mean `.{known}()`?"),
+            ));
+        }
         return Err(Error::new(
             span,
             format!(
@@ -787,8 +812,7 @@ fn method_call(m: &syn::ExprMethodCall) -> Result<Expr> {
                 builtins::methods_list()
             ),
         ));
-    }
-    let spec = builtins::lookup(&name).expect("every method is a builtin");
+    };
     let mut args: Vec<&syn::Expr> = vec![&m.receiver];
     args.extend(m.args.iter());
     builtin(spec, m.turbofish.as_ref(), args, span, &m.args)
