@@ -248,7 +248,18 @@ fn find_ptxas(given: Option<PathBuf>) -> Option<PathBuf> {
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
             .filter(|s| !s.is_empty())
     };
+    // PATH, then the repository's .venv (where `./dev.sh setup` installs it), then the
+    // python3 on PATH's site-packages.
     run("sh", &["-c", "command -v ptxas"])
+        .or_else(|| {
+            run(
+                "sh",
+                &[
+                    "-c",
+                    "ls .venv/lib/python3*/site-packages/nvidia/cu*/bin/ptxas 2>/dev/null | head -1",
+                ],
+            )
+        })
         .or_else(|| {
             run(
                 "python3",

@@ -1,6 +1,7 @@
 //! Every stock kernel configuration compiles to PTX that ptxas assembles for sm_90a and
 //! sm_80 with no spills. ptxas comes from `DUSK_PTXAS`, the PATH, or the PyPI package
-//! nvidia-cuda-nvcc (`./dev.sh test` installs it).
+//! nvidia-cuda-nvcc: in the repository's `.venv/` (where `./dev.sh setup` installs it), or
+//! in python3's own site-packages.
 
 use dusk_compiler::codegen::{compile, Target};
 use dusk_compiler::DType;
@@ -9,7 +10,8 @@ use dusk_kernels::attention::{self, MergeConfig, SplitConfig, TokenSource};
 use dusk_kernels::attention_ops;
 use dusk_kernels::quantize::{self, QuantizeConfig};
 use dusk_kernels::spgemv::{self, SpgemvConfig};
-use std::path::PathBuf;
+use std::fs;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn ptxas() -> PathBuf {
@@ -22,6 +24,19 @@ fn ptxas() -> PathBuf {
             return p.into();
         }
     }
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/lib");
+    let in_venv = fs::read_dir(venv)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|py| fs::read_dir(py.path().join("site-packages/nvidia")))
+        .flatten()
+        .flatten()
+        .map(|cu| cu.path().join("bin/ptxas"))
+        .find(|p| p.is_file());
+    if let Some(p) = in_venv {
+        return p;
+    }
     let script = "import glob,site,os;r=site.getsitepackages()+[site.getusersitepackages()];\
                   print(next(p for d in r for p in sorted(glob.glob(os.path.join(d,'nvidia','cu*','bin','ptxas')))))";
     let out = Command::new("python3")
@@ -31,7 +46,7 @@ fn ptxas() -> PathBuf {
     let p = String::from_utf8_lossy(&out.stdout).trim().to_string();
     assert!(
         !p.is_empty(),
-        "ptxas not found: set DUSK_PTXAS or run ./dev.sh test, which installs it"
+        "ptxas not found: run ./dev.sh setup, which installs it, or set DUSK_PTXAS"
     );
     p.into()
 }
