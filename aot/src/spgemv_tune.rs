@@ -275,7 +275,7 @@ impl<'d> SpgemvProblem<'d> {
             let page = self.table.kv_page_indices
                 [self.table.kv_indptr[b] as usize + pos / kv.page_size]
                 as usize;
-            let krow = (page * kv.page_size + pos % kv.page_size) * kv.num_kv_heads + h;
+            let krow = kv.quantized_row(page, pos % kv.page_size, h);
             for g in 0..group {
                 let qrow = &self.host_q[(b * sh.num_q_heads + h * group + g) * d..][..d];
                 out[g * toks.len() + j] = (0..d)

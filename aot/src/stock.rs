@@ -3,9 +3,9 @@
 //!
 //! | name | kernel | grid |
 //! |---|---|---|
-//! | `quantize_k4_d128` | [`dusk_kernels::quantize`], 16 rows a program | `ceil(num_rows / 16)` |
+//! | `quantize_k4_d128` | [`dusk_kernels::quantize`]: K `[pages, page_size, kv_heads, 128]` f16 (the engine's layout) to the head-major INT4 copy, codes `[pages, kv_heads, page_size, 64]` u8 and scale, zero `[pages, kv_heads, page_size]` f16; 16 rows of the copy a program | `ceil(num_rows / 16)` |
 //! | `spgemv_prepare_q_d128_b4` | query to 15-bit fixed point | `q_rows` |
-//! | `spgemv_quant_dp2a_d128_g1_b4_t64_w2_o14` | SpGEMV, MHA default (`dp2a`) | `rows, ceil(max_row_len / 64)` |
+//! | `spgemv_quant_dp2a_d128_g1_b4_t64_w2_o14` | SpGEMV over the head-major INT4 copy `quantize_k4_d128` writes, MHA default (`dp2a`) | `rows, ceil(max_row_len / 64)` |
 //! | `spgemv_quant_mma_d128_g4_b4_t64_w2_o0` | SpGEMV, GQA 4 default (tensor cores) | `rows, ceil(max_row_len / 64)` |
 //! | `threshold_top_p_t2048_g1_w4_h_r_l2` | top-p search, rows of any length (streamed in tiles of 2048 on 4 warps, the weights recomputed from the scores in each pass, L2 prefetches a tile ahead, the first step from a histogram of the weights, a focused row's few candidates from the cut up listed for its compaction; the default beyond 8192 candidates), the kept positions written as one CSR list | `rows` |
 //! | `threshold_top_p_s1024_g1_w2_h_l2` | top-p search, rows up to 8192 candidates (weights staged in shared memory, tiles of 1024 on 2 warps, L2 prefetches a tile ahead, the first step from a histogram; the default there) | `rows` |

@@ -78,11 +78,15 @@ fn runtime_reads_the_committed_bundle_and_checks_arguments() {
         Arg::from(&s),
         Arg::from(&z),
         Arg::I32(8),
+        Arg::I32(1),
+        Arg::I32(16),
     ];
     b.check_args("quantize_k4_d128", &args).unwrap();
     assert_eq!(b.grid("quantize_k4_d128", &args, &[]).unwrap(), [1, 1, 1]);
     // Swapped buffers and a missing argument are refused, naming the parameter.
-    let swapped = [args[1], args[0], args[2], args[3], args[4]];
+    let swapped = [
+        args[1], args[0], args[2], args[3], args[4], args[5], args[6],
+    ];
     let e = b.check_args("quantize_k4_d128", &swapped).unwrap_err();
     assert!(
         matches!(e, RuntimeError::ArgMismatch { index: 0, .. }),
@@ -91,7 +95,7 @@ fn runtime_reads_the_committed_bundle_and_checks_arguments() {
     assert!(matches!(
         b.check_args("quantize_k4_d128", &args[..4]),
         Err(RuntimeError::ArgCount {
-            expected: 5,
+            expected: 7,
             found: 4,
             ..
         })

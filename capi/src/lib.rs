@@ -7,7 +7,7 @@
 //! #include "dusk.h"
 //! // with a CUDA context current on this thread:
 //! if (dusk_init("path/to/bundle") != 0) fprintf(stderr, "%s\n", dusk_last_error());
-//! dusk_quantize_k4_d128(stream, k, packed, scale, zero, num_rows);
+//! dusk_quantize_k4_d128(stream, k, packed, scale, zero, num_rows, num_kv_heads, page_size);
 //! ```
 //!
 //! Kernels are loaded into the context current when [`dusk_init`] is called and launched

@@ -11,6 +11,12 @@
  *
  * The CUDA driver is opened with dlopen (common.h), so neither cuda.h nor a CUDA toolkit
  * is needed to build this file.
+ *
+ * Layouts: K is the engine's paged cache, [pages, PAGE, KV_HEADS, D] f16. The INT4 copy
+ * quantize_k writes (and spgemv_quant reads) is dusk's own and head-major: codes
+ * [pages, KV_HEADS, PAGE, D / 2] and f16 scale and zero [pages, KV_HEADS, PAGE], so one KV
+ * head's page is one contiguous 1 KiB block. Token slot s of page p for head h is row
+ * (p * PAGE + s) * KV_HEADS + h of K and row (p * KV_HEADS + h) * PAGE + s of the copy.
  */
 #include <math.h>
 #include <stdio.h>
@@ -21,6 +27,11 @@
 
 enum { D = 128, PAGE = 16, BATCH = 2, KV_HEADS = 4, WORDS = D * 4 / 32 };
 static const int LENS[BATCH] = {1000, 517};
+
+/* The row of token slot s of physical page p for KV head h: in K (the engine's layout) and
+ * in the quantized copy (head-major). */
+static size_t k_row(size_t p, size_t s, size_t h) { return (p * PAGE + s) * KV_HEADS + h; }
+static size_t q_row(size_t p, size_t s, size_t h) { return (p * KV_HEADS + h) * PAGE + s; }
 
 /* Scores every token of every sequence for `q_heads` query heads; returns the relative
  * error against the C reference on the dequantized codes the GPU wrote. */
@@ -79,7 +90,7 @@ static double score(CUstream stream, int q_heads, CUdeviceptr dk_packed, CUdevic
     for (int j = 0; j < n; j++) {
       int pos = cand[start + j];
       int page = page_ids[kv_indptr[b] + pos / PAGE];
-      size_t krow = ((size_t)page * PAGE + pos % PAGE) * KV_HEADS + h;
+      size_t krow = q_row(page, pos % PAGE, h);
       double sc = h2f(scale[krow]), z = h2f(zero[krow]);
       for (int g = 0; g < group; g++) {
         const uint16_t *qr = q + ((size_t)b * q_heads + h * group + g) * D;
@@ -122,39 +133,45 @@ int main(int argc, char **argv) {
   uint16_t *k = malloc(2 * krows * D);
   for (size_t i = 0; i < krows * D; i++) k[i] = f2h(frand(-2.0f, 2.0f));
 
-  /* quantize_k: 4-bit codes, f16 scale and zero per row. */
+  /* quantize_k: 4-bit codes, f16 scale and zero per row, into the head-major copy. */
   CUdeviceptr dk = upload(k, 2 * krows * D), dpacked, dscale, dzero;
   CU(cuMemAlloc(&dpacked, krows * D / 2));
   CU(cuMemAlloc(&dscale, 2 * krows));
   CU(cuMemAlloc(&dzero, 2 * krows));
-  DUSK(dusk_quantize_k4_d128(stream, dk, dpacked, dscale, dzero, (int32_t)krows));
+  DUSK(dusk_quantize_k4_d128(stream, dk, dpacked, dscale, dzero, (int32_t)krows, KV_HEADS,
+                             PAGE));
   CU(cuStreamSynchronize(stream));
   uint8_t *packed = malloc(krows * D / 2);
   uint16_t *scale = malloc(2 * krows), *zero = malloc(2 * krows);
   CU(cuMemcpyDtoH(packed, dpacked, krows * D / 2));
   CU(cuMemcpyDtoH(scale, dscale, 2 * krows));
   CU(cuMemcpyDtoH(zero, dzero, 2 * krows));
-  /* Reference check of the quantization: zero is the row minimum, scale its range / 15
-   * (both as f16), every value within half a step of its code's value. */
+  /* Reference check of the quantization: for each row of K (k_row), its row of the copy
+   * (q_row) has zero the row minimum, scale its range / 15 (both as f16), and every value
+   * within half a step of its code's value. */
   double worst = 0;
-  for (size_t r = 0; r < krows; r++) {
-    float lo = INFINITY, hi = -INFINITY;
-    for (int d = 0; d < D; d++) {
-      float x = h2f(k[r * D + d]);
-      lo = x < lo ? x : lo; hi = x > hi ? x : hi;
-    }
-    if (scale[r] != f2h((hi - lo) / 15.0f) || zero[r] != f2h(lo)) {
-      fprintf(stderr, "quantize_k: row %zu has scale %g zero %g, want %g %g\n", r,
-              h2f(scale[r]), h2f(zero[r]), (hi - lo) / 15.0f, lo);
-      return 1;
-    }
-    float s = h2f(scale[r]), z = h2f(zero[r]);
-    for (int d = 0; d < D; d++) {
-      int code = (packed[r * (D / 2) + d / 2] >> (4 * (d % 2))) & 15;
-      double err = fabs(code * s + z - h2f(k[r * D + d])) / s;
-      worst = err > worst ? err : worst;
-    }
-  }
+  for (size_t p = 0; p < (size_t)pages; p++)
+    for (size_t sl = 0; sl < PAGE; sl++)
+      for (size_t h = 0; h < KV_HEADS; h++) {
+        size_t kr = k_row(p, sl, h), r = q_row(p, sl, h);
+        float lo = INFINITY, hi = -INFINITY;
+        for (int d = 0; d < D; d++) {
+          float x = h2f(k[kr * D + d]);
+          lo = x < lo ? x : lo; hi = x > hi ? x : hi;
+        }
+        if (scale[r] != f2h((hi - lo) / 15.0f) || zero[r] != f2h(lo)) {
+          fprintf(stderr,
+                  "quantize_k: page %zu slot %zu head %zu has scale %g zero %g, want %g %g\n",
+                  p, sl, h, h2f(scale[r]), h2f(zero[r]), (hi - lo) / 15.0f, lo);
+          return 1;
+        }
+        float s = h2f(scale[r]), z = h2f(zero[r]);
+        for (int d = 0; d < D; d++) {
+          int code = (packed[r * (D / 2) + d / 2] >> (4 * (d % 2))) & 15;
+          double err = fabs(code * s + z - h2f(k[kr * D + d])) / s;
+          worst = err > worst ? err : worst;
+        }
+      }
   printf("quantize_k4_d128: %zu rows, worst reconstruction error %.3f steps\n", krows, worst);
   if (worst > 0.51) return 1; /* 0.5, plus f16 rounding of the scale */
 

@@ -29,10 +29,10 @@ int dusk_launch(const char *name, CUstream stream, void **args, int num_args,
 
 /* quantize_k4_d128 (quantize_k): {"bits":4,"block_rows":16,"head_dim":128}
  * grid (ceil(num_rows / 16), 1, 1), 128 threads a program. */
-static inline int dusk_quantize_k4_d128(CUstream stream, CUdeviceptr k, CUdeviceptr packed, CUdeviceptr scale, CUdeviceptr zero, int32_t num_rows) {
-    void *args[] = {&k, &packed, &scale, &zero, &num_rows};
+static inline int dusk_quantize_k4_d128(CUstream stream, CUdeviceptr k, CUdeviceptr packed, CUdeviceptr scale, CUdeviceptr zero, int32_t num_rows, int32_t num_kv_heads, int32_t page_size) {
+    void *args[] = {&k, &packed, &scale, &zero, &num_rows, &num_kv_heads, &page_size};
     const uint64_t *inputs = 0;
-    return dusk_launch("quantize_k4_d128", stream, args, 5, inputs, 0);
+    return dusk_launch("quantize_k4_d128", stream, args, 7, inputs, 0);
 }
 
 /* spgemv_prepare_q_d128_b4 (spgemv_prepare_q): {"bits":4,"head_dim":128}

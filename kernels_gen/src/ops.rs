@@ -87,7 +87,8 @@ impl Dusk {
         Ok(k)
     }
 
-    /// Quantizes a K cache (f16, `kv` shape) to `bits` (4 or 8) per value.
+    /// Quantizes a K cache (f16, `kv` shape, the engine's layout) to `bits` (4 or 8) per
+    /// value, into dusk's head-major copy (see [`QuantizedK`]).
     pub fn quantize_k(&self, k: &Buffer<f16>, kv: KvShape, bits: u32) -> Result<QuantizedK> {
         kv.validate()?;
         ensure(matches!(bits, 4 | 8), "bits", "4 or 8", bits)?;
@@ -130,15 +131,20 @@ impl Dusk {
                 Arg::from(&out.scale),
                 Arg::from(&out.zero),
                 Arg::I32(rows as i32),
+                Arg::I32(kv.num_kv_heads as i32),
+                Arg::I32(kv.page_size as i32),
             ],
         )?;
         Ok(())
     }
 }
 
-/// A K cache quantized by [`Dusk::quantize_k`]: packed codes
-/// `[num_pages, page_size, num_kv_heads, head_dim * bits / 8]` and f16 scale and zero
-/// `[num_pages, page_size, num_kv_heads]`.
+/// A K cache quantized by [`Dusk::quantize_k`], in dusk's own head-major layout (not the
+/// engine's): packed codes `[num_pages, num_kv_heads, page_size, head_dim * bits / 8]` and
+/// f16 scale and zero `[num_pages, num_kv_heads, page_size]`, so that one KV head's page is
+/// one contiguous block. Token slot `s` of page `p` for KV head `h` is row
+/// `(p * num_kv_heads + h) * page_size + s` ([`KvShape::quantized_row`]); the f16 cache it
+/// came from keeps the engine's `[num_pages, page_size, num_kv_heads, head_dim]`.
 pub struct QuantizedK {
     pub packed: Buffer<u8>,
     pub scale: Buffer<f16>,

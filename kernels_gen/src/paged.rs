@@ -23,6 +23,18 @@ impl KvShape {
     pub fn elements(&self) -> usize {
         self.rows() * self.head_dim
     }
+    /// The row of token slot `slot` of physical page `page` for KV head `head` in this
+    /// (engine, "NHD") layout: `(page * page_size + slot) * num_kv_heads + head`.
+    pub fn k_row(&self, page: usize, slot: usize, head: usize) -> usize {
+        (page * self.page_size + slot) * self.num_kv_heads + head
+    }
+    /// The same token's row in dusk's quantized copy of K ([`crate::ops::QuantizedK`]),
+    /// which is head-major, `[num_pages, num_kv_heads, page_size]` rows: `(page *
+    /// num_kv_heads + head) * page_size + slot`. One KV head's page is one contiguous run of
+    /// `page_size` rows.
+    pub fn quantized_row(&self, page: usize, slot: usize, head: usize) -> usize {
+        (page * self.num_kv_heads + head) * self.page_size + slot
+    }
     pub(crate) fn validate(&self) -> Result<()> {
         ensure(
             self.num_pages > 0,

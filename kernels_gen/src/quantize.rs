@@ -6,8 +6,19 @@
 //! `code = min(trunc((k - zero) / scale + 0.5), 2^bits - 1)` (round half up; 0 when the row is
 //! constant). 4-bit codes pack two a byte, the even element in the low nibble.
 //!
-//! Parameters of both kernels: `k` (f16, rows x head_dim), `packed` (u8), `scale`, `zero`
-//! (f16 per row), `num_rows` (i32). Grid: `ceil(num_rows / block_rows)`.
+//! Layouts. `k` is the engine's paged cache, `[num_pages, page_size, num_kv_heads,
+//! head_dim]` f16 ("NHD"). The quantized copy is dusk's own and head-major: codes
+//! `[num_pages, num_kv_heads, page_size, head_dim * bits / 8]` and f16 scale and zero
+//! `[num_pages, num_kv_heads, page_size]`, so that one KV head's page is one contiguous
+//! block (1 KiB of codes at head_dim 128 and 4 bits) for `spgemv_quant`, which reads pages
+//! chosen per KV head. Token slot `s` of physical page `p` for KV head `h` is row
+//! `(p * page_size + s) * num_kv_heads + h` of `k` and row `(p * num_kv_heads + h) *
+//! page_size + s` of the quantized copy ([`crate::paged::KvShape::quantized_row`]).
+//!
+//! Parameters of both kernels: `k` (f16), `packed` (u8), `scale`, `zero` (f16), `num_rows`
+//! (i32, `num_pages * page_size * num_kv_heads`), `num_kv_heads`, `page_size` (i32). Each
+//! program writes `block_rows` consecutive rows of the quantized copy. Grid:
+//! `ceil(num_rows / block_rows)`.
 
 use dusk_compiler::{CompileError, Kernel};
 use dusk_macros::kernel;
@@ -35,6 +46,18 @@ impl QuantizeConfig {
     }
 }
 
+/// The row of `k` (engine layout, `(page * page_size + slot) * num_kv_heads + head`) that
+/// row `rows` of the quantized copy (head-major, `(page * num_kv_heads + head) * page_size
+/// + slot`) holds.
+#[kernel(crate = "crate::dusk_paths")]
+fn k_row(rows: Block<i32>, num_kv_heads: i32, page_size: i32) -> Block<i32> {
+    let slot = rows % page_size;
+    let page_head = rows / page_size;
+    let head = page_head % num_kv_heads;
+    let page = page_head / num_kv_heads;
+    (page * page_size + slot) * num_kv_heads + head
+}
+
 /// 4 bits: the even and odd elements of each row as two `[ROWS, HALF]` blocks (HALF =
 /// head_dim / 2), one code of each per output byte.
 #[kernel(crate = "crate::dusk_paths")]
@@ -44,11 +67,14 @@ pub fn quantize_k4<const HALF: usize, const ROWS: usize>(
     scale: Ptr<f16>,
     zero: Ptr<f16>,
     num_rows: i32,
+    num_kv_heads: i32,
+    page_size: i32,
 ) {
     let rows = program_id(0) * ROWS + arange(0, ROWS);
     let row_ok = rows < num_rows;
     let rows64 = rows as i64;
-    let offs = expand(rows64 * (2 * HALF), 1, HALF) + expand((arange(0, HALF) * 2) as i64, 0, ROWS);
+    let src = k_row(rows, num_kv_heads, page_size) as i64;
+    let offs = expand(src * (2 * HALF), 1, HALF) + expand((arange(0, HALF) * 2) as i64, 0, ROWS);
     let mask = expand(row_ok, 1, HALF);
     let even = load(k + offs, mask) as f32;
     let odd = load(k + (offs + 1), mask) as f32;
@@ -78,13 +104,16 @@ pub fn quantize_k8<const D: usize, const ROWS: usize>(
     scale: Ptr<f16>,
     zero: Ptr<f16>,
     num_rows: i32,
+    num_kv_heads: i32,
+    page_size: i32,
 ) {
     let rows = program_id(0) * ROWS + arange(0, ROWS);
     let row_ok = rows < num_rows;
     let rows64 = rows as i64;
-    let offs = expand(rows64 * D, 1, D) + expand(arange(0, D) as i64, 0, ROWS);
+    let src = k_row(rows, num_kv_heads, page_size) as i64;
+    let cols = expand(arange(0, D) as i64, 0, ROWS);
     let mask = expand(row_ok, 1, D);
-    let x = load(k + offs, mask) as f32;
+    let x = load(k + (expand(src * D, 1, D) + cols), mask) as f32;
     let hi = max(x, 1);
     let lo = min(x, 1);
     let scale16 = ((hi - lo) / 255.0) as f16;
@@ -101,7 +130,7 @@ pub fn quantize_k8<const D: usize, const ROWS: usize>(
         ),
         0.0,
     ) as u8;
-    store(packed + offs, code, mask);
+    store(packed + (expand(rows64 * D, 1, D) + cols), code, mask);
 }
 
 /// The kernel for `cfg` (head_dim 64, 128 or 256; 4 or 8 bits; 16 rows a program).

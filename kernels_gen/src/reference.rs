@@ -6,7 +6,8 @@ use crate::attention_ops::AttentionMode;
 use crate::paged::{KvShape, PageTable, TokenLists};
 use half::f16;
 
-/// Quantized K: packed codes, and f16 scale and zero per row.
+/// Quantized K: packed codes, and f16 scale and zero per row, in the layout `quantize_k`
+/// writes (head-major: row `KvShape::quantized_row(page, slot, head)`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantizedRows {
     pub packed: Vec<u8>,
@@ -14,41 +15,49 @@ pub struct QuantizedRows {
     pub zero: Vec<f16>,
 }
 
-/// The codes `quantize_k` writes for each row of `head_dim` values.
-pub fn quantize(k: &[f16], head_dim: usize, bits: u32) -> QuantizedRows {
-    let rows = k.len() / head_dim;
+/// What `quantize_k` writes for the K cache `k` (f16, `kv`'s engine layout): each row of
+/// `head_dim` values quantized, stored at its row of the head-major copy
+/// ([`KvShape::quantized_row`]).
+pub fn quantize(k: &[f16], kv: &KvShape, bits: u32) -> QuantizedRows {
+    let (rows, head_dim) = (kv.rows(), kv.head_dim);
     let levels = ((1u32 << bits) - 1) as f32;
     let row_bytes = head_dim * bits as usize / 8;
     let mut out = QuantizedRows {
         packed: vec![0; rows * row_bytes],
-        scale: vec![],
-        zero: vec![],
+        scale: vec![f16::ZERO; rows],
+        zero: vec![f16::ZERO; rows],
     };
-    for r in 0..rows {
-        let x: Vec<f32> = k[r * head_dim..(r + 1) * head_dim]
-            .iter()
-            .map(|v| v.to_f32())
-            .collect();
-        let hi = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let lo = x.iter().copied().fold(f32::INFINITY, f32::min);
-        let scale16 = f16::from_f32((hi - lo) / levels);
-        let zero16 = f16::from_f32(lo);
-        let (scale, zero) = (scale16.to_f32(), zero16.to_f32());
-        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-        let codes: Vec<u8> = x
-            .iter()
-            .map(|v| ((v - zero) * inv + 0.5).clamp(0.0, levels) as u8)
-            .collect();
-        let dst = &mut out.packed[r * row_bytes..(r + 1) * row_bytes];
-        if bits == 4 {
-            for (j, byte) in dst.iter_mut().enumerate() {
-                *byte = codes[2 * j] | (codes[2 * j + 1] << 4);
+    for page in 0..kv.num_pages {
+        for slot in 0..kv.page_size {
+            for head in 0..kv.num_kv_heads {
+                let src = kv.k_row(page, slot, head);
+                let dst = kv.quantized_row(page, slot, head);
+                let x: Vec<f32> = k[src * head_dim..(src + 1) * head_dim]
+                    .iter()
+                    .map(|v| v.to_f32())
+                    .collect();
+                let hi = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let lo = x.iter().copied().fold(f32::INFINITY, f32::min);
+                let scale16 = f16::from_f32((hi - lo) / levels);
+                let zero16 = f16::from_f32(lo);
+                let (scale, zero) = (scale16.to_f32(), zero16.to_f32());
+                let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+                let codes: Vec<u8> = x
+                    .iter()
+                    .map(|v| ((v - zero) * inv + 0.5).clamp(0.0, levels) as u8)
+                    .collect();
+                let bytes = &mut out.packed[dst * row_bytes..(dst + 1) * row_bytes];
+                if bits == 4 {
+                    for (j, byte) in bytes.iter_mut().enumerate() {
+                        *byte = codes[2 * j] | (codes[2 * j + 1] << 4);
+                    }
+                } else {
+                    bytes.copy_from_slice(&codes);
+                }
+                out.scale[dst] = scale16;
+                out.zero[dst] = zero16;
             }
-        } else {
-            dst.copy_from_slice(&codes);
         }
-        out.scale.push(scale16);
-        out.zero.push(zero16);
     }
     out
 }
@@ -62,7 +71,8 @@ pub fn code(row: &[u8], i: usize, bits: u32) -> u8 {
     }
 }
 
-/// The dequantized value of element `d` of K row `row`.
+/// The dequantized value of element `d` of row `row` of the quantized copy (a
+/// [`KvShape::quantized_row`]).
 pub fn dequant(qk: &QuantizedRows, head_dim: usize, bits: u32, row: usize, d: usize) -> f64 {
     let row_bytes = head_dim * bits as usize / 8;
     let c = code(&qk.packed[row * row_bytes..(row + 1) * row_bytes], d, bits) as f64;
@@ -90,7 +100,7 @@ pub fn spgemv(
             let pos = pos as usize;
             let page =
                 table.kv_page_indices[table.kv_indptr[b] as usize + pos / kv.page_size] as usize;
-            let krow = (page * kv.page_size + pos % kv.page_size) * kv.num_kv_heads + h;
+            let krow = kv.quantized_row(page, pos % kv.page_size, h);
             for g in 0..group {
                 let qrow = &q[(b * num_q_heads + h * group + g) * d..][..d];
                 let s: f64 = (0..d)

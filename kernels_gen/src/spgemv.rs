@@ -17,6 +17,13 @@
 //! (`key_codes`), which they inline.
 //! [`build`] picks the constant-generic specialisation for a [`SpgemvConfig`].
 //!
+//! The quantized copy is head-major (see [`crate::quantize`]): the codes of one KV head's
+//! page are one contiguous block (`page_size` rows; 1 KiB at head_dim 128 and 4 bits) and
+//! its scales and zeros a run of `page_size` f16. Candidates come a page at a time for each
+//! KV head (Twilight's page selection), so a tile reads whole blocks even when the pages
+//! differ between KV heads; in the engine's token-major layout each row would be a separate
+//! 64-byte piece `num_kv_heads` rows away from the next token's.
+//!
 //! Output layout: the candidate CSR row `r` with `n` candidates starting at `start` writes
 //! query head `g` of its group at `scores[start * group + g * n + j]`, so each
 //! (batch, query head) row of scores is contiguous.
@@ -132,9 +139,10 @@ fn q16(x: Block<f32>, inv: f32) -> Block<i32> {
     (x + where_(x < 0.0, -0.5, 0.5)) as i32
 }
 
-/// The key row (`(slot of the token) * num_kv_heads + head`) of each candidate `start + j`
-/// of a row: candidate -> token position -> the sequence's page -> the physical page.
-/// Masked-off candidates read nothing and get row 0.
+/// The key row of the quantized copy (head-major: `(page * num_kv_heads + head) * PAGE +
+/// slot`) of each candidate `start + j` of a row: candidate -> token position -> the
+/// sequence's page -> the physical page. Masked-off candidates read nothing and get a row
+/// of page 0.
 #[kernel(crate = "crate::dusk_paths")]
 #[allow(clippy::too_many_arguments)]
 fn key_rows<const PAGE: usize>(
@@ -156,10 +164,10 @@ fn key_rows<const PAGE: usize>(
     let page_in_seq = pos / ps;
     let slot = pos % ps;
     let page = load(kv_page_indices + (first_page + page_in_seq), valid, zero);
-    let tok = (page as i64) * PAGE + (slot as i64);
+    // The page's first row, then the row within its `[kv_heads, PAGE]` rows. (This order
+    // of the arithmetic keeps ptxas from spilling the 14-programs-per-SM tilings.)
     let heads = num_kv_heads as i64;
-    let head = head as i64;
-    tok * heads + head
+    (page as i64) * (heads * PAGE) + ((head * ps + slot) as i64)
 }
 
 /// The packed codes of key rows `krow` as 32-bit words, `[TOKENS, D * BITS / 32]`: 16
@@ -179,8 +187,9 @@ fn key_codes<const D: usize, const BITS: usize, const TOKENS: usize>(
 
 /// Scores with `dp2a` against the fixed-point query from [`spgemv_prepare_q`], one query
 /// head of the group at a time. Parameters: `qpack`, `qscale`, `qsum`; `k_packed` (u8
-/// `[pages, page_size, kv_heads, head_dim * bits / 8]`), `k_scale`, `k_zero` (f16
-/// `[pages, page_size, kv_heads]`), `kv_indptr` (i32 `[batch + 1]`), `kv_page_indices`
+/// `[pages, kv_heads, page_size, head_dim * bits / 8]`, head-major: one KV head's page is
+/// one contiguous block), `k_scale`, `k_zero` (f16 `[pages, kv_heads, page_size]`), as
+/// `quantize_k` writes them; `kv_indptr` (i32 `[batch + 1]`), `kv_page_indices`
 /// (i32), `cand_indptr` (i32 `[batch * kv_heads + 1]`), `cand_indices` (i32 token
 /// positions), `scores` (f32), `num_kv_heads`. Grid: `(batch * kv_heads,
 /// ceil(max_row / TOKENS))`.

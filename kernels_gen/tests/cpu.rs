@@ -28,6 +28,13 @@ fn random_f16(rng: &mut SmallRng, n: usize) -> Vec<f16> {
         .collect()
 }
 
+/// Every (page, slot, KV head) of a cache.
+fn every_row(kv: &KvShape) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+    (0..kv.num_pages).flat_map(move |p| {
+        (0..kv.page_size).flat_map(move |s| (0..kv.num_kv_heads).map(move |h| (p, s, h)))
+    })
+}
+
 /// Quantizes and scores one random case on the interpreter; checks both against the
 /// references.
 fn check(
@@ -77,13 +84,18 @@ fn check_with(
     };
     assert_eq!(
         got,
-        reference::quantize(&k_host, head_dim, bits),
+        reference::quantize(&k_host, &kv, bits),
         "quantize_k differs from the reference"
     );
-    // Dequantized values lie within half a step of the input.
-    for r in 0..kv.rows() {
+    // Dequantized values lie within half a step of the input (K in the engine's layout,
+    // the quantized copy head-major).
+    for (page, slot, head) in every_row(&kv) {
+        let (src, r) = (
+            kv.k_row(page, slot, head),
+            kv.quantized_row(page, slot, head),
+        );
         for i in 0..head_dim {
-            let x = k_host[r * head_dim + i].to_f64();
+            let x = k_host[src * head_dim + i].to_f64();
             let step = got.scale[r].to_f64();
             let err = (reference::dequant(&got, head_dim, bits, r, i) - x).abs();
             assert!(
@@ -126,6 +138,130 @@ fn check_with(
 #[test]
 fn one_token() {
     check(1, &[1], 1, 1, 4, 128, None);
+}
+
+/// The quantized copy of K is head-major, `[num_pages, num_kv_heads, page_size]` rows (one
+/// KV head's page one contiguous block, which `spgemv_quant` depends on for its speed on
+/// pages chosen per KV head), while K stays in the engine's `[num_pages, page_size,
+/// num_kv_heads]` rows. Row (page p, slot s, head h) of K holds `id + (i % 16)` at element
+/// `i`, `id = (p * page_size + s) * num_kv_heads + h`: it quantizes to zero `id`, scale 1
+/// and codes `i % 16` (4 bits; 8 bits: scale 15 / 255), found at row
+/// `(p * num_kv_heads + h) * page_size + s` of the copy. Page sizes 16 and 8 (the latter
+/// with a last program of 8 rows).
+#[test]
+fn quantized_copy_is_head_major() {
+    let dusk = Dusk::new(Device::cpu()).unwrap();
+    for (num_pages, page_size, num_kv_heads) in [(3, 16, 3), (3, 8, 1), (2, 8, 5)] {
+        let kv = KvShape {
+            num_pages,
+            page_size,
+            num_kv_heads,
+            head_dim: 64,
+        };
+        let mut k = vec![f16::ZERO; kv.elements()];
+        for (p, s, h) in every_row(&kv) {
+            let id = (p * page_size + s) * num_kv_heads + h;
+            assert_eq!(kv.k_row(p, s, h), id);
+            for i in 0..64 {
+                k[id * 64 + i] = f16::from_f32((id + i % 16) as f32);
+            }
+        }
+        let dev_k = dusk.device().upload(&k).unwrap();
+        for bits in [4u32, 8] {
+            let qk = dusk.quantize_k(&dev_k, kv, bits).unwrap();
+            let (packed, scale, zero) = (
+                qk.packed.download().unwrap(),
+                qk.scale.download().unwrap(),
+                qk.zero.download().unwrap(),
+            );
+            let row_bytes = 64 * bits as usize / 8;
+            for (p, s, h) in every_row(&kv) {
+                let id = (p * page_size + s) * num_kv_heads + h;
+                // Written out, not through the helper, so that a change to either shows.
+                let row = (p * num_kv_heads + h) * page_size + s;
+                assert_eq!(kv.quantized_row(p, s, h), row);
+                let at = format!("page {p} slot {s} head {h} ({bits} bits, {kv:?})");
+                assert_eq!(zero[row].to_f32(), id as f32, "zero of {at}");
+                let step = if bits == 4 { 1.0 } else { 15.0 / 255.0 };
+                assert_eq!(scale[row], f16::from_f32(step), "scale of {at}");
+                let codes = &packed[row * row_bytes..][..row_bytes];
+                for i in 0..64 {
+                    let want = if bits == 4 {
+                        (i % 16) as u8
+                    } else {
+                        // As the kernel rounds: times the inverse of the f16 step.
+                        let inv = 1.0 / f16::from_f32(step).to_f32();
+                        ((i % 16) as f32 * inv + 0.5).min(255.0) as u8
+                    };
+                    assert_eq!(reference::code(codes, i, bits), want, "code {i} of {at}");
+                }
+            }
+        }
+    }
+}
+
+/// `spgemv_quant` (both scorers) reads the head-major copy: with every code 0, scale 0 and
+/// zero the row's own index in the copy, a candidate's score is `zero * sum(q)`, so each
+/// score names the row read. Token `pos` of sequence `b` for KV head `h` must read row
+/// `(page * num_kv_heads + h) * 16 + pos % 16`, `page` its physical page.
+#[test]
+fn spgemv_reads_the_head_major_copy() {
+    let dusk = Dusk::new(Device::cpu()).unwrap();
+    let dev = dusk.device();
+    let kv = KvShape {
+        num_pages: 5,
+        page_size: 16,
+        num_kv_heads: 2,
+        head_dim: 64,
+    };
+    let table = PageTable {
+        kv_indptr: vec![0, 3, 5],
+        kv_page_indices: vec![4, 1, 3, 0, 2],
+        kv_last_page_len: vec![9, 16],
+    };
+    let rows = kv.rows();
+    let qk = QuantizedK {
+        packed: dev.upload(&vec![0u8; rows * 32]).unwrap(),
+        scale: dev.upload(&vec![f16::ZERO; rows]).unwrap(),
+        zero: dev
+            .upload(
+                &(0..rows)
+                    .map(|r| f16::from_f32(r as f32))
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap(),
+        kv,
+        bits: 4,
+    };
+    let cand = TokenLists::all_tokens(&table, 16, 2);
+    for (group, tensor_cores) in [(1, false), (4, false), (4, true)] {
+        let q_heads = 2 * group;
+        let q = dev.upload(&vec![f16::ONE; 2 * q_heads * 64]).unwrap();
+        let plan = SpgemvPlan::with_config(&dusk, kv, q_heads, 4, &table, &cand, |c| {
+            c.tensor_cores = tensor_cores
+        })
+        .unwrap();
+        let mut scores = dev.upload(&vec![f32::NAN; plan.num_scores()]).unwrap();
+        plan.run(&dusk, &q, &qk, &mut scores).unwrap();
+        let scores = scores.download().unwrap();
+        for r in 0..cand.rows() {
+            let (b, h) = (r / 2, r % 2);
+            let (start, toks) = (cand.indptr[r] as usize, cand.row(r));
+            for (j, &pos) in toks.iter().enumerate() {
+                let pos = pos as usize;
+                let page = table.kv_page_indices[table.kv_indptr[b] as usize + pos / 16] as usize;
+                let row = (page * 2 + h) * 16 + pos % 16;
+                for g in 0..group {
+                    assert_eq!(
+                        scores[start * group + g * toks.len() + j],
+                        (row * 64) as f32,
+                        "sequence {b} head {h} token {pos}, query head {g} of {group} \
+                         (tensor cores: {tensor_cores})"
+                    );
+                }
+            }
+        }
+    }
 }
 
 #[test]

@@ -372,8 +372,10 @@ fn timing_and_copy_bandwidth() {
 }
 
 /// The committed stock bundle (or `$DUSK_BUNDLE`), loaded with no LLVM and launched by
-/// name: `quantize_k4_d128` on rows `r` holding `(r % 64) / 4 + d / 8` (exact in f16: min
-/// `(r % 64) / 4`, range 15.875).
+/// name: `quantize_k4_d128` on a cache of 8 pages of 16 tokens and 8 KV heads whose row `r`
+/// (the engine's layout, `(page * 16 + slot) * 8 + head`) holds `(r % 64) / 4 + d / 8`
+/// (exact in f16: min `(r % 64) / 4`, range 15.875), found at row `(page * 8 + head) * 16 +
+/// slot` of the head-major copy.
 #[test]
 fn stock_bundle_launches_by_name() {
     let dir = std::env::var("DUSK_BUNDLE")
@@ -381,7 +383,8 @@ fn stock_bundle_launches_by_name() {
     let bundle = dusk_runtime::Bundle::open(&dir).unwrap();
     let dev = gpu();
     let loaded = bundle.load(&dev).unwrap();
-    let rows = 1000usize;
+    let (pages, page_size, heads) = (8usize, 16usize, 8usize);
+    let rows = pages * page_size * heads;
     let k: Vec<f16> = (0..rows * 128)
         .map(|i| f16::from_f32((i / 128 % 64) as f32 * 0.25 + (i % 128) as f32 / 8.0))
         .collect();
@@ -398,6 +401,8 @@ fn stock_bundle_launches_by_name() {
         Arg::from(&scale),
         Arg::from(&zero),
         Arg::I32(rows as i32),
+        Arg::I32(heads as i32),
+        Arg::I32(page_size as i32),
     ];
     loaded.launch("quantize_k4_d128", &args, &[]).unwrap();
     let (packed, scale, zero) = (
@@ -406,14 +411,18 @@ fn stock_bundle_launches_by_name() {
         zero.download().unwrap(),
     );
     for r in 0..rows {
-        assert_eq!(zero[r], f16::from_f32((r % 64) as f32 * 0.25), "row {r}");
+        let (slot, head, page) = (r % page_size, r / page_size % heads, r / page_size / heads);
+        let src = (page * page_size + slot) * heads + head;
+        assert_eq!(zero[r], f16::from_f32((src % 64) as f32 * 0.25), "row {r}");
         assert_eq!(scale[r], f16::from_f32(15.875 / 15.0), "row {r}");
         // Code of element d: round((d / 8) / scale); the first is 0, the last 15.
         assert_eq!(packed[r * 64] & 15, 0);
         assert_eq!(packed[r * 64 + 63] >> 4, 15);
     }
     // A wrong argument is refused before launching.
-    let bad = [args[1], args[0], args[2], args[3], args[4]];
+    let bad = [
+        args[1], args[0], args[2], args[3], args[4], args[5], args[6],
+    ];
     assert!(matches!(
         loaded.launch("quantize_k4_d128", &bad, &[]),
         Err(RuntimeError::ArgMismatch { index: 0, .. })

@@ -118,7 +118,8 @@ fn check_case(dusk: &Dusk, rng: &mut SmallRng, case: &CheckCase) -> Res<(u8, f64
         scale: qk.scale.download()?,
         zero: qk.zero.download()?,
     };
-    let want = reference::quantize(&k_host, kv.head_dim, bits);
+    // Both in the quantized copy's head-major layout (`KvShape::quantized_row`).
+    let want = reference::quantize(&k_host, &kv, bits);
     if got.scale != want.scale || got.zero != want.zero {
         return Err("quantize_k: scale or zero differs from the reference".into());
     }
