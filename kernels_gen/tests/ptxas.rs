@@ -63,25 +63,9 @@ fn stock_kernels() -> Vec<Kernel> {
         }
     }
     ks.extend(attention_kernels());
-    // The alternatives the benchmark times beside the defaults.
-    for (tokens, warps, programs, mma) in [
-        (64, 2, 14, false),
-        (128, 4, 0, true),
-        (64, 4, 0, true),
-        (32, 1, 0, false),
-        (128, 4, 6, false),
-    ] {
-        for group in [1, 4, 8] {
-            if mma && group == 1 {
-                continue;
-            }
-            let cfg = SpgemvConfig {
-                block_tokens: tokens,
-                num_warps: warps,
-                min_programs_per_sm: programs,
-                tensor_cores: mma,
-                ..SpgemvConfig::new(128, 16, group, 4)
-            };
+    // Every configuration the tuner and the benchmark can choose, at head_dim 128.
+    for cfg in spgemv::specialised_configs() {
+        if cfg.head_dim == 128 && cfg.bits == 4 {
             ks.push(spgemv::build(&cfg).unwrap());
         }
     }
