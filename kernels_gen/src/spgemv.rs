@@ -164,10 +164,12 @@ fn key_rows<const PAGE: usize>(
     let page_in_seq = pos / ps;
     let slot = pos % ps;
     let page = load(kv_page_indices + (first_page + page_in_seq), valid, zero);
-    // The page's first row, then the row within its `[kv_heads, PAGE]` rows. (This order
-    // of the arithmetic keeps ptxas from spilling the 14-programs-per-SM tilings.)
+    // The first row of the (page, head) block, then the slot. This order of the arithmetic
+    // matters to ptxas: others spill the 14-programs-per-SM `dp2a` tilings (on sm_80 or
+    // sm_90a) or cost the tensor-core kernels registers (kernels_gen/tests/ptxas.rs).
     let heads = num_kv_heads as i64;
-    (page as i64) * (heads * PAGE) + ((head * ps + slot) as i64)
+    let first = (page as i64) * (heads * PAGE) + (head as i64) * PAGE;
+    first + (slot as i64)
 }
 
 /// The packed codes of key rows `krow` as 32-bit words, `[TOKENS, D * BITS / 32]`: 16
