@@ -14,7 +14,7 @@ use clap::Args;
 use dusk::kernels::ops::{Dusk, QuantizedK, SpgemvPlan};
 use dusk::kernels::paged::{KvShape, PageTable, TokenLists};
 use dusk::kernels::reference;
-use dusk::kernels::spgemv::SpgemvConfig;
+use dusk::kernels::spgemv::{self, SpgemvConfig};
 use dusk::runtime::{Buffer, Device, Measured};
 use dusk_aot::config_text::ConfigText;
 use half::f16;
@@ -224,8 +224,14 @@ fn bench_case(
                 .map_err(|e| format!("spgemv config: {e}"))?,
             None => base,
         };
-        if chosen.tensor_cores && group == 1 {
-            continue; // the tensor cores take groups of 2 to 8 query heads
+        if !spgemv::specialised(&chosen) {
+            // Each sweep entry is timed where dusk-kernels holds a kernel for it (the
+            // tensor cores take groups of 2 to 8; some tilings exist for some groups only).
+            println!(
+                "  (no kernel for {} at group {group}: not timed)",
+                chosen.to_text()
+            );
+            continue;
         }
         let plan = SpgemvPlan::with_config(dusk, kv, q_heads, bits, &table, &cand, |cfg| {
             if tiling.is_some() {
