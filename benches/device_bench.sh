@@ -5,16 +5,18 @@
 # results (DESIGN.md section 8). Run from the repository root with `.device/` carried:
 #   .device/gpu-check     ../shared/tools/device-stage --release -p dusk-bench --bin gpu-check
 #   .device/whl/*.whl     ../shared/tools/device-wheels (FlashInfer 0.5.3)
+#   .device/*-c, .device/libdusk_capi.so   for the `c` step: the C examples, built as
+#                         examples/c/README.md says, with -o .device/<example>-c
 #
 #   OUT=$OUT bash benches/device_bench.sh COMMIT DATE STEP...
 #
 # STEP: `attention`, `spgemv`, `threshold` (p = 0.9 on diffuse rows), `focus` (the same on
 # rows as focused as Twilight's, logits x 12), `sanitize` (memcheck and racecheck over
-# every family's checks). Extra gpu-check options for a family go in GPU_CHECK_<FAMILY>
+# every family's checks), `c` (the C examples through the committed bundle). Extra gpu-check options for a family go in GPU_CHECK_<FAMILY>
 # (e.g. GPU_CHECK_ATTENTION='--only dense_b1_ --sweep l2_prefetch=true').
 # Writes into $OUT (at most 8 files come back): varlen_attention.json, spgemv.json,
-# threshold_search.json, threshold_search_focus.json, bench.log (every step's output) and
-# sanitize.log; prints a short summary last.
+# threshold_search.json, threshold_search_focus.json, bench.log (every step's output),
+# sanitize.log and c_examples.txt; prints a short summary last.
 set -u
 commit=${1:?commit} date=${2:?date}
 shift 2
@@ -52,6 +54,11 @@ for step in "$@"; do
           # shellcheck disable=SC2086
           compute-sanitizer --tool $tool $gc $family --check-only 2>&1 | tail -4 >>"$out/sanitize.log"
         done
+      done ;;
+    c)
+      for example in spgemv attention prune; do
+        .device/$example-c kernels_gen/bundle >>"$out/c_examples.txt" 2>&1
+        echo "$example-c: exit $?" | tee -a "$out/c_examples.txt"
       done ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
