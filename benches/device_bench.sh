@@ -20,6 +20,8 @@
 set -u
 commit=${1:?commit} date=${2:?date}
 shift 2
+# What made the results: recorded in each results file (`run_by`).
+export DUSK_BENCH_COMMAND="OUT=\$OUT bash benches/device_bench.sh $commit $date $*"
 out=${OUT:?OUT names the folder whose files come back}
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/whl/*.whl 2>&1 | tail -1
 export PYTHONPATH=/tmp/site MAX_JOBS=16 PYTHONUNBUFFERED=1

@@ -74,6 +74,8 @@ impl Common {
             "copy_gbps": copy_gbps,
             "copy_timing": "queued",
             "peer_copy_gbps": peers.and_then(|p| p["copy_gbps"].as_f64()),
+            "command": std::env::args().collect::<Vec<_>>().join(" "),
+            "run_by": std::env::var("DUSK_BENCH_COMMAND").ok(),
             "peer_versions": peers.map(|p| json!({"torch": p["torch"], "flashinfer": p["flashinfer"], "triton": p["triton"]})),
         });
         if let (Some(o), Some(e)) = (result.as_object_mut(), extra.as_object()) {
