@@ -5,6 +5,7 @@
 #[path = "../examples/twilight/pipeline.rs"]
 mod pipeline;
 
+use dusk::kernels::paged::KvShape;
 use pipeline::Report;
 
 fn run() -> Report {
@@ -103,7 +104,13 @@ fn the_checks_catch_wrong_outputs() {
     let k: Vec<f16> = (0..4 * pipeline::HEAD_DIM)
         .map(|i| f16::from_f32((i % 37) as f32 / 37.0 - 0.5))
         .collect();
-    let want = reference::quantize(&k, pipeline::HEAD_DIM, 4);
+    let kv = KvShape {
+        num_pages: 1,
+        page_size: 4,
+        num_kv_heads: 1,
+        head_dim: pipeline::HEAD_DIM,
+    };
+    let want = reference::quantize(&k, &kv, 4);
     assert!(pipeline::check_quantize(&want, &want).passed());
     let mut got = want.clone();
     let code = got.packed[70] & 15;
