@@ -15,7 +15,7 @@ use dusk_kernels::attention_ops::{
 };
 use dusk_kernels::ops::Dusk;
 use dusk_kernels::paged::{KvShape, PageTable};
-use dusk_runtime::Buffer;
+use dusk_runtime::{Buffer, Measured};
 use half::f16;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
@@ -417,7 +417,7 @@ impl Candidate for AttentionCandidate<'_> {
         }
     }
 
-    fn time_us(&mut self) -> Result<f64, String> {
+    fn time(&mut self) -> Result<Measured, String> {
         let p = self.problem;
         let Some(s) = &mut self.state else {
             return Err("not prepared".into());
@@ -431,6 +431,6 @@ impl Candidate for AttentionCandidate<'_> {
                 )
             })
             .map_err(|e| e.to_string())?;
-        Ok(times.median_us())
+        Ok(times)
     }
 }

@@ -14,7 +14,7 @@ use dusk_kernels::policies::top_p;
 use dusk_kernels::prune::{ParamValues, PrunePlan};
 use dusk_kernels::reference::{check_kept, softmax, top_p_oracle};
 use dusk_kernels::threshold::{self, SearchConfig};
-use dusk_runtime::Buffer;
+use dusk_runtime::{Buffer, Measured};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
@@ -235,7 +235,7 @@ impl Candidate for SearchCandidate<'_> {
         Ok(())
     }
 
-    fn time_us(&mut self) -> Result<f64, String> {
+    fn time(&mut self) -> Result<Measured, String> {
         let p = self.problem;
         let Some(plan) = &mut self.plan else {
             return Err("not prepared".into());
@@ -247,6 +247,6 @@ impl Candidate for SearchCandidate<'_> {
                 plan.run(p.dusk, s)
             })
             .map_err(|e| e.to_string())?;
-        Ok(times.median_us())
+        Ok(times)
     }
 }

@@ -11,7 +11,7 @@ use dusk_kernels::ops::{Dusk, QuantizedK, SpgemvPlan};
 use dusk_kernels::paged::{KvShape, PageTable, TokenLists};
 use dusk_kernels::reference::{self, QuantizedRows};
 use dusk_kernels::spgemv::{self, SpgemvConfig};
-use dusk_runtime::Buffer;
+use dusk_runtime::{Buffer, Measured};
 use half::f16;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
@@ -365,7 +365,7 @@ impl Candidate for SpgemvCandidate<'_> {
         }
     }
 
-    fn time_us(&mut self) -> Result<f64, String> {
+    fn time(&mut self) -> Result<Measured, String> {
         let p = self.problem;
         let (Some(plan), Some(scores)) = (&self.plan, &mut self.scores) else {
             return Err("not prepared".into());
@@ -377,6 +377,6 @@ impl Candidate for SpgemvCandidate<'_> {
                 plan.run(p.dusk, &set.q, &set.k, scores)
             })
             .map_err(|e| e.to_string())?;
-        Ok(times.median_us())
+        Ok(times)
     }
 }

@@ -8,7 +8,7 @@
 //! [`spgemv_tune`](crate::spgemv_tune) for `spgemv_quant`).
 
 use crate::{fnv_hex, io, Result};
-use dusk_runtime::Device;
+use dusk_runtime::{Device, Measured};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -30,8 +30,8 @@ pub trait Candidate {
     /// Runs once on outputs poisoned with NaN and compares with the reference.
     fn check(&mut self) -> Result<(), Rejection>;
     /// Times it with the harness (`Device::time_calls`: calls captured in a CUDA graph and
-    /// replayed, inputs rotated past twice the L2), the median per call in microseconds.
-    fn time_us(&mut self) -> Result<f64, String>;
+    /// replayed, inputs rotated past twice the L2).
+    fn time(&mut self) -> Result<Measured, String>;
 }
 
 /// Why a candidate was not timed, or not trusted.
@@ -47,8 +47,13 @@ pub enum Rejection {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "status")]
 pub enum Status {
-    /// Checked and timed.
-    Ok { us: f64 },
+    /// Checked and timed: the median per call, and how the harness timed it (`graph`,
+    /// `queued` or `cpu`; absent in records written before it was kept).
+    Ok {
+        us: f64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timing: Option<String>,
+    },
     /// Its output differed from the reference: never eligible.
     Wrong { error: String },
     /// Compile, load, launch or timing failed at `stage`.
@@ -88,7 +93,7 @@ impl TuneRecord {
     }
     fn us(&self, i: usize) -> Option<f64> {
         match self.trials.get(i)?.status {
-            Status::Ok { us } => Some(us),
+            Status::Ok { us, .. } => Some(us),
             _ => None,
         }
     }
@@ -121,7 +126,7 @@ impl TuneRecord {
             return Some("the space has no configs".to_string());
         };
         let why = match &first.status {
-            Status::Ok { us } => format!("was timed at {us} us"),
+            Status::Ok { us, .. } => format!("was timed at {us} us"),
             Status::Wrong { error } => format!("gave wrong output: {error}"),
             Status::Failed { stage, error } => format!("failed at {stage}: {error}"),
             Status::Pruned { reason } => format!("was pruned: {reason}"),
@@ -316,9 +321,12 @@ pub fn run(
                     stage: "check".into(),
                     error,
                 },
-                Ok(()) => match c.time_us() {
-                    Ok(us) if us > 0.0 && us.is_finite() => Status::Ok { us },
-                    Ok(us) => Status::Failed {
+                Ok(()) => match c.time().map(|m| (m.median_us(), m.timing)) {
+                    Ok((us, timing)) if us > 0.0 && us.is_finite() => Status::Ok {
+                        us,
+                        timing: Some(timing.as_str().into()),
+                    },
+                    Ok((us, _)) => Status::Failed {
                         stage: "time".into(),
                         error: format!("the timer gave {us} us"),
                     },
@@ -329,7 +337,7 @@ pub fn run(
                 },
             },
         };
-        if let Status::Ok { us } = status {
+        if let Status::Ok { us, .. } = status {
             if best.is_none_or(|(_, b)| us < b) {
                 best = Some((trials.len(), us));
                 progress.best(&label, us);
@@ -414,7 +422,7 @@ impl Progress {
             Progress::Bar(bar, _) => bar.inc(1),
             Progress::Lines { total, start } => {
                 let what = match status {
-                    Status::Ok { us } => format!("{us:.1} us"),
+                    Status::Ok { us, .. } => format!("{us:.1} us"),
                     Status::Wrong { .. } => "wrong output".to_string(),
                     Status::Failed { stage, .. } => format!("failed at {stage}"),
                     Status::Pruned { .. } => "pruned".to_string(),

@@ -147,7 +147,10 @@ fn manifest_carries_tuning_results_of_its_kernels() {
                     .into(),
                 config: serde_json::json!({}),
                 ir_hash: hash,
-                status: Status::Ok { us: 100.0 },
+                status: Status::Ok {
+                    us: 100.0,
+                    timing: Some("graph".into()),
+                },
             }],
         },
     );

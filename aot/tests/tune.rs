@@ -8,7 +8,7 @@ use dusk_aot::spgemv_tune::{SpgemvProblem, SpgemvShape};
 use dusk_aot::tune::{self, Candidate, DeviceId, Rejection, Status, TuneCache};
 use dusk_compiler::{DType, Kernel, KernelBuilder};
 use dusk_kernels::ops::Dusk;
-use dusk_runtime::{Arg, Buffer, Device, LoadedKernel};
+use dusk_runtime::{Arg, Buffer, Device, LoadedKernel, Measured, Timing};
 use std::sync::Arc;
 
 /// `y[i] = 2 x[i]`, `block` elements a program.
@@ -88,12 +88,10 @@ impl Candidate for Doubling<'_> {
             ))),
         }
     }
-    fn time_us(&mut self) -> Result<f64, String> {
-        let times = self
-            .dev
+    fn time(&mut self) -> Result<Measured, String> {
+        self.dev
             .time_calls(1, |_| self.launch())
-            .map_err(|e| e.to_string())?;
-        Ok(times.median_us())
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -116,7 +114,7 @@ impl Candidate for Broken {
     fn check(&mut self) -> Result<(), Rejection> {
         unreachable!("never prepared")
     }
-    fn time_us(&mut self) -> Result<f64, String> {
+    fn time(&mut self) -> Result<Measured, String> {
         unreachable!("never prepared")
     }
 }
@@ -179,8 +177,13 @@ impl Candidate for Timer {
     fn check(&mut self) -> Result<(), Rejection> {
         Ok(())
     }
-    fn time_us(&mut self) -> Result<f64, String> {
-        Ok(self.0)
+    fn time(&mut self) -> Result<Measured, String> {
+        Ok(Measured {
+            samples_us: vec![self.0],
+            timing: Timing::Cpu,
+            calls: 1,
+            graph_error: None,
+        })
     }
 }
 

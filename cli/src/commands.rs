@@ -681,6 +681,14 @@ fn copy_gbps(dev: &Device) -> Res<Option<f64>> {
     Ok(Some(gbps).filter(|g| g.is_finite() && *g > 0.0))
 }
 
+/// How the harness timed a trial (`graph`, `queued`, `cpu`), when it was timed.
+fn trial_timing(t: &tune::Trial) -> Option<String> {
+    match &t.status {
+        Status::Ok { timing, .. } => timing.clone(),
+        _ => None,
+    }
+}
+
 /// `bytes` moved in `us` microseconds, with three significant digits in a unit that fits
 /// (`2610 GB/s`, `12.3 GB/s`, `481 kB/s`): the interpreter's rates are far below 1 GB/s.
 fn rate(bytes: usize, us: f64) -> String {
@@ -716,7 +724,7 @@ fn print_record(rec: &tune::TuneRecord) {
             _ => "",
         };
         let what = match &t.status {
-            Status::Ok { us } => format!("{us:9.1} us"),
+            Status::Ok { us, .. } => format!("{us:9.1} us"),
             Status::Wrong { error } => format!("WRONG: {error}"),
             Status::Failed { stage, error } => format!("failed at {stage}: {error}"),
             Status::Pruned { reason } => format!("pruned: {reason}"),
@@ -809,6 +817,10 @@ impl Session<'_> {
             "gbps": gbps,
             "frac_of_copy_bw": self.copy.map(|x| gbps / x),
             "tuned_config": rec.best_trial().map(|t| t.label.clone()),
+            "timing": {
+                "ours": rec.best_trial().and_then(trial_timing),
+                "peer": rec.trials.get(rec.default).and_then(trial_timing),
+            },
             "trials": rec.trials,
         }));
         Ok(())
@@ -985,7 +997,7 @@ fn bench_case(
     let mut failed = vec![];
     for t in &rec.trials {
         match &t.status {
-            Status::Ok { us } => {
+            Status::Ok { us, .. } => {
                 let frac = copy.map_or(String::new(), |c| {
                     let gbps = bytes as f64 / (us * 1e-6) / 1e9;
                     format!(", {:.1}% of copy", 100.0 * gbps / c)
@@ -1110,7 +1122,7 @@ mod tests {
         fn check(&mut self) -> Result<(), tune::Rejection> {
             unreachable!("never prepared")
         }
-        fn time_us(&mut self) -> Result<f64, String> {
+        fn time(&mut self) -> Result<dusk_runtime::Measured, String> {
             unreachable!("never prepared")
         }
     }
