@@ -103,7 +103,14 @@ fn the_checks_catch_wrong_outputs() {
     let k: Vec<f16> = (0..4 * pipeline::HEAD_DIM)
         .map(|i| f16::from_f32((i % 37) as f32 / 37.0 - 0.5))
         .collect();
-    let want = reference::quantize(&k, pipeline::HEAD_DIM, 4);
+    // One page of 4 tokens and one KV head: the head-major rows are the engine's.
+    let one_page = dusk::kernels::paged::KvShape {
+        num_pages: 1,
+        page_size: 4,
+        num_kv_heads: 1,
+        head_dim: pipeline::HEAD_DIM,
+    };
+    let want = reference::quantize(&k, &one_page, 4);
     assert!(pipeline::check_quantize(&want, &want).passed());
     let mut got = want.clone();
     let code = got.packed[70] & 15;

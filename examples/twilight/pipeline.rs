@@ -271,7 +271,7 @@ pub fn run(
     let got_out = f(&out.download()?);
     let stages = vec![
         check_select(&table, &chosen, &cand),
-        check_quantize(&got_qk, &reference::quantize(&k_host, head_dim, BITS)),
+        check_quantize(&got_qk, &reference::quantize(&k_host, &kv, BITS)),
         Stage {
             name: "estimate (INT4 SpGEMV)",
             reference: "reference::spgemv (f64, the same INT4 codes)",
