@@ -20,6 +20,7 @@ pub mod policies;
 pub mod prune;
 pub mod quantize;
 pub mod reference;
+pub mod selectors;
 pub mod spgemv;
 pub mod threshold;
 pub mod timeline;
