@@ -344,7 +344,7 @@ fn streamed_rows_equal_resident_rows() {
     for cfg in [
         TopKConfig {
             tile: 1024,
-            num_warps: 2,
+            num_warps: 4,
             resident: true,
         },
         TopKConfig {
@@ -720,4 +720,167 @@ fn bad_arguments_are_typed_errors() {
         },
     );
     assert_eq!(arg_of(too_long.err().unwrap()), "config");
+}
+
+/// A selector of one's own, written with the public API only (what a user writes in their
+/// crate, with `#[dusk::kernel]` and `dusk::kernels::selectors` paths): the mean of K per
+/// page (a centroid), scored by `q . centroid` summed over the group.
+mod centroid {
+    use dusk_kernels::selectors::page;
+    use dusk_kernels::selectors::{Build, ScoreKernel, Selector, StateArray};
+    use dusk_macros::kernel;
+
+    #[kernel(crate = "dusk_kernels::dusk_paths", num_warps = 2)]
+    #[allow(clippy::too_many_arguments)]
+    fn centroid_update<const D: usize>(
+        k: Ptr<f16>,
+        pages: Ptr<i32>,
+        lens: Ptr<i32>,
+        num_pages: i32,
+        num_kv_heads: i32,
+        page_size: i32,
+        mean: Ptr<f16>,
+    ) {
+        let page = page::update_page(pages, lens, num_pages, page_size);
+        if page >= 0 {
+            let len = page::update_len(lens);
+            let mut acc = zeros::<f32>([D]);
+            for s0 in (0..len).step_by(16) {
+                let slot = s0 + arange(0, 16);
+                let offs = page::key_offsets::<16, D>(page, slot, num_kv_heads, page_size);
+                acc = acc + sum(load(k + offs, expand(slot < len, 1, D)) as f32, 0);
+            }
+            let out = page::update_state_offsets::<D>(page, num_kv_heads);
+            store(mean + out, (acc / (len as f32)) as f16);
+        }
+    }
+
+    #[kernel(crate = "dusk_kernels::dusk_paths", num_warps = 4)]
+    fn centroid_score<const D: usize, const G: usize>(
+        q: Ptr<f16>,
+        kv_indptr: Ptr<i32>,
+        kv_page_indices: Ptr<i32>,
+        scores: Ptr<f32>,
+        num_kv_heads: i32,
+        mean: Ptr<f16>,
+    ) {
+        let n = page::seq_pages(kv_indptr, num_kv_heads);
+        let j = page::tile_pages::<32>();
+        if program_id(1) * 32 < n {
+            let valid = j < n;
+            let rows = page::page_state_rows(kv_indptr, kv_page_indices, num_kv_heads, j, valid);
+            let c = load(
+                mean + page::state_offsets::<32, D>(rows),
+                expand(valid, 1, D),
+            ) as f32;
+            let qsum = sum(page::group_query::<D, G>(q), 0);
+            let s = sum(c * expand(qsum, 0, 32), 1);
+            page::store_page_scores(scores, kv_indptr, num_kv_heads, j, valid, s);
+        }
+    }
+
+    pub const CENTROID: Selector = Selector {
+        name: "centroid",
+        state: &[StateArray::f16_per_page("mean")],
+        update: |kv| (kv.head_dim == 64).then_some(centroid_update::build::<64> as Build),
+        score: |kv, group| {
+            let build = match (kv.head_dim, group) {
+                (64, 1) => centroid_score::build::<64, 1> as Build,
+                (64, 4) => centroid_score::build::<64, 4>,
+                _ => return None,
+            };
+            Some(ScoreKernel {
+                build,
+                pages_per_program: 32,
+            })
+        },
+    };
+}
+
+#[test]
+fn a_selector_of_ones_own() {
+    let dusk = dusk();
+    let mut rng = SmallRng::seed_from_u64(11);
+    let lens = [300, 40, 7];
+    let kv = KvShape {
+        num_pages: 30,
+        page_size: 16,
+        num_kv_heads: 2,
+        head_dim: 64,
+    };
+    let t = table(&mut rng, &lens, 16, 30);
+    let k = smooth_values(&mut rng, kv.elements());
+    let q = smooth_values(&mut rng, 3 * 8 * 64);
+    let dev = dusk.device();
+    let mut state = SelectorState::new(&dusk, &centroid::CENTROID, kv).unwrap();
+    state
+        .update(
+            &dusk,
+            &dev.upload(&k).unwrap(),
+            &PageUpdates::all(&dusk, &kv, &t).unwrap(),
+        )
+        .unwrap();
+    let keep = Keep { sink: 1, recent: 1 };
+    let mut plan = SelectorPlan::new(&dusk, state, 8, &t, Budget::Tokens(64), keep).unwrap();
+    plan.poison_outputs(&dusk, 0xFF).unwrap();
+    plan.select(&dusk, &dev.upload(&q).unwrap()).unwrap();
+    // The state: each page's mean, to f16.
+    let mean = plan.state().f16("mean").unwrap().download().unwrap();
+    let (pages, plens) = dusk_kernels::selectors::selector::table_pages(&t, 16, false);
+    for (&p, &len) in pages.iter().zip(&plens) {
+        for h in 0..2 {
+            for c in 0..64 {
+                let want: f64 = (0..len as usize)
+                    .map(|s| k[kv.k_row(p as usize, s, h) * 64 + c].to_f64())
+                    .sum::<f64>()
+                    / len as f64;
+                let got = mean[(p as usize * 2 + h) * 64 + c].to_f64();
+                assert!(
+                    (got - want).abs() <= 1e-3 * (1.0 + want.abs()),
+                    "{got} {want}"
+                );
+            }
+        }
+    }
+    // Scores from that state in f64; pages and lists from the kernel's own scores.
+    let got = download(&plan);
+    for b in 0..3 {
+        let first = t.kv_indptr[b] as usize;
+        let n = t.kv_indptr[b + 1] as usize - first;
+        for h in 0..2 {
+            for j in 0..n {
+                let st = (t.kv_page_indices[first + j] as usize * 2 + h) * 64;
+                let want: f64 = (0..4)
+                    .flat_map(|g| (0..64).map(move |c| (g, c)))
+                    .map(|(g, c)| {
+                        q[((b * 2 + h) * 4 + g) * 64 + c].to_f64() * mean[st + c].to_f64()
+                    })
+                    .sum();
+                let g = got.scores[first * 2 + h * n + j] as f64;
+                assert!((g - want).abs() <= 1e-4 * (1.0 + want.abs()), "{g} {want}");
+            }
+        }
+    }
+    let on: Vec<f64> = got.scores[..t.kv_page_indices.len() * 2]
+        .iter()
+        .map(|s| *s as f64)
+        .collect();
+    let want_pages = select_items(&on, plan.shape(), keep);
+    assert_eq!(got.pages, want_pages);
+    assert_eq!(got.lists, page_token_lists(&want_pages, &t, &kv));
+    // A head_dim it has no kernels for is an error naming it.
+    let d128 = KvShape {
+        head_dim: 128,
+        ..kv
+    };
+    let e = SelectorState::new(&dusk, &centroid::CENTROID, d128)
+        .err()
+        .unwrap();
+    assert_eq!(arg_of(e), "head_dim");
+    // A group it has no score kernel for names num_q_heads.
+    let state = SelectorState::new(&dusk, &centroid::CENTROID, kv).unwrap();
+    let e = SelectorPlan::new(&dusk, state, 4, &t, Budget::Tokens(64), keep)
+        .err()
+        .unwrap();
+    assert_eq!(arg_of(e), "num_q_heads");
 }

@@ -52,36 +52,56 @@ pub fn quest_scores(
     table: &PageTable,
     num_q_heads: usize,
 ) -> Vec<f64> {
-    let (d, hk) = (kv.head_dim, kv.num_kv_heads);
-    let group = num_q_heads / hk;
+    let hk = kv.num_kv_heads;
     let nnz = table.kv_page_indices.len();
     let mut out = vec![0.0; nnz * hk];
     for b in 0..table.batch() {
         let first = table.kv_indptr[b] as usize;
         let n = table.kv_indptr[b + 1] as usize - first;
         for h in 0..hk {
-            for j in 0..n {
-                let page = table.kv_page_indices[first + j] as usize;
-                let st = (page * hk + h) * d;
-                let mut s = 0.0f64;
-                for g in 0..group {
-                    let qr = ((b * hk + h) * group + g) * d;
-                    for c in 0..d {
-                        let qv = q[qr + c].to_f64();
-                        let a = qv * page_min[st + c].to_f64();
-                        let z = qv * page_max[st + c].to_f64();
-                        s += if a.is_nan() || z.is_nan() {
-                            f64::NAN
-                        } else {
-                            a.max(z)
-                        };
-                    }
-                }
-                out[first * hk + h * n + j] = s;
-            }
+            let row = quest_row_scores(q, page_min, page_max, kv, table, num_q_heads, b, h);
+            out[first * hk + h * n..first * hk + (h + 1) * n].copy_from_slice(&row);
         }
     }
     out
+}
+
+/// [`quest_scores`] of one row: sequence `b`'s pages for KV head `h`.
+#[allow(clippy::too_many_arguments)]
+pub fn quest_row_scores(
+    q: &[f16],
+    page_min: &[f16],
+    page_max: &[f16],
+    kv: &KvShape,
+    table: &PageTable,
+    num_q_heads: usize,
+    b: usize,
+    h: usize,
+) -> Vec<f64> {
+    let (d, hk) = (kv.head_dim, kv.num_kv_heads);
+    let group = num_q_heads / hk;
+    let (lo, hi) = (table.kv_indptr[b] as usize, table.kv_indptr[b + 1] as usize);
+    table.kv_page_indices[lo..hi]
+        .iter()
+        .map(|&page| {
+            let st = (page as usize * hk + h) * d;
+            let mut s = 0.0f64;
+            for g in 0..group {
+                let qr = ((b * hk + h) * group + g) * d;
+                for c in 0..d {
+                    let qv = q[qr + c].to_f64();
+                    let a = qv * page_min[st + c].to_f64();
+                    let z = qv * page_max[st + c].to_f64();
+                    s += if a.is_nan() || z.is_nan() {
+                        f64::NAN
+                    } else {
+                        a.max(z)
+                    };
+                }
+            }
+            s
+        })
+        .collect()
 }
 
 /// The order the top-k keeps items in: always-kept items first, then by score descending

@@ -84,14 +84,21 @@ pub const MAX_RESIDENT: usize = 8192;
 
 impl TopKConfig {
     /// The default for rows of up to `max_items`: one resident tile (the next power of two,
-    /// at least 256) on 1 warp per 512 items (1 to 8), 16 items a thread; longer rows stream
-    /// in tiles of 4096 on 8 warps.
+    /// at least 256) on 1 warp up to 512 items, 4 warps up to 2048 and 8 beyond (few warps:
+    /// each search step's exchange between warps is paid per warp; 1024 or 2048 on 2 warps
+    /// spill, as 8192 on 16 does on sm_80); longer rows stream in tiles of 4096 on 8
+    /// warps. Not yet timed.
     pub fn for_rows(max_items: usize) -> TopKConfig {
         if max_items <= MAX_RESIDENT {
             let tile = max_items.next_power_of_two().max(256);
+            let num_warps = match tile {
+                ..=512 => 1,
+                1024 | 2048 => 4,
+                _ => 8,
+            };
             TopKConfig {
                 tile,
-                num_warps: (tile / 512).clamp(1, 8) as u32,
+                num_warps,
                 resident: true,
             }
         } else {
@@ -126,16 +133,16 @@ topk_table! {
     // The defaults.
     (256, 1, true),
     (512, 1, true),
-    (1024, 2, true),
+    (1024, 4, true),
     (2048, 4, true),
     (4096, 8, true),
     (8192, 8, true),
     (4096, 8, false),
-    // Alternatives for the benchmark: fewer or more warps on the common rows, streamed
-    // tiles (the interpreter's tests stream small tiles).
-    (2048, 2, true),
+    // Alternatives for the benchmark: other warps on the common rows, streamed tiles (the
+    // interpreter's tests stream small ones). (1024 and 2048 on 2 warps spill.)
+    (512, 2, true),
     (2048, 8, true),
-    (1024, 4, true),
+    (4096, 16, true),
     (256, 1, false),
     (1024, 4, false),
     (2048, 4, false),
