@@ -119,9 +119,14 @@ pub fn select_top_k<const TILE: usize, const WARPS: usize, const RESIDENT: bool>
             } else {
                 keys = item_keys::<TILE>(scores, base, t0, n, sink, recent);
             }
-            c1 += count_at_or_above(keys, u1);
-            c2 += count_at_or_above(keys, u2);
-            c3 += count_at_or_above(keys, u3);
+            // All three counted before any is added: the compiler fuses reductions whose
+            // results are not read in between (one pass, one exchange between warps).
+            let n1 = count_at_or_above(keys, u1);
+            let n2 = count_at_or_above(keys, u2);
+            let n3 = count_at_or_above(keys, u3);
+            c1 += n1;
+            c2 += n2;
+            c3 += n3;
         }
         let digit = where_(c3 >= k, 3, where_(c2 >= k, 2, where_(c1 >= k, 1, 0)));
         at_t = where_(c3 >= k, c3, where_(c2 >= k, c2, where_(c1 >= k, c1, at_t)));
@@ -138,8 +143,10 @@ pub fn select_top_k<const TILE: usize, const WARPS: usize, const RESIDENT: bool>
         } else {
             keys = item_keys::<TILE>(scores, base, t0, n, sink, recent);
         }
-        above += sum(where_(keys > cut, 1, 0), 0);
-        bad += flagged(keys);
+        let a = sum(where_(keys > cut, 1, 0), 0);
+        let f = flagged(keys);
+        above += a;
+        bad += f;
     }
     store(flags + row, where_(bad > 0, 1, 0));
     // Compaction: every key above the cut and the first `k - above` equal to it.
@@ -155,12 +162,14 @@ pub fn select_top_k<const TILE: usize, const WARPS: usize, const RESIDENT: bool>
         }
         let i = t0 + arange(0, TILE);
         let eq = (keys == cut) & (i < n);
-        let tie_rank = ties + cumsum(where_(eq, 1, 0));
+        let tie = where_(eq, 1, 0);
+        let tie_rank = ties + cumsum(tie);
         let sel = (keys > cut) | (eq & (tie_rank <= need));
         let one = where_(sel, 1, 0);
         let rank = kept + cumsum(one);
         store(sel_items + (out + rank - 1), i, sel);
-        ties += sum(where_(eq, 1, 0), 0);
+        // Both sums are their scans' totals.
+        ties += sum(tie, 0);
         kept += sum(one, 0);
     }
     barrier();
