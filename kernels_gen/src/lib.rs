@@ -7,6 +7,8 @@
 //! - [`threshold`]: the fused threshold search (top-p and other [`policies`]) and
 //!   [`prune`], its validated plan: scores in, compacted CSR token lists out.
 //! - [`ops`]: validated, compiled-once entry points for both ([`ops::Dusk`]).
+//! - [`selectors`]: token selectors (Quest, the selector API, the shared device-side
+//!   top-k): the select stage before the pruner.
 //! - [`paged`]: the paged KV cache and token-list descriptions the entry points check.
 //! - [`mod@reference`]: plain host versions, the oracles of tests and GPU checks.
 //! - [`timeline`]: per-program clock records, a diagnosis option of attention and search.
@@ -20,6 +22,7 @@ pub mod policies;
 pub mod prune;
 pub mod quantize;
 pub mod reference;
+pub mod selectors;
 pub mod spgemv;
 pub mod threshold;
 pub mod timeline;

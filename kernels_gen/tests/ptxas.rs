@@ -679,3 +679,55 @@ fn gqa_attention_uses_the_tensor_cores() {
     );
     assert!(ptx.matches("ld.global.v4").count() >= 8, "{ptx}");
 }
+
+/// The selectors' kernels: Quest's update and score for every head_dim and group the plans
+/// take, and every top-k configuration; none spills or uses local memory, and Quest's
+/// scoring reads its state in 16-byte vectors. Run with `--nocapture` for the registers.
+#[test]
+fn selector_kernels_assemble_without_spills() {
+    use dusk_kernels::paged::KvShape;
+    use dusk_kernels::selectors::{topk, QUEST};
+    let ptxas = ptxas();
+    let mut ks = vec![];
+    for d in [64, 128, 256] {
+        let kv = KvShape {
+            num_pages: 1,
+            page_size: 16,
+            num_kv_heads: 1,
+            head_dim: d,
+        };
+        ks.push(((QUEST.update)(&kv).unwrap())().unwrap());
+        for g in [1, 2, 4, 8, 16] {
+            ks.push(((QUEST.score)(&kv, g).unwrap().build)().unwrap());
+        }
+    }
+    for cfg in topk::specialised_configs() {
+        ks.push(topk::build(&cfg).unwrap());
+    }
+    for k in ks {
+        for target in [Target::sm90a(), Target::sm80()] {
+            let ptx = compile(&k, &target).unwrap();
+            if k.name.starts_with("quest_score") {
+                assert!(ptx.contains("ld.global.v4"), "{}: no 16-byte loads", k.name);
+            }
+            let arch = target.arch_name();
+            let report = assemble(&ptxas, &ptx, &arch, &k.name);
+            let regs = report
+                .split("Used ")
+                .nth(1)
+                .and_then(|r| r.split(' ').next())
+                .unwrap_or("?");
+            println!("{} {arch}: {regs} registers", k.name);
+            assert!(
+                report.contains("0 bytes spill stores, 0 bytes spill loads"),
+                "{} spills on {arch}:\n{report}",
+                k.name
+            );
+            assert!(
+                report.contains("0 bytes stack frame"),
+                "{} uses local memory on {arch}:\n{report}",
+                k.name
+            );
+        }
+    }
+}

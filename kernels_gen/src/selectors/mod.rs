@@ -1,0 +1,33 @@
+//! Token selectors: the "select" stage before the pruner (DESIGN.md sections 2.4 and 10;
+//! Twilight Section 4.1), each picking a budget of pages per (sequence, KV head) and
+//! writing them as the CSR token lists ([`crate::paged::TokenLists`]' form: `sel_indptr`,
+//! `sel_indices`, ascending positions) that the estimator, pruner and attention take.
+//!
+//! - [`selector`]: the API a selector is written with ([`Selector`]: state, update kernel,
+//!   score kernel), its state ([`SelectorState`], [`PageUpdates`]) and plan
+//!   ([`SelectorPlan`]).
+//! - [`page`]: the kernel-language helpers selectors' kernels share (addressing).
+//! - [`quest`], [`quest_kernels`]: Quest ([`QUEST`], [`QuestPlan`]).
+//! - [`topk`], [`topk_kernel`]: the device-side top-k every selector ends with
+//!   ([`TopKPlan`]: variable k per row, always-kept sink and recent items, ties toward
+//!   the lower index).
+//! - [`mod@reference`]: host references in f64 and the sort-based top-k.
+//! - [`bench`]: random state and a timed `select`, for the GPU check.
+//!
+//! README.md in this folder has the layout, the conventions and a user's own selector.
+
+pub mod bench;
+pub mod page;
+pub mod quest;
+pub mod quest_kernels;
+pub mod reference;
+pub mod selector;
+pub mod topk;
+pub mod topk_kernel;
+
+pub use quest::{QuestOptions, QuestPlan, QUEST};
+pub use selector::{
+    Build, PageUpdates, ScoreKernel, Selector, SelectorPlan, SelectorState, StateArray,
+    StateBuffer, StateType, Width,
+};
+pub use topk::{Budget, Items, Keep, SelectionShape, TopKConfig, TopKPlan};

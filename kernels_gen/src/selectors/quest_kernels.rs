@@ -1,0 +1,94 @@
+//! Quest's two kernels (Tang et al. 2024; Twilight Section 4.1's stock selector), in the
+//! kernel language, on the page conventions of [`super::page`].
+//!
+//! State: per (physical page, KV head), the elementwise min and max of K over the page's
+//! valid tokens, f16 `[num_pages, num_kv_heads, head_dim]` each. f16 loses nothing: a
+//! min or max of f16 values is one of them, so f32 state would only double the bytes the
+//! (memory-bound) scoring reads.
+//!
+//! Score of page `p` for KV head `h`: `sum_g sum_d max(q_gd * min_d, q_gd * max_d)` over
+//! the group's query heads `g`. Since `min_d <= max_d`, the term is `q_gd * max_d` for
+//! `q_gd >= 0` and `q_gd * min_d` otherwise, and the sum over the group folds into two
+//! vectors made once per program: `qpos = sum_g max(q_g, 0)`, `qneg = sum_g min(q_g, 0)`,
+//! score `= qpos . max + qneg . min`: two multiply-adds per state value, whatever the
+//! group. A NaN in q stays in `qpos` (and so in every score of its row, which the top-k
+//! flags).
+
+use super::page::{
+    group_query, key_offsets, page_state_rows, seq_pages, state_offsets, store_page_scores,
+    tile_pages, update_len, update_page, update_state_offsets,
+};
+use dusk_macros::kernel;
+
+/// Recomputes the min and max of K over the first `lens[i]` token slots of physical page
+/// `pages[i]`, for KV head `program_id(1)`. Parameters (the update convention): `k` (f16
+/// `[num_pages, page_size, num_kv_heads, D]`), `pages`, `lens` (i32 per entry),
+/// `num_pages`, `num_kv_heads`, `page_size`, then the state: `page_min`, `page_max` (f16
+/// `[num_pages, num_kv_heads, D]`). Grid: `(entries, num_kv_heads)`. Entries with a page
+/// id out of range or a length outside `1..=page_size` are skipped.
+#[kernel(crate = "crate::dusk_paths", num_warps = 2)]
+#[allow(clippy::too_many_arguments)]
+pub fn quest_update<const D: usize, const SLOTS: usize>(
+    k: Ptr<f16>,
+    pages: Ptr<i32>,
+    lens: Ptr<i32>,
+    num_pages: i32,
+    num_kv_heads: i32,
+    page_size: i32,
+    page_min: Ptr<f16>,
+    page_max: Ptr<f16>,
+) {
+    let page = update_page(pages, lens, num_pages, page_size);
+    if page >= 0 {
+        let len = update_len(lens);
+        let mut lo = splat(f32::INFINITY, [D]);
+        let mut hi = splat(f32::NEG_INFINITY, [D]);
+        for s0 in (0..len).step_by(SLOTS) {
+            let slot = s0 + arange(0, SLOTS);
+            let ok = expand(slot < len, 1, D);
+            let offs = key_offsets::<SLOTS, D>(page, slot, num_kv_heads, page_size);
+            let x = load(k + offs, ok) as f32;
+            lo = minimum(lo, min(where_(ok, x, f32::INFINITY), 0));
+            hi = maximum(hi, max(where_(ok, x, f32::NEG_INFINITY), 0));
+        }
+        let out = update_state_offsets::<D>(page, num_kv_heads);
+        store(page_min + out, lo as f16);
+        store(page_max + out, hi as f16);
+    }
+}
+
+/// Scores `TILE` pages of one row (sequence `b`, KV head `h`, `program_id(0) = b *
+/// num_kv_heads + h`) from their min and max. Parameters (the score convention): `q` (f16
+/// `[batch, num_kv_heads * G, D]`), `kv_indptr`, `kv_page_indices` (the page table),
+/// `scores` (f32, row `(b, h)` at `kv_indptr[b] * num_kv_heads + h * pages_b`),
+/// `num_kv_heads`, then the state: `page_min`, `page_max`. Grid: `(batch * num_kv_heads,
+/// ceil(longest sequence's pages / TILE))`.
+#[kernel(crate = "crate::dusk_paths", num_warps = WARPS)]
+#[allow(clippy::too_many_arguments)]
+pub fn quest_score<const D: usize, const G: usize, const TILE: usize, const WARPS: usize>(
+    q: Ptr<f16>,
+    kv_indptr: Ptr<i32>,
+    kv_page_indices: Ptr<i32>,
+    scores: Ptr<f32>,
+    num_kv_heads: i32,
+    page_min: Ptr<f16>,
+    page_max: Ptr<f16>,
+) {
+    let n = seq_pages(kv_indptr, num_kv_heads);
+    let j = tile_pages::<TILE>();
+    if program_id(1) * TILE < n {
+        let valid = j < n;
+        let rows = page_state_rows(kv_indptr, kv_page_indices, num_kv_heads, j, valid);
+        let offs = state_offsets::<TILE, D>(rows);
+        let mask = expand(valid, 1, D);
+        let mx = load(page_max + offs, mask) as f32;
+        let mn = load(page_min + offs, mask) as f32;
+        let qg = group_query::<D, G>(q);
+        // `where_` rather than `maximum`: maxnum would drop a NaN of q.
+        let neg = qg < 0.0;
+        let qpos = sum(where_(neg, 0.0, qg), 0);
+        let qneg = sum(where_(neg, qg, 0.0), 0);
+        let s = sum(mx * expand(qpos, 0, TILE) + mn * expand(qneg, 0, TILE), 1);
+        store_page_scores(scores, kv_indptr, num_kv_heads, j, valid, s);
+    }
+}

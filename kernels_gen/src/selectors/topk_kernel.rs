@@ -1,0 +1,191 @@
+//! The top-k the selectors share: per row, the `k` highest-scoring items (pages or
+//! tokens), some always kept (the first `sink`, the last `recent`), ties broken toward the
+//! lower index, written out as ascending CSR token lists. One program a row.
+//!
+//! Keys. Each score becomes an i32 that orders as the floats do (`f32::total_cmp`'s map:
+//! a negative float's bits with all but the sign flipped), a NaN the lowest key but one,
+//! an always-kept item `i32::MAX` (`i32::MAX - 1` if its score is NaN or infinite, which
+//! is flagged). Masked-off lanes are `i32::MIN` and never counted.
+//!
+//! Search. The `k`-th largest key `T` is found bit by bit from the top, two bits a step:
+//! with `t` the threshold's top bits so far (in unsigned space, `u = key ^ i32::MIN`), a
+//! step counts the keys at or above `t | d << shift` for `d = 1, 2, 3` (three sums, fused
+//! into one pass and one exchange between warps) and keeps the largest `d` whose count is
+//! still `>= k`. The search stops early once exactly `k` keys lie at or above `t`, and
+//! after 16 steps at the latest (then `t = T`).
+//!
+//! Selection. Every key above `T`, and of the keys equal to `T` the first `k - count(key >
+//! T)` in index order (a running count): exactly `k` items, the order a sort by (score
+//! descending, index ascending) gives. The kept items' indices are compacted in order (a
+//! prefix sum) into `sel_items`, then expanded to token positions: the `j`-th output token
+//! of a row is slot `j % unit` of its `j / unit`-th kept item (`unit` tokens an item; the
+//! plan's `sel_indptr` already accounts for the short last page, which is always kept).
+//!
+//! `RESIDENT`: the row fits one tile and its keys stay in registers across the steps;
+//! otherwise every pass streams the row's scores in tiles of `TILE`.
+
+use dusk_macros::kernel;
+
+/// The keys of items `t0 .. t0 + TILE` of a row of `n` items whose scores start at
+/// `base`; see the module docs.
+#[kernel(crate = "crate::dusk_paths")]
+fn item_keys<const TILE: usize>(
+    scores: Ptr<f32>,
+    base: i64,
+    t0: i32,
+    n: i32,
+    sink: i32,
+    recent: i32,
+) -> Block<i32> {
+    let i = t0 + arange(0, TILE);
+    let valid = i < n;
+    let s = load(scores + (base + (i as i64)), valid, 0.0);
+    let bits = bitcast::<i32>(s);
+    let ordered = where_(bits < 0, bits ^ i32::MAX, bits);
+    let nan = s != s;
+    let bad = nan | (abs(s) == f32::INFINITY);
+    let forced = (i < sink) | (i >= n - recent);
+    let kept = where_(bad, i32::MAX - 1, i32::MAX);
+    let key = where_(forced, kept, where_(nan, i32::MIN + 1, ordered));
+    where_(valid, key, i32::MIN)
+}
+
+/// How many of `keys` are flagged: NaN or infinite scores (see [`item_keys`]).
+#[kernel(crate = "crate::dusk_paths")]
+fn flagged(keys: Block<i32>) -> i32 {
+    let pos_inf = 0x7F80_0000i32;
+    let neg_inf = -0x7F80_0001i32;
+    let bad =
+        (keys == i32::MIN + 1) | (keys == i32::MAX - 1) | (keys == pos_inf) | (keys == neg_inf);
+    sum(where_(bad, 1, 0), 0)
+}
+
+/// How many of `keys` lie at or above the unsigned-space threshold `u`.
+#[kernel(crate = "crate::dusk_paths")]
+fn count_at_or_above(keys: Block<i32>, u: i32) -> i32 {
+    sum(where_(keys >= (u ^ i32::MIN), 1, 0), 0)
+}
+
+/// Top-k items per row, as token lists. Parameters: `scores` (f32, row `(b, h)` at
+/// `item_indptr[b] * num_kv_heads + h * n_b`), `item_indptr` (i32 `[batch + 1]`: items
+/// before each sequence), `k_items` (i32 `[batch]`: items to keep, at most the
+/// sequence's), `sel_item_indptr` (i32 `[rows + 1]`: where each row's kept items go),
+/// `sel_indptr` (i32 `[rows + 1]`: where each row's tokens go), outputs `sel_items`,
+/// `sel_indices`, `flags` (i32 `[rows]`: NaN or infinite scores seen), then
+/// `num_kv_heads`, `unit_shift` (log2 of the tokens an item), `sink`, `recent`. Grid:
+/// `batch * num_kv_heads`.
+#[kernel(crate = "crate::dusk_paths", num_warps = WARPS)]
+#[allow(clippy::too_many_arguments)]
+pub fn select_top_k<const TILE: usize, const WARPS: usize, const RESIDENT: bool>(
+    scores: Ptr<f32>,
+    item_indptr: Ptr<i32>,
+    k_items: Ptr<i32>,
+    sel_item_indptr: Ptr<i32>,
+    sel_indptr: Ptr<i32>,
+    sel_items: Ptr<i32>,
+    sel_indices: Ptr<i32>,
+    flags: Ptr<i32>,
+    num_kv_heads: i32,
+    unit_shift: i32,
+    sink: i32,
+    recent: i32,
+) {
+    let row = program_id(0);
+    let b = row / num_kv_heads;
+    let h = row % num_kv_heads;
+    let first = load(item_indptr + b);
+    let n = load(item_indptr + (b + 1)) - first;
+    let k = minimum(load(k_items + b), n);
+    let base = (first * num_kv_heads + h * n) as i64;
+    let mut keys0 = splat(i32::MIN, [TILE]);
+    if RESIDENT {
+        keys0 = item_keys::<TILE>(scores, base, 0, n, sink, recent);
+    }
+    // The search: `t` (unsigned space) rises while more than k keys lie at or above it.
+    let mut t = 0;
+    let mut at_t = n;
+    let mut shift = 30;
+    #[bound(16)]
+    while at_t > k {
+        let mut c1 = 0;
+        let mut c2 = 0;
+        let mut c3 = 0;
+        let u1 = t | (1 << shift);
+        let u2 = t | (2 << shift);
+        let u3 = t | (3 << shift);
+        for t0 in (0..n).step_by(TILE) {
+            let mut keys = keys0;
+            if RESIDENT {
+            } else {
+                keys = item_keys::<TILE>(scores, base, t0, n, sink, recent);
+            }
+            // All three counted before any is added: the compiler fuses reductions whose
+            // results are not read in between (one pass, one exchange between warps).
+            let n1 = count_at_or_above(keys, u1);
+            let n2 = count_at_or_above(keys, u2);
+            let n3 = count_at_or_above(keys, u3);
+            c1 += n1;
+            c2 += n2;
+            c3 += n3;
+        }
+        let digit = where_(c3 >= k, 3, where_(c2 >= k, 2, where_(c1 >= k, 1, 0)));
+        at_t = where_(c3 >= k, c3, where_(c2 >= k, c2, where_(c1 >= k, c1, at_t)));
+        t = t | (digit << shift);
+        shift -= 2;
+    }
+    let cut = t ^ i32::MIN;
+    // Keys above the cut, and the flags.
+    let mut above = 0;
+    let mut bad = 0;
+    for t0 in (0..n).step_by(TILE) {
+        let mut keys = keys0;
+        if RESIDENT {
+        } else {
+            keys = item_keys::<TILE>(scores, base, t0, n, sink, recent);
+        }
+        let a = sum(where_(keys > cut, 1, 0), 0);
+        let f = flagged(keys);
+        above += a;
+        bad += f;
+    }
+    store(flags + row, where_(bad > 0, 1, 0));
+    // Compaction: every key above the cut and the first `k - above` equal to it.
+    let need = k - above;
+    let out = load(sel_item_indptr + row);
+    let mut ties = 0;
+    let mut kept = 0;
+    for t0 in (0..n).step_by(TILE) {
+        let mut keys = keys0;
+        if RESIDENT {
+        } else {
+            keys = item_keys::<TILE>(scores, base, t0, n, sink, recent);
+        }
+        let i = t0 + arange(0, TILE);
+        let eq = (keys == cut) & (i < n);
+        let tie = where_(eq, 1, 0);
+        let tie_rank = ties + cumsum(tie);
+        let sel = (keys > cut) | (eq & (tie_rank <= need));
+        let one = where_(sel, 1, 0);
+        let rank = kept + cumsum(one);
+        store(sel_items + (out + rank - 1), i, sel);
+        // Both sums are their scans' totals.
+        ties += sum(tie, 0);
+        kept += sum(one, 0);
+    }
+    barrier();
+    // Token positions: slot `j % unit` of kept item `j / unit`.
+    let tok0 = load(sel_indptr + row);
+    let ntok = load(sel_indptr + (row + 1)) - tok0;
+    let unit_mask = (1 << unit_shift) - 1;
+    for j0 in (0..ntok).step_by(TILE) {
+        let j = j0 + arange(0, TILE);
+        let m = j < ntok;
+        let zero = 0i32;
+        let item = load(sel_items + (out + (j >> unit_shift)), m, zero);
+        store(
+            sel_indices + (tok0 + j),
+            (item << unit_shift) + (j & unit_mask),
+            m,
+        );
+    }
+}
