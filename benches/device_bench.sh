@@ -11,11 +11,11 @@
 #   OUT=$OUT bash benches/device_bench.sh COMMIT DATE STEP...
 #
 # STEP: `attention`, `spgemv`, `threshold` (p = 0.9 on diffuse rows), `focus` (the same on
-# rows as focused as Twilight's, logits x 12), `sanitize` (memcheck and racecheck over
+# rows as focused as Twilight's, logits x 12), `selectors` (Quest), `sanitize` (memcheck and racecheck over
 # every family's checks), `c` (the C examples through the committed bundle). Extra gpu-check options for a family go in GPU_CHECK_<FAMILY>
 # (e.g. GPU_CHECK_ATTENTION='--only dense_b1_ --sweep l2_prefetch=true').
 # Writes into $OUT (at most 8 files come back): varlen_attention.json, spgemv.json,
-# threshold_search.json, threshold_search_focus.json, bench.log (every step's output),
+# threshold_search.json, threshold_search_focus.json, selectors.json, bench.log (every step's output),
 # sanitize.log and c_examples.txt; prints a short summary last.
 set -u
 commit=${1:?commit} date=${2:?date}
@@ -48,10 +48,17 @@ for step in "$@"; do
     attention) run_family attention attention_peers.py varlen_attention.json "" "${GPU_CHECK_ATTENTION:-}" ;;
     spgemv) run_family spgemv spgemv_torch.py spgemv.json "" "${GPU_CHECK_SPGEMV:-}" ;;
     threshold) run_family threshold topp_peers.py threshold_search.json "" "--no-sweep ${GPU_CHECK_THRESHOLD:-}" ;;
+    selectors)
+      # The selection's share of a decode step needs FlashInfer's dense decode of the same
+      # shapes: the attention peers' file, made here unless the attention step made it.
+      [ -s "$peers/attention.json" ] ||
+        python3 benches/baselines/attention_peers.py --no-sdpa --out "$peers/attention.json" >>"$log" 2>&1
+      run_family selectors quest_peers.py selectors.json "" \
+        "--attention-peers $peers/attention.json ${GPU_CHECK_SELECTORS:-}" ;;
     focus) run_family threshold-focus topp_peers.py threshold_search_focus.json "--focus 12" "--no-sweep --focus 12 ${GPU_CHECK_THRESHOLD:-}" ;;
     sanitize)
       for tool in memcheck racecheck; do
-        for family in spgemv "threshold --rows 300" attention; do
+        for family in spgemv "threshold --rows 300" attention selectors; do
           echo "== compute-sanitizer --tool $tool gpu-check $family --check-only" >>"$out/sanitize.log"
           # shellcheck disable=SC2086
           compute-sanitizer --tool $tool $gc $family --check-only 2>&1 | tail -4 >>"$out/sanitize.log"

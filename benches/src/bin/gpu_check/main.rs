@@ -8,11 +8,13 @@
 //!     gpu-check spgemv    [--check-only] [--peers peers.json] [--out spgemv.json]
 //!     gpu-check threshold [--check-only] [--rows N] [--peers peers.json] [--out threshold_search.json]
 //!     gpu-check attention [--check-only] [--peers peers.json] [--out varlen_attention.json]
+//!     gpu-check selectors [--check-only] [--peers quest.json] [--attention-peers attention.json]
 //!
 //! `gpu-check <subcommand> --help` lists every option.
 
 mod attention;
 mod common;
+mod selectors;
 mod spgemv;
 mod threshold;
 
@@ -37,6 +39,9 @@ enum Family {
     /// Varlen paged decode attention: checks, graph replay, then timings beside FlashInfer
     /// and SDPA.
     Attention(attention::AttentionArgs),
+    /// The token selectors (Quest): checks, then the selection's timings beside PyTorch and
+    /// as a share of FlashInfer's dense decode.
+    Selectors(selectors::SelectorsArgs),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +50,7 @@ fn main() -> ExitCode {
         Family::Spgemv(a) => spgemv::run(&a),
         Family::Threshold(a) => threshold::run(&a),
         Family::Attention(a) => attention::run(&a),
+        Family::Selectors(a) => selectors::run(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,157 @@
+//! The GPU check and benchmark of the token selectors (`dusk::kernels::selectors`), run on
+//! the device machine:
+//!
+//! 1. Quest on small shapes and on the benchmark shapes against the host references (page
+//!    scores in f64, pages equal to the sort-based top-k, token lists equal to those pages'
+//!    tokens), outputs poisoned first;
+//! 2. Quest's selection (page scores, device top-k, token lists) at 32k context, batch 32
+//!    and 64, GQA 32/8 and MHA 32/32, budget N/4, timed by the harness beside the same
+//!    computation in PyTorch (`--peers`, written by `benches/baselines/quest_peers.py` in
+//!    the same command) and as a fraction of FlashInfer's dense decode of the same shape
+//!    (`--attention-peers`, the attention peers' file of the same command).
+//!
+//!    `gpu-check selectors --peers quest.json --attention-peers attention.json --out selectors.json`
+
+use crate::common::{case_json, copy_gbps, Common, PeerTime, Res};
+use clap::Args;
+use dusk::kernels::ops::Dusk;
+use dusk::kernels::selectors::bench::{QuestBench, QuestCase};
+use dusk::kernels::selectors::topk::Budget;
+use dusk::runtime::Device;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+
+/// `gpu-check selectors`'s options.
+#[derive(Args, Debug)]
+pub struct SelectorsArgs {
+    #[command(flatten)]
+    common: Common,
+    /// FlashInfer's dense decode times of the same shapes (the JSON attention_peers.py
+    /// wrote in the same command), for the selection's share of a decode step.
+    #[arg(long, value_name = "FILE")]
+    attention_peers: Option<PathBuf>,
+}
+
+fn read_json(path: &Option<PathBuf>, option: &str) -> Res<Option<Value>> {
+    let Some(p) = path else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(p).map_err(|e| format!("{option} {}: {e}", p.display()))?;
+    Ok(Some(serde_json::from_str(&text).map_err(|e| {
+        format!("{option} {}: not JSON: {e}", p.display())
+    })?))
+}
+
+pub fn run(args: &SelectorsArgs) -> Res<()> {
+    let dev = Device::best();
+    println!("device: {}", dev.name());
+    let dusk = Dusk::new(dev.clone())?;
+    let seed = args.common.seed_or(0x5e1);
+
+    println!("correctness (fresh random inputs, outputs poisoned):");
+    let small = [
+        (1usize, 1000usize, 8usize, 2usize, false),
+        (3, 4096, 32, 8, true),
+        (2, 333, 16, 16, false),
+        (4, 20000, 32, 4, true),
+    ];
+    for (i, &(batch, context, hq, hkv, sink)) in small.iter().enumerate() {
+        let case = QuestCase {
+            batch,
+            context,
+            num_q_heads: hq,
+            num_kv_heads: hkv,
+            sink,
+            seed: seed ^ i as u64,
+            ..QuestCase::default()
+        };
+        let mut bench = QuestBench::new(&dusk, &case, |_| {})?;
+        let r = bench.check(&dusk, usize::MAX)?;
+        println!(
+            "  quest batch {batch} context {context} heads {hq}/{hkv} sink {sink}: {} rows equal, score error {:.1e}",
+            r.rows, r.max_score_error
+        );
+    }
+    if args.common.check_only || !dev.is_gpu() {
+        println!("all checks passed");
+        return Ok(());
+    }
+
+    let copy_gbps = copy_gbps(&dev)?;
+    let peers = args.common.peers()?;
+    let attention = read_json(&args.attention_peers, "--attention-peers")?;
+    let mut cases = vec![];
+    for batch in [32usize, 64] {
+        for hkv in [8usize, 32] {
+            let case = QuestCase {
+                batch,
+                num_kv_heads: hkv,
+                budget: Budget::Fraction(0.25),
+                seed: seed ^ (batch * 100 + hkv) as u64,
+                ..QuestCase::default()
+            };
+            let mut bench = QuestBench::new(&dusk, &case, |_| {})?;
+            let r = bench.check(&dusk, 16)?;
+            let t = bench.time(&dusk)?;
+            let name = format!("quest_b{batch}_h32x{hkv}_ctx32768_quarter");
+            let shape = json!({"batch": batch, "num_q_heads": 32, "num_kv_heads": hkv, "head_dim": 128,
+                               "page_size": 16, "context": 32768, "budget_pct": 25});
+            let peer_case = peers.as_ref().and_then(|p| {
+                p["cases"]
+                    .as_array()?
+                    .iter()
+                    .find(|c| c["case"] == name.as_str())
+            });
+            // FlashInfer's dense decode of the same shape, from the attention peers.
+            let dense = format!("dense_b{batch}_h32x{hkv}_ctx32768");
+            let fi_dense = PeerTime::from_case(
+                attention.as_ref().and_then(|a| {
+                    a["cases"]
+                        .as_array()?
+                        .iter()
+                        .find(|c| c["case"] == dense.as_str())
+                }),
+                "flashinfer",
+            );
+            let select_us = t.select.median_us();
+            let share = fi_dense.us.map(|d| select_us / d);
+            let score_gbps = bench.score_bytes() as f64 / (t.score.median_us() * 1e-6) / 1e9;
+            println!(
+                "  {name}: select {select_us:.1} us ({}), score {:.1} us = {:.1}% of copy, top-k {:.1} us; {} of FlashInfer's dense decode",
+                t.select.timing,
+                t.score.median_us(),
+                100.0 * score_gbps / copy_gbps,
+                t.top_k.median_us(),
+                share.map_or("n/a".into(), |s| format!("{:.1}%", 100.0 * s)),
+            );
+            let extra = json!({
+                "rows_checked": r.rows,
+                "max_score_error": r.max_score_error,
+                "score_us": t.score.median_us(),
+                "score_bytes": bench.score_bytes(),
+                "score_frac_of_copy_bw": score_gbps / copy_gbps,
+                "score_timing": t.score.timing.as_str(),
+                "top_k_us": t.top_k.median_us(),
+                "top_k_bytes": bench.top_k_bytes(),
+                "top_k_timing": t.top_k.timing.as_str(),
+                "flashinfer_dense_us": fi_dense.us,
+                "flashinfer_dense_timing": fi_dense.timing,
+                "select_over_flashinfer_dense": share,
+            });
+            // The selection moves the score's bytes and the top-k's.
+            let bytes = (bench.score_bytes() + bench.top_k_bytes()) as f64;
+            cases.push(case_json(
+                &name,
+                shape,
+                &t.select,
+                "torch",
+                &PeerTime::from_case(peer_case, "torch"),
+                bytes,
+                copy_gbps,
+                extra,
+            ));
+        }
+    }
+    args.common
+        .write_results(&dev, copy_gbps, peers.as_ref(), json!({}), cases)
+}
