@@ -161,6 +161,14 @@ const MAX_CHUNK: usize = 1024;
 /// (256) 52.6 against 56.5, MHA 8k (256) 48.7 against 51.6; MHA 32k (chunks of 1000)
 /// 191.2 against 185.2, and the long chunks of batch 32 no change (1465.7 against 1469.5).
 const MAX_CHUNK_L2_PREFETCH: usize = 256;
+/// Tokens a step of MHA's dense programs (4 warps, CUDA cores) over chunks longer than
+/// [`MAX_CHUNK_L2_PREFETCH`]: on an H100 under the harness, one process
+/// (varlen_attention_run/mha_block_sweep.json), 16 against 8 tokens a step: batch 32 8k
+/// 1394.9 us against 1431.1, batch 1 32k 182.1 against 185.2, batch 64 32k 11116.3 against
+/// 11133.5, batch 32 32k 5546.3 against 5540.8 and batch 64 8k 2811.3 against 2806.8 (within
+/// the noise); the tuner's own runs found 16 the best at batch 16 8k and batch 1 128k (703.3
+/// and 707.5 us against 755.9 and 760.6). Short chunks (batch 1 8k) lose: 58.6 against 48.5.
+const MHA_LONG_CHUNK_TOKENS: usize = 16;
 /// The padded baseline's longest chunk: its rows are as long as the longest list, so a few
 /// long rows would become the tail (token lists in this grid, before the balanced split,
 /// measured on an H100: 512 against 1024 took 64 us instead of 87 on the skewed case).
@@ -177,7 +185,8 @@ impl AttentionTuning {
     /// that, were every row `max_tokens` long, about 8 work items per SM would exist
     /// (`num_sms`, 132 when unknown), between 2 steps (128 tokens on the tensor cores) and
     /// 1024 tokens (512 padded), with the next tile brought into L2 early where dense chunks
-    /// are short. Token lists: segments of at least 64 tokens.
+    /// are short, and MHA's long dense chunks walked 16 tokens a step. Token lists: segments
+    /// of at least 64 tokens.
     pub fn for_spec(spec: &AttentionSpec, num_sms: usize) -> AttentionTuning {
         let group = program_group(spec);
         // head_dim 256 would need 64 registers of accumulator and 128 of K and V tiles in
@@ -208,6 +217,19 @@ impl AttentionTuning {
                     MAX_CHUNK_PADDED
                 })
             }
+        };
+        // MHA over long dense chunks: 16 tokens a step (see MHA_LONG_CHUNK_TOKENS).
+        let (block_tokens, chunk) = if spec.mode == AttentionMode::Dense
+            && group == 1
+            && spec.kv.head_dim <= 128
+            && chunk > MAX_CHUNK_L2_PREFETCH
+        {
+            (
+                MHA_LONG_CHUNK_TOKENS,
+                chunk.div_ceil(MHA_LONG_CHUNK_TOKENS) * MHA_LONG_CHUNK_TOKENS,
+            )
+        } else {
+            (block_tokens, chunk)
         };
         AttentionTuning {
             block_tokens,

@@ -649,6 +649,11 @@ fn time_tilings(
         let mut bad = None;
         let p = AttentionPlan::with_tuning(dusk, spec, |u: &mut AttentionTuning| {
             bad = u.apply_text(t).err();
+            // A text that changes the step but not the chunk keeps the default chunk,
+            // rounded up to whole steps.
+            if !t.contains("chunk_tokens") {
+                u.chunk_tokens = u.chunk_tokens.div_ceil(u.block_tokens) * u.block_tokens;
+            }
         })?;
         if let Some(e) = bad {
             return Err(format!("attention config `{t}`: {e}").into());
