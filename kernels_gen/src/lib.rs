@@ -7,12 +7,14 @@
 //! - [`threshold`]: the fused threshold search (top-p and other [`policies`]) and
 //!   [`prune`], its validated plan: scores in, compacted CSR token lists out.
 //! - [`ops`]: validated, compiled-once entry points for both ([`ops::Dusk`]).
+//! - [`engines`]: vLLM's and SGLang's page tables to dusk's CSR, on the device.
 //! - [`paged`]: the paged KV cache and token-list descriptions the entry points check.
 //! - [`mod@reference`]: plain host versions, the oracles of tests and GPU checks.
 //! - [`timeline`]: per-program clock records, a diagnosis option of attention and search.
 
 pub mod attention;
 pub mod attention_ops;
+pub mod engines;
 pub mod error;
 pub mod ops;
 pub mod paged;

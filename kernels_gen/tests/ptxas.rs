@@ -63,6 +63,8 @@ fn stock_kernels() -> Vec<Kernel> {
         }
     }
     ks.extend(attention_kernels());
+    ks.push(dusk_kernels::engines::build_block_table().unwrap());
+    ks.push(dusk_kernels::engines::build_req_to_token().unwrap());
     // The alternatives the benchmark times beside the defaults.
     for (tokens, warps, programs, mma) in [
         (64, 2, 14, false),
