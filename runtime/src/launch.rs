@@ -232,36 +232,28 @@ fn launch_cpu(ir: &Kernel, grid: [u32; 3], args: &[Arg<'_>]) -> Result<()> {
             found: b.describe_owner(),
         })?);
     }
-    let values: Vec<ArgValue> = args
-        .iter()
-        .map(|a| match a {
-            Arg::Buffer(b) => {
-                let at = *b as *const AnyBuffer as usize;
-                let buffer = distinct
-                    .iter()
-                    .position(|d| *d as *const AnyBuffer as usize == at)
-                    .unwrap_or(0);
-                ArgValue::Ptr {
-                    buffer,
-                    offset_bytes: 0,
-                }
-            }
-            Arg::I32(v) => ArgValue::I32(*v),
-            Arg::I64(v) => ArgValue::I64(*v),
-            Arg::F32(v) => ArgValue::F32(*v),
-            Arg::U8(v) => ArgValue::U8(*v),
-            Arg::Bool(v) => ArgValue::Bool(*v),
-        })
-        .collect();
-    // Borrowed host memory may overlap (two views of one array); the interpreter needs
-    // each buffer's bytes to itself.
+    // Borrowed host memory may overlap (two views of one array). Views of exactly the same
+    // bytes become one buffer of the interpreter; any other overlap is refused, since the
+    // interpreter needs each buffer's bytes to itself.
     let spans: Vec<(usize, usize)> = guards
         .iter()
         .map(|g| (g.as_ptr() as usize, g.len()))
         .collect();
+    let mut slot = vec![0usize; spans.len()];
+    let mut first = vec![false; spans.len()];
+    let mut slots = 0;
+    for (i, &span) in spans.iter().enumerate() {
+        match (0..i).find(|&j| span.1 > 0 && spans[j] == span) {
+            Some(j) => slot[i] = slot[j],
+            None => {
+                (slot[i], first[i]) = (slots, true);
+                slots += 1;
+            }
+        }
+    }
     for (i, &(a, n)) in spans.iter().enumerate() {
         for (j, &(b, m)) in spans.iter().enumerate().skip(i + 1) {
-            if n > 0 && m > 0 && a < b + m && b < a + n {
+            if slot[i] != slot[j] && n > 0 && m > 0 && a < b + m && b < a + n {
                 let name = |k: usize| {
                     let at = distinct[k] as *const AnyBuffer as usize;
                     args.iter()
@@ -282,7 +274,33 @@ fn launch_cpu(ir: &Kernel, grid: [u32; 3], args: &[Arg<'_>]) -> Result<()> {
             }
         }
     }
-    let mut memory: Vec<&mut [u8]> = guards.iter_mut().map(|g| &mut ***g).collect();
+    let values: Vec<ArgValue> = args
+        .iter()
+        .map(|a| match a {
+            Arg::Buffer(b) => {
+                let at = *b as *const AnyBuffer as usize;
+                let buffer = distinct
+                    .iter()
+                    .position(|d| *d as *const AnyBuffer as usize == at)
+                    .map_or(0, |i| slot[i]);
+                ArgValue::Ptr {
+                    buffer,
+                    offset_bytes: 0,
+                }
+            }
+            Arg::I32(v) => ArgValue::I32(*v),
+            Arg::I64(v) => ArgValue::I64(*v),
+            Arg::F32(v) => ArgValue::F32(*v),
+            Arg::U8(v) => ArgValue::U8(*v),
+            Arg::Bool(v) => ArgValue::Bool(*v),
+        })
+        .collect();
+    let mut memory: Vec<&mut [u8]> = guards
+        .iter_mut()
+        .enumerate()
+        .filter(|(i, _)| first[*i])
+        .map(|(_, g)| &mut ***g)
+        .collect();
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         interp::run(ir, grid, &values, &mut memory)
     }));

@@ -412,6 +412,23 @@ fn borrowed_host_memory_is_read_and_written_in_place() {
     );
     drop((a, b));
 
+    // Two views of exactly the same memory are one buffer to the interpreter (in place).
+    let (a, b) = unsafe {
+        (
+            dev.borrow_host(xs.as_mut_ptr(), 200).unwrap(),
+            dev.borrow_host(xs.as_mut_ptr(), 200).unwrap(),
+        )
+    };
+    dev.launch(
+        &k,
+        grid,
+        &[Arg::from(&a), Arg::from(&b), Arg::F32(0.5), Arg::I32(200)],
+    )
+    .unwrap();
+    drop((a, b));
+    assert_eq!(xs[199], 199.0 * 0.5);
+    assert_eq!(xs[200], 200.0);
+
     // Copies, poisoning and downloads work on borrowed memory too.
     let mut z = unsafe { dev.borrow_host(ys.as_mut_ptr(), n).unwrap() };
     dev.fill_bytes(&mut z, 0).unwrap();
