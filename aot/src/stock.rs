@@ -201,7 +201,40 @@ pub fn kernels() -> Result<Vec<BundleKernel>> {
     .into_iter()
     .chain(attention_kernels(128, 4, true)?)
     .chain(attention_kernels(128, 4, false)?)
+    .chain(converter_kernels()?)
     .collect())
+}
+
+/// The engine converters (`dusk_kernels::engines`): vLLM's and SGLang's page tables to
+/// CSR. Grid: one program a sequence (`batch`, a launch input) by `max_pages` in blocks.
+fn converter_kernels() -> Result<Vec<BundleKernel>> {
+    use dusk_kernels::engines::{self, BLOCK_PAGES};
+    let grid = || {
+        [
+            vec![factor("batch", 1)],
+            vec![factor("max_pages", BLOCK_PAGES)],
+            vec![],
+        ]
+    };
+    let config = || obj(json!({ "block_pages": BLOCK_PAGES }));
+    Ok(vec![
+        BundleKernel {
+            name: "vllm_to_csr".into(),
+            family: "engines".into(),
+            kernel: engines::build_block_table()?,
+            inputs: vec!["batch".into()],
+            grid: grid(),
+            config: config(),
+        },
+        BundleKernel {
+            name: "sglang_to_csr".into(),
+            family: "engines".into(),
+            kernel: engines::build_req_to_token()?,
+            inputs: vec!["batch".into()],
+            grid: grid(),
+            config: config(),
+        },
+    ])
 }
 
 /// Every configuration of the stock families this crate can bundle: quantization and
@@ -234,6 +267,7 @@ pub fn all_kernels() -> Result<Vec<BundleKernel>> {
             }
         }
     }
+    out.extend(converter_kernels()?);
     let mut seen = std::collections::HashSet::new();
     out.retain(|k| seen.insert(k.name.clone()));
     Ok(out)

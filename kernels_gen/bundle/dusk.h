@@ -107,6 +107,22 @@ static inline int dusk_attn_merge_dense_d128_f16(CUstream stream, CUdeviceptr pa
     return dusk_launch("attn_merge_dense_d128_f16", stream, args, 5, inputs, 1);
 }
 
+/* vllm_to_csr (engines): {"block_pages":128}
+ * grid (batch, ceil(max_pages / 128), 1), 128 threads a program. */
+static inline int dusk_vllm_to_csr(CUstream stream, CUdeviceptr block_table, CUdeviceptr seq_lens, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, int32_t row_stride, int32_t max_pages, int32_t page_size, int32_t num_pages, uint64_t batch) {
+    void *args[] = {&block_table, &seq_lens, &kv_indptr, &kv_page_indices, &kv_last_page_len, &row_stride, &max_pages, &page_size, &num_pages};
+    const uint64_t inputs[] = {batch};
+    return dusk_launch("vllm_to_csr", stream, args, 9, inputs, 1);
+}
+
+/* sglang_to_csr (engines): {"block_pages":128}
+ * grid (batch, ceil(max_pages / 128), 1), 128 threads a program. */
+static inline int dusk_sglang_to_csr(CUstream stream, CUdeviceptr req_to_token, CUdeviceptr req_pool_indices, CUdeviceptr seq_lens, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, int32_t row_stride, int32_t pool_rows, int32_t max_pages, int32_t page_size, int32_t num_pages, uint64_t batch) {
+    void *args[] = {&req_to_token, &req_pool_indices, &seq_lens, &kv_indptr, &kv_page_indices, &kv_last_page_len, &row_stride, &pool_rows, &max_pages, &page_size, &num_pages};
+    const uint64_t inputs[] = {batch};
+    return dusk_launch("sglang_to_csr", stream, args, 11, inputs, 1);
+}
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,6 +5,7 @@
 
 use dusk_compiler::DType;
 use dusk_kernels::attention_ops::{AttentionMode, AttentionPlan, AttentionSpec};
+use dusk_kernels::engines::{self, CsrPages, EngineTable};
 use dusk_kernels::ops::{Dusk, SpgemvPlan};
 use dusk_kernels::paged::{KvShape, PageTable, TokenLists};
 use dusk_kernels::policies::{top_k, top_p};
@@ -74,8 +75,20 @@ fn the_stock_bundle_holds_the_kernels_of_its_shapes() {
         };
         AttentionPlan::new(&dusk, spec).unwrap();
     }
+    // The engine converters.
+    let mut out = CsrPages::alloc(&dusk, 2, 4).unwrap();
+    let table_rows = EngineTable {
+        rows: 2,
+        row_stride: 4,
+        row_len: 4,
+    };
+    let lens = dev.upload(&[20i32, 3]).unwrap();
+    let rows = dev.upload(&[0i32; 8]).unwrap();
+    engines::vllm_to_csr(&dusk, &rows, table_rows, &lens, 16, 64, &mut out).unwrap();
+    let pool = dev.upload(&[1i32, 0]).unwrap();
+    engines::sglang_to_csr(&dusk, &rows, table_rows, &pool, &lens, 1, 64, &mut out).unwrap();
     assert_eq!(missing(&dusk), Vec::<String>::new());
-    assert_eq!(dusk.loaded_kernels().len(), 10);
+    assert_eq!(dusk.loaded_kernels().len(), 12);
 
     // What it does not hold: another policy, another head_dim, dense attention of short
     // chunks (their default tuning prefetches into L2).
