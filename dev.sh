@@ -2,7 +2,8 @@
 # Sets up a fresh Debian/Ubuntu machine for dusk (LLVM 19, gcc, ptxas) and runs a job.
 #
 #   ./dev.sh setup  install what is missing, then say what was found
-#   ./dev.sh test   install what is missing, then run every test (what CI runs)
+#   ./dev.sh test   install what is missing, then run every test (what CI runs): the
+#                   workspace's, then the Python package's (built into .venv, on the CPU)
 #   ./dev.sh run    install what is missing, then run the main job, Twilight's pipeline:
 #                   select pages, quantize K to INT4, estimate the candidates' scores with
 #                   the INT4 SpGEMV, prune them with top-p, attend over the kept tokens;
@@ -82,6 +83,14 @@ case "$1" in
       echo "venv:    $VENV ($("$VENV/bin/python" --version), from $(readlink -f "$VENV/bin/python"))"
     fi
     ;;
-  test) cargo test --workspace ;;
+  test)
+    cargo test --workspace
+    # The Python package (python/, outside the workspace: see python/Cargo.toml), built in
+    # debug into .venv (sharing target/) and tested on the CPU through the interpreter, with
+    # NumPy arrays (no torch or GPU needed; its GPU tests skip themselves).
+    venv_install "maturin>=1.9.4,<2" numpy pytest
+    (cd python && VIRTUAL_ENV="$VENV" "$VENV/bin/maturin" develop)
+    "$VENV/bin/python" -m pytest -q python/tests
+    ;;
   run)  cargo run --release --example twilight ;;
 esac

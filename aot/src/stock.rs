@@ -13,6 +13,7 @@
 //! | `attn_merge_lists_d128_f16` | its merge by log-sum-exp, each row as soon as its pieces are in (`counters`: `rows + q_rows` i32, zeroed once, kept across launches) | `q_rows` |
 //! | `attn_split_dense_d128_g4_f16` | dense paged decode attention, GQA 4, chunks of `chunk_tokens` | `rows, chunks` (= its `max_chunks`) |
 //! | `attn_merge_dense_d128_f16` | its merge | `q_rows` |
+//! | `attn_split_dense_d128_g4_f16_l2` | the same split bringing the next tile into L2 early, the plans' default for chunks of up to 256 tokens (small batches); merged by `attn_merge_dense_d128_f16` | `rows, chunks` |
 //!
 //! `rows` is the number of candidate (token-list) rows (batch x KV heads), `q_rows` the
 //! query rows (batch x query heads), `max_row_len` the longest candidate row. The
@@ -201,7 +202,63 @@ pub fn kernels() -> Result<Vec<BundleKernel>> {
     .into_iter()
     .chain(attention_kernels(128, 4, true)?)
     .chain(attention_kernels(128, 4, false)?)
+    .chain([dense_l2_prefetch_split(128, 4)?])
+    .chain(converter_kernels()?)
     .collect())
+}
+
+/// The dense split as the plans build it for short chunks (small batches): the next
+/// tile's K and V brought into L2 a step early (`AttentionTuning::l2_prefetch`). Launched
+/// like `attn_split_dense_*`, whose merge it shares.
+fn dense_l2_prefetch_split(head_dim: usize, group: usize) -> Result<BundleKernel> {
+    let [mut split, _] = attention_kernels(head_dim, group, false)?;
+    let cfg = SplitConfig {
+        partial_dtype: dusk_compiler::DType::F16,
+        stream_kv: true,
+        l2_prefetch: true,
+        ..SplitConfig::tensor_cores(
+            head_dim,
+            group,
+            dusk_compiler::DType::F16,
+            TokenSource::Dense,
+        )
+    };
+    split.name.push_str("_l2");
+    split.kernel = attention::build_split(&cfg)?;
+    split.config.insert("l2_prefetch".into(), true.into());
+    Ok(split)
+}
+
+/// The engine converters (`dusk_kernels::engines`): vLLM's and SGLang's page tables to
+/// CSR. Grid: one program a sequence (`batch`, a launch input) by `max_pages` in blocks.
+fn converter_kernels() -> Result<Vec<BundleKernel>> {
+    use dusk_kernels::engines::{self, BLOCK_PAGES};
+    let grid = || {
+        [
+            vec![factor("batch", 1)],
+            vec![factor("max_pages", BLOCK_PAGES)],
+            vec![],
+        ]
+    };
+    let config = || obj(json!({ "block_pages": BLOCK_PAGES }));
+    Ok(vec![
+        BundleKernel {
+            name: "vllm_to_csr".into(),
+            family: "engines".into(),
+            kernel: engines::build_block_table()?,
+            inputs: vec!["batch".into()],
+            grid: grid(),
+            config: config(),
+        },
+        BundleKernel {
+            name: "sglang_to_csr".into(),
+            family: "engines".into(),
+            kernel: engines::build_req_to_token()?,
+            inputs: vec!["batch".into()],
+            grid: grid(),
+            config: config(),
+        },
+    ])
 }
 
 /// Every configuration of the stock families this crate can bundle: quantization and
@@ -234,6 +291,7 @@ pub fn all_kernels() -> Result<Vec<BundleKernel>> {
             }
         }
     }
+    out.extend(converter_kernels()?);
     let mut seen = std::collections::HashSet::new();
     out.retain(|k| seen.insert(k.name.clone()));
     Ok(out)

@@ -107,6 +107,30 @@ static inline int dusk_attn_merge_dense_d128_f16(CUstream stream, CUdeviceptr pa
     return dusk_launch("attn_merge_dense_d128_f16", stream, args, 5, inputs, 1);
 }
 
+/* attn_split_dense_d128_g4_f16_l2 (attention_split): {"block_tokens":8,"dtype":"f16","group":4,"head_dim":128,"l2_prefetch":true,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":false,"source":"dense","stream_kv":true,"tensor_cores":true}
+ * grid (rows, chunks, 1), 32 threads a program. */
+static inline int dusk_attn_split_dense_d128_g4_f16_l2(CUstream stream, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr part_o, CUdeviceptr part_lse, int32_t num_q_heads, int32_t num_kv_heads, int32_t chunk_tokens, int32_t max_chunks, float scale_log2, uint64_t rows, uint64_t chunks) {
+    void *args[] = {&q, &k, &v, &kv_indptr, &kv_page_indices, &kv_last_page_len, &part_o, &part_lse, &num_q_heads, &num_kv_heads, &chunk_tokens, &max_chunks, &scale_log2};
+    const uint64_t inputs[] = {rows, chunks};
+    return dusk_launch("attn_split_dense_d128_g4_f16_l2", stream, args, 13, inputs, 2);
+}
+
+/* vllm_to_csr (engines): {"block_pages":128}
+ * grid (batch, ceil(max_pages / 128), 1), 128 threads a program. */
+static inline int dusk_vllm_to_csr(CUstream stream, CUdeviceptr block_table, CUdeviceptr seq_lens, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, int32_t row_stride, int32_t max_pages, int32_t page_size, int32_t num_pages, uint64_t batch) {
+    void *args[] = {&block_table, &seq_lens, &kv_indptr, &kv_page_indices, &kv_last_page_len, &row_stride, &max_pages, &page_size, &num_pages};
+    const uint64_t inputs[] = {batch};
+    return dusk_launch("vllm_to_csr", stream, args, 9, inputs, 1);
+}
+
+/* sglang_to_csr (engines): {"block_pages":128}
+ * grid (batch, ceil(max_pages / 128), 1), 128 threads a program. */
+static inline int dusk_sglang_to_csr(CUstream stream, CUdeviceptr req_to_token, CUdeviceptr req_pool_indices, CUdeviceptr seq_lens, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, int32_t row_stride, int32_t pool_rows, int32_t max_pages, int32_t page_size, int32_t num_pages, uint64_t batch) {
+    void *args[] = {&req_to_token, &req_pool_indices, &seq_lens, &kv_indptr, &kv_page_indices, &kv_last_page_len, &row_stride, &pool_rows, &max_pages, &page_size, &num_pages};
+    const uint64_t inputs[] = {batch};
+    return dusk_launch("sglang_to_csr", stream, args, 11, inputs, 1);
+}
+
 #ifdef __cplusplus
 }
 #endif

@@ -13,6 +13,17 @@ pub enum DuskError {
         expected: String,
         found: String,
     },
+    /// On a GPU without the `jit` feature (no LLVM): the bundle does not hold this kernel.
+    #[error(
+        "kernel `{kernel}` (ir_hash {ir_hash}) is not in the bundle ({bundle}), and this build \
+         cannot compile PTX (dusk-kernels without the `jit` feature): write a bundle that \
+         holds it (`cargo dusk compile`), or build with `jit`"
+    )]
+    NotInBundle {
+        kernel: String,
+        ir_hash: String,
+        bundle: String,
+    },
     #[error(transparent)]
     Compile(#[from] CompileError),
     #[error(transparent)]

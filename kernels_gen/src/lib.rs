@@ -9,12 +9,14 @@
 //! - [`ops`]: validated, compiled-once entry points for both ([`ops::Dusk`]).
 //! - [`selectors`]: token selectors (Quest, the selector API, the shared device-side
 //!   top-k): the select stage before the pruner.
+//! - [`engines`]: vLLM's and SGLang's page tables to dusk's CSR, on the device.
 //! - [`paged`]: the paged KV cache and token-list descriptions the entry points check.
 //! - [`mod@reference`]: plain host versions, the oracles of tests and GPU checks.
 //! - [`timeline`]: per-program clock records, a diagnosis option of attention and search.
 
 pub mod attention;
 pub mod attention_ops;
+pub mod engines;
 pub mod error;
 pub mod ops;
 pub mod paged;

@@ -5,49 +5,72 @@
 //! validates and uploads the index metadata once; its `run` only checks buffer lengths
 //! and launches, with no allocation and no host sync.
 
-use crate::error::{ensure, invalid, Result};
+use crate::error::{ensure, invalid, DuskError, Result};
 use crate::paged::{KvShape, PageTable, TokenLists};
 use crate::quantize::{self, QuantizeConfig};
 use crate::spgemv::{self, SpgemvConfig};
+#[cfg(feature = "jit")]
 use dusk_compiler::codegen::{self, Target};
 use dusk_compiler::Kernel;
-use dusk_runtime::{Arg, Buffer, Device, LoadedKernel};
+use dusk_runtime::bundle::KernelEntry;
+use dusk_runtime::{Arg, Buffer, Bundle, Device, LoadedKernel};
 use half::f16;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// A device and the kernels compiled for it so far.
+/// A device and the kernels loaded on it so far.
+///
+/// On a GPU a kernel's PTX comes from the bundle given to [`Dusk::with_bundle`] when the
+/// bundle holds that kernel (the same IR: its manifest's `ir_hash`), and is otherwise
+/// compiled through LLVM when first used (feature `jit`, on by default). Built without
+/// `jit`, nothing links LLVM, and a kernel that the bundle lacks is an error
+/// ([`DuskError::NotInBundle`]). On the CPU the interpreter runs the kernels' IR.
 pub struct Dusk {
     device: Device,
+    #[cfg(feature = "jit")]
     target: Option<Target>,
+    bundle: Option<Arc<Bundle>>,
     loaded: Mutex<HashMap<String, Arc<LoadedKernel>>>,
 }
 
 impl Dusk {
     /// Kernels for `device`; on a GPU the target (sm_90a for Hopper, sm_80 otherwise) and
-    /// PTX ISA come from the device and its driver.
+    /// PTX ISA come from the device and its driver. Without the `jit` feature a GPU needs
+    /// a bundle: use [`Dusk::with_bundle`].
     pub fn new(device: Device) -> Result<Dusk> {
-        let target = if device.is_gpu() {
-            let cc = device.compute_capability().unwrap_or((8, 0));
-            let base = match cc {
-                (9, 0) => Target::sm90a(),
-                (major, _) if major >= 8 => Target::sm80(),
-                other => {
-                    return Err(invalid(
-                        "device",
-                        "compute capability 8.0 or newer",
-                        format!("{}.{}", other.0, other.1),
-                    ))
-                }
-            };
-            let driver = device.driver_version().unwrap_or((12, 0));
-            Some(base.for_driver(driver)?)
-        } else {
-            None
-        };
+        check_compute_capability(&device)?;
+        #[cfg(not(feature = "jit"))]
+        if device.is_gpu() {
+            return Err(invalid(
+                "device",
+                "the CPU, or a GPU with a bundle of its kernels (Dusk::with_bundle): \
+                 dusk-kernels was built without the `jit` feature, so it cannot compile PTX",
+                device.name(),
+            ));
+        }
         Ok(Dusk {
+            #[cfg(feature = "jit")]
+            target: jit_target(&device)?,
             device,
-            target,
+            bundle: None,
+            loaded: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Kernels for `device` taken from `bundle` (ahead-of-time PTX: no LLVM, no CUDA
+    /// toolkit) wherever it holds them; see [`Dusk`]. Fails when the bundle was written
+    /// for another architecture than the GPU's (`sm_90a` runs on 9.0 only). On the CPU
+    /// the bundle is kept but unused: the interpreter runs the IR.
+    pub fn with_bundle(device: Device, bundle: Arc<Bundle>) -> Result<Dusk> {
+        check_compute_capability(&device)?;
+        if device.is_gpu() {
+            bundle.check_arch(device.compute_capability())?;
+        }
+        Ok(Dusk {
+            #[cfg(feature = "jit")]
+            target: jit_target(&device)?,
+            device,
+            bundle: Some(bundle),
             loaded: Mutex::new(HashMap::new()),
         })
     }
@@ -56,7 +79,13 @@ impl Dusk {
         &self.device
     }
 
+    /// The bundle kernels are taken from first, if any.
+    pub fn bundle(&self) -> Option<&Arc<Bundle>> {
+        self.bundle.as_ref()
+    }
+
     /// The PTX target kernels are compiled for (`None` on the CPU).
+    #[cfg(feature = "jit")]
     pub fn target(&self) -> Option<Target> {
         self.target
     }
@@ -78,13 +107,51 @@ impl Dusk {
             return Ok(k.clone());
         }
         let ir = Arc::new(build()?);
-        let ptx = match &self.target {
-            Some(t) => Some(codegen::compile_cached(&ir, t)?.0),
-            None => None,
+        let ptx = if self.device.is_gpu() {
+            Some(self.ptx_for(&ir)?)
+        } else {
+            None
         };
         let k = Arc::new(self.device.load_kernel(ir, ptx.as_deref())?);
         loaded.insert(key, k.clone());
         Ok(k)
+    }
+
+    /// Every kernel loaded so far (by the plans made with this `Dusk`), in no order.
+    pub fn loaded_kernels(&self) -> Vec<Arc<LoadedKernel>> {
+        let loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        loaded.values().cloned().collect()
+    }
+
+    /// The bundle's entry for `ir` (same entry name and `ir_hash`), if the bundle holds it.
+    pub fn bundle_entry(&self, ir: &Kernel) -> Option<&KernelEntry> {
+        let bundle = self.bundle.as_ref()?;
+        let hash = ir_hash(&dusk_compiler::print::print_kernel(ir));
+        bundle
+            .manifest()
+            .kernels
+            .iter()
+            .find(|k| k.ir_hash == hash && k.entry == ir.name)
+    }
+
+    /// The PTX of `ir`: the bundle's when it holds this IR, else compiled (`jit`).
+    fn ptx_for(&self, ir: &Kernel) -> Result<Arc<str>> {
+        if let (Some(bundle), Some(entry)) = (&self.bundle, self.bundle_entry(ir)) {
+            return Ok(Arc::from(bundle.ptx(&entry.name)?));
+        }
+        let hash = ir_hash(&dusk_compiler::print::print_kernel(ir));
+        #[cfg(feature = "jit")]
+        if let Some(t) = &self.target {
+            return Ok(codegen::compile_cached(ir, t)?.0);
+        }
+        Err(DuskError::NotInBundle {
+            kernel: ir.name.clone(),
+            ir_hash: hash,
+            bundle: self
+                .bundle
+                .as_ref()
+                .map_or("none".into(), |b| b.dir().display().to_string()),
+        })
     }
 
     /// Quantizes a K cache (f16, `kv` shape, the engine's layout) to `bits` (4 or 8) per
@@ -414,4 +481,42 @@ impl SpgemvPlan {
         dusk.device().launch(&self.kernel, self.grid, &args)?;
         Ok(())
     }
+}
+
+/// The architectures dusk's kernels need: compute capability 8.0 or newer.
+fn check_compute_capability(device: &Device) -> Result<()> {
+    match device.compute_capability() {
+        Some((major, minor)) if major < 8 => Err(invalid(
+            "device",
+            "compute capability 8.0 or newer",
+            format!("{major}.{minor}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The target kernels are compiled for on `device` (sm_90a for Hopper, sm_80 otherwise),
+/// with the PTX ISA its driver reads; `None` on the CPU.
+#[cfg(feature = "jit")]
+fn jit_target(device: &Device) -> Result<Option<Target>> {
+    if !device.is_gpu() {
+        return Ok(None);
+    }
+    let base = match device.compute_capability().unwrap_or((8, 0)) {
+        (9, 0) => Target::sm90a(),
+        _ => Target::sm80(),
+    };
+    let driver = device.driver_version().unwrap_or((12, 0));
+    Ok(Some(base.for_driver(driver)?))
+}
+
+/// A kernel's identity in a bundle manifest (`ir_hash`): FNV-1a (64 bits) of its printed
+/// IR, as 16 hex digits (what `dusk_aot::bundle::ir_hash` writes).
+pub fn ir_hash(printed_ir: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in printed_ir.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
 }

@@ -191,7 +191,25 @@ impl Bundle {
         let path = dir.join("manifest.json");
         let text = std::fs::read_to_string(&path)
             .map_err(|e| bad(dir, format!("cannot read {}: {e}", path.display())))?;
-        let manifest: Manifest = serde_json::from_str(&text).map_err(|e| {
+        Self::from_files(dir, &text, |name| {
+            let file = dir.join(name);
+            std::fs::read_to_string(&file)
+                .map_err(|e| format!("cannot read {}: {e}", file.display()))
+        })
+    }
+
+    /// A bundle whose manifest is `manifest` and whose PTX files `read` gives by name (as
+    /// the manifest's `ptx` fields name them), with the checks of [`Bundle::open`]: for a
+    /// bundle built into a program (`include_str!`) rather than read from a directory.
+    /// `dir` is only how errors name it.
+    pub fn from_files(
+        dir: impl AsRef<Path>,
+        manifest: &str,
+        mut read: impl FnMut(&str) -> std::result::Result<String, String>,
+    ) -> Result<Bundle> {
+        let dir = dir.as_ref();
+        let text = manifest;
+        let manifest: Manifest = serde_json::from_str(text).map_err(|e| {
             bad(
                 dir,
                 format!("manifest.json is not a format-{FORMAT} manifest: {e}"),
@@ -230,9 +248,7 @@ impl Bundle {
             if !(1..=32).contains(&k.launch.num_warps) {
                 return Err(kerr(format!("{} warps per program", k.launch.num_warps)));
             }
-            let file = dir.join(&k.ptx);
-            let text = std::fs::read_to_string(&file)
-                .map_err(|e| kerr(format!("cannot read {}: {e}", file.display())))?;
+            let text = read(&k.ptx).map_err(kerr)?;
             if !text
                 .lines()
                 .any(|l| l.contains(".entry") && l.contains(&format!("{}(", k.entry)))

@@ -4,8 +4,15 @@
 
 use crate::error::{driver, Result, RuntimeError};
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
+
+thread_local! {
+    /// The stream this thread's launches go to instead of their device's own, while a
+    /// [`Device::with_stream`] call runs: (the device's `Gpu` address, the `CUstream`).
+    static LAUNCH_STREAM: Cell<Option<(usize, usize)>> = const { Cell::new(None) };
+}
 
 /// A device kernels run on. Cheap to clone: clones share the context and stream.
 ///
@@ -25,6 +32,17 @@ pub(crate) enum Backend {
 }
 
 /// A GPU device: its context, its stream, and the properties queried once at creation.
+impl Gpu {
+    /// See [`Device::launch_stream`].
+    pub(crate) fn launch_stream(self: &Arc<Self>) -> sys::CUstream {
+        let key = Arc::as_ptr(self) as usize;
+        match LAUNCH_STREAM.with(|s| s.get()) {
+            Some((k, stream)) if k == key => stream as sys::CUstream,
+            _ => self.stream.cu_stream(),
+        }
+    }
+}
+
 pub(crate) struct Gpu {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
@@ -120,6 +138,41 @@ impl Device {
     /// with other CUDA code (order their work against it with events); `None` on the CPU.
     pub fn cuda_stream(&self) -> Option<&Arc<CudaStream>> {
         self.gpu_inner().map(|g| &g.stream)
+    }
+
+    /// Runs `f` with every kernel launch this thread makes on this device queued on
+    /// `stream` instead of the device's own stream: the caller's stream (PyTorch's
+    /// `torch.cuda.current_stream().cuda_stream`, an engine's), so that dusk's kernels
+    /// are ordered with the caller's work, and captured into the caller's CUDA graph, with
+    /// no event or synchronisation between them. Only launches move; copies, allocations
+    /// and [`Device::synchronize`] stay on the device's stream. Calls nest (the innermost
+    /// stream wins) and the previous stream is restored when `f` returns or unwinds. On
+    /// the CPU this just calls `f`.
+    ///
+    /// # Safety
+    /// `stream` must be a stream of this device's context (the primary context, which
+    /// PyTorch and CuPy use) that stays valid until the work launched on it has run; and
+    /// buffers the device's own stream allocated or filled (a plan's) must be ready before
+    /// `f` launches on `stream` (synchronise the device after making them).
+    pub unsafe fn with_stream<R>(&self, stream: sys::CUstream, f: impl FnOnce() -> R) -> R {
+        let Some(g) = self.gpu_inner() else {
+            return f();
+        };
+        struct Restore(Option<(usize, usize)>);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                LAUNCH_STREAM.with(|s| s.set(self.0));
+            }
+        }
+        let key = Arc::as_ptr(g) as usize;
+        let _restore = Restore(LAUNCH_STREAM.with(|s| s.replace(Some((key, stream as usize)))));
+        f()
+    }
+
+    /// The stream launches on this device go to from this thread: the one set by
+    /// [`Device::with_stream`], else the device's own. `None` on the CPU.
+    pub fn launch_stream(&self) -> Option<sys::CUstream> {
+        self.gpu_inner().map(|g| g.launch_stream())
     }
 
     pub(crate) fn gpu_inner(&self) -> Option<&Arc<Gpu>> {

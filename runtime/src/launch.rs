@@ -5,7 +5,7 @@ use crate::buffer::AnyBuffer;
 use crate::device::{panic_message, Backend, Device, Gpu};
 use crate::error::{driver, Result, RuntimeError};
 use crate::kernel::{describe_param, Arg, GpuKernel, LoadedKernel};
-use cudarc::driver::{sys, LaunchConfig, PushKernelArg};
+use cudarc::driver::sys;
 use dusk_compiler::interp::{self, ArgValue};
 use dusk_compiler::{Elem, Kernel};
 use std::sync::Arc;
@@ -131,23 +131,37 @@ fn launch_gpu(g: &Arc<Gpu>, kernel: &LoadedKernel, grid: [u32; 3], args: &[Arg<'
             Arg::Bool(v) => *v as u64,
         })
         .collect();
+    let stream = g.launch_stream();
+    g.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
     if gk.early_start {
-        return launch_early(g, gk, grid, ir.num_threads(), &slots);
+        return launch_early(stream, gk, grid, ir.num_threads(), &slots);
     }
-    let cfg = LaunchConfig {
-        grid_dim: (grid[0], grid[1], grid[2]),
-        block_dim: (ir.num_threads(), 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let mut launch = g.stream.launch_builder(&gk.func);
-    for s in &slots {
-        launch.arg(s);
-    }
+    let mut ptrs: Vec<*mut std::ffi::c_void> = slots
+        .iter()
+        .map(|s| s as *const u64 as *mut std::ffi::c_void)
+        .collect();
     // SAFETY: the arguments were checked against the kernel's parameters (count, pointer or
     // scalar, element type, device); the function is from the module compiled from the
-    // same IR.
-    unsafe { launch.launch(cfg) }.map_err(driver("cuLaunchKernel"))?;
-    Ok(())
+    // same IR, in the context bound above; each pointer in `ptrs` points at one 8-byte slot
+    // of `slots`, alive until this call returns; `stream` belongs to that context (the
+    // device's own, or the caller's per `Device::with_stream`).
+    unsafe {
+        sys::cuLaunchKernel(
+            gk.func.cu_function(),
+            grid[0],
+            grid[1],
+            grid[2],
+            ir.num_threads(),
+            1,
+            1,
+            0,
+            stream,
+            ptrs.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()
+    .map_err(driver("cuLaunchKernel"))
 }
 
 /// `cuLaunchKernelEx` with programmatic stream serialization: the kernel's programs may
@@ -155,7 +169,7 @@ fn launch_gpu(g: &Arc<Gpu>, kernel: &LoadedKernel, grid: [u32; 3], args: &[Arg<'
 /// for its end themselves (programmatic dependent launch; CUDA graphs captured from the
 /// stream keep the edge).
 fn launch_early(
-    g: &Arc<Gpu>,
+    stream: sys::CUstream,
     gk: &GpuKernel,
     grid: [u32; 3],
     threads: u32,
@@ -179,7 +193,7 @@ fn launch_early(
         blockDimY: 1,
         blockDimZ: 1,
         sharedMemBytes: 0,
-        hStream: g.stream.cu_stream(),
+        hStream: stream,
         attrs: &mut attr,
         numAttrs: 1,
     };
@@ -218,6 +232,48 @@ fn launch_cpu(ir: &Kernel, grid: [u32; 3], args: &[Arg<'_>]) -> Result<()> {
             found: b.describe_owner(),
         })?);
     }
+    // Borrowed host memory may overlap (two views of one array). Views of exactly the same
+    // bytes become one buffer of the interpreter; any other overlap is refused, since the
+    // interpreter needs each buffer's bytes to itself.
+    let spans: Vec<(usize, usize)> = guards
+        .iter()
+        .map(|g| (g.as_ptr() as usize, g.len()))
+        .collect();
+    let mut slot = vec![0usize; spans.len()];
+    let mut first = vec![false; spans.len()];
+    let mut slots = 0;
+    for (i, &span) in spans.iter().enumerate() {
+        match (0..i).find(|&j| span.1 > 0 && spans[j] == span) {
+            Some(j) => slot[i] = slot[j],
+            None => {
+                (slot[i], first[i]) = (slots, true);
+                slots += 1;
+            }
+        }
+    }
+    for (i, &(a, n)) in spans.iter().enumerate() {
+        for (j, &(b, m)) in spans.iter().enumerate().skip(i + 1) {
+            if slot[i] != slot[j] && n > 0 && m > 0 && a < b + m && b < a + n {
+                let name = |k: usize| {
+                    let at = distinct[k] as *const AnyBuffer as usize;
+                    args.iter()
+                        .zip(&ir.params)
+                        .find(|(a, _)| {
+                            matches!(a, Arg::Buffer(b) if *b as *const AnyBuffer as usize == at)
+                        })
+                        .map_or("?".to_string(), |(_, p)| format!("`{}`", p.name))
+                };
+                return Err(RuntimeError::InvalidLaunch {
+                    kernel: ir.name.clone(),
+                    msg: format!(
+                        "the buffers given as {} and {} share memory; give each its own",
+                        name(i),
+                        name(j)
+                    ),
+                });
+            }
+        }
+    }
     let values: Vec<ArgValue> = args
         .iter()
         .map(|a| match a {
@@ -226,7 +282,7 @@ fn launch_cpu(ir: &Kernel, grid: [u32; 3], args: &[Arg<'_>]) -> Result<()> {
                 let buffer = distinct
                     .iter()
                     .position(|d| *d as *const AnyBuffer as usize == at)
-                    .unwrap_or(0);
+                    .map_or(0, |i| slot[i]);
                 ArgValue::Ptr {
                     buffer,
                     offset_bytes: 0,
@@ -239,7 +295,12 @@ fn launch_cpu(ir: &Kernel, grid: [u32; 3], args: &[Arg<'_>]) -> Result<()> {
             Arg::Bool(v) => ArgValue::Bool(*v),
         })
         .collect();
-    let mut memory: Vec<&mut [u8]> = guards.iter_mut().map(|g| g.as_mut_slice()).collect();
+    let mut memory: Vec<&mut [u8]> = guards
+        .iter_mut()
+        .enumerate()
+        .filter(|(i, _)| first[*i])
+        .map(|(_, g)| &mut ***g)
+        .collect();
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         interp::run(ir, grid, &values, &mut memory)
     }));

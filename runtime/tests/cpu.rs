@@ -364,3 +364,94 @@ fn rotation_sets_exceed_twice_the_l2() {
     assert_eq!(Device::cpu().rotation_sets(4096), 1);
     assert_eq!(Device::cpu().l2_bytes(), None);
 }
+
+#[test]
+fn borrowed_host_memory_is_read_and_written_in_place() {
+    let dev = Device::cpu();
+    let k = dev.load_kernel(scale_kernel(), None).unwrap();
+    let n = 300;
+    let mut xs: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let mut ys = vec![f32::NAN; n];
+    // SAFETY: both vectors outlive the buffers and are not touched while they are used.
+    let (x, y) = unsafe {
+        (
+            dev.borrow_host(xs.as_mut_ptr(), n).unwrap(),
+            dev.borrow_host(ys.as_mut_ptr(), n).unwrap(),
+        )
+    };
+    assert!(x.untyped().is_borrowed() && !dev.alloc::<f32>(1).unwrap().untyped().is_borrowed());
+    assert_eq!(x.untyped().address(), xs.as_ptr() as u64);
+    let grid = [(n as u32).div_ceil(128), 1, 1];
+    let args = [
+        Arg::from(&x),
+        Arg::from(&y),
+        Arg::F32(3.0),
+        Arg::I32(n as i32),
+    ];
+    dev.launch(&k, grid, &args).unwrap();
+    drop((x, y));
+    assert_eq!(ys, xs.iter().map(|v| v * 3.0).collect::<Vec<_>>());
+
+    // Two views that overlap are refused before the interpreter runs, naming both.
+    let (a, b) = unsafe {
+        (
+            dev.borrow_host(xs.as_mut_ptr(), 200).unwrap(),
+            dev.borrow_host(xs.as_mut_ptr().add(100), 200).unwrap(),
+        )
+    };
+    let e = dev
+        .launch(
+            &k,
+            grid,
+            &[Arg::from(&a), Arg::from(&b), Arg::F32(1.0), Arg::I32(200)],
+        )
+        .unwrap_err();
+    assert!(
+        matches!(e, RuntimeError::InvalidLaunch { .. }) && e.to_string().contains("`x` and `y`"),
+        "{e}"
+    );
+    drop((a, b));
+
+    // Two views of exactly the same memory are one buffer to the interpreter (in place).
+    let (a, b) = unsafe {
+        (
+            dev.borrow_host(xs.as_mut_ptr(), 200).unwrap(),
+            dev.borrow_host(xs.as_mut_ptr(), 200).unwrap(),
+        )
+    };
+    dev.launch(
+        &k,
+        grid,
+        &[Arg::from(&a), Arg::from(&b), Arg::F32(0.5), Arg::I32(200)],
+    )
+    .unwrap();
+    drop((a, b));
+    assert_eq!(xs[199], 199.0 * 0.5);
+    assert_eq!(xs[200], 200.0);
+
+    // Copies, poisoning and downloads work on borrowed memory too.
+    let mut z = unsafe { dev.borrow_host(ys.as_mut_ptr(), n).unwrap() };
+    dev.fill_bytes(&mut z, 0).unwrap();
+    z.copy_from_host(&vec![2.0; n]).unwrap();
+    assert_eq!(z.download().unwrap(), vec![2.0; n]);
+    drop(z);
+    assert_eq!(ys, vec![2.0; n]);
+
+    // Bad addresses are errors; a GPU-only borrow fails on the CPU.
+    let e = unsafe { dev.borrow_host::<f32>(std::ptr::null_mut(), 4) }.unwrap_err();
+    assert!(e.to_string().contains("null"), "{e}");
+    let misaligned = unsafe { xs.as_mut_ptr().cast::<u8>().add(1).cast::<f32>() };
+    assert!(unsafe { dev.borrow_host(misaligned, 4) }.is_err());
+    assert!(unsafe { dev.borrow_device::<f32>(0x1000, 4) }.is_err());
+    // An empty borrow needs no address.
+    assert!(unsafe { dev.borrow_host::<f32>(std::ptr::null_mut(), 0) }.is_ok());
+}
+
+#[test]
+fn with_stream_on_the_cpu_just_runs() {
+    let dev = Device::cpu();
+    assert!(dev.launch_stream().is_none());
+    // SAFETY: on the CPU the stream is never used.
+    let r = unsafe { dev.with_stream(std::ptr::null_mut(), || 7) };
+    assert_eq!(r, 7);
+}

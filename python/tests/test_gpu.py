@@ -1,0 +1,302 @@
+"""The package on a CUDA GPU with PyTorch: the kernels from the built-in bundle (no LLVM),
+torch tensors in and out without copies, the caller's current stream, CUDA graph capture
+and replay, and the host time of a run. Skipped where torch or a GPU is missing (CI)."""
+
+import time
+
+import numpy as np
+import pytest
+
+import dusk
+import reference as ref
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU", allow_module_level=True)
+
+DEV = "cuda"
+PAGE = 16
+
+
+@pytest.fixture
+def gen():
+    return torch.Generator(device="cpu").manual_seed(7)
+
+
+def table(seq_lens, spare=3):
+    rng = np.random.default_rng(3)
+    indptr, ids, last, num_pages = ref.random_table(rng, seq_lens, PAGE)
+    return indptr, ids, last, num_pages + spare
+
+
+def test_kernels_come_from_the_bundle():
+    assert not dusk.JIT
+    a = dusk.AttentionPlan(DEV)
+    indptr, ids, last, num_pages = table([300] * 4)
+    a.plan(indptr, ids, last, num_qo_heads=8, num_kv_heads=2, head_dim=128, page_size=PAGE, num_pages=num_pages)
+    kernels = dict(dusk.loaded_kernels(DEV))
+    assert kernels and set(kernels.values()) == {"bundle"}, kernels
+
+
+def test_pointers_are_the_callers():
+    x = torch.zeros(1000, dtype=torch.float16, device=DEV)
+    assert dusk.data_ptr(x) == x.data_ptr()
+    assert dusk.data_ptr(x[10:]) == x[10:].data_ptr()
+
+
+def test_quantize_and_spgemv_on_the_gpu(gen):
+    seq_lens = [200, 77]
+    hkv, hq, d = 2, 8, 128
+    indptr, ids, last, num_pages = table(seq_lens)
+    k = torch.randn((num_pages, PAGE, hkv, d), generator=gen).half()
+    kg = k.to(DEV)
+    pshape, sshape = dusk.quantized_k_shapes(k.shape)
+    packed = torch.empty(pshape, dtype=torch.uint8, device=DEV)
+    scale = torch.empty(sshape, dtype=torch.float16, device=DEV)
+    zero = torch.empty(sshape, dtype=torch.float16, device=DEV)
+    dusk.quantize_k(kg, packed, scale, zero)
+    want_p, want_s, want_z = ref.quantize(k.numpy(), 4)
+    np.testing.assert_array_equal(scale.cpu().numpy(), want_s)
+    np.testing.assert_array_equal(zero.cpu().numpy(), want_z)
+    for hq in (8, 2):  # tensor cores (group 4) and dp2a (MHA)
+        cand_indptr, cand_indices = [0], []
+        for n in seq_lens:
+            for _ in range(hkv):
+                cand_indices.extend(range(n))
+                cand_indptr.append(len(cand_indices))
+        s = dusk.SpgemvPlan(DEV)
+        s.plan(indptr, ids, last, cand_indptr, cand_indices, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, num_pages=num_pages)
+        q = torch.randn((len(seq_lens), hq, d), generator=gen).half()
+        scores = torch.full((s.num_scores,), float("nan"), device=DEV)
+        s.run(q.to(DEV), packed, scale, zero, scores)
+        kd = ref.dequantize(packed.cpu().numpy(), scale.cpu().numpy(), zero.cpu().numpy(), 4)
+        want = ref.spgemv(q.numpy(), kd, indptr, ids, PAGE, np.array(cand_indptr), np.array(cand_indices), hkv)
+        got = scores.cpu().numpy()
+        assert np.abs(got - want).max() / np.abs(want).max() < 2e-3
+
+
+def test_prune_on_the_gpu_exports_torch_views(gen):
+    lens = [300, 1, 0, 2000]
+    cand_indptr = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    cand_indices = np.concatenate([np.arange(n) for n in lens]).astype(np.int32)
+    scores = (torch.randn(len(cand_indices), generator=gen) * 3).to(DEV)
+    p = dusk.PrunePlan(DEV)
+    p.plan(cand_indptr, cand_indices, policy="top_p", params={"p": 0.9}, group=1, sm_scale=1.0)
+    p.run(scores)
+    sel = torch.from_dlpack(p.sel_indices)
+    assert sel.is_cuda and sel.data_ptr() == p.sel_indices.data_ptr
+    sp = torch.from_dlpack(p.sel_indptr).cpu().numpy()
+    si = sel.cpu().numpy()
+    sc = scores.cpu().numpy()
+    for r in range(len(lens)):
+        s, e = cand_indptr[r], cand_indptr[r + 1]
+        ref.check_pruned(si[sp[r] : sp[r + 1]], cand_indices[s:e], [ref.softmax(sc[s:e])], "top_p", [{"p": 0.9}])
+
+
+def attention_inputs(gen, seq_lens, hkv, hq, d):
+    indptr, ids, last, num_pages = table(seq_lens)
+    k = torch.randn((num_pages, PAGE, hkv, d), generator=gen).half()
+    v = torch.randn((num_pages, PAGE, hkv, d), generator=gen).half()
+    q = torch.randn((len(seq_lens), hq, d), generator=gen).half()
+    return indptr, ids, last, num_pages, q, k, v
+
+
+def test_attention_dense_and_group_on_the_gpu(gen):
+    seq_lens = [500, 37, 1000]
+    hkv, hq, d = 2, 8, 128
+    indptr, ids, last, num_pages, q, k, v = attention_inputs(gen, seq_lens, hkv, hq, d)
+    kg, vg = k.to(DEV), v.to(DEV)
+    a = dusk.AttentionPlan(DEV)
+    a.plan(indptr, ids, last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=PAGE, num_pages=num_pages)
+    out = torch.empty_like(q, device=DEV)
+    lse = torch.empty(q.shape[:2], device=DEV)
+    a.run(q.to(DEV), kg, vg, out, lse)
+    rows = lambda b, h: np.arange(ref.seq_len(indptr, last, PAGE, b))  # noqa: E731
+    want, want_lse = ref.attention(q.numpy(), k.numpy(), v.numpy(), indptr, ids, last, PAGE, rows, d**-0.5)
+    np.testing.assert_allclose(out.cpu().double().numpy(), want, atol=2e-2)
+    np.testing.assert_allclose(lse.cpu().numpy(), want_lse, atol=1e-2)
+
+    rng = np.random.default_rng(5)
+    sel_indptr, sel_indices = [0], []
+    for n in seq_lens:
+        for _ in range(hkv):
+            m = int(rng.integers(1, min(n, 256) + 1))
+            sel_indices.extend(np.sort(rng.choice(n, m, replace=False)).tolist())
+            sel_indptr.append(len(sel_indices))
+    g = dusk.AttentionPlan(DEV)
+    g.plan(indptr, ids, last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=PAGE, num_pages=num_pages, mode="group", sel_indptr=sel_indptr, sel_indices=sel_indices)
+    g.run(q.to(DEV), kg, vg, out, lse)
+    group = hq // hkv
+    rows = lambda b, h: sel_indices[sel_indptr[b * hkv + h // group] : sel_indptr[b * hkv + h // group + 1]]  # noqa: E731
+    want, _ = ref.attention(q.numpy(), k.numpy(), v.numpy(), indptr, ids, last, PAGE, rows, d**-0.5)
+    np.testing.assert_allclose(out.cpu().double().numpy(), want, atol=2e-2)
+
+
+def test_converters_on_the_gpu():
+    rng = np.random.default_rng(2)
+    block_table = rng.integers(0, 400, (6, 40)).astype(np.int32)
+    seq_lens = np.array([0, 16, 17, 300, 639, 5], np.int32)
+    outs = [torch.full((n,), -1, dtype=torch.int32, device=DEV) for n in (7, 6 * 40, 6)]
+    dusk.vllm_to_csr(torch.from_numpy(block_table).to(DEV), torch.from_numpy(seq_lens).to(DEV), *outs, page_size=PAGE, num_pages=400)
+    ip = [0]
+    pages = []
+    for b, n in enumerate(seq_lens):
+        m = (n + PAGE - 1) // PAGE
+        pages.extend(block_table[b, :m].tolist())
+        ip.append(len(pages))
+    assert outs[0].tolist() == ip
+    assert outs[1][: ip[-1]].tolist() == pages
+    req_to_token = torch.arange(4 * 64, dtype=torch.int32, device=DEV).reshape(4, 64)
+    dusk.sglang_to_csr(req_to_token, torch.tensor([2, 0], dtype=torch.int32, device=DEV), torch.tensor([5, 64], dtype=torch.int32, device=DEV), outs[0][:3], outs[1][:128], outs[2][:2], num_pages=256)
+    assert outs[0][:3].tolist() == [0, 5, 69]
+    assert outs[1][:5].tolist() == [128, 129, 130, 131, 132]
+
+
+def test_runs_go_on_the_current_stream(gen):
+    # q is produced by a slow kernel on a side stream; dusk, called under that stream,
+    # must read it after the kernel (same stream, no sync in between).
+    seq_lens = [2000] * 8
+    hkv, hq, d = 2, 8, 128
+    indptr, ids, last, num_pages, q, k, v = attention_inputs(gen, seq_lens, hkv, hq, d)
+    kg, vg = k.to(DEV), v.to(DEV)
+    a = dusk.AttentionPlan(DEV)
+    a.plan(indptr, ids, last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=PAGE, num_pages=num_pages)
+    qg = torch.zeros_like(q, device=DEV)
+    out = torch.zeros_like(qg)
+    qd = q.to(DEV)
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)  # keeps the stream busy for tens of ms
+        qg.copy_(qd)
+        a.run(qg, kg, vg, out)
+    side.synchronize()
+    rows = lambda b, h: np.arange(ref.seq_len(indptr, last, PAGE, b))  # noqa: E731
+    want, _ = ref.attention(q.numpy(), k.numpy(), v.numpy(), indptr, ids, last, PAGE, rows, d**-0.5)
+    np.testing.assert_allclose(out.cpu().double().numpy(), want, atol=2e-2)
+
+
+def test_a_captured_step_replays_like_eager_runs(gen):
+    # A decode step of the bundle's shapes (GQA 8/2, head_dim 128): the SpGEMV, a top-p
+    # search (the bundle's is for one query head a row: the same scores as rows per query
+    # head) and group attention over lists the step reads from device tensors, captured once
+    # in a CUDA graph and replayed with new q and new lists: equal to eager runs.
+    seq_lens = [700, 300, 1200, 64]
+    hkv, hq, d = 2, 8, 128
+    indptr, ids, last, num_pages, q, k, v = attention_inputs(gen, seq_lens, hkv, hq, d)
+    kg, vg = k.to(DEV), v.to(DEV)
+    pshape, sshape = dusk.quantized_k_shapes(k.shape)
+    packed = torch.empty(pshape, dtype=torch.uint8, device=DEV)
+    scale = torch.empty(sshape, dtype=torch.float16, device=DEV)
+    zero = torch.empty(sshape, dtype=torch.float16, device=DEV)
+    dusk.quantize_k(kg, packed, scale, zero)
+    cand_indptr, cand_indices = [0], []
+    for n in seq_lens:
+        for _ in range(hkv):
+            cand_indices.extend(range(n))
+            cand_indptr.append(len(cand_indices))
+    s = dusk.SpgemvPlan(DEV)
+    s.plan(indptr, ids, last, cand_indptr, cand_indices, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, num_pages=num_pages)
+    p = dusk.PrunePlan(DEV)
+    rows_q = [n for n in seq_lens for _ in range(hq)]
+    p_indptr = np.concatenate([[0], np.cumsum(rows_q)]).astype(np.int32)
+    p_indices = np.concatenate([np.arange(n) for n in rows_q]).astype(np.int32)
+    p.plan(p_indptr, p_indices, policy="top_p", params={"p": 0.9}, group=1, sm_scale=d**-0.5)
+    cap = 256
+    rows = len(seq_lens) * hkv
+    sel_indptr = torch.zeros(rows + 1, dtype=torch.int32, device=DEV)
+    sel_indices = torch.zeros(rows * cap, dtype=torch.int32, device=DEV)
+    a = dusk.AttentionPlan(DEV)
+    a.plan(indptr, ids, last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=PAGE, num_pages=num_pages, mode="group", sel_indptr=sel_indptr, sel_indices=sel_indices, device_lists=True, max_tokens=cap)
+    qg = torch.empty_like(q, device=DEV)
+    scores = torch.empty(s.num_scores, device=DEV)
+    out = torch.empty_like(qg)
+
+    def step():
+        s.run(qg, packed, scale, zero, scores)
+        p.run(scores)
+        a.run(qg, kg, vg, out)
+
+    rng = np.random.default_rng(9)
+
+    def inputs():
+        lists = [np.sort(rng.choice(n, min(n, int(rng.integers(1, cap + 1))), replace=False)) for n in seq_lens for _ in range(hkv)]
+        ip = np.concatenate([[0], np.cumsum([len(x) for x in lists])]).astype(np.int32)
+        return torch.randn(q.shape, generator=gen).half().to(DEV), torch.from_numpy(ip).to(DEV), torch.from_numpy(np.concatenate(lists).astype(np.int32)).to(DEV)
+
+    def load(x):
+        qg.copy_(x[0])
+        sel_indptr.copy_(x[1])
+        sel_indices[: len(x[2])].copy_(x[2])
+
+    def kept():
+        # The kept lists: entries past sel_indptr[-1] are whatever an earlier run left.
+        ip = torch.from_dlpack(p.sel_indptr).clone()
+        return ip, torch.from_dlpack(p.sel_indices)[: int(ip[-1])].clone()
+
+    steps = [inputs() for _ in range(3)]
+    eager = []
+    for x in steps:
+        load(x)
+        step()
+        eager.append((out.clone(), kept(), scores.clone()))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm up on a side stream, as torch's graph docs do
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for x, (want_out, want_sel, want_scores) in zip(steps, eager):
+        load(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(scores, want_scores)
+        got = kept()
+        assert torch.equal(got[0], want_sel[0]) and torch.equal(got[1], want_sel[1])
+        assert torch.equal(out, want_out)
+
+
+def test_host_time_of_a_run(gen):
+    seq_lens = [4096] * 32
+    hkv, hq, d = 8, 32, 128
+    indptr, ids, last, num_pages = table(seq_lens, spare=0)
+    k = torch.zeros((num_pages, PAGE, hkv, d), dtype=torch.float16, device=DEV)
+    q = torch.zeros((32, hq, d), dtype=torch.float16, device=DEV)
+    out = torch.empty_like(q)
+    a = dusk.AttentionPlan(DEV)
+    a.plan(indptr, ids, last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=PAGE, num_pages=num_pages)
+    stream = torch.cuda.current_stream().cuda_stream
+    for kw in ({}, {"stream": stream}):
+        for _ in range(50):
+            a.run(q, k, k, out, **kw)
+        torch.cuda.synchronize()
+        n = 500
+        t0 = time.perf_counter()
+        for _ in range(n):
+            a.run(q, k, k, out, **kw)
+        host = (time.perf_counter() - t0) / n * 1e6
+        torch.cuda.synchronize()
+        print(f"\nhost time of AttentionPlan.run ({'stream given' if kw else 'current stream looked up'}): {host:.1f} us a call")
+    cand = [0] + [4096 * (i + 1) for i in range(32 * hkv)]
+    idx = np.tile(np.arange(4096, dtype=np.int32), 32 * hkv)
+    p = dusk.PrunePlan(DEV)
+    p.plan(cand, idx, policy="top_p", params={"p": 0.9})
+    scores = torch.randn(len(idx), device=DEV)
+    for _ in range(50):
+        p.run(scores)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(500):
+        p.run(scores)
+    print(f"host time of PrunePlan.run: {(time.perf_counter() - t0) / 500 * 1e6:.1f} us a call")
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(2000):
+        dusk.data_ptr(q)
+    print(f"reading one torch tensor (dusk.data_ptr): {(time.perf_counter() - t0) / 2000 * 1e6:.2f} us")
+    t0 = time.perf_counter()
+    for _ in range(2000):
+        q.__dlpack__(stream=stream or 1)
+    print(f"torch's __dlpack__ alone: {(time.perf_counter() - t0) / 2000 * 1e6:.2f} us")
