@@ -48,13 +48,14 @@ POLICIES = ("top_p", "top_k", "ratio_to_max", "top_p_bounded")
 def quantized_k_shapes(k_shape, bits=4):
     """The shapes ``quantize_k`` writes for a K cache of ``k_shape`` (``[num_pages,
     page_size, num_kv_heads, head_dim]``): ``(packed, scale)``; ``zero`` is like
-    ``scale``. ``packed`` is uint8, ``scale`` and ``zero`` float16."""
+    ``scale``. ``packed`` is uint8, ``scale`` and ``zero`` float16, head-major (``[num_pages,
+    num_kv_heads, page_size, ...]``: one KV head's page is one contiguous block)."""
     pages, page_size, heads, head_dim = k_shape
     if bits not in (4, 8):
         raise InvalidArgument(
             f"invalid argument `bits`: expected 4 or 8, found {bits}", "bits", "4 or 8", str(bits)
         )
-    return (pages, page_size, heads, head_dim * bits // 8), (pages, page_size, heads)
+    return (pages, heads, page_size, head_dim * bits // 8), (pages, heads, page_size)
 
 
 __all__ = [

@@ -127,10 +127,12 @@ fn check_outputs(all: &[&Tensor], outputs: &[&Tensor]) -> PyResult<()> {
 /// 15` or `/ 255`, `zero = min`, both f16; two 4-bit codes a byte, low nibble first), into
 /// the caller's tensors:
 ///
-/// - `k`: float16 `[num_pages, page_size, num_kv_heads, head_dim]` (NHD pages);
-/// - `packed`: uint8 `[num_pages, page_size, num_kv_heads, head_dim * bits / 8]` (its last
-///   dimension gives `bits`);
-/// - `scale`, `zero`: float16 `[num_pages, page_size, num_kv_heads]`.
+/// - `k`: float16 `[num_pages, page_size, num_kv_heads, head_dim]` (NHD pages, the
+///   engine's);
+/// - `packed`: uint8 `[num_pages, num_kv_heads, page_size, head_dim * bits / 8]`, dusk's
+///   head-major copy: one KV head's page is one contiguous block (its last dimension gives
+///   `bits`);
+/// - `scale`, `zero`: float16 `[num_pages, num_kv_heads, page_size]`.
 ///
 /// One launch on the caller's stream; nothing is allocated.
 #[pyfunction]
@@ -181,9 +183,9 @@ pub fn quantize_k(
             pt.describe(),
         ));
     };
-    pt.expect(DType::U8, &[pages, page_size, heads, d * bits / 8])?;
-    st.expect(DType::F16, &[pages, page_size, heads])?;
-    zt.expect(DType::F16, &[pages, page_size, heads])?;
+    pt.expect(DType::U8, &[pages, heads, page_size, d * bits / 8])?;
+    st.expect(DType::F16, &[pages, heads, page_size])?;
+    zt.expect(DType::F16, &[pages, heads, page_size])?;
     check_outputs(&[kt, pt, st, zt], &[pt, st, zt])?;
     let kv = KvShape {
         num_pages: pages,
@@ -584,7 +586,8 @@ impl SpgemvPlanPy {
         };
         let kv = st.kv;
         qt.expect(DType::F16, &[st.batch, st.num_q_heads, kv.head_dim])?;
-        let rows = [kv.num_pages, kv.page_size, kv.num_kv_heads];
+        // dusk's head-major copy (see `quantize_k`).
+        let rows = [kv.num_pages, kv.num_kv_heads, kv.page_size];
         pt.expect(
             DType::U8,
             &[

@@ -29,7 +29,9 @@ def token_rows(cache, indptr, page_ids, page_size, b, positions, head):
 
 
 def quantize(k, bits):
-    """(packed, scale, zero) as quantize_k writes them (f32 arithmetic, f16 scale/zero)."""
+    """(packed, scale, zero) as quantize_k writes them (f32 arithmetic, f16 scale/zero),
+    head-major: `[pages, kv_heads, page_size, ...]` from K's `[pages, page_size, kv_heads, d]`."""
+    k = np.ascontiguousarray(np.swapaxes(k, 1, 2))
     levels = (1 << bits) - 1
     x = k.astype(np.float32)
     hi = x.max(axis=-1)
@@ -49,15 +51,17 @@ def quantize(k, bits):
 
 
 def dequantize(packed, scale, zero, bits):
+    """K as `[pages, page_size, kv_heads, d]` (f64) from the head-major copy."""
     if bits == 4:
         lo = packed & 0xF
         hi = packed >> 4
         codes = np.stack([lo, hi], axis=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
     else:
         codes = packed
-    return codes.astype(np.float64) * scale.astype(np.float64)[..., None] + zero.astype(
+    kd = codes.astype(np.float64) * scale.astype(np.float64)[..., None] + zero.astype(
         np.float64
     )[..., None]
+    return np.swapaxes(kd, 1, 2)
 
 
 def spgemv(q, kd, indptr, page_ids, page_size, cand_indptr, cand_indices, num_kv_heads):

@@ -39,7 +39,7 @@ def test_quantize_k_matches_numpy(rng, bits, head_dim):
     assert diff.max() <= 1 and (diff > 0).mean() < 1e-3
     # Dequantized codes are within half a step of k.
     back = ref.dequantize(packed, scale, zero, bits)
-    step = scale.astype(np.float64)[..., None]
+    step = np.swapaxes(scale, 1, 2).astype(np.float64)[..., None]  # as back: [pages, slots, heads]
     assert np.all(np.abs(back - k) <= 0.5 * step + 1e-3)
 
 
