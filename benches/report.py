@@ -65,6 +65,18 @@ def main():
         if r.get("command"):
             where = f" (run in the GPU machine's `{r['run_in']}`)" if r.get("run_in") else ""
             print(f"\nCommand{where}: `{r['command']}`")
+        quest = [c for c in r["cases"] if "select_over_flashinfer_dense" in c]
+        if quest:
+            print("\nQuest's selection in parts, same run: the page scores (and their share of the copy "
+                  "rate on the state they read), the device top-k, and the whole selection as a share of "
+                  "FlashInfer's dense decode of the same shape (from the attention peers of the same "
+                  "command):\n")
+            for c in quest:
+                share = c["select_over_flashinfer_dense"]
+                print(f"- {c['case']}: scores {c['score_us']:.1f} us ({100 * c['score_frac_of_copy_bw']:.1f}% of copy), "
+                      f"top-k {c['top_k_us']:.1f} us; selection {c['ours_us']:.1f} us = "
+                      f"{fmt(None if share is None else 100 * share, '.2f')}% of FlashInfer's dense decode "
+                      f"({fmt(c.get('flashinfer_dense_us'), '.1f')} us)")
         tuned = [c for c in r["cases"] if c.get("peer") == "default-config"]
         if tuned:
             print("\nTuned config (ours) against the default (peer), both checked against the reference "
