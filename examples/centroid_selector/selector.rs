@@ -1,0 +1,84 @@
+//! A token selector of one's own: the mean of K over each page (its centroid) and KV head,
+//! updated when a page is written, and a page's score `q . centroid` summed over the GQA
+//! group. Written against `dusk::kernels::selectors` exactly as the stock Quest is; the
+//! plan (scores, device top-k, CSR token lists) is dusk's.
+
+use dusk::kernels::selectors::page;
+use dusk::kernels::selectors::{Build, ScoreKernel, Selector, StateArray};
+
+/// At append: the mean of each written page's valid tokens, per KV head.
+#[dusk::kernel(num_warps = 2)]
+fn centroid_update<const D: usize>(
+    k: Ptr<f16>,
+    pages: Ptr<i32>,
+    lens: Ptr<i32>,
+    num_pages: i32,
+    num_kv_heads: i32,
+    page_size: i32,
+    mean: Ptr<f16>,
+) {
+    let page = page::update_page(pages, lens, num_pages, page_size);
+    if page >= 0 {
+        let len = page::update_len(lens);
+        let mut acc = zeros::<f32>([D]);
+        for s0 in (0..len).step_by(16) {
+            let slot = s0 + arange(0, 16);
+            let offs = page::key_offsets::<16, D>(page, slot, num_kv_heads, page_size);
+            acc = acc + sum(load(k + offs, expand(slot < len, 1, D)) as f32, 0);
+        }
+        store(
+            mean + page::update_state_offsets::<D>(page, num_kv_heads),
+            (acc / (len as f32)) as f16,
+        );
+    }
+}
+
+/// Every step: 32 pages a program, each scored by the group's summed query.
+#[dusk::kernel(num_warps = 4)]
+fn centroid_score<const D: usize, const G: usize>(
+    q: Ptr<f16>,
+    kv_indptr: Ptr<i32>,
+    kv_page_indices: Ptr<i32>,
+    scores: Ptr<f32>,
+    num_kv_heads: i32,
+    mean: Ptr<f16>,
+) {
+    let n = page::seq_pages(kv_indptr, num_kv_heads);
+    let j = page::tile_pages::<32>();
+    if program_id(1) * 32 < n {
+        let valid = j < n;
+        let rows = page::page_state_rows(kv_indptr, kv_page_indices, num_kv_heads, j, valid);
+        let c = load(
+            mean + page::state_offsets::<32, D>(rows),
+            expand(valid, 1, D),
+        ) as f32;
+        let qsum = sum(page::group_query::<D, G>(q), 0);
+        page::store_page_scores(
+            scores,
+            kv_indptr,
+            num_kv_heads,
+            j,
+            valid,
+            sum(c * expand(qsum, 0, 32), 1),
+        );
+    }
+}
+
+/// The declaration dusk plans from: its state, its update, its score (head_dim 128, MHA or
+/// GQA groups of 4).
+pub const CENTROID: Selector = Selector {
+    name: "centroid",
+    state: &[StateArray::f16_per_page("mean")],
+    update: |kv| (kv.head_dim == 128).then_some(centroid_update::build::<128> as Build),
+    score: |kv, group| {
+        let build = match (kv.head_dim, group) {
+            (128, 1) => centroid_score::build::<128, 1> as Build,
+            (128, 4) => centroid_score::build::<128, 4>,
+            _ => return None,
+        };
+        Some(ScoreKernel {
+            build,
+            pages_per_program: 32,
+        })
+    },
+};
