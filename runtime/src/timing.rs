@@ -144,7 +144,9 @@ impl Device {
 
     /// [`Device::time_calls`] with another rule. Each set is first called once eagerly
     /// (module loads and first-launch work stay out of the figures). An error from `call`
-    /// outside a capture is returned as [`RuntimeError::Timed`].
+    /// outside a capture is returned as [`RuntimeError::Timed`]. The capture and the events
+    /// are on the device's own stream: launches `call` sends elsewhere (inside
+    /// [`Device::with_stream`]) are not timed.
     pub fn time_calls_with<E>(
         &self,
         cfg: &TimeConfig,

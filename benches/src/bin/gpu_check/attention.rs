@@ -700,6 +700,25 @@ impl<'a> Bench<'a> {
         })
     }
 
+    /// The default tuning of `plan` timed twice ([`time_default`]) with `tilings` timed
+    /// between the two passes.
+    #[allow(clippy::too_many_arguments)]
+    fn time_default(
+        &self,
+        plan: &AttentionPlan,
+        spec: AttentionSpec,
+        table: &PageTable,
+        lists: Option<&TokenLists>,
+        meta: &[AttentionMeta],
+        c: &Cache,
+        q: &Buffer<f16>,
+        tilings: &[Tiling],
+    ) -> Res<(Measured, Value, Vec<Value>)> {
+        time_default(self.dusk, plan, c, meta, q, || {
+            time_tilings(self.dusk, spec, table, lists, c, q, tilings, self.cold_meta)
+        })
+    }
+
     /// The peer `key`'s time for `case` (`{key}_us`, `{key}_timing` in the peers' file).
     fn peer(&self, case: &str, key: &str) -> PeerTime {
         let found = self
@@ -775,18 +794,8 @@ impl<'a> Bench<'a> {
         };
         let plan = AttentionPlan::new(self.dusk, spec)?;
         let meta = metas(self.dusk, &plan, &table, None, self.cold_meta)?;
-        let (us, passes, others) = time_default(self.dusk, &plan, &c, &meta, &q, || {
-            time_tilings(
-                self.dusk,
-                spec,
-                &table,
-                None,
-                &c,
-                &q,
-                tilings,
-                self.cold_meta,
-            )
-        })?;
+        let (us, passes, others) =
+            self.time_default(&plan, spec, &table, None, &meta, &c, &q, tilings)?;
         let tu = plan.tuning();
         let name = format!("dense_b{batch}_h{hq}x{hkv}_ctx{ctx}");
         let shape = json!({"batch": batch, "num_q_heads": hq, "num_kv_heads": hkv, "head_dim": D,
@@ -848,18 +857,8 @@ impl<'a> Bench<'a> {
         };
         let plan = AttentionPlan::new(self.dusk, spec)?;
         let meta = metas(self.dusk, &plan, &table, Some(&lists), self.cold_meta)?;
-        let (us, passes, others) = time_default(self.dusk, &plan, &c, &meta, &q, || {
-            time_tilings(
-                self.dusk,
-                spec,
-                &table,
-                Some(&lists),
-                &c,
-                &q,
-                tilings,
-                self.cold_meta,
-            )
-        })?;
+        let (us, passes, others) =
+            self.time_default(&plan, spec, &table, Some(&lists), &meta, &c, &q, tilings)?;
         let name = format!("quarter_b{batch}_h{hq}x{hkv}_ctx{ctx}");
         let shape = json!({"batch": batch, "num_q_heads": hq, "num_kv_heads": hkv, "head_dim": D,
                            "page_size": PAGE, "context": ctx, "kept_pages_pct": 25});
@@ -932,18 +931,8 @@ impl<'a> Bench<'a> {
                 tuning = describe(plan.tuning());
                 grid = plan.grid();
                 let t;
-                (t, passes, others) = time_default(self.dusk, &plan, &c, &meta, &q, || {
-                    time_tilings(
-                        self.dusk,
-                        spec,
-                        &table,
-                        Some(&lists),
-                        &c,
-                        &q,
-                        tilings,
-                        self.cold_meta,
-                    )
-                })?;
+                (t, passes, others) =
+                    self.time_default(&plan, spec, &table, Some(&lists), &meta, &c, &q, tilings)?;
                 timed.push(t);
             } else {
                 timed.push(time_plan(self.dusk, &plan, &c, &meta, &q)?);
