@@ -8,6 +8,8 @@
 //!   ([`SelectorPlan`]).
 //! - [`page`]: the kernel-language helpers selectors' kernels share (addressing).
 //! - [`quest`], [`quest_kernels`]: Quest ([`QUEST`], [`QuestPlan`]).
+//! - [`ds`], [`ds_kernels`]: Double Sparsity ([`DsCalibration`], [`DsState`], [`DsPlan`]:
+//!   calibrated label channels per token, scores on them, the top tokens).
 //! - [`topk`], [`topk_kernel`]: the device-side top-k every selector ends with
 //!   ([`TopKPlan`]: variable k per row, always-kept sink and recent items, ties toward
 //!   the lower index).
@@ -17,6 +19,8 @@
 //! README.md in this folder has the layout, the conventions and a user's own selector.
 
 pub mod bench;
+pub mod ds;
+pub mod ds_kernels;
 pub mod page;
 pub mod quest;
 pub mod quest_kernels;
@@ -25,6 +29,7 @@ pub mod selector;
 pub mod topk;
 pub mod topk_kernel;
 
+pub use ds::{DsCalibration, DsOptions, DsPlan, DsState};
 pub use quest::{QuestOptions, QuestPlan, QUEST};
 pub use selector::{
     Build, PageUpdates, ScoreKernel, Selector, SelectorPlan, SelectorState, StateArray,
