@@ -14,12 +14,13 @@
 //!   ([`TopKPlan`]: variable k per row, always-kept sink and recent items, ties toward
 //!   the lower index).
 //! - [`mod@reference`]: host references in f64 and the sort-based top-k.
-//! - [`bench`]: random state and a timed `select`, for the GPU check.
+//! - [`bench`], [`ds_bench`]: random state and a timed `select`, for the GPU check.
 //!
 //! README.md in this folder has the layout, the conventions and a user's own selector.
 
 pub mod bench;
 pub mod ds;
+pub mod ds_bench;
 pub mod ds_kernels;
 pub mod page;
 pub mod quest;

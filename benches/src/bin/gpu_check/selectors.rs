@@ -10,7 +10,10 @@
 //!    the same command) and as a fraction of FlashInfer's dense decode of the same shape
 //!    (`--attention-peers`, the attention peers' file of the same command).
 //!
-//!    `gpu-check selectors --peers quest.json --attention-peers attention.json --out selectors.json`
+//! 3. Double Sparsity's checks and cases likewise ([`crate::ds`]; its PyTorch peer from
+//!    `--ds-peers`, written by `benches/baselines/ds_peers.py`).
+//!
+//!    `gpu-check selectors --peers quest.json --ds-peers ds.json --attention-peers attention.json --out selectors.json`
 
 use crate::common::{case_json, copy_gbps, Common, PeerTime, Res};
 use clap::Args;
@@ -30,6 +33,20 @@ pub struct SelectorsArgs {
     /// wrote in the same command), for the selection's share of a decode step.
     #[arg(long, value_name = "FILE")]
     attention_peers: Option<PathBuf>,
+    /// Double Sparsity's PyTorch peer (the JSON ds_peers.py wrote in the same command).
+    #[arg(long, value_name = "FILE")]
+    ds_peers: Option<PathBuf>,
+    /// Time only the cases whose name contains one of these (e.g. `ds_`; repeat the option
+    /// for more).
+    #[arg(long, value_name = "TEXT")]
+    only: Vec<String>,
+}
+
+impl SelectorsArgs {
+    /// Whether the case `name` is timed (`--only`).
+    fn wanted(&self, name: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|o| name.contains(o.as_str()))
+    }
 }
 
 fn read_json(path: &Option<PathBuf>, option: &str) -> Res<Option<Value>> {
@@ -72,6 +89,7 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
             r.rows, r.max_score_error
         );
     }
+    crate::ds::check(&dusk, seed)?;
     if args.common.check_only || !dev.is_gpu() {
         println!("all checks passed");
         return Ok(());
@@ -83,6 +101,10 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
     let mut cases = vec![];
     for batch in [32usize, 64] {
         for hkv in [8usize, 32] {
+            let name = format!("quest_b{batch}_h32x{hkv}_ctx32768_quarter");
+            if !args.wanted(&name) {
+                continue;
+            }
             let case = QuestCase {
                 batch,
                 num_kv_heads: hkv,
@@ -93,7 +115,6 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
             let mut bench = QuestBench::new(&dusk, &case, |_| {})?;
             let r = bench.check(&dusk, 16)?;
             let t = bench.time(&dusk)?;
-            let name = format!("quest_b{batch}_h32x{hkv}_ctx32768_quarter");
             let shape = json!({"batch": batch, "num_q_heads": 32, "num_kv_heads": hkv, "head_dim": 128,
                                "page_size": 16, "context": 32768, "budget_pct": 25});
             let peer_case = peers.as_ref().and_then(|p| {
@@ -152,6 +173,20 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
             ));
         }
     }
-    args.common
-        .write_results(&dev, copy_gbps, peers.as_ref(), json!({}), cases)
+    let ds_peers = read_json(&args.ds_peers, "--ds-peers")?;
+    cases.extend(crate::ds::cases(
+        &dusk,
+        seed,
+        copy_gbps,
+        ds_peers.as_ref(),
+        attention.as_ref(),
+        |name| args.wanted(name),
+    )?);
+    args.common.write_results(
+        &dev,
+        copy_gbps,
+        peers.as_ref().or(ds_peers.as_ref()),
+        json!({}),
+        cases,
+    )
 }
