@@ -7,8 +7,8 @@
 //! - [`threshold`]: the fused threshold search (top-p and other [`policies`]) and
 //!   [`prune`], its validated plan: scores in, compacted CSR token lists out.
 //! - [`ops`]: validated, compiled-once entry points for both ([`ops::Dusk`]).
-//! - [`selectors`]: token selectors (Quest, the selector API, the shared device-side
-//!   top-k): the select stage before the pruner.
+//! - [`selectors`]: token selectors (Quest, Double Sparsity, the selector API, the shared
+//!   device-side top-k): the select stage before the pruner.
 //! - [`engines`]: vLLM's and SGLang's page tables to dusk's CSR, on the device.
 //! - [`paged`]: the paged KV cache and token-list descriptions the entry points check.
 //! - [`mod@reference`]: plain host versions, the oracles of tests and GPU checks.
