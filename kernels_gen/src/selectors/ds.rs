@@ -74,7 +74,8 @@ pub const fn score_tile(r: usize) -> usize {
 pub struct DsCalibration {
     head_dim: usize,
     r: usize,
-    /// `num_kv_heads * r` channels, head-major, ascending within each head.
+    /// `num_kv_heads * r` channels, head-major (ascending within each head when
+    /// calibrated; as given by `from_channels`).
     channels: Vec<usize>,
     /// Sample tokens the calibration was made from (0 for channels given directly).
     samples: usize,
