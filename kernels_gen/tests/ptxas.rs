@@ -65,6 +65,10 @@ fn stock_kernels() -> Vec<Kernel> {
     ks.extend(attention_kernels());
     ks.push(dusk_kernels::engines::build_block_table().unwrap());
     ks.push(dusk_kernels::engines::build_req_to_token().unwrap());
+    for d in [64, 128, 256] {
+        use dusk_kernels::synthetic::generate::{build_kv, build_plant, build_query};
+        ks.extend([build_kv(d), build_plant(d), build_query(d)].map(Result::unwrap));
+    }
     // Every configuration the tuner and the benchmark can choose, at head_dim 128.
     for cfg in spgemv::specialised_configs() {
         if cfg.head_dim == 128 && cfg.bits == 4 {
