@@ -9,6 +9,8 @@
 //! - [`ops`]: validated, compiled-once entry points for both ([`ops::Dusk`]).
 //! - [`selectors`]: token selectors (Quest, the selector API, the shared device-side
 //!   top-k): the select stage before the pruner.
+//! - [`cache`]: a decode step's cache maintenance in one launch (append K and V, the
+//!   quantized copy, Quest's page state).
 //! - [`engines`]: vLLM's and SGLang's page tables to dusk's CSR, on the device.
 //! - [`paged`]: the paged KV cache and token-list descriptions the entry points check.
 //! - [`mod@reference`]: plain host versions, the oracles of tests and GPU checks.
@@ -16,6 +18,7 @@
 
 pub mod attention;
 pub mod attention_ops;
+pub mod cache;
 pub mod engines;
 pub mod error;
 pub mod ops;

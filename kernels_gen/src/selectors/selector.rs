@@ -400,6 +400,18 @@ impl PageUpdates {
     pub fn len(&self) -> usize {
         self.count
     }
+    /// The page ids, on the device.
+    pub fn pages(&self) -> &Buffer<i32> {
+        &self.pages
+    }
+    /// The valid token counts, on the device.
+    pub fn lens(&self) -> &Buffer<i32> {
+        &self.lens
+    }
+    /// Both, to write (by the kernel that makes the list, e.g. the cache append).
+    pub(crate) fn buffers_mut(&mut self) -> (&mut Buffer<i32>, &mut Buffer<i32>) {
+        (&mut self.pages, &mut self.lens)
+    }
     pub fn is_empty(&self) -> bool {
         self.count == 0
     }
