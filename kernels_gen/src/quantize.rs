@@ -15,6 +15,10 @@
 //! `(p * page_size + s) * num_kv_heads + h` of `k` and row `(p * num_kv_heads + h) *
 //! page_size + s` of the quantized copy ([`crate::paged::KvShape::quantized_row`]).
 //!
+//! The arithmetic after the loads is two helpers, `store_codes4` and `store_codes8`, which
+//! the cache append ([`crate::cache`]) calls too: a token appended gets the bits its row
+//! gets when the whole cache is quantized.
+//!
 //! Parameters of both kernels: `k` (f16), `packed` (u8), `scale`, `zero` (f16), `num_rows`
 //! (i32, `num_pages * page_size * num_kv_heads`), `num_kv_heads`, `page_size` (i32). Each
 //! program writes `block_rows` consecutive rows of the quantized copy. Grid:

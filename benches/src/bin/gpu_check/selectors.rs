@@ -10,8 +10,13 @@
 //!    the same command) and as a fraction of FlashInfer's dense decode of the same shape
 //!    (`--attention-peers`, the attention peers' file of the same command).
 //!
-//!    `gpu-check selectors --peers quest.json --attention-peers attention.json --out selectors.json`
+//! 3. the cache append (`append.rs`): decode loops checked bit for bit, then one decode
+//!    step's maintenance timed beside PyTorch (`--append-peers`, from
+//!    `benches/baselines/append_peers.py`).
+//!
+//!    `gpu-check selectors --peers quest.json --attention-peers attention.json --append-peers append.json --out selectors.json`
 
+use crate::append;
 use crate::common::{case_json, copy_gbps, Common, PeerTime, Res};
 use clap::Args;
 use dusk::kernels::ops::Dusk;
@@ -30,6 +35,29 @@ pub struct SelectorsArgs {
     /// wrote in the same command), for the selection's share of a decode step.
     #[arg(long, value_name = "FILE")]
     attention_peers: Option<PathBuf>,
+    /// The cache append's PyTorch peer (the JSON append_peers.py wrote in the same command).
+    #[arg(long, value_name = "FILE")]
+    append_peers: Option<PathBuf>,
+    /// Run only the cases whose name starts with one of these (e.g. `append_`,
+    /// `quest_b64`; repeat the option for several); a family's checks run when one of its
+    /// cases may.
+    #[arg(long, value_name = "PREFIX")]
+    only: Vec<String>,
+}
+
+impl SelectorsArgs {
+    /// Whether the case `name` runs (`--only`).
+    fn wants(&self, name: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|o| name.starts_with(o.as_str()))
+    }
+    /// Whether some case of the family whose names start with `prefix` may run.
+    fn wants_family(&self, prefix: &str) -> bool {
+        self.only.is_empty()
+            || self
+                .only
+                .iter()
+                .any(|o| o.starts_with(prefix) || prefix.starts_with(o.as_str()))
+    }
 }
 
 fn read_json(path: &Option<PathBuf>, option: &str) -> Res<Option<Value>> {
@@ -49,13 +77,21 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
     let seed = args.common.seed_or(0x5e1);
 
     println!("correctness (fresh random inputs, outputs poisoned):");
+    if args.wants_family("append_") {
+        append::check(&dusk, seed)?;
+    }
     let small = [
         (1usize, 1000usize, 8usize, 2usize, false),
         (3, 4096, 32, 8, true),
         (2, 333, 16, 16, false),
         (4, 20000, 32, 4, true),
     ];
-    for (i, &(batch, context, hq, hkv, sink)) in small.iter().enumerate() {
+    let quest_checks = if args.wants_family("quest_") {
+        &small[..]
+    } else {
+        &[]
+    };
+    for (i, &(batch, context, hq, hkv, sink)) in quest_checks.iter().enumerate() {
         let case = QuestCase {
             batch,
             context,
@@ -83,6 +119,10 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
     let mut cases = vec![];
     for batch in [32usize, 64] {
         for hkv in [8usize, 32] {
+            let name = format!("quest_b{batch}_h32x{hkv}_ctx32768_quarter");
+            if !args.wants(&name) {
+                continue;
+            }
             let case = QuestCase {
                 batch,
                 num_kv_heads: hkv,
@@ -93,7 +133,6 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
             let mut bench = QuestBench::new(&dusk, &case, |_| {})?;
             let r = bench.check(&dusk, 16)?;
             let t = bench.time(&dusk)?;
-            let name = format!("quest_b{batch}_h32x{hkv}_ctx32768_quarter");
             let shape = json!({"batch": batch, "num_q_heads": 32, "num_kv_heads": hkv, "head_dim": 128,
                                "page_size": 16, "context": 32768, "budget_pct": 25});
             let peer_case = peers.as_ref().and_then(|p| {
@@ -152,6 +191,15 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
             ));
         }
     }
+    let append_peers = read_json(&args.append_peers, "--append-peers")?;
+    let wants = |name: &str| args.wants(name);
+    cases.extend(append::cases(
+        &dusk,
+        append_peers.as_ref(),
+        copy_gbps,
+        seed,
+        wants,
+    )?);
     args.common
         .write_results(&dev, copy_gbps, peers.as_ref(), json!({}), cases)
 }
