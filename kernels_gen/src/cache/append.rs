@@ -65,10 +65,15 @@ pub struct AppendConfig {
 }
 
 impl Default for AppendConfig {
-    /// 4 rows on one warp: at head_dim 128, 16 values of each of K and V a thread.
+    /// One row on one warp (at head_dim 128, 4 values of each of K and V a thread): the
+    /// step is a chain of dependent loads (the table, the page, Quest's state), so many
+    /// small programs hide it best. On the H100 at 32k, batch 32 and 64, GQA 32/8 and MHA
+    /// 32/32, it was the fastest of `specialised_configs` in three cases of four and within
+    /// 2% in the fourth, and 2 to 9% faster than 4 rows a program in all four
+    /// (`benches/results/append_run/append.json`, `sweep`).
     fn default() -> Self {
         AppendConfig {
-            rows_per_program: 4,
+            rows_per_program: 1,
             num_warps: 1,
         }
     }
@@ -107,14 +112,14 @@ fn with_parts<const D: usize, const HALF: usize, const ROWS: usize, const WARPS:
 pub fn kernel_for(head_dim: usize, parts: &AppendParts, cfg: &AppendConfig) -> Option<Build> {
     let (bits, quest) = (parts.quantized.unwrap_or(0), parts.quest);
     match (head_dim, cfg.rows_per_program, cfg.num_warps) {
-        (64, 4, 1) => with_parts::<64, 32, 4, 1>(bits, quest),
+        (64, 1, 1) => with_parts::<64, 32, 1, 1>(bits, quest),
         (128, 1, 1) => with_parts::<128, 64, 1, 1>(bits, quest),
         (128, 2, 1) => with_parts::<128, 64, 2, 1>(bits, quest),
         (128, 4, 1) => with_parts::<128, 64, 4, 1>(bits, quest),
         (128, 8, 1) => with_parts::<128, 64, 8, 1>(bits, quest),
         (128, 8, 2) => with_parts::<128, 64, 8, 2>(bits, quest),
         (128, 16, 4) => with_parts::<128, 64, 16, 4>(bits, quest),
-        (256, 4, 1) => with_parts::<256, 128, 4, 1>(bits, quest),
+        (256, 1, 1) => with_parts::<256, 128, 1, 1>(bits, quest),
         _ => None,
     }
 }

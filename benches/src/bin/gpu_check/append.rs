@@ -1,8 +1,8 @@
 //! The cache append's part of `gpu-check selectors` (`dusk::kernels::cache`):
 //!
 //! 1. decode loops on the GPU, fresh random tokens, compared bit for bit with the host and
-//!    the whole-cache kernels (`cache::check`): the default case, NaN tokens, and the
-//!    benchmark's batches and heads over short contexts;
+//!    the whole-cache kernels (`cache::check`): the default case, NaN tokens, the
+//!    benchmark's batches and heads over short contexts, every compiled configuration;
 //! 2. one decode step at 32k context, batch 32 and 64, GQA 32/8 and MHA 32/32, head_dim
 //!    128, one new token per sequence, INT4 copy and Quest's state: the touched list
 //!    checked, then the step timed by the harness beside the same computation in PyTorch
@@ -53,7 +53,27 @@ pub fn check(dusk: &Dusk, seed: u64) -> Res<()> {
             },
         ),
     ];
-    for (i, (what, case)) in cases.into_iter().enumerate() {
+    // Every compiled configuration (the sweep's), on rows they do not divide evenly.
+    let configs = specialised_configs().into_iter().map(|config| {
+        let what = format!(
+            "{} rows on {} warps",
+            config.rows_per_program, config.num_warps
+        );
+        let case = DecodeCase {
+            lens: vec![15, 1, 40, 0, 64],
+            steps: 3,
+            num_kv_heads: 3,
+            head_dim: 128,
+            config,
+            ..DecodeCase::default()
+        };
+        (what, case)
+    });
+    let cases = cases
+        .into_iter()
+        .map(|(w, c)| (w.to_string(), c))
+        .chain(configs);
+    for (i, (what, case)) in cases.enumerate() {
         let case = DecodeCase {
             seed: seed ^ (0xa9 + i as u64),
             ..case
@@ -130,6 +150,8 @@ pub fn cases(
             let shape = json!({"batch": batch, "num_q_heads": 32, "num_kv_heads": hkv, "head_dim": 128,
                                "page_size": 16, "context": 32768, "new_tokens": 1, "bits": 4, "quest": true});
             let extra = json!({
+                "peer_torch": peers.map(|p| p["torch"].clone()),
+                "peer_copy_gbps": peers.and_then(|p| p["copy_gbps"].as_f64()),
                 "rotation_sets": bench.sets(),
                 "read_bytes": bench.read_bytes(),
                 "config": {"rows_per_program": bench.case().config.rows_per_program,
