@@ -11,7 +11,7 @@
 //! - [`token`]: where each new token goes, from the page table on the device.
 //! - [`mod@reference`]: the append on the host.
 //! - [`check`]: a decode loop of appends checked against the host and the whole-cache
-//!   kernels; [`bench`]: the append at a benchmark shape, timed.
+//!   kernels; [`mod@bench`]: the append at a benchmark shape, timed.
 //!
 //! README.md in this folder has the layout and how a selector's state joins the append.
 
