@@ -9,6 +9,8 @@
 //! - [`ops`]: validated, compiled-once entry points for both ([`ops::Dusk`]).
 //! - [`selectors`]: token selectors (Quest, the selector API, the shared device-side
 //!   top-k): the select stage before the pruner.
+//! - [`pipeline`]: select, estimate, prune and attend declared once and run as one decode
+//!   step (the builder; `pipeline!` is sugar over it), with its f64 reference.
 //! - [`engines`]: vLLM's and SGLang's page tables to dusk's CSR, on the device.
 //! - [`paged`]: the paged KV cache and token-list descriptions the entry points check.
 //! - [`mod@reference`]: plain host versions, the oracles of tests and GPU checks.
@@ -20,6 +22,7 @@ pub mod engines;
 pub mod error;
 pub mod ops;
 pub mod paged;
+pub mod pipeline;
 pub mod policies;
 pub mod prune;
 pub mod quantize;

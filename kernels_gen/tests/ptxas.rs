@@ -65,6 +65,7 @@ fn stock_kernels() -> Vec<Kernel> {
     ks.extend(attention_kernels());
     ks.push(dusk_kernels::engines::build_block_table().unwrap());
     ks.push(dusk_kernels::engines::build_req_to_token().unwrap());
+    ks.push(dusk_kernels::pipeline::fallback::dense_fallback_lists::build::<1024>().unwrap());
     // Every configuration the tuner and the benchmark can choose, at head_dim 128.
     for cfg in spgemv::specialised_configs() {
         if cfg.head_dim == 128 && cfg.bits == 4 {

@@ -9,11 +9,13 @@
 //!     gpu-check threshold [--check-only] [--rows N] [--peers peers.json] [--out threshold_search.json]
 //!     gpu-check attention [--check-only] [--peers peers.json] [--out varlen_attention.json]
 //!     gpu-check selectors [--check-only] [--peers quest.json] [--attention-peers attention.json]
+//!     gpu-check pipeline  [--check-only] [--batch 32,64] [--context 32768] [--q-scale 8]
 //!
 //! `gpu-check <subcommand> --help` lists every option.
 
 mod attention;
 mod common;
+mod pipeline;
 mod selectors;
 mod spgemv;
 mod threshold;
@@ -42,6 +44,9 @@ enum Family {
     /// The token selectors (Quest): checks, then the selection's timings beside PyTorch and
     /// as a share of FlashInfer's dense decode.
     Selectors(selectors::SelectorsArgs),
+    /// Pipelines (select, estimate, prune, attend): checks against the f64 reference,
+    /// graph replay against eager steps, then each stage's time in the step.
+    Pipeline(pipeline::PipelineArgs),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +56,7 @@ fn main() -> ExitCode {
         Family::Threshold(a) => threshold::run(&a),
         Family::Attention(a) => attention::run(&a),
         Family::Selectors(a) => selectors::run(&a),
+        Family::Pipeline(a) => pipeline::run(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
