@@ -14,6 +14,10 @@ pub use dusk_kernels::ops::Dusk;
 /// `#[kernel]`: a Rust function in the kernel language to a kernel builder and a typed
 /// launch helper; see `docs/kernel-language.md`.
 pub use dusk_macros::kernel;
+/// `pipeline!`: a select-then-prune pipeline (selector, pruners, attention) declared in a
+/// few lines over `dusk::kernels::pipeline::PipelineBuilder`; see
+/// `kernels_gen/src/pipeline/README.md`.
+pub use dusk_macros::pipeline;
 /// `#[policy]`: a pruning rule (a monotone predicate over the kept set) that the fused
 /// threshold search runs; see `dusk::kernels::policies` for the stock ones.
 pub use dusk_macros::policy;
@@ -30,3 +34,8 @@ pub mod guide {}
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The pipelines' README (`kernels_gen/src/pipeline/README.md`), its example a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../kernels_gen/src/pipeline/README.md")]
+pub struct PipelineReadmeDoctests;

@@ -384,6 +384,15 @@ impl AttentionMeta {
             _ => None,
         }
     }
+
+    /// The device token lists of a list mode, for a kernel that writes them in place (a
+    /// pruner's `run_lists_into`: launches write through shared references).
+    pub fn lists(&self) -> Option<(&Buffer<i32>, &Buffer<i32>)> {
+        match (&self.sel_indptr, &self.sel_indices) {
+            (Some(a), Some(b)) => Some((a, b)),
+            _ => None,
+        }
+    }
 }
 
 impl AttentionPlan {

@@ -13,6 +13,8 @@
 //!   tokens, focused and diffuse heads), made on the device.
 //! - [`cache`]: a decode step's cache maintenance in one launch (append K and V, the
 //!   quantized copy, Quest's page state).
+//! - [`pipeline`]: select, estimate, prune and attend declared once and run as one decode
+//!   step (the builder; `pipeline!` is sugar over it), with its f64 reference.
 //! - [`engines`]: vLLM's and SGLang's page tables to dusk's CSR, on the device.
 //! - [`paged`]: the paged KV cache and token-list descriptions the entry points check.
 //! - [`mod@reference`]: plain host versions, the oracles of tests and GPU checks.
@@ -25,6 +27,7 @@ pub mod engines;
 pub mod error;
 pub mod ops;
 pub mod paged;
+pub mod pipeline;
 pub mod policies;
 pub mod prune;
 pub mod quantize;

@@ -249,6 +249,13 @@ impl QuantizedK {
 
 /// A validated `spgemv_quant` launch: shapes, page table and candidate lists checked and
 /// uploaded once. [`SpgemvPlan::run`] may then be called for every decode step.
+///
+/// The candidates may instead come from a previous stage on the device
+/// ([`SpgemvPlan::with_device_lists`]): their row offsets are known when the plan is made
+/// (a selector's `sel_indptr` is fixed by its plan), their positions are written on the
+/// device each step and given to [`SpgemvPlan::run_lists`]. Those positions are not read
+/// on the host; the kernel scores a position outside its sequence's pages against page
+/// 0's row (a wrong score, never a read outside the cache).
 pub struct SpgemvPlan {
     kernel: Arc<LoadedKernel>,
     config: SpgemvConfig,
@@ -261,7 +268,11 @@ pub struct SpgemvPlan {
     kv_indptr: Buffer<i32>,
     kv_page_indices: Buffer<i32>,
     cand_indptr: Buffer<i32>,
-    cand_indices: Buffer<i32>,
+    /// The candidates' positions, uploaded by the plan; `None` when a previous stage writes
+    /// them on the device (given to `run_lists`).
+    cand_indices: Option<Buffer<i32>>,
+    /// Candidates in all (`cand_indptr`'s last entry).
+    nnz: usize,
     num_scores: usize,
     grid: [u32; 3],
 }
@@ -300,6 +311,64 @@ impl SpgemvPlan {
         tune: impl FnOnce(&mut SpgemvConfig),
     ) -> Result<SpgemvPlan> {
         kv.validate()?;
+        table.validate(&kv)?;
+        cand.validate("cand", table, kv.page_size, kv.num_kv_heads)?;
+        Self::plan(
+            dusk,
+            kv,
+            num_q_heads,
+            bits,
+            table,
+            &cand.indptr,
+            Some(&cand.indices),
+            tune,
+        )
+    }
+
+    /// Plans scoring candidates that a previous stage writes on the device: `cand_indptr`
+    /// (one row per (batch, KV head) of `table`) is fixed now, the positions are given to
+    /// each [`SpgemvPlan::run_lists`].
+    pub fn with_device_lists(
+        dusk: &Dusk,
+        kv: KvShape,
+        num_q_heads: usize,
+        bits: u32,
+        table: &PageTable,
+        cand_indptr: &[i32],
+    ) -> Result<SpgemvPlan> {
+        kv.validate()?;
+        table.validate(&kv)?;
+        TokenLists::validate_indptr(
+            "cand_indptr",
+            cand_indptr,
+            table,
+            kv.page_size,
+            kv.num_kv_heads,
+        )?;
+        Self::plan(
+            dusk,
+            kv,
+            num_q_heads,
+            bits,
+            table,
+            cand_indptr,
+            None,
+            |_| {},
+        )
+    }
+
+    /// The plan of checked candidates: `indices` uploaded when given.
+    #[allow(clippy::too_many_arguments)]
+    fn plan(
+        dusk: &Dusk,
+        kv: KvShape,
+        num_q_heads: usize,
+        bits: u32,
+        table: &PageTable,
+        indptr: &[i32],
+        indices: Option<&[i32]>,
+        tune: impl FnOnce(&mut SpgemvConfig),
+    ) -> Result<SpgemvPlan> {
         ensure(matches!(bits, 4 | 8), "bits", "4 or 8", bits)?;
         ensure(
             num_q_heads > 0 && num_q_heads.is_multiple_of(kv.num_kv_heads),
@@ -314,9 +383,8 @@ impl SpgemvPlan {
             "a group (q heads per KV head) of 1, 2, 4, 8 or 16",
             group,
         )?;
-        table.validate(&kv)?;
-        cand.validate("cand", table, kv.page_size, kv.num_kv_heads)?;
-        let num_scores = cand.indices.len() * group;
+        let nnz = *indptr.last().expect("checked: rows + 1 entries") as usize;
+        let num_scores = nnz * group;
         ensure(
             num_scores < i32::MAX as usize,
             "cand",
@@ -381,13 +449,18 @@ impl SpgemvPlan {
                 qsum: dev.alloc(q_rows)?,
             })
         };
-        let rows = cand.rows();
-        let tiles = cand.max_row_len().div_ceil(cfg.block_tokens).max(1);
+        let rows = indptr.len() - 1;
+        let longest = indptr
+            .windows(2)
+            .map(|w| (w[1] - w[0]) as usize)
+            .max()
+            .unwrap_or(0);
+        let tiles = longest.div_ceil(cfg.block_tokens).max(1);
         ensure(
             rows <= i32::MAX as usize && tiles <= 65535,
             "cand",
             "at most 65535 * block_tokens tokens per row",
-            cand.max_row_len(),
+            longest,
         )?;
         Ok(SpgemvPlan {
             kernel,
@@ -399,8 +472,9 @@ impl SpgemvPlan {
             bits,
             kv_indptr: dev.upload(&table.kv_indptr)?,
             kv_page_indices: dev.upload(&table.kv_page_indices)?,
-            cand_indptr: dev.upload(&cand.indptr)?,
-            cand_indices: dev.upload(&cand.indices)?,
+            cand_indptr: dev.upload(indptr)?,
+            cand_indices: indices.map(|ix| dev.upload(ix)).transpose()?,
+            nnz,
             num_scores,
             grid: [rows as u32, tiles as u32, 1],
         })
@@ -416,12 +490,91 @@ impl SpgemvPlan {
         self.num_scores
     }
 
-    /// Scores `q` (f16 `[batch, num_q_heads, head_dim]`) against `k`'s candidates.
+    /// Scores `q` (f16 `[batch, num_q_heads, head_dim]`) against `k`'s candidates (the
+    /// plan's own: made with [`SpgemvPlan::new`]).
     pub fn run(
         &self,
         dusk: &Dusk,
         q: &Buffer<f16>,
         k: &QuantizedK,
+        scores: &mut Buffer<f32>,
+    ) -> Result<()> {
+        let ix = self.cand_indices.as_ref().ok_or_else(|| {
+            invalid(
+                "cand_indices",
+                "the positions of the device lists this plan was made for (run_lists)",
+                "none",
+            )
+        })?;
+        self.launch(dusk, q, k, ix, scores)
+    }
+
+    /// Scores `q` against the candidates a previous stage wrote on the device at
+    /// `cand_indices` (positions, at least the plan's `cand_indptr[rows]` of them), for a
+    /// plan made with [`SpgemvPlan::with_device_lists`]. No allocation, no sync.
+    pub fn run_lists(
+        &self,
+        dusk: &Dusk,
+        q: &Buffer<f16>,
+        k: &QuantizedK,
+        cand_indices: &Buffer<i32>,
+        scores: &mut Buffer<f32>,
+    ) -> Result<()> {
+        ensure(
+            self.cand_indices.is_none(),
+            "cand_indices",
+            "none: the plan holds its own candidates (run)",
+            "device lists",
+        )?;
+        ensure(
+            cand_indices.len() >= self.nnz,
+            "cand_indices",
+            format!("at least {} positions (cand_indptr[rows])", self.nnz),
+            cand_indices.len(),
+        )?;
+        self.launch(dusk, q, k, cand_indices, scores)
+    }
+
+    /// As [`SpgemvPlan::run_lists`] with the row offsets too taken from the device: those
+    /// an earlier pruner of a pipeline wrote, each row no longer than the plan's row and
+    /// in all no more than its candidates (the scores land inside `scores`). Crate-internal:
+    /// the offsets are trusted, as only dusk's own pruner writes them.
+    pub(crate) fn run_csr(
+        &self,
+        dusk: &Dusk,
+        q: &Buffer<f16>,
+        k: &QuantizedK,
+        cand_indptr: &Buffer<i32>,
+        cand_indices: &Buffer<i32>,
+        scores: &mut Buffer<f32>,
+    ) -> Result<()> {
+        ensure(
+            cand_indptr.len() == self.cand_indptr.len(),
+            "cand_indptr",
+            format!("{} offsets (rows + 1)", self.cand_indptr.len()),
+            cand_indptr.len(),
+        )?;
+        self.launch_with(dusk, q, k, cand_indptr, cand_indices, scores)
+    }
+
+    fn launch(
+        &self,
+        dusk: &Dusk,
+        q: &Buffer<f16>,
+        k: &QuantizedK,
+        cand_indices: &Buffer<i32>,
+        scores: &mut Buffer<f32>,
+    ) -> Result<()> {
+        self.launch_with(dusk, q, k, &self.cand_indptr, cand_indices, scores)
+    }
+
+    fn launch_with(
+        &self,
+        dusk: &Dusk,
+        q: &Buffer<f16>,
+        k: &QuantizedK,
+        cand_indptr: &Buffer<i32>,
+        cand_indices: &Buffer<i32>,
         scores: &mut Buffer<f32>,
     ) -> Result<()> {
         let qlen = self.batch * self.num_q_heads * self.kv.head_dim;
@@ -474,8 +627,8 @@ impl SpgemvPlan {
             Arg::from(&k.zero),
             Arg::from(&self.kv_indptr),
             Arg::from(&self.kv_page_indices),
-            Arg::from(&self.cand_indptr),
-            Arg::from(&self.cand_indices),
+            Arg::from(cand_indptr),
+            Arg::from(cand_indices),
             Arg::from(&*scores),
             Arg::I32(self.kv.num_kv_heads as i32),
         ]);

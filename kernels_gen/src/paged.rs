@@ -273,6 +273,37 @@ impl TokenLists {
             .unwrap_or(0)
     }
 
+    /// Checks the row offsets of lists whose positions a previous stage writes on the
+    /// device (a selector's, a pruner's): one row per (batch, KV head) of `table`, offsets
+    /// from 0, non-decreasing, and no row longer than its sequence (positions are distinct).
+    pub fn validate_indptr(
+        arg: &'static str,
+        indptr: &[i32],
+        table: &PageTable,
+        page_size: usize,
+        num_kv_heads: usize,
+    ) -> Result<()> {
+        let rows = table.batch() * num_kv_heads;
+        ensure(
+            indptr.len() == rows + 1,
+            arg,
+            format!("{} indptr entries (batch * num_kv_heads + 1)", rows + 1),
+            indptr.len(),
+        )?;
+        ensure(indptr[0] == 0, arg, "indptr[0] == 0", indptr[0])?;
+        for (r, w) in indptr.windows(2).enumerate() {
+            let n = table.seq_len(r / num_kv_heads, page_size) as i64;
+            let len = w[1] as i64 - w[0] as i64;
+            ensure(
+                (0..=n).contains(&len),
+                arg,
+                format!("row {r} of 0..={n} positions (non-decreasing offsets)"),
+                len,
+            )?;
+        }
+        Ok(())
+    }
+
     /// Checks the CSR structure and that every position lies inside its sequence.
     pub fn validate(
         &self,

@@ -49,6 +49,12 @@ enum ParamBuffer {
 }
 
 /// A validated, compiled threshold search over a fixed candidate selection.
+///
+/// The candidates may instead come from a previous stage on the device
+/// ([`PrunePlan::with_device_lists`]): their row offsets are fixed when the plan is made,
+/// their positions are given to each [`PrunePlan::run_lists`]. The search only copies
+/// positions (it never addresses memory with them), so bad ones are kept or dropped as
+/// any other value would be.
 pub struct PrunePlan {
     policy: Policy,
     cfg: SearchConfig,
@@ -57,7 +63,9 @@ pub struct PrunePlan {
     scale_log2e: f32,
     search: Arc<LoadedKernel>,
     cand_indptr: Buffer<i32>,
-    cand_indices: Buffer<i32>,
+    /// The candidates' positions, uploaded by the plan; `None` when a previous stage writes
+    /// them on the device (given to `run_lists`).
+    cand_indices: Option<Buffer<i32>>,
     params: Vec<ParamBuffer>,
     /// Each candidate's weight, for a streaming search that keeps them in global memory
     /// ([`SearchConfig::uses_work`]).
@@ -100,16 +108,43 @@ impl PrunePlan {
             scale,
         )?;
         check_lists(cand)?;
-        let nnz = cand.indices.len();
-        let longest = cand.max_row_len();
+        let cfg = Self::default_config(&cand.indptr, group)?;
+        Self::with_config(dusk, policy, cand, cfg, scale, params)
+    }
+
+    /// Plans `policy` over candidates that a previous stage writes on the device (e.g. a
+    /// selector's lists): `cand_indptr` (one row per (batch, KV head)) is fixed now, the
+    /// positions are given to each [`PrunePlan::run_lists`]. Otherwise as [`PrunePlan::new`].
+    pub fn with_device_lists(
+        dusk: &Dusk,
+        policy: &Policy,
+        cand_indptr: &[i32],
+        group: usize,
+        scale: f32,
+        params: &[ParamValues],
+    ) -> Result<PrunePlan> {
+        check_indptr(cand_indptr)?;
+        let cfg = Self::default_config(cand_indptr, group)?;
+        Self::plan(dusk, policy, cand_indptr, None, cfg, scale, params)
+    }
+
+    /// [`SearchConfig::for_rows`] of the longest row, after checking `group` and the
+    /// scores' count.
+    fn default_config(indptr: &[i32], group: usize) -> Result<SearchConfig> {
+        ensure(
+            (1..=64).contains(&group),
+            "group",
+            "1 to 64 query heads per candidate row",
+            group,
+        )?;
+        let nnz = *indptr.last().expect("checked: non-empty") as usize;
         ensure(
             nnz * group < i32::MAX as usize,
             "cand",
             "fewer than 2^31 scores (candidates x group)",
             nnz * group,
         )?;
-        let cfg = SearchConfig::for_rows(longest, group);
-        Self::with_config(dusk, policy, cand, cfg, scale, params)
+        Ok(SearchConfig::for_rows(longest_row(indptr), group))
     }
 
     /// As [`PrunePlan::new`] with a chosen kernel configuration (for tuning).
@@ -122,7 +157,35 @@ impl PrunePlan {
         params: &[ParamValues],
     ) -> Result<PrunePlan> {
         check_lists(cand)?;
-        let longest = cand.max_row_len();
+        Self::plan(
+            dusk,
+            policy,
+            &cand.indptr,
+            Some(&cand.indices),
+            cfg,
+            scale,
+            params,
+        )
+    }
+
+    /// The plan of checked candidate offsets (`indices` uploaded when given).
+    #[allow(clippy::too_many_arguments)]
+    fn plan(
+        dusk: &Dusk,
+        policy: &Policy,
+        indptr: &[i32],
+        indices: Option<&[i32]>,
+        cfg: SearchConfig,
+        scale: f32,
+        params: &[ParamValues],
+    ) -> Result<PrunePlan> {
+        ensure(
+            scale.is_finite() && scale > 0.0,
+            "scale",
+            "a finite positive softmax scale",
+            scale,
+        )?;
+        let longest = longest_row(indptr);
         let fits = cfg.stream || cfg.block >= longest;
         ensure(
             cfg.block.is_power_of_two()
@@ -179,9 +242,9 @@ impl PrunePlan {
             "1 to 64 query heads per candidate row",
             cfg.group,
         )?;
-        let rows = cand.rows();
+        let rows = indptr.len() - 1;
         let device = dusk.device();
-        let nnz = cand.indices.len();
+        let nnz = *indptr.last().expect("checked: non-empty") as usize;
         ensure(
             nnz <= threshold::OUTPUT_MAX_TOTAL,
             "cand",
@@ -196,8 +259,8 @@ impl PrunePlan {
             nnz,
             scale_log2e: scale * std::f32::consts::LOG2_E,
             search,
-            cand_indptr: device.upload(&cand.indptr)?,
-            cand_indices: device.upload(&padded(&cand.indices))?,
+            cand_indptr: device.upload(indptr)?,
+            cand_indices: indices.map(|ix| device.upload(&padded(ix))).transpose()?,
             params: vec![],
             work: if cfg.uses_work() {
                 Some(device.alloc((nnz * cfg.group).max(1))?)
@@ -324,7 +387,124 @@ impl PrunePlan {
     }
 
     /// Searches every query row of `scores` and writes the kept positions: one launch.
+    /// For a plan holding its own candidates ([`PrunePlan::new`]).
     pub fn run(&mut self, dusk: &Dusk, scores: &Buffer<f32>) -> Result<()> {
+        let ix = self.cand_indices.as_ref().ok_or_else(|| {
+            invalid(
+                "cand_indices",
+                "the positions of the device lists this plan was made for (run_lists)",
+                "none",
+            )
+        })?;
+        self.launch(dusk, scores, ix, &self.sel_indptr, &self.sel_indices)
+    }
+
+    /// As [`PrunePlan::run`] over the positions a previous stage wrote at `cand_indices`
+    /// (at least the plan's `cand_indptr[rows]` of them), for a plan made with
+    /// [`PrunePlan::with_device_lists`].
+    pub fn run_lists(
+        &mut self,
+        dusk: &Dusk,
+        scores: &Buffer<f32>,
+        cand_indices: &Buffer<i32>,
+    ) -> Result<()> {
+        self.check_device_lists(cand_indices)?;
+        self.launch(
+            dusk,
+            scores,
+            cand_indices,
+            &self.sel_indptr,
+            &self.sel_indices,
+        )
+    }
+
+    /// As [`PrunePlan::run_lists`], writing the kept lists into `sel_indptr` (rows + 1
+    /// entries) and `sel_indices` (room for every candidate) instead of the plan's own:
+    /// where the next stage reads them (an attention plan's device lists), with no copy.
+    /// The budgets, kept mass and flags stay the plan's.
+    pub fn run_lists_into(
+        &mut self,
+        dusk: &Dusk,
+        scores: &Buffer<f32>,
+        cand_indices: &Buffer<i32>,
+        sel_indptr: &Buffer<i32>,
+        sel_indices: &Buffer<i32>,
+    ) -> Result<()> {
+        self.check_device_lists(cand_indices)?;
+        ensure(
+            sel_indptr.len() == self.rows + 1,
+            "sel_indptr",
+            format!("{} entries (rows + 1)", self.rows + 1),
+            sel_indptr.len(),
+        )?;
+        ensure(
+            sel_indices.len() >= self.nnz,
+            "sel_indices",
+            format!("room for {} positions (every candidate)", self.nnz),
+            sel_indices.len(),
+        )?;
+        self.launch(dusk, scores, cand_indices, sel_indptr, sel_indices)
+    }
+
+    /// As [`PrunePlan::run_lists_into`] with the row offsets too taken from the device:
+    /// those an earlier pruner of a pipeline wrote, each row no longer than the plan's row
+    /// and in all no more than its candidates. Crate-internal: the offsets are trusted, as
+    /// only dusk's own pruner writes them.
+    pub(crate) fn run_csr_into(
+        &mut self,
+        dusk: &Dusk,
+        scores: &Buffer<f32>,
+        cand_indptr: &Buffer<i32>,
+        cand_indices: &Buffer<i32>,
+        out: Option<(&Buffer<i32>, &Buffer<i32>)>,
+    ) -> Result<()> {
+        self.check_device_lists(cand_indices)?;
+        ensure(
+            cand_indptr.len() == self.rows + 1,
+            "cand_indptr",
+            format!("{} offsets (rows + 1)", self.rows + 1),
+            cand_indptr.len(),
+        )?;
+        let (ip, ix) = out.unwrap_or((&self.sel_indptr, &self.sel_indices));
+        self.launch_with(dusk, scores, cand_indptr, cand_indices, ip, ix)
+    }
+
+    fn check_device_lists(&self, cand_indices: &Buffer<i32>) -> Result<()> {
+        ensure(
+            self.cand_indices.is_none(),
+            "cand_indices",
+            "none: the plan holds its own candidates (run)",
+            "device lists",
+        )?;
+        ensure(
+            cand_indices.len() >= self.nnz,
+            "cand_indices",
+            format!("at least {} positions (cand_indptr[rows])", self.nnz),
+            cand_indices.len(),
+        )
+    }
+
+    fn launch(
+        &self,
+        dusk: &Dusk,
+        scores: &Buffer<f32>,
+        cand_indices: &Buffer<i32>,
+        sel_indptr: &Buffer<i32>,
+        sel_indices: &Buffer<i32>,
+    ) -> Result<()> {
+        let ip = &self.cand_indptr;
+        self.launch_with(dusk, scores, ip, cand_indices, sel_indptr, sel_indices)
+    }
+
+    fn launch_with(
+        &self,
+        dusk: &Dusk,
+        scores: &Buffer<f32>,
+        cand_indptr: &Buffer<i32>,
+        cand_indices: &Buffer<i32>,
+        sel_indptr: &Buffer<i32>,
+        sel_indices: &Buffer<i32>,
+    ) -> Result<()> {
         ensure(
             scores.len() >= self.num_scores(),
             "scores",
@@ -337,7 +517,7 @@ impl PrunePlan {
         let device = dusk.device();
         let mut args = vec![Arg::from(scores)];
         args.extend(self.work.iter().chain(&self.scratch).map(Arg::from));
-        args.extend([Arg::from(&self.cand_indptr), Arg::from(&self.cand_indices)]);
+        args.extend([Arg::from(cand_indptr), Arg::from(cand_indices)]);
         for p in &self.params {
             args.push(match p {
                 ParamBuffer::F32(b) => Arg::from(b),
@@ -346,8 +526,8 @@ impl PrunePlan {
         }
         args.extend([
             Arg::F32(self.scale_log2e),
-            Arg::from(&self.sel_indptr),
-            Arg::from(&self.sel_indices),
+            Arg::from(sel_indptr),
+            Arg::from(sel_indices),
             Arg::from(&self.prefix),
             Arg::from(&self.budget),
             Arg::from(&self.kept_mass),
@@ -384,20 +564,7 @@ impl PrunePlan {
 
 /// The CSR structure, and positions ascending within each row (the output keeps their order).
 fn check_lists(cand: &TokenLists) -> Result<()> {
-    ensure(
-        !cand.indptr.is_empty() && cand.indptr[0] == 0,
-        "cand",
-        "indptr starting at 0",
-        format!("{:?}", cand.indptr.first()),
-    )?;
-    for w in cand.indptr.windows(2) {
-        ensure(
-            w[0] <= w[1],
-            "cand",
-            "non-decreasing indptr",
-            format!("{} then {}", w[0], w[1]),
-        )?;
-    }
+    check_indptr(&cand.indptr)?;
     let nnz = *cand.indptr.last().expect("non-empty") as usize;
     ensure(
         nnz == cand.indices.len(),
@@ -419,6 +586,34 @@ fn check_lists(cand: &TokenLists) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Row offsets from 0, non-decreasing.
+fn check_indptr(indptr: &[i32]) -> Result<()> {
+    ensure(
+        !indptr.is_empty() && indptr[0] == 0,
+        "cand",
+        "indptr starting at 0",
+        format!("{:?}", indptr.first()),
+    )?;
+    for w in indptr.windows(2) {
+        ensure(
+            w[0] <= w[1],
+            "cand",
+            "non-decreasing indptr",
+            format!("{} then {}", w[0], w[1]),
+        )?;
+    }
+    Ok(())
+}
+
+/// The most candidates in one row.
+fn longest_row(indptr: &[i32]) -> usize {
+    indptr
+        .windows(2)
+        .map(|w| (w[1] - w[0]) as usize)
+        .max()
+        .unwrap_or(0)
 }
 
 /// A device buffer needs at least one element.

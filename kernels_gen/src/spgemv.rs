@@ -142,7 +142,9 @@ fn q16(x: Block<f32>, inv: f32) -> Block<i32> {
 /// The key row of the quantized copy (head-major: `(page * num_kv_heads + head) * PAGE +
 /// slot`) of each candidate `start + j` of a row: candidate -> token position -> the
 /// sequence's page -> the physical page. Masked-off candidates read nothing and get a row
-/// of page 0.
+/// of page 0, and so does a position outside the sequence's pages (negative, or past its
+/// last page): lists a previous stage wrote on the device are not checked on the host, and
+/// a bad position must give a wrong score, never a read outside the cache.
 #[kernel(crate = "crate::dusk_paths")]
 #[allow(clippy::too_many_arguments)]
 fn key_rows<const PAGE: usize>(
@@ -163,7 +165,11 @@ fn key_rows<const PAGE: usize>(
     let ps = PAGE as i32;
     let page_in_seq = pos / ps;
     let slot = pos % ps;
-    let page = load(kv_page_indices + (first_page + page_in_seq), valid, zero);
+    // Device-written positions are checked here: one outside the sequence's pages reads
+    // no page id and gets page 0's row (slot 0 when negative).
+    let ok = valid & (pos >= 0) & (first_page + page_in_seq < load(kv_indptr + (batch + 1)));
+    let page = load(kv_page_indices + (first_page + page_in_seq), ok, zero);
+    let slot = where_(pos >= 0, slot, zero);
     // The first row of the (page, head) block, then the slot. This order of the arithmetic
     // matters to ptxas: others spill the 14-programs-per-SM `dp2a` tilings (on sm_80 or
     // sm_90a) or cost the tensor-core kernels registers (kernels_gen/tests/ptxas.rs).

@@ -69,6 +69,7 @@ fn stock_kernels() -> Vec<Kernel> {
         use dusk_kernels::synthetic::generate::{build_kv, build_plant, build_query};
         ks.extend([build_kv(d), build_plant(d), build_query(d)].map(Result::unwrap));
     }
+    ks.push(dusk_kernels::pipeline::fallback::dense_fallback_lists::build::<1024>().unwrap());
     // Every configuration the tuner and the benchmark can choose, at head_dim 128.
     for cfg in spgemv::specialised_configs() {
         if cfg.head_dim == 128 && cfg.bits == 4 {

@@ -5,6 +5,9 @@
 //! through `dusk::compiler::KernelBuilder`, and whose `launch` runs it with typed
 //! arguments. See `docs/kernel-language.md` for the language.
 //!
+//! `pipeline!` declares a select-then-prune pipeline over the builder (`pipeline/`, parsed
+//! and generated apart like the kernel language).
+//!
 //! Two stages, as in CubeCL: `parse` reads syn's syntax tree into the language's own
 //! (every construct the language does not have is an error at its span), and `generate`
 //! turns that into builder calls.
@@ -14,6 +17,7 @@ use proc_macro2::TokenStream as TokenStream2;
 
 mod generate;
 mod parse;
+mod pipeline;
 mod policy;
 mod suggest;
 
@@ -73,4 +77,24 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
 #[proc_macro_attribute]
 pub fn policy(attr: TokenStream, item: TokenStream) -> TokenStream {
     policy::expand(attr.into(), item.into()).into()
+}
+
+/// A pipeline declared in a few lines: a selector, zero or more pruners (any `#[policy]`
+/// with its parameters), an attention; expands to the builder's calls, an expression of
+/// type `dusk::kernels::Result<dusk::kernels::pipeline::Pipeline>`, planned later with the
+/// shapes (`Pipeline::plan`). Compositions that cannot work are errors here, at their
+/// span: an unknown stage, selector or attention, dense attention after a selector or a
+/// pruner, SparQ's output mix without SparQ's selector, a policy parameter left out or
+/// misnamed.
+///
+/// ```ignore
+/// let p = dusk::pipeline! {
+///     select: Quest(budget = 0.25),
+///     prune: top_p(p = 0.95),
+///     attend: group_varlen,
+/// }?;
+/// ```
+#[proc_macro]
+pub fn pipeline(input: TokenStream) -> TokenStream {
+    pipeline::expand(input.into()).into()
 }

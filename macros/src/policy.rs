@@ -1,5 +1,6 @@
 //! `#[policy]`: a predicate in the kernel language plus the descriptor the threshold search
-//! is built from. The predicate goes through the kernel language's own parse and generate
+//! is built from, and a `Params` struct of the policy's own parameters (what `pipeline!`
+//! fills in). The predicate goes through the kernel language's own parse and generate
 //! stages (it becomes an inline helper kernel); this module only sorts its parameters into
 //! the kept set's statistics and the policy's own values, and reads their `#[check]`s and
 //! `#[param]`s.
@@ -201,6 +202,19 @@ fn descriptor(name: &Ident, args: &[Arg], target: TokenStream) -> TokenStream {
             }
         }
     }
+    let own: Vec<(&Ident, &Ident)> = args
+        .iter()
+        .filter_map(|a| match a {
+            Arg::Param { name, ty, .. } => Some((name, ty)),
+            Arg::Stat(_) => None,
+        })
+        .collect();
+    // In `Params`, an f32 parameter is an f64 (as `ParamValues` holds values; the device
+    // gets f32), so `p = 0.95` reads back as 0.95; an i32 one stays i32.
+    let (own_names, own_types): (Vec<&Ident>, Vec<TokenStream>) = own
+        .into_iter()
+        .map(|(n, t)| (n, if t == "f32" { quote!(f64) } else { quote!(i32) }))
+        .unzip();
     let pname = LitStr::new(&name.to_string(), name.span());
     let reads: Vec<LitStr> = args
         .iter()
@@ -227,6 +241,22 @@ fn descriptor(name: &Ident, args: &[Arg], target: TokenStream) -> TokenStream {
             target: #target,
             predicate: __predicate,
         };
+
+        /// The policy's own parameters, one value for every row: what `pipeline!` fills in
+        /// (a parameter left out there is a compile error).
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        pub struct Params {
+            #(pub #own_names: #own_types,)*
+        }
+
+        impl Params {
+            /// The values in the policy's order, as `PrunePlan` and the pipeline builder
+            /// take them.
+            #[allow(clippy::unnecessary_cast)]
+            pub fn values(&self) -> ::std::vec::Vec<__dusk::kernels::prune::ParamValues> {
+                ::std::vec![#(__dusk::kernels::prune::ParamValues::Uniform(self.#own_names as f64)),*]
+            }
+        }
     }
 }
 

@@ -95,6 +95,11 @@ pub enum RuntimeError {
     #[error("bundle {path}: {msg}")]
     Bundle { path: String, msg: String },
 
+    /// The work given to [`Device::capture`](crate::Device::capture) failed while it was
+    /// being captured.
+    #[error("the captured work failed: {0}")]
+    Captured(#[source] Box<dyn std::error::Error + Send + Sync>),
+
     /// The closure given to [`Device::time_calls`](crate::Device::time_calls) failed.
     #[error("the timed closure failed: {0}")]
     Timed(#[source] Box<dyn std::error::Error + Send + Sync>),

@@ -13,6 +13,8 @@
 //! - [`LoadedKernel`]: [`Device::load_kernel`] from the IR and, on the GPU, its PTX;
 //!   [`Device::launch`] checks every [`Arg`] against the kernel's parameters first.
 //! - [`Bundle`]: ahead-of-time PTX and a manifest, loaded with no LLVM ([`bundle`]).
+//! - Graphs: [`Device::capture`] records the work a closure queues (a decode step) as a
+//!   CUDA graph, [`Graph::replay`] runs it again over whatever its buffers then hold.
 //! - Timing: the harness every benchmark and the tuner use ([`Device::time_calls`]: inputs
 //!   rotated past twice the L2, calls captured in a CUDA graph and replayed), and [`median`].
 //!
@@ -60,6 +62,7 @@ mod buffer;
 pub mod bundle;
 mod device;
 mod error;
+mod graph;
 mod kernel;
 mod launch;
 mod timing;
@@ -68,6 +71,7 @@ pub use buffer::{AnyBuffer, Buffer, Element};
 pub use bundle::{Bundle, LoadedBundle, Manifest, RawBundle};
 pub use device::Device;
 pub use error::{Result, RuntimeError};
+pub use graph::Graph;
 pub use kernel::{Arg, LoadedKernel};
 pub use timing::{median, rotation_sets, Measured, TimeConfig, Timing};
 

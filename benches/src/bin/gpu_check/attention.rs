@@ -489,7 +489,7 @@ fn graph_replay(dusk: &Dusk, rng: &mut SmallRng, fused_merge: bool) -> Res<(f64,
 
 /// Fills f16 buffers on the device with a hash of the index (uniform in [-1, 1)): the
 /// benchmark caches reach 34 GB, too much to make on the host.
-fn fill_kernel(dusk: &Dusk) -> Res<Arc<LoadedKernel>> {
+pub(crate) fn fill_kernel(dusk: &Dusk) -> Res<Arc<LoadedKernel>> {
     const BLOCK: i64 = 2048;
     let mut b = KernelBuilder::new("bench_fill_f16");
     let x = b.param_ptr("x", DType::F16);
@@ -526,7 +526,12 @@ fn fill_kernel(dusk: &Dusk) -> Res<Arc<LoadedKernel>> {
     Ok(dusk.load(b.finish()?)?)
 }
 
-fn random_device(dusk: &Dusk, fill: &LoadedKernel, n: usize, seed: i64) -> Res<Buffer<f16>> {
+pub(crate) fn random_device(
+    dusk: &Dusk,
+    fill: &LoadedKernel,
+    n: usize,
+    seed: i64,
+) -> Res<Buffer<f16>> {
     let buf = dusk.device().alloc::<f16>(n)?;
     let grid = n.div_ceil(2048) as u32;
     dusk.device().launch(

@@ -9,6 +9,7 @@
 //!     gpu-check threshold [--check-only] [--rows N] [--peers peers.json] [--out threshold_search.json]
 //!     gpu-check attention [--check-only] [--peers peers.json] [--out varlen_attention.json]
 //!     gpu-check selectors [--check-only] [--peers quest.json] [--ds-peers ds.json] [--attention-peers attention.json] [--append-peers append.json] [--only PREFIX]
+//!     gpu-check pipeline  [--check-only] [--batch 32,64] [--context 32768] [--q-scale 8]
 //!
 //! `gpu-check <subcommand> --help` lists every option.
 
@@ -16,6 +17,7 @@ mod append;
 mod attention;
 mod common;
 mod ds;
+mod pipeline;
 mod selectors;
 mod spgemv;
 mod threshold;
@@ -45,6 +47,9 @@ enum Family {
     /// beside PyTorch and as a share of FlashInfer's dense decode; the cache append: checks,
     /// then one decode step's maintenance beside PyTorch.
     Selectors(selectors::SelectorsArgs),
+    /// Pipelines (select, estimate, prune, attend): checks against the f64 reference,
+    /// graph replay against eager steps, then each stage's time in the step.
+    Pipeline(pipeline::PipelineArgs),
 }
 
 fn main() -> ExitCode {
@@ -54,6 +59,7 @@ fn main() -> ExitCode {
         Family::Threshold(a) => threshold::run(&a),
         Family::Attention(a) => attention::run(&a),
         Family::Selectors(a) => selectors::run(&a),
+        Family::Pipeline(a) => pipeline::run(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,25 @@
+//! Pipelines: a selector, zero or more pruners and an attention, declared once and run as
+//! one decode step (DESIGN.md sections 2, 3 and 10; Twilight's Select-then-Prune, Section
+//! 4.1). The builder is usable on its own; the `pipeline!` macro is sugar over it.
+//!
+//! - [`builder`]: the declaration ([`Select`], [`Prune`], [`Attend`],
+//!   [`PipelineBuilder`]) checked as a whole into a [`Pipeline`].
+//! - [`plan`]: [`PipelinePlan`], every sub-plan and buffer sized for a cache and a page
+//!   table; `step` queues the whole step with no allocation and no host sync; per-head
+//!   budgets, a CUDA graph of the step, each stage's time.
+//! - [`select`]: the select slot ([`SelectStage`], [`SelectFactory`]), where selectors
+//!   beyond the built-in page selectors plug in.
+//! - [`fallback`]: the kernel merging dense rows (short sequences) into the pruned lists.
+//! - [`mod@reference`]: the same algorithm in f64 on the host, the oracle of the tests.
+//!
+//! README.md in this folder has an example and the rules of composition.
+
+pub mod builder;
+pub mod fallback;
+pub mod plan;
+pub mod reference;
+pub mod select;
+
+pub use builder::{Attend, Pipeline, PipelineBuilder, Prune, Select};
+pub use plan::{PipelinePlan, PipelineShape, Stage};
+pub use select::{PageSelect, SelectFactory, SelectStage};

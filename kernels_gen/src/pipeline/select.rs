@@ -1,0 +1,140 @@
+//! The select slot of a pipeline: whatever picks each (sequence, KV head)'s candidate
+//! tokens, as CSR lists whose row offsets are fixed when it is planned and whose positions
+//! it writes on the device at every step.
+//!
+//! [`SelectStage`] is a planned selector as the pipeline drives it; [`SelectFactory`] plans
+//! one for a cache shape and a page table. The page selectors of
+//! [`crate::selectors`] (Quest, or a user's [`Selector`]) are built in
+//! ([`PageSelect`]); other selectors (Double Sparsity, SparQ, one's own token selector)
+//! plug in by implementing the two traits, with no change to the pipeline.
+
+use crate::attention_ops::SparqMix;
+use crate::error::Result;
+use crate::ops::Dusk;
+use crate::paged::{KvShape, PageTable};
+use crate::selectors::{Budget, Keep, PageUpdates, Selector, SelectorPlan, SelectorState};
+use dusk_runtime::Buffer;
+use half::f16;
+
+/// A selector planned over one page table, as a pipeline's step runs it.
+pub trait SelectStage: Send {
+    /// The lists' row offsets, `batch * num_kv_heads + 1` entries, fixed by the plan (each
+    /// row's length follows from the page table and the budget).
+    fn sel_indptr(&self) -> &[i32];
+    /// The positions [`SelectStage::select`] writes, ascending within each row (at least
+    /// `sel_indptr`'s last entry of them).
+    fn sel_indices(&self) -> &Buffer<i32>;
+    /// Queues the selection for `q` (f16 `[batch, num_q_heads, head_dim]`): no allocation,
+    /// no host sync.
+    fn select(&mut self, dusk: &Dusk, q: &Buffer<f16>) -> Result<()>;
+    /// Recomputes the state kept beside the cache for `updates`' pages from `k` (nothing
+    /// for a selector without state).
+    fn update(&mut self, dusk: &Dusk, k: &Buffer<f16>, updates: &PageUpdates) -> Result<()>;
+    /// The same selector over another page table, keeping its state.
+    fn replan(self: Box<Self>, dusk: &Dusk, table: &PageTable) -> Result<Box<dyn SelectStage>>;
+    /// SparQ's output mix (`alpha` per query row, the running mean of V), for a selector
+    /// that makes it; `None` otherwise.
+    fn sparq_mix(&self) -> Option<SparqMix<'_, f16>> {
+        None
+    }
+    /// Fills the outputs with `byte` (checks poison them first).
+    fn poison_outputs(&mut self, dusk: &Dusk, byte: u8) -> Result<()>;
+}
+
+/// A selector as a pipeline declares it: its name, its budget, and how to plan it.
+pub trait SelectFactory: Send + Sync {
+    /// The name errors and reports use.
+    fn name(&self) -> &str;
+    /// What each sequence keeps; a sequence no longer than it is attended densely.
+    fn budget(&self) -> Budget;
+    /// Whether the planned stage gives SparQ's output mix ([`SelectStage::sparq_mix`]).
+    fn makes_sparq_mix(&self) -> bool {
+        false
+    }
+    /// Plans the stage for a cache of shape `kv`, `num_q_heads` query heads and `table`.
+    fn plan(
+        &self,
+        dusk: &Dusk,
+        kv: KvShape,
+        num_q_heads: usize,
+        table: &PageTable,
+    ) -> Result<Box<dyn SelectStage>>;
+}
+
+/// A page selector of [`crate::selectors`] (Quest's [`crate::selectors::QUEST`], or a
+/// user's [`Selector`]) with its budget and always-kept pages.
+#[derive(Clone, Copy, Debug)]
+pub struct PageSelect {
+    pub selector: Selector,
+    pub budget: Budget,
+    pub keep: Keep,
+}
+
+impl SelectFactory for PageSelect {
+    fn name(&self) -> &str {
+        self.selector.name
+    }
+    fn budget(&self) -> Budget {
+        self.budget
+    }
+    fn plan(
+        &self,
+        dusk: &Dusk,
+        kv: KvShape,
+        num_q_heads: usize,
+        table: &PageTable,
+    ) -> Result<Box<dyn SelectStage>> {
+        let state = SelectorState::new(dusk, &self.selector, kv)?;
+        let plan = SelectorPlan::new(dusk, state, num_q_heads, table, self.budget, self.keep)?;
+        Ok(Box::new(PageStage {
+            plan,
+            spec: *self,
+            num_q_heads,
+        }))
+    }
+}
+
+/// A planned [`PageSelect`].
+struct PageStage {
+    plan: SelectorPlan,
+    spec: PageSelect,
+    num_q_heads: usize,
+}
+
+impl SelectStage for PageStage {
+    fn sel_indptr(&self) -> &[i32] {
+        &self.plan.shape().sel_indptr
+    }
+    fn sel_indices(&self) -> &Buffer<i32> {
+        self.plan.sel_indices()
+    }
+    fn select(&mut self, dusk: &Dusk, q: &Buffer<f16>) -> Result<()> {
+        self.plan.select(dusk, q)
+    }
+    fn update(&mut self, dusk: &Dusk, k: &Buffer<f16>, updates: &PageUpdates) -> Result<()> {
+        self.plan.update(dusk, k, updates)
+    }
+    fn replan(self: Box<Self>, dusk: &Dusk, table: &PageTable) -> Result<Box<dyn SelectStage>> {
+        let PageStage {
+            plan,
+            spec,
+            num_q_heads,
+        } = *self;
+        let plan = SelectorPlan::new(
+            dusk,
+            plan.into_state(),
+            num_q_heads,
+            table,
+            spec.budget,
+            spec.keep,
+        )?;
+        Ok(Box::new(PageStage {
+            plan,
+            spec,
+            num_q_heads,
+        }))
+    }
+    fn poison_outputs(&mut self, dusk: &Dusk, byte: u8) -> Result<()> {
+        self.plan.poison_outputs(dusk, byte)
+    }
+}
