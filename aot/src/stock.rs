@@ -14,6 +14,7 @@
 //! | `attn_split_dense_d128_g4_f16` | dense paged decode attention, GQA 4, chunks of `chunk_tokens` | `rows, chunks` (= its `max_chunks`) |
 //! | `attn_merge_dense_d128_f16` | its merge | `q_rows` |
 //! | `attn_split_dense_d128_g4_f16_l2` | the same split bringing the next tile into L2 early, the plans' default for chunks of up to 256 tokens (small batches); merged by `attn_merge_dense_d128_f16` | `rows, chunks` |
+//! | `attn_split_dense_d128_g4_f16_ct`, `attn_split_dense_d128_g4_f16_l2_ct` | the two dense splits reading a page table written on the device (`AttentionPlan::for_device_table`), clamped as they read it: offsets into the table, the last page's length into a page, page ids into the cache (two more scalars, `num_pages` and `num_page_entries`) | `rows, chunks` |
 //!
 //! `rows` is the number of candidate (token-list) rows (batch x KV heads), `q_rows` the
 //! query rows (batch x query heads), `max_row_len` the longest candidate row. The
@@ -203,6 +204,7 @@ pub fn kernels() -> Result<Vec<BundleKernel>> {
     .chain(attention_kernels(128, 4, true)?)
     .chain(attention_kernels(128, 4, false)?)
     .chain([dense_l2_prefetch_split(128, 4)?])
+    .chain(checked_table_splits(128, 4)?)
     .chain(converter_kernels()?)
     .collect())
 }
@@ -227,6 +229,37 @@ fn dense_l2_prefetch_split(head_dim: usize, group: usize) -> Result<BundleKernel
     split.kernel = attention::build_split(&cfg)?;
     split.config.insert("l2_prefetch".into(), true.into());
     Ok(split)
+}
+
+/// The two dense splits again, bounds-checking a page table the device writes
+/// (`AttentionPlan::for_device_table`: an engine's table converted on the device each step,
+/// never seen by the host). Launched like `attn_split_dense_*` with two more scalars,
+/// `num_pages` and `num_page_entries`; merged by `attn_merge_dense_d128_f16`.
+fn checked_table_splits(head_dim: usize, group: usize) -> Result<Vec<BundleKernel>> {
+    let [plain, _] = attention_kernels(head_dim, group, false)?;
+    let l2 = dense_l2_prefetch_split(head_dim, group)?;
+    let base = SplitConfig {
+        partial_dtype: dusk_compiler::DType::F16,
+        stream_kv: true,
+        checked_table: true,
+        ..SplitConfig::tensor_cores(
+            head_dim,
+            group,
+            dusk_compiler::DType::F16,
+            TokenSource::Dense,
+        )
+    };
+    let mut out = vec![];
+    for (mut k, l2_prefetch) in [(plain, false), (l2, true)] {
+        k.name.push_str("_ct");
+        k.kernel = attention::build_split(&SplitConfig {
+            l2_prefetch,
+            ..base
+        })?;
+        k.config.insert("checked_table".into(), true.into());
+        out.push(k);
+    }
+    Ok(out)
 }
 
 /// The engine converters (`dusk_kernels::engines`): vLLM's and SGLang's page tables to

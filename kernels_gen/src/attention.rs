@@ -158,6 +158,14 @@ pub struct SplitConfig {
     /// SM. Each clock is read where the values before it are in (a branch on them), so it
     /// tells when the data arrived, not when the load was issued.
     pub timeline: bool,
+    /// The page table is trusted no further than the cache and its own length: scalar
+    /// parameters `num_pages` and `num_page_entries` (the length of `kv_page_indices`)
+    /// follow `scale_log2`, each sequence's offsets are clamped into
+    /// `0..=num_page_entries`, its last page's length into `1..=page_size` and each page id
+    /// into `0..num_pages`. For page tables written on the device (an engine's converter,
+    /// a step that appends a page), which the host never sees: a bad table gives a wrong
+    /// answer, never an access outside the cache or the table.
+    pub checked_table: bool,
 }
 
 impl SplitConfig {
@@ -187,6 +195,7 @@ impl SplitConfig {
             sparq: false,
             merge_chunks: 8,
             timeline: false,
+            checked_table: false,
         }
     }
 }
@@ -338,7 +347,8 @@ fn unsupported(kernel: &str, what: String) -> CompileError {
 /// `num_kv_heads`, `chunk_tokens`, `max_chunks`, (lists only) `num_indices` (entries of
 /// `sel_indices`: entries outside it are absent, whatever `sel_indptr` says), (padded only)
 /// `max_len`, and the f32
-/// `scale_log2` (softmax scale times log2(e)). Grid: `(batch * q_heads / group, max_chunks)`,
+/// `scale_log2` (softmax scale times log2(e)); with `checked_table` then the i32
+/// `num_pages` and `num_page_entries`. Grid: `(batch * q_heads / group, max_chunks)`,
 /// or `(max_chunks, batch * q_heads / group)` with `chunk_fastest`.
 ///
 /// With `balanced`: the partial buffers are indexed by piece (`[programs + rows, G, D]`,
@@ -356,7 +366,7 @@ fn unsupported(kernel: &str, what: String) -> CompileError {
 pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let (d, bt, g_n) = (cfg.head_dim, cfg.block_tokens, cfg.group);
     let name = format!(
-        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}{}{}{}{}{}{}{}{}{}",
+        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}{}{}{}{}{}{}{}{}{}{}",
         match cfg.source {
             TokenSource::Dense => "dense",
             TokenSource::Lists => "lists",
@@ -383,7 +393,8 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         if cfg.row_signals { "_rs" } else { "" },
         partial_suffix(cfg.partial_dtype),
         if cfg.stream_kv { "_cs" } else { "" },
-        if cfg.timeline { "_timeline" } else { "" }
+        if cfg.timeline { "_timeline" } else { "" },
+        if cfg.checked_table { "_ct" } else { "" }
     );
     let tc = cfg.tensor_cores;
     if !matches!(d, 64 | 128 | 256)
@@ -479,6 +490,12 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         _ => None,
     };
     let scale_log2 = b.param_scalar("scale_log2", DType::F32);
+    let table_bounds = cfg.checked_table.then(|| {
+        (
+            b.param_scalar("num_pages", DType::I32),
+            b.param_scalar("num_page_entries", DType::I32),
+        )
+    });
     if merged.is_none() {
         // The merge may start its programs now; they wait for this kernel's end themselves.
         b.release_dependents();
@@ -512,6 +529,22 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         let page_end = b.load(p);
         let p = b.add_ptr(kv_last_page_len, batch);
         let last = b.load(p);
+        // A device-written table: offsets inside the table, the last page's length inside
+        // a page, so that every position below `seq_len` has its page entry in the table.
+        let (page_base, page_end, last) = match table_bounds {
+            None => (page_base, page_end, last),
+            Some((_, entries)) => {
+                let z = b.i32(0);
+                let base = b.maximum(page_base, z);
+                let base = b.minimum(base, entries);
+                let end = b.maximum(page_end, base);
+                let end = b.minimum(end, entries);
+                let one = b.i32(1);
+                let c_ps = b.i32(cfg.page_size as i32);
+                let last = b.maximum(last, one);
+                (base, end, b.minimum(last, c_ps))
+            }
+        };
         let pages = b.sub(page_end, page_base);
         let ps = cfg.page_size as i64;
         let full = b.mul_c(pages, ps);
@@ -631,7 +664,15 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     let page_in_seq = b.div(pos, c_ps);
                     let pi = b.add(page_base, page_in_seq);
                     let p = b.add_ptr(kv_page_indices, pi);
-                    b.load_masked(p, Some(ok), Some(z))
+                    let page = b.load_masked(p, Some(ok), Some(z));
+                    match table_bounds {
+                        None => page,
+                        Some((num_pages, _)) => {
+                            let top = b.add_c(num_pages, -1);
+                            let page = b.minimum(page, top);
+                            b.maximum(page, z)
+                        }
+                    }
                 };
                 // Element offset of each token's K (and V) row of this KV head.
                 let row_offsets = |b: &mut KernelBuilder, pos: Value, page: Value| -> Value {

@@ -311,6 +311,8 @@ pub struct AttentionPlan {
     layout: Layout,
     rows: usize,
     scale_log2: f32,
+    /// The split bounds-checks the page table it reads ([`AttentionPlan::for_device_table`]).
+    checked_table: bool,
 }
 
 /// The split's partial outputs, in the type the plan's tuning chose.
@@ -355,6 +357,9 @@ fn programs_per_sm(kernel: &LoadedKernel) -> usize {
 pub struct AttentionMeta {
     mode: AttentionMode,
     batch: usize,
+    /// The page table was written on the device (not checked on the host): only a plan
+    /// made by [`AttentionPlan::for_device_table`] reads it.
+    device_table: bool,
     kv_indptr: Buffer<i32>,
     kv_page_indices: Buffer<i32>,
     kv_last_page_len: Buffer<i32>,
@@ -397,6 +402,29 @@ impl AttentionPlan {
         dusk: &Dusk,
         spec: AttentionSpec,
         tune: impl FnOnce(&mut AttentionTuning),
+    ) -> Result<AttentionPlan> {
+        Self::build(dusk, spec, tune, false)
+    }
+
+    /// A plan whose runs read a page table that the device writes (an engine's converter,
+    /// [`crate::engines`], run in the same captured step), through
+    /// [`AttentionPlan::device_table_meta`]: the split clamps what it reads of the table
+    /// (see [`SplitConfig::checked_table`]), so the table needs no host check and may change
+    /// between runs, as the pruner's lists do. `spec.max_tokens` bounds every sequence
+    /// (longer ones are cut) and sizes the grid.
+    pub fn for_device_table(
+        dusk: &Dusk,
+        spec: AttentionSpec,
+        tune: impl FnOnce(&mut AttentionTuning),
+    ) -> Result<AttentionPlan> {
+        Self::build(dusk, spec, tune, true)
+    }
+
+    fn build(
+        dusk: &Dusk,
+        spec: AttentionSpec,
+        tune: impl FnOnce(&mut AttentionTuning),
+        checked_table: bool,
     ) -> Result<AttentionPlan> {
         spec.kv.validate()?;
         ensure(spec.batch > 0, "batch", "at least 1", spec.batch)?;
@@ -553,6 +581,7 @@ impl AttentionPlan {
             sparq: spec.sparq,
             merge_chunks: tuning.merge_chunks,
             timeline: tuning.timeline,
+            checked_table,
         };
         let merge_cfg = MergeConfig {
             head_dim: spec.kv.head_dim,
@@ -619,6 +648,7 @@ impl AttentionPlan {
             layout,
             rows,
             scale_log2: scale * std::f32::consts::LOG2_E,
+            checked_table,
         })
     }
 
@@ -768,6 +798,84 @@ impl AttentionPlan {
         Ok(meta)
     }
 
+    /// Metadata around a page table that the GPU writes (e.g.
+    /// [`crate::engines::vllm_to_csr`]'s output), for a plan made by
+    /// [`AttentionPlan::for_device_table`]: `kv_indptr` (`batch + 1` entries),
+    /// `kv_page_indices` (its capacity) and `kv_last_page_len` (`batch`), and for the list
+    /// modes the device lists as [`AttentionPlan::device_meta`] takes them. Their contents
+    /// are not read on the host; each run reads them as they are then, clamped by the
+    /// split (bad entries give wrong answers, never bad memory accesses).
+    pub fn device_table_meta(
+        &self,
+        kv_indptr: Buffer<i32>,
+        kv_page_indices: Buffer<i32>,
+        kv_last_page_len: Buffer<i32>,
+        lists: Option<(Buffer<i32>, Buffer<i32>)>,
+    ) -> Result<AttentionMeta> {
+        let spec = &self.spec;
+        ensure(
+            self.checked_table,
+            "kv_indptr",
+            "a host page table (this plan was not made for device tables: for_device_table)",
+            "a device page table",
+        )?;
+        let b = spec.batch;
+        ensure(
+            kv_indptr.len() == b + 1,
+            "kv_indptr",
+            format!("{} entries (batch + 1)", b + 1),
+            kv_indptr.len(),
+        )?;
+        ensure(
+            kv_last_page_len.len() == b,
+            "kv_last_page_len",
+            format!("{b} entries (batch)"),
+            kv_last_page_len.len(),
+        )?;
+        // Positions (pages x page_size) stay in i32 whatever the offsets say.
+        let most = (i32::MAX as usize) / spec.kv.page_size;
+        ensure(
+            (1..=most).contains(&kv_page_indices.len()),
+            "kv_page_indices",
+            format!("1 to {most} entries"),
+            kv_page_indices.len(),
+        )?;
+        let (sel_indptr, sel_indices) = match (spec.mode, lists) {
+            (AttentionMode::Dense, None) => (None, None),
+            (AttentionMode::Dense, Some(_)) => {
+                return Err(invalid("lists", "none in dense mode", "token lists"))
+            }
+            (AttentionMode::HeadVarlen | AttentionMode::GroupVarlen, Some((ip, ix))) => {
+                let rows = b * rows_per_batch(spec);
+                ensure(
+                    ip.len() == rows + 1,
+                    "sel_indptr",
+                    format!("{} entries (rows + 1)", rows + 1),
+                    ip.len(),
+                )?;
+                (Some(ip), Some(ix))
+            }
+            (mode, _) => {
+                return Err(invalid(
+                    "lists",
+                    "device lists in HeadVarlen or GroupVarlen mode, none in Dense",
+                    format!("{mode:?}"),
+                ))
+            }
+        };
+        Ok(AttentionMeta {
+            mode: spec.mode,
+            batch: b,
+            device_table: true,
+            kv_indptr,
+            kv_page_indices,
+            kv_last_page_len,
+            sel_indptr,
+            sel_indices,
+            sel_lens: None,
+        })
+    }
+
     fn upload_meta_table(&self, dusk: &Dusk, table: &PageTable) -> Result<AttentionMeta> {
         table.validate(&self.spec.kv)?;
         ensure(
@@ -780,6 +888,7 @@ impl AttentionPlan {
         Ok(AttentionMeta {
             mode: self.spec.mode,
             batch: self.spec.batch,
+            device_table: false,
             kv_indptr: dev.upload(&table.kv_indptr)?,
             kv_page_indices: dev.upload(&nonempty(&table.kv_page_indices))?,
             kv_last_page_len: dev.upload(&table.kv_last_page_len)?,
@@ -851,6 +960,12 @@ impl AttentionPlan {
                 spec.mode, spec.batch
             ),
             format!("{:?}, batch {}", meta.mode, meta.batch),
+        )?;
+        ensure(
+            !meta.device_table || self.checked_table,
+            "meta",
+            "host-checked metadata (a device page table needs a plan made by for_device_table)",
+            "a device page table",
         )?;
         ensure(
             sparq.is_some() == spec.sparq,
@@ -936,6 +1051,12 @@ impl AttentionPlan {
             _ => args.push(Arg::I32(num_indices)),
         }
         args.push(Arg::F32(self.scale_log2));
+        if self.checked_table {
+            args.extend([
+                Arg::I32(spec.kv.num_pages as i32),
+                Arg::I32(meta.kv_page_indices.len().min(i32::MAX as usize) as i32),
+            ]);
+        }
         dev.launch(&self.split, self.grid(), &args)?;
         let Some(merge) = &self.merge else {
             return Ok(());

@@ -74,6 +74,10 @@ fn the_stock_bundle_holds_the_kernels_of_its_shapes() {
             dtype: DType::F16,
         };
         AttentionPlan::new(&dusk, spec).unwrap();
+        // Dense over a page table the device writes (the Python package's device_table).
+        if mode == AttentionMode::Dense {
+            AttentionPlan::for_device_table(&dusk, spec, |_| {}).unwrap();
+        }
     }
     // The engine converters.
     let mut out = CsrPages::alloc(&dusk, 2, 4).unwrap();
@@ -88,7 +92,7 @@ fn the_stock_bundle_holds_the_kernels_of_its_shapes() {
     let pool = dev.upload(&[1i32, 0]).unwrap();
     engines::sglang_to_csr(&dusk, &rows, table_rows, &pool, &lens, 1, 64, &mut out).unwrap();
     assert_eq!(missing(&dusk), Vec::<String>::new());
-    assert_eq!(dusk.loaded_kernels().len(), 12);
+    assert_eq!(dusk.loaded_kernels().len(), 13);
 
     // What it does not hold: another policy, another head_dim, dense attention of short
     // chunks (their default tuning prefetches into L2).

@@ -113,6 +113,7 @@ fn attention_kernels() -> Vec<Kernel> {
                     sparq: false,
                     merge_chunks: 8,
                     timeline: false,
+                    checked_table: false,
                 };
                 // With token lists, also the split signalling the merge's rows, and the
                 // merge inside the split (an option, checked
@@ -226,6 +227,7 @@ fn attention_kernels() -> Vec<Kernel> {
             sparq: false,
             merge_chunks: 8,
             timeline: false,
+            checked_table: false,
         };
         ks.push(attention::build_split(&cfg).unwrap());
     }
@@ -256,6 +258,7 @@ fn attention_reads_kv_in_16_byte_vectors() {
         sparq: false,
         merge_chunks: 8,
         timeline: false,
+        checked_table: false,
     };
     let ptx = compile(&attention::build_split(&cfg).unwrap(), &Target::sm90a()).unwrap();
     let v4 = ptx.matches("ld.global.v4").count();
