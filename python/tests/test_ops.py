@@ -434,6 +434,64 @@ def test_converted_table_drives_attention(rng):
     np.testing.assert_allclose(out.astype(np.float64), want, atol=2e-2)
 
 
+def test_device_page_table_is_read_at_each_run(rng):
+    # device_table=True: the plan borrows kv_indptr / kv_page_indices / kv_last_page_len
+    # and each run reads them as they are then. Step by step, vLLM's table is converted
+    # into them (on the device, as a captured decode step would) and attention follows,
+    # with no new plan: equal to the reference on each step's table.
+    hkv, hq, d, num_pages, batch, max_pages = 2, 4, 64, 16, 2, 4
+    k = rng.standard_normal((num_pages, PAGE, hkv, d)).astype(np.float16)
+    v = rng.standard_normal((num_pages, PAGE, hkv, d)).astype(np.float16)
+    kv_indptr = np.zeros(batch + 1, np.int32)
+    kv_page_indices = np.zeros(batch * max_pages, np.int32)
+    kv_last_page_len = np.zeros(batch, np.int32)
+    a = dusk.AttentionPlan("cpu")
+    a.plan(
+        kv_indptr, kv_page_indices, kv_last_page_len, num_qo_heads=hq, num_kv_heads=hkv,
+        head_dim=d, page_size=PAGE, num_pages=num_pages, device_table=True,
+        max_tokens=max_pages * PAGE,
+    )
+    out = np.full((batch, hq, d), np.nan, np.float16)
+    for seq_lens in ([20, 33], [64, 1], [0, 50]):
+        block_table = np.stack([rng.permutation(num_pages)[:max_pages] for _ in range(batch)]).astype(np.int32)
+        lens = np.array(seq_lens, np.int32)
+        dusk.vllm_to_csr(block_table, lens, kv_indptr, kv_page_indices, kv_last_page_len, page_size=PAGE, num_pages=num_pages)
+        q = rng.standard_normal((batch, hq, d)).astype(np.float16)
+        a.run(q, k, v, out)
+        want, _ = ref.attention(
+            q, k, v, kv_indptr, kv_page_indices, kv_last_page_len, PAGE,
+            lambda b, h: np.arange(seq_lens[b]), d**-0.5,
+        )
+        np.testing.assert_allclose(out.astype(np.float64), want, atol=2e-2)
+    # A table no converter wrote (offsets outside the table, page ids outside the cache,
+    # last pages of no or too many tokens): a wrong answer, never an access outside the
+    # buffers (the interpreter would raise DeviceError).
+    kv_indptr[:] = [5, -3, 1 << 30]
+    kv_page_indices[:] = [-1, num_pages, 1 << 30, 3, 2, 1, 0, -(1 << 30)]
+    kv_last_page_len[:] = [0, 1000]
+    a.run(q, k, v, out)
+    kv_indptr[:] = [0, 3, 8]
+    a.run(q, k, v, out)
+
+
+def test_device_page_table_arguments_are_checked():
+    t = (np.zeros(3, np.int32), np.zeros(8, np.int32), np.zeros(2, np.int32))
+    kw = dict(num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=PAGE, num_pages=8, device_table=True)
+    a = dusk.AttentionPlan("cpu")
+    with pytest.raises(dusk.InvalidArgument) as e:
+        a.plan(*t, **kw)
+    assert e.value.arg == "max_tokens"
+    with pytest.raises(dusk.InvalidArgument) as e:
+        a.plan(np.zeros(3, np.int64), *t[1:], max_tokens=64, **kw)
+    assert e.value.arg == "kv_indptr"
+    with pytest.raises(dusk.InvalidArgument) as e:
+        a.plan(*t, max_tokens=64, mode="group", sel_indptr=[0, 0, 0, 0, 0], sel_indices=[0], **kw)
+    assert e.value.arg == "sel_indptr"
+    with pytest.raises(dusk.InvalidArgument) as e:
+        a.plan(t[0], t[1], np.zeros(3, np.int32), max_tokens=64, **kw)
+    assert e.value.arg == "kv_last_page_len"
+
+
 def test_bundle_and_kernels_report():
     info = dusk.bundle_info()
     assert info["arch"] == "sm_90a"
