@@ -325,6 +325,42 @@ impl PrunePlan {
 
     /// Searches every query row of `scores` and writes the kept positions: one launch.
     pub fn run(&mut self, dusk: &Dusk, scores: &Buffer<f32>) -> Result<()> {
+        self.launch(dusk, scores, None)
+    }
+
+    /// As [`PrunePlan::run`], with the kept positions written to the caller's buffers
+    /// instead of the plan's (`sel_indptr`: rows + 1 entries, `sel_indices`: room for every
+    /// candidate, at least one), e.g. the device lists an attention plan reads, so that no
+    /// copy lies between the two. Budgets, kept mass and flags still go to the plan's.
+    pub fn run_into(
+        &mut self,
+        dusk: &Dusk,
+        scores: &Buffer<f32>,
+        sel_indptr: &mut Buffer<i32>,
+        sel_indices: &mut Buffer<i32>,
+    ) -> Result<()> {
+        ensure(
+            sel_indptr.len() == self.rows + 1,
+            "sel_indptr",
+            format!("{} entries (rows + 1)", self.rows + 1),
+            sel_indptr.len(),
+        )?;
+        let room = self.sel_indices.len();
+        ensure(
+            sel_indices.len() >= room,
+            "sel_indices",
+            format!("at least {room} entries (every candidate)"),
+            sel_indices.len(),
+        )?;
+        self.launch(dusk, scores, Some((sel_indptr, sel_indices)))
+    }
+
+    fn launch(
+        &self,
+        dusk: &Dusk,
+        scores: &Buffer<f32>,
+        into: Option<(&mut Buffer<i32>, &mut Buffer<i32>)>,
+    ) -> Result<()> {
         ensure(
             scores.len() >= self.num_scores(),
             "scores",
@@ -334,6 +370,10 @@ impl PrunePlan {
         if self.rows == 0 {
             return Ok(());
         }
+        let (sel_indptr, sel_indices) = match into {
+            Some((a, b)) => (&*a, &*b),
+            None => (&self.sel_indptr, &self.sel_indices),
+        };
         let device = dusk.device();
         let mut args = vec![Arg::from(scores)];
         args.extend(self.work.iter().chain(&self.scratch).map(Arg::from));
@@ -346,8 +386,8 @@ impl PrunePlan {
         }
         args.extend([
             Arg::F32(self.scale_log2e),
-            Arg::from(&self.sel_indptr),
-            Arg::from(&self.sel_indices),
+            Arg::from(sel_indptr),
+            Arg::from(sel_indices),
             Arg::from(&self.prefix),
             Arg::from(&self.budget),
             Arg::from(&self.kept_mass),

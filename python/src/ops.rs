@@ -851,6 +851,77 @@ impl PrunePlanPy {
         on_stream(ctx, stream, || st.plan.run(&ctx.dusk, &b)).py_err()
     }
 
+    /// As `run`, with the kept lists written to the caller's int32 tensors on the plan's
+    /// device instead of the plan's own: `sel_indptr` `[rows + 1]` and `sel_indices` (room
+    /// for every candidate: at least `max(nnz, 1)`), e.g. the device lists an
+    /// `AttentionPlan` planned with `device_lists=True` reads, so that no copy lies between
+    /// the pruner and attention. Budgets, kept mass and flags still go to the plan's
+    /// outputs. One launch on the caller's stream: no allocation, no sync.
+    #[pyo3(signature = (scores, sel_indptr, sel_indices, *, stream=None))]
+    fn run_into(
+        &self,
+        py: Python<'_>,
+        scores: &Bound<'_, PyAny>,
+        sel_indptr: &Bound<'_, PyAny>,
+        sel_indices: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let st = self.state()?;
+        let ctx = &self.ctx;
+        let stream = resolve_stream(py, ctx.place, stream)?;
+        let ts = tensors(
+            ctx,
+            stream,
+            &[
+                (scores, "scores"),
+                (sel_indptr, "sel_indptr"),
+                (sel_indices, "sel_indices"),
+            ],
+        )?;
+        let [t, ip, ix] = &ts[..] else { unreachable!() };
+        let [n] = t.expect_rank(DType::F32, 1, "[num_scores]")? else {
+            unreachable!()
+        };
+        t.expect_contiguous()?;
+        let mut st = st.lock().unwrap_or_else(|e| e.into_inner());
+        let need = st.nnz * st.group;
+        if *n < need {
+            return Err(invalid(
+                "scores",
+                format!("float32[{need}] or longer (num_scores)"),
+                t.describe(),
+            ));
+        }
+        ip.expect(DType::I32, &[st.rows + 1])?;
+        let room = st.nnz.max(1);
+        let [cap] = ix.expect_rank(DType::I32, 1, "[capacity]")? else {
+            unreachable!()
+        };
+        if *cap < room {
+            return Err(invalid(
+                "sel_indices",
+                format!("int32[{room}] or longer (every candidate)"),
+                ix.describe(),
+            ));
+        }
+        ix.expect_contiguous()?;
+        check_outputs(&[t, ip, ix], &[ip, ix])?;
+        let dev = ctx.device();
+        // SAFETY: contiguous tensors of the checked types and lengths, alive past the
+        // queueing; the outputs share memory with no input or each other (checked).
+        let (b, mut a, mut c) = unsafe {
+            (
+                t.borrow::<f32>(dev)?,
+                ip.borrow::<i32>(dev)?,
+                ix.borrow::<i32>(dev)?,
+            )
+        };
+        on_stream(ctx, stream, || {
+            st.plan.run_into(&ctx.dusk, &b, &mut a, &mut c)
+        })
+        .py_err()
+    }
+
     /// int32 `[rows + 1]`: where each candidate row's kept positions start.
     #[getter]
     fn sel_indptr(&self) -> PyResult<Array> {

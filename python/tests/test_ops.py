@@ -493,6 +493,45 @@ def test_device_page_table_arguments_are_checked():
     assert e.value.arg == "kv_last_page_len"
 
 
+def test_prune_run_into_writes_the_attention_plans_lists(rng):
+    # The pruner writes its kept lists straight into the tensors an attention plan reads
+    # (device_lists=True): no copy between them, and the output equals attention over the
+    # lists the plan's own outputs hold after run.
+    seq_lens = [40, 25]
+    hkv, hq, d = 2, 4, 64
+    indptr, ids, last, num_pages, q, k, v = attention_case(rng, seq_lens, hkv, hq, d)
+    cand_indptr = np.array([0, 40, 80, 105, 130], np.int32)
+    cand_indices = np.concatenate([np.arange(n) for n in seq_lens for _ in range(hkv)]).astype(np.int32)
+    scores = (rng.standard_normal(len(cand_indices)) * 3).astype(np.float32)
+    p = dusk.PrunePlan("cpu")
+    p.plan(cand_indptr, cand_indices, policy="top_p", params={"p": 0.9})
+    sel_indptr = np.full(5, -1, np.int32)
+    sel_indices = np.full(len(cand_indices), -1, np.int32)
+    a = dusk.AttentionPlan("cpu")
+    a.plan(indptr, ids, last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=PAGE, num_pages=num_pages,
+           mode="group", sel_indptr=sel_indptr, sel_indices=sel_indices, device_lists=True, max_tokens=40)
+    p.run_into(scores, sel_indptr, sel_indices)
+    p.run(scores)
+    want_ip = np.from_dlpack(p.sel_indptr)
+    np.testing.assert_array_equal(sel_indptr, want_ip)
+    np.testing.assert_array_equal(sel_indices[: want_ip[-1]], np.from_dlpack(p.sel_indices)[: want_ip[-1]])
+    out = np.zeros(q.shape, np.float16)
+    a.run(q, k, v, out)
+    group = hq // hkv
+    rows = lambda b, h: sel_indices[sel_indptr[b * hkv + h // group] : sel_indptr[b * hkv + h // group + 1]]  # noqa: E731
+    want, _ = ref.attention(q, k, v, indptr, ids, last, PAGE, rows, d**-0.5)
+    np.testing.assert_allclose(out.astype(np.float64), want, atol=2e-2)
+    with pytest.raises(dusk.InvalidArgument) as e:
+        p.run_into(scores, sel_indptr[:4], sel_indices)
+    assert e.value.arg == "sel_indptr"
+    with pytest.raises(dusk.InvalidArgument) as e:
+        p.run_into(scores, sel_indptr, sel_indices[:10])
+    assert e.value.arg == "sel_indices"
+    with pytest.raises(dusk.InvalidArgument) as e:
+        p.run_into(scores, sel_indptr, sel_indptr)
+    assert e.value.arg in ("sel_indptr", "sel_indices")
+
+
 def test_bundle_and_kernels_report():
     info = dusk.bundle_info()
     assert info["arch"] == "sm_90a"
