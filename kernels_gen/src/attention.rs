@@ -123,6 +123,10 @@ pub struct SplitConfig {
     /// all. Measured on an H100 it lost (skewed group varlen 44.6 us against 40.8 with the
     /// merge launch, though skipping that launch would save about 15%): the last piece
     /// waits for its stores, the atomic and the merge, on the kernel's critical path.
+    /// In the grid (dense, padded): every chunk's program arrives at its row's counter
+    /// (`[rows]`) and the last of the row's `max_chunks` merges the group's query rows
+    /// (`merge_chunks_if_last`): one launch a run, for callers whose host time counts (a
+    /// model's decode step at batch 32, 32k: 0.33% more GPU time, python_decode.json).
     ///
     /// [`OpKind::Arrive`]: dusk_compiler::ir::OpKind::Arrive
     pub fused_merge: bool,
