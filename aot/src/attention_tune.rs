@@ -212,6 +212,7 @@ fn split_hash(shape: &AttentionShape, t: &AttentionTuning) -> Result<String, Str
         sparq: false,
         merge_chunks: t.merge_chunks,
         timeline: false,
+        checked_table: false,
     })
     .map_err(|e| e.to_string())?;
     Ok(ir_hash(&split))

@@ -14,6 +14,8 @@
 //! | `attn_split_dense_d128_g4_f16` | dense paged decode attention, GQA 4, chunks of `chunk_tokens` | `rows, chunks` (= its `max_chunks`) |
 //! | `attn_merge_dense_d128_f16` | its merge | `q_rows` |
 //! | `attn_split_dense_d128_g4_f16_l2` | the same split bringing the next tile into L2 early, the plans' default for chunks of up to 256 tokens (small batches); merged by `attn_merge_dense_d128_f16` | `rows, chunks` |
+//! | `attn_split_dense_d128_g4_f16[_l2]_ct` | the two dense splits reading a page table written on the device (`AttentionPlan::for_device_table`), clamped as they read it: offsets into the table, the last page's length into a page, page ids into the cache (two more scalars, `num_pages` and `num_page_entries`) | `rows, chunks` |
+//! | `attn_split_dense_d128_g4_f16[_l2]_fm[_ct]` | the dense splits merging inside the split (`AttentionTuning::fused_merge`: the last chunk of a row merges it, one launch a run; `out`, `lse` and `counters`, i32 `[rows]` zeroed once, follow `part_lse`), over a host or a device page table | `rows, chunks` |
 //!
 //! `rows` is the number of candidate (token-list) rows (batch x KV heads), `q_rows` the
 //! query rows (batch x query heads), `max_row_len` the longest candidate row. The
@@ -203,6 +205,7 @@ pub fn kernels() -> Result<Vec<BundleKernel>> {
     .chain(attention_kernels(128, 4, true)?)
     .chain(attention_kernels(128, 4, false)?)
     .chain([dense_l2_prefetch_split(128, 4)?])
+    .chain(dense_split_variants(128, 4)?)
     .chain(converter_kernels()?)
     .collect())
 }
@@ -227,6 +230,58 @@ fn dense_l2_prefetch_split(head_dim: usize, group: usize) -> Result<BundleKernel
     split.kernel = attention::build_split(&cfg)?;
     split.config.insert("l2_prefetch".into(), true.into());
     Ok(split)
+}
+
+/// The dense split's other variants the plans build: bounds-checking a page table the
+/// device writes (`_ct`: `AttentionPlan::for_device_table`, an engine's table converted on
+/// the device each step, never seen by the host; two more scalars, `num_pages` and
+/// `num_page_entries`), and merging inside the split (`_fm`: `AttentionTuning::fused_merge`,
+/// the last chunk of a row merges it, so a run is one launch; `part_lse` is followed by
+/// `out`, `lse` and `counters`, i32 `[rows]` zeroed once and left zero by every launch),
+/// each with and without the L2 prefetch. Launched like `attn_split_dense_*`; the `_fm`
+/// ones need no merge launch, the others are merged by `attn_merge_dense_d128_f16`.
+fn dense_split_variants(head_dim: usize, group: usize) -> Result<Vec<BundleKernel>> {
+    let [plain, _] = attention_kernels(head_dim, group, false)?;
+    let base = SplitConfig {
+        partial_dtype: dusk_compiler::DType::F16,
+        stream_kv: true,
+        ..SplitConfig::tensor_cores(
+            head_dim,
+            group,
+            dusk_compiler::DType::F16,
+            TokenSource::Dense,
+        )
+    };
+    let mut out = vec![];
+    for (fused_merge, checked_table) in [(false, true), (true, false), (true, true)] {
+        for l2_prefetch in [false, true] {
+            let mut k = BundleKernel {
+                name: plain.name.clone(),
+                family: plain.family.clone(),
+                kernel: attention::build_split(&SplitConfig {
+                    l2_prefetch,
+                    fused_merge,
+                    checked_table,
+                    ..base
+                })?,
+                inputs: plain.inputs.clone(),
+                grid: plain.grid.clone(),
+                config: plain.config.clone(),
+            };
+            for (on, suffix, key) in [
+                (l2_prefetch, "_l2", "l2_prefetch"),
+                (fused_merge, "_fm", "fused_merge"),
+                (checked_table, "_ct", "checked_table"),
+            ] {
+                if on {
+                    k.name.push_str(suffix);
+                    k.config.insert(key.into(), true.into());
+                }
+            }
+            out.push(k);
+        }
+    }
+    Ok(out)
 }
 
 /// The engine converters (`dusk_kernels::engines`): vLLM's and SGLang's page tables to

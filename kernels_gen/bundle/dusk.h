@@ -115,6 +115,54 @@ static inline int dusk_attn_split_dense_d128_g4_f16_l2(CUstream stream, CUdevice
     return dusk_launch("attn_split_dense_d128_g4_f16_l2", stream, args, 13, inputs, 2);
 }
 
+/* attn_split_dense_d128_g4_f16_ct (attention_split): {"block_tokens":8,"checked_table":true,"dtype":"f16","group":4,"head_dim":128,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":false,"source":"dense","stream_kv":true,"tensor_cores":true}
+ * grid (rows, chunks, 1), 32 threads a program. */
+static inline int dusk_attn_split_dense_d128_g4_f16_ct(CUstream stream, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr part_o, CUdeviceptr part_lse, int32_t num_q_heads, int32_t num_kv_heads, int32_t chunk_tokens, int32_t max_chunks, float scale_log2, int32_t num_pages, int32_t num_page_entries, uint64_t rows, uint64_t chunks) {
+    void *args[] = {&q, &k, &v, &kv_indptr, &kv_page_indices, &kv_last_page_len, &part_o, &part_lse, &num_q_heads, &num_kv_heads, &chunk_tokens, &max_chunks, &scale_log2, &num_pages, &num_page_entries};
+    const uint64_t inputs[] = {rows, chunks};
+    return dusk_launch("attn_split_dense_d128_g4_f16_ct", stream, args, 15, inputs, 2);
+}
+
+/* attn_split_dense_d128_g4_f16_l2_ct (attention_split): {"block_tokens":8,"checked_table":true,"dtype":"f16","group":4,"head_dim":128,"l2_prefetch":true,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":false,"source":"dense","stream_kv":true,"tensor_cores":true}
+ * grid (rows, chunks, 1), 32 threads a program. */
+static inline int dusk_attn_split_dense_d128_g4_f16_l2_ct(CUstream stream, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr part_o, CUdeviceptr part_lse, int32_t num_q_heads, int32_t num_kv_heads, int32_t chunk_tokens, int32_t max_chunks, float scale_log2, int32_t num_pages, int32_t num_page_entries, uint64_t rows, uint64_t chunks) {
+    void *args[] = {&q, &k, &v, &kv_indptr, &kv_page_indices, &kv_last_page_len, &part_o, &part_lse, &num_q_heads, &num_kv_heads, &chunk_tokens, &max_chunks, &scale_log2, &num_pages, &num_page_entries};
+    const uint64_t inputs[] = {rows, chunks};
+    return dusk_launch("attn_split_dense_d128_g4_f16_l2_ct", stream, args, 15, inputs, 2);
+}
+
+/* attn_split_dense_d128_g4_f16_fm (attention_split): {"block_tokens":8,"dtype":"f16","fused_merge":true,"group":4,"head_dim":128,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":false,"source":"dense","stream_kv":true,"tensor_cores":true}
+ * grid (rows, chunks, 1), 32 threads a program. */
+static inline int dusk_attn_split_dense_d128_g4_f16_fm(CUstream stream, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr part_o, CUdeviceptr part_lse, CUdeviceptr out, CUdeviceptr lse, CUdeviceptr counters, int32_t num_q_heads, int32_t num_kv_heads, int32_t chunk_tokens, int32_t max_chunks, float scale_log2, uint64_t rows, uint64_t chunks) {
+    void *args[] = {&q, &k, &v, &kv_indptr, &kv_page_indices, &kv_last_page_len, &part_o, &part_lse, &out, &lse, &counters, &num_q_heads, &num_kv_heads, &chunk_tokens, &max_chunks, &scale_log2};
+    const uint64_t inputs[] = {rows, chunks};
+    return dusk_launch("attn_split_dense_d128_g4_f16_fm", stream, args, 16, inputs, 2);
+}
+
+/* attn_split_dense_d128_g4_f16_l2_fm (attention_split): {"block_tokens":8,"dtype":"f16","fused_merge":true,"group":4,"head_dim":128,"l2_prefetch":true,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":false,"source":"dense","stream_kv":true,"tensor_cores":true}
+ * grid (rows, chunks, 1), 32 threads a program. */
+static inline int dusk_attn_split_dense_d128_g4_f16_l2_fm(CUstream stream, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr part_o, CUdeviceptr part_lse, CUdeviceptr out, CUdeviceptr lse, CUdeviceptr counters, int32_t num_q_heads, int32_t num_kv_heads, int32_t chunk_tokens, int32_t max_chunks, float scale_log2, uint64_t rows, uint64_t chunks) {
+    void *args[] = {&q, &k, &v, &kv_indptr, &kv_page_indices, &kv_last_page_len, &part_o, &part_lse, &out, &lse, &counters, &num_q_heads, &num_kv_heads, &chunk_tokens, &max_chunks, &scale_log2};
+    const uint64_t inputs[] = {rows, chunks};
+    return dusk_launch("attn_split_dense_d128_g4_f16_l2_fm", stream, args, 16, inputs, 2);
+}
+
+/* attn_split_dense_d128_g4_f16_fm_ct (attention_split): {"block_tokens":8,"checked_table":true,"dtype":"f16","fused_merge":true,"group":4,"head_dim":128,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":false,"source":"dense","stream_kv":true,"tensor_cores":true}
+ * grid (rows, chunks, 1), 32 threads a program. */
+static inline int dusk_attn_split_dense_d128_g4_f16_fm_ct(CUstream stream, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr part_o, CUdeviceptr part_lse, CUdeviceptr out, CUdeviceptr lse, CUdeviceptr counters, int32_t num_q_heads, int32_t num_kv_heads, int32_t chunk_tokens, int32_t max_chunks, float scale_log2, int32_t num_pages, int32_t num_page_entries, uint64_t rows, uint64_t chunks) {
+    void *args[] = {&q, &k, &v, &kv_indptr, &kv_page_indices, &kv_last_page_len, &part_o, &part_lse, &out, &lse, &counters, &num_q_heads, &num_kv_heads, &chunk_tokens, &max_chunks, &scale_log2, &num_pages, &num_page_entries};
+    const uint64_t inputs[] = {rows, chunks};
+    return dusk_launch("attn_split_dense_d128_g4_f16_fm_ct", stream, args, 18, inputs, 2);
+}
+
+/* attn_split_dense_d128_g4_f16_l2_fm_ct (attention_split): {"block_tokens":8,"checked_table":true,"dtype":"f16","fused_merge":true,"group":4,"head_dim":128,"l2_prefetch":true,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":false,"source":"dense","stream_kv":true,"tensor_cores":true}
+ * grid (rows, chunks, 1), 32 threads a program. */
+static inline int dusk_attn_split_dense_d128_g4_f16_l2_fm_ct(CUstream stream, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr part_o, CUdeviceptr part_lse, CUdeviceptr out, CUdeviceptr lse, CUdeviceptr counters, int32_t num_q_heads, int32_t num_kv_heads, int32_t chunk_tokens, int32_t max_chunks, float scale_log2, int32_t num_pages, int32_t num_page_entries, uint64_t rows, uint64_t chunks) {
+    void *args[] = {&q, &k, &v, &kv_indptr, &kv_page_indices, &kv_last_page_len, &part_o, &part_lse, &out, &lse, &counters, &num_q_heads, &num_kv_heads, &chunk_tokens, &max_chunks, &scale_log2, &num_pages, &num_page_entries};
+    const uint64_t inputs[] = {rows, chunks};
+    return dusk_launch("attn_split_dense_d128_g4_f16_l2_fm_ct", stream, args, 18, inputs, 2);
+}
+
 /* vllm_to_csr (engines): {"block_pages":128}
  * grid (batch, ceil(max_pages / 128), 1), 128 threads a program. */
 static inline int dusk_vllm_to_csr(CUstream stream, CUdeviceptr block_table, CUdeviceptr seq_lens, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, int32_t row_stride, int32_t max_pages, int32_t page_size, int32_t num_pages, uint64_t batch) {

@@ -90,12 +90,15 @@ pub struct AttentionTuning {
     /// balanced split counts each row as this much longer, so programs covering many row
     /// starts get fewer entries.
     pub row_tokens: u32,
-    /// Token lists: the merge done by the split's programs (the last piece of a row to
-    /// finish merges it; see [`SplitConfig::fused_merge`](crate::attention::SplitConfig))
-    /// instead of a second launch. Off: on an H100 it was right everywhere and slower
-    /// everywhere it was timed (skewed group varlen 44.6 us against 40.8, a CUDA graph
-    /// replay 18.6 against 12.2; benches/NOTES.md), since the last piece's wait for its
-    /// stores and the atomic sit on the critical path. A knob for other GPUs and shapes.
+    /// The merge done by the split's programs (the last piece of a row to finish merges
+    /// it, token lists; the last chunk of a row, dense and padded; see
+    /// [`SplitConfig::fused_merge`](crate::attention::SplitConfig)) instead of a second
+    /// launch. Off: on an H100 it was right everywhere and slower everywhere it was timed
+    /// with token lists (skewed group varlen 44.6 us against 40.8, a CUDA graph replay
+    /// 18.6 against 12.2; benches/NOTES.md), since the last piece's wait for its stores and
+    /// the atomic sit on the critical path. A knob for other GPUs and shapes, and for
+    /// callers whose host time matters (one launch instead of two: each costs the host
+    /// about 4 us on the H100 machine, python_decode's host_overhead).
     pub fused_merge: bool,
     /// Token lists with a merge launch: the split counts each row's pieces as they are
     /// written and the merge combines a row as soon as its pieces are in, rather than
@@ -311,6 +314,8 @@ pub struct AttentionPlan {
     layout: Layout,
     rows: usize,
     scale_log2: f32,
+    /// The split bounds-checks the page table it reads ([`AttentionPlan::for_device_table`]).
+    checked_table: bool,
 }
 
 /// The split's partial outputs, in the type the plan's tuning chose.
@@ -355,6 +360,9 @@ fn programs_per_sm(kernel: &LoadedKernel) -> usize {
 pub struct AttentionMeta {
     mode: AttentionMode,
     batch: usize,
+    /// The page table was written on the device (not checked on the host): only a plan
+    /// made by [`AttentionPlan::for_device_table`] reads it.
+    device_table: bool,
     kv_indptr: Buffer<i32>,
     kv_page_indices: Buffer<i32>,
     kv_last_page_len: Buffer<i32>,
@@ -406,6 +414,29 @@ impl AttentionPlan {
         dusk: &Dusk,
         spec: AttentionSpec,
         tune: impl FnOnce(&mut AttentionTuning),
+    ) -> Result<AttentionPlan> {
+        Self::build(dusk, spec, tune, false)
+    }
+
+    /// A plan whose runs read a page table that the device writes (an engine's converter,
+    /// [`crate::engines`], run in the same captured step), through
+    /// [`AttentionPlan::device_table_meta`]: the split clamps what it reads of the table
+    /// (see [`SplitConfig::checked_table`]), so the table needs no host check and may change
+    /// between runs, as the pruner's lists do. `spec.max_tokens` bounds every sequence
+    /// (longer ones are cut) and sizes the grid.
+    pub fn for_device_table(
+        dusk: &Dusk,
+        spec: AttentionSpec,
+        tune: impl FnOnce(&mut AttentionTuning),
+    ) -> Result<AttentionPlan> {
+        Self::build(dusk, spec, tune, true)
+    }
+
+    fn build(
+        dusk: &Dusk,
+        spec: AttentionSpec,
+        tune: impl FnOnce(&mut AttentionTuning),
+        checked_table: bool,
     ) -> Result<AttentionPlan> {
         spec.kv.validate()?;
         ensure(spec.batch > 0, "batch", "at least 1", spec.batch)?;
@@ -555,13 +586,14 @@ impl AttentionPlan {
             tensor_cores: tuning.tensor_cores,
             chunk_fastest: tuning.chunk_fastest,
             balanced: lists,
-            fused_merge: lists && tuning.fused_merge,
+            fused_merge: tuning.fused_merge,
             row_signals: lists && !tuning.fused_merge && tuning.row_signals,
             partial_dtype: tuning.partial_dtype,
             stream_kv: tuning.stream_kv,
             sparq: spec.sparq,
             merge_chunks: tuning.merge_chunks,
             timeline: tuning.timeline,
+            checked_table,
         };
         let merge_cfg = MergeConfig {
             head_dim: spec.kv.head_dim,
@@ -614,6 +646,10 @@ impl AttentionPlan {
                 Layout::Balanced { programs } if split_cfg.fused_merge => {
                     Some(dev.upload(&vec![0i32; programs + 2 * rows])?)
                 }
+                // The grid's merge inside the split: one counter a row.
+                Layout::Grid { .. } if split_cfg.fused_merge => {
+                    Some(dev.upload(&vec![0i32; rows])?)
+                }
                 _ if split_cfg.row_signals => Some(dev.upload(&vec![0i32; rows + q_rows])?),
                 _ => None,
             },
@@ -628,6 +664,7 @@ impl AttentionPlan {
             layout,
             rows,
             scale_log2: scale * std::f32::consts::LOG2_E,
+            checked_table,
         })
     }
 
@@ -777,6 +814,84 @@ impl AttentionPlan {
         Ok(meta)
     }
 
+    /// Metadata around a page table that the GPU writes (e.g.
+    /// [`crate::engines::vllm_to_csr`]'s output), for a plan made by
+    /// [`AttentionPlan::for_device_table`]: `kv_indptr` (`batch + 1` entries),
+    /// `kv_page_indices` (its capacity) and `kv_last_page_len` (`batch`), and for the list
+    /// modes the device lists as [`AttentionPlan::device_meta`] takes them. Their contents
+    /// are not read on the host; each run reads them as they are then, clamped by the
+    /// split (bad entries give wrong answers, never bad memory accesses).
+    pub fn device_table_meta(
+        &self,
+        kv_indptr: Buffer<i32>,
+        kv_page_indices: Buffer<i32>,
+        kv_last_page_len: Buffer<i32>,
+        lists: Option<(Buffer<i32>, Buffer<i32>)>,
+    ) -> Result<AttentionMeta> {
+        let spec = &self.spec;
+        ensure(
+            self.checked_table,
+            "kv_indptr",
+            "a host page table (this plan was not made for device tables: for_device_table)",
+            "a device page table",
+        )?;
+        let b = spec.batch;
+        ensure(
+            kv_indptr.len() == b + 1,
+            "kv_indptr",
+            format!("{} entries (batch + 1)", b + 1),
+            kv_indptr.len(),
+        )?;
+        ensure(
+            kv_last_page_len.len() == b,
+            "kv_last_page_len",
+            format!("{b} entries (batch)"),
+            kv_last_page_len.len(),
+        )?;
+        // Positions (pages x page_size) stay in i32 whatever the offsets say.
+        let most = (i32::MAX as usize) / spec.kv.page_size;
+        ensure(
+            (1..=most).contains(&kv_page_indices.len()),
+            "kv_page_indices",
+            format!("1 to {most} entries"),
+            kv_page_indices.len(),
+        )?;
+        let (sel_indptr, sel_indices) = match (spec.mode, lists) {
+            (AttentionMode::Dense, None) => (None, None),
+            (AttentionMode::Dense, Some(_)) => {
+                return Err(invalid("lists", "none in dense mode", "token lists"))
+            }
+            (AttentionMode::HeadVarlen | AttentionMode::GroupVarlen, Some((ip, ix))) => {
+                let rows = b * rows_per_batch(spec);
+                ensure(
+                    ip.len() == rows + 1,
+                    "sel_indptr",
+                    format!("{} entries (rows + 1)", rows + 1),
+                    ip.len(),
+                )?;
+                (Some(ip), Some(ix))
+            }
+            (mode, _) => {
+                return Err(invalid(
+                    "lists",
+                    "device lists in HeadVarlen or GroupVarlen mode, none in Dense",
+                    format!("{mode:?}"),
+                ))
+            }
+        };
+        Ok(AttentionMeta {
+            mode: spec.mode,
+            batch: b,
+            device_table: true,
+            kv_indptr,
+            kv_page_indices,
+            kv_last_page_len,
+            sel_indptr,
+            sel_indices,
+            sel_lens: None,
+        })
+    }
+
     fn upload_meta_table(&self, dusk: &Dusk, table: &PageTable) -> Result<AttentionMeta> {
         table.validate(&self.spec.kv)?;
         ensure(
@@ -789,6 +904,7 @@ impl AttentionPlan {
         Ok(AttentionMeta {
             mode: self.spec.mode,
             batch: self.spec.batch,
+            device_table: false,
             kv_indptr: dev.upload(&table.kv_indptr)?,
             kv_page_indices: dev.upload(&nonempty(&table.kv_page_indices))?,
             kv_last_page_len: dev.upload(&table.kv_last_page_len)?,
@@ -860,6 +976,12 @@ impl AttentionPlan {
                 spec.mode, spec.batch
             ),
             format!("{:?}, batch {}", meta.mode, meta.batch),
+        )?;
+        ensure(
+            !meta.device_table || self.checked_table,
+            "meta",
+            "host-checked metadata (a device page table needs a plan made by for_device_table)",
+            "a device page table",
         )?;
         ensure(
             sparq.is_some() == spec.sparq,
@@ -945,6 +1067,12 @@ impl AttentionPlan {
             _ => args.push(Arg::I32(num_indices)),
         }
         args.push(Arg::F32(self.scale_log2));
+        if self.checked_table {
+            args.extend([
+                Arg::I32(spec.kv.num_pages as i32),
+                Arg::I32(meta.kv_page_indices.len().min(i32::MAX as usize) as i32),
+            ]);
+        }
         dev.launch(&self.split, self.grid(), &args)?;
         let Some(merge) = &self.merge else {
             return Ok(());

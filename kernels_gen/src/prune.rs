@@ -389,14 +389,24 @@ impl PrunePlan {
     /// Searches every query row of `scores` and writes the kept positions: one launch.
     /// For a plan holding its own candidates ([`PrunePlan::new`]).
     pub fn run(&mut self, dusk: &Dusk, scores: &Buffer<f32>) -> Result<()> {
-        let ix = self.cand_indices.as_ref().ok_or_else(|| {
-            invalid(
-                "cand_indices",
-                "the positions of the device lists this plan was made for (run_lists)",
-                "none",
-            )
-        })?;
+        let ix = self.own_candidates()?;
         self.launch(dusk, scores, ix, &self.sel_indptr, &self.sel_indices)
+    }
+
+    /// As [`PrunePlan::run`], with the kept positions written to the caller's buffers
+    /// instead of the plan's (`sel_indptr`: rows + 1 entries, `sel_indices`: room for every
+    /// candidate), e.g. the device lists an attention plan reads, so that no copy lies
+    /// between the two. Budgets, kept mass and flags still go to the plan's.
+    pub fn run_into(
+        &mut self,
+        dusk: &Dusk,
+        scores: &Buffer<f32>,
+        sel_indptr: &mut Buffer<i32>,
+        sel_indices: &mut Buffer<i32>,
+    ) -> Result<()> {
+        let ix = self.own_candidates()?;
+        self.check_out(sel_indptr, sel_indices)?;
+        self.launch(dusk, scores, ix, sel_indptr, sel_indices)
     }
 
     /// As [`PrunePlan::run`] over the positions a previous stage wrote at `cand_indices`
@@ -431,6 +441,23 @@ impl PrunePlan {
         sel_indices: &Buffer<i32>,
     ) -> Result<()> {
         self.check_device_lists(cand_indices)?;
+        self.check_out(sel_indptr, sel_indices)?;
+        self.launch(dusk, scores, cand_indices, sel_indptr, sel_indices)
+    }
+
+    /// The candidates a plan made with [`PrunePlan::new`] holds.
+    fn own_candidates(&self) -> Result<&Buffer<i32>> {
+        self.cand_indices.as_ref().ok_or_else(|| {
+            invalid(
+                "cand_indices",
+                "the positions of the device lists this plan was made for (run_lists)",
+                "none",
+            )
+        })
+    }
+
+    /// Output lists of the caller's: rows + 1 offsets, room for every candidate.
+    fn check_out(&self, sel_indptr: &Buffer<i32>, sel_indices: &Buffer<i32>) -> Result<()> {
         ensure(
             sel_indptr.len() == self.rows + 1,
             "sel_indptr",
@@ -438,12 +465,11 @@ impl PrunePlan {
             sel_indptr.len(),
         )?;
         ensure(
-            sel_indices.len() >= self.nnz,
+            sel_indices.len() >= self.nnz.max(1),
             "sel_indices",
-            format!("room for {} positions (every candidate)", self.nnz),
+            format!("room for {} positions (every candidate)", self.nnz.max(1)),
             sel_indices.len(),
-        )?;
-        self.launch(dusk, scores, cand_indices, sel_indptr, sel_indices)
+        )
     }
 
     /// As [`PrunePlan::run_lists_into`] with the row offsets too taken from the device:
@@ -514,6 +540,10 @@ impl PrunePlan {
         if self.rows == 0 {
             return Ok(());
         }
+        let (sel_indptr, sel_indices) = match into {
+            Some((a, b)) => (&*a, &*b),
+            None => (&self.sel_indptr, &self.sel_indices),
+        };
         let device = dusk.device();
         let mut args = vec![Arg::from(scores)];
         args.extend(self.work.iter().chain(&self.scratch).map(Arg::from));

@@ -234,9 +234,16 @@ fn case(seqs: &[usize], kv_heads: usize, group: usize, d: usize, mode: Attention
 
 #[test]
 fn dense_mha_and_gqa_over_head_dims() {
-    check::<f16>(1, &case(&[37, 100, 1], 2, 1, 64, DENSE));
-    check::<f16>(2, &case(&[70, 16], 2, 4, 128, DENSE));
-    check::<f16>(3, &case(&[45], 1, 2, 256, DENSE));
+    // The merge as a second launch, and inside the split (the last chunk of a row).
+    for fused_merge in [false, true] {
+        let c = |seqs, kv_heads, group, d| Case {
+            fused_merge,
+            ..case(seqs, kv_heads, group, d, DENSE)
+        };
+        check::<f16>(1, &c(&[37, 100, 1], 2, 1, 64));
+        check::<f16>(2, &c(&[70, 16], 2, 4, 128));
+        check::<f16>(3, &c(&[45], 1, 2, 256));
+    }
 }
 
 #[test]
@@ -702,4 +709,153 @@ fn timeline_records_each_program_in_order() {
         }
     }
     assert!(busy > 0);
+}
+
+/// A page table the device writes (`AttentionPlan::for_device_table`): read as it is at each
+/// run, equal to the host-checked table when it is valid, and clamped by the split when it
+/// is not (offsets outside the table or backwards, last pages of 0 or too many tokens, page
+/// ids outside the cache): wrong answers then, never an access outside a buffer (the
+/// interpreter checks every one). Dense and group lists.
+#[test]
+fn device_page_tables_are_clamped() {
+    let dusk = Dusk::new(Device::cpu()).unwrap();
+    let dev = dusk.device();
+    for mode in [DENSE, GROUP] {
+        let (host_plan, table) = small_plan(&dusk, mode, 64);
+        let spec = *host_plan.spec();
+        let plan = AttentionPlan::for_device_table(&dusk, spec, |_| {}).unwrap();
+        // Dense also with the merge inside the split (what the Python package's
+        // fused_merge plans run).
+        let fused = AttentionPlan::for_device_table(&dusk, spec, |t| t.fused_merge = true).unwrap();
+        let kv = spec.kv;
+        let mut rng = SmallRng::seed_from_u64(31);
+        let gen = |rng: &mut SmallRng, n: usize| -> Vec<f16> {
+            (0..n)
+                .map(|_| f16::from_f32(rng.random_range(-2.0f32..2.0)))
+                .collect()
+        };
+        let (q, k, v) = (
+            gen(&mut rng, 2 * 4 * 64),
+            gen(&mut rng, kv.elements()),
+            gen(&mut rng, kv.elements()),
+        );
+        let (qb, kb, vb) = (
+            dev.upload(&q).unwrap(),
+            dev.upload(&k).unwrap(),
+            dev.upload(&v).unwrap(),
+        );
+        let lists = TokenLists {
+            indptr: vec![0, 3, 5, 6, 8],
+            indices: vec![0, 17, 39, 1, 2, 19, 5, 6],
+        };
+        let device_lists = || {
+            (mode == GROUP).then(|| {
+                (
+                    dev.upload(&lists.indptr).unwrap(),
+                    dev.upload(&lists.indices).unwrap(),
+                )
+            })
+        };
+        let meta_of = |indptr: &[i32], ids: &[i32], last: &[i32]| {
+            plan.device_table_meta(
+                dev.upload(indptr).unwrap(),
+                dev.upload(ids).unwrap(),
+                dev.upload(last).unwrap(),
+                device_lists(),
+            )
+            .unwrap()
+        };
+        let run = |meta: &attention_ops::AttentionMeta| {
+            let mut out = dev.upload(&vec![f16::from_f32(f32::NAN); q.len()]).unwrap();
+            let mut lse = dev.alloc::<f32>(8).unwrap();
+            plan.run(&dusk, &qb, &kb, &vb, meta, None, &mut out, &mut lse)
+                .unwrap();
+            out.download().unwrap()
+        };
+        // A valid table, with spare capacity past its entries (as a converter's output).
+        let mut ids = table.kv_page_indices.clone();
+        ids.extend([-7, 1 << 20, 3]);
+        let good = run(&meta_of(&table.kv_indptr, &ids, &table.kv_last_page_len));
+        let host_meta = host_plan
+            .upload_meta(&dusk, &table, (mode == GROUP).then_some(&lists))
+            .unwrap();
+        let want = run(&host_meta);
+        assert_eq!(
+            good, want,
+            "{mode:?}: a device table against the same host table"
+        );
+        let f = |x: &[f16]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
+        let (reference_out, _) = reference::attention(
+            &f(&q),
+            &f(&k),
+            &f(&v),
+            4,
+            &kv,
+            &table,
+            &reference::per_query_rows(mode, &table, (mode == GROUP).then_some(&lists), &kv, 4),
+            1.0 / 8.0,
+            None,
+        );
+        let err = reference::rel_error(&f(&good), &reference_out);
+        assert!(err < 2e-3, "{mode:?}: rel err {err:.2e}");
+        let meta = meta_of(&table.kv_indptr, &ids, &table.kv_last_page_len);
+        let mut out = dev.alloc::<f16>(q.len()).unwrap();
+        let mut lse = dev.alloc::<f32>(8).unwrap();
+        fused
+            .run(&dusk, &qb, &kb, &vb, &meta, None, &mut out, &mut lse)
+            .unwrap();
+        let err = reference::rel_error(&f(&out.download().unwrap()), &reference_out);
+        assert!(err < 2e-3, "{mode:?}, fused merge: rel err {err:.2e}");
+        assert!(fused.counters_settled().unwrap());
+        // Bad tables: every run completes inside its buffers.
+        for (indptr, ids, last) in [
+            (vec![0, 9, 2], vec![0, 1, 2, 3, 4], vec![16, 4]),
+            (vec![-5, 3, 1 << 30], vec![0, 1, 2, 3, 4], vec![0, -3]),
+            (
+                vec![i32::MIN, i32::MAX, -1],
+                vec![0, 1, 2, 3, 4],
+                vec![i32::MAX, i32::MIN],
+            ),
+            (
+                vec![0, 3, 5],
+                vec![-1, 8, 1 << 30, i32::MIN, i32::MAX],
+                vec![16, 16],
+            ),
+            (vec![4, 5, 5], vec![7], vec![100, 1]),
+        ] {
+            let out = run(&meta_of(&indptr, &ids, &last));
+            assert_eq!(out.len(), q.len());
+        }
+        // Host-checked plans refuse device tables, and a device table's meta only runs on
+        // its own kind of plan.
+        let refused = host_plan
+            .device_table_meta(
+                dev.upload(&table.kv_indptr).unwrap(),
+                dev.upload(&ids).unwrap(),
+                dev.upload(&table.kv_last_page_len).unwrap(),
+                device_lists(),
+            )
+            .err()
+            .unwrap();
+        assert_eq!(arg_of(refused), "kv_indptr");
+        let meta = meta_of(&table.kv_indptr, &ids, &table.kv_last_page_len);
+        let mut out = dev.alloc::<f16>(q.len()).unwrap();
+        let mut lse = dev.alloc::<f32>(8).unwrap();
+        let e = host_plan
+            .run(&dusk, &qb, &kb, &vb, &meta, None, &mut out, &mut lse)
+            .err()
+            .unwrap();
+        assert_eq!(arg_of(e), "meta");
+        // Lengths that do not fit the plan's batch.
+        let e = plan
+            .device_table_meta(
+                dev.upload(&[0, 3]).unwrap(),
+                dev.upload(&ids).unwrap(),
+                dev.upload(&table.kv_last_page_len).unwrap(),
+                device_lists(),
+            )
+            .err()
+            .unwrap();
+        assert_eq!(arg_of(e), "kv_indptr");
+    }
 }

@@ -4,7 +4,7 @@
 //! Python package) runs those plans. Checked on the CPU, where plans build the same IR.
 
 use dusk_compiler::DType;
-use dusk_kernels::attention_ops::{AttentionMode, AttentionPlan, AttentionSpec};
+use dusk_kernels::attention_ops::{AttentionMode, AttentionPlan, AttentionSpec, AttentionTuning};
 use dusk_kernels::engines::{self, CsrPages, EngineTable};
 use dusk_kernels::ops::{Dusk, SpgemvPlan};
 use dusk_kernels::paged::{KvShape, PageTable, TokenLists};
@@ -74,6 +74,14 @@ fn the_stock_bundle_holds_the_kernels_of_its_shapes() {
             dtype: DType::F16,
         };
         AttentionPlan::new(&dusk, spec).unwrap();
+        // Dense over a page table the device writes (the Python package's device_table),
+        // and merged inside the split (fused_merge), over either table.
+        if mode == AttentionMode::Dense {
+            AttentionPlan::for_device_table(&dusk, spec, |_| {}).unwrap();
+            let fused = |t: &mut AttentionTuning| t.fused_merge = true;
+            AttentionPlan::with_tuning(&dusk, spec, fused).unwrap();
+            AttentionPlan::for_device_table(&dusk, spec, fused).unwrap();
+        }
     }
     // The engine converters.
     let mut out = CsrPages::alloc(&dusk, 2, 4).unwrap();
@@ -88,7 +96,7 @@ fn the_stock_bundle_holds_the_kernels_of_its_shapes() {
     let pool = dev.upload(&[1i32, 0]).unwrap();
     engines::sglang_to_csr(&dusk, &rows, table_rows, &pool, &lens, 1, 64, &mut out).unwrap();
     assert_eq!(missing(&dusk), Vec::<String>::new());
-    assert_eq!(dusk.loaded_kernels().len(), 12);
+    assert_eq!(dusk.loaded_kernels().len(), 15);
 
     // What it does not hold: another policy, another head_dim, dense attention of short
     // chunks (their default tuning prefetches into L2).

@@ -742,3 +742,60 @@ fn a_plan_runs_again_on_fresh_scores() {
         }
     }
 }
+
+/// `run_into` writes the kept lists into the caller's buffers (poisoned first), the same
+/// lists `run` writes into the plan's, and leaves the plan's untouched; buffers too short
+/// are refused before anything runs.
+#[test]
+fn run_into_writes_the_callers_buffers() {
+    let dusk = Dusk::new(Device::cpu()).unwrap();
+    let dev = dusk.device();
+    let mut rng = SmallRng::seed_from_u64(41);
+    let lens = [300, 0, 17, 1200, 1];
+    let cand = TokenLists::leading(&lens);
+    let p = [ParamValues::Uniform(0.9)];
+    let mut plan = PrunePlan::new(&dusk, &top_p::POLICY, &cand, 1, 1.0, &p).unwrap();
+    let rows: Vec<Vec<f32>> = lens
+        .iter()
+        .map(|&n| logits(&mut rng, n, Shape::Focused))
+        .collect();
+    let scores = dev.upload(&rows.concat()).unwrap();
+    plan.run(&dusk, &scores).unwrap();
+    let want_ip = plan.sel_indptr().download().unwrap();
+    let want = plan.sel_indices().download().unwrap();
+    plan.poison_outputs(&dusk, 0xFF).unwrap();
+    let nnz = cand.indices.len();
+    let mut ip = dev.upload(&vec![-7i32; lens.len() + 1]).unwrap();
+    let mut ix = dev.upload(&vec![-7i32; nnz + 3]).unwrap();
+    plan.run_into(&dusk, &scores, &mut ip, &mut ix).unwrap();
+    let (ip, ix) = (ip.download().unwrap(), ix.download().unwrap());
+    assert_eq!(ip, want_ip);
+    let used = want_ip[lens.len()] as usize;
+    assert_eq!(ix[..used], want[..used]);
+    assert!(plan
+        .sel_indptr()
+        .download()
+        .unwrap()
+        .iter()
+        .all(|&x| x == -1));
+    let mut short = dev.alloc::<i32>(lens.len()).unwrap();
+    let mut room = dev.alloc::<i32>(nnz).unwrap();
+    let e = plan.run_into(&dusk, &scores, &mut short, &mut room);
+    assert!(matches!(
+        e,
+        Err(DuskError::InvalidArgument {
+            arg: "sel_indptr",
+            ..
+        })
+    ));
+    let mut ip = dev.alloc::<i32>(lens.len() + 1).unwrap();
+    let mut small = dev.alloc::<i32>(nnz - 1).unwrap();
+    let e = plan.run_into(&dusk, &scores, &mut ip, &mut small);
+    assert!(matches!(
+        e,
+        Err(DuskError::InvalidArgument {
+            arg: "sel_indices",
+            ..
+        })
+    ));
+}

@@ -15,8 +15,10 @@ CUDA graph.
 - ``quantize_k(k, packed, scale, zero)``: INT4 (or INT8) copy of a paged K cache.
 - ``SpgemvPlan``: estimated scores of each query head against its candidate tokens.
 - ``PrunePlan``: the fused threshold search (``top_p``, ``top_k``, ``ratio_to_max``,
-  ``top_p_bounded``, per-row parameters), scores in, CSR token lists out.
-- ``AttentionPlan``: varlen paged decode attention, dense or over head or group lists.
+  ``top_p_bounded``, per-row parameters), scores in, CSR token lists out (the plan's own,
+  or the caller's tensors with ``run_into``).
+- ``AttentionPlan``: varlen paged decode attention, dense or over head or group lists, over
+  a host page table or one the device writes (``device_table=True``).
 - ``vllm_to_csr``, ``sglang_to_csr``: engines' page tables to CSR, on the device.
 
 On the CPU the kernels run through dusk's interpreter (the reference backend; slow, for

@@ -121,6 +121,11 @@ pub fn resolve_stream(
         return Ok(None);
     };
     if let Some(s) = stream.filter(|s| !s.is_none()) {
+        // An int first: asking it for the attributes would raise (and build) two
+        // AttributeErrors a call.
+        if let Ok(v) = s.extract::<u64>() {
+            return Ok(Some(v));
+        }
         for attr in ["cuda_stream", "ptr"] {
             if let Ok(v) = s.getattr(attr) {
                 return Ok(Some(v.extract()?));

@@ -9,7 +9,7 @@ use crate::errors::{invalid, OrPy};
 use crate::tensor::{expect_disjoint, Array, Place, Tensor};
 use dusk_compiler::DType;
 use dusk_kernels::attention_ops::{
-    AttentionMeta, AttentionMode, AttentionPlan as Attn, AttentionSpec,
+    AttentionMeta, AttentionMode, AttentionPlan as Attn, AttentionSpec, AttentionTuning,
 };
 use dusk_kernels::engines::{self, CsrPages, EngineTable};
 use dusk_kernels::ops::{QuantizedK, SpgemvPlan as Spgemv};
@@ -17,7 +17,6 @@ use dusk_kernels::paged::{KvShape, PageTable, TokenLists};
 use dusk_kernels::policies;
 use dusk_kernels::prune::{ParamValues, PrunePlan as Prune};
 use dusk_kernels::threshold::Policy;
-use dusk_kernels::DuskError;
 use dusk_runtime::cudarc::driver::sys::CUstream;
 use dusk_runtime::{Buffer, Element};
 use half::{bf16, f16};
@@ -852,6 +851,77 @@ impl PrunePlanPy {
         on_stream(ctx, stream, || st.plan.run(&ctx.dusk, &b)).py_err()
     }
 
+    /// As `run`, with the kept lists written to the caller's int32 tensors on the plan's
+    /// device instead of the plan's own: `sel_indptr` `[rows + 1]` and `sel_indices` (room
+    /// for every candidate: at least `max(nnz, 1)`), e.g. the device lists an
+    /// `AttentionPlan` planned with `device_lists=True` reads, so that no copy lies between
+    /// the pruner and attention. Budgets, kept mass and flags still go to the plan's
+    /// outputs. One launch on the caller's stream: no allocation, no sync.
+    #[pyo3(signature = (scores, sel_indptr, sel_indices, *, stream=None))]
+    fn run_into(
+        &self,
+        py: Python<'_>,
+        scores: &Bound<'_, PyAny>,
+        sel_indptr: &Bound<'_, PyAny>,
+        sel_indices: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let st = self.state()?;
+        let ctx = &self.ctx;
+        let stream = resolve_stream(py, ctx.place, stream)?;
+        let ts = tensors(
+            ctx,
+            stream,
+            &[
+                (scores, "scores"),
+                (sel_indptr, "sel_indptr"),
+                (sel_indices, "sel_indices"),
+            ],
+        )?;
+        let [t, ip, ix] = &ts[..] else { unreachable!() };
+        let [n] = t.expect_rank(DType::F32, 1, "[num_scores]")? else {
+            unreachable!()
+        };
+        t.expect_contiguous()?;
+        let mut st = st.lock().unwrap_or_else(|e| e.into_inner());
+        let need = st.nnz * st.group;
+        if *n < need {
+            return Err(invalid(
+                "scores",
+                format!("float32[{need}] or longer (num_scores)"),
+                t.describe(),
+            ));
+        }
+        ip.expect(DType::I32, &[st.rows + 1])?;
+        let room = st.nnz.max(1);
+        let [cap] = ix.expect_rank(DType::I32, 1, "[capacity]")? else {
+            unreachable!()
+        };
+        if *cap < room {
+            return Err(invalid(
+                "sel_indices",
+                format!("int32[{room}] or longer (every candidate)"),
+                ix.describe(),
+            ));
+        }
+        ix.expect_contiguous()?;
+        check_outputs(&[t, ip, ix], &[ip, ix])?;
+        let dev = ctx.device();
+        // SAFETY: contiguous tensors of the checked types and lengths, alive past the
+        // queueing; the outputs share memory with no input or each other (checked).
+        let (b, mut a, mut c) = unsafe {
+            (
+                t.borrow::<f32>(dev)?,
+                ip.borrow::<i32>(dev)?,
+                ix.borrow::<i32>(dev)?,
+            )
+        };
+        on_stream(ctx, stream, || {
+            st.plan.run_into(&ctx.dusk, &b, &mut a, &mut c)
+        })
+        .py_err()
+    }
+
     /// int32 `[rows + 1]`: where each candidate row's kept positions start.
     #[getter]
     fn sel_indptr(&self) -> PyResult<Array> {
@@ -909,8 +979,9 @@ struct AttentionState {
     spec: AttentionSpec,
     /// The log-sum-exp a run writes when the caller gives none.
     lse: Buffer<f32>,
-    /// Device lists (borrowed by `meta`): their objects and capsules, kept alive.
-    _lists: Vec<Py<PyAny>>,
+    /// Device tensors the metadata borrows (a device page table, device lists): their
+    /// objects and capsules, kept alive.
+    _borrowed: Vec<Py<PyAny>>,
 }
 
 /// Varlen paged decode attention: each query head over every token of its sequence
@@ -958,6 +1029,20 @@ fn parse_dtype(dtype: &Bound<'_, PyAny>) -> PyResult<DType> {
     }
 }
 
+/// Reads int32 metadata tensors on `ctx`'s device (rank 1, contiguous) for a plan to
+/// borrow.
+fn device_i32s<'py>(
+    ctx: &Ctx,
+    args: &[(&Bound<'py, PyAny>, &'static str)],
+) -> PyResult<Vec<Tensor<'py>>> {
+    let ts = tensors(ctx, None, args)?;
+    for t in &ts {
+        t.expect_rank(DType::I32, 1, "int32 entries")?;
+        t.expect_contiguous()?;
+    }
+    Ok(ts)
+}
+
 #[pymethods]
 impl AttentionPlanPy {
     #[new]
@@ -969,22 +1054,36 @@ impl AttentionPlanPy {
     }
 
     /// Plans attention over a paged cache (`[num_pages, page_size, num_kv_heads,
-    /// head_dim]` K and V, NHD) whose sequences' pages the int32 CSR host metadata gives.
+    /// head_dim]` K and V, NHD) whose sequences' pages the int32 CSR metadata gives.
+    ///
+    /// By default the page table is host metadata, validated and copied now. With
+    /// `device_table=True` it is three int32 tensors on the plan's device (`kv_indptr`
+    /// `[batch + 1]`, `kv_page_indices` of any capacity, `kv_last_page_len` `[batch]`,
+    /// e.g. what `vllm_to_csr` writes each step) that each run reads as they are then,
+    /// never seen by the host: their memory is borrowed, not copied, and must stay valid;
+    /// the kernels clamp what they read of them (a bad table gives a wrong answer, never an
+    /// access outside the cache), so a captured step can convert the engine's table and
+    /// attend with no host sync. `max_tokens` (the longest sequence a run may see; longer
+    /// ones are cut) is then required.
     ///
     /// `mode`: `"dense"`, `"head"` or `"group"`. In the list modes `sel_indptr` and
     /// `sel_indices` give the token positions (CSR, one row per (sequence, query head) in
     /// `"head"`, per (sequence, KV head) in `"group"`, ascending): host lists, validated
-    /// and copied now; or, with `device_lists=True`, tensors on the plan's device whose
-    /// contents each run reads as they are then (what the pruner writes on the device;
-    /// their memory is borrowed, not copied, and must stay valid; `max_tokens`, the
+    /// and copied now; or, with `device_lists=True` (required with a device table), tensors
+    /// on the plan's device whose contents each run reads as they are then (what the
+    /// pruner writes on the device; borrowed as the device table is; `max_tokens`, the
     /// longest row a run may see, is then required). `max_tokens` defaults to the longest
-    /// sequence (dense) or list. `sm_scale` defaults to `1 / sqrt(head_dim)`. May
-    /// synchronise.
-    #[pyo3(signature = (kv_indptr, kv_page_indices, kv_last_page_len, *, num_qo_heads, num_kv_heads, head_dim, page_size, num_pages, mode="dense", sel_indptr=None, sel_indices=None, device_lists=false, max_tokens=None, sm_scale=None, dtype=None))]
+    /// sequence (dense) or list. `sm_scale` defaults to `1 / sqrt(head_dim)`.
+    ///
+    /// `fused_merge=True`: the chunks of a row are merged by the split's last program to
+    /// finish one, so a run is one launch instead of two (the host time of a run is mostly
+    /// its launches, about 4 us each on an H100 machine: python/benches/host_overhead.py);
+    /// the GPU time it costs or saves depends on the shape (benches/results/
+    /// python_decode.json times a model's step both ways). May synchronise.
+    #[pyo3(signature = (kv_indptr, kv_page_indices, kv_last_page_len, *, num_qo_heads, num_kv_heads, head_dim, page_size, num_pages, mode="dense", sel_indptr=None, sel_indices=None, device_lists=false, device_table=false, max_tokens=None, sm_scale=None, dtype=None, fused_merge=false))]
     #[allow(clippy::too_many_arguments)]
     fn plan(
         &mut self,
-        py: Python<'_>,
         kv_indptr: &Bound<'_, PyAny>,
         kv_page_indices: &Bound<'_, PyAny>,
         kv_last_page_len: &Bound<'_, PyAny>,
@@ -997,94 +1096,166 @@ impl AttentionPlanPy {
         sel_indptr: Option<&Bound<'_, PyAny>>,
         sel_indices: Option<&Bound<'_, PyAny>>,
         device_lists: bool,
+        device_table: bool,
         max_tokens: Option<usize>,
         sm_scale: Option<f32>,
         dtype: Option<&Bound<'_, PyAny>>,
+        fused_merge: bool,
     ) -> PyResult<()> {
         let ctx = self.ctx.clone();
         let mode = parse_mode(mode)?;
+        let tune = |t: &mut AttentionTuning| t.fused_merge = fused_merge;
         let dtype = match dtype {
             Some(d) if !d.is_none() => parse_dtype(d)?,
             _ => DType::F16,
         };
-        let table = page_table(kv_indptr, kv_page_indices, kv_last_page_len)?;
         let kv = KvShape {
             num_pages,
             page_size,
             num_kv_heads,
             head_dim,
         };
-        let lists = mode != AttentionMode::Dense;
-        let (Some(ip), Some(ix)) = (sel_indptr, sel_indices) else {
-            if lists {
+        let lists = match (
+            sel_indptr.filter(|x| !x.is_none()),
+            sel_indices.filter(|x| !x.is_none()),
+        ) {
+            (Some(ip), Some(ix)) => Some((ip, ix)),
+            (None, None) => None,
+            _ => return Err(invalid("sel_indices", "both lists or neither", "one")),
+        };
+        match (mode, lists.is_some()) {
+            (AttentionMode::Dense, true) => {
                 return Err(invalid(
                     "sel_indptr",
-                    format!("token lists (sel_indptr and sel_indices) in {mode:?} mode"),
+                    "no token lists in dense mode",
+                    "lists",
+                ))
+            }
+            (m, false) if m != AttentionMode::Dense => {
+                return Err(invalid(
+                    "sel_indptr",
+                    format!("token lists (sel_indptr and sel_indices) in {m:?} mode"),
                     "none",
-                ));
+                ))
             }
-            if sel_indptr.is_some() || sel_indices.is_some() {
-                return Err(invalid("sel_indices", "both lists or neither", "one"));
-            }
-            let longest = (0..table.batch())
-                .map(|b| seq_len(&table, b, page_size))
-                .max()
-                .unwrap_or(0);
-            return self.finish(
-                py,
-                ctx,
-                table,
-                kv,
-                num_qo_heads,
-                mode,
-                max_tokens.unwrap_or(longest.max(1)),
-                sm_scale,
-                dtype,
-                None,
-            );
-        };
-        if !lists {
-            return Err(invalid(
-                "sel_indptr",
-                "no token lists in dense mode",
-                "lists",
-            ));
+            _ => {}
         }
-        if device_lists {
-            let max_tokens = max_tokens.ok_or_else(|| {
+        let required = |what: &str| {
+            max_tokens.ok_or_else(|| {
                 invalid(
                     "max_tokens",
-                    "the longest list a run may see (required with device_lists)",
+                    format!(
+                        "the longest {what} a run may see (required with {what}s on the device)"
+                    ),
                     "none",
                 )
-            })?;
-            return self.finish(
-                py,
-                ctx,
-                table,
-                kv,
-                num_qo_heads,
-                mode,
-                max_tokens,
-                sm_scale,
-                dtype,
-                Some(Lists::Device(ip, ix)),
-            );
-        }
-        let l = token_lists(ip, ix, ("sel_indptr", "sel_indices"))?;
-        let longest = l.max_row_len();
-        self.finish(
-            py,
-            ctx,
-            table,
+            })
+        };
+        let spec = |batch: usize, max_tokens: usize| AttentionSpec {
             kv,
-            num_qo_heads,
+            batch,
+            num_q_heads: num_qo_heads,
             mode,
-            max_tokens.unwrap_or(longest.max(1)),
+            max_tokens,
             sm_scale,
+            sparq: false,
             dtype,
-            Some(Lists::Host(l)),
-        )
+        };
+        let mut borrowed = vec![];
+        let dev = ctx.device();
+        let (plan, meta, spec) = if device_table {
+            let max_tokens = required("sequence")?;
+            if lists.is_some() && !device_lists {
+                return Err(invalid(
+                    "sel_indptr",
+                    "device lists (device_lists=True) with a device page table",
+                    "host lists",
+                ));
+            }
+            let tab = device_i32s(
+                &ctx,
+                &[
+                    (kv_indptr, "kv_indptr"),
+                    (kv_page_indices, "kv_page_indices"),
+                    (kv_last_page_len, "kv_last_page_len"),
+                ],
+            )?;
+            let batch = tab[0].numel().saturating_sub(1);
+            let spec = spec(batch, max_tokens);
+            let plan = Attn::for_device_table(&ctx.dusk, spec, tune).py_err()?;
+            // SAFETY: contiguous int32 tensors of their lengths, whose objects (and
+            // capsules) the plan keeps, so the memory outlives the meta.
+            let [a, b, c] = unsafe {
+                [
+                    tab[0].borrow::<i32>(dev)?,
+                    tab[1].borrow::<i32>(dev)?,
+                    tab[2].borrow::<i32>(dev)?,
+                ]
+            };
+            let dl = match lists {
+                Some((ip, ix)) => {
+                    let ls = device_i32s(&ctx, &[(ip, "sel_indptr"), (ix, "sel_indices")])?;
+                    // SAFETY: as above.
+                    let pair = unsafe { (ls[0].borrow::<i32>(dev)?, ls[1].borrow::<i32>(dev)?) };
+                    borrowed.extend(ls.iter().flat_map(|t| t.keep_alive()));
+                    Some(pair)
+                }
+                None => None,
+            };
+            borrowed.extend(tab.iter().flat_map(|t| t.keep_alive()));
+            let meta = plan.device_table_meta(a, b, c, dl).py_err()?;
+            (plan, meta, spec)
+        } else {
+            let table = page_table(kv_indptr, kv_page_indices, kv_last_page_len)?;
+            let (plan, meta, spec) = match lists {
+                None => {
+                    let longest = (0..table.batch())
+                        .map(|b| seq_len(&table, b, page_size))
+                        .max()
+                        .unwrap_or(0);
+                    let spec = spec(table.batch(), max_tokens.unwrap_or(longest.max(1)));
+                    let plan = Attn::with_tuning(&ctx.dusk, spec, tune).py_err()?;
+                    let meta = plan.upload_meta(&ctx.dusk, &table, None).py_err()?;
+                    (plan, meta, spec)
+                }
+                Some((ip, ix)) if device_lists => {
+                    let spec = spec(table.batch(), required("list")?);
+                    let plan = Attn::with_tuning(&ctx.dusk, spec, tune).py_err()?;
+                    let rows = table.batch()
+                        * if mode == AttentionMode::HeadVarlen {
+                            num_qo_heads
+                        } else {
+                            num_kv_heads
+                        };
+                    let ts = device_i32s(&ctx, &[(ip, "sel_indptr"), (ix, "sel_indices")])?;
+                    ts[0].expect(DType::I32, &[rows + 1])?;
+                    // SAFETY: contiguous int32 tensors of their lengths; their objects (and
+                    // capsules) are kept with the plan, so the memory outlives the meta.
+                    let (a, b) = unsafe { (ts[0].borrow::<i32>(dev)?, ts[1].borrow::<i32>(dev)?) };
+                    borrowed.extend(ts.iter().flat_map(|t| t.keep_alive()));
+                    let meta = plan.device_meta(&ctx.dusk, &table, a, b).py_err()?;
+                    (plan, meta, spec)
+                }
+                Some((ip, ix)) => {
+                    let l = token_lists(ip, ix, ("sel_indptr", "sel_indices"))?;
+                    let spec = spec(table.batch(), max_tokens.unwrap_or(l.max_row_len().max(1)));
+                    let plan = Attn::with_tuning(&ctx.dusk, spec, tune).py_err()?;
+                    let meta = plan.upload_meta(&ctx.dusk, &table, Some(&l)).py_err()?;
+                    (plan, meta, spec)
+                }
+            };
+            (plan, meta, spec)
+        };
+        let lse = dev.alloc::<f32>(spec.batch * spec.num_q_heads).py_err()?;
+        settle(&ctx)?;
+        self.state = Some(AttentionState {
+            plan,
+            meta,
+            spec,
+            lse,
+            _borrowed: borrowed,
+        });
+        Ok(())
     }
 
     #[getter]
@@ -1143,78 +1314,6 @@ impl AttentionPlanPy {
             DType::BF16 => run_attention::<bf16>(&ctx, st, &ts, stream),
             _ => run_attention::<f16>(&ctx, st, &ts, stream),
         }
-    }
-}
-
-enum Lists<'a, 'py> {
-    Host(TokenLists),
-    Device(&'a Bound<'py, PyAny>, &'a Bound<'py, PyAny>),
-}
-
-impl AttentionPlanPy {
-    #[allow(clippy::too_many_arguments)]
-    fn finish(
-        &mut self,
-        _py: Python<'_>,
-        ctx: Arc<Ctx>,
-        table: PageTable,
-        kv: KvShape,
-        num_qo_heads: usize,
-        mode: AttentionMode,
-        max_tokens: usize,
-        sm_scale: Option<f32>,
-        dtype: DType,
-        lists: Option<Lists<'_, '_>>,
-    ) -> PyResult<()> {
-        let spec = AttentionSpec {
-            kv,
-            batch: table.batch(),
-            num_q_heads: num_qo_heads,
-            mode,
-            max_tokens,
-            sm_scale,
-            sparq: false,
-            dtype,
-        };
-        let plan = Attn::new(&ctx.dusk, spec).py_err()?;
-        let mut keep = vec![];
-        let meta = match lists {
-            None => plan.upload_meta(&ctx.dusk, &table, None).py_err()?,
-            Some(Lists::Host(l)) => plan.upload_meta(&ctx.dusk, &table, Some(&l)).py_err()?,
-            Some(Lists::Device(ip, ix)) => {
-                let ts = tensors(&ctx, None, &[(ip, "sel_indptr"), (ix, "sel_indices")])?;
-                let rows = table.batch()
-                    * if mode == AttentionMode::HeadVarlen {
-                        num_qo_heads
-                    } else {
-                        kv.num_kv_heads
-                    };
-                ts[0].expect(DType::I32, &[rows + 1])?;
-                ts[1].expect_rank(DType::I32, 1, "[capacity]")?;
-                ts[1].expect_contiguous()?;
-                let dev = ctx.device();
-                // SAFETY: contiguous int32 tensors of their lengths; their objects (and
-                // capsules) are kept with the plan, so the memory outlives the meta.
-                let (a, b) = unsafe { (ts[0].borrow::<i32>(dev)?, ts[1].borrow::<i32>(dev)?) };
-                for t in &ts {
-                    keep.extend(t.keep_alive());
-                }
-                plan.device_meta(&ctx.dusk, &table, a, b).py_err()?
-            }
-        };
-        let lse = ctx
-            .device()
-            .alloc::<f32>(spec.batch * spec.num_q_heads)
-            .py_err()?;
-        settle(&ctx)?;
-        self.state = Some(AttentionState {
-            plan,
-            meta,
-            spec,
-            lse,
-            _lists: keep,
-        });
-        Ok(())
     }
 }
 

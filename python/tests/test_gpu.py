@@ -258,6 +258,72 @@ def test_a_captured_step_replays_like_eager_runs(gen):
         assert torch.equal(out, want_out)
 
 
+def test_a_captured_step_converts_the_table_and_attends(gen):
+    # An engine's decode step: vLLM's block table and lengths, changed between replays, are
+    # converted on the device and read there by device-table plans (two launches, and the
+    # merge inside the split), all in one captured graph: equal to eager runs, which equal
+    # the reference.
+    hkv, hq, d, batch, max_pages, num_pages = 2, 8, 128, 4, 40, 200
+    k = torch.randn((num_pages, PAGE, hkv, d), generator=gen).half().to(DEV)
+    v = torch.randn((num_pages, PAGE, hkv, d), generator=gen).half().to(DEV)
+    i32 = dict(dtype=torch.int32, device=DEV)
+    block_table = torch.zeros((batch, max_pages), **i32)
+    seq_lens = torch.zeros(batch, **i32)
+    table = (torch.zeros(batch + 1, **i32), torch.zeros(batch * max_pages, **i32), torch.zeros(batch, **i32))
+    plans = []
+    for fused in (False, True):
+        a = dusk.AttentionPlan(DEV)
+        a.plan(*table, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=PAGE, num_pages=num_pages,
+               device_table=True, max_tokens=max_pages * PAGE, fused_merge=fused)
+        plans.append(a)
+    q = torch.empty((batch, hq, d), dtype=torch.float16, device=DEV)
+    outs = [torch.empty_like(q) for _ in plans]
+
+    def step():
+        dusk.vllm_to_csr(block_table, seq_lens, *table, page_size=PAGE, num_pages=num_pages)
+        for a, o in zip(plans, outs):
+            a.run(q, k, v, o)
+
+    rng = np.random.default_rng(4)
+
+    def inputs():
+        lens = rng.integers(0, max_pages * PAGE + 1, batch).astype(np.int32)
+        ids = np.stack([rng.permutation(num_pages)[:max_pages] for _ in range(batch)]).astype(np.int32)
+        return torch.from_numpy(ids).to(DEV), torch.from_numpy(lens).to(DEV), torch.randn(q.shape, generator=gen).half().to(DEV)
+
+    def load(x):
+        block_table.copy_(x[0])
+        seq_lens.copy_(x[1])
+        q.copy_(x[2])
+
+    steps = [inputs() for _ in range(3)]
+    eager = []
+    for x in steps:
+        load(x)
+        step()
+        eager.append([o.clone() for o in outs])
+        lens = x[1].cpu().numpy()
+        ip, ids, last = (t.cpu().numpy() for t in table)
+        want, _ = ref.attention(q.cpu().numpy(), k.cpu().numpy(), v.cpu().numpy(), ip, ids, last, PAGE,
+                                lambda b, h: np.arange(lens[b]), d**-0.5)
+        for o in outs:
+            np.testing.assert_allclose(o.cpu().double().numpy(), want, atol=2e-2)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for x, want in zip(steps, eager):
+        load(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        for o, w in zip(outs, want):
+            assert torch.equal(o, w)
+
+
 def test_host_time_of_a_run(gen):
     seq_lens = [4096] * 32
     hkv, hq, d = 8, 32, 128

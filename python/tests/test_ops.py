@@ -243,13 +243,14 @@ def random_lists(rng, seq_lens, per_seq, budget):
     return np.array(indptr, np.int32), np.array(indices, np.int32)
 
 
+@pytest.mark.parametrize("fused_merge", [False, True])
 @pytest.mark.parametrize("hkv,hq", [(2, 8), (2, 2)])
-def test_dense_attention_matches_numpy(rng, hkv, hq):
+def test_dense_attention_matches_numpy(rng, hkv, hq, fused_merge):
     seq_lens = [37, 80, 5]
     d = 64
     indptr, ids, last, num_pages, q, k, v = attention_case(rng, seq_lens, hkv, hq, d)
     a = dusk.AttentionPlan("cpu")
-    a.plan(indptr, ids, last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=PAGE, num_pages=num_pages)
+    a.plan(indptr, ids, last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=PAGE, num_pages=num_pages, fused_merge=fused_merge)
     out = np.full(q.shape, np.nan, np.float16)
     lse = np.full(q.shape[:2], np.nan, np.float32)
     a.run(q, k, v, out, lse)
@@ -432,6 +433,103 @@ def test_converted_table_drives_attention(rng):
         lambda b, h: np.arange(seq_lens[b]), d**-0.5,
     )
     np.testing.assert_allclose(out.astype(np.float64), want, atol=2e-2)
+
+
+def test_device_page_table_is_read_at_each_run(rng):
+    # device_table=True: the plan borrows kv_indptr / kv_page_indices / kv_last_page_len
+    # and each run reads them as they are then. Step by step, vLLM's table is converted
+    # into them (on the device, as a captured decode step would) and attention follows,
+    # with no new plan: equal to the reference on each step's table.
+    hkv, hq, d, num_pages, batch, max_pages = 2, 4, 64, 16, 2, 4
+    k = rng.standard_normal((num_pages, PAGE, hkv, d)).astype(np.float16)
+    v = rng.standard_normal((num_pages, PAGE, hkv, d)).astype(np.float16)
+    kv_indptr = np.zeros(batch + 1, np.int32)
+    kv_page_indices = np.zeros(batch * max_pages, np.int32)
+    kv_last_page_len = np.zeros(batch, np.int32)
+    a = dusk.AttentionPlan("cpu")
+    a.plan(
+        kv_indptr, kv_page_indices, kv_last_page_len, num_qo_heads=hq, num_kv_heads=hkv,
+        head_dim=d, page_size=PAGE, num_pages=num_pages, device_table=True,
+        max_tokens=max_pages * PAGE,
+    )
+    out = np.full((batch, hq, d), np.nan, np.float16)
+    for seq_lens in ([20, 33], [64, 1], [0, 50]):
+        block_table = np.stack([rng.permutation(num_pages)[:max_pages] for _ in range(batch)]).astype(np.int32)
+        lens = np.array(seq_lens, np.int32)
+        dusk.vllm_to_csr(block_table, lens, kv_indptr, kv_page_indices, kv_last_page_len, page_size=PAGE, num_pages=num_pages)
+        q = rng.standard_normal((batch, hq, d)).astype(np.float16)
+        a.run(q, k, v, out)
+        want, _ = ref.attention(
+            q, k, v, kv_indptr, kv_page_indices, kv_last_page_len, PAGE,
+            lambda b, h: np.arange(seq_lens[b]), d**-0.5,
+        )
+        np.testing.assert_allclose(out.astype(np.float64), want, atol=2e-2)
+    # A table no converter wrote (offsets outside the table, page ids outside the cache,
+    # last pages of no or too many tokens): a wrong answer, never an access outside the
+    # buffers (the interpreter would raise DeviceError).
+    kv_indptr[:] = [5, -3, 1 << 30]
+    kv_page_indices[:] = [-1, num_pages, 1 << 30, 3, 2, 1, 0, -(1 << 30)]
+    kv_last_page_len[:] = [0, 1000]
+    a.run(q, k, v, out)
+    kv_indptr[:] = [0, 3, 8]
+    a.run(q, k, v, out)
+
+
+def test_device_page_table_arguments_are_checked():
+    t = (np.zeros(3, np.int32), np.zeros(8, np.int32), np.zeros(2, np.int32))
+    kw = dict(num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=PAGE, num_pages=8, device_table=True)
+    a = dusk.AttentionPlan("cpu")
+    with pytest.raises(dusk.InvalidArgument) as e:
+        a.plan(*t, **kw)
+    assert e.value.arg == "max_tokens"
+    with pytest.raises(dusk.InvalidArgument) as e:
+        a.plan(np.zeros(3, np.int64), *t[1:], max_tokens=64, **kw)
+    assert e.value.arg == "kv_indptr"
+    with pytest.raises(dusk.InvalidArgument) as e:
+        a.plan(*t, max_tokens=64, mode="group", sel_indptr=[0, 0, 0, 0, 0], sel_indices=[0], **kw)
+    assert e.value.arg == "sel_indptr"
+    with pytest.raises(dusk.InvalidArgument) as e:
+        a.plan(t[0], t[1], np.zeros(3, np.int32), max_tokens=64, **kw)
+    assert e.value.arg == "kv_last_page_len"
+
+
+def test_prune_run_into_writes_the_attention_plans_lists(rng):
+    # The pruner writes its kept lists straight into the tensors an attention plan reads
+    # (device_lists=True): no copy between them, and the output equals attention over the
+    # lists the plan's own outputs hold after run.
+    seq_lens = [40, 25]
+    hkv, hq, d = 2, 4, 64
+    indptr, ids, last, num_pages, q, k, v = attention_case(rng, seq_lens, hkv, hq, d)
+    cand_indptr = np.array([0, 40, 80, 105, 130], np.int32)
+    cand_indices = np.concatenate([np.arange(n) for n in seq_lens for _ in range(hkv)]).astype(np.int32)
+    scores = (rng.standard_normal(len(cand_indices)) * 3).astype(np.float32)
+    p = dusk.PrunePlan("cpu")
+    p.plan(cand_indptr, cand_indices, policy="top_p", params={"p": 0.9})
+    sel_indptr = np.full(5, -1, np.int32)
+    sel_indices = np.full(len(cand_indices), -1, np.int32)
+    a = dusk.AttentionPlan("cpu")
+    a.plan(indptr, ids, last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=PAGE, num_pages=num_pages,
+           mode="group", sel_indptr=sel_indptr, sel_indices=sel_indices, device_lists=True, max_tokens=40)
+    p.run_into(scores, sel_indptr, sel_indices)
+    p.run(scores)
+    want_ip = np.from_dlpack(p.sel_indptr)
+    np.testing.assert_array_equal(sel_indptr, want_ip)
+    np.testing.assert_array_equal(sel_indices[: want_ip[-1]], np.from_dlpack(p.sel_indices)[: want_ip[-1]])
+    out = np.zeros(q.shape, np.float16)
+    a.run(q, k, v, out)
+    group = hq // hkv
+    rows = lambda b, h: sel_indices[sel_indptr[b * hkv + h // group] : sel_indptr[b * hkv + h // group + 1]]  # noqa: E731
+    want, _ = ref.attention(q, k, v, indptr, ids, last, PAGE, rows, d**-0.5)
+    np.testing.assert_allclose(out.astype(np.float64), want, atol=2e-2)
+    with pytest.raises(dusk.InvalidArgument) as e:
+        p.run_into(scores, sel_indptr[:4], sel_indices)
+    assert e.value.arg == "sel_indptr"
+    with pytest.raises(dusk.InvalidArgument) as e:
+        p.run_into(scores, sel_indptr, sel_indices[:10])
+    assert e.value.arg == "sel_indices"
+    with pytest.raises(dusk.InvalidArgument) as e:
+        p.run_into(scores, sel_indptr, sel_indptr)
+    assert e.value.arg in ("sel_indptr", "sel_indices")
 
 
 def test_bundle_and_kernels_report():
