@@ -8,6 +8,9 @@
 //!   ([`SelectorPlan`]).
 //! - [`page`]: the kernel-language helpers selectors' kernels share (addressing).
 //! - [`quest`], [`quest_kernels`]: Quest ([`QUEST`], [`QuestPlan`]).
+//! - [`sparq`], [`sparq_kernels`]: SparQ Attention ([`SparqPlan`], [`SparqState`]: K
+//!   transposed per page, the running sum of V; the per-token helpers an append kernel
+//!   calls), its f64 reference ([`sparq_reference`]) and benchmark ([`sparq_bench`]).
 //! - [`topk`], [`topk_kernel`]: the device-side top-k every selector ends with
 //!   ([`TopKPlan`]: variable k per row, always-kept sink and recent items, ties toward
 //!   the lower index).
@@ -22,6 +25,10 @@ pub mod quest;
 pub mod quest_kernels;
 pub mod reference;
 pub mod selector;
+pub mod sparq;
+pub mod sparq_bench;
+pub mod sparq_kernels;
+pub mod sparq_reference;
 pub mod topk;
 pub mod topk_kernel;
 
@@ -30,4 +37,5 @@ pub use selector::{
     Build, PageUpdates, ScoreKernel, Selector, SelectorPlan, SelectorState, StateArray,
     StateBuffer, StateType, Width,
 };
+pub use sparq::{SparqOptions, SparqPlan, SparqState, SparqUpdates};
 pub use topk::{Budget, Items, Keep, SelectionShape, TopKConfig, TopKPlan};
