@@ -199,6 +199,13 @@ fn visit(k: &Kernel, a: &mut AxisInfos, op: &Op) {
     a.of.insert(res, info);
 }
 
+/// The length of the runs of `x` along `d` that rise by one from a multiple of their length
+/// and lie inside one aligned block of `block` values (a power of two).
+fn aligned_run(x: &AxisInfo, d: usize, block: usize) -> usize {
+    let div = x.divisibility[d].min(block as u64) as usize;
+    x.contiguity[d].min(div).max(1)
+}
+
 fn binary(op: BinOp, x: &AxisInfo, y: &AxisInfo, const_rhs: Option<i64>, rank: usize) -> AxisInfo {
     let mut out = AxisInfo::unknown(rank);
     for d in 0..out.contiguity.len() {
@@ -232,25 +239,23 @@ fn binary(op: BinOp, x: &AxisInfo, y: &AxisInfo, const_rhs: Option<i64>, rank: u
             BinOp::Div => {
                 // Division by a power of two keeps runs of equal values; nothing more is known.
             }
-            // `x >> s` of a run of 2^s consecutive values starting at a multiple of 2^s is
-            // one value.
+            // `x >> s` is one value along each aligned run of `x` that stays inside a block
+            // of 2^s values: runs of min(contiguity, divisibility, 2^s).
             BinOp::Shr => {
                 if let Some(s) = const_rhs.filter(|s| (0..31).contains(s)) {
-                    let run = 1usize << s;
-                    if x.contiguity[d] >= run && x.divisibility[d] >= run as u64 {
-                        out.constancy[d] = constancy.max(run);
-                    }
+                    let run = aligned_run(x, d, 1 << s);
+                    out.constancy[d] = constancy.max(run);
                     out.divisibility[d] = (x.divisibility[d] >> s).max(1);
                 }
             }
-            // `x & (2^s - 1)` of such a run counts 0, 1, ..., 2^s - 1.
+            // `x & (2^s - 1)` keeps those runs contiguous (from 0 when a run is a whole
+            // block).
             BinOp::And => {
                 if let Some(m) = const_rhs.filter(|m| *m >= 0 && (*m + 1).count_ones() == 1) {
-                    let run = (m + 1) as usize;
-                    if x.contiguity[d] >= run && x.divisibility[d] >= run as u64 {
-                        out.contiguity[d] = run;
-                        out.divisibility[d] = MAX_DIV;
-                    }
+                    let block = (m + 1) as usize;
+                    let run = aligned_run(x, d, block);
+                    out.contiguity[d] = run;
+                    out.divisibility[d] = if run == block { MAX_DIV } else { run as u64 };
                 }
             }
             _ => {}
@@ -325,5 +330,37 @@ mod tests {
         );
         assert_eq!(of(ptrs).contiguity, vec![16]);
         assert_eq!(of(ptrs).divisibility, vec![16]);
+    }
+    /// Runs shorter than a page (8 tokens of pages of 16, from a multiple of 8) stay inside
+    /// one page: the shift is constant and the mask contiguous along them.
+    #[test]
+    fn runs_shorter_than_a_page_stay_in_it() {
+        let mut b = KernelBuilder::new("t");
+        let p = b.param_ptr("p", DType::F16);
+        let tile = b.program_id(0);
+        let start = b.mul_c(tile, 8);
+        let lanes = b.arange(0, 8);
+        let t = b.add(start, lanes);
+        let four = b.i32(4);
+        let page = b.binary(BinOp::Shr, t, four);
+        let fifteen = b.i32(15);
+        let slot = b.binary(BinOp::And, t, fifteen);
+        let base = b.mul_c(page, 64);
+        let offs = b.add(base, slot);
+        let ptrs = b.add_ptr(p, offs);
+        let x = b.load(ptrs);
+        b.store(ptrs, x);
+        let k = b.finish().unwrap();
+        let a = analyze(&k);
+        let of = |v: crate::builder::Value| a.get(v.0).unwrap().clone();
+        assert_eq!(of(page).constancy, vec![8]);
+        assert_eq!(
+            (of(slot).contiguity, of(slot).divisibility),
+            (vec![8], vec![8])
+        );
+        assert_eq!(
+            (of(ptrs).contiguity, of(ptrs).divisibility),
+            (vec![8], vec![16])
+        );
     }
 }

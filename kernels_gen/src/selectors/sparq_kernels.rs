@@ -138,8 +138,8 @@ pub fn sparq_update<const D: usize>(
 /// `rp`) and the scaled sparse query of each of the group's heads (`qs[(row * G + g) * rp
 /// ..]`, zeros past `r`). Parameters: `q` (f16 `[batch, num_kv_heads * G, D]`), `dims`
 /// (i32), `qs` (f32), `r`, `rp` (the rows' stride, `r <= rp <= D`). Grid: `batch *
-/// num_kv_heads`. The ranking compares every component with `CHUNK` others at a time
-/// (their keys staged in shared memory).
+/// num_kv_heads`. The ranking, and the chosen components' places, compare every component
+/// with `CHUNK` others at a time (their keys, then ranks, staged in shared memory).
 #[kernel(crate = "crate::dusk_paths", num_warps = 4)]
 pub fn sparq_query<const D: usize, const G: usize, const CHUNK: usize>(
     q: Ptr<f16>,
@@ -168,7 +168,16 @@ pub fn sparq_query<const D: usize, const G: usize, const CHUNK: usize>(
         rank = rank + sum(where_(before, 1, 0), 1);
     }
     let chosen = rank < r;
-    let pos = cumsum(where_(chosen, 1, 0)) - 1;
+    // Place of a chosen component among the chosen, ascending: the chosen ones before it.
+    let ranks = shared::<i32>(D);
+    store(ranks + c, rank);
+    let mut pos = zeros::<i32>([D]);
+    for j0 in (0..D).step_by(CHUNK) {
+        let j = j0 + arange(0, CHUNK);
+        let chosen_j = expand(load(ranks + j) < r, 0, D);
+        let earlier = expand(j, 0, D) < expand(c, 1, CHUNK);
+        pos = pos + sum(where_(chosen_j & earlier, 1, 0), 1);
+    }
     let pad = (c >= r) & (c < rp);
     store(dims + (row * rp + pos), c, chosen);
     store(dims + (row * rp + c), zeros::<i32>([D]), pad);
@@ -198,7 +207,8 @@ pub fn sparq_query<const D: usize, const G: usize, const CHUNK: usize>(
 /// the head), and per head the tile's logit max and `sum exp(l - max)` (`stat_max`,
 /// `stat_sum` at `(row * max_tiles + tile) * G + g`). Pages of `2^LOG_PS` tokens. Grid:
 /// `(batch * num_kv_heads, ceil(longest sequence / TILE))`; one warp a program, so the sum
-/// over the `RP` components stays within it.
+/// over the `RP` components stays within it. The heads are a loop, not unrolled: unrolled,
+/// every head's logits were live at once (254 registers at a group of 16, against 72).
 #[kernel(crate = "crate::dusk_paths", num_warps = 1)]
 #[allow(clippy::too_many_arguments)]
 pub fn sparq_score<const G: usize, const RP: usize, const TILE: usize, const LOG_PS: usize>(
@@ -242,7 +252,6 @@ pub fn sparq_score<const G: usize, const RP: usize, const TILE: usize, const LOG
         let kt = load(k_t + offs, mask, 0.0) as f32;
         let at = (first * num_kv_heads + h * n) as i64 + (tok as i64);
         let mut s = zeros::<f32>([TILE]);
-        #[unroll]
         for g in 0..G {
             let qg = load(qs + ((row * G + g) * RP + comp));
             let l = sum(kt * expand(qg, 1, TILE), 0);
@@ -253,7 +262,7 @@ pub fn sparq_score<const G: usize, const RP: usize, const TILE: usize, const LOG
             store(stat_max + stat, m);
             store(stat_sum + stat, e);
             if G > 1 {
-                store(logits + (at * G + g), l, valid);
+                store(logits + (at * G + (g as i64)), l, valid);
             }
             s = s + l;
         }
