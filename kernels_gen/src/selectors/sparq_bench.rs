@@ -274,6 +274,21 @@ impl SparqBench {
             + rows * tiles * group * 8
     }
 
+    /// Bytes a whole selection must move: the scoring's, the top-k's (the scores read, the
+    /// kept tokens written twice: items and positions), and alpha's (the tiles' statistics,
+    /// each kept token's logits, the sums of V read and the means written).
+    pub fn select_bytes(&self) -> usize {
+        let c = &self.case;
+        let group = c.num_q_heads / c.num_kv_heads;
+        let shape = self.plans[0].shape();
+        let kept = *shape.sel_indptr.last().unwrap() as usize;
+        let top_k = shape.num_scores() * 4 + kept * 8;
+        let rows = shape.rows();
+        let tiles = self.tokens().div_ceil(self.plans[0].tile()) / c.batch.max(1);
+        let weigh = rows * tiles * group * 8 + kept * group * 4 + rows * c.head_dim * 6;
+        self.score_bytes() + top_k + weigh
+    }
+
     /// Selects on set 0 with its outputs poisoned first and compares up to `max_rows` rows
     /// (the first sequence's KV heads, then the last's, ...) with the f64 reference: the
     /// components equal, scores within 1e-5 of the row's largest, the kept tokens equal to

@@ -8,13 +8,14 @@
 //!     gpu-check spgemv    [--check-only] [--peers peers.json] [--out spgemv.json]
 //!     gpu-check threshold [--check-only] [--rows N] [--peers peers.json] [--out threshold_search.json]
 //!     gpu-check attention [--check-only] [--peers peers.json] [--out varlen_attention.json]
-//!     gpu-check selectors [--check-only] [--peers quest.json] [--attention-peers attention.json]
+//!     gpu-check selectors [--check-only] [--peers quest.json] [--sparq-peers sparq.json] [--attention-peers attention.json] [--only sparq]
 //!
 //! `gpu-check <subcommand> --help` lists every option.
 
 mod attention;
 mod common;
 mod selectors;
+mod sparq;
 mod spgemv;
 mod threshold;
 
@@ -39,7 +40,7 @@ enum Family {
     /// Varlen paged decode attention: checks, graph replay, then timings beside FlashInfer
     /// and SDPA.
     Attention(attention::AttentionArgs),
-    /// The token selectors (Quest): checks, then the selection's timings beside PyTorch and
+    /// The token selectors (Quest, SparQ): checks, then the selection's timings beside PyTorch and
     /// as a share of FlashInfer's dense decode.
     Selectors(selectors::SelectorsArgs),
 }

@@ -10,7 +10,9 @@
 //!    the same command) and as a fraction of FlashInfer's dense decode of the same shape
 //!    (`--attention-peers`, the attention peers' file of the same command).
 //!
-//!    `gpu-check selectors --peers quest.json --attention-peers attention.json --out selectors.json`
+//! 3. SparQ (`sparq.rs`): the same, its selection beside `benches/baselines/sparq_peers.py`.
+//!
+//!    `gpu-check selectors --peers quest.json --sparq-peers sparq.json --attention-peers attention.json --out selectors.json`
 
 use crate::common::{case_json, copy_gbps, Common, PeerTime, Res};
 use clap::Args;
@@ -30,6 +32,12 @@ pub struct SelectorsArgs {
     /// wrote in the same command), for the selection's share of a decode step.
     #[arg(long, value_name = "FILE")]
     attention_peers: Option<PathBuf>,
+    /// SparQ's PyTorch peer's timings (the JSON sparq_peers.py wrote in the same command).
+    #[arg(long, value_name = "FILE")]
+    sparq_peers: Option<PathBuf>,
+    /// Only the selectors whose case names start with this (`quest`, `sparq`).
+    #[arg(long)]
+    only: Option<String>,
 }
 
 fn read_json(path: &Option<PathBuf>, option: &str) -> Res<Option<Value>> {
@@ -47,6 +55,7 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
     println!("device: {}", dev.name());
     let dusk = Dusk::new(dev.clone())?;
     let seed = args.common.seed_or(0x5e1);
+    let family = |name: &str| args.only.as_deref().is_none_or(|p| name.starts_with(p));
 
     println!("correctness (fresh random inputs, outputs poisoned):");
     let small = [
@@ -55,7 +64,9 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
         (2, 333, 16, 16, false),
         (4, 20000, 32, 4, true),
     ];
-    for (i, &(batch, context, hq, hkv, sink)) in small.iter().enumerate() {
+    for (i, &(batch, context, hq, hkv, sink)) in
+        small.iter().enumerate().filter(|_| family("quest"))
+    {
         let case = QuestCase {
             batch,
             context,
@@ -72,6 +83,9 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
             r.rows, r.max_score_error
         );
     }
+    if family("sparq") {
+        crate::sparq::check_small(&dusk, seed)?;
+    }
     if args.common.check_only || !dev.is_gpu() {
         println!("all checks passed");
         return Ok(());
@@ -81,7 +95,7 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
     let peers = args.common.peers()?;
     let attention = read_json(&args.attention_peers, "--attention-peers")?;
     let mut cases = vec![];
-    for batch in [32usize, 64] {
+    for batch in [32usize, 64].into_iter().filter(|_| family("quest")) {
         for hkv in [8usize, 32] {
             let case = QuestCase {
                 batch,
@@ -151,6 +165,16 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
                 extra,
             ));
         }
+    }
+    if family("sparq") {
+        let sparq_peers = read_json(&args.sparq_peers, "--sparq-peers")?;
+        cases.extend(crate::sparq::cases(
+            &dusk,
+            seed,
+            copy_gbps,
+            sparq_peers.as_ref(),
+            attention.as_ref(),
+        )?);
     }
     args.common
         .write_results(&dev, copy_gbps, peers.as_ref(), json!({}), cases)
