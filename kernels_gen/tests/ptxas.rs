@@ -667,9 +667,9 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
 }
 
 /// SparQ's kernels: the update, the query and alpha kernels for every head_dim and group,
-/// the score kernel across groups, components and page sizes; none spills or uses local
+/// the score kernel across groups, components and block sizes; none spills or uses local
 /// memory, and the scoring reads the transposed copy in 16-byte vectors (8 slots of a
-/// page). Run with `--nocapture` for the registers.
+/// block). Run with `--nocapture` for the registers.
 #[test]
 fn sparq_kernels_assemble_without_spills() {
     use dusk_kernels::selectors::sparq::score_tile;
@@ -696,11 +696,14 @@ fn sparq_kernels_assemble_without_spills() {
         )*};
     }
     per_group!(1 2 4 8 16);
+    // Blocks of 8 to 256 tokens.
     for k in [
         sparq_score::build::<4, 16, { score_tile(16) }, 3>(),
         sparq_score::build::<4, 16, { score_tile(16) }, 5>(),
-        sparq_score::build::<4, 16, { score_tile(16) }, 6>(),
+        sparq_score::build::<4, 16, { score_tile(16) }, 8>(),
+        sparq_score::build::<1, 16, { score_tile(16) }, 8>(),
         sparq_score::build::<1, 32, { score_tile(32) }, 6>(),
+        sparq_score::build::<8, 256, { score_tile(256) }, 7>(),
     ] {
         ks.push(k.unwrap());
     }

@@ -10,9 +10,11 @@ use dusk_kernels::paged::{KvShape, PageTable};
 use dusk_kernels::reference;
 use dusk_kernels::selectors::reference::top_k_row;
 use dusk_kernels::selectors::sparq_reference::{
-    paged_key, sparq_alpha, sparq_row, transpose_pages, value_sums, SparqRow,
+    paged_key, sparq_alpha, sparq_row, transpose_blocks, value_sums, SparqRow,
 };
-use dusk_kernels::selectors::{Budget, Keep, SparqOptions, SparqPlan, SparqState, SparqUpdates};
+use dusk_kernels::selectors::{
+    Budget, Keep, SparqBlocks, SparqEntry, SparqOptions, SparqPlan, SparqState, SparqUpdates,
+};
 use dusk_kernels::DuskError;
 use dusk_runtime::Device;
 use half::f16;
@@ -57,6 +59,9 @@ struct Case {
     group: usize,
     head_dim: usize,
     page_size: usize,
+    /// Tokens in a block of the transposed copy; `None`: the cache's pages
+    /// (`SparqBlocks::pages_of`, the page table as the block table).
+    block_size: Option<usize>,
     options: SparqOptions,
     /// Every page a copy of one of two pages: whole runs of scores tie exactly.
     tied: bool,
@@ -69,6 +74,7 @@ fn case(lens: &[usize], kv_heads: usize, group: usize, r: usize, k: Budget, wind
         group,
         head_dim: 64,
         page_size: 16,
+        block_size: None,
         options: SparqOptions { r, k, window },
         tied: false,
     }
@@ -88,7 +94,8 @@ struct Run {
     out: Vec<f16>,
 }
 
-/// Builds the state with `SparqUpdates::all` (over a poisoned copy of K), checks it,
+/// Builds the state with `SparqUpdates::all` (over a poisoned copy of K, in blocks of
+/// `c.block_size` scattered over a copy with spare blocks), checks it,
 /// selects for a fresh query with the outputs poisoned, and attends; `q_edit` changes the
 /// query first.
 fn run(dusk: &Dusk, rng: &mut SmallRng, c: &Case, q_edit: impl FnOnce(&mut [f16])) -> Run {
@@ -119,21 +126,26 @@ fn run(dusk: &Dusk, rng: &mut SmallRng, c: &Case, q_edit: impl FnOnce(&mut [f16]
         dev.upload(&q).unwrap(),
     );
     let batch = c.lens.len();
-    let mut state = SparqState::new(dusk, kv, batch).unwrap();
-    let poison = vec![f16::NAN; kv.elements()];
+    let (layout, blocks) = match c.block_size {
+        None => (SparqBlocks::pages_of(&kv), t.clone()),
+        Some(bs) => {
+            let n = PageTable::pages_needed(&c.lens, bs) + 2;
+            let layout = SparqBlocks {
+                num_blocks: n,
+                block_size: bs,
+            };
+            (layout, table(rng, &c.lens, bs, n))
+        }
+    };
+    let mut state = SparqState::new(dusk, kv, batch, layout).unwrap();
+    let poison = vec![f16::NAN; state.k_t().len()];
     state.k_t_mut().copy_from_host(&poison).unwrap();
-    state
-        .update(
-            dusk,
-            &kb,
-            &vb,
-            &SparqUpdates::all(dusk, &kv, batch, &t).unwrap(),
-        )
-        .unwrap();
+    let all = SparqUpdates::all(dusk, &state, &t, &blocks).unwrap();
+    state.update(dusk, &kb, &vb, &all).unwrap();
 
-    // The state: every valid slot of the table's pages transposed, the sums of V.
+    // The state: every token of the table transposed into its block, the sums of V.
     let mut want_kt = poison.clone();
-    transpose_pages(&k, &kv, &t, &mut want_kt);
+    transpose_blocks(&k, &kv, &t, &blocks, layout.block_size, &mut want_kt);
     let bits = |x: &[f16]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     assert_eq!(
         bits(&state.k_t().download().unwrap()),
@@ -155,7 +167,7 @@ fn run(dusk: &Dusk, rng: &mut SmallRng, c: &Case, q_edit: impl FnOnce(&mut [f16]
         );
     }
 
-    let mut plan = SparqPlan::new(dusk, state, hq, &t, c.options).unwrap();
+    let mut plan = SparqPlan::new(dusk, state, hq, &t, &blocks, c.options).unwrap();
     plan.poison_outputs(dusk, 0xFF).unwrap();
     plan.select(dusk, &qb).unwrap();
     let shape = plan.shape().clone();
@@ -384,11 +396,23 @@ fn sparq_matches_algorithm_1() {
     let mut wide = case(&[150, 47], 2, 4, 16, Budget::Tokens(30), 5);
     wide.head_dim = 128;
     cases.push(wide);
-    for ps in [8, 32] {
+    // Cache pages of 8 and 32; the copy in blocks longer than a page, shorter than one,
+    // and longer than a sequence.
+    for (ps, bs) in [
+        (8, None),
+        (32, None),
+        (16, Some(64)),
+        (16, Some(8)),
+        (8, Some(256)),
+    ] {
         let mut c = case(&[190, 70], 2, 2, 8, Budget::Tokens(33), 6);
         c.page_size = ps;
+        c.block_size = bs;
         cases.push(c);
     }
+    let mut long = case(&[300, 129], 1, 4, 16, Budget::Fraction(0.2), 16);
+    long.block_size = Some(128);
+    cases.push(long);
     let mut tied = case(&[160, 96], 1, 1, 8, Budget::Tokens(37), 3);
     tied.tied = true;
     cases.push(tied);
@@ -466,8 +490,8 @@ fn nan_in_q_is_flagged() {
 }
 
 /// A decode step: one token appended to each sequence, added with `last_tokens`, gives the
-/// state a rebuild over the new table gives; device-written entries out of range are
-/// skipped.
+/// state a rebuild over the new table gives (the copy in blocks of 32 over pages of 16);
+/// device-written entries out of range are skipped.
 #[test]
 fn appending_matches_a_rebuild() {
     let dusk = dusk();
@@ -479,48 +503,40 @@ fn appending_matches_a_rebuild() {
         num_kv_heads: 2,
         head_dim: 64,
     };
+    let layout = SparqBlocks {
+        num_blocks: 5,
+        block_size: 32,
+    };
     let before = PageTable::from_lengths(&[31, 48], 16, vec![4, 9, 1, 7, 0]).unwrap();
     let after = PageTable::from_lengths(&[32, 49], 16, vec![4, 9, 1, 7, 0, 11]).unwrap();
+    let blocks_before = PageTable::from_lengths(&[31, 48], 32, vec![2, 0, 3]).unwrap();
+    let blocks_after = PageTable::from_lengths(&[32, 49], 32, vec![2, 0, 3]).unwrap();
     let (k, v) = (
         smooth(&mut rng, kv.elements(), 1.0),
         smooth(&mut rng, kv.elements(), 1.0),
     );
     let (kb, vb) = (dev.upload(&k).unwrap(), dev.upload(&v).unwrap());
-    let mut stepped = SparqState::new(&dusk, kv, 2).unwrap();
-    stepped
-        .update(
-            &dusk,
-            &kb,
-            &vb,
-            &SparqUpdates::all(&dusk, &kv, 2, &before).unwrap(),
-        )
-        .unwrap();
-    stepped
-        .update(
-            &dusk,
-            &kb,
-            &vb,
-            &SparqUpdates::last_tokens(&dusk, &kv, 2, &after).unwrap(),
-        )
-        .unwrap();
-    // Entries a device would write with bad values: all skipped.
+    let mut stepped = SparqState::new(&dusk, kv, 2, layout).unwrap();
+    let all = SparqUpdates::all(&dusk, &stepped, &before, &blocks_before).unwrap();
+    stepped.update(&dusk, &kb, &vb, &all).unwrap();
+    let last = SparqUpdates::last_tokens(&dusk, &stepped, &after, &blocks_after).unwrap();
+    assert_eq!(last.len(), 2);
+    stepped.update(&dusk, &kb, &vb, &last).unwrap();
+    // Entries a device would write with bad values (a page, a slot, a sequence, a block,
+    // a block slot out of range): all skipped.
     let bad = SparqUpdates::from_device(
-        dev.upload(&[-1, 12, 3, 3, 3]).unwrap(),
-        dev.upload(&[0, 0, 15, -1, 0]).unwrap(),
-        dev.upload(&[1, 1, 2, 1, 1]).unwrap(),
-        dev.upload(&[0, 0, 0, 0, 2]).unwrap(),
+        dev.upload(&[-1, 12, 3, 3, 3, 3, 3]).unwrap(),
+        dev.upload(&[0, 0, 15, -1, 0, 0, 0]).unwrap(),
+        dev.upload(&[1, 1, 2, 1, 1, 1, 2]).unwrap(),
+        dev.upload(&[0, 0, 0, 0, 2, 0, 0]).unwrap(),
+        dev.upload(&[1, 1, 1, 1, 1, 5, 1]).unwrap(),
+        dev.upload(&[0, 0, 0, 0, 0, 0, 31]).unwrap(),
     )
     .unwrap();
     stepped.update(&dusk, &kb, &vb, &bad).unwrap();
-    let mut rebuilt = SparqState::new(&dusk, kv, 2).unwrap();
-    rebuilt
-        .update(
-            &dusk,
-            &kb,
-            &vb,
-            &SparqUpdates::all(&dusk, &kv, 2, &after).unwrap(),
-        )
-        .unwrap();
+    let mut rebuilt = SparqState::new(&dusk, kv, 2, layout).unwrap();
+    let all = SparqUpdates::all(&dusk, &rebuilt, &after, &blocks_after).unwrap();
+    rebuilt.update(&dusk, &kb, &vb, &all).unwrap();
     assert_eq!(
         stepped.k_t().download().unwrap(),
         rebuilt.k_t().download().unwrap()
@@ -532,7 +548,6 @@ fn appending_matches_a_rebuild() {
     for (x, y) in a.iter().zip(&b) {
         assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()));
     }
-    // Clearing and adding everything again gives the same sums.
     stepped.clear_values(&dusk).unwrap();
     assert!(stepped
         .v_sum()
@@ -559,68 +574,61 @@ fn bad_arguments_are_typed_errors() {
         num_kv_heads: 2,
         head_dim: 64,
     };
+    let pages = SparqBlocks::pages_of(&kv);
     let t = PageTable::from_lengths(&[40, 20], 16, vec![0, 1, 2, 3, 4]).unwrap();
     let opts = SparqOptions {
         r: 8,
         k: Budget::Tokens(16),
         window: 4,
     };
-    let state = || SparqState::new(&dusk, kv, 2).unwrap();
-    let plan = |o: SparqOptions| SparqPlan::new(&dusk, state(), 4, &t, o).err().map(arg_of);
+    let state = || SparqState::new(&dusk, kv, 2, pages).unwrap();
+    let plan = |o: SparqOptions| {
+        SparqPlan::new(&dusk, state(), 4, &t, &t, o)
+            .err()
+            .map(arg_of)
+    };
     assert_eq!(plan(SparqOptions { r: 0, ..opts }), Some("r"));
     assert_eq!(plan(SparqOptions { r: 65, ..opts }), Some("r"));
-    assert_eq!(
-        plan(SparqOptions {
-            k: Budget::Tokens(0),
-            ..opts
-        }),
-        Some("k")
-    );
-    assert_eq!(
-        plan(SparqOptions {
-            k: Budget::Fraction(0.0),
-            ..opts
-        }),
-        Some("k")
-    );
-    assert_eq!(
-        plan(SparqOptions {
-            k: Budget::Fraction(1.5),
-            ..opts
-        }),
-        Some("k")
-    );
+    let k = |k| SparqOptions { k, ..opts };
+    assert_eq!(plan(k(Budget::Tokens(0))), Some("k"));
+    assert_eq!(plan(k(Budget::Fraction(0.0))), Some("k"));
+    assert_eq!(plan(k(Budget::Fraction(1.5))), Some("k"));
     assert_eq!(plan(SparqOptions { r: 64, ..opts }), None);
     let empty = PageTable::from_lengths(&[40, 0], 16, vec![0, 1, 2]).unwrap();
-    let e = SparqPlan::new(&dusk, state(), 4, &empty, opts)
-        .err()
-        .unwrap();
-    assert_eq!(arg_of(e), "kv_indptr");
+    let e = SparqPlan::new(&dusk, state(), 4, &empty, &empty, opts);
+    assert_eq!(arg_of(e.err().unwrap()), "kv_indptr");
     let three = PageTable::from_lengths(&[1, 1, 1], 16, vec![0, 1, 2]).unwrap();
-    let e = SparqPlan::new(&dusk, state(), 4, &three, opts)
-        .err()
-        .unwrap();
-    assert_eq!(arg_of(e), "kv_indptr");
-    let e = SparqPlan::new(&dusk, state(), 6, &t, opts).err().unwrap();
-    assert_eq!(arg_of(e), "num_q_heads");
-    let e = SparqPlan::new(&dusk, state(), 3, &t, opts).err().unwrap();
-    assert_eq!(arg_of(e), "num_q_heads");
-    let e = SparqState::new(&dusk, KvShape { head_dim: 96, ..kv }, 2)
-        .err()
-        .unwrap();
-    assert_eq!(arg_of(e), "head_dim");
-    let e = SparqState::new(&dusk, KvShape { page_size: 4, ..kv }, 2)
-        .err()
-        .unwrap();
-    assert_eq!(arg_of(e), "page_size");
-    let e = SparqState::new(&dusk, kv, 0).err().unwrap();
-    assert_eq!(arg_of(e), "num_seqs");
+    let e = SparqPlan::new(&dusk, state(), 4, &three, &three, opts);
+    assert_eq!(arg_of(e.err().unwrap()), "kv_indptr");
+    let e = SparqPlan::new(&dusk, state(), 6, &t, &t, opts);
+    assert_eq!(arg_of(e.err().unwrap()), "num_q_heads");
+    let e = SparqPlan::new(&dusk, state(), 3, &t, &t, opts);
+    assert_eq!(arg_of(e.err().unwrap()), "num_q_heads");
+    // A block table of other lengths, or of blocks the copy has not.
+    let shorter = PageTable::from_lengths(&[40, 19], 16, vec![0, 1, 2, 3, 4]).unwrap();
+    let e = SparqPlan::new(&dusk, state(), 4, &t, &shorter, opts);
+    assert_eq!(arg_of(e.err().unwrap()), "blocks");
+    let outside = PageTable::from_lengths(&[40, 20], 16, vec![0, 1, 2, 3, 8]).unwrap();
+    let e = SparqPlan::new(&dusk, state(), 4, &t, &outside, opts);
+    assert_eq!(arg_of(e.err().unwrap()), "blocks");
+    let e = SparqState::new(&dusk, KvShape { head_dim: 96, ..kv }, 2, pages);
+    assert_eq!(arg_of(e.err().unwrap()), "head_dim");
+    for block_size in [4, 512, 24] {
+        let layout = SparqBlocks {
+            num_blocks: 4,
+            block_size,
+        };
+        let e = SparqState::new(&dusk, kv, 2, layout);
+        assert_eq!(arg_of(e.err().unwrap()), "blocks");
+    }
+    let e = SparqState::new(&dusk, kv, 0, pages);
+    assert_eq!(arg_of(e.err().unwrap()), "num_seqs");
 
-    let mut p = SparqPlan::new(&dusk, state(), 4, &t, opts).unwrap();
+    let mut p = SparqPlan::new(&dusk, state(), 4, &t, &t, opts).unwrap();
     let short = dev.upload(&[f16::ZERO; 10]).unwrap();
     assert_eq!(arg_of(p.select(&dusk, &short).unwrap_err()), "q");
     let cache = dev.upload(&vec![f16::ZERO; kv.elements()]).unwrap();
-    let all = SparqUpdates::all(&dusk, &kv, 2, &t).unwrap();
+    let all = SparqUpdates::all(&dusk, p.state(), &t, &t).unwrap();
     assert_eq!(
         arg_of(p.update(&dusk, &short, &cache, &all).unwrap_err()),
         "k"
@@ -629,17 +637,38 @@ fn bad_arguments_are_typed_errors() {
         arg_of(p.update(&dusk, &cache, &short, &all).unwrap_err()),
         "v"
     );
-    let upd = |pages: &[i32], starts: &[i32], counts: &[i32], seqs: &[i32]| {
-        SparqUpdates::new(&dusk, &kv, 2, pages, starts, counts, seqs)
-            .err()
-            .map(arg_of)
+    let entry = SparqEntry {
+        page: 1,
+        start: 3,
+        count: 13,
+        seq: 1,
+        block: 2,
+        block_start: 3,
     };
-    assert_eq!(upd(&[8], &[0], &[1], &[0]), Some("pages"));
-    assert_eq!(upd(&[1], &[15], &[2], &[0]), Some("counts"));
-    assert_eq!(upd(&[1], &[0], &[0], &[0]), Some("counts"));
-    assert_eq!(upd(&[1], &[0], &[1], &[2]), Some("seqs"));
-    assert_eq!(upd(&[1], &[0, 1], &[1], &[0]), Some("starts"));
-    assert_eq!(upd(&[1], &[3], &[13], &[1]), None);
+    let upd = |e: SparqEntry| SparqUpdates::new(&dusk, p.state(), &[e]).err().map(arg_of);
+    assert_eq!(upd(entry), None);
+    assert_eq!(upd(SparqEntry { page: 8, ..entry }), Some("pages"));
+    assert_eq!(upd(SparqEntry { block: -1, ..entry }), Some("blocks"));
+    assert_eq!(upd(SparqEntry { seq: 2, ..entry }), Some("seqs"));
+    assert_eq!(upd(SparqEntry { start: 4, ..entry }), Some("counts"));
+    assert_eq!(upd(SparqEntry { count: 0, ..entry }), Some("counts"));
+    assert_eq!(
+        upd(SparqEntry {
+            block_start: 4,
+            ..entry
+        }),
+        Some("counts")
+    );
+    let short_list = dev.upload(&[0]).unwrap();
+    let e = SparqUpdates::from_device(
+        dev.upload(&[0, 0]).unwrap(),
+        dev.upload(&[0, 0]).unwrap(),
+        dev.upload(&[1, 1]).unwrap(),
+        dev.upload(&[0, 0]).unwrap(),
+        short_list,
+        dev.upload(&[0, 0]).unwrap(),
+    );
+    assert_eq!(arg_of(e.err().unwrap()), "blocks");
 
     // The attention plan must be the one the selection asks for.
     let mut spec = p.attention_spec();

@@ -9,7 +9,7 @@
 //! - [`page`]: the kernel-language helpers selectors' kernels share (addressing).
 //! - [`quest`], [`quest_kernels`]: Quest ([`QUEST`], [`QuestPlan`]).
 //! - [`sparq`], [`sparq_kernels`]: SparQ Attention ([`SparqPlan`], [`SparqState`]: K
-//!   transposed per page, the running sum of V; the per-token helpers an append kernel
+//!   transposed in blocks, the running sum of V; the per-token helpers an append kernel
 //!   calls), its f64 reference ([`sparq_reference`]) and benchmark ([`sparq_bench`]).
 //! - [`topk`], [`topk_kernel`]: the device-side top-k every selector ends with
 //!   ([`TopKPlan`]: variable k per row, always-kept sink and recent items, ties toward
@@ -37,5 +37,5 @@ pub use selector::{
     Build, PageUpdates, ScoreKernel, Selector, SelectorPlan, SelectorState, StateArray,
     StateBuffer, StateType, Width,
 };
-pub use sparq::{SparqOptions, SparqPlan, SparqState, SparqUpdates};
+pub use sparq::{SparqBlocks, SparqEntry, SparqOptions, SparqPlan, SparqState, SparqUpdates};
 pub use topk::{Budget, Items, Keep, SelectionShape, TopKConfig, TopKPlan};

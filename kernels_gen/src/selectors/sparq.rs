@@ -1,14 +1,16 @@
 //! SparQ Attention (Ribar et al., Algorithm 1) for decode, GQA-aware: its state
-//! ([`SparqState`]: K transposed per page, the running sum of V), the tokens to add to it
-//! ([`SparqUpdates`]), and [`SparqPlan`], which selects each (sequence, KV head)'s tokens
-//! and the per-head `alpha` that the attention plan mixes its output with, by the kernels
-//! of [`super::sparq_kernels`].
+//! ([`SparqState`]: K transposed within blocks of its own ([`SparqBlocks`]), the running sum
+//! of V), the tokens to add to it ([`SparqUpdates`]), and [`SparqPlan`], which selects each
+//! (sequence, KV head)'s tokens and the per-head `alpha` that the attention plan mixes its
+//! output with, by the kernels of [`super::sparq_kernels`].
 //!
 //! ```
 //! use dusk_kernels::attention_ops::AttentionPlan;
 //! use dusk_kernels::ops::Dusk;
 //! use dusk_kernels::paged::{KvShape, PageTable};
-//! use dusk_kernels::selectors::{Budget, SparqOptions, SparqPlan, SparqState, SparqUpdates};
+//! use dusk_kernels::selectors::{
+//!     Budget, SparqBlocks, SparqOptions, SparqPlan, SparqState, SparqUpdates,
+//! };
 //! use dusk_runtime::Device;
 //! use half::f16;
 //!
@@ -23,12 +25,14 @@
 //! let v = dev.upload(&(0..kv.elements()).map(|i| val(i + 5)).collect::<Vec<_>>())?;
 //! let q = dev.upload(&(0..4 * 64).map(|i| val(3 * i)).collect::<Vec<_>>())?; // 4 query heads
 //!
-//! // The state: written at prefill for every token, then at each append.
-//! let mut state = SparqState::new(&dusk, kv, 1)?;
-//! state.update(&dusk, &k, &v, &SparqUpdates::all(&dusk, &kv, 1, &table)?)?;
+//! // The state, its transposed K in blocks of 32 tokens (blocks 3 and 0 for the sequence),
+//! // written at prefill for every token, then at each append.
+//! let mut state = SparqState::new(&dusk, kv, 1, SparqBlocks { num_blocks: 4, block_size: 32 })?;
+//! let blocks = PageTable::from_lengths(&[70], 32, vec![3, 0, 2])?;
+//! state.update(&dusk, &k, &v, &SparqUpdates::all(&dusk, &state, &table, &blocks)?)?;
 //! // r = 8 of 64 components, 32 tokens kept, the last 8 always.
 //! let options = SparqOptions { r: 8, k: Budget::Tokens(32), window: 8 };
-//! let mut plan = SparqPlan::new(&dusk, state, 4, &table, options)?;
+//! let mut plan = SparqPlan::new(&dusk, state, 4, &table, &blocks, options)?;
 //! plan.select(&dusk, &q)?;                       // 4 launches, no allocation, no sync
 //! assert_eq!(plan.shape().sel_indptr, [0, 32, 64]); // one token list per KV head
 //! let lists = plan.sel_indices().download()?;
@@ -150,13 +154,13 @@ pub const fn score_tile(rp: usize) -> usize {
 }
 
 /// The score kernel for a group of `G`, `rp` components (a power of two, 8 to 256) and
-/// pages of `2^log_ps` tokens (8 to 64), with its tile.
-fn score_for<const G: usize>(rp: usize, log_ps: usize) -> Option<(Build, usize)> {
+/// blocks of `2^log_bs` tokens (8 to 256), with its tile.
+fn score_for<const G: usize>(rp: usize, log_bs: usize) -> Option<(Build, usize)> {
     macro_rules! table {
-        ($($rp:literal: $($lps:literal)*;)*) => {
-            match (rp, log_ps) {
-                $($(($rp, $lps) => (
-                    sparq_score::build::<G, $rp, { score_tile($rp) }, $lps> as Build,
+        ($($rp:literal: $($lbs:literal)*;)*) => {
+            match (rp, log_bs) {
+                $($(($rp, $lbs) => (
+                    sparq_score::build::<G, $rp, { score_tile($rp) }, $lbs> as Build,
                     score_tile($rp),
                 ),)*)*
                 _ => return None,
@@ -164,22 +168,22 @@ fn score_for<const G: usize>(rp: usize, log_ps: usize) -> Option<(Build, usize)>
         };
     }
     Some(table! {
-        8: 3 4 5 6;
-        16: 3 4 5 6;
-        32: 3 4 5 6;
-        64: 3 4 5 6;
-        128: 3 4 5 6;
-        256: 3 4 5 6;
+        8: 3 4 5 6 7 8;
+        16: 3 4 5 6 7 8;
+        32: 3 4 5 6 7 8;
+        64: 3 4 5 6 7 8;
+        128: 3 4 5 6 7 8;
+        256: 3 4 5 6 7 8;
     })
 }
 
-fn score_kernel(group: usize, rp: usize, log_ps: usize) -> Option<(Build, usize)> {
+fn score_kernel(group: usize, rp: usize, log_bs: usize) -> Option<(Build, usize)> {
     match group {
-        1 => score_for::<1>(rp, log_ps),
-        2 => score_for::<2>(rp, log_ps),
-        4 => score_for::<4>(rp, log_ps),
-        8 => score_for::<8>(rp, log_ps),
-        16 => score_for::<16>(rp, log_ps),
+        1 => score_for::<1>(rp, log_bs),
+        2 => score_for::<2>(rp, log_bs),
+        4 => score_for::<4>(rp, log_bs),
+        8 => score_for::<8>(rp, log_bs),
+        16 => score_for::<16>(rp, log_bs),
         _ => None,
     }
 }
@@ -190,10 +194,42 @@ fn padded_r(r: usize) -> usize {
     r.next_power_of_two().max(8)
 }
 
+/// How the transposed copy of K is paged: `num_blocks` blocks of `block_size` tokens (a
+/// power of two, 8 to 256), each holding consecutive tokens of one sequence, found through
+/// a block table (a [`PageTable`] whose pages are these blocks) as the cache's pages are
+/// through the page table. Long blocks make long reads: a component of a block is
+/// `block_size` contiguous f16 values, 32 bytes at 16.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SparqBlocks {
+    pub num_blocks: usize,
+    pub block_size: usize,
+}
+
+impl SparqBlocks {
+    /// The cache's own paging: block `p` is page `p`, and the page table is the block table.
+    pub fn pages_of(kv: &KvShape) -> SparqBlocks {
+        SparqBlocks {
+            num_blocks: kv.num_pages,
+            block_size: kv.page_size,
+        }
+    }
+
+    /// The copy's shape as a cache of one array: `[num_blocks, block_size, ..]`, for
+    /// checking a block table.
+    fn shape(&self, kv: &KvShape) -> KvShape {
+        KvShape {
+            num_pages: self.num_blocks,
+            page_size: self.block_size,
+            ..*kv
+        }
+    }
+}
+
 /// SparQ's state for a cache of one shape: the transposed copy of K and the running sum of
 /// V, and the update kernel that appends to them.
 pub struct SparqState {
     kv: KvShape,
+    blocks: SparqBlocks,
     num_seqs: usize,
     k_t: Buffer<f16>,
     v_sum: Buffer<f32>,
@@ -201,19 +237,31 @@ pub struct SparqState {
 }
 
 impl SparqState {
-    /// Allocates the state of a cache of shape `kv` for `num_seqs` sequences (batch slots:
-    /// sequence `b` of a plan's page table is slot `b`), zeroed, and compiles its update.
-    /// Page sizes 8 to 64 (a power of two); head_dim 64, 128 or 256.
-    pub fn new(dusk: &Dusk, kv: KvShape, num_seqs: usize) -> Result<SparqState> {
+    /// Allocates the state of a cache of shape `kv` (head_dim 64, 128 or 256) for
+    /// `num_seqs` sequences (batch slots: sequence `b` of a plan's page table is slot `b`),
+    /// its copy of K paged by `blocks`, zeroed; compiles its update.
+    pub fn new(
+        dusk: &Dusk,
+        kv: KvShape,
+        num_seqs: usize,
+        blocks: SparqBlocks,
+    ) -> Result<SparqState> {
         kv.validate()?;
         let update = update_kernel(kv.head_dim)
             .ok_or_else(|| invalid("head_dim", "64, 128 or 256 (SparQ's kernels)", kv.head_dim))?;
         ensure(
-            kv.page_size.is_power_of_two() && (8..=64).contains(&kv.page_size),
-            "page_size",
-            "a power of two from 8 to 64 (the transposed copy reads a page's slots in \
+            blocks.block_size.is_power_of_two() && (8..=256).contains(&blocks.block_size),
+            "blocks",
+            "blocks of a power of two from 8 to 256 tokens (the copy's rows are read in \
              16-byte vectors)",
-            kv.page_size,
+            blocks.block_size,
+        )?;
+        let copy = blocks.shape(&kv);
+        ensure(
+            blocks.num_blocks >= 1 && copy.elements() < (1usize << 40),
+            "blocks",
+            "1 or more blocks, under 2^40 values in all",
+            blocks.num_blocks,
         )?;
         ensure(
             num_seqs >= 1 && num_seqs < i32::MAX as usize,
@@ -223,12 +271,13 @@ impl SparqState {
         )?;
         let update = dusk.kernel(format!("sparq update d{}", kv.head_dim), update)?;
         let dev = dusk.device();
-        let mut k_t = dev.alloc::<f16>(kv.elements())?;
+        let mut k_t = dev.alloc::<f16>(copy.elements())?;
         let mut v_sum = dev.alloc::<f32>(num_seqs * kv.num_kv_heads * kv.head_dim)?;
         dev.fill_bytes(&mut k_t, 0)?;
         dev.fill_bytes(&mut v_sum, 0)?;
         Ok(SparqState {
             kv,
+            blocks,
             num_seqs,
             k_t,
             v_sum,
@@ -265,10 +314,14 @@ impl SparqState {
             Arg::from(&updates.starts),
             Arg::from(&updates.counts),
             Arg::from(&updates.seqs),
+            Arg::from(&updates.blocks),
+            Arg::from(&updates.block_starts),
             Arg::I32(kv.num_pages as i32),
+            Arg::I32(self.blocks.num_blocks as i32),
             Arg::I32(self.num_seqs as i32),
             Arg::I32(kv.num_kv_heads as i32),
             Arg::I32(kv.page_size as i32),
+            Arg::I32(self.blocks.block_size as i32),
             Arg::from(&self.k_t),
             Arg::from(&self.v_sum),
         ];
@@ -283,14 +336,19 @@ impl SparqState {
         Ok(())
     }
 
+    /// The cache's shape.
     pub fn kv(&self) -> KvShape {
         self.kv
+    }
+    /// The transposed copy's paging.
+    pub fn blocks(&self) -> SparqBlocks {
+        self.blocks
     }
     pub fn num_seqs(&self) -> usize {
         self.num_seqs
     }
-    /// K transposed per page and KV head, f16 `[num_pages, num_kv_heads, head_dim,
-    /// page_size]`.
+    /// K transposed within each block and KV head, f16 `[num_blocks, num_kv_heads,
+    /// head_dim, block_size]`.
     pub fn k_t(&self) -> &Buffer<f16> {
         &self.k_t
     }
@@ -308,142 +366,154 @@ impl SparqState {
     }
 }
 
-/// Tokens to add to a [`SparqState`], on the device: entry `i` is slots `starts[i] ..
-/// starts[i] + counts[i]` of physical page `pages[i]`, tokens of sequence `seqs[i]`.
+/// One run of tokens to add to a [`SparqState`]: slots `start .. start + count` of the
+/// cache's physical page `page`, tokens of sequence `seq`, which the copy holds at slots
+/// `block_start ..` of block `block`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SparqEntry {
+    pub page: i32,
+    pub start: i32,
+    pub count: i32,
+    pub seq: i32,
+    pub block: i32,
+    pub block_start: i32,
+}
+
+/// Runs of tokens to add to a [`SparqState`] ([`SparqEntry`]s), on the device.
 pub struct SparqUpdates {
     pages: Buffer<i32>,
     starts: Buffer<i32>,
     counts: Buffer<i32>,
     seqs: Buffer<i32>,
+    blocks: Buffer<i32>,
+    block_starts: Buffer<i32>,
     count: usize,
 }
 
 impl SparqUpdates {
-    /// The entries `(pages[i], starts[i], counts[i], seqs[i])`, checked against a cache of
-    /// shape `kv` and a state of `num_seqs` sequences: page ids in range, slots inside the
-    /// page, at least one token, sequence slots in range. Entries naming one page and slot
-    /// twice write it twice (the same key, if it is one token); each adds its values.
-    pub fn new(
-        dusk: &Dusk,
-        kv: &KvShape,
-        num_seqs: usize,
-        pages: &[i32],
-        starts: &[i32],
-        counts: &[i32],
-        seqs: &[i32],
-    ) -> Result<SparqUpdates> {
-        kv.validate()?;
-        let n = pages.len();
-        for (name, v) in [("starts", starts), ("counts", counts), ("seqs", seqs)] {
+    /// `entries`, checked against `state`: page, block and sequence ids in range, at least
+    /// one token, slots inside the page and inside the block. Entries naming one block and
+    /// slot twice write it twice; each adds its values.
+    pub fn new(dusk: &Dusk, state: &SparqState, entries: &[SparqEntry]) -> Result<SparqUpdates> {
+        let (kv, bl) = (state.kv, state.blocks);
+        for (i, e) in entries.iter().enumerate() {
+            let at = |what: &str| format!("entry {i}: {what}");
+            if e.page < 0 || e.page as usize >= kv.num_pages {
+                return Err(invalid(
+                    "pages",
+                    format!("page ids in 0..{}", kv.num_pages),
+                    at(&format!("page {}", e.page)),
+                ));
+            }
+            if e.block < 0 || e.block as usize >= bl.num_blocks {
+                return Err(invalid(
+                    "blocks",
+                    format!("block ids in 0..{}", bl.num_blocks),
+                    at(&format!("block {}", e.block)),
+                ));
+            }
+            if e.seq < 0 || e.seq as usize >= state.num_seqs {
+                return Err(invalid(
+                    "seqs",
+                    format!("sequence slots in 0..{}", state.num_seqs),
+                    at(&format!("sequence {}", e.seq)),
+                ));
+            }
+            let (s, c, t) = (e.start as i64, e.count as i64, e.block_start as i64);
             ensure(
-                v.len() == n,
-                name,
-                format!("{n} entries, one per page"),
-                v.len(),
-            )?;
-        }
-        if let Some(p) = pages
-            .iter()
-            .find(|p| **p < 0 || **p as usize >= kv.num_pages)
-        {
-            return Err(invalid(
-                "pages",
-                format!("page ids in 0..{}", kv.num_pages),
-                p,
-            ));
-        }
-        let ps = kv.page_size as i64;
-        for i in 0..n {
-            let (s, c) = (starts[i] as i64, counts[i] as i64);
-            ensure(
-                s >= 0 && c >= 1 && s + c <= ps,
+                s >= 0 && c >= 1 && s + c <= kv.page_size as i64,
                 "counts",
-                format!("1 or more slots inside a page of {ps} (start + count <= {ps})"),
-                format!("entry {i}: start {s}, count {c}"),
+                format!("1 or more slots inside a page of {}", kv.page_size),
+                at(&format!("start {s}, count {c}")),
+            )?;
+            ensure(
+                t >= 0 && t + c <= bl.block_size as i64,
+                "counts",
+                format!("slots inside a block of {}", bl.block_size),
+                at(&format!("block start {t}, count {c}")),
             )?;
         }
-        if let Some(s) = seqs.iter().find(|s| **s < 0 || **s as usize >= num_seqs) {
-            return Err(invalid(
-                "seqs",
-                format!("sequence slots in 0..{num_seqs}"),
-                s,
-            ));
-        }
-        ensure(n < i32::MAX as usize, "pages", "fewer than 2^31 entries", n)?;
+        ensure(
+            entries.len() < i32::MAX as usize,
+            "entries",
+            "fewer than 2^31 entries",
+            entries.len(),
+        )?;
         let dev = dusk.device();
-        let up = |v: &[i32]| dev.upload(if v.is_empty() { &[0] } else { v });
+        let up = |f: fn(&SparqEntry) -> i32| {
+            let v: Vec<i32> = entries.iter().map(f).collect();
+            dev.upload(if v.is_empty() { &[0] } else { &v })
+        };
         Ok(SparqUpdates {
-            pages: up(pages)?,
-            starts: up(starts)?,
-            counts: up(counts)?,
-            seqs: up(seqs)?,
-            count: n,
+            pages: up(|e| e.page)?,
+            starts: up(|e| e.start)?,
+            counts: up(|e| e.count)?,
+            seqs: up(|e| e.seq)?,
+            blocks: up(|e| e.block)?,
+            block_starts: up(|e| e.block_start)?,
+            count: entries.len(),
         })
     }
 
-    /// Every token of every sequence of `table` (a prefill, or the state built from
-    /// scratch after [`SparqState::clear_values`]): one entry per page of each sequence.
+    /// Every token of every sequence of `table` (the cache's pages), held in the copy's
+    /// blocks of `blocks` (the block table: the same sequences' lengths): a prefill, or the
+    /// state built from scratch after [`SparqState::clear_values`]. One entry per run of
+    /// tokens inside one page and one block.
     pub fn all(
         dusk: &Dusk,
-        kv: &KvShape,
-        num_seqs: usize,
+        state: &SparqState,
         table: &PageTable,
+        blocks: &PageTable,
     ) -> Result<SparqUpdates> {
-        table.validate(kv)?;
-        let (mut pages, mut starts, mut counts, mut seqs) = (vec![], vec![], vec![], vec![]);
-        for b in 0..table.batch() {
-            let (lo, hi) = (table.kv_indptr[b] as usize, table.kv_indptr[b + 1] as usize);
-            for i in lo..hi {
-                let len = if i + 1 == hi {
-                    table.kv_last_page_len[b]
-                } else {
-                    kv.page_size as i32
-                };
-                pages.push(table.kv_page_indices[i]);
-                starts.push(0);
-                counts.push(len);
-                seqs.push(b as i32);
-            }
-        }
-        Self::new(dusk, kv, num_seqs, &pages, &starts, &counts, &seqs)
+        check_blocks(state, table, blocks)?;
+        let ps = state.kv.page_size;
+        let entries = (0..table.batch())
+            .flat_map(|b| runs(state, table, blocks, b, 0..table.seq_len(b, ps)))
+            .collect::<Vec<_>>();
+        Self::new(dusk, state, &entries)
     }
 
     /// The last token of each sequence of `table`: what a decode step appending one token
     /// per sequence wrote.
     pub fn last_tokens(
         dusk: &Dusk,
-        kv: &KvShape,
-        num_seqs: usize,
+        state: &SparqState,
         table: &PageTable,
+        blocks: &PageTable,
     ) -> Result<SparqUpdates> {
-        table.validate(kv)?;
-        let (mut pages, mut starts, mut seqs) = (vec![], vec![], vec![]);
-        for b in 0..table.batch() {
-            let hi = table.kv_indptr[b + 1] as usize;
-            if hi > table.kv_indptr[b] as usize {
-                pages.push(table.kv_page_indices[hi - 1]);
-                starts.push(table.kv_last_page_len[b] - 1);
-                seqs.push(b as i32);
-            }
-        }
-        let counts = vec![1; pages.len()];
-        Self::new(dusk, kv, num_seqs, &pages, &starts, &counts, &seqs)
+        check_blocks(state, table, blocks)?;
+        let ps = state.kv.page_size;
+        let entries = (0..table.batch())
+            .flat_map(|b| {
+                let n = table.seq_len(b, ps);
+                runs(state, table, blocks, b, n.saturating_sub(1)..n)
+            })
+            .collect::<Vec<_>>();
+        Self::new(dusk, state, &entries)
     }
 
-    /// Entries written on the device (by an append kernel), all four of equal length. Their
+    /// Entries written on the device (by an append kernel), all six of equal length. Their
     /// contents are not read on the host; the update skips an entry out of range.
     pub fn from_device(
         pages: Buffer<i32>,
         starts: Buffer<i32>,
         counts: Buffer<i32>,
         seqs: Buffer<i32>,
+        blocks: Buffer<i32>,
+        block_starts: Buffer<i32>,
     ) -> Result<SparqUpdates> {
         let n = pages.len();
-        for (name, b) in [("starts", &starts), ("counts", &counts), ("seqs", &seqs)] {
+        for (name, b) in [
+            ("starts", &starts),
+            ("counts", &counts),
+            ("seqs", &seqs),
+            ("blocks", &blocks),
+            ("block_starts", &block_starts),
+        ] {
             ensure(
                 b.len() == n,
                 name,
-                format!("{n} entries, one per page"),
+                format!("{n} entries, one per page run"),
                 b.len(),
             )?;
         }
@@ -453,6 +523,8 @@ impl SparqUpdates {
             starts,
             counts,
             seqs,
+            blocks,
+            block_starts,
             count: n,
         })
     }
@@ -464,6 +536,72 @@ impl SparqUpdates {
     pub fn is_empty(&self) -> bool {
         self.count == 0
     }
+}
+
+/// Checks that `blocks` is a block table of `state`'s copy for the sequences of `table`
+/// (the cache's page table): the same batch, each sequence the same length.
+fn check_blocks(state: &SparqState, table: &PageTable, blocks: &PageTable) -> Result<()> {
+    table.validate(&state.kv)?;
+    let bs = state.blocks.block_size;
+    blocks
+        .validate(&state.blocks.shape(&state.kv))
+        .map_err(|e| match e {
+            crate::DuskError::InvalidArgument {
+                arg,
+                expected,
+                found,
+            } => invalid(
+                "blocks",
+                format!("a block table of blocks of {bs} ({arg}: {expected})"),
+                found,
+            ),
+            other => other,
+        })?;
+    ensure(
+        blocks.batch() == table.batch(),
+        "blocks",
+        format!("{} sequences (the page table's)", table.batch()),
+        blocks.batch(),
+    )?;
+    let ps = state.kv.page_size;
+    if let Some(b) = (0..table.batch()).find(|&b| blocks.seq_len(b, bs) != table.seq_len(b, ps)) {
+        return Err(invalid(
+            "blocks",
+            "each sequence as long as in the page table",
+            format!(
+                "sequence {b}: {} tokens, {} in the page table",
+                blocks.seq_len(b, bs),
+                table.seq_len(b, ps)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The entries adding tokens `tokens` of sequence `b`: split where a page or a block ends.
+fn runs(
+    state: &SparqState,
+    table: &PageTable,
+    blocks: &PageTable,
+    b: usize,
+    tokens: std::ops::Range<usize>,
+) -> Vec<SparqEntry> {
+    let (ps, bs) = (state.kv.page_size, state.blocks.block_size);
+    let mut out = vec![];
+    let mut t = tokens.start;
+    while t < tokens.end {
+        let end = tokens.end.min((t / ps + 1) * ps).min((t / bs + 1) * bs);
+        out.push(SparqEntry {
+            page: table.kv_page_indices[table.kv_indptr[b] as usize + t / ps],
+            start: (t % ps) as i32,
+            count: (end - t) as i32,
+            seq: b as i32,
+            block: blocks.kv_page_indices[blocks.kv_indptr[b] as usize + t / bs],
+            block_start: (t % bs) as i32,
+        });
+        t = end;
+    }
+    out
 }
 
 /// SparQ's selection over one page table: the query, score and alpha kernels and the
@@ -480,8 +618,8 @@ pub struct SparqPlan {
     score: Arc<LoadedKernel>,
     weigh: Arc<LoadedKernel>,
     topk: TopKPlan,
-    kv_indptr: Buffer<i32>,
-    kv_page_indices: Buffer<i32>,
+    blk_indptr: Buffer<i32>,
+    blk_indices: Buffer<i32>,
     tok_indptr: Buffer<i32>,
     dims: Buffer<i32>,
     qs: Buffer<f32>,
@@ -495,16 +633,19 @@ pub struct SparqPlan {
 }
 
 impl SparqPlan {
-    /// Plans SparQ's selection over `table` (sequence `b` is `state`'s slot `b`) for
-    /// `num_q_heads` query heads.
+    /// Plans SparQ's selection over `table` (the cache's page table; sequence `b` is
+    /// `state`'s slot `b`), whose keys the copy holds in the blocks of `blocks` (the copy's
+    /// block table; `table` itself when the copy is paged as the cache,
+    /// [`SparqBlocks::pages_of`]), for `num_q_heads` query heads.
     pub fn new(
         dusk: &Dusk,
         state: SparqState,
         num_q_heads: usize,
         table: &PageTable,
+        blocks: &PageTable,
         options: SparqOptions,
     ) -> Result<SparqPlan> {
-        Self::with_config(dusk, state, num_q_heads, table, options, |_| {})
+        Self::with_config(dusk, state, num_q_heads, table, blocks, options, |_| {})
     }
 
     /// As [`SparqPlan::new`], with `tune` changing the top-k's [`TopKConfig`].
@@ -513,6 +654,7 @@ impl SparqPlan {
         state: SparqState,
         num_q_heads: usize,
         table: &PageTable,
+        blocks: &PageTable,
         options: SparqOptions,
         tune: impl FnOnce(&mut TopKConfig),
     ) -> Result<SparqPlan> {
@@ -536,8 +678,9 @@ impl SparqPlan {
             recent: options.window,
         };
         let topk = TopKPlan::with_config(dusk, table, kv, Items::Tokens, options.k, keep, tune)?;
+        check_blocks(&state, table, blocks)?;
         let rp = padded_r(options.r);
-        let log_ps = kv.page_size.trailing_zeros() as usize;
+        let log_bs = state.blocks.block_size.trailing_zeros() as usize;
         let unsupported = || {
             invalid(
                 "num_q_heads",
@@ -545,7 +688,7 @@ impl SparqPlan {
                 format!("{num_q_heads} query heads: a group of {group}"),
             )
         };
-        let (score_build, tile) = score_kernel(group, rp, log_ps).ok_or_else(unsupported)?;
+        let (score_build, tile) = score_kernel(group, rp, log_bs).ok_or_else(unsupported)?;
         let query_build = query_kernel(kv.head_dim, group).ok_or_else(unsupported)?;
         let alpha_build = alpha_kernel(kv.head_dim, group).ok_or_else(unsupported)?;
         let shape = topk.shape().clone();
@@ -567,7 +710,10 @@ impl SparqPlan {
         let d = kv.head_dim;
         let query = dusk.kernel(format!("sparq query d{d} g{group}"), query_build)?;
         let score = dusk.kernel(
-            format!("sparq score g{group} r{rp} t{tile} ps{}", kv.page_size),
+            format!(
+                "sparq score g{group} r{rp} t{tile} bs{}",
+                state.blocks.block_size
+            ),
             score_build,
         )?;
         let weigh = dusk.kernel(format!("sparq alpha d{d} g{group}"), alpha_build)?;
@@ -584,8 +730,8 @@ impl SparqPlan {
             query,
             score,
             weigh,
-            kv_indptr: dev.upload(&table.kv_indptr)?,
-            kv_page_indices: nonempty(&table.kv_page_indices)?,
+            blk_indptr: dev.upload(&blocks.kv_indptr)?,
+            blk_indices: nonempty(&blocks.kv_page_indices)?,
             tok_indptr: dev.upload(&shape.item_indptr)?,
             dims: dev.alloc(rows * rp)?,
             qs: dev.alloc(q_rows * rp)?,
@@ -643,8 +789,8 @@ impl SparqPlan {
         let kv = self.state.kv;
         let args = [
             Arg::from(&self.state.k_t),
-            Arg::from(&self.kv_indptr),
-            Arg::from(&self.kv_page_indices),
+            Arg::from(&self.blk_indptr),
+            Arg::from(&self.blk_indices),
             Arg::from(&self.tok_indptr),
             Arg::from(&self.dims),
             Arg::from(&self.qs),

@@ -1,7 +1,7 @@
 //! SparQ's selection at a benchmark shape, for the GPU check: the transposed copy of K
 //! filled on the device from a hash of each value's index (gigabytes at 32k context; the
 //! host recomputes any value it checks), random sums of V and query, a page table of
-//! scattered pages; a check of every step against the f64 reference on fresh inputs with
+//! scattered pages and a block table of scattered blocks for the copy; a check of every step against the f64 reference on fresh inputs with
 //! the outputs poisoned first; the harness's timings of each step and of the whole
 //! selection.
 //!
@@ -24,7 +24,7 @@
 //! ```
 
 use super::reference::top_k_row;
-use super::sparq::{SparqOptions, SparqPlan, SparqState};
+use super::sparq::{SparqBlocks, SparqOptions, SparqPlan, SparqState};
 use super::sparq_reference::{sparq_alpha, sparq_row};
 use super::topk::{Budget, Keep, TopKConfig};
 use crate::error::Result;
@@ -34,8 +34,9 @@ use dusk_macros::kernel;
 use dusk_runtime::{Buffer, Measured};
 use half::f16;
 
-/// A benchmark shape: head_dim 128, pages of 16, `r` of 16 (SparQ's default ratio of
-/// 1/8), `k` an eighth of each sequence, the window a quarter of `k` (the paper's `l`).
+/// A benchmark shape: head_dim 128, pages of 16, the transposed copy in blocks of 256,
+/// `r` of 16 (SparQ's default ratio of 1/8), `k` an eighth of each sequence, the window a
+/// quarter of `k` (the paper's `l`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SparqCase {
     pub batch: usize,
@@ -45,6 +46,8 @@ pub struct SparqCase {
     pub num_kv_heads: usize,
     pub head_dim: usize,
     pub page_size: usize,
+    /// Tokens in a block of the transposed copy.
+    pub block_size: usize,
     pub r: usize,
     pub k: Budget,
     pub window: usize,
@@ -52,8 +55,8 @@ pub struct SparqCase {
 }
 
 impl Default for SparqCase {
-    /// Batch 32, 32k tokens, GQA 32/8, head_dim 128, pages of 16, r 16, k = N/8 (4096),
-    /// window 1024.
+    /// Batch 32, 32k tokens, GQA 32/8, head_dim 128, pages of 16, blocks of 256, r 16,
+    /// k = N/8 (4096), window 1024.
     fn default() -> Self {
         SparqCase {
             batch: 32,
@@ -62,6 +65,7 @@ impl Default for SparqCase {
             num_kv_heads: 8,
             head_dim: 128,
             page_size: 16,
+            block_size: 256,
             r: 16,
             k: Budget::Fraction(0.125),
             window: 1024,
@@ -147,6 +151,7 @@ pub struct SparqBench {
     case: SparqCase,
     kv: KvShape,
     table: PageTable,
+    blocks: PageTable,
     q_host: Vec<f16>,
     q: Buffer<f16>,
     /// One plan per rotation set, each over its own state (seed `seed + set`).
@@ -173,6 +178,17 @@ impl SparqBench {
             ids.swap(i, rng.below(i + 1));
         }
         let table = PageTable::from_lengths(&lens, ps, ids)?;
+        let bs = case.block_size;
+        let num_blocks = PageTable::pages_needed(&lens, bs).max(1);
+        let mut ids: Vec<i32> = (0..num_blocks as i32).collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, rng.below(i + 1));
+        }
+        let blocks = PageTable::from_lengths(&lens, bs, ids)?;
+        let layout = SparqBlocks {
+            num_blocks,
+            block_size: bs,
+        };
         let kv = KvShape {
             num_pages,
             page_size: ps,
@@ -198,8 +214,8 @@ impl SparqBench {
         let key_seed = (rng.next() >> 33) as i32;
         let (mut plans, mut v_sum) = (vec![], vec![]);
         for set in 0..sets {
-            let mut state = SparqState::new(dusk, kv, case.batch)?;
-            let n = kv.elements();
+            let mut state = SparqState::new(dusk, kv, case.batch, layout)?;
+            let n = num_blocks * bs * kv.num_kv_heads * kv.head_dim;
             let grid = [n.div_ceil(FILL_BLOCK) as u32, 1, 1];
             let seed = key_seed.wrapping_add(set as i32);
             fill_keys::launch::<FILL_BLOCK>(dev, &fill, grid, state.k_t(), n as i64, seed)?;
@@ -212,6 +228,7 @@ impl SparqBench {
                 state,
                 case.num_q_heads,
                 &table,
+                &blocks,
                 options,
                 &tune,
             )?);
@@ -223,6 +240,7 @@ impl SparqBench {
             case: *case,
             kv,
             table,
+            blocks,
             q_host,
             q,
             plans,
@@ -240,6 +258,10 @@ impl SparqBench {
     pub fn table(&self) -> &PageTable {
         &self.table
     }
+    /// The transposed copy's block table.
+    pub fn blocks(&self) -> &PageTable {
+        &self.blocks
+    }
     /// Rotation sets (each its own state and plan).
     pub fn sets(&self) -> usize {
         self.plans.len()
@@ -253,12 +275,12 @@ impl SparqBench {
     }
 
     /// Bytes the scoring must read: `r` components of every token for each KV head (the
-    /// transposed copy), the sparse queries, the components, the page table.
+    /// transposed copy), the sparse queries, the components, the block table.
     pub fn score_read_bytes(&self) -> usize {
         let (c, rows) = (&self.case, self.plans[0].shape().rows());
         let columns = self.tokens() * c.num_kv_heads * c.r * 2;
         let queries = rows * self.plans[0].padded_r() * (4 + 4 * c.num_q_heads / c.num_kv_heads);
-        columns + queries + self.table.kv_page_indices.len() * 4
+        columns + queries + self.blocks.kv_page_indices.len() * 4
     }
 
     /// Bytes the scoring must move: what it reads, and the scores (with a group of
@@ -316,7 +338,7 @@ impl SparqBench {
         let v_mean = plan.v_mean().download().map_err(d)?;
         let flags = plan.flags().download().map_err(d)?;
         let (c, kv) = (self.case, self.kv);
-        let (hk, dh, ps) = (kv.num_kv_heads, kv.head_dim, kv.page_size);
+        let (hk, dh, ps, bs) = (kv.num_kv_heads, kv.head_dim, kv.page_size, c.block_size);
         let group = c.num_q_heads / hk;
         let keep = Keep {
             sink: 0,
@@ -343,13 +365,13 @@ impl SparqBench {
                 }
                 let row = b * hk + h;
                 let n = self.table.seq_len(b, ps);
-                let first = self.table.kv_indptr[b] as usize;
-                let pages = &self.table.kv_page_indices;
+                let first = self.blocks.kv_indptr[b] as usize;
+                let ids = &self.blocks.kv_page_indices;
                 let seed = self.key_seed;
                 let key = |t: usize, comp: usize| {
-                    let page = pages[first + t / ps] as u64;
-                    let at = ((page * hk as u64 + h as u64) * dh as u64 + comp as u64) * ps as u64;
-                    key_value(at + (t % ps) as u64, seed).to_f64()
+                    let blk = ids[first + t / bs] as u64;
+                    let at = ((blk * hk as u64 + h as u64) * dh as u64 + comp as u64) * bs as u64;
+                    key_value(at + (t % bs) as u64, seed).to_f64()
                 };
                 let want = sparq_row(&self.q_host, c.num_q_heads, hk, dh, b, h, c.r, n, &key);
                 let got_dims: Vec<usize> = dims[row * rp..row * rp + c.r]
@@ -442,23 +464,44 @@ impl SparqBench {
         Ok(report)
     }
 
-    /// The harness's timings (`Device::time_calls`: graph replays over the rotation sets on
-    /// a GPU) of each step and of a whole `select`.
-    pub fn time(&mut self, dusk: &Dusk) -> Result<SparqTimes> {
+    /// The harness's timing (`Device::time_calls`: graph replays over the rotation sets on
+    /// a GPU) of one step, or of a whole `select`. The steps after the first read what the
+    /// ones before wrote: [`SparqBench::check`] (or a `select`) first.
+    pub fn time_step(&mut self, dusk: &Dusk, step: SparqStep) -> Result<Measured> {
         let dev = dusk.device();
         let sets = self.plans.len();
         let (plans, q) = (&mut self.plans, &self.q);
-        let query = dev.time_calls(sets, |i| plans[i].query(dusk, q))?;
-        let score = dev.time_calls(sets, |i| plans[i].score(dusk))?;
-        let top_k = dev.time_calls(sets, |i| plans[i].top_k(dusk))?;
-        let weigh = dev.time_calls(sets, |i| plans[i].weigh(dusk))?;
-        let select = dev.time_calls(sets, |i| plans[i].select(dusk, q))?;
-        Ok(SparqTimes {
-            query,
-            score,
-            top_k,
-            weigh,
-            select,
+        Ok(match step {
+            SparqStep::Query => dev.time_calls(sets, |i| plans[i].query(dusk, q))?,
+            SparqStep::Score => dev.time_calls(sets, |i| plans[i].score(dusk))?,
+            SparqStep::TopK => dev.time_calls(sets, |i| plans[i].top_k(dusk))?,
+            SparqStep::Weigh => dev.time_calls(sets, |i| plans[i].weigh(dusk))?,
+            SparqStep::Select => dev.time_calls(sets, |i| plans[i].select(dusk, q))?,
         })
     }
+
+    /// Every step's timing and a whole `select`'s.
+    pub fn time(&mut self, dusk: &Dusk) -> Result<SparqTimes> {
+        for i in 0..self.plans.len() {
+            self.plans[i].select(dusk, &self.q)?;
+        }
+        Ok(SparqTimes {
+            query: self.time_step(dusk, SparqStep::Query)?,
+            score: self.time_step(dusk, SparqStep::Score)?,
+            top_k: self.time_step(dusk, SparqStep::TopK)?,
+            weigh: self.time_step(dusk, SparqStep::Weigh)?,
+            select: self.time_step(dusk, SparqStep::Select)?,
+        })
+    }
+}
+
+/// A step of [`SparqPlan::select`], for [`SparqBench::time_step`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SparqStep {
+    Query,
+    Score,
+    TopK,
+    Weigh,
+    /// All four.
+    Select,
 }

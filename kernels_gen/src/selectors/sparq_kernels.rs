@@ -5,10 +5,12 @@
 //! tokens).
 //!
 //! State (see [`super::sparq`]):
-//! - `k_t`, f16 `[num_pages, num_kv_heads, D, page_size]`: K transposed within each
-//!   physical page and KV head (Appendix E), so that component `c` of a page's keys is
-//!   `page_size` contiguous values: reading `r` components of every token reads `r`
-//!   contiguous runs a page, never a whole key row.
+//! - `k_t`, f16 `[num_blocks, num_kv_heads, D, block_size]`: K transposed within blocks of
+//!   its own (Appendix E), each block `block_size` consecutive tokens of one sequence,
+//!   found through a block table as the cache's pages are through the page table (the
+//!   cache's own pages and page table are one choice). Component `c` of a block's keys is
+//!   `block_size` contiguous values: reading `r` components of every token reads `r`
+//!   contiguous runs a block, never a whole key row.
 //! - `v_sum`, f32 `[num_seqs, num_kv_heads, D]`: the sum of V over each sequence's tokens;
 //!   the running mean is `v_sum / len`, the length from the page table.
 //!
@@ -33,36 +35,37 @@
 use super::page::group_query;
 use dusk_macros::kernel;
 
-/// The `D` element offsets, in the transposed copy of K (`[num_pages, num_kv_heads, D,
-/// page_size]`), of slot `slot` of physical page `page` for KV head `head`: one value per
-/// component, `page_size` apart.
+/// The `D` element offsets, in the transposed copy of K (`[num_blocks, num_kv_heads, D,
+/// block_size]`), of slot `slot` of block `block` for KV head `head`: one value per
+/// component, `block_size` apart.
 #[kernel(crate = "crate::dusk_paths")]
 pub fn transposed_key_offsets<const D: usize>(
-    page: i32,
+    block: i32,
     slot: i32,
     head: i32,
     num_kv_heads: i32,
-    page_size: i32,
+    block_size: i32,
 ) -> Block<i64> {
-    let row = (page as i64) * (num_kv_heads as i64) + (head as i64);
+    let row = (block as i64) * (num_kv_heads as i64) + (head as i64);
     let comps = arange(0, D) as i64;
-    (row * D + comps) * (page_size as i64) + (slot as i64)
+    (row * D + comps) * (block_size as i64) + (slot as i64)
 }
 
 /// Writes one token's key (`key`, its `D` components) into the transposed copy `k_t`, at
-/// slot `slot` of physical page `page`, KV head `head`. For a kernel that appends tokens to
-/// the cache; the caller checks `page` and `slot` are in range.
+/// slot `slot` of block `block` (the token's position within its block, and the block the
+/// copy's block table gives for it), KV head `head`. For a kernel that appends tokens to the
+/// cache; the caller checks `block` and `slot` are in range.
 #[kernel(crate = "crate::dusk_paths")]
 pub fn sparq_store_key<const D: usize>(
     k_t: Ptr<f16>,
-    page: i32,
+    block: i32,
     slot: i32,
     head: i32,
     num_kv_heads: i32,
-    page_size: i32,
+    block_size: i32,
     key: Block<f16>,
 ) {
-    let offs = transposed_key_offsets::<D>(page, slot, head, num_kv_heads, page_size);
+    let offs = transposed_key_offsets::<D>(block, slot, head, num_kv_heads, block_size);
     store(k_t + offs, key);
 }
 
@@ -83,13 +86,14 @@ pub fn sparq_add_value<const D: usize>(
 }
 
 /// Appends tokens to SparQ's state: entry `program_id(0) = i` is slots `starts[i] ..
-/// starts[i] + counts[i]` of physical page `pages[i]`, tokens of sequence `seqs[i]`; for KV
+/// starts[i] + counts[i]` of the cache's physical page `pages[i]`, tokens of sequence
+/// `seqs[i]` that the copy holds at slots `block_starts[i] ..` of block `blocks[i]`; for KV
 /// head `program_id(1)` each token's key goes into `k_t` and the entry's sum of V is added
 /// to `v_sum`. Parameters: `k`, `v` (the cache, f16 `[num_pages, page_size, num_kv_heads,
-/// D]`), the entries (i32 each), `num_pages`, `num_seqs`, `num_kv_heads`, `page_size`, then
-/// the state. Grid: `(entries, num_kv_heads)`. An entry out of range (a page or sequence id,
-/// or slots outside the page) is skipped: device-written entries read and write nothing
-/// out of bounds.
+/// D]`), the entries (i32 each), `num_pages`, `num_blocks`, `num_seqs`, `num_kv_heads`,
+/// `page_size`, `block_size`, then the state. Grid: `(entries, num_kv_heads)`. An entry out
+/// of range (an id, or slots outside the page or the block) is skipped: device-written
+/// entries read and write nothing out of bounds.
 #[kernel(crate = "crate::dusk_paths", num_warps = 1)]
 #[allow(clippy::too_many_arguments)]
 pub fn sparq_update<const D: usize>(
@@ -99,10 +103,14 @@ pub fn sparq_update<const D: usize>(
     starts: Ptr<i32>,
     counts: Ptr<i32>,
     seqs: Ptr<i32>,
+    blocks: Ptr<i32>,
+    block_starts: Ptr<i32>,
     num_pages: i32,
+    num_blocks: i32,
     num_seqs: i32,
     num_kv_heads: i32,
     page_size: i32,
+    block_size: i32,
     k_t: Ptr<f16>,
     v_sum: Ptr<f32>,
 ) {
@@ -112,22 +120,28 @@ pub fn sparq_update<const D: usize>(
     let start = load(starts + i);
     let count = load(counts + i);
     let seq = load(seqs + i);
+    let block = load(blocks + i);
+    let to = load(block_starts + i);
     let ok = (page >= 0)
         & (page < num_pages)
         & (start >= 0)
         & (count >= 1)
         & (count <= page_size - start)
         & (seq >= 0)
-        & (seq < num_seqs);
+        & (seq < num_seqs)
+        & (block >= 0)
+        & (block < num_blocks)
+        & (to >= 0)
+        & (count <= block_size - to);
     if ok {
         let mut acc = zeros::<f32>([D]);
-        for slot in start..start + count {
-            let token = ((page as i64) * (page_size as i64) + (slot as i64))
+        for j in 0..count {
+            let token = ((page as i64) * (page_size as i64) + ((start + j) as i64))
                 * (num_kv_heads as i64)
                 + (h as i64);
             let offs = token * D + (arange(0, D) as i64);
             let key = load(k + offs);
-            sparq_store_key::<D>(k_t, page, slot, h, num_kv_heads, page_size, key);
+            sparq_store_key::<D>(k_t, block, to + j, h, num_kv_heads, block_size, key);
             acc = acc + load(v + offs) as f32;
         }
         sparq_add_value::<D>(v_sum, seq, h, num_kv_heads, acc);
@@ -201,20 +215,22 @@ pub fn sparq_query<const D: usize, const G: usize, const CHUNK: usize>(
 }
 
 /// Step 2 for `TILE` tokens of one row (`program_id(1)` the tile): reads `RP` rows of each
-/// of the tile's pages from `k_t` (`r` of them real, the rest masked off), writes the
-/// tokens' scores (f32, row `(b, h)` at `tok_indptr[b] * num_kv_heads + h * len_b`, the
+/// of the tile's blocks from `k_t` (`r` of them real, the rest masked off), through the
+/// copy's block table (`blk_indptr`, `blk_indices`: blocks of `2^LOG_BS` tokens); writes
+/// the tokens' scores (f32, row `(b, h)` at `tok_indptr[b] * num_kv_heads + h * len_b`, the
 /// top-k's layout), with `G > 1` each head's logits (`logits`, that index times `G` plus
-/// the head), and per head the tile's logit max and `sum exp(l - max)` (`stat_max`,
-/// `stat_sum` at `(row * max_tiles + tile) * G + g`). Pages of `2^LOG_PS` tokens. Grid:
-/// `(batch * num_kv_heads, ceil(longest sequence / TILE))`; one warp a program, so the sum
-/// over the `RP` components stays within it. The heads are a loop, not unrolled: unrolled,
-/// every head's logits were live at once (254 registers at a group of 16, against 72).
+/// the head: a token's heads together, staged through shared memory so they leave in
+/// vectors), and per head the tile's logit max and `sum exp(l - max)` (`stat_max`,
+/// `stat_sum` at `(row * max_tiles + tile) * G + g`). Grid: `(batch * num_kv_heads,
+/// ceil(longest sequence / TILE))`; one warp a program, so the sum over the `RP` components
+/// stays within it. The heads are a loop, not unrolled: unrolled, every head's logits were
+/// live at once (254 registers at a group of 16, against 127).
 #[kernel(crate = "crate::dusk_paths", num_warps = 1)]
 #[allow(clippy::too_many_arguments)]
-pub fn sparq_score<const G: usize, const RP: usize, const TILE: usize, const LOG_PS: usize>(
+pub fn sparq_score<const G: usize, const RP: usize, const TILE: usize, const LOG_BS: usize>(
     k_t: Ptr<f16>,
-    kv_indptr: Ptr<i32>,
-    kv_page_indices: Ptr<i32>,
+    blk_indptr: Ptr<i32>,
+    blk_indices: Ptr<i32>,
     tok_indptr: Ptr<i32>,
     dims: Ptr<i32>,
     qs: Ptr<f32>,
@@ -236,21 +252,22 @@ pub fn sparq_score<const G: usize, const RP: usize, const TILE: usize, const LOG
     if tile * TILE < n {
         let tok = tile * TILE + arange(0, TILE);
         let valid = tok < n;
-        // Page and slot of each token: a page's slots are contiguous in `k_t`.
-        let j = tok >> LOG_PS;
-        let page_first = load(kv_indptr + b);
-        let page_ok = j < load(kv_indptr + (b + 1)) - page_first;
-        let page = load(kv_page_indices + (page_first + j), page_ok, 0);
-        let slot = tok & ((1 << LOG_PS) - 1);
-        let block = ((page as i64) * (num_kv_heads as i64) + (h as i64)) * (head_dim as i64);
-        let cols = block * (1 << LOG_PS) + (slot as i64);
+        // Block and slot of each token: a block's slots are contiguous in `k_t`.
+        let j = tok >> LOG_BS;
+        let blk_first = load(blk_indptr + b);
+        let blk_ok = j < load(blk_indptr + (b + 1)) - blk_first;
+        let blk = load(blk_indices + (blk_first + j), blk_ok, 0);
+        let slot = tok & ((1 << LOG_BS) - 1);
+        let base = ((blk as i64) * (num_kv_heads as i64) + (h as i64)) * (head_dim as i64);
+        let cols = base * (1 << LOG_BS) + (slot as i64);
         let comp = arange(0, RP);
         let comp_ok = comp < r;
         let chosen = load(dims + (row * RP + comp), comp_ok, 0);
-        let offs = expand((chosen as i64) * (1 << LOG_PS), 1, TILE) + expand(cols, 0, RP);
-        let mask = expand(comp_ok, 1, TILE) & expand(page_ok, 0, RP);
+        let offs = expand((chosen as i64) * (1 << LOG_BS), 1, TILE) + expand(cols, 0, RP);
+        let mask = expand(comp_ok, 1, TILE) & expand(blk_ok, 0, RP);
         let kt = load(k_t + offs, mask, 0.0) as f32;
         let at = (first * num_kv_heads + h * n) as i64 + (tok as i64);
+        let staged = shared::<f32>(G * TILE);
         let mut s = zeros::<f32>([TILE]);
         for g in 0..G {
             let qg = load(qs + ((row * G + g) * RP + comp));
@@ -262,11 +279,18 @@ pub fn sparq_score<const G: usize, const RP: usize, const TILE: usize, const LOG
             store(stat_max + stat, m);
             store(stat_sum + stat, e);
             if G > 1 {
-                store(logits + (at * G + (g as i64)), l, valid);
+                store(staged + (g * TILE + arange(0, TILE)), l);
             }
             s = s + l;
         }
         store(scores + at, s, valid);
+        if G > 1 {
+            let heads = arange(0, G);
+            let by_token = expand(arange(0, TILE), 1, G) + expand(heads * TILE, 0, TILE);
+            let l = load(staged + by_token);
+            let to = expand(at * G, 1, G) + expand(heads as i64, 0, TILE);
+            store(logits + to, l, expand(valid, 1, G));
+        }
     }
 }
 

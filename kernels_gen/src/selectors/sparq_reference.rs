@@ -118,18 +118,25 @@ pub fn paged_key<'a>(
     }
 }
 
-/// The transposed copy after every token of `table` is added: `k_t` (f16 `[num_pages,
-/// num_kv_heads, head_dim, page_size]`) with the valid slots of the table's pages written
-/// from `k`, the others left as they are.
-pub fn transpose_pages(k: &[f16], kv: &KvShape, table: &PageTable, k_t: &mut [f16]) {
-    let (d, ps) = (kv.head_dim, kv.page_size);
+/// The transposed copy after every token of `table` is added: `k_t` (f16 `[num_blocks,
+/// num_kv_heads, head_dim, block_size]`) with each token of the cache `k` at its slot of
+/// the block `blocks` (the copy's block table) gives it, the other slots left as they are.
+pub fn transpose_blocks(
+    k: &[f16],
+    kv: &KvShape,
+    table: &PageTable,
+    blocks: &PageTable,
+    block_size: usize,
+    k_t: &mut [f16],
+) {
+    let (d, ps, bs) = (kv.head_dim, kv.page_size, block_size);
     for b in 0..table.batch() {
-        let len = table.seq_len(b, ps);
-        for t in 0..len {
+        for t in 0..table.seq_len(b, ps) {
             let page = table.kv_page_indices[table.kv_indptr[b] as usize + t / ps] as usize;
+            let block = blocks.kv_page_indices[blocks.kv_indptr[b] as usize + t / bs] as usize;
             for h in 0..kv.num_kv_heads {
                 for c in 0..d {
-                    let at = ((page * kv.num_kv_heads + h) * d + c) * ps + t % ps;
+                    let at = ((block * kv.num_kv_heads + h) * d + c) * bs + t % bs;
                     k_t[at] = k[kv.k_row(page, t % ps, h) * d + c];
                 }
             }

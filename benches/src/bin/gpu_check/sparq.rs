@@ -4,15 +4,18 @@
 //!    (`SparqBench::check`: components, scores, kept tokens, token lists, alpha, the mean
 //!    of V), outputs poisoned first;
 //! 2. the selection (query, approximate scores, device top-k, alpha) at 32k context, batch
-//!    32 and 64, GQA 32/8 and MHA 32/32, head_dim 128, r 16, k = N/8 with a window of
-//!    k/4, timed by the harness beside the same computation in PyTorch (`--sparq-peers`,
+//!    32 and 64, GQA 32/8 and MHA 32/32, head_dim 128, pages of 16, the transposed copy in
+//!    blocks of 256, r 16, k = N/8 with a window of k/4, timed by the harness beside the same computation in PyTorch (`--sparq-peers`,
 //!    written by `benches/baselines/sparq_peers.py` in the same command); the approximate
-//!    scores as a fraction of the copy rate on the bytes they read and on all they move.
+//!    scores as a fraction of the copy rate on the bytes they read and on all they move;
+//! 3. at batch 32, the approximate scores with the transposed copy in blocks of 16 (the
+//!    cache's pages) and 64 tokens beside the default 256, and the top-k's streamed
+//!    configurations beside its default.
 
 use crate::common::{case_json, PeerTime, Res};
 use dusk::kernels::ops::Dusk;
-use dusk::kernels::selectors::sparq_bench::{SparqBench, SparqCase};
-use dusk::kernels::selectors::Budget;
+use dusk::kernels::selectors::sparq_bench::{SparqBench, SparqCase, SparqStep};
+use dusk::kernels::selectors::{Budget, TopKConfig};
 use serde_json::{json, Value};
 
 /// The small shapes checked in full: (batch, context, q heads, KV heads, r, k, window).
@@ -80,7 +83,7 @@ pub fn cases(
             let name = format!("sparq_b{batch}_h32x{hkv}_ctx32768_r16_k8th");
             let k_tokens = case.context / 8;
             let shape = json!({"batch": batch, "num_q_heads": 32, "num_kv_heads": hkv, "head_dim": 128,
-                               "page_size": 16, "context": 32768, "r": case.r, "k": k_tokens,
+                               "page_size": 16, "block_size": case.block_size, "context": 32768, "r": case.r, "k": k_tokens,
                                "window": case.window});
             let dense = format!("dense_b{batch}_h32x{hkv}_ctx32768");
             let fi_dense = PeerTime::from_case(find(attention, &dense).as_ref(), "flashinfer");
@@ -97,7 +100,7 @@ pub fn cases(
                 t.weigh.median_us(),
                 fi_dense.us.map_or("n/a".into(), |d| format!("{:.1}%", 100.0 * select_us / d)),
             );
-            let extra = json!({
+            let mut extra = json!({
                 "rows_checked": c.rows,
                 "max_score_error": c.max_score_error,
                 "max_alpha_error": c.max_alpha_error,
@@ -118,6 +121,20 @@ pub fn cases(
                 "flashinfer_dense_timing": fi_dense.timing,
                 "select_over_flashinfer_dense": fi_dense.us.map(|d| select_us / d),
             });
+            let sweep = if batch == 32 {
+                sweep(
+                    dusk,
+                    &case,
+                    copy_gbps,
+                    (case.block_size, &t.score, &t.top_k),
+                    &bench,
+                )?
+            } else {
+                json!({})
+            };
+            if let (Some(o), Some(w)) = (extra.as_object_mut(), sweep.as_object()) {
+                o.extend(w.clone());
+            }
             let peer = find(peers, &name);
             out.push(case_json(
                 &name,
@@ -132,4 +149,63 @@ pub fn cases(
         }
     }
     Ok(out)
+}
+
+/// The approximate scores with other block sizes of the transposed copy, and the top-k with
+/// its other streamed configurations, at `case`'s shape (`default`: the block size and the
+/// timings of `bench`, the case as planned).
+fn sweep(
+    dusk: &Dusk,
+    case: &SparqCase,
+    copy_gbps: f64,
+    default: (usize, &dusk::runtime::Measured, &dusk::runtime::Measured),
+    bench: &SparqBench,
+) -> Res<Value> {
+    let (block_size, score, top_k) = default;
+    let rate =
+        |b: &SparqBench, us: f64| b.score_read_bytes() as f64 / (us * 1e-6) / 1e9 / copy_gbps;
+    let mut by_block = serde_json::Map::new();
+    by_block.insert(
+        block_size.to_string(),
+        json!({"score_us": score.median_us(), "score_read_frac_of_copy_bw": rate(bench, score.median_us())}),
+    );
+    for bs in [16usize, 64] {
+        let mut b = SparqBench::new(
+            dusk,
+            &SparqCase {
+                block_size: bs,
+                ..*case
+            },
+            |_| {},
+        )?;
+        b.check(dusk, 2)?;
+        let m = b.time_step(dusk, SparqStep::Score)?;
+        println!(
+            "    blocks of {bs}: scores {:.1} us = {:.1}% of copy on the bytes read",
+            m.median_us(),
+            100.0 * rate(&b, m.median_us())
+        );
+        by_block.insert(
+            bs.to_string(),
+            json!({"score_us": m.median_us(), "score_read_frac_of_copy_bw": rate(&b, m.median_us())}),
+        );
+    }
+    let mut by_config = serde_json::Map::new();
+    by_config.insert(
+        format!("{:?}", bench.plan(0).top_k_plan().config()),
+        json!(top_k.median_us()),
+    );
+    for (tile, num_warps) in [(1024usize, 4u32), (256, 1)] {
+        let cfg = TopKConfig {
+            tile,
+            num_warps,
+            resident: false,
+        };
+        let mut b = SparqBench::new(dusk, case, |c| *c = cfg)?;
+        b.check(dusk, 2)?;
+        let m = b.time_step(dusk, SparqStep::TopK)?;
+        println!("    top-k {cfg:?}: {:.1} us", m.median_us());
+        by_config.insert(format!("{cfg:?}"), json!(m.median_us()));
+    }
+    Ok(json!({"score_by_block_size": by_block, "top_k_us_by_config": by_config}))
 }
