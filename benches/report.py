@@ -67,8 +67,8 @@ def main():
             print(f"\nCommand{where}: `{r['command']}`")
         quest = [c for c in r["cases"] if "select_over_flashinfer_dense" in c]
         if quest:
-            print("\nQuest's selection in parts, same run: the page scores (and their share of the copy "
-                  "rate on the state they read), the device top-k, and the whole selection as a share of "
+            print("\nEach selection in parts (Quest's, Double Sparsity's), same run: the scores (and their "
+                  "share of the copy rate on the state they read), the device top-k, and the whole selection as a share of "
                   "FlashInfer's dense decode of the same shape (from the attention peers of the same "
                   "command):\n")
             for c in quest:

@@ -7,8 +7,10 @@
 //! - [`threshold`]: the fused threshold search (top-p and other [`policies`]) and
 //!   [`prune`], its validated plan: scores in, compacted CSR token lists out.
 //! - [`ops`]: validated, compiled-once entry points for both ([`ops::Dusk`]).
-//! - [`selectors`]: token selectors (Quest, the selector API, the shared device-side
-//!   top-k): the select stage before the pruner.
+//! - [`selectors`]: token selectors (Quest, Double Sparsity, the selector API, the shared
+//!   device-side top-k): the select stage before the pruner.
+//! - [`synthetic`]: a seeded synthetic long-context batch (paged K/V, queries, planted
+//!   tokens, focused and diffuse heads), made on the device.
 //! - [`engines`]: vLLM's and SGLang's page tables to dusk's CSR, on the device.
 //! - [`paged`]: the paged KV cache and token-list descriptions the entry points check.
 //! - [`mod@reference`]: plain host versions, the oracles of tests and GPU checks.
@@ -26,6 +28,7 @@ pub mod quantize;
 pub mod reference;
 pub mod selectors;
 pub mod spgemv;
+pub mod synthetic;
 pub mod threshold;
 pub mod timeline;
 

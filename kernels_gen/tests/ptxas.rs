@@ -65,6 +65,10 @@ fn stock_kernels() -> Vec<Kernel> {
     ks.extend(attention_kernels());
     ks.push(dusk_kernels::engines::build_block_table().unwrap());
     ks.push(dusk_kernels::engines::build_req_to_token().unwrap());
+    for d in [64, 128, 256] {
+        use dusk_kernels::synthetic::generate::{build_kv, build_plant, build_query};
+        ks.extend([build_kv(d), build_plant(d), build_query(d)].map(Result::unwrap));
+    }
     // Every configuration the tuner and the benchmark can choose, at head_dim 128.
     for cfg in spgemv::specialised_configs() {
         if cfg.head_dim == 128 && cfg.bits == 4 {
@@ -779,6 +783,58 @@ fn selector_kernels_assemble_without_spills() {
         for target in [Target::sm90a(), Target::sm80()] {
             let ptx = compile(&k, &target).unwrap();
             if k.name.starts_with("quest_score") {
+                assert!(ptx.contains("ld.global.v4"), "{}: no 16-byte loads", k.name);
+            }
+            let arch = target.arch_name();
+            let report = assemble(&ptxas, &ptx, &arch, &k.name);
+            let regs = report
+                .split("Used ")
+                .nth(1)
+                .and_then(|r| r.split(' ').next())
+                .unwrap_or("?");
+            println!("{} {arch}: {regs} registers", k.name);
+            assert!(
+                report.contains("0 bytes spill stores, 0 bytes spill loads"),
+                "{} spills on {arch}:\n{report}",
+                k.name
+            );
+            assert!(
+                report.contains("0 bytes stack frame"),
+                "{} uses local memory on {arch}:\n{report}",
+                k.name
+            );
+        }
+    }
+}
+
+/// Double Sparsity's kernels: the update for every head_dim and label width the plans
+/// take, the scoring for every group too; none spills or uses local memory, and the
+/// scoring reads its labels in 16-byte vectors. Run with `--nocapture` for the registers.
+#[test]
+fn ds_kernels_assemble_without_spills() {
+    use dusk_kernels::paged::KvShape;
+    use dusk_kernels::selectors::ds::{self, DsCalibration, LABEL_WIDTHS};
+    let ptxas = ptxas();
+    let mut ks = vec![];
+    for d in [64, 128, 256] {
+        let kv = KvShape {
+            num_pages: 1,
+            page_size: 16,
+            num_kv_heads: 1,
+            head_dim: d,
+        };
+        for r in LABEL_WIDTHS {
+            let cal = DsCalibration::from_channels(d, &[(0..r).collect()]).unwrap();
+            ks.push(ds::update_kernel(&kv, &cal).unwrap()().unwrap());
+            for g in [1, 2, 4, 8, 16] {
+                ks.push(ds::score_kernel(&kv, g, r).unwrap()().unwrap());
+            }
+        }
+    }
+    for k in ks {
+        for target in [Target::sm90a(), Target::sm80()] {
+            let ptx = compile(&k, &target).unwrap();
+            if k.name.starts_with("ds_score") {
                 assert!(ptx.contains("ld.global.v4"), "{}: no 16-byte loads", k.name);
             }
             let arch = target.arch_name();

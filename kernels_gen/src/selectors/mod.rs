@@ -8,6 +8,8 @@
 //!   ([`SelectorPlan`]).
 //! - [`page`]: the kernel-language helpers selectors' kernels share (addressing).
 //! - [`quest`], [`quest_kernels`]: Quest ([`QUEST`], [`QuestPlan`]).
+//! - [`ds`], [`ds_kernels`]: Double Sparsity ([`DsCalibration`], [`DsState`], [`DsPlan`]:
+//!   calibrated label channels per token, scores on them, the top tokens).
 //! - [`sparq`], [`sparq_kernels`]: SparQ Attention ([`SparqPlan`], [`SparqState`]: K
 //!   transposed in blocks, the running sum of V; the per-token helpers an append kernel
 //!   calls), its f64 reference ([`sparq_reference`]) and benchmark ([`sparq_bench`]).
@@ -15,11 +17,14 @@
 //!   ([`TopKPlan`]: variable k per row, always-kept sink and recent items, ties toward
 //!   the lower index).
 //! - [`mod@reference`]: host references in f64 and the sort-based top-k.
-//! - [`bench`]: random state and a timed `select`, for the GPU check.
+//! - [`bench`], [`ds_bench`]: random state and a timed `select`, for the GPU check.
 //!
 //! README.md in this folder has the layout, the conventions and a user's own selector.
 
 pub mod bench;
+pub mod ds;
+pub mod ds_bench;
+pub mod ds_kernels;
 pub mod page;
 pub mod quest;
 pub mod quest_kernels;
@@ -32,6 +37,7 @@ pub mod sparq_reference;
 pub mod topk;
 pub mod topk_kernel;
 
+pub use ds::{DsCalibration, DsOptions, DsPlan, DsState};
 pub use quest::{QuestOptions, QuestPlan, QUEST};
 pub use selector::{
     Build, PageUpdates, ScoreKernel, Selector, SelectorPlan, SelectorState, StateArray,

@@ -1,7 +1,9 @@
 //! Plain host versions of the selectors, the oracles of the tests and the GPU check: Quest's
-//! state and scores in f64 from their definitions (no folding of the group, no fused
-//! arithmetic), and a sort-based top-k with the kernel's rules.
+//! state and scores and Double Sparsity's labels and scores in f64 from their definitions
+//! (no folding of the group, no fused arithmetic), and a sort-based top-k with the
+//! kernel's rules.
 
+use super::ds::DsCalibration;
 use super::topk::{Keep, SelectionShape};
 use crate::paged::{KvShape, PageTable, TokenLists};
 use half::f16;
@@ -97,6 +99,92 @@ pub fn quest_row_scores(
                     } else {
                         a.max(z)
                     };
+                }
+            }
+            s
+        })
+        .collect()
+}
+
+/// Writes Double Sparsity's labels of entries `(pages[i], lens[i])` from `k` (the cache,
+/// `kv`'s shape) into `labels` (`[num_pages, num_kv_heads, page_size, r]`), in place: label
+/// `j` of slot `s` for KV head `h` is channel `calibration.head(h)[j]` of that token's key.
+pub fn ds_labels(
+    k: &[f16],
+    kv: &KvShape,
+    calibration: &DsCalibration,
+    pages: &[i32],
+    lens: &[i32],
+    labels: &mut [f16],
+) {
+    let (d, r) = (kv.head_dim, calibration.r());
+    for (&p, &len) in pages.iter().zip(lens) {
+        for h in 0..kv.num_kv_heads {
+            for slot in 0..len as usize {
+                let key = kv.k_row(p as usize, slot, h) * d;
+                let at = kv.quantized_row(p as usize, slot, h) * r;
+                for (j, &c) in calibration.head(h).iter().enumerate() {
+                    labels[at + j] = k[key + c];
+                }
+            }
+        }
+    }
+}
+
+/// Double Sparsity's token scores in f64, `sum_g sum_j q_{g, c_j} * label_j` over the
+/// group's query heads and KV head `h`'s channels `c_j`, laid out as the plan's: row `(b,
+/// h)` at `tokens before b * num_kv_heads + h * len_b`.
+pub fn ds_scores(
+    q: &[f16],
+    labels: &[f16],
+    calibration: &DsCalibration,
+    kv: &KvShape,
+    table: &PageTable,
+    num_q_heads: usize,
+) -> Vec<f64> {
+    let hk = kv.num_kv_heads;
+    let mut out = vec![];
+    for b in 0..table.batch() {
+        for h in 0..hk {
+            out.extend(ds_row_scores(
+                q,
+                labels,
+                calibration,
+                kv,
+                table,
+                num_q_heads,
+                b,
+                h,
+            ));
+        }
+    }
+    out
+}
+
+/// [`ds_scores`] of one row: sequence `b`'s tokens for KV head `h`.
+#[allow(clippy::too_many_arguments)]
+pub fn ds_row_scores(
+    q: &[f16],
+    labels: &[f16],
+    calibration: &DsCalibration,
+    kv: &KvShape,
+    table: &PageTable,
+    num_q_heads: usize,
+    b: usize,
+    h: usize,
+) -> Vec<f64> {
+    let (d, hk, r, ps) = (kv.head_dim, kv.num_kv_heads, calibration.r(), kv.page_size);
+    let group = num_q_heads / hk;
+    let first = table.kv_indptr[b] as usize;
+    (0..table.seq_len(b, ps))
+        .map(|t| {
+            let page = table.kv_page_indices[first + t / ps] as usize;
+            let at = kv.quantized_row(page, t % ps, h) * r;
+            let mut s = 0.0f64;
+            for g in 0..group {
+                let qr = ((b * hk + h) * group + g) * d;
+                for (j, &c) in calibration.head(h).iter().enumerate() {
+                    s += q[qr + c].to_f64() * labels[at + j].to_f64();
                 }
             }
             s

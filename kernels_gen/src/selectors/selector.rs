@@ -396,6 +396,14 @@ impl PageUpdates {
         Ok(PageUpdates { pages, lens, count })
     }
 
+    /// The entries' page ids, on the device.
+    pub fn pages(&self) -> &Buffer<i32> {
+        &self.pages
+    }
+    /// The entries' valid token counts, on the device.
+    pub fn lens(&self) -> &Buffer<i32> {
+        &self.lens
+    }
     /// Entries.
     pub fn len(&self) -> usize {
         self.count

@@ -8,12 +8,13 @@
 //!     gpu-check spgemv    [--check-only] [--peers peers.json] [--out spgemv.json]
 //!     gpu-check threshold [--check-only] [--rows N] [--peers peers.json] [--out threshold_search.json]
 //!     gpu-check attention [--check-only] [--peers peers.json] [--out varlen_attention.json]
-//!     gpu-check selectors [--check-only] [--peers quest.json] [--sparq-peers sparq.json] [--attention-peers attention.json] [--only sparq]
+//!     gpu-check selectors [--check-only] [--peers quest.json] [--ds-peers ds.json] [--sparq-peers sparq.json] [--attention-peers attention.json] [--only sparq]
 //!
 //! `gpu-check <subcommand> --help` lists every option.
 
 mod attention;
 mod common;
+mod ds;
 mod selectors;
 mod sparq;
 mod spgemv;
@@ -40,8 +41,8 @@ enum Family {
     /// Varlen paged decode attention: checks, graph replay, then timings beside FlashInfer
     /// and SDPA.
     Attention(attention::AttentionArgs),
-    /// The token selectors (Quest, SparQ): checks, then the selection's timings beside PyTorch and
-    /// as a share of FlashInfer's dense decode.
+    /// The token selectors (Quest, Double Sparsity, SparQ): checks, then the selection's
+    /// timings beside PyTorch and as a share of FlashInfer's dense decode.
     Selectors(selectors::SelectorsArgs),
 }
 

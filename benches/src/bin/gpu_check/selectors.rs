@@ -10,9 +10,13 @@
 //!    the same command) and as a fraction of FlashInfer's dense decode of the same shape
 //!    (`--attention-peers`, the attention peers' file of the same command).
 //!
-//! 3. SparQ (`sparq.rs`): the same, its selection beside `benches/baselines/sparq_peers.py`.
+//! 3. Double Sparsity's checks and cases likewise ([`crate::ds`]; its PyTorch peer from
+//!    `--ds-peers`, written by `benches/baselines/ds_peers.py`).
 //!
-//!    `gpu-check selectors --peers quest.json --sparq-peers sparq.json --attention-peers attention.json --out selectors.json`
+//! 4. SparQ's likewise ([`crate::sparq`]; its PyTorch peer from `--sparq-peers`, written by
+//!    `benches/baselines/sparq_peers.py`).
+//!
+//!    `gpu-check selectors --peers quest.json --ds-peers ds.json --sparq-peers sparq.json --attention-peers attention.json --out selectors.json`
 
 use crate::common::{case_json, copy_gbps, Common, PeerTime, Res};
 use clap::Args;
@@ -32,12 +36,23 @@ pub struct SelectorsArgs {
     /// wrote in the same command), for the selection's share of a decode step.
     #[arg(long, value_name = "FILE")]
     attention_peers: Option<PathBuf>,
-    /// SparQ's PyTorch peer's timings (the JSON sparq_peers.py wrote in the same command).
+    /// Double Sparsity's PyTorch peer (the JSON ds_peers.py wrote in the same command).
+    #[arg(long, value_name = "FILE")]
+    ds_peers: Option<PathBuf>,
+    /// SparQ's PyTorch peer (the JSON sparq_peers.py wrote in the same command).
     #[arg(long, value_name = "FILE")]
     sparq_peers: Option<PathBuf>,
-    /// Only the selectors whose case names start with this (`quest`, `sparq`).
-    #[arg(long)]
-    only: Option<String>,
+    /// Time only the cases whose name contains one of these (e.g. `ds_`; repeat the option
+    /// for more).
+    #[arg(long, value_name = "TEXT")]
+    only: Vec<String>,
+}
+
+impl SelectorsArgs {
+    /// Whether the case `name` is timed (`--only`).
+    fn wanted(&self, name: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|o| name.contains(o.as_str()))
+    }
 }
 
 fn read_json(path: &Option<PathBuf>, option: &str) -> Res<Option<Value>> {
@@ -55,7 +70,6 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
     println!("device: {}", dev.name());
     let dusk = Dusk::new(dev.clone())?;
     let seed = args.common.seed_or(0x5e1);
-    let family = |name: &str| args.only.as_deref().is_none_or(|p| name.starts_with(p));
 
     println!("correctness (fresh random inputs, outputs poisoned):");
     let small = [
@@ -64,9 +78,7 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
         (2, 333, 16, 16, false),
         (4, 20000, 32, 4, true),
     ];
-    for (i, &(batch, context, hq, hkv, sink)) in
-        small.iter().enumerate().filter(|_| family("quest"))
-    {
+    for (i, &(batch, context, hq, hkv, sink)) in small.iter().enumerate() {
         let case = QuestCase {
             batch,
             context,
@@ -83,9 +95,8 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
             r.rows, r.max_score_error
         );
     }
-    if family("sparq") {
-        crate::sparq::check_small(&dusk, seed)?;
-    }
+    crate::ds::check(&dusk, seed)?;
+    crate::sparq::check_small(&dusk, seed)?;
     if args.common.check_only || !dev.is_gpu() {
         println!("all checks passed");
         return Ok(());
@@ -95,8 +106,12 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
     let peers = args.common.peers()?;
     let attention = read_json(&args.attention_peers, "--attention-peers")?;
     let mut cases = vec![];
-    for batch in [32usize, 64].into_iter().filter(|_| family("quest")) {
+    for batch in [32usize, 64] {
         for hkv in [8usize, 32] {
+            let name = format!("quest_b{batch}_h32x{hkv}_ctx32768_quarter");
+            if !args.wanted(&name) {
+                continue;
+            }
             let case = QuestCase {
                 batch,
                 num_kv_heads: hkv,
@@ -107,7 +122,6 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
             let mut bench = QuestBench::new(&dusk, &case, |_| {})?;
             let r = bench.check(&dusk, 16)?;
             let t = bench.time(&dusk)?;
-            let name = format!("quest_b{batch}_h32x{hkv}_ctx32768_quarter");
             let shape = json!({"batch": batch, "num_q_heads": 32, "num_kv_heads": hkv, "head_dim": 128,
                                "page_size": 16, "context": 32768, "budget_pct": 25});
             let peer_case = peers.as_ref().and_then(|p| {
@@ -166,16 +180,29 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
             ));
         }
     }
-    if family("sparq") {
-        let sparq_peers = read_json(&args.sparq_peers, "--sparq-peers")?;
-        cases.extend(crate::sparq::cases(
-            &dusk,
-            seed,
-            copy_gbps,
-            sparq_peers.as_ref(),
-            attention.as_ref(),
-        )?);
-    }
-    args.common
-        .write_results(&dev, copy_gbps, peers.as_ref(), json!({}), cases)
+    let ds_peers = read_json(&args.ds_peers, "--ds-peers")?;
+    cases.extend(crate::ds::cases(
+        &dusk,
+        seed,
+        copy_gbps,
+        ds_peers.as_ref(),
+        attention.as_ref(),
+        |name| args.wanted(name),
+    )?);
+    let sparq_peers = read_json(&args.sparq_peers, "--sparq-peers")?;
+    cases.extend(crate::sparq::cases(
+        &dusk,
+        seed,
+        copy_gbps,
+        sparq_peers.as_ref(),
+        attention.as_ref(),
+        |name| args.wanted(name),
+    )?);
+    args.common.write_results(
+        &dev,
+        copy_gbps,
+        peers.as_ref().or(ds_peers.as_ref()).or(sparq_peers.as_ref()),
+        json!({}),
+        cases,
+    )
 }

@@ -50,14 +50,16 @@ pub fn check_small(dusk: &Dusk, seed: u64) -> Res<()> {
     Ok(())
 }
 
-/// The benchmark cases, checked on 16 rows each then timed; `peers` is sparq_peers.py's
-/// JSON, `attention` the attention peers' (FlashInfer's dense decode of the same shapes).
+/// The benchmark cases whose names `wanted` takes, checked on 16 rows each then timed;
+/// `peers` is sparq_peers.py's JSON, `attention` the attention peers' (FlashInfer's dense
+/// decode of the same shapes).
 pub fn cases(
     dusk: &Dusk,
     seed: u64,
     copy_gbps: f64,
     peers: Option<&Value>,
     attention: Option<&Value>,
+    wanted: impl Fn(&str) -> bool,
 ) -> Res<Vec<Value>> {
     let find = |file: Option<&Value>, name: &str| {
         file.and_then(|p| {
@@ -71,6 +73,10 @@ pub fn cases(
     let mut out = vec![];
     for batch in [32usize, 64] {
         for hkv in [8usize, 32] {
+            let name = format!("sparq_b{batch}_h32x{hkv}_ctx32768_r16_k8th");
+            if !wanted(&name) {
+                continue;
+            }
             let case = SparqCase {
                 batch,
                 num_kv_heads: hkv,
@@ -80,7 +86,6 @@ pub fn cases(
             let mut bench = SparqBench::new(dusk, &case, |_| {})?;
             let c = bench.check(dusk, 16)?;
             let t = bench.time(dusk)?;
-            let name = format!("sparq_b{batch}_h32x{hkv}_ctx32768_r16_k8th");
             let k_tokens = case.context / 8;
             let shape = json!({"batch": batch, "num_q_heads": 32, "num_kv_heads": hkv, "head_dim": 128,
                                "page_size": 16, "block_size": case.block_size, "context": 32768, "r": case.r, "k": k_tokens,
