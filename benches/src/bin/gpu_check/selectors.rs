@@ -201,7 +201,10 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
     args.common.write_results(
         &dev,
         copy_gbps,
-        peers.as_ref().or(ds_peers.as_ref()).or(sparq_peers.as_ref()),
+        peers
+            .as_ref()
+            .or(ds_peers.as_ref())
+            .or(sparq_peers.as_ref()),
         json!({}),
         cases,
     )
