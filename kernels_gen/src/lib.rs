@@ -11,6 +11,8 @@
 //!   device-side top-k): the select stage before the pruner.
 //! - [`synthetic`]: a seeded synthetic long-context batch (paged K/V, queries, planted
 //!   tokens, focused and diffuse heads), made on the device.
+//! - [`cache`]: a decode step's cache maintenance in one launch (append K and V, the
+//!   quantized copy, Quest's page state).
 //! - [`engines`]: vLLM's and SGLang's page tables to dusk's CSR, on the device.
 //! - [`paged`]: the paged KV cache and token-list descriptions the entry points check.
 //! - [`mod@reference`]: plain host versions, the oracles of tests and GPU checks.
@@ -18,6 +20,7 @@
 
 pub mod attention;
 pub mod attention_ops;
+pub mod cache;
 pub mod engines;
 pub mod error;
 pub mod ops;

@@ -221,7 +221,8 @@ pub struct QuantizedK {
 }
 
 impl QuantizedK {
-    fn check_lengths(&self) -> Result<()> {
+    /// Checks the buffers' lengths against `kv` and `bits`.
+    pub(crate) fn check_lengths(&self) -> Result<()> {
         let rows = self.kv.rows();
         let bytes = rows * self.kv.head_dim * self.bits as usize / 8;
         ensure(matches!(self.bits, 4 | 8), "bits", "4 or 8", self.bits)?;

@@ -15,6 +15,10 @@
 //! `(p * page_size + s) * num_kv_heads + h` of `k` and row `(p * num_kv_heads + h) *
 //! page_size + s` of the quantized copy ([`crate::paged::KvShape::quantized_row`]).
 //!
+//! The arithmetic after the loads is two helpers, `store_codes4` and `store_codes8`, which
+//! the cache append ([`crate::cache`]) calls too: a token appended gets the bits its row
+//! gets when the whole cache is quantized.
+//!
 //! Parameters of both kernels: `k` (f16), `packed` (u8), `scale`, `zero` (f16), `num_rows`
 //! (i32, `num_pages * page_size * num_kv_heads`), `num_kv_heads`, `page_size` (i32). Each
 //! program writes `block_rows` consecutive rows of the quantized copy. Grid:
@@ -78,6 +82,25 @@ pub fn quantize_k4<const HALF: usize, const ROWS: usize>(
     let mask = expand(row_ok, 1, HALF);
     let even = load(k + offs, mask) as f32;
     let odd = load(k + (offs + 1), mask) as f32;
+    store_codes4::<HALF, ROWS>(even, odd, rows64, row_ok, mask, packed, scale, zero);
+}
+
+/// Quantizes `ROWS` rows given as their even and odd elements (`[ROWS, HALF]` f32 each) to
+/// 4-bit codes, and stores codes, scale and zero at rows `rows64` of the quantized copy
+/// where `row_ok` (`mask`: `row_ok` expanded to `[ROWS, HALF]`). `quantize_k4` and the cache append (`crate::cache`) both call it, so
+/// a token appended and a cache quantized whole get the same bits.
+#[kernel(crate = "crate::dusk_paths")]
+#[allow(clippy::too_many_arguments)]
+pub fn store_codes4<const HALF: usize, const ROWS: usize>(
+    even: Block<f32>,
+    odd: Block<f32>,
+    rows64: Block<i64>,
+    row_ok: Block<bool>,
+    mask: Block<bool>,
+    packed: Ptr<u8>,
+    scale: Ptr<f16>,
+    zero: Ptr<f16>,
+) {
     let hi = maximum(max(even, 1), max(odd, 1));
     let lo = minimum(min(even, 1), min(odd, 1));
     // Scale and zero as stored (f16): codes are computed against what dequantization reads.
@@ -114,6 +137,24 @@ pub fn quantize_k8<const D: usize, const ROWS: usize>(
     let cols = expand(arange(0, D) as i64, 0, ROWS);
     let mask = expand(row_ok, 1, D);
     let x = load(k + (expand(src * D, 1, D) + cols), mask) as f32;
+    store_codes8::<D, ROWS>(x, rows64, row_ok, mask, packed, scale, zero);
+}
+
+/// Quantizes `ROWS` rows (`[ROWS, D]` f32) to 8-bit codes and stores codes, scale and
+/// zero at rows `rows64` of the quantized copy where `row_ok` (`mask`: `row_ok` expanded
+/// to `[ROWS, D]`): what `quantize_k8` and the cache append share.
+#[kernel(crate = "crate::dusk_paths")]
+#[allow(clippy::too_many_arguments)]
+pub fn store_codes8<const D: usize, const ROWS: usize>(
+    x: Block<f32>,
+    rows64: Block<i64>,
+    row_ok: Block<bool>,
+    mask: Block<bool>,
+    packed: Ptr<u8>,
+    scale: Ptr<f16>,
+    zero: Ptr<f16>,
+) {
+    let cols = expand(arange(0, D) as i64, 0, ROWS);
     let hi = max(x, 1);
     let lo = min(x, 1);
     let scale16 = ((hi - lo) / 255.0) as f16;

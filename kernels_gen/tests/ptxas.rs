@@ -858,3 +858,57 @@ fn ds_kernels_assemble_without_spills() {
         }
     }
 }
+
+/// The cache append: every head_dim with every part, and every configuration of the
+/// benchmark at head_dim 128 with INT4 and Quest; none spills or uses local memory, and the
+/// K and V rows move in 16-byte vectors. Run with `--nocapture` for the registers.
+#[test]
+fn cache_append_kernels_assemble_without_spills() {
+    use dusk_kernels::cache::append::{kernel_for, specialised_configs};
+    use dusk_kernels::cache::{AppendConfig, AppendParts};
+    let ptxas = ptxas();
+    let mut ks = vec![];
+    for d in [64, 128, 256] {
+        for quantized in [None, Some(4), Some(8)] {
+            for quest in [false, true] {
+                let parts = AppendParts { quantized, quest };
+                ks.push(kernel_for(d, &parts, &AppendConfig::default()).unwrap()().unwrap());
+            }
+        }
+    }
+    let parts = AppendParts {
+        quantized: Some(4),
+        quest: true,
+    };
+    for cfg in specialised_configs() {
+        ks.push(kernel_for(128, &parts, &cfg).unwrap()().unwrap());
+    }
+    for k in ks {
+        for target in [Target::sm90a(), Target::sm80()] {
+            let ptx = compile(&k, &target).unwrap();
+            assert!(
+                ptx.contains("st.global.v4"),
+                "{}: no 16-byte stores",
+                k.name
+            );
+            let arch = target.arch_name();
+            let report = assemble(&ptxas, &ptx, &arch, &k.name);
+            let regs = report
+                .split("Used ")
+                .nth(1)
+                .and_then(|r| r.split(' ').next())
+                .unwrap_or("?");
+            println!("{} {arch}: {regs} registers", k.name);
+            assert!(
+                report.contains("0 bytes spill stores, 0 bytes spill loads"),
+                "{} spills on {arch}:\n{report}",
+                k.name
+            );
+            assert!(
+                report.contains("0 bytes stack frame"),
+                "{} uses local memory on {arch}:\n{report}",
+                k.name
+            );
+        }
+    }
+}

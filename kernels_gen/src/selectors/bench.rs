@@ -63,7 +63,8 @@ impl Default for QuestCase {
     }
 }
 
-/// A small, fast generator (SplitMix64): benchmark inputs need no more.
+/// A small, fast generator (SplitMix64): benchmark inputs need no more (the cache append's
+/// check and benchmark draw from it too).
 pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {

@@ -408,6 +408,10 @@ impl PageUpdates {
     pub fn len(&self) -> usize {
         self.count
     }
+    /// Both, to write (by the kernel that makes the list, e.g. the cache append).
+    pub(crate) fn buffers_mut(&mut self) -> (&mut Buffer<i32>, &mut Buffer<i32>) {
+        (&mut self.pages, &mut self.lens)
+    }
     pub fn is_empty(&self) -> bool {
         self.count == 0
     }

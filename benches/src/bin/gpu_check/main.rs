@@ -8,10 +8,11 @@
 //!     gpu-check spgemv    [--check-only] [--peers peers.json] [--out spgemv.json]
 //!     gpu-check threshold [--check-only] [--rows N] [--peers peers.json] [--out threshold_search.json]
 //!     gpu-check attention [--check-only] [--peers peers.json] [--out varlen_attention.json]
-//!     gpu-check selectors [--check-only] [--peers quest.json] [--ds-peers ds.json] [--sparq-peers sparq.json] [--attention-peers attention.json] [--only sparq]
+//!     gpu-check selectors [--check-only] [--peers quest.json] [--ds-peers ds.json] [--attention-peers attention.json] [--append-peers append.json] [--sparq-peers sparq.json] [--only PREFIX]
 //!
 //! `gpu-check <subcommand> --help` lists every option.
 
+mod append;
 mod attention;
 mod common;
 mod ds;
@@ -42,7 +43,8 @@ enum Family {
     /// and SDPA.
     Attention(attention::AttentionArgs),
     /// The token selectors (Quest, Double Sparsity, SparQ): checks, then the selection's
-    /// timings beside PyTorch and as a share of FlashInfer's dense decode.
+    /// timings beside PyTorch and as a share of FlashInfer's dense decode; the cache append:
+    /// checks, then one decode step's maintenance beside PyTorch.
     Selectors(selectors::SelectorsArgs),
 }
 

@@ -12,12 +12,16 @@
 //!
 //! 3. Double Sparsity's checks and cases likewise ([`crate::ds`]; its PyTorch peer from
 //!    `--ds-peers`, written by `benches/baselines/ds_peers.py`).
+//! 4. the cache append (`append.rs`): decode loops checked bit for bit, then one decode
+//!    step's maintenance timed beside PyTorch (`--append-peers`, from
+//!    `benches/baselines/append_peers.py`).
 //!
-//! 4. SparQ's likewise ([`crate::sparq`]; its PyTorch peer from `--sparq-peers`, written by
-//!    `benches/baselines/sparq_peers.py`).
+//! 5. SparQ ([`crate::sparq`]): checks against Algorithm 1 in f64, then the selection timed
+//!    beside PyTorch (`--sparq-peers`, from `benches/baselines/sparq_peers.py`).
 //!
-//!    `gpu-check selectors --peers quest.json --ds-peers ds.json --sparq-peers sparq.json --attention-peers attention.json --out selectors.json`
+//!    `gpu-check selectors --peers quest.json --ds-peers ds.json --append-peers append.json --sparq-peers sparq.json --attention-peers attention.json --out selectors.json`
 
+use crate::append;
 use crate::common::{case_json, copy_gbps, Common, PeerTime, Res};
 use clap::Args;
 use dusk::kernels::ops::Dusk;
@@ -39,19 +43,31 @@ pub struct SelectorsArgs {
     /// Double Sparsity's PyTorch peer (the JSON ds_peers.py wrote in the same command).
     #[arg(long, value_name = "FILE")]
     ds_peers: Option<PathBuf>,
+    /// The cache append's PyTorch peer (the JSON append_peers.py wrote in the same command).
+    #[arg(long, value_name = "FILE")]
+    append_peers: Option<PathBuf>,
     /// SparQ's PyTorch peer (the JSON sparq_peers.py wrote in the same command).
     #[arg(long, value_name = "FILE")]
     sparq_peers: Option<PathBuf>,
-    /// Time only the cases whose name contains one of these (e.g. `ds_`; repeat the option
-    /// for more).
-    #[arg(long, value_name = "TEXT")]
+    /// Run only the cases whose name starts with one of these (e.g. `append_`,
+    /// `quest_b64`; repeat the option for several); a family's checks run when one of its
+    /// cases may.
+    #[arg(long, value_name = "PREFIX")]
     only: Vec<String>,
 }
 
 impl SelectorsArgs {
-    /// Whether the case `name` is timed (`--only`).
-    fn wanted(&self, name: &str) -> bool {
-        self.only.is_empty() || self.only.iter().any(|o| name.contains(o.as_str()))
+    /// Whether the case `name` runs (`--only`).
+    fn wants(&self, name: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|o| name.starts_with(o.as_str()))
+    }
+    /// Whether some case of the family whose names start with `prefix` may run.
+    fn wants_family(&self, prefix: &str) -> bool {
+        self.only.is_empty()
+            || self
+                .only
+                .iter()
+                .any(|o| o.starts_with(prefix) || prefix.starts_with(o.as_str()))
     }
 }
 
@@ -72,13 +88,21 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
     let seed = args.common.seed_or(0x5e1);
 
     println!("correctness (fresh random inputs, outputs poisoned):");
+    if args.wants_family("append_") {
+        append::check(&dusk, seed)?;
+    }
     let small = [
         (1usize, 1000usize, 8usize, 2usize, false),
         (3, 4096, 32, 8, true),
         (2, 333, 16, 16, false),
         (4, 20000, 32, 4, true),
     ];
-    for (i, &(batch, context, hq, hkv, sink)) in small.iter().enumerate() {
+    let quest_checks = if args.wants_family("quest_") {
+        &small[..]
+    } else {
+        &[]
+    };
+    for (i, &(batch, context, hq, hkv, sink)) in quest_checks.iter().enumerate() {
         let case = QuestCase {
             batch,
             context,
@@ -95,8 +119,12 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
             r.rows, r.max_score_error
         );
     }
-    crate::ds::check(&dusk, seed)?;
-    crate::sparq::check_small(&dusk, seed)?;
+    if args.wants_family("ds_") {
+        crate::ds::check(&dusk, seed)?;
+    }
+    if args.wants_family("sparq_") {
+        crate::sparq::check_small(&dusk, seed)?;
+    }
     if args.common.check_only || !dev.is_gpu() {
         println!("all checks passed");
         return Ok(());
@@ -109,7 +137,7 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
     for batch in [32usize, 64] {
         for hkv in [8usize, 32] {
             let name = format!("quest_b{batch}_h32x{hkv}_ctx32768_quarter");
-            if !args.wanted(&name) {
+            if !args.wants(&name) {
                 continue;
             }
             let case = QuestCase {
@@ -187,7 +215,15 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
         copy_gbps,
         ds_peers.as_ref(),
         attention.as_ref(),
-        |name| args.wanted(name),
+        |name| args.wants(name),
+    )?);
+    let append_peers = read_json(&args.append_peers, "--append-peers")?;
+    cases.extend(append::cases(
+        &dusk,
+        append_peers.as_ref(),
+        copy_gbps,
+        seed,
+        |name| args.wants(name),
     )?);
     let sparq_peers = read_json(&args.sparq_peers, "--sparq-peers")?;
     cases.extend(crate::sparq::cases(
@@ -196,7 +232,7 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
         copy_gbps,
         sparq_peers.as_ref(),
         attention.as_ref(),
-        |name| args.wanted(name),
+        |name| args.wants(name),
     )?);
     args.common.write_results(
         &dev,

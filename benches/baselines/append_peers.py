@@ -1,0 +1,113 @@
+"""PyTorch peer of dusk's cache append (one decode step's maintenance, `AppendPlan::run`):
+the same computation in PyTorch ops. Each of `batch` sequences gets one new token (K and V,
+`[batch, kv_heads, 128]` f16) at the last slot of its last page in the page table after the
+append (`kv_page_indices[kv_indptr[b + 1] - 1]`, slot `kv_last_page_len[b] - 1`):
+
+- K and V written into the paged cache (`[pages, 16, kv_heads, 128]`, index writes);
+- K quantized to 4 bits as dusk's `quantize_k` does (per row: scale `(max - min) / 15` and
+  zero `min` rounded to f16, codes `trunc((k - zero) / scale + 0.5)` clamped to 0..15, two
+  a byte) into the head-major copy (`[pages, kv_heads, 16, 64]` codes, `[pages, kv_heads,
+  16]` scale and zero);
+- Quest's page min and max (`[pages, kv_heads, 128]` f16) folded with the token (a page's
+  first token starts them afresh).
+
+Sequence `b` holds `32768 - b % 16` tokens, as in dusk's benchmark (every slot of a page
+gets a new token, the first included). Timed by harness.py, the rule dusk's side follows
+too: each rotation set is its own page table (a random placement of the pages) and new
+tokens, `rotation_sets(bytes one step reads)` of them; the calls are captured in a CUDA
+graph and replayed between two events (queued where capture fails). Writes one JSON object
+with each case's time (`torch_us`), how it was timed (`torch_timing`) and its spread.
+
+    python3 benches/baselines/append_peers.py --out append.json
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
+HEAD_DIM, PAGE = 128, 16
+
+
+def case(batch, q_heads, kv_heads, context, gen):
+    dev = "cuda"
+    lens = [context - b % PAGE for b in range(batch)]
+    pages = [-(-n // PAGE) for n in lens]
+    num_pages = sum(pages)
+    k_cache = torch.zeros(num_pages, PAGE, kv_heads, HEAD_DIM, dtype=torch.half, device=dev)
+    v_cache = torch.zeros_like(k_cache)
+    packed = torch.zeros(num_pages, kv_heads, PAGE, HEAD_DIM // 2, dtype=torch.uint8, device=dev)
+    scale = torch.zeros(num_pages, kv_heads, PAGE, dtype=torch.half, device=dev)
+    zero = torch.zeros_like(scale)
+    page_min = torch.zeros(num_pages, kv_heads, HEAD_DIM, dtype=torch.half, device=dev)
+    page_max = torch.zeros_like(page_min)
+    ends = torch.tensor(pages, device=dev).cumsum(0)
+    slot = torch.tensor([(n - 1) % PAGE for n in lens], device=dev)
+    first = (slot == 0).view(-1, 1, 1)
+    # What one step reads (as dusk's AppendBench::read_bytes): the new K and V, the table's
+    # entries it looks at, Quest's state of the pages whose new token is not their first.
+    continued = sum(1 for n in lens if (n - 1) % PAGE != 0)
+    read_bytes = 2 * batch * kv_heads * HEAD_DIM * 2 + batch * 16 + 2 * continued * kv_heads * HEAD_DIM * 2
+    sets = harness.rotation_sets(read_bytes)
+    inputs = []
+    for _ in range(sets):
+        page_ids = torch.randperm(num_pages, device=dev, generator=gen).int()
+        k_new = (torch.rand(batch, kv_heads, HEAD_DIM, device=dev, generator=gen) * 6 - 3).half()
+        v_new = (torch.rand(batch, kv_heads, HEAD_DIM, device=dev, generator=gen) * 6 - 3).half()
+        inputs.append((page_ids, k_new, v_new))
+
+    def step(page_ids, k_new, v_new):
+        last = page_ids[ends - 1].long()  # each sequence's last page
+        k_cache[last, slot] = k_new
+        v_cache[last, slot] = v_new
+        x = k_new.float()
+        hi, lo = x.amax(-1), x.amin(-1)
+        scale16, zero16 = ((hi - lo) / 15).half(), lo.half()
+        s = scale16.float()
+        inv = torch.where(s > 0, 1.0 / torch.where(s > 0, s, 1.0), 0.0)
+        codes = ((x - zero16.float().unsqueeze(-1)) * inv.unsqueeze(-1) + 0.5).clamp(0, 15).to(torch.uint8)
+        packed[last, :, slot] = codes[..., 0::2] | (codes[..., 1::2] << 4)
+        scale[last, :, slot] = scale16
+        zero[last, :, slot] = zero16
+        old_lo = torch.where(first, float("inf"), page_min[last].float())
+        old_hi = torch.where(first, float("-inf"), page_max[last].float())
+        page_min[last] = torch.fmin(old_lo, x).half()
+        page_max[last] = torch.fmax(old_hi, x).half()
+        return last
+
+    last = step(*inputs[0])
+    assert torch.equal(k_cache[last, slot], inputs[0][1]), "the new K rows are in place"
+    assert bool((page_min[last] <= page_max[last]).all()), "Quest's min below its max"
+    m = harness.measure([lambda s=s: step(*s) for s in inputs])
+    del k_cache, v_cache, packed, scale, zero, page_min, page_max, inputs
+    torch.cuda.empty_cache()
+    entry = {"case": f"append_b{batch}_h{q_heads}x{kv_heads}_ctx{context}", "read_bytes": read_bytes,
+             "rotation_sets": sets}
+    harness.put(entry, "torch", m)
+    return entry
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(12)
+    copy, copy_m = harness.measure_copy()
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "l2_bytes": harness.l2_bytes(),
+              "copy_gbps": copy, "copy_timing": copy_m.timing, "cases": []}
+    for batch in (32, 64):
+        for kv_heads in (8, 32):
+            entry = case(batch, 32, kv_heads, 32768, gen)
+            print(json.dumps(entry), flush=True)
+            result["cases"].append(entry)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,278 @@
+//! The append at a benchmark shape, for the GPU check: a cache of the full size (every
+//! sequence's pages scattered over it), as many step inputs (a page table, new K and V) as
+//! the timing harness rotates through, a check of the touched list on fresh inputs, and
+//! the harness's timing of one step. The cache's contents do not matter to the time and
+//! stay zero; the bit-exact checks are [`super::check`]'s.
+//!
+//! ```
+//! use dusk_kernels::cache::bench::{AppendBench, AppendCase};
+//! use dusk_kernels::ops::Dusk;
+//! use dusk_runtime::Device;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dusk = Dusk::new(Device::cpu())?;
+//! let case = AppendCase { batch: 3, context: 100, num_kv_heads: 2, ..AppendCase::default() };
+//! let mut bench = AppendBench::new(&dusk, &case)?;
+//! assert_eq!(bench.check(&dusk)?, 3); // sequences whose touched entry is right
+//! let t = bench.time(&dusk)?;          // graph-timed on a GPU, wall clock here
+//! assert!(t.median_us() > 0.0);
+//! # Ok(()) }
+//! ```
+
+use super::append::{AppendConfig, AppendParts, AppendPlan, AppendTargets};
+use crate::engines::CsrPages;
+use crate::error::Result;
+use crate::ops::{Dusk, QuantizedK};
+use crate::paged::{KvShape, PageTable};
+use crate::selectors::bench::Rng;
+use crate::selectors::{SelectorState, QUEST};
+use dusk_runtime::{Buffer, Measured};
+use half::f16;
+
+/// A benchmark shape: one new token for each of `batch` sequences.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AppendCase {
+    pub batch: usize,
+    /// Tokens of sequence 0 after the append; sequence `b` holds `context - b % page_size`,
+    /// so the new tokens fall on every slot of a page (the first, which starts Quest's
+    /// state afresh, included).
+    pub context: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub page_size: usize,
+    pub parts: AppendParts,
+    pub config: AppendConfig,
+    pub seed: u64,
+}
+
+impl Default for AppendCase {
+    /// Batch 64, 32k tokens, 8 KV heads of 128, pages of 16, INT4 and Quest.
+    fn default() -> Self {
+        AppendCase {
+            batch: 64,
+            context: 32768,
+            num_kv_heads: 8,
+            head_dim: 128,
+            page_size: 16,
+            parts: AppendParts {
+                quantized: Some(4),
+                quest: true,
+            },
+            config: AppendConfig::default(),
+            seed: 0xa99,
+        }
+    }
+}
+
+impl AppendCase {
+    /// The sequences' lengths after the append.
+    pub fn lens(&self) -> Vec<usize> {
+        (0..self.batch)
+            .map(|b| self.context - b % self.page_size)
+            .collect()
+    }
+}
+
+/// One step's inputs: the page table after the append and the new tokens.
+struct StepInputs {
+    table: CsrPages,
+    k_new: Buffer<f16>,
+    v_new: Buffer<f16>,
+    /// Each sequence's last page, for the check.
+    last_pages: Vec<i32>,
+}
+
+/// The append planned at a benchmark shape.
+pub struct AppendBench {
+    case: AppendCase,
+    kv: KvShape,
+    plan: AppendPlan,
+    k_cache: Buffer<f16>,
+    v_cache: Buffer<f16>,
+    quantized: Option<QuantizedK>,
+    quest: Option<SelectorState>,
+    sets: Vec<StepInputs>,
+    last_lens: Vec<i32>,
+}
+
+impl AppendBench {
+    /// The cache, the parts' state and the rotation sets of step inputs for `case` (each
+    /// set its own random placement of the sequences' pages).
+    pub fn new(dusk: &Dusk, case: &AppendCase) -> Result<AppendBench> {
+        let mut rng = Rng(case.seed);
+        let ps = case.page_size;
+        let lens = case.lens();
+        let num_pages = PageTable::pages_needed(&lens, ps);
+        let kv = KvShape {
+            num_pages,
+            page_size: ps,
+            num_kv_heads: case.num_kv_heads,
+            head_dim: case.head_dim,
+        };
+        let plan = AppendPlan::with_config(dusk, kv, case.batch, case.parts, |c| *c = case.config)?;
+        let dev = dusk.device();
+        let quantized = match case.parts.quantized {
+            Some(bits) => {
+                let rows = kv.rows();
+                Some(QuantizedK {
+                    packed: dev.alloc(rows * kv.head_dim * bits as usize / 8)?,
+                    scale: dev.alloc(rows)?,
+                    zero: dev.alloc(rows)?,
+                    kv,
+                    bits,
+                })
+            }
+            None => None,
+        };
+        let quest = match case.parts.quest {
+            true => Some(SelectorState::new(dusk, &QUEST, kv)?),
+            false => None,
+        };
+        let token_values = case.batch * kv.num_kv_heads * kv.head_dim;
+        let mut sets = vec![];
+        for _ in 0..dev.rotation_sets(Self::read_bytes_of(case, &kv)) {
+            let mut ids: Vec<i32> = (0..num_pages as i32).collect();
+            for i in (1..ids.len()).rev() {
+                ids.swap(i, rng.below(i + 1));
+            }
+            let table = PageTable::from_lengths(&lens, ps, ids)?;
+            let last_pages = (0..case.batch)
+                .map(|b| table.kv_page_indices[table.kv_indptr[b + 1] as usize - 1])
+                .collect();
+            let mut token = || -> Vec<f16> {
+                (0..token_values)
+                    .map(|_| f16::from_f32(rng.unit() * 3.0))
+                    .collect()
+            };
+            let (k_new, v_new) = (token(), token());
+            sets.push(StepInputs {
+                table: plan.upload_table(dusk, &table)?,
+                k_new: dev.upload(&k_new)?,
+                v_new: dev.upload(&v_new)?,
+                last_pages,
+            });
+        }
+        let last_lens = lens.iter().map(|n| ((n - 1) % ps + 1) as i32).collect();
+        Ok(AppendBench {
+            case: *case,
+            kv,
+            plan,
+            k_cache: dev.alloc(kv.elements())?,
+            v_cache: dev.alloc(kv.elements())?,
+            quantized,
+            quest,
+            sets,
+            last_lens,
+        })
+    }
+
+    /// Bytes one step reads: the new K and V, the page table's entries it looks at, and
+    /// Quest's minimum and maximum of the pages whose new token is not their first.
+    fn read_bytes_of(case: &AppendCase, kv: &KvShape) -> usize {
+        let rows = case.batch * kv.num_kv_heads;
+        let tokens = 2 * rows * kv.head_dim * 2;
+        let table = case.batch * 4 * 4;
+        let continued = case
+            .lens()
+            .iter()
+            .filter(|n| (*n - 1) % case.page_size != 0)
+            .count();
+        let quest = match case.parts.quest {
+            true => 2 * continued * kv.num_kv_heads * kv.head_dim * 2,
+            false => 0,
+        };
+        tokens + table + quest
+    }
+
+    /// Bytes one step must move: what it reads ([`AppendBench::read_bytes`]), and what it
+    /// writes: K and V into the cache, the quantized rows (codes, scale and zero), Quest's
+    /// minimum and maximum, the touched list.
+    pub fn bytes(&self) -> usize {
+        let (kv, b) = (&self.kv, self.case.batch);
+        let rows = b * kv.num_kv_heads;
+        let cache = 2 * rows * kv.head_dim * 2;
+        let quantized = self
+            .case
+            .parts
+            .quantized
+            .map_or(0, |bits| rows * (kv.head_dim * bits as usize / 8 + 4));
+        let quest = if self.case.parts.quest {
+            2 * rows * kv.head_dim * 2
+        } else {
+            0
+        };
+        self.read_bytes() + cache + quantized + quest + b * 8
+    }
+
+    /// Bytes one step reads (what the harness sizes its rotation by).
+    pub fn read_bytes(&self) -> usize {
+        Self::read_bytes_of(&self.case, &self.kv)
+    }
+
+    pub fn case(&self) -> &AppendCase {
+        &self.case
+    }
+    pub fn kv(&self) -> KvShape {
+        self.kv
+    }
+    /// Rotation sets (each its own page table and new tokens).
+    pub fn sets(&self) -> usize {
+        self.sets.len()
+    }
+    pub fn plan(&self) -> &AppendPlan {
+        &self.plan
+    }
+
+    /// Plans the step again with `config` (the benchmark's sweep), over the same cache and
+    /// inputs.
+    pub fn set_config(&mut self, dusk: &Dusk, config: AppendConfig) -> Result<()> {
+        let parts = self.case.parts;
+        self.plan =
+            AppendPlan::with_config(dusk, self.kv, self.case.batch, parts, |c| *c = config)?;
+        self.case.config = config;
+        Ok(())
+    }
+
+    fn step(&mut self, dusk: &Dusk, set: usize) -> Result<()> {
+        let s = &self.sets[set];
+        let targets = AppendTargets {
+            k_cache: &mut self.k_cache,
+            v_cache: &mut self.v_cache,
+            quantized: self.quantized.as_mut(),
+            quest: self.quest.as_mut(),
+        };
+        self.plan.run(dusk, &s.table, &s.k_new, &s.v_new, targets)
+    }
+
+    /// Runs set 0 with the touched list poisoned first and compares it with set 0's table
+    /// (each sequence's last page and its tokens there); returns the sequences compared.
+    pub fn check(&mut self, dusk: &Dusk) -> std::result::Result<usize, String> {
+        let e = |x: crate::DuskError| x.to_string();
+        self.plan.poison_outputs(dusk, 0xFF).map_err(e)?;
+        self.step(dusk, 0).map_err(e)?;
+        let pages = self
+            .plan
+            .touched()
+            .pages()
+            .download()
+            .map_err(|x| x.to_string())?;
+        let lens = self
+            .plan
+            .touched()
+            .lens()
+            .download()
+            .map_err(|x| x.to_string())?;
+        if pages != self.sets[0].last_pages || lens != self.last_lens {
+            return Err("the touched list differs from the table's last pages".into());
+        }
+        Ok(pages.len())
+    }
+
+    /// The harness's timing of one step (`Device::time_calls`: graph replays over the
+    /// rotation sets on a GPU).
+    pub fn time(&mut self, dusk: &Dusk) -> Result<Measured> {
+        let sets = self.sets.len();
+        let dev = dusk.device().clone();
+        Ok(dev.time_calls(sets, |i| self.step(dusk, i))?)
+    }
+}
