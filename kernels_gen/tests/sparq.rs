@@ -16,6 +16,7 @@ use dusk_kernels::selectors::{
     Budget, Keep, SparqBlocks, SparqEntry, SparqOptions, SparqPlan, SparqState, SparqUpdates,
 };
 use dusk_kernels::DuskError;
+use dusk_macros::kernel;
 use dusk_runtime::Device;
 use half::f16;
 use rand::rngs::SmallRng;
@@ -555,6 +556,152 @@ fn appending_matches_a_rebuild() {
         .unwrap()
         .iter()
         .all(|x| *x == 0.0));
+}
+
+/// A decode step's append as `crate::cache`'s kernel makes it, with only SparQ's part: the
+/// rows' tokens placed by the cache's own helpers, then `sparq_token`.
+#[kernel(crate = "dusk_kernels::dusk_paths", num_warps = 1)]
+#[allow(clippy::too_many_arguments)]
+fn append_sparq<const D: usize, const ROWS: usize>(
+    k_new: Ptr<f16>,
+    v_new: Ptr<f16>,
+    kv_indptr: Ptr<i32>,
+    kv_page_indices: Ptr<i32>,
+    kv_last_page_len: Ptr<i32>,
+    blk_indptr: Ptr<i32>,
+    blk_indices: Ptr<i32>,
+    batch: i32,
+    num_kv_heads: i32,
+    page_size: i32,
+    num_pages: i32,
+    num_indices: i32,
+    num_blk_indices: i32,
+    num_blocks: i32,
+    block_size: i32,
+    k_t: Ptr<f16>,
+    v_sum: Ptr<f32>,
+) {
+    let rows = program_id(0) * ROWS + arange(0, ROWS);
+    let row_ok = rows < batch * num_kv_heads;
+    let b = rows / num_kv_heads;
+    let h = rows % num_kv_heads;
+    let page = dusk_kernels::cache::token::token_page(
+        kv_indptr,
+        kv_page_indices,
+        kv_last_page_len,
+        b,
+        row_ok,
+        page_size,
+        num_pages,
+        num_indices,
+    );
+    let slot = dusk_kernels::cache::token::token_slot(kv_last_page_len, b, page);
+    dusk_kernels::selectors::sparq_kernels::sparq_token::<D, ROWS>(
+        k_new,
+        v_new,
+        rows,
+        h,
+        page,
+        slot,
+        num_kv_heads,
+        page_size,
+        kv_indptr,
+        blk_indptr,
+        blk_indices,
+        num_blk_indices,
+        num_blocks,
+        block_size,
+        k_t,
+        v_sum,
+    );
+}
+
+/// `sparq_token`, SparQ's part of the one-launch append: a decode step whose new tokens
+/// open a new page and a new block gives the state a rebuild over the new tables gives.
+#[test]
+fn the_append_part_matches_a_rebuild() {
+    let dusk = dusk();
+    let dev = dusk.device();
+    let mut rng = SmallRng::seed_from_u64(19);
+    let kv = KvShape {
+        num_pages: 10,
+        page_size: 16,
+        num_kv_heads: 2,
+        head_dim: 64,
+    };
+    let layout = SparqBlocks {
+        num_blocks: 6,
+        block_size: 32,
+    };
+    // Sequence 0 grows from 32 tokens to 33 (a new page, 9, and a new block, 5).
+    let before = PageTable::from_lengths(&[32, 40], 16, vec![4, 2, 7, 0, 3]).unwrap();
+    let after = PageTable::from_lengths(&[33, 41], 16, vec![4, 2, 9, 7, 0, 3]).unwrap();
+    let blocks_before = PageTable::from_lengths(&[32, 40], 32, vec![1, 3, 0]).unwrap();
+    let blocks_after = PageTable::from_lengths(&[33, 41], 32, vec![1, 5, 3, 0]).unwrap();
+    let (k, v) = (
+        smooth(&mut rng, kv.elements(), 1.0),
+        smooth(&mut rng, kv.elements(), 1.0),
+    );
+    let (kb, vb) = (dev.upload(&k).unwrap(), dev.upload(&v).unwrap());
+    // The new tokens' rows, [batch, num_kv_heads, D], taken from where they sit in the cache.
+    let d = kv.head_dim;
+    let new_row = |x: &[f16]| -> Vec<f16> {
+        (0..2)
+            .flat_map(|b| {
+                let n = after.seq_len(b, 16) - 1;
+                let page = after.kv_page_indices[after.kv_indptr[b] as usize + n / 16] as usize;
+                (0..2)
+                    .flat_map(|h| x[kv.k_row(page, n % 16, h) * d..][..d].to_vec())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let (k_new, v_new) = (
+        dev.upload(&new_row(&k)).unwrap(),
+        dev.upload(&new_row(&v)).unwrap(),
+    );
+    let mut stepped = SparqState::new(&dusk, kv, 2, layout).unwrap();
+    let all = SparqUpdates::all(&dusk, &stepped, &before, &blocks_before).unwrap();
+    stepped.update(&dusk, &kb, &vb, &all).unwrap();
+    let up = |v: &[i32]| dev.upload(v).unwrap();
+    let kernel = dusk.load(append_sparq::build::<64, 4>().unwrap()).unwrap();
+    append_sparq::launch::<64, 4>(
+        dev,
+        &kernel,
+        [1, 1, 1],
+        &k_new,
+        &v_new,
+        &up(&after.kv_indptr),
+        &up(&after.kv_page_indices),
+        &up(&after.kv_last_page_len),
+        &up(&blocks_after.kv_indptr),
+        &up(&blocks_after.kv_page_indices),
+        2,
+        2,
+        16,
+        10,
+        after.kv_page_indices.len() as i32,
+        blocks_after.kv_page_indices.len() as i32,
+        6,
+        32,
+        stepped.k_t(),
+        stepped.v_sum(),
+    )
+    .unwrap();
+    let mut rebuilt = SparqState::new(&dusk, kv, 2, layout).unwrap();
+    let all = SparqUpdates::all(&dusk, &rebuilt, &after, &blocks_after).unwrap();
+    rebuilt.update(&dusk, &kb, &vb, &all).unwrap();
+    assert_eq!(
+        stepped.k_t().download().unwrap(),
+        rebuilt.k_t().download().unwrap()
+    );
+    let (a, b) = (
+        stepped.v_sum().download().unwrap(),
+        rebuilt.v_sum().download().unwrap(),
+    );
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()));
+    }
 }
 
 fn arg_of(e: DuskError) -> &'static str {

@@ -14,8 +14,9 @@
 //! - `v_sum`, f32 `[num_seqs, num_kv_heads, D]`: the sum of V over each sequence's tokens;
 //!   the running mean is `v_sum / len`, the length from the page table.
 //!
-//! Both are written at append by the helpers [`sparq_store_key`] and [`sparq_add_value`]
-//! (one token each), which a cache-maintenance kernel calls as [`sparq_update`] does.
+//! Both are written at append: by the helpers [`sparq_store_key`] and [`sparq_add_value`]
+//! (one token each), as [`sparq_update`] does for runs of tokens; and by [`sparq_token`],
+//! the same writes for the rows of the one-launch decode append (`crate::cache`).
 //!
 //! A selection, per row `(b, h)` (`program_id(0) = b * num_kv_heads + h`):
 //! 1. [`sparq_query`]: `i1`, the top `r` components of `sum_g |q_g|` over the group's query
@@ -83,6 +84,56 @@ pub fn sparq_add_value<const D: usize>(
 ) {
     let row = (seq as i64) * (num_kv_heads as i64) + (head as i64);
     atomic_add(v_sum + (row * D + (arange(0, D) as i64)), value);
+}
+
+/// SparQ's part of a decode step's one-launch append, in `crate::cache::parts`'
+/// convention (`kernels_gen/src/cache/README.md`): for each of the program's rows
+/// (`rows[i] = b * num_kv_heads + h[i]`; `page[i] < 0` skips the row), the new token of
+/// `k_new` and `v_new` (f16 `[batch, num_kv_heads, D]`), at slot `slot[i]` of the last page
+/// of sequence `b`: its key goes into `k_t` at its position `pos = (pages_b - 1) *
+/// page_size + slot` through the copy's block table after the append (`blk_indptr`,
+/// `blk_indices` of `num_blk_indices` entries, blocks of `block_size` in `0..num_blocks`;
+/// an entry outside them skips the row), its value is added to the row's sum of V. The
+/// same writes as [`sparq_update`] over that token.
+#[kernel(crate = "crate::dusk_paths")]
+#[allow(clippy::too_many_arguments)]
+pub fn sparq_token<const D: usize, const ROWS: usize>(
+    k_new: Ptr<f16>,
+    v_new: Ptr<f16>,
+    rows: Block<i32>,
+    h: Block<i32>,
+    page: Block<i32>,
+    slot: Block<i32>,
+    num_kv_heads: i32,
+    page_size: i32,
+    kv_indptr: Ptr<i32>,
+    blk_indptr: Ptr<i32>,
+    blk_indices: Ptr<i32>,
+    num_blk_indices: i32,
+    num_blocks: i32,
+    block_size: i32,
+    k_t: Ptr<f16>,
+    v_sum: Ptr<f32>,
+) {
+    let valid = page >= 0;
+    let b = rows / num_kv_heads;
+    let pages = load(kv_indptr + (b + 1), valid, 0) - load(kv_indptr + b, valid, 0);
+    let pos = (pages - 1) * page_size + slot;
+    let first = load(blk_indptr + b, valid, 0);
+    let end = load(blk_indptr + (b + 1), valid, 0);
+    let at = first + pos / block_size;
+    let listed = valid & (first >= 0) & (at < end) & (end <= num_blk_indices);
+    let block = load(blk_indices + at, listed, -1);
+    let ok = listed & (block >= 0) & (block < num_blocks);
+    let mask = expand(ok, 1, D);
+    let comps = arange(0, D) as i64;
+    let src = expand((rows as i64) * D, 1, D) + expand(comps, 0, ROWS);
+    let base = ((block as i64) * (num_kv_heads as i64) + (h as i64)) * D;
+    let to = (expand(base, 1, D) + expand(comps, 0, ROWS)) * (block_size as i64)
+        + expand((pos % block_size) as i64, 1, D);
+    store(k_t + to, load(k_new + src, mask), mask);
+    // The sum of V of sequence b, KV head h is row `rows` of `v_sum`.
+    atomic_add(v_sum + src, load(v_new + src, mask) as f32, mask);
 }
 
 /// Appends tokens to SparQ's state: entry `program_id(0) = i` is slots `starts[i] ..
