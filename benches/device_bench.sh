@@ -11,7 +11,7 @@
 #   OUT=$OUT bash benches/device_bench.sh COMMIT DATE STEP...
 #
 # STEP: `attention`, `spgemv`, `threshold` (p = 0.9 on diffuse rows), `focus` (the same on
-# rows as focused as Twilight's, logits x 12), `selectors` (Quest, Double Sparsity, the cache append), `sanitize` (memcheck and racecheck over
+# rows as focused as Twilight's, logits x 12), `selectors` (Quest, Double Sparsity, SparQ, the cache append), `sanitize` (memcheck and racecheck over
 # every family's checks), `c` (the C examples through the committed bundle). Extra gpu-check options for a family go in GPU_CHECK_<FAMILY>
 # (e.g. GPU_CHECK_ATTENTION='--only dense_b1_ --sweep l2_prefetch=true').
 # Writes into $OUT (at most 8 files come back): varlen_attention.json, spgemv.json,
@@ -59,8 +59,14 @@ for step in "$@"; do
         echo "selectors: the DS peer script failed (see bench.log)"
       python3 benches/baselines/append_peers.py --out "$peers/append.json" >>"$log" 2>&1 ||
         echo "selectors: append_peers.py failed (see bench.log)"
+      # SparQ's peer (its own script; gpu-check reads it beside Quest's).
+      echo "== selectors: peers (sparq_peers.py)" >>"$log"
+      python3 benches/baselines/sparq_peers.py --out "$peers/sparq.json" >>"$log" 2>&1 ||
+        echo "selectors: the SparQ peer script failed (see bench.log)"
+      sparq=""
+      [ -s "$peers/sparq.json" ] && sparq="--sparq-peers $peers/sparq.json"
       run_family selectors quest_peers.py selectors.json "" \
-        "--attention-peers $peers/attention.json --ds-peers $peers/ds.json --append-peers $peers/append.json ${GPU_CHECK_SELECTORS:-}" ;;
+        "--attention-peers $peers/attention.json --ds-peers $peers/ds.json --append-peers $peers/append.json $sparq ${GPU_CHECK_SELECTORS:-}" ;;
     focus) run_family threshold-focus topp_peers.py threshold_search_focus.json "--focus 12" "--no-sweep --focus 12 ${GPU_CHECK_THRESHOLD:-}" ;;
     sanitize)
       for tool in memcheck racecheck; do

@@ -540,10 +540,6 @@ impl PrunePlan {
         if self.rows == 0 {
             return Ok(());
         }
-        let (sel_indptr, sel_indices) = match into {
-            Some((a, b)) => (&*a, &*b),
-            None => (&self.sel_indptr, &self.sel_indices),
-        };
         let device = dusk.device();
         let mut args = vec![Arg::from(scores)];
         args.extend(self.work.iter().chain(&self.scratch).map(Arg::from));

@@ -692,6 +692,75 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
     }
 }
 
+/// SparQ's kernels: the update, the query and alpha kernels for every head_dim and group,
+/// the score kernel across groups, components and block sizes; none spills or uses local
+/// memory, and the scoring reads the transposed copy in 16-byte vectors (8 slots of a
+/// block). Run with `--nocapture` for the registers.
+#[test]
+fn sparq_kernels_assemble_without_spills() {
+    use dusk_kernels::selectors::sparq::score_tile;
+    use dusk_kernels::selectors::sparq_kernels::{
+        sparq_alpha, sparq_query, sparq_score, sparq_update,
+    };
+    let ptxas = ptxas();
+    let mut ks = vec![
+        sparq_update::build::<64>().unwrap(),
+        sparq_update::build::<128>().unwrap(),
+        sparq_update::build::<256>().unwrap(),
+    ];
+    macro_rules! per_group {
+        ($($g:literal)*) => {$(
+            ks.push(sparq_query::build::<64, $g, 32>().unwrap());
+            ks.push(sparq_query::build::<128, $g, 32>().unwrap());
+            ks.push(sparq_query::build::<256, $g, 32>().unwrap());
+            ks.push(sparq_alpha::build::<128, $g, 256>().unwrap());
+            ks.push(sparq_alpha::build::<256, $g, 256>().unwrap());
+            ks.push(sparq_score::build::<$g, 8, { score_tile(8) }, 4>().unwrap());
+            ks.push(sparq_score::build::<$g, 16, { score_tile(16) }, 4>().unwrap());
+            ks.push(sparq_score::build::<$g, 64, { score_tile(64) }, 4>().unwrap());
+            ks.push(sparq_score::build::<$g, 256, { score_tile(256) }, 4>().unwrap());
+        )*};
+    }
+    per_group!(1 2 4 8 16);
+    // Blocks of 8 to 256 tokens.
+    for k in [
+        sparq_score::build::<4, 16, { score_tile(16) }, 3>(),
+        sparq_score::build::<4, 16, { score_tile(16) }, 5>(),
+        sparq_score::build::<4, 16, { score_tile(16) }, 8>(),
+        sparq_score::build::<1, 16, { score_tile(16) }, 8>(),
+        sparq_score::build::<1, 32, { score_tile(32) }, 6>(),
+        sparq_score::build::<8, 256, { score_tile(256) }, 7>(),
+    ] {
+        ks.push(k.unwrap());
+    }
+    for k in ks {
+        for target in [Target::sm90a(), Target::sm80()] {
+            let ptx = compile(&k, &target).unwrap();
+            if k.name.starts_with("sparq_score") {
+                assert!(ptx.contains("ld.global.v4"), "{}: no 16-byte loads", k.name);
+            }
+            let arch = target.arch_name();
+            let report = assemble(&ptxas, &ptx, &arch, &k.name);
+            let regs = report
+                .split("Used ")
+                .nth(1)
+                .and_then(|r| r.split(' ').next())
+                .unwrap_or("?");
+            println!("{} {arch}: {regs} registers", k.name);
+            assert!(
+                report.contains("0 bytes spill stores, 0 bytes spill loads"),
+                "{} spills on {arch}:\n{report}",
+                k.name
+            );
+            assert!(
+                report.contains("0 bytes stack frame"),
+                "{} uses local memory on {arch}:\n{report}",
+                k.name
+            );
+        }
+    }
+}
+
 /// The GQA default runs its two products on the tensor cores: `mma` for the scores and for
 /// P.V, `ldmatrix .trans` for V, and no 16-bit value carried through the loop on its own.
 #[test]

@@ -5,6 +5,12 @@
 //! `divisibility` (the first value of each run is a multiple of this power of two; bytes
 //! for pointers) and `constancy` (values are equal along runs of this many elements).
 //! Pointer parameters are assumed 16-byte aligned, as every CUDA allocation is.
+//!
+//! Paged addressing splits a token index into a page and a slot, `t >> log2(page_size)`
+//! and `t & (page_size - 1)`: the shift of a contiguous run is constant along runs of a
+//! page, the mask contiguous along them, and a page id loaded through pointers constant
+//! along runs is constant along the same runs; so a row of a page's slots is still read in
+//! vectors.
 
 use crate::ir::*;
 use std::collections::HashMap;
@@ -105,6 +111,9 @@ fn visit(k: &Kernel, a: &mut AxisInfos, op: &Op) {
             constancy: vec![1],
         },
         Splat { value, .. } => {
+            if let Some(&c) = a.consts.get(value) {
+                a.consts.insert(res, c);
+            }
             let d = get(a, *value).divisibility.first().copied().unwrap_or(1);
             AxisInfo::uniform(&shape, d)
         }
@@ -125,6 +134,21 @@ fn visit(k: &Kernel, a: &mut AxisInfos, op: &Op) {
         PtrCast { ptr, .. } => get(a, *ptr),
         // Shared blocks are placed 16-byte aligned, as parameters are taken to be.
         SharedAlloc { .. } => AxisInfo::uniform(&[], 16),
+        // Equal pointers read equal values: a load is constant where its pointers, its mask
+        // and the value of masked-off lanes all are.
+        Load {
+            ptr, mask, other, ..
+        } if matches!(k.ty(res).elem, Elem::Num(d) if d.is_int()) => {
+            let mut out = AxisInfo::unknown(rank);
+            out.constancy = get(a, *ptr).constancy;
+            for v in [mask, other].into_iter().flatten() {
+                let i = get(a, *v);
+                for (c, ic) in out.constancy.iter_mut().zip(&i.constancy) {
+                    *c = (*c).min(*ic);
+                }
+            }
+            out
+        }
         Cmp { lhs, rhs, .. } => {
             let (x, y) = (get(a, *lhs), get(a, *rhs));
             let mut out = AxisInfo::unknown(rank);
@@ -175,6 +199,13 @@ fn visit(k: &Kernel, a: &mut AxisInfos, op: &Op) {
     a.of.insert(res, info);
 }
 
+/// The length of the runs of `x` along `d` that rise by one from a multiple of their length
+/// and lie inside one aligned block of `block` values (a power of two).
+fn aligned_run(x: &AxisInfo, d: usize, block: usize) -> usize {
+    let div = x.divisibility[d].min(block as u64) as usize;
+    x.contiguity[d].min(div).max(1)
+}
+
 fn binary(op: BinOp, x: &AxisInfo, y: &AxisInfo, const_rhs: Option<i64>, rank: usize) -> AxisInfo {
     let mut out = AxisInfo::unknown(rank);
     for d in 0..out.contiguity.len() {
@@ -207,6 +238,25 @@ fn binary(op: BinOp, x: &AxisInfo, y: &AxisInfo, const_rhs: Option<i64>, rank: u
             }
             BinOp::Div => {
                 // Division by a power of two keeps runs of equal values; nothing more is known.
+            }
+            // `x >> s` is one value along each aligned run of `x` that stays inside a block
+            // of 2^s values: runs of min(contiguity, divisibility, 2^s).
+            BinOp::Shr => {
+                if let Some(s) = const_rhs.filter(|s| (0..31).contains(s)) {
+                    let run = aligned_run(x, d, 1 << s);
+                    out.constancy[d] = constancy.max(run);
+                    out.divisibility[d] = (x.divisibility[d] >> s).max(1);
+                }
+            }
+            // `x & (2^s - 1)` keeps those runs contiguous (from 0 when a run is a whole
+            // block).
+            BinOp::And => {
+                if let Some(m) = const_rhs.filter(|m| *m >= 0 && (*m + 1).count_ones() == 1) {
+                    let block = (m + 1) as usize;
+                    let run = aligned_run(x, d, block);
+                    out.contiguity[d] = run;
+                    out.divisibility[d] = if run == block { MAX_DIV } else { run as u64 };
+                }
             }
             _ => {}
         }
@@ -243,5 +293,74 @@ mod tests {
         let info = a.get(ptrs).unwrap();
         assert_eq!(info.contiguity, vec![64]);
         assert_eq!(info.divisibility, vec![16]);
+    }
+    /// Token positions split into a page (`t >> 4`, loaded through a page table) and a slot
+    /// (`t & 15`): the address of slot `t` of its page is contiguous along each page's 16
+    /// slots, and the page mask is constant along them, so the row is read in vectors.
+    #[test]
+    fn page_and_slot_of_a_token_run_keep_runs_of_a_page() {
+        let mut b = KernelBuilder::new("t");
+        let p = b.param_ptr("p", DType::F16);
+        let table = b.param_ptr("table", DType::I32);
+        let n = b.param_scalar("n", DType::I32);
+        let t = b.arange(0, 64);
+        let four = b.i32(4);
+        let j = b.binary(BinOp::Shr, t, four);
+        let valid = b.cmp(CmpOp::Lt, j, n);
+        let jp = b.add_ptr(table, j);
+        let zero = b.i32(0);
+        let page = b.load_masked(jp, Some(valid), Some(zero));
+        let sixteen = b.i32(16);
+        let rows = b.binary(BinOp::Mul, page, sixteen);
+        let fifteen = b.i32(15);
+        let slot = b.binary(BinOp::And, t, fifteen);
+        let offs = b.add(rows, slot);
+        let ptrs = b.add_ptr(p, offs);
+        let x = b.load_masked(ptrs, Some(valid), None);
+        b.store(ptrs, x);
+        let k = b.finish().unwrap();
+        let a = analyze(&k);
+        let of = |v: crate::builder::Value| a.get(v.0).unwrap().clone();
+        assert_eq!(of(j).constancy, vec![16]);
+        assert_eq!(of(valid).constancy, vec![16]);
+        assert_eq!(of(page).constancy, vec![16]);
+        assert_eq!(
+            (of(slot).contiguity, of(slot).divisibility),
+            (vec![16], vec![MAX_DIV])
+        );
+        assert_eq!(of(ptrs).contiguity, vec![16]);
+        assert_eq!(of(ptrs).divisibility, vec![16]);
+    }
+    /// Runs shorter than a page (8 tokens of pages of 16, from a multiple of 8) stay inside
+    /// one page: the shift is constant and the mask contiguous along them.
+    #[test]
+    fn runs_shorter_than_a_page_stay_in_it() {
+        let mut b = KernelBuilder::new("t");
+        let p = b.param_ptr("p", DType::F16);
+        let tile = b.program_id(0);
+        let start = b.mul_c(tile, 8);
+        let lanes = b.arange(0, 8);
+        let t = b.add(start, lanes);
+        let four = b.i32(4);
+        let page = b.binary(BinOp::Shr, t, four);
+        let fifteen = b.i32(15);
+        let slot = b.binary(BinOp::And, t, fifteen);
+        let base = b.mul_c(page, 64);
+        let offs = b.add(base, slot);
+        let ptrs = b.add_ptr(p, offs);
+        let x = b.load(ptrs);
+        b.store(ptrs, x);
+        let k = b.finish().unwrap();
+        let a = analyze(&k);
+        let of = |v: crate::builder::Value| a.get(v.0).unwrap().clone();
+        assert_eq!(of(page).constancy, vec![8]);
+        assert_eq!(
+            (of(slot).contiguity, of(slot).divisibility),
+            (vec![8], vec![8])
+        );
+        assert_eq!(
+            (of(ptrs).contiguity, of(ptrs).divisibility),
+            (vec![8], vec![16])
+        );
     }
 }

@@ -10,6 +10,9 @@
 //! - [`quest`], [`quest_kernels`]: Quest ([`QUEST`], [`QuestPlan`]).
 //! - [`ds`], [`ds_kernels`]: Double Sparsity ([`DsCalibration`], [`DsState`], [`DsPlan`]:
 //!   calibrated label channels per token, scores on them, the top tokens).
+//! - [`sparq`], [`sparq_kernels`]: SparQ Attention ([`SparqPlan`], [`SparqState`]: K
+//!   transposed in blocks, the running sum of V; the per-token helpers an append kernel
+//!   calls), its f64 reference ([`sparq_reference`]) and benchmark ([`sparq_bench`]).
 //! - [`topk`], [`topk_kernel`]: the device-side top-k every selector ends with
 //!   ([`TopKPlan`]: variable k per row, always-kept sink and recent items, ties toward
 //!   the lower index).
@@ -27,6 +30,10 @@ pub mod quest;
 pub mod quest_kernels;
 pub mod reference;
 pub mod selector;
+pub mod sparq;
+pub mod sparq_bench;
+pub mod sparq_kernels;
+pub mod sparq_reference;
 pub mod topk;
 pub mod topk_kernel;
 
@@ -36,4 +43,5 @@ pub use selector::{
     Build, PageUpdates, ScoreKernel, Selector, SelectorPlan, SelectorState, StateArray,
     StateBuffer, StateType, Width,
 };
+pub use sparq::{SparqBlocks, SparqEntry, SparqOptions, SparqPlan, SparqState, SparqUpdates};
 pub use topk::{Budget, Items, Keep, SelectionShape, TopKConfig, TopKPlan};

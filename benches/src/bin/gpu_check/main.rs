@@ -8,7 +8,7 @@
 //!     gpu-check spgemv    [--check-only] [--peers peers.json] [--out spgemv.json]
 //!     gpu-check threshold [--check-only] [--rows N] [--peers peers.json] [--out threshold_search.json]
 //!     gpu-check attention [--check-only] [--peers peers.json] [--out varlen_attention.json]
-//!     gpu-check selectors [--check-only] [--peers quest.json] [--ds-peers ds.json] [--attention-peers attention.json] [--append-peers append.json] [--only PREFIX]
+//!     gpu-check selectors [--check-only] [--peers quest.json] [--ds-peers ds.json] [--attention-peers attention.json] [--append-peers append.json] [--sparq-peers sparq.json] [--only PREFIX]
 //!     gpu-check pipeline  [--check-only] [--batch 32,64] [--context 32768] [--q-scale 8]
 //!
 //! `gpu-check <subcommand> --help` lists every option.
@@ -19,6 +19,7 @@ mod common;
 mod ds;
 mod pipeline;
 mod selectors;
+mod sparq;
 mod spgemv;
 mod threshold;
 
@@ -43,9 +44,9 @@ enum Family {
     /// Varlen paged decode attention: checks, graph replay, then timings beside FlashInfer
     /// and SDPA.
     Attention(attention::AttentionArgs),
-    /// The token selectors (Quest, Double Sparsity): checks, then the selection's timings
-    /// beside PyTorch and as a share of FlashInfer's dense decode; the cache append: checks,
-    /// then one decode step's maintenance beside PyTorch.
+    /// The token selectors (Quest, Double Sparsity, SparQ): checks, then the selection's
+    /// timings beside PyTorch and as a share of FlashInfer's dense decode; the cache append:
+    /// checks, then one decode step's maintenance beside PyTorch.
     Selectors(selectors::SelectorsArgs),
     /// Pipelines (select, estimate, prune, attend): checks against the f64 reference,
     /// graph replay against eager steps, then each stage's time in the step.

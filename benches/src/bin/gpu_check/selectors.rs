@@ -16,7 +16,10 @@
 //!    step's maintenance timed beside PyTorch (`--append-peers`, from
 //!    `benches/baselines/append_peers.py`).
 //!
-//!    `gpu-check selectors --peers quest.json --ds-peers ds.json --append-peers append.json --attention-peers attention.json --out selectors.json`
+//! 5. SparQ ([`crate::sparq`]): checks against Algorithm 1 in f64, then the selection timed
+//!    beside PyTorch (`--sparq-peers`, from `benches/baselines/sparq_peers.py`).
+//!
+//!    `gpu-check selectors --peers quest.json --ds-peers ds.json --append-peers append.json --sparq-peers sparq.json --attention-peers attention.json --out selectors.json`
 
 use crate::append;
 use crate::common::{case_json, copy_gbps, Common, PeerTime, Res};
@@ -43,6 +46,9 @@ pub struct SelectorsArgs {
     /// The cache append's PyTorch peer (the JSON append_peers.py wrote in the same command).
     #[arg(long, value_name = "FILE")]
     append_peers: Option<PathBuf>,
+    /// SparQ's PyTorch peer (the JSON sparq_peers.py wrote in the same command).
+    #[arg(long, value_name = "FILE")]
+    sparq_peers: Option<PathBuf>,
     /// Run only the cases whose name starts with one of these (e.g. `append_`,
     /// `quest_b64`; repeat the option for several); a family's checks run when one of its
     /// cases may.
@@ -115,6 +121,9 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
     }
     if args.wants_family("ds_") {
         crate::ds::check(&dusk, seed)?;
+    }
+    if args.wants_family("sparq_") {
+        crate::sparq::check_small(&dusk, seed)?;
     }
     if args.common.check_only || !dev.is_gpu() {
         println!("all checks passed");
@@ -216,10 +225,22 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
         seed,
         |name| args.wants(name),
     )?);
+    let sparq_peers = read_json(&args.sparq_peers, "--sparq-peers")?;
+    cases.extend(crate::sparq::cases(
+        &dusk,
+        seed,
+        copy_gbps,
+        sparq_peers.as_ref(),
+        attention.as_ref(),
+        |name| args.wants(name),
+    )?);
     args.common.write_results(
         &dev,
         copy_gbps,
-        peers.as_ref().or(ds_peers.as_ref()),
+        peers
+            .as_ref()
+            .or(ds_peers.as_ref())
+            .or(sparq_peers.as_ref()),
         json!({}),
         cases,
     )

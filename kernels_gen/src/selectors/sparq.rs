@@ -1,0 +1,1027 @@
+//! SparQ Attention (Ribar et al., Algorithm 1) for decode, GQA-aware: its state
+//! ([`SparqState`]: K transposed within blocks of its own ([`SparqBlocks`]), the running sum
+//! of V), the tokens to add to it ([`SparqUpdates`]), and [`SparqPlan`], which selects each
+//! (sequence, KV head)'s tokens and the per-head `alpha` that the attention plan mixes its
+//! output with, by the kernels of [`super::sparq_kernels`].
+//!
+//! ```
+//! use dusk_kernels::attention_ops::AttentionPlan;
+//! use dusk_kernels::ops::Dusk;
+//! use dusk_kernels::paged::{KvShape, PageTable};
+//! use dusk_kernels::selectors::{
+//!     Budget, SparqBlocks, SparqOptions, SparqPlan, SparqState, SparqUpdates,
+//! };
+//! use dusk_runtime::Device;
+//! use half::f16;
+//!
+//! # fn main() -> Result<(), dusk_kernels::DuskError> {
+//! let dusk = Dusk::new(Device::best())?;
+//! let dev = dusk.device();
+//! let kv = KvShape { num_pages: 8, page_size: 16, num_kv_heads: 2, head_dim: 64 };
+//! // One sequence of 70 tokens on pages 7, 2, 5, 0, 1 (the last holds 6).
+//! let table = PageTable::from_lengths(&[70], 16, vec![7, 2, 5, 0, 1])?;
+//! let val = |i: usize| f16::from_f32(((i * 7919) % 13) as f32 / 4.0 - 1.5);
+//! let k = dev.upload(&(0..kv.elements()).map(val).collect::<Vec<_>>())?;
+//! let v = dev.upload(&(0..kv.elements()).map(|i| val(i + 5)).collect::<Vec<_>>())?;
+//! let q = dev.upload(&(0..4 * 64).map(|i| val(3 * i)).collect::<Vec<_>>())?; // 4 query heads
+//!
+//! // The state, its transposed K in blocks of 32 tokens (blocks 3 and 0 for the sequence),
+//! // written at prefill for every token, then at each append.
+//! let mut state = SparqState::new(&dusk, kv, 1, SparqBlocks { num_blocks: 4, block_size: 32 })?;
+//! let blocks = PageTable::from_lengths(&[70], 32, vec![3, 0, 2])?;
+//! state.update(&dusk, &k, &v, &SparqUpdates::all(&dusk, &state, &table, &blocks)?)?;
+//! // r = 8 of 64 components, 32 tokens kept, the last 8 always.
+//! let options = SparqOptions { r: 8, k: Budget::Tokens(32), window: 8 };
+//! let mut plan = SparqPlan::new(&dusk, state, 4, &table, &blocks, options)?;
+//! plan.select(&dusk, &q)?;                       // 4 launches, no allocation, no sync
+//! assert_eq!(plan.shape().sel_indptr, [0, 32, 64]); // one token list per KV head
+//! let lists = plan.sel_indices().download()?;
+//! assert_eq!(&lists[24..32], &[62, 63, 64, 65, 66, 67, 68, 69]); // the window
+//!
+//! // Attention over the lists, mixed with the mean of V by alpha.
+//! let attn = AttentionPlan::new(&dusk, plan.attention_spec())?;
+//! let mut meta = plan.attention_meta(&dusk, &attn, &table)?;
+//! let (mut out, mut lse) = (dev.alloc::<f16>(4 * 64)?, dev.alloc::<f32>(4)?);
+//! plan.attend(&dusk, &attn, &mut meta, &q, &k, &v, &mut out, &mut lse)?;
+//! # Ok(()) }
+//! ```
+
+use super::selector::Build;
+use super::sparq_kernels::{sparq_alpha, sparq_query, sparq_score, sparq_update};
+use super::topk::{Budget, Items, Keep, SelectionShape, TopKConfig, TopKPlan};
+use crate::attention_ops::{AttentionMeta, AttentionMode, AttentionPlan, AttentionSpec, SparqMix};
+use crate::error::{ensure, invalid, Result};
+use crate::ops::Dusk;
+use crate::paged::{KvShape, PageTable};
+use dusk_compiler::DType;
+use dusk_runtime::{Arg, Buffer, LoadedKernel};
+use half::f16;
+use std::sync::Arc;
+
+/// Components the query kernel's ranking compares a component with at once.
+const RANK_CHUNK: usize = 32;
+/// Tiles (statistics) and kept tokens the alpha kernel reads at once.
+const ALPHA_BLOCK: usize = 256;
+
+/// SparQ's choices (Algorithm 1's `r`, `k` and `l`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SparqOptions {
+    /// Components of q (and columns of K) the approximate scores use: 1 to `head_dim`
+    /// (the paper's default ratio is `head_dim / 8`).
+    pub r: usize,
+    /// Tokens each (sequence, KV head) keeps, the window among them; a sequence no longer
+    /// than this keeps every token (and `alpha` is 1).
+    pub k: Budget,
+    /// The last `window` tokens are always kept (Algorithm 1's local window `l`; the paper
+    /// uses `k / 4`).
+    pub window: usize,
+}
+
+impl SparqOptions {
+    fn validate(&self, head_dim: usize) -> Result<()> {
+        ensure(
+            (1..=head_dim).contains(&self.r),
+            "r",
+            format!("1 to head_dim ({head_dim}) components"),
+            self.r,
+        )?;
+        match self.k {
+            Budget::Tokens(t) => ensure(t >= 1, "k", "at least 1 token", t)?,
+            Budget::Fraction(f) => ensure(
+                f.is_finite() && f > 0.0 && f <= 1.0,
+                "k",
+                "a fraction of each sequence in (0, 1]",
+                f,
+            )?,
+        }
+        ensure(
+            self.window < i32::MAX as usize,
+            "window",
+            "fewer than 2^31 tokens",
+            self.window,
+        )
+    }
+}
+
+/// The update kernel for `head_dim` (any page size).
+fn update_kernel(head_dim: usize) -> Option<Build> {
+    Some(match head_dim {
+        64 => sparq_update::build::<64>,
+        128 => sparq_update::build::<128>,
+        256 => sparq_update::build::<256>,
+        _ => return None,
+    })
+}
+
+/// The query kernel for `head_dim` and a group of `group` query heads.
+fn query_kernel(head_dim: usize, group: usize) -> Option<Build> {
+    macro_rules! table {
+        ($($d:literal: $($g:literal)*;)*) => {
+            match (head_dim, group) {
+                $($(($d, $g) => sparq_query::build::<$d, $g, RANK_CHUNK> as Build,)*)*
+                _ => return None,
+            }
+        };
+    }
+    Some(table! {
+        64: 1 2 4 8 16;
+        128: 1 2 4 8 16;
+        256: 1 2 4 8 16;
+    })
+}
+
+/// The alpha kernel for `head_dim` and `group`.
+fn alpha_kernel(head_dim: usize, group: usize) -> Option<Build> {
+    macro_rules! table {
+        ($($d:literal: $($g:literal)*;)*) => {
+            match (head_dim, group) {
+                $($(($d, $g) => sparq_alpha::build::<$d, $g, ALPHA_BLOCK> as Build,)*)*
+                _ => return None,
+            }
+        };
+    }
+    Some(table! {
+        64: 1 2 4 8 16;
+        128: 1 2 4 8 16;
+        256: 1 2 4 8 16;
+    })
+}
+
+/// Tokens a score program covers for `rp` components: 2048 values of `k_t` (64 a thread of
+/// its one warp).
+pub const fn score_tile(rp: usize) -> usize {
+    2048 / rp
+}
+
+/// The score kernel for a group of `G`, `rp` components (a power of two, 8 to 256) and
+/// blocks of `2^log_bs` tokens (8 to 256), with its tile.
+fn score_for<const G: usize>(rp: usize, log_bs: usize) -> Option<(Build, usize)> {
+    macro_rules! table {
+        ($($rp:literal: $($lbs:literal)*;)*) => {
+            match (rp, log_bs) {
+                $($(($rp, $lbs) => (
+                    sparq_score::build::<G, $rp, { score_tile($rp) }, $lbs> as Build,
+                    score_tile($rp),
+                ),)*)*
+                _ => return None,
+            }
+        };
+    }
+    Some(table! {
+        8: 3 4 5 6 7 8;
+        16: 3 4 5 6 7 8;
+        32: 3 4 5 6 7 8;
+        64: 3 4 5 6 7 8;
+        128: 3 4 5 6 7 8;
+        256: 3 4 5 6 7 8;
+    })
+}
+
+fn score_kernel(group: usize, rp: usize, log_bs: usize) -> Option<(Build, usize)> {
+    match group {
+        1 => score_for::<1>(rp, log_bs),
+        2 => score_for::<2>(rp, log_bs),
+        4 => score_for::<4>(rp, log_bs),
+        8 => score_for::<8>(rp, log_bs),
+        16 => score_for::<16>(rp, log_bs),
+        _ => None,
+    }
+}
+
+/// The components' stride a plan of `r` uses: the kernels' block of components (a power of
+/// two, at least 8).
+fn padded_r(r: usize) -> usize {
+    r.next_power_of_two().max(8)
+}
+
+/// How the transposed copy of K is paged: `num_blocks` blocks of `block_size` tokens (a
+/// power of two, 8 to 256), each holding consecutive tokens of one sequence, found through
+/// a block table (a [`PageTable`] whose pages are these blocks) as the cache's pages are
+/// through the page table. Long blocks make long reads: a component of a block is
+/// `block_size` contiguous f16 values, 32 bytes at 16.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SparqBlocks {
+    pub num_blocks: usize,
+    pub block_size: usize,
+}
+
+impl SparqBlocks {
+    /// The cache's own paging: block `p` is page `p`, and the page table is the block table.
+    pub fn pages_of(kv: &KvShape) -> SparqBlocks {
+        SparqBlocks {
+            num_blocks: kv.num_pages,
+            block_size: kv.page_size,
+        }
+    }
+
+    /// The copy's shape as a cache of one array: `[num_blocks, block_size, ..]`, for
+    /// checking a block table.
+    fn shape(&self, kv: &KvShape) -> KvShape {
+        KvShape {
+            num_pages: self.num_blocks,
+            page_size: self.block_size,
+            ..*kv
+        }
+    }
+}
+
+/// SparQ's state for a cache of one shape: the transposed copy of K and the running sum of
+/// V, and the update kernel that appends to them.
+pub struct SparqState {
+    kv: KvShape,
+    blocks: SparqBlocks,
+    num_seqs: usize,
+    k_t: Buffer<f16>,
+    v_sum: Buffer<f32>,
+    update: Arc<LoadedKernel>,
+}
+
+impl SparqState {
+    /// Allocates the state of a cache of shape `kv` (head_dim 64, 128 or 256) for
+    /// `num_seqs` sequences (batch slots: sequence `b` of a plan's page table is slot `b`),
+    /// its copy of K paged by `blocks`, zeroed; compiles its update.
+    pub fn new(
+        dusk: &Dusk,
+        kv: KvShape,
+        num_seqs: usize,
+        blocks: SparqBlocks,
+    ) -> Result<SparqState> {
+        kv.validate()?;
+        let update = update_kernel(kv.head_dim)
+            .ok_or_else(|| invalid("head_dim", "64, 128 or 256 (SparQ's kernels)", kv.head_dim))?;
+        ensure(
+            blocks.block_size.is_power_of_two() && (8..=256).contains(&blocks.block_size),
+            "blocks",
+            "blocks of a power of two from 8 to 256 tokens (the copy's rows are read in \
+             16-byte vectors)",
+            blocks.block_size,
+        )?;
+        let copy = blocks.shape(&kv);
+        ensure(
+            blocks.num_blocks >= 1 && copy.elements() < (1usize << 40),
+            "blocks",
+            "1 or more blocks, under 2^40 values in all",
+            blocks.num_blocks,
+        )?;
+        ensure(
+            num_seqs >= 1 && num_seqs < i32::MAX as usize,
+            "num_seqs",
+            "1 to 2^31 - 1 sequences",
+            num_seqs,
+        )?;
+        let update = dusk.kernel(format!("sparq update d{}", kv.head_dim), update)?;
+        let dev = dusk.device();
+        let mut k_t = dev.alloc::<f16>(copy.elements())?;
+        let mut v_sum = dev.alloc::<f32>(num_seqs * kv.num_kv_heads * kv.head_dim)?;
+        dev.fill_bytes(&mut k_t, 0)?;
+        dev.fill_bytes(&mut v_sum, 0)?;
+        Ok(SparqState {
+            kv,
+            blocks,
+            num_seqs,
+            k_t,
+            v_sum,
+            update,
+        })
+    }
+
+    /// Adds `updates`' tokens of the cache (`k`, `v`: f16 of this state's shape): their
+    /// keys into the transposed copy, their values to their sequences' sums. One launch,
+    /// no allocation, no sync.
+    pub fn update(
+        &mut self,
+        dusk: &Dusk,
+        k: &Buffer<f16>,
+        v: &Buffer<f16>,
+        updates: &SparqUpdates,
+    ) -> Result<()> {
+        let kv = self.kv;
+        for (name, b) in [("k", k), ("v", v)] {
+            ensure(
+                b.len() == kv.elements(),
+                name,
+                format!("{} f16 values ({kv:?})", kv.elements()),
+                b.len(),
+            )?;
+        }
+        if updates.count == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::from(k),
+            Arg::from(v),
+            Arg::from(&updates.pages),
+            Arg::from(&updates.starts),
+            Arg::from(&updates.counts),
+            Arg::from(&updates.seqs),
+            Arg::from(&updates.blocks),
+            Arg::from(&updates.block_starts),
+            Arg::I32(kv.num_pages as i32),
+            Arg::I32(self.blocks.num_blocks as i32),
+            Arg::I32(self.num_seqs as i32),
+            Arg::I32(kv.num_kv_heads as i32),
+            Arg::I32(kv.page_size as i32),
+            Arg::I32(self.blocks.block_size as i32),
+            Arg::from(&self.k_t),
+            Arg::from(&self.v_sum),
+        ];
+        let grid = [updates.count as u32, kv.num_kv_heads as u32, 1];
+        dusk.device().launch(&self.update, grid, &args)?;
+        Ok(())
+    }
+
+    /// Zeroes the sums of V (before adding every token of the sequences again).
+    pub fn clear_values(&mut self, dusk: &Dusk) -> Result<()> {
+        dusk.device().fill_bytes(&mut self.v_sum, 0)?;
+        Ok(())
+    }
+
+    /// The cache's shape.
+    pub fn kv(&self) -> KvShape {
+        self.kv
+    }
+    /// The transposed copy's paging.
+    pub fn blocks(&self) -> SparqBlocks {
+        self.blocks
+    }
+    pub fn num_seqs(&self) -> usize {
+        self.num_seqs
+    }
+    /// K transposed within each block and KV head, f16 `[num_blocks, num_kv_heads,
+    /// head_dim, block_size]`.
+    pub fn k_t(&self) -> &Buffer<f16> {
+        &self.k_t
+    }
+    /// The transposed copy, to write (state computed elsewhere).
+    pub fn k_t_mut(&mut self) -> &mut Buffer<f16> {
+        &mut self.k_t
+    }
+    /// The sum of V over each sequence's tokens, f32 `[num_seqs, num_kv_heads, head_dim]`.
+    pub fn v_sum(&self) -> &Buffer<f32> {
+        &self.v_sum
+    }
+    /// The sums of V, to write.
+    pub fn v_sum_mut(&mut self) -> &mut Buffer<f32> {
+        &mut self.v_sum
+    }
+}
+
+/// One run of tokens to add to a [`SparqState`]: slots `start .. start + count` of the
+/// cache's physical page `page`, tokens of sequence `seq`, which the copy holds at slots
+/// `block_start ..` of block `block`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SparqEntry {
+    pub page: i32,
+    pub start: i32,
+    pub count: i32,
+    pub seq: i32,
+    pub block: i32,
+    pub block_start: i32,
+}
+
+/// Runs of tokens to add to a [`SparqState`] ([`SparqEntry`]s), on the device.
+pub struct SparqUpdates {
+    pages: Buffer<i32>,
+    starts: Buffer<i32>,
+    counts: Buffer<i32>,
+    seqs: Buffer<i32>,
+    blocks: Buffer<i32>,
+    block_starts: Buffer<i32>,
+    count: usize,
+}
+
+impl SparqUpdates {
+    /// `entries`, checked against `state`: page, block and sequence ids in range, at least
+    /// one token, slots inside the page and inside the block. Entries naming one block and
+    /// slot twice write it twice; each adds its values.
+    pub fn new(dusk: &Dusk, state: &SparqState, entries: &[SparqEntry]) -> Result<SparqUpdates> {
+        let (kv, bl) = (state.kv, state.blocks);
+        for (i, e) in entries.iter().enumerate() {
+            let at = |what: &str| format!("entry {i}: {what}");
+            if e.page < 0 || e.page as usize >= kv.num_pages {
+                return Err(invalid(
+                    "pages",
+                    format!("page ids in 0..{}", kv.num_pages),
+                    at(&format!("page {}", e.page)),
+                ));
+            }
+            if e.block < 0 || e.block as usize >= bl.num_blocks {
+                return Err(invalid(
+                    "blocks",
+                    format!("block ids in 0..{}", bl.num_blocks),
+                    at(&format!("block {}", e.block)),
+                ));
+            }
+            if e.seq < 0 || e.seq as usize >= state.num_seqs {
+                return Err(invalid(
+                    "seqs",
+                    format!("sequence slots in 0..{}", state.num_seqs),
+                    at(&format!("sequence {}", e.seq)),
+                ));
+            }
+            let (s, c, t) = (e.start as i64, e.count as i64, e.block_start as i64);
+            ensure(
+                s >= 0 && c >= 1 && s + c <= kv.page_size as i64,
+                "counts",
+                format!("1 or more slots inside a page of {}", kv.page_size),
+                at(&format!("start {s}, count {c}")),
+            )?;
+            ensure(
+                t >= 0 && t + c <= bl.block_size as i64,
+                "counts",
+                format!("slots inside a block of {}", bl.block_size),
+                at(&format!("block start {t}, count {c}")),
+            )?;
+        }
+        ensure(
+            entries.len() < i32::MAX as usize,
+            "entries",
+            "fewer than 2^31 entries",
+            entries.len(),
+        )?;
+        let dev = dusk.device();
+        let up = |f: fn(&SparqEntry) -> i32| {
+            let v: Vec<i32> = entries.iter().map(f).collect();
+            dev.upload(if v.is_empty() { &[0] } else { &v })
+        };
+        Ok(SparqUpdates {
+            pages: up(|e| e.page)?,
+            starts: up(|e| e.start)?,
+            counts: up(|e| e.count)?,
+            seqs: up(|e| e.seq)?,
+            blocks: up(|e| e.block)?,
+            block_starts: up(|e| e.block_start)?,
+            count: entries.len(),
+        })
+    }
+
+    /// Every token of every sequence of `table` (the cache's pages), held in the copy's
+    /// blocks of `blocks` (the block table: the same sequences' lengths): a prefill, or the
+    /// state built from scratch after [`SparqState::clear_values`]. One entry per run of
+    /// tokens inside one page and one block.
+    pub fn all(
+        dusk: &Dusk,
+        state: &SparqState,
+        table: &PageTable,
+        blocks: &PageTable,
+    ) -> Result<SparqUpdates> {
+        check_blocks(state, table, blocks)?;
+        let ps = state.kv.page_size;
+        let entries = (0..table.batch())
+            .flat_map(|b| runs(state, table, blocks, b, 0..table.seq_len(b, ps)))
+            .collect::<Vec<_>>();
+        Self::new(dusk, state, &entries)
+    }
+
+    /// The last token of each sequence of `table`: what a decode step appending one token
+    /// per sequence wrote.
+    pub fn last_tokens(
+        dusk: &Dusk,
+        state: &SparqState,
+        table: &PageTable,
+        blocks: &PageTable,
+    ) -> Result<SparqUpdates> {
+        check_blocks(state, table, blocks)?;
+        let ps = state.kv.page_size;
+        let entries = (0..table.batch())
+            .flat_map(|b| {
+                let n = table.seq_len(b, ps);
+                runs(state, table, blocks, b, n.saturating_sub(1)..n)
+            })
+            .collect::<Vec<_>>();
+        Self::new(dusk, state, &entries)
+    }
+
+    /// Entries written on the device (by an append kernel), all six of equal length. Their
+    /// contents are not read on the host; the update skips an entry out of range.
+    pub fn from_device(
+        pages: Buffer<i32>,
+        starts: Buffer<i32>,
+        counts: Buffer<i32>,
+        seqs: Buffer<i32>,
+        blocks: Buffer<i32>,
+        block_starts: Buffer<i32>,
+    ) -> Result<SparqUpdates> {
+        let n = pages.len();
+        for (name, b) in [
+            ("starts", &starts),
+            ("counts", &counts),
+            ("seqs", &seqs),
+            ("blocks", &blocks),
+            ("block_starts", &block_starts),
+        ] {
+            ensure(
+                b.len() == n,
+                name,
+                format!("{n} entries, one per page run"),
+                b.len(),
+            )?;
+        }
+        ensure(n < i32::MAX as usize, "pages", "fewer than 2^31 entries", n)?;
+        Ok(SparqUpdates {
+            pages,
+            starts,
+            counts,
+            seqs,
+            blocks,
+            block_starts,
+            count: n,
+        })
+    }
+
+    /// Entries.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+}
+
+/// Checks that `blocks` is a block table of `state`'s copy for the sequences of `table`
+/// (the cache's page table): the same batch, each sequence the same length.
+fn check_blocks(state: &SparqState, table: &PageTable, blocks: &PageTable) -> Result<()> {
+    table.validate(&state.kv)?;
+    let bs = state.blocks.block_size;
+    blocks
+        .validate(&state.blocks.shape(&state.kv))
+        .map_err(|e| match e {
+            crate::DuskError::InvalidArgument {
+                arg,
+                expected,
+                found,
+            } => invalid(
+                "blocks",
+                format!("a block table of blocks of {bs} ({arg}: {expected})"),
+                found,
+            ),
+            other => other,
+        })?;
+    ensure(
+        blocks.batch() == table.batch(),
+        "blocks",
+        format!("{} sequences (the page table's)", table.batch()),
+        blocks.batch(),
+    )?;
+    let ps = state.kv.page_size;
+    if let Some(b) = (0..table.batch()).find(|&b| blocks.seq_len(b, bs) != table.seq_len(b, ps)) {
+        return Err(invalid(
+            "blocks",
+            "each sequence as long as in the page table",
+            format!(
+                "sequence {b}: {} tokens, {} in the page table",
+                blocks.seq_len(b, bs),
+                table.seq_len(b, ps)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The entries adding tokens `tokens` of sequence `b`: split where a page or a block ends.
+fn runs(
+    state: &SparqState,
+    table: &PageTable,
+    blocks: &PageTable,
+    b: usize,
+    tokens: std::ops::Range<usize>,
+) -> Vec<SparqEntry> {
+    let (ps, bs) = (state.kv.page_size, state.blocks.block_size);
+    let mut out = vec![];
+    let mut t = tokens.start;
+    while t < tokens.end {
+        let end = tokens.end.min((t / ps + 1) * ps).min((t / bs + 1) * bs);
+        out.push(SparqEntry {
+            page: table.kv_page_indices[table.kv_indptr[b] as usize + t / ps],
+            start: (t % ps) as i32,
+            count: (end - t) as i32,
+            seq: b as i32,
+            block: blocks.kv_page_indices[blocks.kv_indptr[b] as usize + t / bs],
+            block_start: (t % bs) as i32,
+        });
+        t = end;
+    }
+    out
+}
+
+/// SparQ's selection over one page table: the query, score and alpha kernels and the
+/// shared top-k, validated, compiled and sized once.
+pub struct SparqPlan {
+    state: SparqState,
+    options: SparqOptions,
+    batch: usize,
+    num_q_heads: usize,
+    rp: usize,
+    tile: usize,
+    tiles: usize,
+    query: Arc<LoadedKernel>,
+    score: Arc<LoadedKernel>,
+    weigh: Arc<LoadedKernel>,
+    topk: TopKPlan,
+    blk_indptr: Buffer<i32>,
+    blk_indices: Buffer<i32>,
+    tok_indptr: Buffer<i32>,
+    dims: Buffer<i32>,
+    qs: Buffer<f32>,
+    scores: Buffer<f32>,
+    /// Each head's logits (`G > 1`; with one head they are the scores).
+    logits: Option<Buffer<f32>>,
+    stat_max: Buffer<f32>,
+    stat_sum: Buffer<f32>,
+    alpha: Buffer<f32>,
+    v_mean: Buffer<f16>,
+}
+
+impl SparqPlan {
+    /// Plans SparQ's selection over `table` (the cache's page table; sequence `b` is
+    /// `state`'s slot `b`), whose keys the copy holds in the blocks of `blocks` (the copy's
+    /// block table; `table` itself when the copy is paged as the cache,
+    /// [`SparqBlocks::pages_of`]), for `num_q_heads` query heads.
+    pub fn new(
+        dusk: &Dusk,
+        state: SparqState,
+        num_q_heads: usize,
+        table: &PageTable,
+        blocks: &PageTable,
+        options: SparqOptions,
+    ) -> Result<SparqPlan> {
+        Self::with_config(dusk, state, num_q_heads, table, blocks, options, |_| {})
+    }
+
+    /// As [`SparqPlan::new`], with `tune` changing the top-k's [`TopKConfig`].
+    pub fn with_config(
+        dusk: &Dusk,
+        state: SparqState,
+        num_q_heads: usize,
+        table: &PageTable,
+        blocks: &PageTable,
+        options: SparqOptions,
+        tune: impl FnOnce(&mut TopKConfig),
+    ) -> Result<SparqPlan> {
+        let kv = state.kv;
+        options.validate(kv.head_dim)?;
+        ensure(
+            num_q_heads > 0 && num_q_heads.is_multiple_of(kv.num_kv_heads),
+            "num_q_heads",
+            format!("a positive multiple of num_kv_heads ({})", kv.num_kv_heads),
+            num_q_heads,
+        )?;
+        let group = num_q_heads / kv.num_kv_heads;
+        ensure(
+            table.batch() <= state.num_seqs,
+            "kv_indptr",
+            format!("at most the state's {} sequences", state.num_seqs),
+            table.batch(),
+        )?;
+        let keep = Keep {
+            sink: 0,
+            recent: options.window,
+        };
+        let topk = TopKPlan::with_config(dusk, table, kv, Items::Tokens, options.k, keep, tune)?;
+        check_blocks(&state, table, blocks)?;
+        let rp = padded_r(options.r);
+        let log_bs = state.blocks.block_size.trailing_zeros() as usize;
+        let unsupported = || {
+            invalid(
+                "num_q_heads",
+                "a GQA group of 1, 2, 4, 8 or 16 query heads",
+                format!("{num_q_heads} query heads: a group of {group}"),
+            )
+        };
+        let (score_build, tile) = score_kernel(group, rp, log_bs).ok_or_else(unsupported)?;
+        let query_build = query_kernel(kv.head_dim, group).ok_or_else(unsupported)?;
+        let alpha_build = alpha_kernel(kv.head_dim, group).ok_or_else(unsupported)?;
+        let shape = topk.shape().clone();
+        let tiles = shape.max_items().div_ceil(tile).max(1);
+        ensure(
+            tiles <= 65535,
+            "kv_indptr",
+            format!("sequences of at most {} tokens", 65535 * tile),
+            shape.max_items(),
+        )?;
+        let rows = shape.rows();
+        ensure(
+            rows * tiles * group < i32::MAX as usize
+                && shape.num_scores() * group < i32::MAX as usize,
+            "kv_indptr",
+            "fewer than 2^31 logits (tokens x num_q_heads)",
+            shape.num_scores() * group,
+        )?;
+        let d = kv.head_dim;
+        let query = dusk.kernel(format!("sparq query d{d} g{group}"), query_build)?;
+        let score = dusk.kernel(
+            format!(
+                "sparq score g{group} r{rp} t{tile} bs{}",
+                state.blocks.block_size
+            ),
+            score_build,
+        )?;
+        let weigh = dusk.kernel(format!("sparq alpha d{d} g{group}"), alpha_build)?;
+        let dev = dusk.device();
+        let nonempty = |v: &[i32]| dev.upload(if v.is_empty() { &[0] } else { v });
+        let q_rows = table.batch() * num_q_heads;
+        Ok(SparqPlan {
+            options,
+            batch: table.batch(),
+            num_q_heads,
+            rp,
+            tile,
+            tiles,
+            query,
+            score,
+            weigh,
+            blk_indptr: dev.upload(&blocks.kv_indptr)?,
+            blk_indices: nonempty(&blocks.kv_page_indices)?,
+            tok_indptr: dev.upload(&shape.item_indptr)?,
+            dims: dev.alloc(rows * rp)?,
+            qs: dev.alloc(q_rows * rp)?,
+            scores: dev.alloc(shape.num_scores())?,
+            logits: if group > 1 {
+                Some(dev.alloc(shape.num_scores() * group)?)
+            } else {
+                None
+            },
+            stat_max: dev.alloc(rows * tiles * group)?,
+            stat_sum: dev.alloc(rows * tiles * group)?,
+            alpha: dev.alloc(q_rows)?,
+            v_mean: dev.alloc(rows * d)?,
+            topk,
+            state,
+        })
+    }
+
+    /// Adds `updates`' tokens to the state (see [`SparqState::update`]).
+    pub fn update(
+        &mut self,
+        dusk: &Dusk,
+        k: &Buffer<f16>,
+        v: &Buffer<f16>,
+        updates: &SparqUpdates,
+    ) -> Result<()> {
+        self.state.update(dusk, k, v, updates)
+    }
+
+    /// Step 1: the components and the scaled sparse query of `q` (f16 `[batch,
+    /// num_q_heads, head_dim]`). One launch.
+    pub fn query(&mut self, dusk: &Dusk, q: &Buffer<f16>) -> Result<()> {
+        let qlen = self.batch * self.num_q_heads * self.state.kv.head_dim;
+        ensure(
+            q.len() == qlen,
+            "q",
+            format!("{qlen} f16 values (batch x num_q_heads x head_dim)"),
+            q.len(),
+        )?;
+        let args = [
+            Arg::from(q),
+            Arg::from(&self.dims),
+            Arg::from(&self.qs),
+            Arg::I32(self.options.r as i32),
+            Arg::I32(self.rp as i32),
+        ];
+        let grid = [self.topk.shape().rows() as u32, 1, 1];
+        dusk.device().launch(&self.query, grid, &args)?;
+        Ok(())
+    }
+
+    /// Step 2: the approximate scores of every token (after [`SparqPlan::query`]). One
+    /// launch.
+    pub fn score(&mut self, dusk: &Dusk) -> Result<()> {
+        let kv = self.state.kv;
+        let args = [
+            Arg::from(&self.state.k_t),
+            Arg::from(&self.blk_indptr),
+            Arg::from(&self.blk_indices),
+            Arg::from(&self.tok_indptr),
+            Arg::from(&self.dims),
+            Arg::from(&self.qs),
+            Arg::from(&self.scores),
+            Arg::from(self.logits.as_ref().unwrap_or(&self.scores)),
+            Arg::from(&self.stat_max),
+            Arg::from(&self.stat_sum),
+            Arg::I32(kv.num_kv_heads as i32),
+            Arg::I32(kv.head_dim as i32),
+            Arg::I32(self.options.r as i32),
+            Arg::I32(self.tiles as i32),
+        ];
+        let grid = [self.topk.shape().rows() as u32, self.tiles as u32, 1];
+        dusk.device().launch(&self.score, grid, &args)?;
+        Ok(())
+    }
+
+    /// Step 3: the top-k of the scores, as token lists. One launch.
+    pub fn top_k(&mut self, dusk: &Dusk) -> Result<()> {
+        self.topk.run(dusk, &self.scores)
+    }
+
+    /// Step 4: each query head's `alpha` and each row's mean of V. One launch.
+    pub fn weigh(&mut self, dusk: &Dusk) -> Result<()> {
+        let args = [
+            Arg::from(&self.stat_max),
+            Arg::from(&self.stat_sum),
+            Arg::from(self.logits.as_ref().unwrap_or(&self.scores)),
+            Arg::from(&self.tok_indptr),
+            Arg::from(self.topk.sel_item_indptr()),
+            Arg::from(self.topk.sel_items()),
+            Arg::from(&self.state.v_sum),
+            Arg::from(&self.alpha),
+            Arg::from(&self.v_mean),
+            Arg::I32(self.state.kv.num_kv_heads as i32),
+            Arg::I32(self.tiles as i32),
+            Arg::I32(self.tile as i32),
+        ];
+        let grid = [self.topk.shape().rows() as u32, 1, 1];
+        dusk.device().launch(&self.weigh, grid, &args)?;
+        Ok(())
+    }
+
+    /// Algorithm 1's selection for `q`: the four steps, four launches, no allocation, no
+    /// sync.
+    pub fn select(&mut self, dusk: &Dusk, q: &Buffer<f16>) -> Result<()> {
+        self.query(dusk, q)?;
+        self.score(dusk)?;
+        self.top_k(dusk)?;
+        self.weigh(dusk)
+    }
+
+    /// What an attention plan over these lists is made for: one list per KV head
+    /// ([`AttentionMode::GroupVarlen`]), the longest row, SparQ's mix, f16, the softmax
+    /// scale `1 / sqrt(head_dim)` (Algorithm 1's).
+    pub fn attention_spec(&self) -> AttentionSpec {
+        let longest = self
+            .topk
+            .shape()
+            .sel_indptr
+            .windows(2)
+            .map(|w| (w[1] - w[0]) as usize)
+            .max()
+            .unwrap_or(1);
+        AttentionSpec {
+            kv: self.state.kv,
+            batch: self.batch,
+            num_q_heads: self.num_q_heads,
+            mode: AttentionMode::GroupVarlen,
+            max_tokens: longest.max(1),
+            sm_scale: None,
+            sparq: true,
+            dtype: DType::F16,
+        }
+    }
+
+    /// The metadata `attn` (planned from [`SparqPlan::attention_spec`]) runs with over
+    /// `table` (this plan's): the lists' offsets, fixed by this plan, and room for the
+    /// lists, which [`SparqPlan::attend`] fills.
+    pub fn attention_meta(
+        &self,
+        dusk: &Dusk,
+        attn: &AttentionPlan,
+        table: &PageTable,
+    ) -> Result<AttentionMeta> {
+        self.check_attention(attn)?;
+        let dev = dusk.device();
+        attn.device_meta(
+            dusk,
+            table,
+            dev.upload(&self.topk.shape().sel_indptr)?,
+            dev.alloc(self.topk.sel_indices().len())?,
+        )
+    }
+
+    /// Attention of `q` over the last selection's tokens, mixed with the mean of V by
+    /// alpha (`SparqMix`): copies the lists into `meta` (from
+    /// [`SparqPlan::attention_meta`]), then runs `attn`. Three launches, no allocation,
+    /// no sync.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend(
+        &self,
+        dusk: &Dusk,
+        attn: &AttentionPlan,
+        meta: &mut AttentionMeta,
+        q: &Buffer<f16>,
+        k: &Buffer<f16>,
+        v: &Buffer<f16>,
+        out: &mut Buffer<f16>,
+        lse: &mut Buffer<f32>,
+    ) -> Result<()> {
+        self.check_attention(attn)?;
+        let (_, indices) = meta.lists_mut().ok_or_else(|| {
+            invalid(
+                "meta",
+                "token-list metadata (SparqPlan::attention_meta)",
+                "none",
+            )
+        })?;
+        ensure(
+            indices.len() == self.topk.sel_indices().len(),
+            "meta",
+            "the metadata of this plan (SparqPlan::attention_meta)",
+            format!("room for {} tokens", indices.len()),
+        )?;
+        indices.copy_from(self.topk.sel_indices())?;
+        let mix = SparqMix {
+            alpha: &self.alpha,
+            v_mean: &self.v_mean,
+        };
+        attn.run(dusk, q, k, v, meta, Some(mix), out, lse)
+    }
+
+    fn check_attention(&self, attn: &AttentionPlan) -> Result<()> {
+        let s = attn.spec();
+        ensure(
+            s.kv == self.state.kv
+                && s.batch == self.batch
+                && s.num_q_heads == self.num_q_heads
+                && s.mode == AttentionMode::GroupVarlen
+                && s.sparq
+                && s.dtype == DType::F16,
+            "attn",
+            "a plan of SparqPlan::attention_spec (group lists, sparq, f16, this shape)",
+            format!("{s:?}"),
+        )
+    }
+
+    /// Fills every output of a selection with `byte` (checks poison them first).
+    pub fn poison_outputs(&mut self, dusk: &Dusk, byte: u8) -> Result<()> {
+        let d = dusk.device();
+        d.fill_bytes(&mut self.dims, byte)?;
+        d.fill_bytes(&mut self.qs, byte)?;
+        d.fill_bytes(&mut self.scores, byte)?;
+        if let Some(l) = &mut self.logits {
+            d.fill_bytes(l, byte)?;
+        }
+        d.fill_bytes(&mut self.stat_max, byte)?;
+        d.fill_bytes(&mut self.stat_sum, byte)?;
+        d.fill_bytes(&mut self.alpha, byte)?;
+        d.fill_bytes(&mut self.v_mean, byte)?;
+        self.topk.poison_outputs(dusk, byte)
+    }
+
+    pub fn options(&self) -> &SparqOptions {
+        &self.options
+    }
+    pub fn state(&self) -> &SparqState {
+        &self.state
+    }
+    pub fn state_mut(&mut self) -> &mut SparqState {
+        &mut self.state
+    }
+    /// The state, for the plan of the next page table.
+    pub fn into_state(self) -> SparqState {
+        self.state
+    }
+    /// The selection's sizes, known at plan time (rows are `batch * num_kv_heads`; items
+    /// are tokens).
+    pub fn shape(&self) -> &SelectionShape {
+        self.topk.shape()
+    }
+    /// The shared top-k (its configuration and outputs).
+    pub fn top_k_plan(&self) -> &TopKPlan {
+        &self.topk
+    }
+    /// The components' stride of [`SparqPlan::dims`] and [`SparqPlan::sparse_query`]: `r`
+    /// rounded up to a power of two, at least 8.
+    pub fn padded_r(&self) -> usize {
+        self.rp
+    }
+    /// Tokens a score program covers.
+    pub fn tile(&self) -> usize {
+        self.tile
+    }
+    /// Each row's `r` components of q, ascending (i32 `[rows, padded_r]`, zeros past `r`).
+    pub fn dims(&self) -> &Buffer<i32> {
+        &self.dims
+    }
+    /// Each query head's `q[dims] / tau` (f32 `[batch * num_q_heads, padded_r]`).
+    pub fn sparse_query(&self) -> &Buffer<f32> {
+        &self.qs
+    }
+    /// The tokens' approximate scores, summed over the group: row `(b, h)` at
+    /// `tok_indptr[b] * num_kv_heads + h * len_b` (`shape().item_indptr` is `tok_indptr`).
+    pub fn scores(&self) -> &Buffer<f32> {
+        &self.scores
+    }
+    /// Each query head's approximate logits, at the scores' index times the group plus the
+    /// head (with a group of one they are the scores).
+    pub fn logits(&self) -> &Buffer<f32> {
+        self.logits.as_ref().unwrap_or(&self.scores)
+    }
+    /// Each query head's alpha (f32 `[batch * num_q_heads]`).
+    pub fn alpha(&self) -> &Buffer<f32> {
+        &self.alpha
+    }
+    /// Each row's mean of V (f16 `[batch * num_kv_heads, head_dim]`).
+    pub fn v_mean(&self) -> &Buffer<f16> {
+        &self.v_mean
+    }
+    /// Token lists' row offsets (`batch * num_kv_heads + 1`, fixed by the plan).
+    pub fn sel_indptr(&self) -> &Buffer<i32> {
+        self.topk.sel_indptr()
+    }
+    /// Kept token positions, ascending in each row.
+    pub fn sel_indices(&self) -> &Buffer<i32> {
+        self.topk.sel_indices()
+    }
+    /// 1 for a row whose scores held a NaN or an infinity (a NaN in q), else 0.
+    pub fn flags(&self) -> &Buffer<i32> {
+        self.topk.flags()
+    }
+}

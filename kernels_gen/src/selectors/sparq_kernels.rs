@@ -1,0 +1,416 @@
+//! SparQ Attention's kernels (Ribar et al., "SparQ Attention: Bandwidth-Efficient LLM
+//! Inference", Algorithm 1 and Appendices C and E), in the kernel language, for decode with
+//! GQA: one token set per (sequence, KV head), as the authors' reference code does it (the
+//! group's `|q|` summed to pick the components, its approximate scores summed to rank the
+//! tokens).
+//!
+//! State (see [`super::sparq`]):
+//! - `k_t`, f16 `[num_blocks, num_kv_heads, D, block_size]`: K transposed within blocks of
+//!   its own (Appendix E), each block `block_size` consecutive tokens of one sequence,
+//!   found through a block table as the cache's pages are through the page table (the
+//!   cache's own pages and page table are one choice). Component `c` of a block's keys is
+//!   `block_size` contiguous values: reading `r` components of every token reads `r`
+//!   contiguous runs a block, never a whole key row.
+//! - `v_sum`, f32 `[num_seqs, num_kv_heads, D]`: the sum of V over each sequence's tokens;
+//!   the running mean is `v_sum / len`, the length from the page table.
+//!
+//! Both are written at append: by the helpers [`sparq_store_key`] and [`sparq_add_value`]
+//! (one token each), as [`sparq_update`] does for runs of tokens; and by [`sparq_token`],
+//! the same writes for the rows of the one-launch decode append (`crate::cache`).
+//!
+//! A selection, per row `(b, h)` (`program_id(0) = b * num_kv_heads + h`):
+//! 1. [`sparq_query`]: `i1`, the top `r` components of `sum_g |q_g|` over the group's query
+//!    heads (ties toward the lower component, NaN lowest), ascending; and per query head the
+//!    scaled sparse query `q_g[i1] / tau_g`, `tau_g = sqrt(D * |q_g[i1]|_1 / |q_g|_1)`
+//!    (Appendix C's temperature; 0 when the selected components of `q_g` are all 0).
+//! 2. [`sparq_score`]: per token `i` and query head `g` the approximate logit
+//!    `l_gi = (q_g[i1] / tau_g) . K[i, i1]` from the transposed copy; the token's score
+//!    `s_i = sum_g l_gi` (the top-k ranks these); per tile and head the softmax's running
+//!    max and sum; with a group of several heads, the logits themselves (alpha needs each
+//!    head's).
+//! 3. the shared top-k ([`super::topk_kernel`]) keeps `k` tokens, the last `window` always.
+//! 4. [`sparq_alpha`]: per query head `alpha_g = sum_{i kept} softmax(l_g)_i` (everything
+//!    kept: exactly 1), and the row's mean of V in f16, which the attention plan mixes:
+//!    `y = alpha * attention(kept) + (1 - alpha) * v_mean` (`SparqMix`).
+
+use super::page::group_query;
+use dusk_macros::kernel;
+
+/// The `D` element offsets, in the transposed copy of K (`[num_blocks, num_kv_heads, D,
+/// block_size]`), of slot `slot` of block `block` for KV head `head`: one value per
+/// component, `block_size` apart.
+#[kernel(crate = "crate::dusk_paths")]
+pub fn transposed_key_offsets<const D: usize>(
+    block: i32,
+    slot: i32,
+    head: i32,
+    num_kv_heads: i32,
+    block_size: i32,
+) -> Block<i64> {
+    let row = (block as i64) * (num_kv_heads as i64) + (head as i64);
+    let comps = arange(0, D) as i64;
+    (row * D + comps) * (block_size as i64) + (slot as i64)
+}
+
+/// Writes one token's key (`key`, its `D` components) into the transposed copy `k_t`, at
+/// slot `slot` of block `block` (the token's position within its block, and the block the
+/// copy's block table gives for it), KV head `head`. For a kernel that appends tokens to the
+/// cache; the caller checks `block` and `slot` are in range.
+#[kernel(crate = "crate::dusk_paths")]
+pub fn sparq_store_key<const D: usize>(
+    k_t: Ptr<f16>,
+    block: i32,
+    slot: i32,
+    head: i32,
+    num_kv_heads: i32,
+    block_size: i32,
+    key: Block<f16>,
+) {
+    let offs = transposed_key_offsets::<D>(block, slot, head, num_kv_heads, block_size);
+    store(k_t + offs, key);
+}
+
+/// Adds `value` (`D` values: one token's V, or the sum of several) to the running sum of V
+/// of sequence `seq`, KV head `head` (`v_sum`, f32 `[num_seqs, num_kv_heads, D]`),
+/// atomically: programs appending to one sequence at once all count. The caller checks
+/// `seq` is in range.
+#[kernel(crate = "crate::dusk_paths")]
+pub fn sparq_add_value<const D: usize>(
+    v_sum: Ptr<f32>,
+    seq: i32,
+    head: i32,
+    num_kv_heads: i32,
+    value: Block<f32>,
+) {
+    let row = (seq as i64) * (num_kv_heads as i64) + (head as i64);
+    atomic_add(v_sum + (row * D + (arange(0, D) as i64)), value);
+}
+
+/// SparQ's part of a decode step's one-launch append, in `crate::cache::parts`'
+/// convention (`kernels_gen/src/cache/README.md`): for each of the program's rows
+/// (`rows[i] = b * num_kv_heads + h[i]`; `page[i] < 0` skips the row), the new token of
+/// `k_new` and `v_new` (f16 `[batch, num_kv_heads, D]`), at slot `slot[i]` of the last page
+/// of sequence `b`: its key goes into `k_t` at its position `pos = (pages_b - 1) *
+/// page_size + slot` through the copy's block table after the append (`blk_indptr`,
+/// `blk_indices` of `num_blk_indices` entries, blocks of `block_size` in `0..num_blocks`;
+/// an entry outside them skips the row), its value is added to the row's sum of V. The
+/// same writes as [`sparq_update`] over that token.
+#[kernel(crate = "crate::dusk_paths")]
+#[allow(clippy::too_many_arguments)]
+pub fn sparq_token<const D: usize, const ROWS: usize>(
+    k_new: Ptr<f16>,
+    v_new: Ptr<f16>,
+    rows: Block<i32>,
+    h: Block<i32>,
+    page: Block<i32>,
+    slot: Block<i32>,
+    num_kv_heads: i32,
+    page_size: i32,
+    kv_indptr: Ptr<i32>,
+    blk_indptr: Ptr<i32>,
+    blk_indices: Ptr<i32>,
+    num_blk_indices: i32,
+    num_blocks: i32,
+    block_size: i32,
+    k_t: Ptr<f16>,
+    v_sum: Ptr<f32>,
+) {
+    let valid = page >= 0;
+    let b = rows / num_kv_heads;
+    let pages = load(kv_indptr + (b + 1), valid, 0) - load(kv_indptr + b, valid, 0);
+    let pos = (pages - 1) * page_size + slot;
+    let first = load(blk_indptr + b, valid, 0);
+    let end = load(blk_indptr + (b + 1), valid, 0);
+    let at = first + pos / block_size;
+    let listed = valid & (first >= 0) & (at < end) & (end <= num_blk_indices);
+    let block = load(blk_indices + at, listed, -1);
+    let ok = listed & (block >= 0) & (block < num_blocks);
+    let mask = expand(ok, 1, D);
+    let comps = arange(0, D) as i64;
+    let src = expand((rows as i64) * D, 1, D) + expand(comps, 0, ROWS);
+    let base = ((block as i64) * (num_kv_heads as i64) + (h as i64)) * D;
+    let to = (expand(base, 1, D) + expand(comps, 0, ROWS)) * (block_size as i64)
+        + expand((pos % block_size) as i64, 1, D);
+    store(k_t + to, load(k_new + src, mask), mask);
+    // The sum of V of sequence b, KV head h is row `rows` of `v_sum`.
+    atomic_add(v_sum + src, load(v_new + src, mask) as f32, mask);
+}
+
+/// Appends tokens to SparQ's state: entry `program_id(0) = i` is slots `starts[i] ..
+/// starts[i] + counts[i]` of the cache's physical page `pages[i]`, tokens of sequence
+/// `seqs[i]` that the copy holds at slots `block_starts[i] ..` of block `blocks[i]`; for KV
+/// head `program_id(1)` each token's key goes into `k_t` and the entry's sum of V is added
+/// to `v_sum`. Parameters: `k`, `v` (the cache, f16 `[num_pages, page_size, num_kv_heads,
+/// D]`), the entries (i32 each), `num_pages`, `num_blocks`, `num_seqs`, `num_kv_heads`,
+/// `page_size`, `block_size`, then the state. Grid: `(entries, num_kv_heads)`. An entry out
+/// of range (an id, or slots outside the page or the block) is skipped: device-written
+/// entries read and write nothing out of bounds.
+#[kernel(crate = "crate::dusk_paths", num_warps = 1)]
+#[allow(clippy::too_many_arguments)]
+pub fn sparq_update<const D: usize>(
+    k: Ptr<f16>,
+    v: Ptr<f16>,
+    pages: Ptr<i32>,
+    starts: Ptr<i32>,
+    counts: Ptr<i32>,
+    seqs: Ptr<i32>,
+    blocks: Ptr<i32>,
+    block_starts: Ptr<i32>,
+    num_pages: i32,
+    num_blocks: i32,
+    num_seqs: i32,
+    num_kv_heads: i32,
+    page_size: i32,
+    block_size: i32,
+    k_t: Ptr<f16>,
+    v_sum: Ptr<f32>,
+) {
+    let i = program_id(0);
+    let h = program_id(1);
+    let page = load(pages + i);
+    let start = load(starts + i);
+    let count = load(counts + i);
+    let seq = load(seqs + i);
+    let block = load(blocks + i);
+    let to = load(block_starts + i);
+    let ok = (page >= 0)
+        & (page < num_pages)
+        & (start >= 0)
+        & (count >= 1)
+        & (count <= page_size - start)
+        & (seq >= 0)
+        & (seq < num_seqs)
+        & (block >= 0)
+        & (block < num_blocks)
+        & (to >= 0)
+        & (count <= block_size - to);
+    if ok {
+        let mut acc = zeros::<f32>([D]);
+        for j in 0..count {
+            let token = ((page as i64) * (page_size as i64) + ((start + j) as i64))
+                * (num_kv_heads as i64)
+                + (h as i64);
+            let offs = token * D + (arange(0, D) as i64);
+            let key = load(k + offs);
+            sparq_store_key::<D>(k_t, block, to + j, h, num_kv_heads, block_size, key);
+            acc = acc + load(v + offs) as f32;
+        }
+        sparq_add_value::<D>(v_sum, seq, h, num_kv_heads, acc);
+    }
+}
+
+/// Step 1 for one row: the `r` components (`dims[row * rp ..]`, ascending, then zeros up to
+/// `rp`) and the scaled sparse query of each of the group's heads (`qs[(row * G + g) * rp
+/// ..]`, zeros past `r`). Parameters: `q` (f16 `[batch, num_kv_heads * G, D]`), `dims`
+/// (i32), `qs` (f32), `r`, `rp` (the rows' stride, `r <= rp <= D`). Grid: `batch *
+/// num_kv_heads`. The ranking, and the chosen components' places, compare every component
+/// with `CHUNK` others at a time (their keys, then ranks, staged in shared memory).
+#[kernel(crate = "crate::dusk_paths", num_warps = 4)]
+pub fn sparq_query<const D: usize, const G: usize, const CHUNK: usize>(
+    q: Ptr<f16>,
+    dims: Ptr<i32>,
+    qs: Ptr<f32>,
+    r: i32,
+    rp: i32,
+) {
+    let row = program_id(0);
+    let qg = group_query::<D, G>(q);
+    let aq = abs(qg);
+    // The group's magnitudes as keys that order as they do, a NaN lowest.
+    let a = sum(aq, 0);
+    let key = where_(a != a, -1, bitcast::<i32>(a));
+    let staged = shared::<i32>(D);
+    let c = arange(0, D);
+    store(staged + c, key);
+    // Rank of component c: those ranked before it (a larger key, or an equal one earlier).
+    let mut rank = zeros::<i32>([D]);
+    for j0 in (0..D).step_by(CHUNK) {
+        let j = j0 + arange(0, CHUNK);
+        let kj = expand(load(staged + j), 0, D);
+        let kc = expand(key, 1, CHUNK);
+        let earlier = expand(j, 0, D) < expand(c, 1, CHUNK);
+        let before = (kj > kc) | ((kj == kc) & earlier);
+        rank = rank + sum(where_(before, 1, 0), 1);
+    }
+    let chosen = rank < r;
+    // Place of a chosen component among the chosen, ascending: the chosen ones before it.
+    let ranks = shared::<i32>(D);
+    store(ranks + c, rank);
+    let mut pos = zeros::<i32>([D]);
+    for j0 in (0..D).step_by(CHUNK) {
+        let j = j0 + arange(0, CHUNK);
+        let chosen_j = expand(load(ranks + j) < r, 0, D);
+        let earlier = expand(j, 0, D) < expand(c, 1, CHUNK);
+        pos = pos + sum(where_(chosen_j & earlier, 1, 0), 1);
+    }
+    let pad = (c >= r) & (c < rp);
+    store(dims + (row * rp + pos), c, chosen);
+    store(dims + (row * rp + c), zeros::<i32>([D]), pad);
+    // Appendix C's temperature per head: sqrt(D * |q[i1]|_1 / |q|_1).
+    let l1 = sum(aq, 1);
+    let l1_chosen = sum(where_(expand(chosen, 0, G), aq, 0.0), 1);
+    let all_zero = (l1_chosen == 0.0) & (l1 == l1);
+    let scale = where_(all_zero, 0.0, rsqrt(l1_chosen / l1 * D));
+    let heads = expand((row * G + arange(0, G)) * rp, 1, D);
+    let sparse = qg * expand(scale, 1, D);
+    store(
+        qs + (heads + expand(pos, 0, G)),
+        sparse,
+        expand(chosen, 0, G),
+    );
+    store(
+        qs + (heads + expand(c, 0, G)),
+        zeros::<f32>([G, D]),
+        expand(pad, 0, G),
+    );
+}
+
+/// Step 2 for `TILE` tokens of one row (`program_id(1)` the tile): reads `RP` rows of each
+/// of the tile's blocks from `k_t` (`r` of them real, the rest masked off), through the
+/// copy's block table (`blk_indptr`, `blk_indices`: blocks of `2^LOG_BS` tokens); writes
+/// the tokens' scores (f32, row `(b, h)` at `tok_indptr[b] * num_kv_heads + h * len_b`, the
+/// top-k's layout), with `G > 1` each head's logits (`logits`, that index times `G` plus
+/// the head: a token's heads together, staged through shared memory so they leave in
+/// vectors), and per head the tile's logit max and `sum exp(l - max)` (`stat_max`,
+/// `stat_sum` at `(row * max_tiles + tile) * G + g`). Grid: `(batch * num_kv_heads,
+/// ceil(longest sequence / TILE))`; one warp a program, so the sum over the `RP` components
+/// stays within it. The heads are a loop, not unrolled: unrolled, every head's logits were
+/// live at once (254 registers at a group of 16, against 127).
+#[kernel(crate = "crate::dusk_paths", num_warps = 1)]
+#[allow(clippy::too_many_arguments)]
+pub fn sparq_score<const G: usize, const RP: usize, const TILE: usize, const LOG_BS: usize>(
+    k_t: Ptr<f16>,
+    blk_indptr: Ptr<i32>,
+    blk_indices: Ptr<i32>,
+    tok_indptr: Ptr<i32>,
+    dims: Ptr<i32>,
+    qs: Ptr<f32>,
+    scores: Ptr<f32>,
+    logits: Ptr<f32>,
+    stat_max: Ptr<f32>,
+    stat_sum: Ptr<f32>,
+    num_kv_heads: i32,
+    head_dim: i32,
+    r: i32,
+    max_tiles: i32,
+) {
+    let row = program_id(0);
+    let tile = program_id(1);
+    let b = row / num_kv_heads;
+    let h = row % num_kv_heads;
+    let first = load(tok_indptr + b);
+    let n = load(tok_indptr + (b + 1)) - first;
+    if tile * TILE < n {
+        let tok = tile * TILE + arange(0, TILE);
+        let valid = tok < n;
+        // Block and slot of each token: a block's slots are contiguous in `k_t`.
+        let j = tok >> LOG_BS;
+        let blk_first = load(blk_indptr + b);
+        let blk_ok = j < load(blk_indptr + (b + 1)) - blk_first;
+        let blk = load(blk_indices + (blk_first + j), blk_ok, 0);
+        let slot = tok & ((1 << LOG_BS) - 1);
+        let base = ((blk as i64) * (num_kv_heads as i64) + (h as i64)) * (head_dim as i64);
+        let cols = base * (1 << LOG_BS) + (slot as i64);
+        let comp = arange(0, RP);
+        let comp_ok = comp < r;
+        let chosen = load(dims + (row * RP + comp), comp_ok, 0);
+        let offs = expand((chosen as i64) * (1 << LOG_BS), 1, TILE) + expand(cols, 0, RP);
+        let mask = expand(comp_ok, 1, TILE) & expand(blk_ok, 0, RP);
+        let kt = load(k_t + offs, mask, 0.0) as f32;
+        let at = (first * num_kv_heads + h * n) as i64 + (tok as i64);
+        let staged = shared::<f32>(G * TILE);
+        let mut s = zeros::<f32>([TILE]);
+        for g in 0..G {
+            let qg = load(qs + ((row * G + g) * RP + comp));
+            let l = sum(kt * expand(qg, 1, TILE), 0);
+            let lv = where_(valid, l, f32::NEG_INFINITY);
+            let m = max(lv, 0);
+            let e = sum(exp2((lv - m) * 1.4426950408889634), 0);
+            let stat = (row * max_tiles + tile) * G + g;
+            store(stat_max + stat, m);
+            store(stat_sum + stat, e);
+            if G > 1 {
+                store(staged + (g * TILE + arange(0, TILE)), l);
+            }
+            s = s + l;
+        }
+        store(scores + at, s, valid);
+        if G > 1 {
+            let heads = arange(0, G);
+            let by_token = expand(arange(0, TILE), 1, G) + expand(heads * TILE, 0, TILE);
+            let l = load(staged + by_token);
+            let to = expand(at * G, 1, G) + expand(heads as i64, 0, TILE);
+            store(logits + to, l, expand(valid, 1, G));
+        }
+    }
+}
+
+/// Step 4 for one row: each of the group's heads' `alpha` (`alpha[row * G + g]`: the
+/// approximate softmax's mass on the kept tokens, `sel_items[sel_item_indptr[row] ..]`,
+/// or exactly 1 when every token is kept) and the row's mean of V (`v_mean[row]`, f16:
+/// `v_sum[row] / len`). The softmax's max and normaliser merge the tiles' statistics
+/// (`tiles_per_row` tiles of `tile` tokens, `ceil(len / tile)` of them the row's); the kept
+/// tokens' logits come from `logits` (the scores with `G = 1`). Kept items outside the
+/// sequence (device-written) are skipped. Grid: `batch * num_kv_heads`.
+#[kernel(crate = "crate::dusk_paths", num_warps = 4)]
+#[allow(clippy::too_many_arguments)]
+pub fn sparq_alpha<const D: usize, const G: usize, const BLOCK: usize>(
+    stat_max: Ptr<f32>,
+    stat_sum: Ptr<f32>,
+    logits: Ptr<f32>,
+    tok_indptr: Ptr<i32>,
+    sel_item_indptr: Ptr<i32>,
+    sel_items: Ptr<i32>,
+    v_sum: Ptr<f32>,
+    alpha: Ptr<f32>,
+    v_mean: Ptr<f16>,
+    num_kv_heads: i32,
+    tiles_per_row: i32,
+    tile: i32,
+) {
+    let row = program_id(0);
+    let b = row / num_kv_heads;
+    let h = row % num_kv_heads;
+    let first = load(tok_indptr + b);
+    let n = load(tok_indptr + (b + 1)) - first;
+    let tiles = (n + tile - 1) / tile;
+    let heads = arange(0, G);
+    let mut top = splat(f32::NEG_INFINITY, [G]);
+    for t0 in (0..tiles).step_by(BLOCK) {
+        let t = t0 + arange(0, BLOCK);
+        let at = expand((row * tiles_per_row + t) * G, 1, G) + expand(heads, 0, BLOCK);
+        let m = load(stat_max + at, expand(t < tiles, 1, G), f32::NEG_INFINITY);
+        top = maximum(top, max(m, 0));
+    }
+    let mut total = zeros::<f32>([G]);
+    for t0 in (0..tiles).step_by(BLOCK) {
+        let t = t0 + arange(0, BLOCK);
+        let ok = expand(t < tiles, 1, G);
+        let at = expand((row * tiles_per_row + t) * G, 1, G) + expand(heads, 0, BLOCK);
+        let m = load(stat_max + at, ok, 0.0);
+        let e = load(stat_sum + at, ok, 0.0);
+        let w = e * exp2((m - expand(top, 0, BLOCK)) * 1.4426950408889634);
+        total = total + sum(where_(ok, w, 0.0), 0);
+    }
+    let lo = load(sel_item_indptr + row);
+    let kept = load(sel_item_indptr + (row + 1)) - lo;
+    let base = (first * num_kv_heads + h * n) as i64;
+    let mut mass = zeros::<f32>([G]);
+    for i0 in (0..kept).step_by(BLOCK) {
+        let i = i0 + arange(0, BLOCK);
+        let listed = i < kept;
+        let token = load(sel_items + (lo + i), listed, 0);
+        let ok = expand(listed & (token >= 0) & (token < n), 1, G);
+        let at = expand((base + (token as i64)) * G, 1, G) + expand(heads as i64, 0, BLOCK);
+        let l = load(logits + at, ok, 0.0);
+        let w = exp2((l - expand(top, 0, BLOCK)) * 1.4426950408889634);
+        mass = mass + sum(where_(ok, w, 0.0), 0);
+    }
+    let everything = splat(kept >= n, [G]);
+    store(
+        alpha + (row * G + heads),
+        where_(everything, 1.0, mass / total),
+    );
+    let vrow = (row as i64) * D + (arange(0, D) as i64);
+    store(v_mean + vrow, (load(v_sum + vrow) / (n as f32)) as f16);
+}
