@@ -646,6 +646,22 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
         };
         ks.push(threshold::build(&top_p::POLICY, &cfg).unwrap());
     }
+    // The estimate fused into the staged search (the pipeline's MHA rows of 8192, GQA rows
+    // that fit the staging, 8-bit codes, the tiles the benchmark sweeps).
+    for (len, group, bits, tokens) in [
+        (8192, 1, 4, 64),
+        (8192, 1, 4, 128),
+        (8192, 1, 4, 32),
+        (2048, 4, 4, 64),
+        (8192, 1, 8, 64),
+    ] {
+        let cfg = SearchConfig::for_rows(len, group);
+        let est = threshold::FusedEstimate {
+            tokens,
+            ..threshold::FusedEstimate::new(128, 16, bits)
+        };
+        ks.push(threshold::build_search_fused(&top_p::POLICY, &cfg, &est).unwrap());
+    }
     let cfg = SearchConfig::for_rows(4096, 1);
     ks.push(threshold::build_search(&top_k::POLICY, &cfg).unwrap());
     ks.push(threshold::build(&top_p_bounded::POLICY, &cfg).unwrap());

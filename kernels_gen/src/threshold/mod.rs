@@ -41,7 +41,7 @@ mod streaming;
 pub use histogram::MAX_ROW as HISTOGRAM_MAX_ROW;
 pub use output::MAX_TOTAL as OUTPUT_MAX_TOTAL;
 pub use resident::build_search;
-pub use streaming::build_search_streaming;
+pub use streaming::{build_search_fused, build_search_streaming};
 
 use dusk_compiler::{CompileError, DType, Kernel, KernelBuilder, Value};
 
@@ -268,6 +268,48 @@ impl SearchConfig {
                 ..streamed(8, false)
             }
         }
+    }
+}
+
+/// The INT4 (or INT8) estimate fused into a search whose rows are staged in shared memory
+/// ([`build_search_fused`]): the search's first pass scores its candidates from the
+/// quantized copy of K, as `spgemv_quant`'s `dp2a` kernel does, straight into the staging,
+/// so the scores never go to global memory and no second kernel reads them back (Twilight
+/// Section 4.2's SpGEMV and top-p as one kernel).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FusedEstimate {
+    /// 64, 128 or 256.
+    pub head_dim: usize,
+    /// Tokens a page: 16.
+    pub page_size: usize,
+    /// Bits of the codes: 4 or 8.
+    pub bits: u32,
+    /// Candidates scored at once: 32, 64 or 128.
+    pub tokens: usize,
+}
+
+impl FusedEstimate {
+    /// Candidates scored at once unless a caller asks otherwise: `spgemv_quant`'s default
+    /// tile.
+    pub const TOKENS: usize = 64;
+
+    /// The estimate of `head_dim`-wide keys of `bits`-bit codes in pages of `page_size`,
+    /// [`FusedEstimate::TOKENS`] candidates at once.
+    pub fn new(head_dim: usize, page_size: usize, bits: u32) -> FusedEstimate {
+        FusedEstimate {
+            head_dim,
+            page_size,
+            bits,
+            tokens: FusedEstimate::TOKENS,
+        }
+    }
+
+    /// Whether a fused kernel exists for these values.
+    pub fn supported(&self) -> bool {
+        matches!(self.head_dim, 64 | 128 | 256)
+            && self.page_size == 16
+            && matches!(self.bits, 4 | 8)
+            && matches!(self.tokens, 32 | 64 | 128)
     }
 }
 
