@@ -11,11 +11,14 @@
 #   OUT=$OUT bash benches/device_bench.sh COMMIT DATE STEP...
 #
 # STEP: `attention`, `spgemv`, `threshold` (p = 0.9 on diffuse rows), `focus` (the same on
-# rows as focused as Twilight's, logits x 12), `selectors` (Quest, Double Sparsity, SparQ, the cache append), `sanitize` (memcheck and racecheck over
+# rows as focused as Twilight's, logits x 12), `selectors` (Quest, Double Sparsity, SparQ, the cache append),
+# `pipeline` (the attention operator, Twilight's Figures 7 and 10: select, estimate, prune and
+# attend on the synthetic batch beside FlashInfer's dense decode and FlashInfer decoding our
+# Quest's pages; the seed in PIPELINE_SEED, default 1), `sanitize` (memcheck and racecheck over
 # every family's checks), `c` (the C examples through the committed bundle). Extra gpu-check options for a family go in GPU_CHECK_<FAMILY>
 # (e.g. GPU_CHECK_ATTENTION='--only dense_b1_ --sweep l2_prefetch=true').
 # Writes into $OUT (at most 8 files come back): varlen_attention.json, spgemv.json,
-# threshold_search.json, threshold_search_focus.json, selectors.json, bench.log (every step's output),
+# threshold_search.json, threshold_search_focus.json, selectors.json, pipeline.json, bench.log (every step's output),
 # sanitize.log and c_examples.txt; prints a short summary last.
 set -u
 commit=${1:?commit} date=${2:?date}
@@ -67,6 +70,17 @@ for step in "$@"; do
       [ -s "$peers/sparq.json" ] && sparq="--sparq-peers $peers/sparq.json"
       run_family selectors quest_peers.py selectors.json "" \
         "--attention-peers $peers/attention.json --ds-peers $peers/ds.json --append-peers $peers/append.json $sparq ${GPU_CHECK_SELECTORS:-}" ;;
+    pipeline)
+      # Our Quest's pages on the synthetic batch first (the same seed in both runs gives the
+      # same selection), then the peers decode exactly those pages, then the benchmark,
+      # which checks that each peer case decoded this run's selection.
+      seed="--seed ${PIPELINE_SEED:-1}"
+      echo "== pipeline: gpu-check pipeline --pages-only $seed" >>"$log"
+      # shellcheck disable=SC2086
+      $gc pipeline --pages-only --pages-out "$peers/pages" $seed >>"$log" 2>&1 ||
+        echo "pipeline: writing the pages failed (see bench.log)"
+      run_family pipeline pipeline_peers.py pipeline.json "--pages $(echo "$peers"/pages/*.pages)" \
+        "$seed ${GPU_CHECK_PIPELINE:-}" ;;
     focus) run_family threshold-focus topp_peers.py threshold_search_focus.json "--focus 12" "--no-sweep --focus 12 ${GPU_CHECK_THRESHOLD:-}" ;;
     sanitize)
       for tool in memcheck racecheck; do

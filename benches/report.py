@@ -97,8 +97,62 @@ def main():
                     tilings = (f"default ({c.get('tuning')}) passes {' / '.join(f'{p:.1f}' for p in passes)} us; "
                                + tilings)
                 print(f"- {c['case']}: {tilings}")
+        pipeline_parts(r["cases"])
         print()
     compile_times()
+
+
+def pipeline_parts(cases):
+    """The attention operator's rows (pipeline.json): each step in parts, the budgets, the
+    targets at batch 64, the sweep."""
+    pipe = [c for c in cases if c["case"].startswith("pipeline_") and c.get("stages_us")]
+    if not pipe:
+        return
+    print("\nEach step in parts, same run (each stage timed alone, then the whole step; us), and the "
+          "tokens attention read per list row (a KV head's union for GQA, a query head for MHA):\n")
+    stages = ["select", "estimate", "prune", "estimate+prune", "lists", "attend", "step"]
+    print("| shape | pipeline | " + " | ".join(stages) + " | budget mean (min-max) |")
+    print("|---|---|" + "---:|" * len(stages) + "---|")
+    seen = set()
+    for c in pipe:
+        shape = c["case"].split(f"_{c['pipeline']}_vs_")[0]
+        if (shape, c["pipeline"]) in seen:
+            continue
+        seen.add((shape, c["pipeline"]))
+        st, b = c["stages_us"], c["budgets"]
+        cells = " | ".join(fmt(st.get(s), ".1f") if s in st else "" for s in stages)
+        name = c["pipeline"] + (" (fused)" if c.get("fused_estimate") else "")
+        print(f"| {shape} | {name} | {cells} | {b['mean']:.0f} ({b['min']}-{b['max']}) |")
+    print("\nBudgets by the kinds of heads a row holds (mean, min-max), Quest + top-p:\n")
+    for c in pipe:
+        if c["pipeline"] == "quest_twilight" and c["peer"] == "flashinfer":
+            kinds = "; ".join(f"{k} {v['mean']:.0f} ({v['min']}-{v['max']})"
+                              for k, v in c["budgets_by_kind"].items())
+            print(f"- {c['case'].split('_quest_twilight')[0]}: {kinds}")
+    print("\nTargets (the issue's, H100, 32k): at batch 64, Quest + top-p at least 5x FlashInfer's dense "
+          "decode and at least 1.4x FlashInfer decoding our Quest's pages; batch 32 beside it:\n")
+    for c in pipe:
+        if c["pipeline"] != "quest_twilight" or c.get("speedup_vs_peer") is None:
+            continue
+        want = 5.0 if c["peer"] == "flashinfer" else 1.4
+        met = "met" if c["speedup_vs_peer"] >= want else "not met"
+        print(f"- {c['case']}: {c['speedup_vs_peer']:.2f}x (target {want}x: {met})")
+    swept = [c for c in pipe if c.get("sweep")]
+    if swept:
+        print("\nThe sweep, same run (`--sweep`): the step with the estimate not fused, the fused search "
+              "alone at other estimate tiles, the search alone in other configurations (us):\n")
+        for c in swept:
+            sw = c["sweep"]
+            parts = []
+            if sw.get("unfused_stages_us"):
+                u = sw["unfused_stages_us"]
+                parts.append("unfused " + ", ".join(f"{k} {v:.1f}" for k, v in u.items()))
+            if "fused_equals_unfused_bit_for_bit" in sw:
+                parts.append(f"fused output equal to unfused bit for bit: {sw['fused_equals_unfused_bit_for_bit']}")
+            for key in ("fused_search_us", "search_configs_us"):
+                if sw.get(key):
+                    parts.append(", ".join(f"{k}: {v:.1f}" for k, v in sw[key].items()))
+            print(f"- {c['case'].split('_quest_twilight')[0]}: " + "; ".join(parts))
 
 
 def compile_times():

@@ -147,7 +147,7 @@ fn q16(x: Block<f32>, inv: f32) -> Block<i32> {
 /// a bad position must give a wrong score, never a read outside the cache.
 #[kernel(crate = "crate::dusk_paths")]
 #[allow(clippy::too_many_arguments)]
-fn key_rows<const PAGE: usize>(
+pub fn key_rows<const PAGE: usize>(
     cand_indices: Ptr<i32>,
     kv_indptr: Ptr<i32>,
     kv_page_indices: Ptr<i32>,

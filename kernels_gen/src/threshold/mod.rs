@@ -286,21 +286,28 @@ pub struct FusedEstimate {
     pub bits: u32,
     /// Candidates scored at once: 32, 64 or 128.
     pub tokens: usize,
+    /// While a tile is scored, the next tile's key rows and the positions of the tile two
+    /// on are brought into L2 (`prefetch.global.L2`, no registers held), so that each
+    /// tile's loads wait on L2 rather than DRAM.
+    pub prefetch: bool,
 }
 
 impl FusedEstimate {
-    /// Candidates scored at once unless a caller asks otherwise: `spgemv_quant`'s default
-    /// tile.
-    pub const TOKENS: usize = 64;
+    /// Candidates scored at once unless a caller asks otherwise. A program (2 warps, six
+    /// an SM for the staging's 37 KB) keeps one tile's keys in flight: 128 candidates are
+    /// 8 KiB at head_dim 128 and 4 bits, twice `spgemv_quant`'s tile, since the fused
+    /// search runs under half the programs an SM that `spgemv_quant` does.
+    pub const TOKENS: usize = 128;
 
     /// The estimate of `head_dim`-wide keys of `bits`-bit codes in pages of `page_size`,
-    /// [`FusedEstimate::TOKENS`] candidates at once.
+    /// [`FusedEstimate::TOKENS`] candidates at once, the next tile prefetched.
     pub fn new(head_dim: usize, page_size: usize, bits: u32) -> FusedEstimate {
         FusedEstimate {
             head_dim,
             page_size,
             bits,
             tokens: FusedEstimate::TOKENS,
+            prefetch: true,
         }
     }
 

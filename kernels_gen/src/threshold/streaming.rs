@@ -10,7 +10,7 @@ use super::search::{
 use super::{
     output, search_name, shared_row_capacity, FusedEstimate, Policy, SearchConfig, SHARED_ROW,
 };
-use crate::spgemv::estimate_scores;
+use crate::spgemv::{estimate_scores, key_rows};
 use dusk_compiler::{CacheLevel, CompileError, DType, Elem, Kernel, KernelBuilder, Value};
 
 /// Tiles ahead of the one being read that [`SearchConfig::prefetch`] brings into L2.
@@ -179,11 +179,12 @@ pub fn build_search_fused(
 /// A fused search's kernel name: the search's, then the estimate's values.
 pub fn fused_name(policy: &Policy, cfg: &SearchConfig, est: &FusedEstimate) -> String {
     format!(
-        "{}_est_d{}_b{}_t{}",
+        "{}_est_d{}_b{}_t{}{}",
         search_name(policy, cfg),
         est.head_dim,
         est.bits,
-        est.tokens
+        est.tokens,
+        if est.prefetch { "_l2" } else { "" }
     )
 }
 
@@ -768,6 +769,9 @@ fn estimate_pass(
             p.num_kv_heads,
             at.qrow,
         ];
+        if est.prefetch {
+            prefetch_estimate(b, p, est, at, (batch, head), (t0, j));
+        }
         let s = emit_estimate(b, est, args);
         // Candidates past the row score 0, as the unfused pass 1 loads them.
         let zf = b.f32(0.0);
@@ -779,6 +783,50 @@ fn estimate_pass(
         let s_valid = b.select(valid, s, ninf);
         vec![b.add(c[0], probe), b.maximum(c[1], s_valid)]
     })
+}
+
+/// The prefetches of a fused estimate's tile `j` ([`FusedEstimate::prefetch`]): the 128-byte
+/// lines holding the next tile's key rows (their positions and pages read now, from L2:
+/// fetched a tile earlier), and the positions of the tile two on. A key row's line is
+/// the one its first byte lies in: a page's block of rows starts on a line, so the line
+/// lies inside the block.
+fn prefetch_estimate(
+    b: &mut KernelBuilder,
+    p: &EstimateParams,
+    est: &FusedEstimate,
+    at: &EstimateRow,
+    (batch, head): (Value, Value),
+    (t0, j): (Value, Value),
+) {
+    let tokens = est.tokens as i64;
+    let next = b.add_c(j, tokens);
+    let inside = b.lt(next, at.n);
+    let krow = key_rows::inline::<16>(
+        b,
+        at.indices,
+        p.kv_indptr,
+        p.kv_page_indices,
+        batch,
+        head,
+        at.start,
+        next,
+        inside,
+        p.num_kv_heads,
+    );
+    let row_bytes = (est.head_dim * est.bits as usize / 8) as i64;
+    let first = b.mul_c(krow, row_bytes);
+    let line = b.i64(!127);
+    let line = b.and(first, line);
+    let lines = b.add_ptr(p.k_packed, line);
+    b.prefetch(
+        lines,
+        Some(inside),
+        row_bytes.max(128) as u32,
+        CacheLevel::L2,
+    );
+    let start64 = b.cast(at.start, DType::I64);
+    let positions = b.add_ptr(at.indices, start64);
+    prefetch_tile(b, positions, (t0, at.n), est.tokens);
 }
 
 /// [`estimate_scores`] for `est`'s constants (checked by [`FusedEstimate::supported`]).

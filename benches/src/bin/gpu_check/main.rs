@@ -9,7 +9,7 @@
 //!     gpu-check threshold [--check-only] [--rows N] [--peers peers.json] [--out threshold_search.json]
 //!     gpu-check attention [--check-only] [--peers peers.json] [--out varlen_attention.json]
 //!     gpu-check selectors [--check-only] [--peers quest.json] [--ds-peers ds.json] [--attention-peers attention.json] [--append-peers append.json] [--sparq-peers sparq.json] [--only PREFIX]
-//!     gpu-check pipeline  [--check-only] [--batch 32,64] [--context 32768] [--q-scale 8]
+//!     gpu-check pipeline  [--check-only] [--pages-only --pages-out DIR] [--sweep] [--peers peers.json] [--out pipeline.json]
 //!
 //! `gpu-check <subcommand> --help` lists every option.
 
@@ -18,6 +18,7 @@ mod attention;
 mod common;
 mod ds;
 mod pipeline;
+mod pipeline_bench;
 mod selectors;
 mod sparq;
 mod spgemv;
@@ -49,7 +50,8 @@ enum Family {
     /// checks, then one decode step's maintenance beside PyTorch.
     Selectors(selectors::SelectorsArgs),
     /// Pipelines (select, estimate, prune, attend): checks against the f64 reference,
-    /// graph replay against eager steps, then each stage's time in the step.
+    /// graph replay against eager steps, then the attention operator's benchmark on the
+    /// synthetic batch (each stage's time) beside FlashInfer's dense and page decode.
     Pipeline(pipeline::PipelineArgs),
 }
 

@@ -6,17 +6,17 @@
 //!    (head varlen), a chain of two pruners.
 //! 2. A step captured in a CUDA graph, replayed with new queries written in place, against
 //!    eager steps on the same queries (bit for bit) and the reference.
-//! 3. Each stage's time in the step (`PipelinePlan::time_stages`: the harness, each stage
-//!    captured in a graph over the plan's own buffers; the caches are far larger than the
-//!    L2), at 32k tokens, GQA 32/8, head_dim 128: Quest (N/4) + top-p, Quest alone, and
-//!    dense attention; with each row's budget after the pruner. K and V are uniform in
-//!    [-1, 1) (a hash on the device), q uniform in `[-q_scale, q_scale]`: the larger
-//!    `q_scale`, the more focused the attention and the fewer tokens top-p keeps.
+//! 3. The attention operator's benchmark (`pipeline_bench.rs`): on the synthetic
+//!    long-context batch at 32k, batch 32 and 64, GQA 32/8 and MHA 32/32, Quest (N/4) +
+//!    top-p (0.95) and Quest alone, the step graph-timed with each stage's time, beside
+//!    FlashInfer's dense decode and FlashInfer decoding our Quest's pages (`--peers`, from
+//!    `benches/baselines/pipeline_peers.py`, which reads the pages `--pages-out` wrote).
 //!
-//!    `gpu-check pipeline [--check-only] [--batch 32,64] [--context 32768] [--q-scale 8]`
+//!    `gpu-check pipeline [--check-only] [--pages-only] [--pages-out DIR] [--batch 32,64]
+//!     [--heads 32x8,32x32] [--context 32768] [--sweep] [--peers peers.json] [--out pipeline.json]`
 
-use crate::attention::{fill_kernel, random_device};
 use crate::common::{Common, Res};
+use crate::pipeline_bench::{self, BenchOptions};
 use clap::Args;
 use dusk::compiler::DType;
 use dusk::kernels::ops::Dusk;
@@ -25,7 +25,7 @@ use dusk::kernels::pipeline::reference::{
     self as pref, HostInputs, HostPipeline, HostPolicy, HostSelect,
 };
 use dusk::kernels::pipeline::{
-    Attend, Pipeline, PipelineBuilder, PipelinePlan, PipelineShape, Prune, Select, Stage,
+    Attend, Pipeline, PipelineBuilder, PipelinePlan, PipelineShape, Prune, Select,
 };
 use dusk::kernels::selectors::{Budget, QuestOptions};
 use dusk::runtime::{Buffer, Device};
@@ -33,6 +33,7 @@ use half::f16;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
+use std::path::PathBuf;
 
 /// `gpu-check pipeline`'s options.
 #[derive(Args, Debug)]
@@ -40,14 +41,40 @@ pub struct PipelineArgs {
     #[command(flatten)]
     common: Common,
     /// Batch sizes of the timed shapes.
-    #[arg(long, value_delimiter = ',', default_values_t = [32usize])]
+    #[arg(long, value_delimiter = ',', default_values_t = [32usize, 64])]
     batch: Vec<usize>,
+    /// Query and KV heads of the timed shapes, `QxKV`.
+    #[arg(long, value_delimiter = ',', value_parser = heads, default_values = ["32x8", "32x32"])]
+    heads: Vec<(usize, usize)>,
     /// Tokens per sequence of the timed shapes.
     #[arg(long, default_value_t = 32768)]
     context: usize,
-    /// The timed shapes' queries are uniform in [-q_scale, q_scale].
-    #[arg(long, default_value_t = 8.0)]
-    q_scale: f32,
+    /// Write each timed shape's Quest selection (the pages file `pipeline_peers.py --pages`
+    /// reads) into this folder.
+    #[arg(long, value_name = "DIR")]
+    pages_out: Option<PathBuf>,
+    /// Only make each shape's batch and selection and write its pages (`--pages-out`): no
+    /// checks, no timings.
+    #[arg(long)]
+    pages_only: bool,
+    /// Also time the step unfused, the fused search's estimate tiles and the search's
+    /// configurations (see `pipeline_bench.rs`).
+    #[arg(long)]
+    sweep: bool,
+}
+
+/// `32x8` as (32, 8).
+fn heads(s: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("heads `{s}`: expected QxKV, e.g. 32x8");
+    let (q, kv) = s.split_once('x').ok_or_else(bad)?;
+    let (q, kv) = (
+        q.parse().map_err(|_| bad())?,
+        kv.parse().map_err(|_| bad())?,
+    );
+    if q == 0 || kv == 0 || q % kv != 0 {
+        return Err(bad());
+    }
+    Ok((q, kv))
 }
 
 /// A pipeline and its reference's description.
@@ -251,6 +278,31 @@ fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<()> {
         "  {:<48} lens [2500, 900] heads 8/8: every stage equal, output error {err:.1e}",
         comp.name
     );
+    // The benchmark's MHA composition: rows of 8192 candidates, the estimate fused into the
+    // search (the staging's whole capacity).
+    let c = HostCase::new(rng, &[32768, 20000], 2, 1)?;
+    let (q, k, v) = (dev.upload(&c.q)?, dev.upload(&c.k)?, dev.upload(&c.v)?);
+    let quarter = Budget::Fraction(0.25);
+    let comp = Composition {
+        name: "quest(N/4) + top_p(0.95), head varlen, fused",
+        pipeline: PipelineBuilder::new()
+            .select(quest(quarter))
+            .prune(Prune::top_p(0.95))
+            .attend(Attend::HeadVarlen)
+            .build()?,
+        prune: || vec![HostPolicy::TopP(0.95)],
+        quest: Some(quarter),
+    };
+    let mut plan = comp.pipeline.plan(dusk, c.shape(), &c.table)?;
+    if !plan.is_fused() {
+        return Err(format!("{}: not fused", comp.name).into());
+    }
+    plan.prepare(dusk, &k)?;
+    let err = check_plan(dusk, &mut plan, &c, &comp, (&q, &k, &v))?;
+    println!(
+        "  {:<48} lens [32768, 20000] heads 2/2: every stage equal, output error {err:.1e}",
+        comp.name
+    );
     Ok(())
 }
 
@@ -287,106 +339,38 @@ fn graph_replay(dusk: &Dusk, rng: &mut SmallRng) -> Res<()> {
     Ok(())
 }
 
-/// Each stage's time at the benchmark shape, for Quest + top-p, Quest and dense attention.
-fn timings(dusk: &Dusk, args: &PipelineArgs, seed: u64) -> Res<()> {
-    let dev = dusk.device();
-    let fill = fill_kernel(dusk)?;
-    let (hkv, group, d, ctx) = (8usize, 4usize, 128usize, args.context);
-    let mut rng = SmallRng::seed_from_u64(seed);
-    for &batch in &args.batch {
-        let lens = vec![ctx; batch];
-        let pages = PageTable::pages_needed(&lens, 16);
-        let kv = KvShape {
-            num_pages: pages,
-            page_size: 16,
-            num_kv_heads: hkv,
-            head_dim: d,
-        };
-        let mut ids: Vec<i32> = (0..pages as i32).collect();
-        ids.shuffle(&mut rng);
-        let table = PageTable::from_lengths(&lens, 16, ids)?;
-        let k = random_device(dusk, &fill, kv.elements(), seed as i64)?;
-        let v = random_device(dusk, &fill, kv.elements(), seed as i64 ^ 0x5a5a)?;
-        let s = args.q_scale;
-        let qh: Vec<f16> = (0..batch * hkv * group * d)
-            .map(|_| f16::from_f32(rng.random_range(-s..=s)))
-            .collect();
-        let q = dev.upload(&qh)?;
-        let mut out = dev.alloc::<f16>(qh.len())?;
-        let mut lse = dev.alloc::<f32>(qh.len() / d)?;
-        let shape = PipelineShape {
-            kv,
-            num_q_heads: hkv * group,
-            dtype: DType::F16,
-        };
-        let quarter = Budget::Fraction(0.25);
-        let b = || PipelineBuilder::new().attend(Attend::GroupVarlen);
-        let pipes = [
-            (
-                "quest(N/4) + top_p(0.95)",
-                b().select(quest(quarter))
-                    .prune(Prune::top_p(0.95))
-                    .build()?,
-            ),
-            ("quest(N/4)", b().select(quest(quarter)).build()?),
-            (
-                "dense",
-                PipelineBuilder::new()
-                    .select(Select::Full)
-                    .attend(Attend::Dense)
-                    .build()?,
-            ),
-        ];
-        println!(
-            "batch {batch}, {ctx} tokens, GQA {}/{hkv}, head_dim {d}, q in [-{s}, {s}]:",
-            hkv * group
-        );
-        for (name, p) in pipes {
-            let mut plan = p.plan(dusk, shape, &table)?;
-            plan.prepare(dusk, &k)?;
-            let times = plan.time_stages(dusk, &q, &k, &v, &mut out, &mut lse)?;
-            let budgets = plan.budgets()?;
-            let mean = budgets.iter().map(|b| *b as f64).sum::<f64>() / budgets.len() as f64;
-            let (lo, hi) = (
-                budgets.iter().min().unwrap_or(&0),
-                budgets.iter().max().unwrap_or(&0),
-            );
-            let parts: Vec<String> = times
-                .iter()
-                .map(|(st, m)| format!("{} {:.1} us ({})", st.name(), m.median_us(), m.timing))
-                .collect();
-            let sum: f64 = times
-                .iter()
-                .filter(|(st, _)| *st != Stage::Step)
-                .map(|(_, m)| m.median_us())
-                .sum();
-            println!(
-                "  {name:<26} budgets mean {mean:.0} min {lo} max {hi}; {}; stages sum {sum:.1} us",
-                parts.join(", ")
-            );
-        }
-    }
-    Ok(())
-}
-
 pub fn run(args: &PipelineArgs) -> Res<()> {
     let dev = Device::best();
     println!("device: {}", dev.name());
     let dusk = Dusk::new(dev.clone())?;
     let seed = args.common.seed_or(0x919e);
+    let bench = BenchOptions {
+        common: &args.common,
+        batch: &args.batch,
+        heads: &args.heads,
+        context: args.context,
+        pages_out: args.pages_out.as_deref(),
+        pages_only: args.pages_only,
+        sweep: args.sweep,
+        seed,
+    };
+    if args.pages_only {
+        return pipeline_bench::run(&dusk, &bench);
+    }
     let mut rng = SmallRng::seed_from_u64(seed);
     println!("correctness (fresh random inputs, everything poisoned, stage by stage):");
     correctness(&dusk, &mut rng)?;
-    if !dev.is_gpu() {
-        println!("all checks passed (no GPU: no graph, no timings)");
-        return Ok(());
+    if dev.is_gpu() {
+        println!("graph replay:");
+        graph_replay(&dusk, &mut rng)?;
+    } else {
+        println!("no GPU: no graph replay");
     }
-    println!("graph replay:");
-    graph_replay(&dusk, &mut rng)?;
     if args.common.check_only {
         println!("all checks passed");
         return Ok(());
     }
-    println!("each stage's time in the step (harness: graph replays):");
-    timings(&dusk, args, seed)
+    // On the CPU (the interpreter, wall-clock timings) give small shapes.
+    println!("the attention operator, each stage's time in the step:");
+    pipeline_bench::run(&dusk, &bench)
 }
