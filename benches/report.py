@@ -110,7 +110,7 @@ def pipeline_parts(cases):
         return
     print("\nEach step in parts, same run (each stage timed alone, then the whole step; us), and the "
           "tokens attention read per list row (a KV head's union for GQA, a query head for MHA):\n")
-    stages = ["select", "estimate", "prune", "estimate+prune", "lists", "attend", "step"]
+    stages = ["select", "estimate", "prune", "lists", "attend", "step"]
     print("| shape | pipeline | " + " | ".join(stages) + " | budget mean (min-max) |")
     print("|---|---|" + "---:|" * len(stages) + "---|")
     seen = set()
@@ -121,8 +121,7 @@ def pipeline_parts(cases):
         seen.add((shape, c["pipeline"]))
         st, b = c["stages_us"], c["budgets"]
         cells = " | ".join(fmt(st.get(s), ".1f") if s in st else "" for s in stages)
-        name = c["pipeline"] + (" (fused)" if c.get("fused_estimate") else "")
-        print(f"| {shape} | {name} | {cells} | {b['mean']:.0f} ({b['min']}-{b['max']}) |")
+        print(f"| {shape} | {c['pipeline']} | {cells} | {b['mean']:.0f} ({b['min']}-{b['max']}) |")
     print("\nBudgets by the kinds of heads a row holds (mean, min-max), Quest + top-p:\n")
     for c in pipe:
         if c["pipeline"] == "quest_twilight" and c["peer"] == "flashinfer":
@@ -139,20 +138,12 @@ def pipeline_parts(cases):
         print(f"- {c['case']}: {c['speedup_vs_peer']:.2f}x (target {want}x: {met})")
     swept = [c for c in pipe if c.get("sweep")]
     if swept:
-        print("\nThe sweep, same run (`--sweep`): the step with the estimate not fused, the fused search "
-              "alone at other estimate tiles, the search alone in other configurations (us):\n")
+        print("\nThe search alone over each shape's own scores in other configurations, same run "
+              "(`--sweep`; us, the config text of `dusk_aot::config_text`):\n")
         for c in swept:
-            sw = c["sweep"]
-            parts = []
-            if sw.get("unfused_stages_us"):
-                u = sw["unfused_stages_us"]
-                parts.append("unfused " + ", ".join(f"{k} {v:.1f}" for k, v in u.items()))
-            if "fused_equals_unfused_bit_for_bit" in sw:
-                parts.append(f"fused output equal to unfused bit for bit: {sw['fused_equals_unfused_bit_for_bit']}")
-            for key in ("fused_search_us", "search_configs_us"):
-                if sw.get(key):
-                    parts.append(", ".join(f"{k}: {v:.1f}" for k, v in sw[key].items()))
-            print(f"- {c['case'].split('_quest_twilight')[0]}: " + "; ".join(parts))
+            tried = ", ".join(f"`{t['config']}`{' (default)' if t['default'] else ''} {t['us']:.1f}"
+                              for t in c["sweep"]["search_configs"])
+            print(f"- {c['case'].split('_quest_twilight')[0]}: {tried}")
 
 
 def compile_times():

@@ -277,19 +277,6 @@ pub struct SpgemvPlan {
     grid: [u32; 3],
 }
 
-/// What a threshold search with the estimate fused in reads besides its candidates
-/// ([`crate::prune::PrunePlan::run_fused_into`]): the fixed-point query of this step, the
-/// quantized copy of K and the page table, as an [`SpgemvPlan`] holds them
-/// ([`SpgemvPlan::estimate_inputs`]).
-pub struct EstimateInputs<'a> {
-    pub qpack: &'a Buffer<i32>,
-    pub qscale: &'a Buffer<f32>,
-    pub qsum: &'a Buffer<f32>,
-    pub k: &'a QuantizedK,
-    pub kv_indptr: &'a Buffer<i32>,
-    pub kv_page_indices: &'a Buffer<i32>,
-}
-
 /// The `prepare_q` kernel and the buffers it fills.
 struct FixedQuery {
     kernel: Arc<LoadedKernel>,
@@ -349,20 +336,6 @@ impl SpgemvPlan {
         table: &PageTable,
         cand_indptr: &[i32],
     ) -> Result<SpgemvPlan> {
-        Self::with_device_lists_config(dusk, kv, num_q_heads, bits, table, cand_indptr, |_| {})
-    }
-
-    /// As [`SpgemvPlan::with_device_lists`], with `tune` changing the default
-    /// [`SpgemvConfig`] first (as [`SpgemvPlan::with_config`]).
-    pub fn with_device_lists_config(
-        dusk: &Dusk,
-        kv: KvShape,
-        num_q_heads: usize,
-        bits: u32,
-        table: &PageTable,
-        cand_indptr: &[i32],
-        tune: impl FnOnce(&mut SpgemvConfig),
-    ) -> Result<SpgemvPlan> {
         kv.validate()?;
         table.validate(&kv)?;
         TokenLists::validate_indptr(
@@ -372,7 +345,16 @@ impl SpgemvPlan {
             kv.page_size,
             kv.num_kv_heads,
         )?;
-        Self::plan(dusk, kv, num_q_heads, bits, table, cand_indptr, None, tune)
+        Self::plan(
+            dusk,
+            kv,
+            num_q_heads,
+            bits,
+            table,
+            cand_indptr,
+            None,
+            |_| {},
+        )
     }
 
     /// The plan of checked candidates: `indices` uploaded when given.
@@ -508,77 +490,6 @@ impl SpgemvPlan {
         self.num_scores
     }
 
-    /// Rounds `q` (f16 `[batch, num_q_heads, head_dim]`) to the fixed-point query the
-    /// `dp2a` kernel reads (what [`SpgemvPlan::run`] does before scoring): for a search
-    /// with the estimate fused in, which scores from it ([`SpgemvPlan::estimate_inputs`]).
-    /// One launch, no sync.
-    pub fn prepare_q(&self, dusk: &Dusk, q: &Buffer<f16>) -> Result<()> {
-        let f = self.fixed_query()?;
-        self.check_q(q)?;
-        let q_rows = (self.batch * self.num_q_heads) as u32;
-        let args = [
-            Arg::from(q),
-            Arg::from(&f.qpack),
-            Arg::from(&f.qscale),
-            Arg::from(&f.qsum),
-        ];
-        dusk.device().launch(&f.kernel, [q_rows, 1, 1], &args)?;
-        Ok(())
-    }
-
-    /// What a search with the estimate fused in reads from this plan and `k` (the copy the
-    /// plan scores): the fixed-point query [`SpgemvPlan::prepare_q`] writes, `k`, the page
-    /// table. Needs a `dp2a` configuration (not the tensor cores').
-    pub fn estimate_inputs<'a>(&'a self, k: &'a QuantizedK) -> Result<EstimateInputs<'a>> {
-        let f = self.fixed_query()?;
-        self.check_k(k)?;
-        Ok(EstimateInputs {
-            qpack: &f.qpack,
-            qscale: &f.qscale,
-            qsum: &f.qsum,
-            k,
-            kv_indptr: &self.kv_indptr,
-            kv_page_indices: &self.kv_page_indices,
-        })
-    }
-
-    /// The `dp2a` configuration's fixed-point query.
-    fn fixed_query(&self) -> Result<&FixedQuery> {
-        self.fixed_q.as_ref().ok_or_else(|| {
-            invalid(
-                "config",
-                "a dp2a configuration (a fused estimate scores with dp2a)",
-                "the tensor cores",
-            )
-        })
-    }
-
-    fn check_q(&self, q: &Buffer<f16>) -> Result<()> {
-        let qlen = self.batch * self.num_q_heads * self.kv.head_dim;
-        ensure(
-            q.len() == qlen,
-            "q",
-            format!("{qlen} f16 values (batch x q heads x head_dim)"),
-            q.len(),
-        )
-    }
-
-    fn check_k(&self, k: &QuantizedK) -> Result<()> {
-        ensure(
-            k.kv == self.kv,
-            "k",
-            format!("a cache of shape {:?}", self.kv),
-            format!("{:?}", k.kv),
-        )?;
-        ensure(
-            k.bits == self.bits,
-            "k",
-            format!("{}-bit codes", self.bits),
-            format!("{}-bit codes", k.bits),
-        )?;
-        k.check_lengths()
-    }
-
     /// Scores `q` (f16 `[batch, num_q_heads, head_dim]`) against `k`'s candidates (the
     /// plan's own: made with [`SpgemvPlan::new`]).
     pub fn run(
@@ -666,8 +577,26 @@ impl SpgemvPlan {
         cand_indices: &Buffer<i32>,
         scores: &mut Buffer<f32>,
     ) -> Result<()> {
-        self.check_q(q)?;
-        self.check_k(k)?;
+        let qlen = self.batch * self.num_q_heads * self.kv.head_dim;
+        ensure(
+            q.len() == qlen,
+            "q",
+            format!("{qlen} f16 values (batch x q heads x head_dim)"),
+            q.len(),
+        )?;
+        ensure(
+            k.kv == self.kv,
+            "k",
+            format!("a cache of shape {:?}", self.kv),
+            format!("{:?}", k.kv),
+        )?;
+        ensure(
+            k.bits == self.bits,
+            "k",
+            format!("{}-bit codes", self.bits),
+            format!("{}-bit codes", k.bits),
+        )?;
+        k.check_lengths()?;
         ensure(
             scores.len() == self.num_scores,
             "scores",

@@ -28,9 +28,9 @@
 //! ```
 
 use crate::error::{ensure, invalid, Result};
-use crate::ops::{Dusk, EstimateInputs};
+use crate::ops::Dusk;
 use crate::paged::TokenLists;
-use crate::threshold::{self, FusedEstimate, Policy, SearchConfig, MAX_BLOCK};
+use crate::threshold::{self, Policy, SearchConfig, MAX_BLOCK};
 use dusk_compiler::DType;
 use dusk_runtime::{Arg, Buffer, LoadedKernel};
 use std::sync::Arc;
@@ -58,8 +58,6 @@ enum ParamBuffer {
 pub struct PrunePlan {
     policy: Policy,
     cfg: SearchConfig,
-    /// With the estimate fused into the search ([`PrunePlan::with_device_lists_fused`]).
-    estimate: Option<FusedEstimate>,
     rows: usize,
     nnz: usize,
     scale_log2e: f32,
@@ -127,54 +125,7 @@ impl PrunePlan {
     ) -> Result<PrunePlan> {
         check_indptr(cand_indptr)?;
         let cfg = Self::default_config(cand_indptr, group)?;
-        Self::plan(dusk, policy, cand_indptr, None, cfg, scale, params, None)
-    }
-
-    /// As [`PrunePlan::with_device_lists`], with the estimate `est` fused into the search:
-    /// each run scores the candidates from the quantized copy of K itself
-    /// ([`PrunePlan::run_fused_into`], [`threshold::build_search_fused`]), so no scores go
-    /// through memory. The rows (one per (batch, KV head)) must fit the search's
-    /// shared-memory staging: at most [`threshold::shared_row_capacity`] candidates for
-    /// `group` query heads a row.
-    #[allow(clippy::too_many_arguments)]
-    pub fn with_device_lists_fused(
-        dusk: &Dusk,
-        policy: &Policy,
-        cand_indptr: &[i32],
-        group: usize,
-        scale: f32,
-        params: &[ParamValues],
-        est: FusedEstimate,
-    ) -> Result<PrunePlan> {
-        check_indptr(cand_indptr)?;
-        let cfg = Self::default_config(cand_indptr, group)?;
-        ensure(
-            cfg.shared,
-            "cand",
-            format!(
-                "rows of at most {} candidates for a fused estimate with {group} query heads \
-                 a row (the search's shared-memory staging)",
-                threshold::shared_row_capacity(group)
-            ),
-            longest_row(cand_indptr),
-        )?;
-        ensure(
-            est.supported(),
-            "estimate",
-            "head_dim 64, 128 or 256, pages of 16, 4- or 8-bit codes, 32, 64 or 128 tokens at \
-             once",
-            format!("{est:?}"),
-        )?;
-        Self::plan(
-            dusk,
-            policy,
-            cand_indptr,
-            None,
-            cfg,
-            scale,
-            params,
-            Some(est),
-        )
+        Self::plan(dusk, policy, cand_indptr, None, cfg, scale, params)
     }
 
     /// [`SearchConfig::for_rows`] of the longest row, after checking `group` and the
@@ -214,7 +165,6 @@ impl PrunePlan {
             cfg,
             scale,
             params,
-            None,
         )
     }
 
@@ -228,7 +178,6 @@ impl PrunePlan {
         cfg: SearchConfig,
         scale: f32,
         params: &[ParamValues],
-        estimate: Option<FusedEstimate>,
     ) -> Result<PrunePlan> {
         ensure(
             scale.is_finite() && scale > 0.0,
@@ -302,14 +251,10 @@ impl PrunePlan {
             format!("at most {} candidates in all", threshold::OUTPUT_MAX_TOTAL),
             nnz,
         )?;
-        let search = match &estimate {
-            Some(est) => dusk.load(threshold::build_search_fused(policy, &cfg, est)?)?,
-            None => dusk.load(threshold::build(policy, &cfg)?)?,
-        };
+        let search = dusk.load(threshold::build(policy, &cfg)?)?;
         let mut plan = PrunePlan {
             policy: *policy,
             cfg,
-            estimate,
             rows,
             nnz,
             scale_log2e: scale * std::f32::consts::LOG2_E,
@@ -432,11 +377,6 @@ impl PrunePlan {
     /// The kernel configuration in use.
     pub fn config(&self) -> SearchConfig {
         self.cfg
-    }
-
-    /// The estimate fused into the search, if the plan was made with one.
-    pub fn fused_estimate(&self) -> Option<FusedEstimate> {
-        self.estimate
     }
 
     /// With [`SearchConfig::timeline`], the last run's records:
@@ -592,138 +532,16 @@ impl PrunePlan {
         sel_indices: &Buffer<i32>,
     ) -> Result<()> {
         ensure(
-            self.estimate.is_none(),
-            "scores",
-            "none: the plan scores its candidates itself (run_fused_into)",
-            "scores",
-        )?;
-        ensure(
             scores.len() >= self.num_scores(),
             "scores",
             format!("at least {} scores", self.num_scores()),
             scores.len(),
         )?;
-        self.launch_search(
-            dusk,
-            vec![Arg::from(scores)],
-            (cand_indptr, cand_indices),
-            (sel_indptr, sel_indices),
-        )
-    }
-
-    /// As [`PrunePlan::run_lists_into`] for a plan made with
-    /// [`PrunePlan::with_device_lists_fused`]: the search scores the candidates at
-    /// `cand_indices` itself from `est` (the fixed-point query an `SpgemvPlan` prepared for
-    /// this step, the quantized copy of K, the page table; [`crate::ops::SpgemvPlan::estimate_inputs`]),
-    /// and writes the kept lists into `sel_indptr` and `sel_indices`. One launch, no
-    /// allocation, no sync.
-    pub fn run_fused_into(
-        &mut self,
-        dusk: &Dusk,
-        est: &EstimateInputs,
-        cand_indices: &Buffer<i32>,
-        sel_indptr: &Buffer<i32>,
-        sel_indices: &Buffer<i32>,
-    ) -> Result<()> {
-        self.check_device_lists(cand_indices)?;
-        self.check_out(sel_indptr, sel_indices)?;
-        let args = self.estimate_args(est)?;
-        let ip = &self.cand_indptr;
-        self.launch_search(dusk, args, (ip, cand_indices), (sel_indptr, sel_indices))
-    }
-
-    /// As [`PrunePlan::run_fused_into`], the kept lists written to the plan's own.
-    pub fn run_fused(
-        &mut self,
-        dusk: &Dusk,
-        est: &EstimateInputs,
-        cand_indices: &Buffer<i32>,
-    ) -> Result<()> {
-        self.check_device_lists(cand_indices)?;
-        let args = self.estimate_args(est)?;
-        let ip = &self.cand_indptr;
-        let out = (&self.sel_indptr, &self.sel_indices);
-        self.launch_search(dusk, args, (ip, cand_indices), out)
-    }
-
-    /// The fused search's leading arguments, `est` checked against the plan's estimate
-    /// and rows.
-    fn estimate_args<'a>(&self, est: &EstimateInputs<'a>) -> Result<Vec<Arg<'a>>> {
-        let spec = self.estimate.ok_or_else(|| {
-            invalid(
-                "estimate",
-                "a plan made with with_device_lists_fused",
-                "a plan over scores (run_lists)",
-            )
-        })?;
-        let kv = est.k.kv;
-        ensure(
-            est.k.bits == spec.bits
-                && kv.head_dim == spec.head_dim
-                && kv.page_size == spec.page_size,
-            "k",
-            format!(
-                "{}-bit codes of head_dim {} in pages of {} (the plan's estimate)",
-                spec.bits, spec.head_dim, spec.page_size
-            ),
-            format!(
-                "{}-bit codes of head_dim {} in pages of {}",
-                est.k.bits, kv.head_dim, kv.page_size
-            ),
-        )?;
-        est.k.check_lengths()?;
-        let hkv = kv.num_kv_heads;
-        ensure(
-            self.rows.is_multiple_of(hkv),
-            "k",
-            format!("KV heads dividing the plan's {} candidate rows", self.rows),
-            hkv,
-        )?;
-        let batch = self.rows / hkv;
-        let q_rows = self.rows * self.cfg.group;
-        let words = crate::spgemv::q_parts(spec.bits)
-            * crate::spgemv::words_per_row(spec.head_dim, spec.bits);
-        ensure(
-            est.qpack.len() >= q_rows * words
-                && est.qscale.len() >= q_rows
-                && est.qsum.len() >= q_rows,
-            "qpack",
-            format!("a fixed-point query of {q_rows} rows ({words} words each)"),
-            est.qpack.len(),
-        )?;
-        ensure(
-            est.kv_indptr.len() == batch + 1,
-            "kv_indptr",
-            format!("{} entries (batch + 1)", batch + 1),
-            est.kv_indptr.len(),
-        )?;
-        Ok(vec![
-            Arg::from(est.qpack),
-            Arg::from(est.qscale),
-            Arg::from(est.qsum),
-            Arg::from(&est.k.packed),
-            Arg::from(&est.k.scale),
-            Arg::from(&est.k.zero),
-            Arg::from(est.kv_indptr),
-            Arg::from(est.kv_page_indices),
-            Arg::I32(hkv as i32),
-        ])
-    }
-
-    /// Launches the search: `lead` (the scores, or the fused estimate's arguments), then
-    /// the plan's buffers around the candidates and the output lists.
-    fn launch_search(
-        &self,
-        dusk: &Dusk,
-        lead: Vec<Arg>,
-        (cand_indptr, cand_indices): (&Buffer<i32>, &Buffer<i32>),
-        (sel_indptr, sel_indices): (&Buffer<i32>, &Buffer<i32>),
-    ) -> Result<()> {
         if self.rows == 0 {
             return Ok(());
         }
         let device = dusk.device();
-        let mut args = lead;
+        let mut args = vec![Arg::from(scores)];
         args.extend(self.work.iter().chain(&self.scratch).map(Arg::from));
         args.extend([Arg::from(cand_indptr), Arg::from(cand_indices)]);
         for p in &self.params {

@@ -147,7 +147,7 @@ fn q16(x: Block<f32>, inv: f32) -> Block<i32> {
 /// a bad position must give a wrong score, never a read outside the cache.
 #[kernel(crate = "crate::dusk_paths")]
 #[allow(clippy::too_many_arguments)]
-pub fn key_rows<const PAGE: usize>(
+fn key_rows<const PAGE: usize>(
     cand_indices: Ptr<i32>,
     kv_indptr: Ptr<i32>,
     kv_page_indices: Ptr<i32>,
@@ -225,6 +225,8 @@ pub fn spgemv_quant_dp2a<
     scores: Ptr<f32>,
     num_kv_heads: i32,
 ) {
+    let words = D * BITS / 32;
+    let parts = 16 / BITS;
     let row = program_id(0);
     let tile = program_id(1);
     let batch = row / num_kv_heads;
@@ -262,103 +264,27 @@ pub fn spgemv_quant_dp2a<
         for g in 0..GROUP {
             let qh = head * GROUP + g;
             let qrow = batch * hq + qh;
-            let s = dp2a_head::<D, BITS, TOKENS>(qpack, qscale, qsum, lo, hi, scale, zero, qrow);
+            let mut acc = zeros::<i32>([TOKENS, words]);
+            // Part p of the packed query meets bytes 0-1 (even p) or 2-3 (odd p) of the low
+            // (p < 2) or high codes.
+            #[unroll]
+            for p in 0..parts {
+                let qi = qrow * (parts * words) + p * words + arange(0, words);
+                let qv = load(qpack + qi);
+                acc = dp2a(
+                    expand(qv, 0, TOKENS),
+                    if p < 2 { lo } else { hi },
+                    acc,
+                    p % 2 == 1,
+                );
+            }
+            let dot = sum(acc, 1) as f32;
+            let qs = load(qscale + qrow);
+            let qt = load(qsum + qrow);
+            let s = dot * (scale * qs) + zero * qt;
             store(scores + (start * GROUP + n * g + j), s, valid);
         }
     }
-}
-
-/// One query row's scores of a tile of keys with `dp2a`: `lo` and `hi` the tile's codes
-/// (`[TOKENS, D * BITS / 32]`; for 4 bits the low and high nibbles, for 8 bits both the
-/// codes), `scale` and `zero` its rows' dequantization, `qrow` the query row in the
-/// fixed-point query of [`spgemv_prepare_q`]. [`spgemv_quant_dp2a`] and the estimate fused
-/// into the threshold search ([`estimate_scores`]) share it, so both give the same bits.
-#[kernel(crate = "crate::dusk_paths")]
-#[allow(clippy::too_many_arguments)]
-fn dp2a_head<const D: usize, const BITS: usize, const TOKENS: usize>(
-    qpack: Ptr<i32>,
-    qscale: Ptr<f32>,
-    qsum: Ptr<f32>,
-    lo: Block<i32>,
-    hi: Block<i32>,
-    scale: Block<f32>,
-    zero: Block<f32>,
-    qrow: i32,
-) -> Block<f32> {
-    let words = D * BITS / 32;
-    let parts = 16 / BITS;
-    let mut acc = zeros::<i32>([TOKENS, words]);
-    // Part p of the packed query meets bytes 0-1 (even p) or 2-3 (odd p) of the low
-    // (p < 2) or high codes.
-    #[unroll]
-    for p in 0..parts {
-        let qi = qrow * (parts * words) + p * words + arange(0, words);
-        let qv = load(qpack + qi);
-        acc = dp2a(
-            expand(qv, 0, TOKENS),
-            if p < 2 { lo } else { hi },
-            acc,
-            p % 2 == 1,
-        );
-    }
-    let dot = sum(acc, 1) as f32;
-    let qs = load(qscale + qrow);
-    let qt = load(qsum + qrow);
-    dot * (scale * qs) + zero * qt
-}
-
-/// The estimate of candidates `start + j` (`valid` of them) of candidate row (`batch`,
-/// KV `head`) for query row `qrow`, as [`spgemv_quant_dp2a`] computes it: what the
-/// threshold search with a fused estimate ([`crate::threshold::build_search_fused`]) runs
-/// a tile at a time instead of reading `spgemv_quant`'s scores. Parameters as
-/// [`spgemv_quant_dp2a`]'s.
-#[kernel(crate = "crate::dusk_paths")]
-#[allow(clippy::too_many_arguments)]
-pub fn estimate_scores<
-    const D: usize,
-    const PAGE: usize,
-    const BITS: usize,
-    const TOKENS: usize,
->(
-    qpack: Ptr<i32>,
-    qscale: Ptr<f32>,
-    qsum: Ptr<f32>,
-    k_packed: Ptr<u8>,
-    k_scale: Ptr<f16>,
-    k_zero: Ptr<f16>,
-    kv_indptr: Ptr<i32>,
-    kv_page_indices: Ptr<i32>,
-    cand_indices: Ptr<i32>,
-    batch: i32,
-    head: i32,
-    start: i32,
-    j: Block<i32>,
-    valid: Block<bool>,
-    num_kv_heads: i32,
-    qrow: i32,
-) -> Block<f32> {
-    let krow = key_rows::<PAGE>(
-        cand_indices,
-        kv_indptr,
-        kv_page_indices,
-        batch,
-        head,
-        start,
-        j,
-        valid,
-        num_kv_heads,
-    );
-    let scale = load(k_scale + krow, valid) as f32;
-    let zero = load(k_zero + krow, valid) as f32;
-    let codes = key_codes::<D, BITS, TOKENS>(k_packed, krow, valid);
-    let mut lo = codes;
-    let mut hi = codes;
-    if BITS == 4 {
-        let nibbles = 0x0F0F_0F0Fi32;
-        lo = codes & nibbles;
-        hi = (codes >> 4) & nibbles;
-    }
-    dp2a_head::<D, BITS, TOKENS>(qpack, qscale, qsum, lo, hi, scale, zero, qrow)
 }
 
 /// Scores all query heads of the group at once on the tensor cores: the group's q rows

@@ -20,7 +20,6 @@ use dusk_kernels::policies::top_p;
 use dusk_kernels::prune::{ParamValues, PrunePlan};
 use dusk_kernels::reference;
 use dusk_kernels::selectors::{Budget, Keep, QuestOptions};
-use dusk_kernels::threshold::FusedEstimate;
 use dusk_kernels::DuskError;
 use dusk_runtime::{Buffer, Device};
 use half::f16;
@@ -257,6 +256,30 @@ fn full_then_top_p_equals_the_reference() {
     };
     let plan = check_case(&dusk, &p, &host, &inp);
     assert!(!plan.is_dense() && !plan.has_fallback());
+}
+
+#[test]
+fn full_then_top_p_on_gqa_rows_of_thousands_equals_the_reference() {
+    // Rows of 6000 candidates for groups of four: the search streams them from `work` on 4
+    // warps (`SearchConfig::for_rows` up to `GQA_ROWS`), as Quest's N/4 of 32k are.
+    let dusk = dusk();
+    let inp = Inputs::new(&dusk, 25, &[6000, 500], 1, 4, 64);
+    let p = PipelineBuilder::new()
+        .select(Select::Full)
+        .prune(Prune::top_p(0.9))
+        .attend(Attend::GroupVarlen)
+        .build()
+        .unwrap();
+    let cfg = dusk_kernels::threshold::SearchConfig::for_rows(6000, 4);
+    assert!(cfg.stream && !cfg.shared && !cfg.recompute && cfg.num_warps == 4);
+    let host = HostPipeline {
+        select: HostSelect::Full,
+        prune: vec![HostPolicy::TopP(0.9)],
+        bits: 4,
+        dense_below: 0,
+    };
+    let plan = check_case(&dusk, &p, &host, &inp);
+    assert_eq!(plan.pruners()[0].config(), cfg);
 }
 
 #[test]
@@ -630,27 +653,6 @@ fn device_lists_with_bad_positions_stay_in_bounds() {
     prune.run_lists(&dusk, &scores, &ix).unwrap();
     let kept = lists_of(prune.sel_indptr(), prune.sel_indices());
     assert_eq!(kept.indptr.len(), 5);
-    // The search with the estimate fused in reads keys at those positions itself: in
-    // bounds too (the interpreter fails any access outside a buffer), the same lists.
-    let mut fused = PrunePlan::with_device_lists_fused(
-        &dusk,
-        &top_p::POLICY,
-        &indptr,
-        4,
-        0.1,
-        &[ParamValues::Uniform(1.0)],
-        FusedEstimate::new(128, 16, 4),
-    )
-    .unwrap();
-    let dp2a = SpgemvPlan::with_device_lists_config(&dusk, kv, 8, 4, t, &indptr, |c| {
-        c.tensor_cores = false
-    })
-    .unwrap();
-    dp2a.prepare_q(&dusk, &inp.qb).unwrap();
-    fused
-        .run_fused(&dusk, &dp2a.estimate_inputs(&qk).unwrap(), &ix)
-        .unwrap();
-    assert_eq!(lists_of(fused.sel_indptr(), fused.sel_indices()), kept);
     // Too few positions, or a plan holding its own lists given device ones: errors.
     let short = dev.upload(&indices[..10]).unwrap();
     let e = plan.run_lists(&dusk, &inp.qb, &qk, &short, &mut scores);
@@ -668,152 +670,6 @@ fn device_lists_with_bad_positions_stay_in_bounds() {
     assert_eq!(arg_of(e.err().unwrap()), "cand_indptr");
     let e = PrunePlan::with_device_lists(&dusk, &top_p::POLICY, &[0, 3, 2], 4, 0.1, &[]);
     assert_eq!(arg_of(e.err().unwrap()), "cand");
-}
-
-/// Plans `pipeline` with the estimate fused and not, runs a step of each on `inp` (all
-/// poisoned first), and holds them equal bit for bit: output, LSE, lists, budgets. Returns
-/// whether the first fused.
-fn fused_equals_unfused(dusk: &Dusk, pipeline: PipelineBuilder, inp: &Inputs) -> bool {
-    let dev = dusk.device();
-    let rows = inp.q.len() / inp.kv.head_dim;
-    let mut results = vec![];
-    let mut fused = vec![];
-    for on in [true, false] {
-        let p = pipeline.clone().fuse_estimate(on).build().unwrap();
-        let mut plan = p.plan(dusk, inp.shape(), &inp.table).unwrap();
-        fused.push(plan.is_fused());
-        plan.prepare(dusk, &inp.kb).unwrap();
-        plan.poison_outputs(dusk, 0xFF).unwrap();
-        let mut out = dev.alloc::<f16>(inp.q.len()).unwrap();
-        let mut lse = dev.alloc::<f32>(rows).unwrap();
-        dev.fill_bytes(&mut out, 0xFF).unwrap();
-        dev.fill_bytes(&mut lse, 0xFF).unwrap();
-        plan.step(dusk, &inp.qb, &inp.kb, &inp.vb, &mut out, &mut lse)
-            .unwrap();
-        let bits: Vec<u16> = out
-            .download()
-            .unwrap()
-            .iter()
-            .map(|x| x.to_bits())
-            .collect();
-        let lse: Vec<u32> = lse
-            .download()
-            .unwrap()
-            .iter()
-            .map(|x| x.to_bits())
-            .collect();
-        let (ip, ix) = plan.lists().unwrap();
-        results.push((bits, lse, lists_of(ip, ix), plan.budgets().unwrap()));
-    }
-    assert!(!fused[1], "fuse_estimate(false) fused");
-    assert!(results[0] == results[1], "fused and unfused steps differ");
-    fused[0]
-}
-
-#[test]
-fn the_fused_estimate_gives_the_unfused_step_bit_for_bit() {
-    let dusk = dusk();
-    // MHA, Quest then top-p, head varlen (the benchmark's MHA composition), 4-bit codes.
-    let inp = Inputs::new(&dusk, 21, &[700, 333], 4, 1, 128);
-    let p = PipelineBuilder::new()
-        .select(quest(Budget::Fraction(0.5)))
-        .prune(Prune::top_p(0.9))
-        .attend(Attend::HeadVarlen);
-    assert!(fused_equals_unfused(&dusk, p.clone(), &inp));
-    let scores = inp.quest_scores();
-    let host = HostPipeline {
-        select: quest_host(&scores, Budget::Fraction(0.5)),
-        prune: vec![HostPolicy::TopP(0.9)],
-        bits: 4,
-        dense_below: 0,
-    };
-    let plan = check_case(&dusk, &p.build().unwrap(), &host, &inp);
-    assert!(plan.is_fused());
-    // GQA 4, every token, 8-bit codes, then a second pruner (not fused: it reads the
-    // first one's lists).
-    let inp = Inputs::new(&dusk, 22, &[600, 250, 90], 2, 4, 64);
-    let p = PipelineBuilder::new()
-        .select(Select::Full)
-        .prune(Prune::top_p(0.95))
-        .prune(Prune::top_k(16))
-        .attend(Attend::GroupVarlen)
-        .bits(8);
-    assert!(fused_equals_unfused(&dusk, p.clone(), &inp));
-    let host = HostPipeline {
-        select: HostSelect::Full,
-        prune: vec![HostPolicy::TopP(0.95), HostPolicy::TopK(16)],
-        bits: 8,
-        dense_below: 0,
-    };
-    check_case(&dusk, &p.build().unwrap(), &host, &inp);
-}
-
-#[test]
-fn rows_longer_than_the_staging_are_not_fused() {
-    let dusk = dusk();
-    // GQA 4: the staging holds 2048 candidates a query head; every token of 2100 does not.
-    let inp = Inputs::new(&dusk, 23, &[2100, 40], 1, 4, 64);
-    let p = PipelineBuilder::new()
-        .select(Select::Full)
-        .prune(Prune::top_p(0.9))
-        .attend(Attend::GroupVarlen);
-    assert!(!fused_equals_unfused(&dusk, p.clone(), &inp));
-    let host = HostPipeline {
-        select: HostSelect::Full,
-        prune: vec![HostPolicy::TopP(0.9)],
-        bits: 4,
-        dense_below: 0,
-    };
-    check_case(&dusk, &p.build().unwrap(), &host, &inp);
-}
-
-#[test]
-fn misused_fused_estimates_are_typed_errors() {
-    let dusk = dusk();
-    let dev = dusk.device();
-    let inp = Inputs::new(&dusk, 24, &[300, 100], 2, 4, 128);
-    let (kv, t) = (inp.kv, &inp.table);
-    let all = TokenLists::all_tokens(t, 16, 2);
-    let est = FusedEstimate::new(128, 16, 4);
-    let p = [ParamValues::Uniform(0.9)];
-    let fused = |indptr: &[i32], est| {
-        PrunePlan::with_device_lists_fused(&dusk, &top_p::POLICY, indptr, 4, 0.1, &p, est)
-    };
-    // Rows past the staging (2048 a query head for groups of 4), an estimate without a
-    // kernel.
-    let e = fused(&[0, 2049, 2050, 2051, 2052], est);
-    assert_eq!(arg_of(e.err().unwrap()), "cand");
-    let e = fused(&all.indptr, FusedEstimate { tokens: 48, ..est });
-    assert_eq!(arg_of(e.err().unwrap()), "estimate");
-    let mut plan = fused(&all.indptr, est).unwrap();
-    let ix = dev.upload(&all.indices).unwrap();
-    let qk = dusk.quantize_k(&inp.kb, kv, 4).unwrap();
-    // The tensor cores' SpGEMV makes no fixed-point query to fuse.
-    let mma = SpgemvPlan::with_device_lists(&dusk, kv, 8, 4, t, &all.indptr).unwrap();
-    assert_eq!(arg_of(mma.estimate_inputs(&qk).err().unwrap()), "config");
-    assert_eq!(arg_of(mma.prepare_q(&dusk, &inp.qb).unwrap_err()), "config");
-    let dp2a = SpgemvPlan::with_device_lists_config(&dusk, kv, 8, 4, t, &all.indptr, |c| {
-        c.tensor_cores = false
-    })
-    .unwrap();
-    // A fused plan given scores; an unfused one given the estimate; codes of other bits.
-    let scores = dev.alloc::<f32>(dp2a.num_scores()).unwrap();
-    assert_eq!(
-        arg_of(plan.run_lists(&dusk, &scores, &ix).unwrap_err()),
-        "scores"
-    );
-    let inputs = dp2a.estimate_inputs(&qk).unwrap();
-    let mut unfused =
-        PrunePlan::with_device_lists(&dusk, &top_p::POLICY, &all.indptr, 4, 0.1, &p).unwrap();
-    assert_eq!(
-        arg_of(unfused.run_fused(&dusk, &inputs, &ix).unwrap_err()),
-        "estimate"
-    );
-    let qk8 = dusk.quantize_k(&inp.kb, kv, 8).unwrap();
-    let wrong = dusk_kernels::ops::EstimateInputs { k: &qk8, ..inputs };
-    assert_eq!(arg_of(plan.run_fused(&dusk, &wrong, &ix).unwrap_err()), "k");
-    let e = dp2a.prepare_q(&dusk, &inp.kb);
-    assert_eq!(arg_of(e.unwrap_err()), "q");
 }
 
 #[test]

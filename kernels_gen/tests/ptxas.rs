@@ -607,6 +607,7 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
         (1000, 1),
         (4096, 1),
         (8192, 1),
+        (8192, 2),
         (8192, 4),
         (8192, 8),
         (32768, 1),
@@ -645,25 +646,6 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
             ..cfg
         };
         ks.push(threshold::build(&top_p::POLICY, &cfg).unwrap());
-    }
-    // The estimate fused into the staged search (the pipeline's MHA rows of 8192, GQA rows
-    // that fit the staging, 8-bit codes, the tiles the benchmark sweeps).
-    for (len, group, bits, tokens, prefetch) in [
-        (8192, 1, 4, 128, true),
-        (8192, 1, 4, 128, false),
-        (8192, 1, 4, 64, true),
-        (8192, 1, 4, 64, false),
-        (8192, 1, 4, 32, true),
-        (2048, 4, 4, 128, true),
-        (8192, 1, 8, 128, true),
-    ] {
-        let cfg = SearchConfig::for_rows(len, group);
-        let est = threshold::FusedEstimate {
-            tokens,
-            prefetch,
-            ..threshold::FusedEstimate::new(128, 16, bits)
-        };
-        ks.push(threshold::build_search_fused(&top_p::POLICY, &cfg, &est).unwrap());
     }
     let cfg = SearchConfig::for_rows(4096, 1);
     ks.push(threshold::build_search(&top_k::POLICY, &cfg).unwrap());

@@ -93,7 +93,6 @@ pub struct PipelineBuilder {
     bits: Option<u32>,
     dense_below: Option<usize>,
     dtype: Option<DType>,
-    fuse_estimate: Option<bool>,
 }
 
 /// A checked pipeline: select, then zero or more pruners (each with the INT4 estimate of
@@ -108,7 +107,6 @@ pub struct Pipeline {
     pub(crate) bits: u32,
     pub(crate) dense_below: usize,
     pub(crate) dtype: DType,
-    pub(crate) fuse_estimate: bool,
 }
 
 impl PipelineBuilder {
@@ -152,16 +150,6 @@ impl PipelineBuilder {
     /// selectors' kernels read f16).
     pub fn dtype(mut self, dtype: DType) -> Self {
         self.dtype = Some(dtype);
-        self
-    }
-
-    /// Fuse the first pruner's estimate into its threshold search where the plan allows it
-    /// (rows that fit the search's shared-memory staging:
-    /// [`crate::threshold::shared_row_capacity`] candidates for the group; see
-    /// [`crate::threshold::build_search_fused`]): the scores never go through memory.
-    /// On by default.
-    pub fn fuse_estimate(mut self, on: bool) -> Self {
-        self.fuse_estimate = Some(on);
         self
     }
 
@@ -249,7 +237,6 @@ impl PipelineBuilder {
             bits,
             dense_below,
             dtype,
-            fuse_estimate: self.fuse_estimate.unwrap_or(true),
         })
     }
 }
@@ -299,11 +286,6 @@ impl Pipeline {
     }
     pub fn bits(&self) -> u32 {
         self.bits
-    }
-    /// Whether the first pruner's estimate is fused into its search where a plan allows
-    /// it ([`PipelineBuilder::fuse_estimate`]).
-    pub fn fuses_estimate(&self) -> bool {
-        self.fuse_estimate
     }
 }
 

@@ -12,7 +12,6 @@ use crate::ops::{Dusk, QuantizedK, SpgemvPlan};
 use crate::paged::{KvShape, PageTable, TokenLists};
 use crate::prune::PrunePlan;
 use crate::selectors::PageUpdates;
-use crate::threshold::{FusedEstimate, SearchConfig};
 use dusk_compiler::DType;
 use dusk_runtime::{Buffer, Graph, Measured};
 use half::f16;
@@ -36,9 +35,6 @@ pub enum Stage {
     Estimate,
     /// The pruners' threshold searches.
     Prune,
-    /// The first pruner's estimate fused into its search (with the fixed-point query made
-    /// before it), and any later pruners' estimates and searches.
-    Fused,
     /// Attention's lists written from the stages before (the dense fallback's merge, or
     /// a copy of the selector's lists when nothing prunes them).
     Lists,
@@ -54,7 +50,6 @@ impl Stage {
             Stage::Select => "select",
             Stage::Estimate => "estimate",
             Stage::Prune => "prune",
-            Stage::Fused => "estimate+prune",
             Stage::Lists => "lists",
             Stage::Attend => "attend",
             Stage::Step => "step",
@@ -90,12 +85,8 @@ pub struct PipelinePlan {
     /// The copy of K the estimate reads (with pruners); kept across page tables.
     qk: Option<QuantizedK>,
     estimate: Option<SpgemvPlan>,
-    /// The estimate's scores (with the first estimate fused, what checks and later
-    /// pruners read: [`PipelinePlan::write_scores`]).
     scores: Option<Buffer<f32>>,
     prune: Vec<PrunePlan>,
-    /// The first pruner's estimate is fused into its search.
-    fused: bool,
     attention: AttentionPlan,
     meta: AttentionMeta,
 }
@@ -200,52 +191,32 @@ impl PipelinePlan {
 
         // Estimate and prune: one SpGEMV plan (rerun over each later pruner's candidates,
         // which are fewer), one search per pruner.
-        // The first estimate is fused into its search where the rows fit the search's
-        // staging (`with_device_lists_fused`); it then scores with `dp2a`.
         let (mut qk, mut estimate, mut scores, mut prune) = (qk, None, None, vec![]);
-        let fused_estimate = FusedEstimate::new(kv.head_dim, kv.page_size, pipeline.bits);
-        let fused = pruning
-            && pipeline.fuse_estimate
-            && fused_estimate.supported()
-            && SearchConfig::for_rows(longest_row, group).shared;
         if pruning {
             let bits = pipeline.bits;
             if qk.as_ref().is_none_or(|q| q.kv != kv || q.bits != bits) {
                 qk = Some(alloc_quantized(dusk, kv, bits)?);
             }
-            let plan = SpgemvPlan::with_device_lists_config(
+            let plan = SpgemvPlan::with_device_lists(
                 dusk,
                 kv,
                 shape.num_q_heads,
                 bits,
                 table,
                 &cand_indptr,
-                |c| c.tensor_cores &= !fused,
             )?;
             scores = Some(dev.alloc::<f32>(plan.num_scores().max(1))?);
             estimate = Some(plan);
             let scale = 1.0 / (kv.head_dim as f32).sqrt();
-            for (i, p) in pipeline.prune.iter().enumerate() {
-                prune.push(if fused && i == 0 {
-                    PrunePlan::with_device_lists_fused(
-                        dusk,
-                        &p.policy,
-                        &cand_indptr,
-                        group,
-                        scale,
-                        &p.params,
-                        fused_estimate,
-                    )?
-                } else {
-                    PrunePlan::with_device_lists(
-                        dusk,
-                        &p.policy,
-                        &cand_indptr,
-                        group,
-                        scale,
-                        &p.params,
-                    )?
-                });
+            for p in &pipeline.prune {
+                prune.push(PrunePlan::with_device_lists(
+                    dusk,
+                    &p.policy,
+                    &cand_indptr,
+                    group,
+                    scale,
+                    &p.params,
+                )?);
             }
         }
 
@@ -306,7 +277,6 @@ impl PipelinePlan {
             estimate,
             scores,
             prune,
-            fused,
             attention,
             meta,
         })
@@ -417,22 +387,12 @@ impl PipelinePlan {
         }
         if !self.prune.is_empty() && !dense {
             let n = self.prune.len();
-            if self.fused {
-                let t = dev.time_calls(1, |_| {
-                    (0..n).try_for_each(|i| {
-                        self.run_estimate(dusk, q, i)?;
-                        self.run_prune(dusk, i)
-                    })
-                })?;
-                times.push((Stage::Fused, t));
-            } else {
-                let t = dev.time_calls(1, |_| {
-                    (0..n).try_for_each(|i| self.run_estimate(dusk, q, i))
-                })?;
-                times.push((Stage::Estimate, t));
-                let t = dev.time_calls(1, |_| (0..n).try_for_each(|i| self.run_prune(dusk, i)))?;
-                times.push((Stage::Prune, t));
-            }
+            let t = dev.time_calls(1, |_| {
+                (0..n).try_for_each(|i| self.run_estimate(dusk, q, i))
+            })?;
+            times.push((Stage::Estimate, t));
+            let t = dev.time_calls(1, |_| (0..n).try_for_each(|i| self.run_prune(dusk, i)))?;
+            times.push((Stage::Prune, t));
         }
         if matches!(self.route, Route::Copy | Route::Fallback(_)) {
             times.push((Stage::Lists, dev.time_calls(1, |_| self.run_lists(dusk))?));
@@ -454,20 +414,8 @@ impl PipelinePlan {
 
     /// Pruner `i`'s INT4 estimate of its candidates' scores into [`PipelinePlan::scores`]:
     /// the selection's for the first, the tokens pruner `i - 1` kept for the others
-    /// (nothing without pruners or in a dense step). With the first estimate fused into its
-    /// search, the first only makes the fixed-point query that search scores from.
+    /// (nothing without pruners or in a dense step).
     pub fn run_estimate(&mut self, dusk: &Dusk, q: &Buffer<f16>, i: usize) -> Result<()> {
-        match (&self.estimate, self.fused && i == 0) {
-            (Some(est), true) => est.prepare_q(dusk, q),
-            _ => self.write_scores(dusk, q, i),
-        }
-    }
-
-    /// Pruner `i`'s estimate of its candidates' scores written to
-    /// [`PipelinePlan::scores`] (what [`PipelinePlan::run_estimate`] does unless the
-    /// estimate is fused): for a fused first pruner, the scores its search computes on
-    /// chip, by the same arithmetic (the same `dp2a` kernel code), for checks.
-    pub fn write_scores(&mut self, dusk: &Dusk, q: &Buffer<f16>, i: usize) -> Result<()> {
         let (Some(est), Some(qk), Some(scores)) = (&self.estimate, &self.qk, &mut self.scores)
         else {
             return Ok(());
@@ -521,16 +469,6 @@ impl PipelinePlan {
                 (None, Some(all)) => all,
                 (None, None) => return Err(invalid("select", "candidates", "none")),
             };
-            if self.fused {
-                let (Some(est), Some(qk)) = (&self.estimate, &self.qk) else {
-                    return Err(invalid("prune", "a planned estimate", "none"));
-                };
-                let inputs = est.estimate_inputs(qk)?;
-                return match out {
-                    Some((ip, ix)) => plan.run_fused_into(dusk, &inputs, cand, ip, ix),
-                    None => plan.run_fused(dusk, &inputs, cand),
-                };
-            }
             match out {
                 Some((ip, ix)) => plan.run_lists_into(dusk, scores, cand, ip, ix),
                 None => plan.run_lists(dusk, scores, cand),
@@ -642,11 +580,6 @@ impl PipelinePlan {
     /// sequence no longer than `dense_below`).
     pub fn is_dense(&self) -> bool {
         matches!(self.route, Route::Dense)
-    }
-    /// Whether the first pruner's estimate is fused into its search (the pipeline asks
-    /// for it and the rows fit the search's staging).
-    pub fn is_fused(&self) -> bool {
-        self.fused
     }
     /// Whether the batch mixes dense and pruned sequences (the fallback merges lists).
     pub fn has_fallback(&self) -> bool {

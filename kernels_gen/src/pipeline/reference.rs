@@ -244,9 +244,7 @@ pub struct GotStep {
 
 /// Runs `plan`'s step stage by stage over `q`, `k`, `v` (`out` and `lse` as
 /// [`PipelinePlan::step`] takes them), downloading what each stage wrote: the checks'
-/// view of a step (it waits for each stage; [`PipelinePlan::step`] does not). With the
-/// first estimate fused into its search, its scores are written out by
-/// [`PipelinePlan::write_scores`] (the same arithmetic) before the search runs.
+/// view of a step (it waits for each stage; [`PipelinePlan::step`] does not).
 #[allow(clippy::too_many_arguments)]
 pub fn run_stages(
     dusk: &Dusk,
@@ -281,11 +279,6 @@ pub fn run_stages(
     };
     for i in 0..n {
         plan.run_estimate(dusk, q, i)?;
-        if plan.is_fused() && i == 0 {
-            // The fused search computes its scores on chip: the unfused estimate writes
-            // the same ones out for the check.
-            plan.write_scores(dusk, q, i)?;
-        }
         let scores = plan
             .scores()
             .map(|s| s.download())

@@ -41,7 +41,7 @@ mod streaming;
 pub use histogram::MAX_ROW as HISTOGRAM_MAX_ROW;
 pub use output::MAX_TOTAL as OUTPUT_MAX_TOTAL;
 pub use resident::build_search;
-pub use streaming::{build_search_fused, build_search_streaming};
+pub use streaming::build_search_streaming;
 
 use dusk_compiler::{CompileError, DType, Kernel, KernelBuilder, Value};
 
@@ -192,6 +192,11 @@ pub const MAX_BLOCK: usize = 8192;
 /// The longest rows the default streams on 2 warps.
 pub const SHORT_ROWS: usize = 4096;
 
+/// The longest rows of GQA groups (of up to 4 query heads) the default streams from `work`
+/// on 4 warps (timed at this length; longer ones keep the configuration of one query
+/// head's long rows).
+pub const GQA_ROWS: usize = 8192;
+
 impl SearchConfig {
     /// A streaming configuration: tiles of `block` on `num_warps`, `pivots` points a step,
     /// the weights `shared` (staged in shared memory) or in the global workspace, the first
@@ -227,13 +232,14 @@ impl SearchConfig {
     /// bookkeeping every thread repeats) is paid per warp: 2 warps with the weights in
     /// shared memory where they fit ([`shared_row_capacity`]: 8192 candidates for one
     /// query head a row; L2 prefetches ahead of the scores' and positions' loads), else 2
-    /// warps from `work` up to [`SHORT_ROWS`], and beyond, tiles of 2048 with the weights
-    /// recomputed from the scores in every pass (`recompute`) and each tile's loads
-    /// preceded by L2 prefetches of the tile two on (`prefetch`): on 4 warps for one query
-    /// head a row, on 8 with a 1 us sleep between the reads of the earlier rows' budgets
-    /// for GQA groups (not timed since the one-head default moved to 4 warps). Rows held
-    /// in registers lose since the search writes the CSR list itself: a row waiting for
-    /// the rows before it holds all of its registers.
+    /// warps from `work` up to [`SHORT_ROWS`], the rows of GQA groups of up to 4 query heads
+    /// up to [`GQA_ROWS`] on 4 warps from `work` with the prefetches, and beyond, tiles of
+    /// 2048 with the weights recomputed from the scores in every pass (`recompute`) and
+    /// each tile's loads preceded by L2 prefetches of the tile two on (`prefetch`): on 4
+    /// warps for one query head a row, on 8 with a 1 us sleep between the reads of the
+    /// earlier rows' budgets for GQA groups' longer rows (not timed since the one-head
+    /// default moved to 4 warps). Rows held in registers lose since the search writes the
+    /// CSR list itself: a row waiting for the rows before it holds all of its registers.
     pub fn for_rows(max_len: usize, group: usize) -> SearchConfig {
         let streamed =
             |num_warps, shared| SearchConfig::streamed(1024, group, num_warps, 1, shared);
@@ -257,8 +263,19 @@ impl SearchConfig {
                 prefetch: true,
                 ..streamed(4, false)
             }
+        } else if max_len <= GQA_ROWS && group <= 4 {
+            // GQA groups' rows of Quest's N/4 at 32k (8192 candidates, 4 query heads, the
+            // pipeline benchmark's synthetic batch; 55adfe7's sweep, benches/results/
+            // pipeline_run/): from `work` in tiles of 1024 on 4 warps, L2 prefetches a tile
+            // ahead, 190.4 us at batch 64 and 141.4 at batch 32 against 305.7 and 157.9 for
+            // the long rows' configuration below; recomputed in tiles of 2048 on 4 warps
+            // 201.4 and 146.2. Groups of 8 would spill there (128 registers).
+            SearchConfig {
+                prefetch: true,
+                ..streamed(4, false)
+            }
         } else {
-            // GQA groups' long rows, as one query head's were up to 61c39ce (32768
+            // GQA groups' longer rows, as one query head's were up to 61c39ce (32768
             // candidates with one head: 789.6 us on 8 warps against 830.2 on 4 at e336929).
             SearchConfig {
                 block: 2048,
@@ -268,55 +285,6 @@ impl SearchConfig {
                 ..streamed(8, false)
             }
         }
-    }
-}
-
-/// The INT4 (or INT8) estimate fused into a search whose rows are staged in shared memory
-/// ([`build_search_fused`]): the search's first pass scores its candidates from the
-/// quantized copy of K, as `spgemv_quant`'s `dp2a` kernel does, straight into the staging,
-/// so the scores never go to global memory and no second kernel reads them back (Twilight
-/// Section 4.2's SpGEMV and top-p as one kernel).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct FusedEstimate {
-    /// 64, 128 or 256.
-    pub head_dim: usize,
-    /// Tokens a page: 16.
-    pub page_size: usize,
-    /// Bits of the codes: 4 or 8.
-    pub bits: u32,
-    /// Candidates scored at once: 32, 64 or 128.
-    pub tokens: usize,
-    /// While a tile is scored, the next tile's key rows and the positions of the tile two
-    /// on are brought into L2 (`prefetch.global.L2`, no registers held), so that each
-    /// tile's loads wait on L2 rather than DRAM.
-    pub prefetch: bool,
-}
-
-impl FusedEstimate {
-    /// Candidates scored at once unless a caller asks otherwise. A program (2 warps, six
-    /// an SM for the staging's 37 KB) keeps one tile's keys in flight: 128 candidates are
-    /// 8 KiB at head_dim 128 and 4 bits, twice `spgemv_quant`'s tile, since the fused
-    /// search runs under half the programs an SM that `spgemv_quant` does.
-    pub const TOKENS: usize = 128;
-
-    /// The estimate of `head_dim`-wide keys of `bits`-bit codes in pages of `page_size`,
-    /// [`FusedEstimate::TOKENS`] candidates at once, the next tile prefetched.
-    pub fn new(head_dim: usize, page_size: usize, bits: u32) -> FusedEstimate {
-        FusedEstimate {
-            head_dim,
-            page_size,
-            bits,
-            tokens: FusedEstimate::TOKENS,
-            prefetch: true,
-        }
-    }
-
-    /// Whether a fused kernel exists for these values.
-    pub fn supported(&self) -> bool {
-        matches!(self.head_dim, 64 | 128 | 256)
-            && self.page_size == 16
-            && matches!(self.bits, 4 | 8)
-            && matches!(self.tokens, 32 | 64 | 128)
     }
 }
 

@@ -20,9 +20,9 @@ pub fn build_search(policy: &Policy, cfg: &SearchConfig) -> Result<Kernel, Compi
     let mut b = KernelBuilder::new(&search_name(policy, cfg));
     b.set_num_warps(cfg.num_warps);
     b.set_min_programs_per_sm(cfg.min_programs_per_sm);
-    let k = search::declare(&mut b, policy, cfg, false);
-    let scores = k.scores.expect("declared without the estimate");
+    let k = search::declare(&mut b, policy, cfg);
     let search::Kernel {
+        scores,
         indices,
         ref params,
         scale,

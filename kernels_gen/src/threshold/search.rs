@@ -455,10 +455,7 @@ pub(super) fn next_points(
 /// it keeps its weights there, and `scratch` after `scores`), and the program's candidate
 /// row: its `start` and length `n`.
 pub(super) struct Kernel {
-    /// The scores searched; `None` when the search computes them itself (`estimate`).
-    pub(super) scores: Option<Value>,
-    /// With the estimate fused in ([`super::build_search_fused`]): what it reads.
-    pub(super) estimate: Option<EstimateParams>,
+    pub(super) scores: Value,
     /// The weights' global buffer ([`SearchConfig::uses_work`]).
     pub(super) work: Option<Value>,
     /// The streaming kernel's gathered tiles.
@@ -482,46 +479,9 @@ pub(super) struct Kernel {
     pub(super) backoff_ns: u32,
 }
 
-/// The parameters of the estimate a search with it fused in reads, in place of `scores`
-/// and in this order: those of `spgemv_quant_dp2a` before its candidate lists
-/// ([`crate::spgemv::estimate_scores`]), then `num_kv_heads`.
-#[derive(Clone, Copy)]
-pub(super) struct EstimateParams {
-    pub(super) qpack: Value,
-    pub(super) qscale: Value,
-    pub(super) qsum: Value,
-    pub(super) k_packed: Value,
-    pub(super) k_scale: Value,
-    pub(super) k_zero: Value,
-    pub(super) kv_indptr: Value,
-    pub(super) kv_page_indices: Value,
-    pub(super) num_kv_heads: Value,
-}
-
-/// Declares the search kernel's parameters on `b` and reads the program's candidate row:
-/// `scores` first, or with `estimate` the estimate's parameters ([`EstimateParams`]).
-pub(super) fn declare(
-    b: &mut KernelBuilder,
-    policy: &Policy,
-    cfg: &SearchConfig,
-    estimate: bool,
-) -> Kernel {
-    let (scores, estimate) = if estimate {
-        let params = EstimateParams {
-            qpack: b.param_ptr("qpack", DType::I32),
-            qscale: b.param_ptr("qscale", DType::F32),
-            qsum: b.param_ptr("qsum", DType::F32),
-            k_packed: b.param_ptr("k_packed", DType::U8),
-            k_scale: b.param_ptr("k_scale", DType::F16),
-            k_zero: b.param_ptr("k_zero", DType::F16),
-            kv_indptr: b.param_ptr("kv_indptr", DType::I32),
-            kv_page_indices: b.param_ptr("kv_page_indices", DType::I32),
-            num_kv_heads: b.param_scalar("num_kv_heads", DType::I32),
-        };
-        (None, Some(params))
-    } else {
-        (Some(b.param_ptr("scores", DType::F32)), None)
-    };
+/// Declares the search kernel's parameters on `b` and reads the program's candidate row.
+pub(super) fn declare(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig) -> Kernel {
+    let scores = b.param_ptr("scores", DType::F32);
     let work = cfg.uses_work().then(|| b.param_ptr("work", DType::F32));
     let scratch = cfg.stream.then(|| b.param_ptr("scratch", DType::F32));
     let indptr = b.param_ptr("cand_indptr", DType::I32);
@@ -550,7 +510,6 @@ pub(super) fn declare(
     let n = b.sub(end, start);
     Kernel {
         scores,
-        estimate,
         work,
         scratch,
         indices,

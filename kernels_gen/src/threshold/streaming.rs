@@ -5,12 +5,9 @@
 use super::histogram::{Histogram, ONE_PART_ROW};
 use super::search::{
     self, finish, initial_bracket, load_params, needs_bounds, reduce_terms, search_steps, tally,
-    tally_terms, EstimateParams, Outputs, RowTotals, Tally,
+    tally_terms, Outputs, RowTotals, Tally,
 };
-use super::{
-    output, search_name, shared_row_capacity, FusedEstimate, Policy, SearchConfig, SHARED_ROW,
-};
-use crate::spgemv::{estimate_scores, key_rows};
+use super::{output, search_name, shared_row_capacity, Policy, SearchConfig, SHARED_ROW};
 use dusk_compiler::{CacheLevel, CompileError, DType, Elem, Kernel, KernelBuilder, Value};
 
 /// Tiles ahead of the one being read that [`SearchConfig::prefetch`] brings into L2.
@@ -142,70 +139,14 @@ impl RowWeights {
 /// weights are kept there, [`SearchConfig::uses_work`]) and `scratch` after `scores`.
 /// Grid: one program per candidate row.
 pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Kernel, CompileError> {
-    build(policy, cfg, None)
-}
-
-/// The search of [`build_search_streaming`] with the estimate fused in
-/// ([`FusedEstimate`]): for rows staged in shared memory (`cfg.stream` and `cfg.shared`),
-/// whose first pass scores each query head's candidates from the quantized copy of K a
-/// tile of `est.tokens` at a time, as `spgemv_quant`'s `dp2a` kernel does (the same
-/// arithmetic: the same bits), into the staging; the rest is the staged search. Parameters
-/// as [`build_search_streaming`]'s with `scores` replaced by `spgemv_quant_dp2a`'s up to
-/// its candidate lists (`qpack`, `qscale`, `qsum` from `spgemv_prepare_q`; `k_packed`,
-/// `k_scale`, `k_zero`; `kv_indptr`, `kv_page_indices`) and the scalar `num_kv_heads`;
-/// the candidate rows are (sequence, KV head) rows, `cand_indices` their token positions.
-pub fn build_search_fused(
-    policy: &Policy,
-    cfg: &SearchConfig,
-    est: &FusedEstimate,
-) -> Result<Kernel, CompileError> {
-    let refuse = |msg: String| CompileError::Build {
-        kernel: search_name(policy, cfg),
-        op: "build_search_fused".into(),
-        loc: String::new(),
-        msg,
-    };
-    if !(cfg.stream && cfg.shared) {
-        return Err(refuse(
-            "a fused estimate needs rows staged in shared memory (stream and shared)".into(),
-        ));
-    }
-    if !est.supported() {
-        return Err(refuse(format!("no fused estimate for {est:?}")));
-    }
-    build(policy, cfg, Some(*est))
-}
-
-/// A fused search's kernel name: the search's, then the estimate's values.
-pub fn fused_name(policy: &Policy, cfg: &SearchConfig, est: &FusedEstimate) -> String {
-    format!(
-        "{}_est_d{}_b{}_t{}{}",
-        search_name(policy, cfg),
-        est.head_dim,
-        est.bits,
-        est.tokens,
-        if est.prefetch { "_l2" } else { "" }
-    )
-}
-
-fn build(
-    policy: &Policy,
-    cfg: &SearchConfig,
-    est: Option<FusedEstimate>,
-) -> Result<Kernel, CompileError> {
     let (tile, group) = (cfg.block, cfg.group);
     let tiling = (tile, cfg.prefetch);
-    let name = match &est {
-        Some(e) => fused_name(policy, cfg, e),
-        None => search_name(policy, cfg),
-    };
-    let mut b = KernelBuilder::new(&name);
+    let mut b = KernelBuilder::new(&search_name(policy, cfg));
     b.set_num_warps(cfg.num_warps);
     b.set_min_programs_per_sm(cfg.min_programs_per_sm);
-    let k = search::declare(&mut b, policy, cfg, est.is_some());
+    let k = search::declare(&mut b, policy, cfg);
     let search::Kernel {
         scores,
-        estimate,
         work,
         scratch,
         indices,
@@ -248,10 +189,7 @@ fn build(
         let base = b.add(base, gn64);
         b.add_ptr(at, base)
     };
-    let scores_row = |b: &mut KernelBuilder, g: Value| {
-        let scores = scores.expect("a search over scores (the fused one stages its rows)");
-        head_row(b, scores, g)
-    };
+    let scores_row = |b: &mut KernelBuilder, g: Value| head_row(b, scores, g);
     // Query head g's stored weights: its share of the shared staging, or its row of
     // `work`; none when they are recomputed.
     let weights_row = |b: &mut KernelBuilder, g: Value| -> Option<Value> {
@@ -301,46 +239,29 @@ fn build(
         let group_i = b.i32(group as i32);
         let qrow0 = b.mul(row, group_i);
         let qrow = b.add(qrow0, g);
-        // The scores' row (none when the estimate is fused: they are made in pass 1).
-        let s_row = scores.map(|_| scores_row(b, g));
+        let s_row = scores_row(b, g);
         let w_row = weights_row(b, g);
         let zero_i = b.i32(0);
 
         // Pass 1: the maximum, and whether any logit is NaN or infinite (a sum of each
         // logit times 0, which is NaN then and 0 otherwise: one instruction a candidate).
         // Tiles fold into per-thread accumulators, reduced across the program at the end.
-        // With the estimate fused, the logits are computed here, into the staging.
-        let acc = match (estimate, est, w_row) {
-            (Some(p), Some(e), Some(staged)) => {
-                let at = EstimateRow {
-                    indices,
-                    row,
-                    start,
-                    n,
-                    qrow,
-                };
-                estimate_pass(b, &p, &e, &at, staged)
+        let (zf, ninf) = (b.f32(0.0), b.f32(f32::NEG_INFINITY));
+        let probe0 = b.splat(zf, &[tile]);
+        let max0 = b.splat(ninf, &[tile]);
+        let acc = for_tiles(b, n, tile, &[probe0, max0], |b, t0, full, c| {
+            let (offs, valid, s) = load_tile(b, s_row, (t0, n, full), tiling, 0.0);
+            if let (Some(_), Some(w_row)) = (staging, w_row) {
+                // Staged as they are, so that pass 2 reads shared memory, not L2.
+                let wp = b.add_ptr(w_row, offs);
+                b.store_masked(wp, s, (!full).then_some(valid));
             }
-            _ => {
-                let s_row = s_row.expect("a search over scores");
-                let (zf, ninf) = (b.f32(0.0), b.f32(f32::NEG_INFINITY));
-                let probe0 = b.splat(zf, &[tile]);
-                let max0 = b.splat(ninf, &[tile]);
-                for_tiles(b, n, tile, &[probe0, max0], |b, t0, full, c| {
-                    let (offs, valid, s) = load_tile(b, s_row, (t0, n, full), tiling, 0.0);
-                    if let (Some(_), Some(w_row)) = (staging, w_row) {
-                        // Staged as they are, so that pass 2 reads shared memory, not L2.
-                        let wp = b.add_ptr(w_row, offs);
-                        b.store_masked(wp, s, (!full).then_some(valid));
-                    }
-                    let zf = b.f32(0.0);
-                    let probe = b.mul(s, zf);
-                    let ninf = b.f32(f32::NEG_INFINITY);
-                    let s_valid = b.select(valid, s, ninf);
-                    vec![b.add(c[0], probe), b.maximum(c[1], s_valid)]
-                })
-            }
-        };
+            let zf = b.f32(0.0);
+            let probe = b.mul(s, zf);
+            let ninf = b.f32(f32::NEG_INFINITY);
+            let s_valid = b.select(valid, s, ninf);
+            vec![b.add(c[0], probe), b.maximum(c[1], s_valid)]
+        });
         let probe = b.sum(acc[0], 0);
         let m = b.max(acc[1], 0);
         let bad = b.ne(probe, zf);
@@ -361,7 +282,7 @@ fn build(
         let acc = for_tiles(b, n, tile, &[z0, pos0], |b, t0, full, c| {
             let from = match (staging, w_row) {
                 (Some(_), Some(staged)) => staged,
-                _ => s_row.expect("a search over scores"),
+                _ => s_row,
             };
             let (offs, valid, s) = load_tile(b, from, (t0, n, full), tiling, 0.0);
             let zero = b.f32(0.0);
@@ -389,7 +310,7 @@ fn build(
         let weights = match w_row {
             Some(w_row) => RowWeights::Stored(w_row),
             None => RowWeights::Recomputed {
-                scores: s_row.expect("a search over scores"),
+                scores: s_row,
                 max: m,
                 bad,
                 scale,
@@ -713,140 +634,6 @@ fn build(
     output::finish_row(&mut b, &k, row, at, total);
     search::stamp(&mut b, k.timeline, 5, total);
     b.finish()
-}
-
-/// Where a fused estimate's candidates are: the candidate row's positions (`indices` from
-/// `start`, `n` of them; the row is (sequence, KV head) `row`), and the query row scored.
-struct EstimateRow {
-    indices: Value,
-    row: Value,
-    start: Value,
-    n: Value,
-    qrow: Value,
-}
-
-/// Pass 1 of a search with the estimate fused in: query row `at.qrow`'s logits of the
-/// row's candidates, `est.tokens` at a time ([`estimate_scores`]), stored into `staged` (the
-/// head's share of the staging) and folded as the unfused pass 1 folds the loaded ones:
-/// each logit times 0 (the NaN probe) and the running maximum, per thread.
-fn estimate_pass(
-    b: &mut KernelBuilder,
-    p: &EstimateParams,
-    est: &FusedEstimate,
-    at: &EstimateRow,
-    staged: Value,
-) -> Vec<Value> {
-    let tokens = est.tokens;
-    let batch = b.div(at.row, p.num_kv_heads);
-    let head = b.rem(at.row, p.num_kv_heads);
-    let (zf, ninf) = (b.f32(0.0), b.f32(f32::NEG_INFINITY));
-    let probe0 = b.splat(zf, &[tokens]);
-    let max0 = b.splat(ninf, &[tokens]);
-    for_tiles(b, at.n, tokens, &[probe0, max0], |b, t0, full, c| {
-        let ar = b.arange(0, tokens as i64);
-        let j = b.add(ar, t0);
-        let valid = if full {
-            let all = b.bool(true);
-            b.splat(all, &[tokens])
-        } else {
-            b.lt(j, at.n)
-        };
-        let args = [
-            p.qpack,
-            p.qscale,
-            p.qsum,
-            p.k_packed,
-            p.k_scale,
-            p.k_zero,
-            p.kv_indptr,
-            p.kv_page_indices,
-            at.indices,
-            batch,
-            head,
-            at.start,
-            j,
-            valid,
-            p.num_kv_heads,
-            at.qrow,
-        ];
-        if est.prefetch {
-            prefetch_estimate(b, p, est, at, (batch, head), (t0, j));
-        }
-        let s = emit_estimate(b, est, args);
-        // Candidates past the row score 0, as the unfused pass 1 loads them.
-        let zf = b.f32(0.0);
-        let s = b.select(valid, s, zf);
-        let wp = b.add_ptr(staged, j);
-        b.store_masked(wp, s, (!full).then_some(valid));
-        let probe = b.mul(s, zf);
-        let ninf = b.f32(f32::NEG_INFINITY);
-        let s_valid = b.select(valid, s, ninf);
-        vec![b.add(c[0], probe), b.maximum(c[1], s_valid)]
-    })
-}
-
-/// The prefetches of a fused estimate's tile `j` ([`FusedEstimate::prefetch`]): the 128-byte
-/// lines holding the next tile's key rows (their positions and pages read now, from L2:
-/// fetched a tile earlier), and the positions of the tile two on. A key row's line is
-/// the one its first byte lies in: a page's block of rows starts on a line, so the line
-/// lies inside the block.
-fn prefetch_estimate(
-    b: &mut KernelBuilder,
-    p: &EstimateParams,
-    est: &FusedEstimate,
-    at: &EstimateRow,
-    (batch, head): (Value, Value),
-    (t0, j): (Value, Value),
-) {
-    let tokens = est.tokens as i64;
-    let next = b.add_c(j, tokens);
-    let inside = b.lt(next, at.n);
-    let krow = key_rows::inline::<16>(
-        b,
-        at.indices,
-        p.kv_indptr,
-        p.kv_page_indices,
-        batch,
-        head,
-        at.start,
-        next,
-        inside,
-        p.num_kv_heads,
-    );
-    let row_bytes = (est.head_dim * est.bits as usize / 8) as i64;
-    let first = b.mul_c(krow, row_bytes);
-    let line = b.i64(!127);
-    let line = b.and(first, line);
-    let lines = b.add_ptr(p.k_packed, line);
-    b.prefetch(
-        lines,
-        Some(inside),
-        row_bytes.max(128) as u32,
-        CacheLevel::L2,
-    );
-    let start64 = b.cast(at.start, DType::I64);
-    let positions = b.add_ptr(at.indices, start64);
-    prefetch_tile(b, positions, (t0, at.n), est.tokens);
-}
-
-/// [`estimate_scores`] for `est`'s constants (checked by [`FusedEstimate::supported`]).
-fn emit_estimate(b: &mut KernelBuilder, est: &FusedEstimate, a: [Value; 16]) -> Value {
-    macro_rules! emit {
-        ($($d:literal, $bits:literal, $t:literal);* $(;)?) => {
-            match (est.head_dim, est.bits, est.tokens) {
-                $(($d, $bits, $t) => estimate_scores::inline::<$d, 16, $bits, $t>(
-                    b, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10],
-                    a[11], a[12], a[13], a[14], a[15],
-                ),)*
-                _ => unreachable!("checked by FusedEstimate::supported: {est:?}"),
-            }
-        };
-    }
-    emit!(
-        64, 4, 32; 64, 4, 64; 64, 4, 128; 64, 8, 32; 64, 8, 64; 64, 8, 128;
-        128, 4, 32; 128, 4, 64; 128, 4, 128; 128, 8, 32; 128, 8, 64; 128, 8, 128;
-        256, 4, 32; 256, 4, 64; 256, 4, 128; 256, 8, 32; 256, 8, 64; 256, 8, 128;
-    )
 }
 
 /// Appends the elements of each block of `values` where `keep` holds to its `dst`, in

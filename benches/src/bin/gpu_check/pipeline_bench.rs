@@ -21,14 +21,13 @@
 //! that they are this run's selection. The peer decodes a random cache of the same shapes
 //! (its time does not depend on the values).
 //!
-//! `--sweep` also times, per shape, the step with the estimate not fused (and checks the
-//! fused step equal to it bit for bit), the fused search at other tiles of the estimate,
-//! with and without its prefetches (MHA), and other configurations of the search over the
-//! plan's own scores (GQA, where the rows do not fit the staging that fusion needs).
+//! `--sweep` also times, per shape, the search alone over the step's own candidates and
+//! scores in other configurations than the default (the GQA default for these rows came
+//! from it).
 
 use crate::common::{case_json, copy_gbps, Common, PeerTime, Res};
 use dusk::compiler::DType;
-use dusk::kernels::ops::{Dusk, SpgemvPlan};
+use dusk::kernels::ops::Dusk;
 use dusk::kernels::paged::TokenLists;
 use dusk::kernels::pipeline::{
     Attend, Pipeline, PipelineBuilder, PipelinePlan, PipelineShape, Prune, Select, Stage,
@@ -37,8 +36,9 @@ use dusk::kernels::policies::top_p;
 use dusk::kernels::prune::{ParamValues, PrunePlan};
 use dusk::kernels::selectors::Budget;
 use dusk::kernels::synthetic::{HeadProfile, SyntheticCache, SyntheticSpec};
-use dusk::kernels::threshold::{FusedEstimate, SearchConfig};
+use dusk::kernels::threshold::{self, SearchConfig};
 use dusk::runtime::{Buffer, Measured};
+use dusk_aot::search_tune::label;
 use dusk_bench::pages_file::PageSelection;
 use half::f16;
 use serde_json::{json, Map, Value};
@@ -121,7 +121,7 @@ impl Shape {
 }
 
 /// The two compositions timed: Quest + top-p, and Quest alone.
-fn pipelines(shape: &Shape, fuse: bool) -> Res<Vec<(&'static str, Pipeline)>> {
+fn pipelines(shape: &Shape) -> Res<Vec<(&'static str, Pipeline)>> {
     let quest = || {
         PipelineBuilder::new()
             .select(Select::Quest {
@@ -131,10 +131,7 @@ fn pipelines(shape: &Shape, fuse: bool) -> Res<Vec<(&'static str, Pipeline)>> {
             .attend(shape.attend())
     };
     Ok(vec![
-        (
-            "quest_twilight",
-            quest().prune(Prune::top_p(P)).fuse_estimate(fuse).build()?,
-        ),
+        ("quest_twilight", quest().prune(Prune::top_p(P)).build()?),
         ("quest", quest().build()?),
     ])
 }
@@ -144,7 +141,6 @@ struct Timed {
     stages: Vec<(Stage, Measured)>,
     /// Tokens attention read per list row.
     budgets: Vec<i32>,
-    fused: bool,
 }
 
 impl Timed {
@@ -193,15 +189,7 @@ fn time_pipeline(
     plan.prepare(dusk, &syn.k)?;
     let stages = plan.time_stages(dusk, &syn.q, &syn.k, &syn.v, &mut io.out, &mut io.lse)?;
     let budgets = plan.budgets()?;
-    let fused = plan.is_fused();
-    Ok((
-        plan,
-        Timed {
-            stages,
-            budgets,
-            fused,
-        },
-    ))
+    Ok((plan, Timed { stages, budgets }))
 }
 
 /// `{mean, min, max}` of `xs`.
@@ -317,8 +305,8 @@ pub fn run(dusk: &Dusk, o: &BenchOptions) -> Res<()> {
         "pipelines": {"quest_twilight": format!("Quest (N/4) + top-p (p = {P}), INT4 estimate"),
                       "quest": "Quest (N/4) alone"},
         "bytes": "what the step must move: Quest's page state (min and max of K), the INT4 codes, \
-                  scales and positions of Quest's candidates (and the scores, written and read, \
-                  where the estimate is not fused), K and V of the tokens attention reads",
+                  scales and positions of Quest's candidates and their scores (written, then read), \
+                  K and V of the tokens attention reads",
         "peers": {"flashinfer": "FlashInfer's dense paged decode over every page",
                   "flashinfer-pages": "FlashInfer decoding exactly our Quest's pages, one row per \
                                        (sequence, KV head) (pipeline_peers.py)"},
@@ -357,7 +345,7 @@ fn run_shape(
     };
 
     // The selection's pages: written for the peer, checked against what it decoded.
-    let quest_only = &pipelines(shape, true)?[1].1;
+    let quest_only = &pipelines(shape)?[1].1;
     let mut plan = quest_only.plan(dusk, pipeline_shape(&syn), &syn.table)?;
     plan.prepare(dusk, &syn.k)?;
     plan.run_select(dusk, &syn.q)?;
@@ -376,26 +364,17 @@ fn run_shape(
 
     let mut timed = BTreeMap::new();
     let mut sweep_result = Value::Null;
-    for (name, p) in pipelines(shape, true)? {
-        let (mut plan, t) = time_pipeline(dusk, &p, &syn, &mut io)?;
+    for (name, p) in pipelines(shape)? {
+        let (plan, t) = time_pipeline(dusk, &p, &syn, &mut io)?;
         println!(
-            "  {name:<15}{} budgets mean {:.0} min {} max {}; {}",
-            if t.fused { " (fused)" } else { "" },
+            "  {name:<15} budgets mean {:.0} min {} max {}; {}",
             t.budgets.iter().map(|b| *b as f64).sum::<f64>() / t.budgets.len() as f64,
             t.budgets.iter().min().unwrap_or(&0),
             t.budgets.iter().max().unwrap_or(&0),
             t.line()
         );
         if o.sweep && name == "quest_twilight" {
-            // This step's output, for the unfused step to equal.
-            let fused_out = if t.fused {
-                plan.step(dusk, &syn.q, &syn.k, &syn.v, &mut io.out, &mut io.lse)?;
-                Some((io.out.download()?, io.lse.download()?))
-            } else {
-                None
-            };
-            drop(plan);
-            sweep_result = sweep(dusk, shape, &syn, &mut io, fused_out)?;
+            sweep_result = sweep(dusk, shape, &plan)?;
         }
         timed.insert(name, t);
     }
@@ -414,9 +393,7 @@ fn run_shape(
         let mut bytes = shape.quest_state_bytes() + kept * kv_row;
         if name == "quest_twilight" {
             bytes += cand_tokens * (HEAD_DIM * BITS / 8 + 2 + 2 + 4) as f64;
-            if !t.fused {
-                bytes += 2.0 * cand_tokens * shape.group() as f64 * 4.0;
-            }
+            bytes += 2.0 * cand_tokens * shape.group() as f64 * 4.0;
         }
         let peer_time = PeerTime::from_case(peer, key);
         let case = format!("{}_{name}_vs_{peer_name}", shape.name());
@@ -430,7 +407,6 @@ fn run_shape(
             copy,
             json!({
                 "pipeline": name,
-                "fused_estimate": t.fused,
                 "stages_us": t.stages_json(),
                 "budgets": stats(&t.budgets),
                 "budgets_by_kind": budgets_by_kind(shape, &spec.heads, &t.budgets),
@@ -457,124 +433,64 @@ fn pipeline_shape(syn: &SyntheticCache) -> PipelineShape {
     }
 }
 
-/// The sweep of one shape: the step with the estimate not fused (its output checked equal
-/// to the fused step's, `fused_out`, bit for bit where the default fuses), the fused search at other
-/// estimate tiles, and other search configurations over the unfused plan's scores.
-fn sweep(
-    dusk: &Dusk,
-    shape: &Shape,
-    syn: &SyntheticCache,
-    io: &mut StepOut,
-    fused_out: Option<(Vec<f16>, Vec<f32>)>,
-) -> Res<Value> {
+/// The sweep of one shape: the search alone over the step's own candidates (Quest's) and
+/// scores (`plan`'s, after its timed steps), in the default configuration and others, each
+/// a plan of its own (`PrunePlan::with_config`) timed by the harness.
+fn sweep(dusk: &Dusk, shape: &Shape, plan: &PipelinePlan) -> Res<Value> {
     let dev = dusk.device();
-    let mut out = Map::new();
-    let unfused = &pipelines(shape, false)?[0].1;
-    let (mut plan, t) = time_pipeline(dusk, unfused, syn, io)?;
-    println!("  unfused        {}", t.line());
-    out.insert("unfused_stages_us".into(), t.stages_json());
-    if let Some((o, l)) = fused_out {
-        // Both score with the same dp2a code; recorded, not required (ptxas may contract
-        // the two kernels' float arithmetic differently): the checks hold each to the
-        // reference.
-        plan.step(dusk, &syn.q, &syn.k, &syn.v, &mut io.out, &mut io.lse)?;
-        let (u, ul) = (io.out.download()?, io.lse.download()?);
-        let bits = |x: &[f16]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        let equal = bits(&o) == bits(&u) && l == ul;
-        let diff = o
-            .iter()
-            .zip(&u)
-            .map(|(a, b)| (a.to_f32() - b.to_f32()).abs())
-            .fold(0.0f32, f32::max);
-        println!("  fused step equal to the unfused step bit for bit: {equal} (largest difference {diff:e})");
-        out.insert("fused_equals_unfused_bit_for_bit".into(), json!(equal));
-        out.insert("fused_unfused_max_abs_diff".into(), json!(diff));
-    }
-    // The plan's candidates and scores (after the step above), for the searches alone.
     let sel = plan.selector().ok_or("no selector")?;
     let indptr = sel.sel_indptr().to_vec();
-    let cand_buf = sel.sel_indices();
+    let nnz = *indptr.last().unwrap_or(&0) as usize;
+    let cand = TokenLists {
+        indices: sel.sel_indices().download()?[..nnz].to_vec(),
+        indptr,
+    };
     let scores = plan.scores().ok_or("no scores")?;
-    let qk = plan.quantized_k().ok_or("no INT4 copy")?;
     let group = shape.group();
+    let base = SearchConfig::for_rows(cand.max_row_len(), group);
+    let mut configs = vec![base];
+    if base.shared {
+        // Staged in shared memory (MHA): on 4 warps, and streamed from `work`.
+        configs.push(SearchConfig {
+            num_warps: 4,
+            ..base
+        });
+        configs.push(SearchConfig {
+            shared: false,
+            num_warps: 4,
+            ..base
+        });
+    } else {
+        // Streamed from `work` (GQA): the longer rows' configuration, recomputed weights,
+        // 2 or 8 warps.
+        let long = SearchConfig::for_rows(threshold::GQA_ROWS + 1, group);
+        configs.push(long);
+        configs.push(SearchConfig {
+            num_warps: 4,
+            ..long
+        });
+        configs.push(SearchConfig {
+            num_warps: 2,
+            ..base
+        });
+        configs.push(SearchConfig {
+            num_warps: 8,
+            ..base
+        });
+    }
     let scale = 1.0 / (HEAD_DIM as f32).sqrt();
     let params = [ParamValues::Uniform(P)];
-    let longest = indptr
-        .windows(2)
-        .map(|w| (w[1] - w[0]) as usize)
-        .max()
-        .unwrap_or(0);
-    if SearchConfig::for_rows(longest, group).shared {
-        // Fused searches at other tiles of the estimate (the fixed-point query made once).
-        let est = SpgemvPlan::with_device_lists_config(
-            dusk,
-            syn.kv,
-            shape.hq,
-            BITS as u32,
-            &syn.table,
-            &indptr,
-            |c| c.tensor_cores = false,
-        )?;
-        est.prepare_q(dusk, &syn.q)?;
-        let inputs = est.estimate_inputs(qk)?;
-        let mut tiles = Map::new();
-        for (tokens, prefetch) in [(64, false), (64, true), (128, false), (128, true)] {
-            let e = FusedEstimate {
-                tokens,
-                prefetch,
-                ..FusedEstimate::new(HEAD_DIM, PAGE, BITS as u32)
-            };
-            let mut p = PrunePlan::with_device_lists_fused(
-                dusk,
-                &top_p::POLICY,
-                &indptr,
-                group,
-                scale,
-                &params,
-                e,
-            )?;
-            let m = dev.time_calls(1, |_| p.run_fused(dusk, &inputs, cand_buf))?;
-            let label = format!("tokens={tokens},prefetch={prefetch}");
-            println!("  fused search, {label}: {:.1} us", m.median_us());
-            tiles.insert(label, json!(m.median_us()));
-        }
-        out.insert("fused_search_us".into(), Value::Object(tiles));
-    } else {
-        // The search alone over the step's scores, in other configurations.
-        let cand = TokenLists {
-            indices: cand_buf.download()?[..*indptr.last().unwrap() as usize].to_vec(),
-            indptr: indptr.clone(),
-        };
-        let base = SearchConfig::for_rows(longest, group);
-        let mut configs = vec![("default".to_string(), base)];
-        for (block, warps, recompute, backoff) in [
-            (2048, 4, true, 1000),
-            (1024, 8, true, 1000),
-            (2048, 8, true, 0),
-            (1024, 4, false, 0),
-        ] {
-            let c = SearchConfig {
-                block,
-                num_warps: warps,
-                recompute,
-                backoff_ns: backoff,
-                ..base
-            };
-            configs.push((
-                format!(
-                    "block={block},num_warps={warps},recompute={recompute},backoff_ns={backoff}"
-                ),
-                c,
-            ));
-        }
-        let mut by = Map::new();
-        for (label, c) in configs {
-            let mut p = PrunePlan::with_config(dusk, &top_p::POLICY, &cand, c, scale, &params)?;
-            let m = dev.time_calls(1, |_| p.run(dusk, scores))?;
-            println!("  search {label}: {:.1} us", m.median_us());
-            by.insert(label, json!(m.median_us()));
-        }
-        out.insert("search_configs_us".into(), Value::Object(by));
+    let mut tried = vec![];
+    for (i, c) in configs.into_iter().enumerate() {
+        let mut p = PrunePlan::with_config(dusk, &top_p::POLICY, &cand, c, scale, &params)?;
+        let m = dev.time_calls(1, |_| p.run(dusk, scores))?;
+        let default = if i == 0 { " (the default)" } else { "" };
+        println!(
+            "  search alone{default}, {}: {:.1} us",
+            label(&c),
+            m.median_us()
+        );
+        tried.push(json!({"config": label(&c), "default": i == 0, "us": m.median_us()}));
     }
-    Ok(Value::Object(out))
+    Ok(json!({ "search_configs": tried }))
 }
