@@ -29,7 +29,7 @@ Reproduce (build here, run on the GPU machine with `.device/` carried):
 ../shared/tools/device-wheels          # FlashInfer 0.5.3
 # on the GPU machine, from the repository root (xz -d .device/gpu-check.xz if it travelled
 # compressed); the results land in $OUT:
-OUT=/tmp/results bash benches/device_bench.sh <commit> <date> attention spgemv threshold focus sanitize
+OUT=/tmp/results bash benches/device_bench.sh <commit> <date> attention spgemv threshold focus pipeline sanitize
 # back here, with the results copied into benches/results/:
 python3 benches/report.py > BENCHMARKS.md
 ```
