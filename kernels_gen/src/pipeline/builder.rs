@@ -208,6 +208,13 @@ impl PipelineBuilder {
                 None => "Full".into(),
             },
         )?;
+        ensure(
+            !self.sparq_mix || self.prune.is_empty(),
+            "sparq_mix",
+            "no pruner after SparQ: its alpha weighs SparQ's own selection, of which a \
+             pruner would attend to fewer tokens",
+            format!("{} pruners", self.prune.len()),
+        )?;
         if let Some(b) = &select {
             b.budget().validate()?;
         }
