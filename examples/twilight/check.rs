@@ -1,13 +1,15 @@
 //! Each pipeline against the f64 reference of the same algorithm, stage by stage
 //! (`dusk::kernels::pipeline::reference`): the step run one stage at a time with every
-//! intermediate and output poisoned first, each stage's output compared with the
-//! reference fed that stage's actual inputs; the INT4 copy of K against the host quantizer.
+//! intermediate and output poisoned first ([`run_staged`], on the device), then each
+//! stage's output compared with the reference fed that stage's actual inputs, and the INT4
+//! copy of K with the host quantizer ([`compare`], on the host: independent per pipeline,
+//! so the job runs them side by side).
 
 use super::centroid;
 use super::methods::{Host, Method};
-use dusk::kernels::paged::KvShape;
+use dusk::kernels::paged::{KvShape, PageTable};
 use dusk::kernels::pipeline::reference::{
-    self as pref, HostInputs, HostMix, HostPipeline, HostSelect, StageCheck,
+    self as pref, GotStep, HostInputs, HostMix, HostPipeline, HostSelect, StageCheck,
 };
 use dusk::kernels::pipeline::{PipelinePlan, PipelineShape};
 use dusk::kernels::reference::{self, QuantizedRows};
@@ -17,36 +19,37 @@ use dusk::Dusk;
 use half::f16;
 use std::error::Error;
 
-/// A batch the checks run on: on the device, and its q, K and V on the host.
-pub struct CheckBatch<'a> {
-    pub cache: &'a SyntheticCache,
+/// A batch's q, K and V on the host, with its cache shape and page table: what the
+/// references read.
+pub struct HostBatch {
+    pub kv: KvShape,
+    pub table: PageTable,
+    pub num_q_heads: usize,
     pub q: Vec<f16>,
     pub k: Vec<f16>,
     pub v: Vec<f16>,
 }
 
-impl CheckBatch<'_> {
-    pub fn new(cache: &SyntheticCache) -> Result<CheckBatch<'_>, Box<dyn Error>> {
-        Ok(CheckBatch {
-            cache,
+impl HostBatch {
+    pub fn download(cache: &SyntheticCache) -> Result<HostBatch, Box<dyn Error>> {
+        Ok(HostBatch {
+            kv: cache.kv,
+            table: cache.table.clone(),
+            num_q_heads: cache.spec.num_q_heads,
             q: cache.q.download()?,
             k: cache.k.download()?,
             v: cache.v.download()?,
         })
     }
 
-    pub fn shape(&self) -> PipelineShape {
-        shape(self.cache)
-    }
-
-    fn host(&self) -> HostInputs<'_> {
+    fn inputs(&self) -> HostInputs<'_> {
         HostInputs {
             q: &self.q,
             k: &self.k,
             v: &self.v,
-            kv: self.cache.kv,
-            num_q_heads: self.cache.spec.num_q_heads,
-            table: &self.cache.table,
+            kv: self.kv,
+            num_q_heads: self.num_q_heads,
+            table: &self.table,
         }
     }
 }
@@ -58,6 +61,51 @@ pub fn shape(cache: &SyntheticCache) -> PipelineShape {
         num_q_heads: cache.spec.num_q_heads,
         dtype: dusk::compiler::DType::F16,
     }
+}
+
+/// What a step run stage by stage wrote, downloaded: each stage's output and the INT4 copy
+/// of K (with pruners).
+pub struct Staged {
+    got: GotStep,
+    quantized: Option<QuantizedRows>,
+}
+
+/// Runs `plan` (prepared over `cache`) stage by stage, every intermediate and output
+/// poisoned first, and downloads what each stage wrote.
+pub fn run_staged(
+    dusk: &Dusk,
+    plan: &mut PipelinePlan,
+    cache: &SyntheticCache,
+) -> Result<Staged, Box<dyn Error>> {
+    let dev = dusk.device();
+    let mut out = dev.alloc::<f16>(cache.q.len())?;
+    let mut lse = dev.alloc::<f32>(cache.q.len() / cache.kv.head_dim)?;
+    plan.poison_outputs(dusk, 0xFF)?;
+    dev.fill_bytes(&mut out, 0xFF)?;
+    dev.fill_bytes(&mut lse, 0xFF)?;
+    let (q, k, v) = (&cache.q, &cache.k, &cache.v);
+    let got = pref::run_stages(dusk, plan, q, k, v, &mut out, &mut lse)?;
+    let quantized = match plan.quantized_k() {
+        Some(qk) => Some(QuantizedRows {
+            packed: qk.packed.download()?,
+            scale: qk.scale.download()?,
+            zero: qk.zero.download()?,
+        }),
+        None => None,
+    };
+    Ok(Staged { got, quantized })
+}
+
+/// Plans `method` over `cache` (a batch of its own), prepares it and runs it stage by
+/// stage ([`run_staged`]).
+pub fn plan_and_run_staged(
+    dusk: &Dusk,
+    method: &Method,
+    cache: &SyntheticCache,
+) -> Result<Staged, Box<dyn Error>> {
+    let mut plan = method.pipeline.plan(dusk, shape(cache), &cache.table)?;
+    plan.prepare_kv(dusk, &cache.k, &cache.v)?;
+    run_staged(dusk, &mut plan, cache)
 }
 
 /// One pipeline's checks.
@@ -73,37 +121,14 @@ impl MethodCheck {
     }
 }
 
-/// Plans `method` over `batch` and checks it (see [`check_plan`]).
-pub fn check(
-    dusk: &Dusk,
+/// Compares what `method`'s step wrote on `batch` with the reference of its algorithm,
+/// stage by stage.
+pub fn compare(
     method: &Method,
-    batch: &CheckBatch,
+    staged: &Staged,
+    batch: &HostBatch,
 ) -> Result<MethodCheck, Box<dyn Error>> {
-    let mut plan = method
-        .pipeline
-        .plan(dusk, batch.shape(), &batch.cache.table)?;
-    plan.prepare_kv(dusk, &batch.cache.k, &batch.cache.v)?;
-    check_plan(dusk, method, &mut plan, batch)
-}
-
-/// Runs `plan` (prepared over `batch`) stage by stage, everything poisoned first, and
-/// compares each stage with the reference.
-pub fn check_plan(
-    dusk: &Dusk,
-    method: &Method,
-    plan: &mut PipelinePlan,
-    batch: &CheckBatch,
-) -> Result<MethodCheck, Box<dyn Error>> {
-    let dev = dusk.device();
-    let c = batch.cache;
-    let mut out = dev.alloc::<f16>(c.q.len())?;
-    let mut lse = dev.alloc::<f32>(c.q.len() / c.kv.head_dim)?;
-    plan.poison_outputs(dusk, 0xFF)?;
-    dev.fill_bytes(&mut out, 0xFF)?;
-    dev.fill_bytes(&mut lse, 0xFF)?;
-    let got = pref::run_stages(dusk, plan, &c.q, &c.k, &c.v, &mut out, &mut lse)?;
-
-    let (kv, table, hq) = (&c.kv, &c.table, c.spec.num_q_heads);
+    let (kv, table, hq) = (&batch.kv, &batch.table, batch.num_q_heads);
     let (q, k, v) = (&batch.q[..], &batch.k[..], &batch.v[..]);
     let (scores, logits, v_mean);
     let select = match &method.host {
@@ -153,28 +178,23 @@ pub fn check_plan(
             }
         }
     };
+    let bits = method.pipeline.bits();
     let host = HostPipeline {
         select,
         prune: method.host_policies()?,
-        bits: method.pipeline.bits(),
+        bits,
         dense_below: method.pipeline.dense_below(),
     };
     let mut stages = vec![];
-    if let Some(qk) = plan.quantized_k() {
-        let got_qk = QuantizedRows {
-            packed: qk.packed.download()?,
-            scale: qk.scale.download()?,
-            zero: qk.zero.download()?,
-        };
-        let bits = method.pipeline.bits();
+    if let Some(got) = &staged.quantized {
         stages.push(check_quantize(
-            &got_qk,
+            got,
             &reference::quantize(k, kv, bits),
             kv,
             bits,
         ));
     }
-    stages.extend(pref::check(&host, &batch.host(), &got));
+    stages.extend(pref::check(&host, &batch.inputs(), &staged.got));
     Ok(MethodCheck {
         method: method.name.clone(),
         stages,

@@ -4,7 +4,7 @@
 //! against dense attention and its time per step gathered as `MethodResult`s for the table
 //! (`report.rs`) and the plot (`plot.rs`), and the claims measured on them (`claims.rs`).
 
-use super::check::{self, shape, CheckBatch, MethodCheck};
+use super::check::{compare, plan_and_run_staged, run_staged, shape, HostBatch, MethodCheck};
 use super::claims::{self, Claim};
 use super::methods::{methods, Method, QUARTER};
 use super::plot::budget_plot;
@@ -20,6 +20,7 @@ use rand::{Rng, SeedableRng};
 use std::error::Error;
 use std::fmt;
 use std::path::PathBuf;
+use std::time::Instant;
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
@@ -40,16 +41,16 @@ pub struct Options {
     pub kv_heads: usize,
     pub seed: u64,
     /// The first sequences of the batch, which the checks run on (the same values: every
-    /// value of a synthetic batch is a function of the seed and its coordinates). All of
-    /// them through the interpreter, where the checks run on the batch itself.
+    /// value of a synthetic batch is a function of the seed and its coordinates); when
+    /// these are all of them, the checks run on the batch itself.
     pub check_seqs: usize,
     /// Where the plot, the table and DS's calibration go.
     pub out: PathBuf,
 }
 
 impl Options {
-    /// The paper's shape on a GPU (32 sequences of 32k tokens, GQA 32/8, the checks on the
-    /// first 2); a smaller one through the interpreter (2 of 8192, all checked).
+    /// The paper's shape on a GPU (32 sequences of 32k tokens, GQA 32/8); a smaller one
+    /// through the interpreter (2 of 8192); the checks on the first 2 sequences.
     pub fn for_device(gpu: bool) -> Options {
         let (batch, context, q_heads, kv_heads, check_seqs) = if gpu {
             (32, 32768, 32, 8, 2)
@@ -124,6 +125,12 @@ pub struct Job {
     pub check_seqs: usize,
     /// The files written: the calibration, the table, the plot.
     pub files: Vec<PathBuf>,
+    /// How each step was timed (`graph`, `queued`, `cpu`), and why a graph was not used
+    /// where one was tried and failed.
+    pub timing: Vec<String>,
+    /// Seconds spent making the batches; planning (compiling kernels on first use) and
+    /// running the checks' stages; comparing with the references; stepping and timing.
+    pub seconds: [f64; 4],
 }
 
 impl Job {
@@ -148,6 +155,7 @@ pub fn run(dusk: &Dusk, o: &Options) -> Res<Job> {
     spec.validate()?;
     let group = o.q_heads / o.kv_heads;
     spec.heads = layer(o.q_heads, group);
+    let start = Instant::now();
     let batch = SyntheticCache::generate(dusk, &spec)?;
     let check_cache = if o.check_seqs < o.batch {
         let mut sub = spec.clone();
@@ -156,7 +164,8 @@ pub fn run(dusk: &Dusk, o: &Options) -> Res<Job> {
     } else {
         None
     };
-    let checked = CheckBatch::new(check_cache.as_ref().unwrap_or(&batch))?;
+    let checked = HostBatch::download(check_cache.as_ref().unwrap_or(&batch))?;
+    let mut seconds = [start.elapsed().as_secs_f64(), 0.0, 0.0, 0.0];
 
     std::fs::create_dir_all(&o.out)?;
     let calibration = calibrate(&spec, DS_SAMPLES)?;
@@ -186,23 +195,33 @@ pub fn run(dusk: &Dusk, o: &Options) -> Res<Job> {
     };
 
     let mut queue = methods(&ds, sparq)?;
-    let (mut results, mut checks, mut dense) = (vec![], vec![], None::<Vec<f64>>);
+    let (mut results, mut staged, mut dense) = (vec![], vec![], None::<Vec<f64>>);
+    let mut timed = vec![];
     let mut i = 0;
     while i < queue.len() {
         let m = &queue[i];
+        let start = Instant::now();
         let mut plan = m.pipeline.plan(dusk, shape(&batch), &batch.table)?;
         plan.prepare_kv(dusk, &batch.k, &batch.v)?;
-        checks.push(match &check_cache {
-            None => check::check_plan(dusk, m, &mut plan, &checked)?,
-            Some(_) => check::check(dusk, m, &checked)?,
+        staged.push(match &check_cache {
+            None => run_staged(dusk, &mut plan, &batch)?,
+            Some(c) => plan_and_run_staged(dusk, m, c)?,
         });
+        seconds[1] += start.elapsed().as_secs_f64();
+        let start = Instant::now();
         let mut out = dev.alloc::<f16>(batch.q.len())?;
         let mut lse = dev.alloc::<f32>(batch.q.len() / HEAD_DIM)?;
         let (q, k, v) = (&batch.q, &batch.k, &batch.v);
         let t =
             dev.time_calls_with(&timing, 1, |_| plan.step(dusk, q, k, v, &mut out, &mut lse))?;
+        timed.push(match &t.graph_error {
+            Some(e) => format!("{}: {} ({e})", m.name, t.timing.as_str()),
+            None => t.timing.as_str().to_string(),
+        });
+        timed.dedup();
         let budgets: Vec<usize> = plan.budgets()?.iter().map(|b| *b as usize).collect();
         let got: Vec<f32> = out.download()?.iter().map(|x| x.to_f32()).collect();
+        seconds[3] += start.elapsed().as_secs_f64();
         let reference = dense.get_or_insert_with(|| got.iter().map(|x| *x as f64).collect());
         results.push(MethodResult {
             name: m.name.clone(),
@@ -219,6 +238,18 @@ pub fn run(dusk: &Dusk, o: &Options) -> Res<Job> {
         i += 1;
     }
 
+    // The references, one pipeline a thread (they read the host batch alone).
+    let start = Instant::now();
+    let checks = std::thread::scope(|s| {
+        let threads: Vec<_> = (queue.iter().zip(&staged))
+            .map(|(m, st)| s.spawn(|| compare(m, st, &checked).map_err(|e| e.to_string())))
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().map_err(|_| "a check panicked".to_string())?)
+            .collect::<Result<Vec<MethodCheck>, String>>()
+    })?;
+    seconds[2] = start.elapsed().as_secs_f64();
     let kinds: Vec<&'static str> = (0..o.kv_heads)
         .map(|h| spec.heads[h * group].kind())
         .collect();
@@ -240,8 +271,10 @@ pub fn run(dusk: &Dusk, o: &Options) -> Res<Job> {
         results,
         checks,
         claims,
-        check_seqs: checked.cache.spec.batch(),
+        check_seqs: checked.table.batch(),
         files: vec![cal_path],
+        seconds,
+        timing: timed,
         spec,
     };
     let md = o.out.join("table.md");
@@ -270,10 +303,14 @@ impl Job {
             s.seed,
             self.backend
         );
-        out += "Budget: tokens attended per (sequence, KV head), the union over its GQA \
-                group. Error: |o - o_hat| / |o| per query row against Full (dense)'s output. \
-                Step: time per decode step (select, estimate, prune, attend), the median of \
-                the harness's samples.\n\n";
+        out += &format!(
+            "Budget: tokens attended per (sequence, KV head), the union over its GQA group. \
+             Error: |o - o_hat| / |o| per query row against Full (dense)'s output. Step: time \
+             per decode step (select, estimate, prune, attend), the median of the harness's \
+             samples ({}: graph = CUDA-graph replays, cpu = wall-clock through the \
+             interpreter).\n\n",
+            self.timing.join("; ")
+        );
         let heads: Vec<String> = (self.kinds.iter().enumerate())
             .map(|(h, k)| format!("{h} {k}"))
             .collect();
@@ -321,6 +358,13 @@ impl fmt::Display for Job {
         for p in &self.files {
             writeln!(f, "wrote {}", p.display())?;
         }
+        let [made, staged, compared, stepped] = self.seconds;
+        writeln!(
+            f,
+            "time: {made:.1} s making the batches, {staged:.1} s planning (compiling kernels \
+             on first use) and running the checks' stages, {compared:.1} s comparing with \
+             the references, {stepped:.1} s stepping and timing"
+        )?;
         let failed = self.checks.iter().filter(|c| !c.passed()).count();
         write!(
             f,
