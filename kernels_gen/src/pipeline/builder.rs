@@ -28,8 +28,8 @@ pub enum Select {
         budget: Budget,
         keep: Keep,
     },
-    /// Any other selector (Double Sparsity, SparQ, a token selector): see
-    /// [`SelectFactory`].
+    /// Any other selector: Double Sparsity ([`super::DsSelect`]), SparQ
+    /// ([`super::SparqSelect`]), one's own token selector (see [`SelectFactory`]).
     Plugin(Arc<dyn SelectFactory>),
 }
 
