@@ -149,11 +149,17 @@ fn the_selectors_parts_reject_bad_state() {
         sparq: true,
         ..AppendParts::default()
     };
-    let ds12 = AppendParts { ds: Some(12), ..ds8 };
+    let ds12 = AppendParts {
+        ds: Some(12),
+        ..ds8
+    };
     assert_eq!(err(AppendPlan::new(&dusk, kv, 2, ds12)), "ds");
     let both = AppendParts { sparq: true, ..ds8 };
     assert_eq!(err(AppendPlan::new(&dusk, kv, 2, both)), "parts");
-    let with_quest = AppendParts { quest: true, ..sparq };
+    let with_quest = AppendParts {
+        quest: true,
+        ..sparq
+    };
     assert_eq!(err(AppendPlan::new(&dusk, kv, 2, with_quest)), "parts");
     let rows4 = |c: &mut AppendConfig| c.rows_per_program = 4;
     let r = AppendPlan::with_config(&dusk, kv, 2, ds8, rows4);
@@ -188,7 +194,10 @@ fn the_selectors_parts_reject_bad_state() {
     assert_eq!(run(Some(&mut ds_other), None), Some("ds"));
     let pages = SparqBlocks::pages_of(&kv);
     let mut sp = SparqState::new(&dusk, kv, 2, pages).unwrap();
-    assert_eq!(run(Some(&mut ds_state), Some((&mut sp, &table))), Some("sparq"));
+    assert_eq!(
+        run(Some(&mut ds_state), Some((&mut sp, &table))),
+        Some("sparq")
+    );
     assert_eq!(run(Some(&mut ds_state), None), None);
 
     let plan = AppendPlan::new(&dusk, kv, 2, sparq).unwrap();
@@ -212,7 +221,10 @@ fn the_selectors_parts_reject_bad_state() {
         plan.run(&dusk, &table, &new, &new, t).err().map(arg_of)
     };
     assert_eq!(run(None, None), Some("sparq"));
-    assert_eq!(run(Some(&mut ds_state), Some((&mut sp, &table))), Some("ds"));
+    assert_eq!(
+        run(Some(&mut ds_state), Some((&mut sp, &table))),
+        Some("ds")
+    );
     assert_eq!(run(None, Some((&mut sp1, &table))), Some("sparq")); // 1 sequence, batch 2
     assert_eq!(run(None, Some((&mut sp_other, &table))), Some("sparq"));
     // A block table of 1 sequence for a batch of 2.

@@ -525,11 +525,15 @@ impl AppendPlan {
             )?;
             return Ok((Arg::from(&self.unused_i32), Arg::from(&self.unused_f16)));
         };
-        let s = s.ok_or_else(|| invalid("ds", format!("Double Sparsity's state of r {r}"), "none"))?;
+        let s =
+            s.ok_or_else(|| invalid("ds", format!("Double Sparsity's state of r {r}"), "none"))?;
         ensure(
             s.kv() == self.kv && s.calibration().r() == r,
             "ds",
-            format!("a state of label width {r} for a cache of shape {:?}", self.kv),
+            format!(
+                "a state of label width {r} for a cache of shape {:?}",
+                self.kv
+            ),
             format!("label width {} for {:?}", s.calibration().r(), s.kv()),
         )?;
         Ok((Arg::from(s.channels()), Arg::from(s.labels())))
@@ -566,7 +570,10 @@ impl AppendPlan {
         ensure(
             s.num_seqs() >= self.batch,
             "sparq",
-            format!("a state for at least {} sequences (the plan's batch)", self.batch),
+            format!(
+                "a state for at least {} sequences (the plan's batch)",
+                self.batch
+            ),
             s.num_seqs(),
         )?;
         ensure(

@@ -23,8 +23,8 @@
 //! the append), `num_blk_indices`, `num_blocks`, `block_size`, `k_t`, `v_sum` (SparQ). Grid: `ceil(batch * num_kv_heads / ROWS)`.
 
 use super::parts::{ds_token, quantize_token, quest_token, write_kv};
-use crate::selectors::sparq_kernels::sparq_token;
 use super::token::{token_page, token_slot};
+use crate::selectors::sparq_kernels::sparq_token;
 use dusk_macros::kernel;
 
 #[kernel(crate = "crate::dusk_paths", num_warps = WARPS)]

@@ -441,9 +441,16 @@ fn check_v_sums(
                 }
                 let i = (b * hk + h) * d + c;
                 let bound = n as f64 * f64::from(f32::EPSILON) / 2.0 * abs;
-                for (what, want, tol) in [("kernel", kernel[i] as f64, 2.0 * bound), ("host", sum, bound)] {
+                for (what, want, tol) in [
+                    ("kernel", kernel[i] as f64, 2.0 * bound),
+                    ("host", sum, bound),
+                ] {
                     let g = got[i] as f64;
-                    let ok = if want.is_nan() { g.is_nan() } else { (g - want).abs() <= tol };
+                    let ok = if want.is_nan() {
+                        g.is_nan()
+                    } else {
+                        (g - want).abs() <= tol
+                    };
                     if !ok {
                         return Err(format!(
                             "sparq v_sum[{i}] (sequence {b}, KV head {h}): {g}, want {want} \
