@@ -857,14 +857,37 @@ fn cache_append_kernels_assemble_without_spills() {
     for d in [64, 128, 256] {
         for quantized in [None, Some(4), Some(8)] {
             for quest in [false, true] {
-                let parts = AppendParts { quantized, quest };
+                let parts = AppendParts {
+                    quantized,
+                    quest,
+                    ..AppendParts::default()
+                };
                 ks.push(kernel_for(d, &parts, &AppendConfig::default()).unwrap()().unwrap());
+            }
+        }
+    }
+    // The other selectors' parts: the default configuration only.
+    for d in [64, 128, 256] {
+        for quantized in [None, Some(4), Some(8)] {
+            let ds = [8, 16, 32].map(|r| AppendParts {
+                quantized,
+                ds: Some(r),
+                ..AppendParts::default()
+            });
+            let sparq = AppendParts {
+                quantized,
+                sparq: true,
+                ..AppendParts::default()
+            };
+            for parts in ds.iter().chain([&sparq]) {
+                ks.push(kernel_for(d, parts, &AppendConfig::default()).unwrap()().unwrap());
             }
         }
     }
     let parts = AppendParts {
         quantized: Some(4),
         quest: true,
+        ..AppendParts::default()
     };
     for cfg in specialised_configs() {
         ks.push(kernel_for(128, &parts, &cfg).unwrap()().unwrap());
