@@ -4,11 +4,13 @@
 #   ./dev.sh setup  install what is missing, then say what was found
 #   ./dev.sh test   install what is missing, then run every test (what CI runs): the
 #                   workspace's, then the Python package's (built into .venv, on the CPU)
-#   ./dev.sh run    install what is missing, then run the main job, Twilight's pipeline:
-#                   select pages, quantize K to INT4, estimate the candidates' scores with
-#                   the INT4 SpGEMV, prune them with top-p, attend over the kept tokens;
-#                   each stage checked against its host reference, with a verdict (on the
-#                   GPU when there is one, the interpreter otherwise)
+#   ./dev.sh run    install what is missing, then run the main job (examples/twilight):
+#                   sparse-attention pipelines (Full, Quest, Quest+Twilight, DS+Twilight,
+#                   SparQ, Full+Twilight, a centroid selector+Twilight) on a synthetic
+#                   long-context batch, each checked against the f64 reference of its
+#                   algorithm, with a verdict; per-head budgets, errors against dense
+#                   attention and step times, a budget plot (on the GPU when there is
+#                   one, the interpreter otherwise)
 #
 # Python packages (ptxas comes as one) go into a virtual environment in the repository,
 # .venv/ (gitignored), made with the python3 on the PATH: a distribution's python3 refuses

@@ -84,7 +84,8 @@ for step in "$@"; do
     focus) run_family threshold-focus topp_peers.py threshold_search_focus.json "--focus 12" "--no-sweep --focus 12 ${GPU_CHECK_THRESHOLD:-}" ;;
     sanitize)
       for tool in memcheck racecheck; do
-        for family in spgemv "threshold --rows 300" attention selectors; do
+        # SANITIZE_FAMILIES: a subset (e.g. "selectors pipeline"); by default every family.
+        for family in ${SANITIZE_FAMILIES:-spgemv "threshold --rows 300" attention selectors pipeline}; do
           echo "== compute-sanitizer --tool $tool gpu-check $family --check-only" >>"$out/sanitize.log"
           # shellcheck disable=SC2086
           compute-sanitizer --tool $tool $gc $family --check-only 2>&1 | tail -4 >>"$out/sanitize.log"

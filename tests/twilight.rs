@@ -1,139 +1,117 @@
-//! The Twilight pipeline example (select, INT4 quantization and scores, top-p with group
-//! unions, varlen attention over the pruner's lists) through the CPU interpreter, and its
-//! verdicts.
+//! The main job (examples/twilight) through the CPU interpreter at a small size: every
+//! pipeline equal to the f64 reference of its algorithm, the outputs written, and
+//! Twilight's claims on the synthetic heads: budgets adapt per head (focused heads keep
+//! tens of tokens, diffuse ones hundreds or more), and Quest+Twilight's output error is no
+//! worse than Quest's top-k at the same average budget.
 
-#[path = "../examples/twilight/pipeline.rs"]
-mod pipeline;
+#[path = "../examples/centroid_selector/selector.rs"]
+mod centroid;
+#[path = "../examples/twilight/check.rs"]
+mod check;
+#[path = "../examples/twilight/claims.rs"]
+mod claims;
+#[path = "../examples/twilight/job.rs"]
+mod job;
+#[path = "../examples/twilight/methods.rs"]
+mod methods;
+#[path = "../examples/twilight/plot.rs"]
+mod plot;
+#[path = "../examples/twilight/report.rs"]
+mod report;
 
-use dusk::kernels::paged::KvShape;
-use pipeline::Report;
+use dusk::kernels::selectors::DsCalibration;
 
-fn run() -> Report {
+/// 2 sequences of 2048 tokens, GQA 16/4 (one KV head of each kind), into a fresh folder.
+fn small_job() -> (job::Job, std::path::PathBuf) {
     let dusk = dusk::Dusk::new(dusk::runtime::Device::cpu()).unwrap();
-    pipeline::run(&dusk, &[200, 17, 96], 0.9, 3).unwrap()
+    let out = std::env::temp_dir().join(format!("dusk-twilight-{}", std::process::id()));
+    let o = job::Options {
+        batch: 2,
+        context: 2048,
+        q_heads: 16,
+        kv_heads: 4,
+        check_seqs: 2,
+        out: out.clone(),
+        ..job::Options::for_device(false)
+    };
+    (job::run(&dusk, &o).unwrap(), out)
 }
 
 #[test]
-fn select_estimate_prune_attend() {
-    let r = run();
-    assert!(r.kept > 0 && r.kept <= r.candidates);
-    let names: Vec<&str> = r.stages.iter().map(|s| s.name).collect();
+fn the_main_job_passes_its_checks_and_twilights_claims_hold() {
+    let (mut job, out) = small_job();
+    let names: Vec<&str> = job.results.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names.len(), 8, "{names:?}");
     assert_eq!(
-        names,
+        [names[0], names[1], names[2], names[4], names[5], names[6], names[7]],
         [
-            "select (pages to tokens)",
-            "quantize K to INT4",
-            "estimate (INT4 SpGEMV)",
-            "prune (top-p)",
-            "attend (kept tokens)"
+            "Full (dense)",
+            "Quest",
+            "Quest+Twilight",
+            "DS+Twilight",
+            "SparQ",
+            "Full+Twilight",
+            "Centroid+Twilight"
         ]
     );
-    let table = r.to_string();
-    assert!(r.passed(), "{table}");
+    assert!(names[3].starts_with("Quest ("), "{names:?}");
+    assert_eq!(job.kinds, ["focused", "peaked", "spread", "diffuse"]);
+    let report = job.to_string();
+    assert!(job.passed(), "{report}");
     assert!(
-        table.ends_with("PASS: 5 of 5 stages within tolerance"),
-        "{table}"
+        report.ends_with("PASS: 8 of 8 pipelines equal to their reference"),
+        "{report}"
     );
-    assert!(!table.contains("FAIL"), "{table}");
-    // The interpreter repeats the host quantizer's steps exactly.
-    assert_eq!(r.stages[1].error, 0.0);
-}
-
-#[test]
-fn a_stage_over_tolerance_fails_the_run() {
-    let mut r = run();
-    let attend = &mut r.stages[4];
-    attend.error = attend.tolerance * 1.5;
-    attend.detail = Some("row 3 is off".into());
-    assert!(!r.stages[4].passed());
-    assert!(!r.passed());
-    let table = r.to_string();
-    let row = table
-        .lines()
-        .find(|l| l.starts_with("attend (kept tokens)"))
-        .unwrap();
-    assert!(row.ends_with("FAIL"), "{row}");
-    assert!(row.contains("3.0e-3 rel"), "{row}");
-    assert!(
-        table.contains("FAIL attend (kept tokens): row 3 is off"),
-        "{table}"
-    );
-    assert!(
-        table.ends_with("FAIL: 4 of 5 stages within tolerance"),
-        "{table}"
-    );
-    // Every other row still passes.
-    assert_eq!(table.matches("  PASS").count(), 4, "{table}");
-}
-
-#[test]
-fn verdict_bounds() {
-    let mut r = run();
-    let prune = &mut r.stages[3];
-    prune.error = prune.tolerance;
-    assert!(prune.passed(), "an error equal to the tolerance passes");
-    prune.error = 1.0;
-    assert!(!prune.passed(), "one token off the oracle fails");
-    let quantize = &mut r.stages[1];
-    quantize.error = f64::NAN;
-    assert!(!quantize.passed(), "a NaN error fails");
-    assert!(r
-        .to_string()
-        .ends_with("FAIL: 3 of 5 stages within tolerance"));
-}
-
-#[test]
-fn the_checks_catch_wrong_outputs() {
-    use dusk::kernels::paged::{PageTable, TokenLists};
-    use dusk::kernels::reference;
-    use half::f16;
-
-    // select: a candidate list one token short.
-    let table = PageTable::from_lengths(&[40], 16, vec![2, 0, 1]).unwrap();
-    let chosen = vec![vec![0, 2]; pipeline::NUM_KV_HEADS];
-    let mut cand = TokenLists::from_pages(&table, 16, pipeline::NUM_KV_HEADS, &chosen);
-    assert!(pipeline::check_select(&table, &chosen, &cand).passed());
-    cand.indices.remove(3);
-    for i in &mut cand.indptr[1..] {
-        *i -= 1;
+    // Every pipeline with a pruner checked its INT4 copy, SparQ its mix.
+    for c in &job.checks {
+        let stages: Vec<&str> = c.stages.iter().map(|s| s.stage).collect();
+        assert!(stages.contains(&"attend"), "{}: {stages:?}", c.method);
+        if c.method.contains("Twilight") {
+            assert!(stages.contains(&"quantize (steps)"), "{stages:?}");
+            assert!(stages.contains(&"prune"), "{stages:?}");
+        }
     }
-    let s = pipeline::check_select(&table, &chosen, &cand);
-    assert_eq!((s.passed(), s.error), (false, 1.0));
+    let sparq = job.checks.iter().find(|c| c.method == "SparQ").unwrap();
+    assert!(sparq.stages.iter().any(|s| s.stage == "mix (alpha)"));
 
-    // quantize: one code (K row 1, element 12: byte 64 + 6, low nibble) two steps off.
-    let k: Vec<f16> = (0..4 * pipeline::HEAD_DIM)
-        .map(|i| f16::from_f32((i % 37) as f32 / 37.0 - 0.5))
-        .collect();
-    let kv = KvShape {
-        num_pages: 1,
-        page_size: 4,
-        num_kv_heads: 1,
-        head_dim: pipeline::HEAD_DIM,
-    };
-    let want = reference::quantize(&k, &kv, 4);
-    assert!(pipeline::check_quantize(&want, &want).passed());
-    let mut got = want.clone();
-    let code = got.packed[70] & 15;
-    let off = if code < 8 { code + 2 } else { code - 2 };
-    got.packed[70] = (got.packed[70] & 0xf0) | off;
-    let s = pipeline::check_quantize(&got, &want);
-    assert_eq!((s.passed(), s.error), (false, 2.0));
-    let detail = s.detail.unwrap();
-    assert!(detail.contains("K row 1, element 12:"), "{detail}");
+    // The claims: both Twilight pipelines adapt, Quest+Twilight no worse than Quest.
+    assert_eq!(job.claims.len(), 3, "{report}");
+    for c in &job.claims {
+        assert!(c.holds, "{}", c.text);
+    }
+    let kinds = job.kinds.clone();
+    for name in ["Full+Twilight", "Quest+Twilight"] {
+        let r = job.results.iter().find(|r| r.name == name).unwrap();
+        let focused = report::mean_budget_of_kind(r, &kinds, "focused").unwrap();
+        let diffuse = report::mean_budget_of_kind(r, &kinds, "diffuse").unwrap();
+        assert!(
+            focused < 100.0 && diffuse >= 100.0,
+            "{name}: {focused}, {diffuse}"
+        );
+    }
+    let (qt, quest) = (&job.results[2], &job.results[3]);
+    assert!(qt.mean_error() <= quest.mean_error() && quest.mean_budget() >= qt.mean_budget());
+    // Quest at a quarter keeps 512 tokens a row; dense every one.
+    assert!(job.results[1].budgets.iter().all(|b| *b == 512));
+    assert!(job.results[0].errors.iter().all(|e| *e == 0.0));
 
-    // prune: at p = 1 every candidate is kept; one dropped, or one that is no candidate.
-    let group = 4;
-    let cand = TokenLists {
-        indptr: vec![0, 5],
-        indices: vec![0, 1, 2, 7, 9],
-    };
-    let scores: Vec<f32> = (0..5 * group).map(|i| (i % 7) as f32).collect();
-    let all = vec![cand.indices.clone()];
-    assert!(pipeline::check_prune(&cand, group, &scores, 0.1, 1.0, &all).passed());
-    let s = pipeline::check_prune(&cand, group, &scores, 0.1, 1.0, &[vec![0, 1, 2, 9]]);
-    assert_eq!((s.passed(), s.error), (false, 1.0));
-    let s = pipeline::check_prune(&cand, group, &scores, 0.1, 1.0, &[vec![0, 1, 2, 7, 8, 9]]);
-    assert_eq!((s.passed(), s.error), (false, 1.0));
-    let detail = s.detail.unwrap();
-    assert!(detail.contains("kept 8, no candidate"), "{detail}");
+    // The files: the calibration loads back, the table is the report's, the plot an SVG.
+    let cal = DsCalibration::load(&out.join("ds_calibration.json")).unwrap();
+    assert_eq!((cal.r(), cal.num_kv_heads(), cal.samples()), (16, 4, 256));
+    let md = std::fs::read_to_string(out.join("table.md")).unwrap();
+    assert!(report.contains(&md), "{md}");
+    let svg = std::fs::read_to_string(out.join("budgets.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("Centroid+Twilight"));
+    std::fs::remove_dir_all(&out).unwrap();
+
+    // A stage out of tolerance fails the job, and the report says which.
+    let stage = &mut job.checks[2].stages[1];
+    stage.error = stage.tolerance + 1.0;
+    let report = job.to_string();
+    assert!(!job.passed());
+    assert!(
+        report.contains("  FAIL Quest+Twilight: ")
+            && report.ends_with("FAIL: 7 of 8 pipelines equal to their reference"),
+        "{report}"
+    );
 }

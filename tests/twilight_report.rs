@@ -6,7 +6,7 @@ mod plot;
 #[path = "../examples/twilight/report.rs"]
 mod report;
 
-use report::{row_errors, table, MethodResult};
+use report::{kind_table, mean_error_of_kind, row_errors, table, MethodResult};
 
 /// Two sequences of four heads.
 fn methods() -> Vec<MethodResult> {
@@ -43,6 +43,34 @@ fn the_table_summarises_each_method() {
         lines[3],
         "| Quest+Twilight | 384.6 | 0 | 2000 | 2.00e-2 | 3.00e-2 | - |"
     );
+}
+
+#[test]
+fn the_kind_table_averages_each_kind_of_head() {
+    // Heads 0 and 2 focused, 1 and 3 diffuse; one query row a head (errors as budgets).
+    let mut m = methods();
+    m[1].errors = vec![0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8];
+    let kinds = ["focused", "diffuse", "focused", "diffuse"];
+    let t = kind_table(&m[1..], &kinds).unwrap();
+    let lines: Vec<&str> = t.lines().collect();
+    assert_eq!(
+        lines[0],
+        "| method | focused: budget, error | diffuse: budget, error |"
+    );
+    // Focused budgets 3, 9, 5, 0: 4.25; errors 0.1, 0.3, 0.5, 0.7: 0.4. Diffuse 40, 1000,
+    // 20, 2000: 765; errors 0.5 on average.
+    assert_eq!(
+        lines[2],
+        "| Quest+Twilight | 4.2, 4.00e-1 | 765.0, 5.00e-1 |"
+    );
+    // Two query rows a head: heads 0 and 2 are rows 0, 1, 4, 5 of sequence 0 and 8, 9,
+    // 12, 13 of sequence 1 (52 / 8).
+    m[1].errors = (0..16).map(|i| i as f64).collect();
+    assert_eq!(mean_error_of_kind(&m[1], &kinds, "focused"), Some(6.5));
+    // Errors that are not whole groups of rows have no kind.
+    m[1].errors.pop();
+    assert_eq!(mean_error_of_kind(&m[1], &kinds, "focused"), None);
+    assert_eq!(mean_error_of_kind(&m[1], &kinds, "peaked"), None);
 }
 
 #[test]

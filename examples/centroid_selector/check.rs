@@ -2,7 +2,7 @@
 //! against plain Rust: the centroids, the page scores (f64), and the pages kept (the
 //! sort-based top-k of those scores, ties to the lower page, the last page always kept).
 
-use super::selector::CENTROID;
+use super::selector::{page_scores, CENTROID};
 use dusk::kernels::paged::{KvShape, PageTable};
 use dusk::kernels::selectors::reference::{page_token_lists, select_items};
 use dusk::kernels::selectors::{Budget, Keep, PageUpdates, SelectorPlan, SelectorState};
@@ -57,14 +57,12 @@ pub fn run(
         .f16("mean")
         .ok_or("no state `mean`")?
         .download()?;
-    let group = q_heads / heads;
-    let mut want_scores = vec![];
-    for b in 0..lens.len() {
+    for (b, n) in lens.iter().enumerate() {
         let pages =
             &table.kv_page_indices[table.kv_indptr[b] as usize..table.kv_indptr[b + 1] as usize];
         for h in 0..heads {
             for (i, &p) in pages.iter().enumerate() {
-                let len = (lens[b] - i * ps).min(ps);
+                let len = (n - i * ps).min(ps);
                 let row = (p as usize * heads + h) * d;
                 for c in 0..d {
                     let want = (0..len)
@@ -78,20 +76,12 @@ pub fn run(
                         );
                     }
                 }
-                let qsum = |c: usize| {
-                    (0..group)
-                        .map(|g| q[((b * heads + h) * group + g) * d + c].to_f64())
-                        .sum::<f64>()
-                };
-                want_scores.push(
-                    (0..d)
-                        .map(|c| qsum(c) * mean[row + c].to_f64())
-                        .sum::<f64>(),
-                );
             }
         }
     }
-    // Scores, then the pages kept by the sort-based top-k of the kernel's own scores.
+    // Scores against plain Rust's, then the pages kept by the sort-based top-k of the
+    // kernel's own scores.
+    let want_scores = page_scores(&q, &k, &kv, &table, q_heads);
     let got: Vec<f64> = plan
         .scores()
         .download()?

@@ -1,10 +1,13 @@
 //! A token selector of one's own: the mean of K over each page (its centroid) and KV head,
 //! updated when a page is written, and a page's score `q . centroid` summed over the GQA
 //! group. Written against `dusk::kernels::selectors` exactly as the stock Quest is; the
-//! plan (scores, device top-k, CSR token lists) is dusk's.
+//! plan (scores, device top-k, CSR token lists) is dusk's. [`page_scores`] is the same in
+//! plain Rust, what the checks hold the kernels to.
 
+use dusk::kernels::paged::{KvShape, PageTable};
 use dusk::kernels::selectors::page;
 use dusk::kernels::selectors::{Build, ScoreKernel, Selector, StateArray};
+use half::f16;
 
 /// At append: the mean of each written page's valid tokens, per KV head.
 #[dusk::kernel(num_warps = 2)]
@@ -82,3 +85,42 @@ pub const CENTROID: Selector = Selector {
         })
     },
 };
+
+/// The page scores in plain Rust, laid out as a plan's (row `(b, h)` at `kv_indptr[b] *
+/// num_kv_heads + h * pages_b`): each page's centroid as the update kernel makes it (the
+/// f32 mean of its valid tokens, rounded to f16: the state's type) dotted in f64 with the
+/// group's queries (`q`: `[batch, num_q_heads, head_dim]`; `k`: the cache).
+pub fn page_scores(
+    q: &[f16],
+    k: &[f16],
+    kv: &KvShape,
+    table: &PageTable,
+    num_q_heads: usize,
+) -> Vec<f64> {
+    let (d, hk, ps) = (kv.head_dim, kv.num_kv_heads, kv.page_size);
+    let group = num_q_heads / hk;
+    let mut out = vec![0.0; table.kv_page_indices.len() * hk];
+    for b in 0..table.batch() {
+        let first = table.kv_indptr[b] as usize;
+        let n = table.kv_indptr[b + 1] as usize - first;
+        for h in 0..hk {
+            for j in 0..n {
+                let page = table.kv_page_indices[first + j] as usize;
+                let len = (table.seq_len(b, ps) - j * ps).min(ps);
+                out[first * hk + h * n + j] = (0..d)
+                    .map(|c| {
+                        let sum: f64 = (0..len)
+                            .map(|s| k[kv.k_row(page, s, h) * d + c].to_f64())
+                            .sum();
+                        let mean = f16::from_f32(sum as f32 / len as f32).to_f64();
+                        let qsum: f64 = (0..group)
+                            .map(|g| q[((b * hk + h) * group + g) * d + c].to_f64())
+                            .sum();
+                        qsum * mean
+                    })
+                    .sum();
+            }
+        }
+    }
+    out
+}

@@ -1,12 +1,34 @@
-//! Twilight's select-then-prune pipeline end to end (see `pipeline.rs`): on the GPU when
-//! there is one, through the interpreter otherwise. Prints each stage's check (reference,
-//! tolerance, measured error, PASS or FAIL) and the overall verdict.
+//! The main job (`./dev.sh run`): sparse-attention pipelines on one synthetic long-context
+//! batch, on the GPU when there is one and through the interpreter otherwise.
 //!
-//!     cargo run --release --example twilight
+//! Full (dense), Quest (N/4), Quest+Twilight (p = 0.95), Quest alone at Quest+Twilight's
+//! average budget, Double Sparsity+Twilight, SparQ, Full+Twilight and the centroid selector
+//! of `examples/centroid_selector` with Twilight, each declared with `pipeline!` in a few
+//! lines (`methods.rs`). Each is first checked against the f64 reference of its own
+//! algorithm, stage by stage (`check.rs`); then stepped on the whole batch and timed. The
+//! job prints the checks, a table of per-head budgets (mean, min, max), output errors
+//! against dense attention and time per step, the budgets by kind of head, and whether
+//! Twilight's claims hold (`claims.rs`); it writes the table (`table.md`), a plot of the
+//! per-head budgets (`budgets.svg`, like Twilight's Figure 11) and Double Sparsity's
+//! calibration (`ds_calibration.json`) into the output folder.
 //!
-//! Exit status: 0 when every stage passed, 1 when one failed, 2 when the job could not run.
+//!     cargo run --release --example twilight -- [--out target/twilight] [--batch N]
+//!         [--context N] [--heads 32/8] [--seed 1] [--check-seqs N]
+//!
+//! Defaults: on a GPU the paper's shape (32 sequences of 32768 tokens, GQA 32/8); through
+//! the interpreter 2 sequences of 8192 tokens, GQA 32/8. The checks run on the first
+//! `--check-seqs` sequences (2 by default; the batch itself when it has no more). Exit status: 0 when every pipeline equals its reference, 1 when one does
+//! not, 2 when the job could not run.
 
-mod pipeline;
+mod check;
+mod claims;
+mod job;
+mod methods;
+mod plot;
+mod report;
+
+#[path = "../centroid_selector/selector.rs"]
+mod centroid;
 
 use dusk::runtime::Device;
 use std::process::ExitCode;
@@ -22,7 +44,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// Runs the job and prints the report; whether every stage passed.
+/// Runs the job and prints its report; whether every pipeline passed its checks.
 fn run() -> Result<bool, Box<dyn std::error::Error>> {
     let (device, backend) = match Device::gpu(0) {
         Ok(gpu) => {
@@ -32,27 +54,47 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
         Err(e) => (Device::cpu(), format!("CPU interpreter ({e})")),
     };
     println!("backend: {backend}");
+    let mut o = job::Options::for_device(device.is_gpu());
+    parse_args(&mut o)?;
     let dusk = dusk::Dusk::new(device)?;
-    let lens: Vec<usize> = if dusk.device().is_gpu() {
-        vec![32768, 8000, 20000, 1]
-    } else {
-        vec![300, 37, 129]
-    };
-    let p = 0.9;
-    println!(
-        "input: {} sequences of {:?} tokens; {} query heads over {} KV heads, head_dim {}, pages of {}; top-p {p}",
-        lens.len(),
-        lens,
-        pipeline::NUM_Q_HEADS,
-        pipeline::NUM_KV_HEADS,
-        pipeline::HEAD_DIM,
-        pipeline::PAGE_SIZE,
-    );
-    let report = pipeline::run(&dusk, &lens, p, 5)?;
-    println!(
-        "{} candidate tokens (over sequences and KV heads), {} kept by top-p\n",
-        report.candidates, report.kept
-    );
-    println!("{report}");
-    Ok(report.passed())
+    let start = std::time::Instant::now();
+    let job = job::run(&dusk, &o)?;
+    println!("{job}");
+    println!("({:.1} s)", start.elapsed().as_secs_f64());
+    Ok(job.passed())
+}
+
+/// `--out DIR`, `--batch N`, `--context N`, `--heads Q/KV`, `--seed N`, `--check-seqs N`.
+fn parse_args(o: &mut job::Options) -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args
+            .next()
+            .ok_or_else(|| format!("{flag}: expected a value after it"))?;
+        let number = |v: &str| {
+            v.parse::<usize>()
+                .map_err(|e| format!("{flag}: expected a number, found {v:?} ({e})"))
+        };
+        match flag.as_str() {
+            "--out" => o.out = value.into(),
+            "--batch" => o.batch = number(&value)?,
+            "--context" => o.context = number(&value)?,
+            "--seed" => o.seed = number(&value)? as u64,
+            "--check-seqs" => o.check_seqs = number(&value)?,
+            "--heads" => {
+                let (q, kv) = value
+                    .split_once('/')
+                    .ok_or_else(|| format!("--heads: expected Q/KV, found {value:?}"))?;
+                (o.q_heads, o.kv_heads) = (number(q)?, number(kv)?);
+            }
+            _ => {
+                return Err(format!(
+                    "unknown option {flag}; the options are --out, --batch, --context, \
+                     --heads, --seed and --check-seqs"
+                )
+                .into())
+            }
+        }
+    }
+    Ok(())
 }

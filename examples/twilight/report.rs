@@ -29,6 +29,21 @@ impl MethodResult {
         self.budgets.iter().skip(h).step_by(self.heads).copied()
     }
 
+    /// The mean budget over every (sequence, head).
+    pub fn mean_budget(&self) -> f64 {
+        self.budgets.iter().sum::<usize>() as f64 / self.budgets.len().max(1) as f64
+    }
+
+    /// The mean error over the output rows.
+    pub fn mean_error(&self) -> f64 {
+        self.errors.iter().sum::<f64>() / self.errors.len().max(1) as f64
+    }
+
+    /// The largest error over the output rows.
+    pub fn max_error(&self) -> f64 {
+        self.errors.iter().copied().fold(0.0, f64::max)
+    }
+
     /// Checks the shapes: at least one head and one sequence, whole sequences of budgets,
     /// and errors that are numbers.
     pub fn validate(&self) -> Result<(), Box<dyn Error>> {
@@ -82,17 +97,80 @@ pub fn table(results: &[MethodResult]) -> Result<String, Box<dyn Error>> {
     );
     for r in results {
         r.validate()?;
-        let mean = r.budgets.iter().sum::<usize>() as f64 / r.budgets.len() as f64;
-        let emean = r.errors.iter().sum::<f64>() / r.errors.len() as f64;
-        let emax = r.errors.iter().copied().fold(0.0, f64::max);
         let step = r.step_us.map_or("-".into(), |t| format!("{t:.1}"));
         writeln!(
             out,
-            "| {} | {mean:.1} | {} | {} | {emean:.2e} | {emax:.2e} | {step} |",
+            "| {} | {:.1} | {} | {} | {:.2e} | {:.2e} | {step} |",
             r.name,
+            r.mean_budget(),
             r.budgets.iter().min().expect("validated"),
             r.budgets.iter().max().expect("validated"),
+            r.mean_error(),
+            r.max_error(),
         )?;
+    }
+    Ok(out)
+}
+
+/// The mean budget of `r`'s heads of kind `kind` over the sequences (`kinds[h]` names head
+/// `h`'s kind); `None` when no head is of that kind.
+pub fn mean_budget_of_kind(r: &MethodResult, kinds: &[&str], kind: &str) -> Option<f64> {
+    let b: Vec<usize> = (0..r.heads)
+        .filter(|h| kinds.get(*h) == Some(&kind))
+        .flat_map(|h| r.head_budgets(h))
+        .collect();
+    (!b.is_empty()).then(|| b.iter().sum::<usize>() as f64 / b.len() as f64)
+}
+
+/// The mean error of the query rows of `r`'s heads of kind `kind` (`kinds[h]` names head
+/// `h`'s kind; a head's query rows are its group's, `errors.len() / budgets.len()` of them
+/// a head and sequence); `None` when no head is of that kind or the errors are not whole
+/// groups of rows.
+pub fn mean_error_of_kind(r: &MethodResult, kinds: &[&str], kind: &str) -> Option<f64> {
+    let group = r.errors.len() / r.budgets.len().max(1);
+    if group == 0 || r.errors.len() != group * r.budgets.len() {
+        return None;
+    }
+    let e: Vec<f64> = (0..r.errors.len())
+        .filter(|i| kinds.get((i % (r.heads * group)) / group) == Some(&kind))
+        .map(|i| r.errors[i])
+        .collect();
+    (!e.is_empty()).then(|| e.iter().sum::<f64>() / e.len() as f64)
+}
+
+/// Each kind of head's mean budget and mean error (`kinds[h]` names head `h`'s, the kinds
+/// in the order they first appear), in Markdown: one row per method, a cell per kind.
+pub fn kind_table(results: &[MethodResult], kinds: &[&str]) -> Result<String, Box<dyn Error>> {
+    let mut order: Vec<&str> = vec![];
+    for k in kinds {
+        if !order.contains(k) {
+            order.push(k);
+        }
+    }
+    let mut out = format!(
+        "| method | {} |\n|---|{}\n",
+        order
+            .iter()
+            .map(|k| format!("{k}: budget, error"))
+            .collect::<Vec<_>>()
+            .join(" | "),
+        "---:|".repeat(order.len())
+    );
+    for r in results {
+        r.validate()?;
+        let cells: Vec<String> = order
+            .iter()
+            .map(|k| {
+                match (
+                    mean_budget_of_kind(r, kinds, k),
+                    mean_error_of_kind(r, kinds, k),
+                ) {
+                    (Some(b), Some(e)) => format!("{b:.1}, {e:.2e}"),
+                    _ => "-".into(),
+                }
+            })
+            .collect();
+        writeln!(out, "| {} | {} |", r.name, cells.join(" | "))?;
     }
     Ok(out)
 }

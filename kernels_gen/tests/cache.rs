@@ -3,7 +3,8 @@
 //! Quest's state after every step's append equal what writing the tokens on the host, then
 //! `quantize_k` and `quest_update` over every page, give), a page table on the device with
 //! bad entries (skipped, nothing written out of place), the touched list feeding a page
-//! selector's own update, and the error paths.
+//! selector's own update, and the error paths. Double Sparsity's labels and SparQ's state
+//! written by the same launch are checked the same way (`ds_update`, `sparq_update`).
 
 use dusk_kernels::cache::append::specialised_configs;
 use dusk_kernels::cache::check::{check_decode, DecodeCase};
@@ -11,7 +12,9 @@ use dusk_kernels::cache::{AppendConfig, AppendParts, AppendPlan, AppendTargets};
 use dusk_kernels::engines::CsrPages;
 use dusk_kernels::ops::Dusk;
 use dusk_kernels::paged::{KvShape, PageTable};
-use dusk_kernels::selectors::{PageUpdates, SelectorState, QUEST};
+use dusk_kernels::selectors::{
+    DsCalibration, DsState, PageUpdates, SelectorState, SparqBlocks, SparqState, QUEST,
+};
 use dusk_kernels::DuskError;
 use dusk_runtime::{Buffer, Device};
 use half::f16;
@@ -25,6 +28,8 @@ fn dusk() -> Dusk {
 const INT4_QUEST: AppendParts = AppendParts {
     quantized: Some(4),
     quest: true,
+    ds: None,
+    sparq: false,
 };
 
 #[test]
@@ -44,14 +49,17 @@ fn every_part_and_head_dim() {
         AppendParts {
             quantized: Some(8),
             quest: false,
+            ..AppendParts::default()
         },
         AppendParts {
             quantized: None,
             quest: true,
+            ..AppendParts::default()
         },
         AppendParts {
             quantized: Some(8),
             quest: true,
+            ..AppendParts::default()
         },
         INT4_QUEST,
     ];
@@ -71,6 +79,157 @@ fn every_part_and_head_dim() {
         };
         check_decode(&dusk, &case).unwrap_or_else(|e| panic!("head_dim {d} {parts:?}: {e}"));
     }
+}
+
+/// Double Sparsity's labels and SparQ's state in the append: every label width and head_dim,
+/// with and without a quantized copy; SparQ with blocks larger, equal and smaller than the
+/// pages, and NaN in the new tokens.
+#[test]
+fn the_selectors_parts_equal_their_updates() {
+    let dusk = dusk();
+    let mut i = 0;
+    for d in [64, 128, 256] {
+        let mut parts: Vec<AppendParts> = [8, 16, 32]
+            .iter()
+            .map(|&r| AppendParts {
+                quantized: (r == 16).then_some(4),
+                ds: Some(r),
+                ..AppendParts::default()
+            })
+            .collect();
+        for quantized in [None, Some(8)] {
+            parts.push(AppendParts {
+                quantized,
+                sparq: true,
+                ..AppendParts::default()
+            });
+        }
+        for parts in parts {
+            for (block_size, nan) in [(32, false), (16, true), (8, false)] {
+                i += 1;
+                let case = DecodeCase {
+                    lens: vec![3, 31, 0, 40],
+                    steps: 10,
+                    num_kv_heads: 2,
+                    head_dim: d,
+                    parts,
+                    nan,
+                    sparq_block_size: block_size,
+                    seed: 100 + i,
+                    ..DecodeCase::default()
+                };
+                check_decode(&dusk, &case)
+                    .unwrap_or_else(|e| panic!("head_dim {d} {parts:?} blocks {block_size}: {e}"));
+                if !parts.sparq {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// The selectors' parts reject states of other shapes, a missing or unexpected state, a
+/// block table of the wrong batch, and more than one selector in a plan.
+#[test]
+fn the_selectors_parts_reject_bad_state() {
+    let dusk = dusk();
+    let dev = dusk.device();
+    let kv = KvShape {
+        num_pages: 8,
+        page_size: 16,
+        num_kv_heads: 2,
+        head_dim: 64,
+    };
+    let err = |r: Result<AppendPlan, DuskError>| arg_of(r.err().expect("an error"));
+    let ds8 = AppendParts {
+        ds: Some(8),
+        ..AppendParts::default()
+    };
+    let sparq = AppendParts {
+        sparq: true,
+        ..AppendParts::default()
+    };
+    let ds12 = AppendParts {
+        ds: Some(12),
+        ..ds8
+    };
+    assert_eq!(err(AppendPlan::new(&dusk, kv, 2, ds12)), "ds");
+    let both = AppendParts { sparq: true, ..ds8 };
+    assert_eq!(err(AppendPlan::new(&dusk, kv, 2, both)), "parts");
+    let with_quest = AppendParts {
+        quest: true,
+        ..sparq
+    };
+    assert_eq!(err(AppendPlan::new(&dusk, kv, 2, with_quest)), "parts");
+    let rows4 = |c: &mut AppendConfig| c.rows_per_program = 4;
+    let r = AppendPlan::with_config(&dusk, kv, 2, ds8, rows4);
+    assert_eq!(err(r), "config"); // DS and SparQ: the default configuration only
+
+    let lens_table = PageTable::from_lengths(&[5, 20], 16, vec![0, 1, 2]).unwrap();
+    let n = 2 * 2 * 64;
+    let new = dev.alloc::<f16>(n).unwrap();
+    let mut k = dev.alloc::<f16>(kv.elements()).unwrap();
+    let mut v = dev.alloc::<f16>(kv.elements()).unwrap();
+    let channels = |r: usize| vec![(0..r).collect::<Vec<_>>(); 2];
+    let cal = |r| DsCalibration::from_channels(64, &channels(r)).unwrap();
+    let mut ds_state = DsState::new(&dusk, kv, &cal(8)).unwrap();
+    let mut ds_r16 = DsState::new(&dusk, kv, &cal(16)).unwrap();
+    let other = KvShape { num_pages: 9, ..kv };
+    let mut ds_other = DsState::new(&dusk, other, &cal(8)).unwrap();
+    let plan = AppendPlan::new(&dusk, kv, 2, ds8).unwrap();
+    let table = plan.upload_table(&dusk, &lens_table).unwrap();
+    let mut run = |ds: Option<&mut DsState>, sparq: Option<(&mut SparqState, &CsrPages)>| {
+        let t = AppendTargets {
+            k_cache: &mut k,
+            v_cache: &mut v,
+            quantized: None,
+            quest: None,
+            ds,
+            sparq,
+        };
+        plan.run(&dusk, &table, &new, &new, t).err().map(arg_of)
+    };
+    assert_eq!(run(None, None), Some("ds"));
+    assert_eq!(run(Some(&mut ds_r16), None), Some("ds"));
+    assert_eq!(run(Some(&mut ds_other), None), Some("ds"));
+    let pages = SparqBlocks::pages_of(&kv);
+    let mut sp = SparqState::new(&dusk, kv, 2, pages).unwrap();
+    assert_eq!(
+        run(Some(&mut ds_state), Some((&mut sp, &table))),
+        Some("sparq")
+    );
+    assert_eq!(run(Some(&mut ds_state), None), None);
+
+    let plan = AppendPlan::new(&dusk, kv, 2, sparq).unwrap();
+    let upload = |t: &PageTable| CsrPages {
+        kv_indptr: dev.upload(&t.kv_indptr).unwrap(),
+        kv_page_indices: dev.upload(&t.kv_page_indices).unwrap(),
+        kv_last_page_len: dev.upload(&t.kv_last_page_len).unwrap(),
+    };
+    let one_seq = upload(&PageTable::from_lengths(&[5], 16, vec![0]).unwrap());
+    let mut sp1 = SparqState::new(&dusk, kv, 1, pages).unwrap();
+    let mut sp_other = SparqState::new(&dusk, other, 2, SparqBlocks::pages_of(&other)).unwrap();
+    let mut run = |ds: Option<&mut DsState>, sparq: Option<(&mut SparqState, &CsrPages)>| {
+        let t = AppendTargets {
+            k_cache: &mut k,
+            v_cache: &mut v,
+            quantized: None,
+            quest: None,
+            ds,
+            sparq,
+        };
+        plan.run(&dusk, &table, &new, &new, t).err().map(arg_of)
+    };
+    assert_eq!(run(None, None), Some("sparq"));
+    assert_eq!(
+        run(Some(&mut ds_state), Some((&mut sp, &table))),
+        Some("ds")
+    );
+    assert_eq!(run(None, Some((&mut sp1, &table))), Some("sparq")); // 1 sequence, batch 2
+    assert_eq!(run(None, Some((&mut sp_other, &table))), Some("sparq"));
+    // A block table of 1 sequence for a batch of 2.
+    assert_eq!(run(None, Some((&mut sp, &one_seq))), Some("sparq_blocks"));
+    assert_eq!(run(None, Some((&mut sp, &table))), None);
 }
 
 #[test]
@@ -160,6 +319,8 @@ fn targets(s: &mut State) -> AppendTargets<'_> {
         v_cache: &mut s.v,
         quantized: Some(&mut s.int4),
         quest: Some(&mut s.quest),
+        ds: None,
+        sparq: None,
     }
 }
 
@@ -275,6 +436,8 @@ fn the_touched_list_updates_a_page_selector_of_ones_own() {
             v_cache: &mut s.v,
             quantized: None,
             quest: parts.quest.then_some(&mut s.quest),
+            ds: None,
+            sparq: None,
         };
         let targets = AppendTargets {
             quantized: parts.quantized.map(|_| &mut s.int4),
@@ -316,6 +479,7 @@ fn bad_arguments_are_typed_errors() {
     let three = AppendParts {
         quantized: Some(3),
         quest: false,
+        ..AppendParts::default()
     };
     assert_eq!(err(AppendPlan::new(&dusk, kv, 2, three)), "quantized");
     let odd = KvShape { head_dim: 96, ..kv };
@@ -374,6 +538,8 @@ fn bad_arguments_are_typed_errors() {
                 v_cache: &mut v,
                 quantized: $q,
                 quest: $s,
+                ds: None,
+                sparq: None,
             };
             arg_of(
                 plan.run(&dusk, $table, $kn, $vn, t)
@@ -451,6 +617,8 @@ fn bad_arguments_are_typed_errors() {
         v_cache: &mut v,
         quantized: Some(&mut int4),
         quest: None,
+        ds: None,
+        sparq: None,
     };
     let r = no_parts.run(&dusk, &table, &good, &good, t);
     assert_eq!(arg_of(r.err().unwrap()), "quantized");
@@ -476,6 +644,8 @@ fn bad_arguments_are_typed_errors() {
         v_cache: &mut v,
         quantized: Some(&mut int4),
         quest: Some(&mut quest),
+        ds: None,
+        sparq: None,
     };
     plan.run(&dusk, &table, &good, &good, t).unwrap();
 }

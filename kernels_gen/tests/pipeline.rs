@@ -2,7 +2,8 @@
 //! (`pipeline::reference`), stage by stage, on fresh random inputs with every intermediate
 //! and output poisoned first: Full + top-p, Quest alone, Quest + top-p (with the dense
 //! fallback of short sequences), a user's selector + top-p, top-k pruning (MHA, head
-//! varlen), a chain of two pruners, a whole dense batch. Then the device-list variants of
+//! varlen), a chain of two pruners, a whole dense batch, Double Sparsity + top-p, SparQ with
+//! its output mix (and SparQ + top-p without it). Then the device-list variants of
 //! the estimator and the pruner on bad positions, the fallback's kernel on bad offsets (the
 //! interpreter fails any access out of bounds), and the error paths.
 
@@ -10,16 +11,16 @@ use dusk_compiler::DType;
 use dusk_kernels::ops::{Dusk, SpgemvPlan};
 use dusk_kernels::paged::{KvShape, PageTable, TokenLists};
 use dusk_kernels::pipeline::reference::{
-    self as pref, GotStep, HostInputs, HostPipeline, HostPolicy, HostSelect,
+    self as pref, GotStep, HostInputs, HostMix, HostPipeline, HostPolicy, HostSelect,
 };
 use dusk_kernels::pipeline::{
-    Attend, Pipeline, PipelineBuilder, PipelinePlan, PipelineShape, Prune, Select, SelectFactory,
-    SelectStage,
+    Attend, DsSelect, Pipeline, PipelineBuilder, PipelinePlan, PipelineShape, Prune, Select,
+    SelectFactory, SelectStage, SparqSelect,
 };
 use dusk_kernels::policies::top_p;
 use dusk_kernels::prune::{ParamValues, PrunePlan};
 use dusk_kernels::reference;
-use dusk_kernels::selectors::{Budget, Keep, QuestOptions};
+use dusk_kernels::selectors::{Budget, DsCalibration, DsOptions, Keep, QuestOptions, SparqOptions};
 use dusk_kernels::DuskError;
 use dusk_runtime::{Buffer, Device};
 use half::f16;
@@ -173,7 +174,7 @@ fn run_staged(dusk: &Dusk, plan: &mut PipelinePlan, inp: &Inputs, prepare: bool)
     let mut out = dev.alloc::<f16>(inp.q.len()).unwrap();
     let mut lse = dev.alloc::<f32>(rows).unwrap();
     if prepare {
-        plan.prepare(dusk, &inp.kb).unwrap();
+        plan.prepare_kv(dusk, &inp.kb, &inp.vb).unwrap();
     }
     plan.poison_outputs(dusk, 0xFF).unwrap();
     dev.fill_bytes(&mut out, 0xFF).unwrap();
@@ -802,6 +803,214 @@ fn bad_compositions_and_arguments_are_typed_errors() {
     );
 }
 
+/// A calibration of `r` channels from the first `samples` query rows of `inp` and keys at
+/// the same positions of sequence 0.
+fn calibration(inp: &Inputs, r: usize) -> DsCalibration {
+    let (d, hq, hkv) = (inp.kv.head_dim, inp.num_q_heads, inp.kv.num_kv_heads);
+    let q = &inp.q[..hq * d];
+    let page = inp.table.kv_page_indices[0] as usize;
+    let k: Vec<f16> = (0..hkv)
+        .flat_map(|h| {
+            let row = inp.kv.k_row(page, 3, h) * d;
+            inp.k[row..row + d].to_vec()
+        })
+        .collect();
+    DsCalibration::calibrate(q, &k, hq, hkv, d, r).unwrap()
+}
+
+fn plugin(s: impl SelectFactory + 'static) -> Select {
+    Select::Plugin(Arc::new(s))
+}
+
+#[test]
+fn double_sparsity_then_top_p_equals_the_reference() {
+    let dusk = dusk();
+    // Grid values: DS's scores are exact in f32, its selection the reference's.
+    let inp = Inputs::new(&dusk, 13, &[300, 90, 170], 2, 4, 64);
+    let cal = calibration(&inp, 8);
+    let (budget, options) = (Budget::Fraction(0.25), DsOptions { sink: 2, recent: 8 });
+    let ds = DsSelect {
+        calibration: cal.clone(),
+        budget,
+        options,
+    };
+    let scores = pref::ds_token_scores(&inp.q, &inp.k, &inp.kv, &inp.table, inp.num_q_heads, &cal);
+    for prune in [vec![], vec![0.9]] {
+        let mut b = PipelineBuilder::new().select(plugin(ds.clone()));
+        for p in &prune {
+            b = b.prune(Prune::top_p(*p));
+        }
+        let p = b.attend(Attend::GroupVarlen).build().unwrap();
+        let host = HostPipeline {
+            select: HostSelect::Tokens {
+                scores: &scores,
+                budget,
+                keep: options.keep(),
+                mix: None,
+            },
+            prune: prune.iter().map(|p| HostPolicy::TopP(*p)).collect(),
+            bits: 4,
+            dense_below: 0,
+        };
+        let plan = check_case(&dusk, &p, &host, &inp);
+        // A quarter of 300 tokens (75), the sink and the window among them.
+        assert_eq!(plan.candidate_indptr()[1], 75, "{p}");
+    }
+}
+
+/// SparQ's host side for `inp`: its token scores, each query row's logits and the means
+/// of V.
+fn sparq_host(inp: &Inputs, r: usize) -> (Vec<f64>, Vec<Vec<f64>>, Vec<f64>) {
+    let hq = inp.num_q_heads;
+    let (scores, logits) = pref::sparq_token_scores(&inp.q, &inp.k, &inp.kv, &inp.table, hq, r);
+    (scores, logits, pref::v_means(&inp.v, &inp.kv, &inp.table))
+}
+
+#[test]
+fn sparq_with_its_output_mix_equals_the_reference() {
+    let dusk = dusk();
+    // A sequence of 40 tokens under k = 48: attended densely, alpha 1.
+    let inp = Inputs::new(&dusk, 14, &[300, 40, 170], 2, 4, 64);
+    let options = SparqOptions {
+        r: 8,
+        k: Budget::Tokens(48),
+        window: 12,
+    };
+    let (scores, logits, v_mean) = sparq_host(&inp, options.r);
+    // The copy paged as the cache, and in blocks of 32 of its own.
+    for block_size in [None, Some(32)] {
+        let sparq = SparqSelect {
+            options,
+            block_size,
+        };
+        let p = PipelineBuilder::new()
+            .select(plugin(sparq))
+            .attend(Attend::GroupVarlen)
+            .sparq_mix(true)
+            .build()
+            .unwrap();
+        let host = HostPipeline {
+            select: HostSelect::Tokens {
+                scores: &scores,
+                budget: options.k,
+                keep: Keep {
+                    sink: 0,
+                    recent: options.window,
+                },
+                mix: Some(HostMix {
+                    logits: &logits,
+                    v_mean: &v_mean,
+                }),
+            },
+            prune: vec![],
+            bits: 4,
+            dense_below: 48,
+        };
+        let plan = check_case(&dusk, &p, &host, &inp);
+        assert_eq!(plan.budgets().unwrap(), [48, 48, 40, 40, 48, 48]);
+    }
+}
+
+#[test]
+fn sparq_then_top_p_without_the_mix_equals_the_reference() {
+    let dusk = dusk();
+    let inp = Inputs::new(&dusk, 15, &[260, 190], 2, 4, 64);
+    let options = SparqOptions {
+        r: 16,
+        k: Budget::Fraction(0.5),
+        window: 16,
+    };
+    let (scores, _, _) = sparq_host(&inp, options.r);
+    let sparq = SparqSelect {
+        options,
+        block_size: Some(64),
+    };
+    let p = PipelineBuilder::new()
+        .select(plugin(sparq))
+        .prune(Prune::top_p(0.9))
+        .attend(Attend::GroupVarlen)
+        .build()
+        .unwrap();
+    let host = HostPipeline {
+        select: HostSelect::Tokens {
+            scores: &scores,
+            budget: options.k,
+            keep: Keep {
+                sink: 0,
+                recent: options.window,
+            },
+            mix: None,
+        },
+        prune: vec![HostPolicy::TopP(0.9)],
+        bits: 4,
+        dense_below: 0,
+    };
+    check_case(&dusk, &p, &host, &inp);
+}
+
+#[test]
+fn sparq_follows_the_next_page_table_and_refuses_what_it_cannot_do() {
+    let dusk = dusk();
+    let inp = Inputs::new(&dusk, 16, &[150, 100], 2, 4, 64);
+    let options = SparqOptions {
+        r: 8,
+        k: Budget::Tokens(40),
+        window: 8,
+    };
+    let sparq = SparqSelect {
+        options,
+        block_size: Some(32),
+    };
+    let build = |prune: bool| {
+        let b = PipelineBuilder::new().select(plugin(sparq));
+        let b = if prune { b.prune(Prune::top_p(0.9)) } else { b };
+        b.attend(Attend::GroupVarlen).sparq_mix(true).build()
+    };
+    // Its alpha weighs its own selection: no pruner after the mix.
+    assert_eq!(arg_of(build(true).err().unwrap()), "sparq_mix");
+    let mut plan = build(false)
+        .unwrap()
+        .plan(&dusk, inp.shape(), &inp.table)
+        .unwrap();
+    // Its state reads V: `prepare` (K alone) and page updates are refused.
+    assert_eq!(arg_of(plan.prepare(&dusk, &inp.kb).unwrap_err()), "v");
+    let pages = dusk_kernels::selectors::PageUpdates::all(&dusk, &inp.kv, &inp.table).unwrap();
+    let e = plan.update_selector(&dusk, &inp.kb, &pages).unwrap_err();
+    assert_eq!(arg_of(e), "updates");
+    plan.prepare_kv(&dusk, &inp.kb, &inp.vb).unwrap();
+    // The same table again: the state (its blocks) kept, the answer the reference's.
+    let mut plan = plan.replan(&dusk, &inp.table).unwrap();
+    let (scores, logits, v_mean) = sparq_host(&inp, options.r);
+    let host = |scores, logits, v_mean| HostPipeline {
+        select: HostSelect::Tokens {
+            scores,
+            budget: options.k,
+            keep: Keep {
+                sink: 0,
+                recent: options.window,
+            },
+            mix: Some(HostMix { logits, v_mean }),
+        },
+        prune: vec![],
+        bits: 4,
+        dense_below: 40,
+    };
+    let got = run_staged(&dusk, &mut plan, &inp, false);
+    let checks = pref::check(&host(&scores, &logits, &v_mean), &inp.host(), &got);
+    assert!(checks.iter().all(|c| c.passed()), "{checks:?}");
+    // Longer sequences (a new block for the first), the state rebuilt for them.
+    let mut table = inp.table.clone();
+    table.kv_last_page_len = vec![16, 12];
+    let mut plan = plan.replan(&dusk, &table).unwrap();
+    let next = Inputs { table, ..inp };
+    assert_eq!(next.table.seq_len(0, 16), 160);
+    let got = run_staged(&dusk, &mut plan, &next, true);
+    let (scores, logits, v_mean) = sparq_host(&next, options.r);
+    let checks = pref::check(&host(&scores, &logits, &v_mean), &next.host(), &got);
+    assert!(checks.iter().all(|c| c.passed()), "{checks:?}");
+    let stages: Vec<&str> = checks.iter().map(|c| c.stage).collect();
+    assert!(stages.contains(&"mix (alpha)"), "{stages:?}");
+}
 /// On a GPU (skipped without one; `gpu-check pipeline` runs the same on the device
 /// machine): a step captured in a CUDA graph and replayed with new queries written in
 /// place gives, bit for bit, what eager steps give on those queries, and the reference's

@@ -523,6 +523,36 @@ fn assemble(ptxas: &PathBuf, ptx: &str, arch: &str, name: &str) -> String {
     report
 }
 
+/// Compiles `k` for sm_90a and sm_80; its PTX holds `needle` when one is given (the vector
+/// width the kernel is written for, e.g. `ld.global.v4`); ptxas assembles it with no spill
+/// and no stack frame. Prints the registers (`--nocapture`).
+fn assert_assembles_without_spills(ptxas: &PathBuf, k: &Kernel, needle: Option<&str>) {
+    for target in [Target::sm90a(), Target::sm80()] {
+        let ptx = compile(k, &target).unwrap();
+        if let Some(needle) = needle {
+            assert!(ptx.contains(needle), "{}: no {needle} in its PTX", k.name);
+        }
+        let arch = target.arch_name();
+        let report = assemble(ptxas, &ptx, &arch, &k.name);
+        let regs = report
+            .split("Used ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .unwrap_or("?");
+        println!("{} {arch}: {regs} registers", k.name);
+        assert!(
+            report.contains("0 bytes spill stores, 0 bytes spill loads"),
+            "{} spills on {arch}:\n{report}",
+            k.name
+        );
+        assert!(
+            report.contains("0 bytes stack frame"),
+            "{} uses local memory on {arch}:\n{report}",
+            k.name
+        );
+    }
+}
+
 /// The bytes of spill stores in a ptxas report.
 fn spill_bytes(report: &str) -> u32 {
     report
@@ -735,30 +765,8 @@ fn sparq_kernels_assemble_without_spills() {
         ks.push(k.unwrap());
     }
     for k in ks {
-        for target in [Target::sm90a(), Target::sm80()] {
-            let ptx = compile(&k, &target).unwrap();
-            if k.name.starts_with("sparq_score") {
-                assert!(ptx.contains("ld.global.v4"), "{}: no 16-byte loads", k.name);
-            }
-            let arch = target.arch_name();
-            let report = assemble(&ptxas, &ptx, &arch, &k.name);
-            let regs = report
-                .split("Used ")
-                .nth(1)
-                .and_then(|r| r.split(' ').next())
-                .unwrap_or("?");
-            println!("{} {arch}: {regs} registers", k.name);
-            assert!(
-                report.contains("0 bytes spill stores, 0 bytes spill loads"),
-                "{} spills on {arch}:\n{report}",
-                k.name
-            );
-            assert!(
-                report.contains("0 bytes stack frame"),
-                "{} uses local memory on {arch}:\n{report}",
-                k.name
-            );
-        }
+        let needle = k.name.starts_with("sparq_score").then_some("ld.global.v4");
+        assert_assembles_without_spills(&ptxas, &k, needle);
     }
 }
 
@@ -803,30 +811,8 @@ fn selector_kernels_assemble_without_spills() {
         ks.push(topk::build(&cfg).unwrap());
     }
     for k in ks {
-        for target in [Target::sm90a(), Target::sm80()] {
-            let ptx = compile(&k, &target).unwrap();
-            if k.name.starts_with("quest_score") {
-                assert!(ptx.contains("ld.global.v4"), "{}: no 16-byte loads", k.name);
-            }
-            let arch = target.arch_name();
-            let report = assemble(&ptxas, &ptx, &arch, &k.name);
-            let regs = report
-                .split("Used ")
-                .nth(1)
-                .and_then(|r| r.split(' ').next())
-                .unwrap_or("?");
-            println!("{} {arch}: {regs} registers", k.name);
-            assert!(
-                report.contains("0 bytes spill stores, 0 bytes spill loads"),
-                "{} spills on {arch}:\n{report}",
-                k.name
-            );
-            assert!(
-                report.contains("0 bytes stack frame"),
-                "{} uses local memory on {arch}:\n{report}",
-                k.name
-            );
-        }
+        let needle = k.name.starts_with("quest_score").then_some("ld.global.v4");
+        assert_assembles_without_spills(&ptxas, &k, needle);
     }
 }
 
@@ -855,30 +841,8 @@ fn ds_kernels_assemble_without_spills() {
         }
     }
     for k in ks {
-        for target in [Target::sm90a(), Target::sm80()] {
-            let ptx = compile(&k, &target).unwrap();
-            if k.name.starts_with("ds_score") {
-                assert!(ptx.contains("ld.global.v4"), "{}: no 16-byte loads", k.name);
-            }
-            let arch = target.arch_name();
-            let report = assemble(&ptxas, &ptx, &arch, &k.name);
-            let regs = report
-                .split("Used ")
-                .nth(1)
-                .and_then(|r| r.split(' ').next())
-                .unwrap_or("?");
-            println!("{} {arch}: {regs} registers", k.name);
-            assert!(
-                report.contains("0 bytes spill stores, 0 bytes spill loads"),
-                "{} spills on {arch}:\n{report}",
-                k.name
-            );
-            assert!(
-                report.contains("0 bytes stack frame"),
-                "{} uses local memory on {arch}:\n{report}",
-                k.name
-            );
-        }
+        let needle = k.name.starts_with("ds_score").then_some("ld.global.v4");
+        assert_assembles_without_spills(&ptxas, &k, needle);
     }
 }
 
@@ -894,44 +858,42 @@ fn cache_append_kernels_assemble_without_spills() {
     for d in [64, 128, 256] {
         for quantized in [None, Some(4), Some(8)] {
             for quest in [false, true] {
-                let parts = AppendParts { quantized, quest };
+                let parts = AppendParts {
+                    quantized,
+                    quest,
+                    ..AppendParts::default()
+                };
                 ks.push(kernel_for(d, &parts, &AppendConfig::default()).unwrap()().unwrap());
+            }
+        }
+    }
+    // The other selectors' parts: the default configuration only.
+    for d in [64, 128, 256] {
+        for quantized in [None, Some(4), Some(8)] {
+            let ds = [8, 16, 32].map(|r| AppendParts {
+                quantized,
+                ds: Some(r),
+                ..AppendParts::default()
+            });
+            let sparq = AppendParts {
+                quantized,
+                sparq: true,
+                ..AppendParts::default()
+            };
+            for parts in ds.iter().chain([&sparq]) {
+                ks.push(kernel_for(d, parts, &AppendConfig::default()).unwrap()().unwrap());
             }
         }
     }
     let parts = AppendParts {
         quantized: Some(4),
         quest: true,
+        ..AppendParts::default()
     };
     for cfg in specialised_configs() {
         ks.push(kernel_for(128, &parts, &cfg).unwrap()().unwrap());
     }
     for k in ks {
-        for target in [Target::sm90a(), Target::sm80()] {
-            let ptx = compile(&k, &target).unwrap();
-            assert!(
-                ptx.contains("st.global.v4"),
-                "{}: no 16-byte stores",
-                k.name
-            );
-            let arch = target.arch_name();
-            let report = assemble(&ptxas, &ptx, &arch, &k.name);
-            let regs = report
-                .split("Used ")
-                .nth(1)
-                .and_then(|r| r.split(' ').next())
-                .unwrap_or("?");
-            println!("{} {arch}: {regs} registers", k.name);
-            assert!(
-                report.contains("0 bytes spill stores, 0 bytes spill loads"),
-                "{} spills on {arch}:\n{report}",
-                k.name
-            );
-            assert!(
-                report.contains("0 bytes stack frame"),
-                "{} uses local memory on {arch}:\n{report}",
-                k.name
-            );
-        }
+        assert_assembles_without_spills(&ptxas, &k, Some("st.global.v4"));
     }
 }

@@ -18,14 +18,17 @@
 //! let mut int4 = dusk.quantize_k(&k, kv, 4)?;
 //! let mut quest = SelectorState::new(&dusk, &QUEST, kv)?;
 //!
-//! let parts = AppendParts { quantized: Some(4), quest: true };
+//! let parts = AppendParts { quantized: Some(4), quest: true, ..AppendParts::default() };
 //! let plan = AppendPlan::new(&dusk, kv, 2, parts)?; // 2 sequences, one new token each
 //! // The table after the append: sequence 0 now holds 17 tokens (a new page, 5, for its
 //! // 17th), sequence 1 holds 3.
 //! let table = plan.upload_table(&dusk, &PageTable::from_lengths(&[17, 3], 16, vec![0, 5, 2])?)?;
 //! let k_new = dev.upload(&vec![f16::from_f32(0.5); 2 * 2 * 64])?; // [batch, kv heads, head_dim]
 //! let v_new = dev.upload(&vec![f16::from_f32(-1.0); 2 * 2 * 64])?;
-//! let targets = AppendTargets { k_cache: &mut k, v_cache: &mut v, quantized: Some(&mut int4), quest: Some(&mut quest) };
+//! let targets = AppendTargets {
+//!     k_cache: &mut k, v_cache: &mut v, quantized: Some(&mut int4), quest: Some(&mut quest),
+//!     ds: None, sparq: None,
+//! };
 //! plan.run(&dusk, &table, &k_new, &v_new, targets)?;
 //! // K of sequence 0's new token: page 5, slot 0, KV head 1.
 //! let at = kv.k_row(5, 0, 1) * 64;
@@ -41,7 +44,8 @@ use crate::engines::CsrPages;
 use crate::error::{ensure, invalid, Result};
 use crate::ops::{Dusk, QuantizedK};
 use crate::paged::{KvShape, PageTable};
-use crate::selectors::{Build, PageUpdates, SelectorState, QUEST};
+use crate::selectors::ds::LABEL_WIDTHS;
+use crate::selectors::{Build, DsState, PageUpdates, SelectorState, SparqState, QUEST};
 use dusk_runtime::{Arg, Buffer, LoadedKernel};
 use half::f16;
 use std::sync::Arc;
@@ -54,6 +58,38 @@ pub struct AppendParts {
     pub quantized: Option<u32>,
     /// Quest's page minimum and maximum ([`QUEST`]'s state).
     pub quest: bool,
+    /// Double Sparsity's labels ([`DsState`]), of this label width `r` (8, 16 or 32).
+    pub ds: Option<usize>,
+    /// SparQ's transposed copy of K and sum of V ([`SparqState`]).
+    pub sparq: bool,
+}
+
+impl AppendParts {
+    /// The selector whose state the parts keep, if any (one at most: a kernel each).
+    fn selector(&self) -> Result<Selector> {
+        let chosen = [self.quest, self.ds.is_some(), self.sparq];
+        ensure(
+            chosen.iter().filter(|&&c| c).count() <= 1,
+            "parts",
+            "at most one selector's state (quest, ds or sparq): a serving stack runs one",
+            format!("{self:?}"),
+        )?;
+        Ok(match (self.quest, self.ds, self.sparq) {
+            (true, _, _) => Selector::Quest,
+            (_, Some(r), _) => Selector::Ds(r),
+            (_, _, true) => Selector::Sparq,
+            _ => Selector::None,
+        })
+    }
+}
+
+/// The selector part of a kernel: one compile-time choice.
+#[derive(Clone, Copy)]
+enum Selector {
+    None,
+    Quest,
+    Ds(usize),
+    Sparq,
 }
 
 /// How the append kernel tiles its work (compile-time; one kernel each).
@@ -91,41 +127,67 @@ pub fn specialised_configs() -> Vec<AppendConfig> {
         .collect()
 }
 
-/// The kernel of one (head_dim, rows, warps) for the parts `bits` (0: no quantized copy)
-/// and `quest`.
-fn with_parts<const D: usize, const HALF: usize, const ROWS: usize, const WARPS: usize>(
+/// The kernel of one (head_dim, rows, warps, selector part) for `bits` (0: no quantized
+/// copy).
+fn with_bits<
+    const D: usize,
+    const HALF: usize,
+    const ROWS: usize,
+    const WARPS: usize,
+    const QUEST: bool,
+    const DS: usize,
+    const SPARQ: bool,
+>(
     bits: u32,
-    quest: bool,
 ) -> Option<Build> {
-    Some(match (bits, quest) {
-        (0, false) => append_tokens::build::<D, HALF, ROWS, WARPS, 0, false> as Build,
-        (0, true) => append_tokens::build::<D, HALF, ROWS, WARPS, 0, true>,
-        (4, false) => append_tokens::build::<D, HALF, ROWS, WARPS, 4, false>,
-        (4, true) => append_tokens::build::<D, HALF, ROWS, WARPS, 4, true>,
-        (8, false) => append_tokens::build::<D, HALF, ROWS, WARPS, 8, false>,
-        (8, true) => append_tokens::build::<D, HALF, ROWS, WARPS, 8, true>,
+    Some(match bits {
+        0 => append_tokens::build::<D, HALF, ROWS, WARPS, 0, QUEST, DS, SPARQ> as Build,
+        4 => append_tokens::build::<D, HALF, ROWS, WARPS, 4, QUEST, DS, SPARQ>,
+        8 => append_tokens::build::<D, HALF, ROWS, WARPS, 8, QUEST, DS, SPARQ>,
         _ => return None,
     })
 }
 
-/// The append kernel for `head_dim`, `parts` and `cfg`, if compiled in.
+/// The kernel of one (head_dim, rows, warps) for `bits` and `selector`; with `all_selectors`
+/// false, for no selector or Quest only (the configurations only the benchmark sweeps).
+fn with_parts<const D: usize, const HALF: usize, const ROWS: usize, const WARPS: usize>(
+    bits: u32,
+    selector: Selector,
+    all_selectors: bool,
+) -> Option<Build> {
+    match selector {
+        Selector::None => with_bits::<D, HALF, ROWS, WARPS, false, 0, false>(bits),
+        Selector::Quest => with_bits::<D, HALF, ROWS, WARPS, true, 0, false>(bits),
+        _ if !all_selectors => None,
+        Selector::Ds(8) => with_bits::<D, HALF, ROWS, WARPS, false, 8, false>(bits),
+        Selector::Ds(16) => with_bits::<D, HALF, ROWS, WARPS, false, 16, false>(bits),
+        Selector::Ds(32) => with_bits::<D, HALF, ROWS, WARPS, false, 32, false>(bits),
+        Selector::Ds(_) => None,
+        Selector::Sparq => with_bits::<D, HALF, ROWS, WARPS, false, 0, true>(bits),
+    }
+}
+
+/// The append kernel for `head_dim`, `parts` and `cfg`, if compiled in: every part
+/// combination with at most one selector for the default configuration; Quest's or none
+/// for the others.
 pub fn kernel_for(head_dim: usize, parts: &AppendParts, cfg: &AppendConfig) -> Option<Build> {
-    let (bits, quest) = (parts.quantized.unwrap_or(0), parts.quest);
+    let bits = parts.quantized.unwrap_or(0);
+    let sel = parts.selector().ok()?;
     match (head_dim, cfg.rows_per_program, cfg.num_warps) {
-        (64, 1, 1) => with_parts::<64, 32, 1, 1>(bits, quest),
-        (128, 1, 1) => with_parts::<128, 64, 1, 1>(bits, quest),
-        (128, 2, 1) => with_parts::<128, 64, 2, 1>(bits, quest),
-        (128, 4, 1) => with_parts::<128, 64, 4, 1>(bits, quest),
-        (128, 8, 1) => with_parts::<128, 64, 8, 1>(bits, quest),
-        (128, 8, 2) => with_parts::<128, 64, 8, 2>(bits, quest),
-        (128, 16, 4) => with_parts::<128, 64, 16, 4>(bits, quest),
-        (256, 1, 1) => with_parts::<256, 128, 1, 1>(bits, quest),
+        (64, 1, 1) => with_parts::<64, 32, 1, 1>(bits, sel, true),
+        (128, 1, 1) => with_parts::<128, 64, 1, 1>(bits, sel, true),
+        (128, 2, 1) => with_parts::<128, 64, 2, 1>(bits, sel, false),
+        (128, 4, 1) => with_parts::<128, 64, 4, 1>(bits, sel, false),
+        (128, 8, 1) => with_parts::<128, 64, 8, 1>(bits, sel, false),
+        (128, 8, 2) => with_parts::<128, 64, 8, 2>(bits, sel, false),
+        (128, 16, 4) => with_parts::<128, 64, 16, 4>(bits, sel, false),
+        (256, 1, 1) => with_parts::<256, 128, 1, 1>(bits, sel, true),
         _ => None,
     }
 }
 
-/// Where one step's append writes: the paged cache and the parts' state. `quantized` and
-/// `quest` are given exactly when the plan's [`AppendParts`] name them.
+/// Where one step's append writes: the paged cache and the parts' state. Each part's state
+/// is given exactly when the plan's [`AppendParts`] name it.
 pub struct AppendTargets<'a> {
     /// f16 `[num_pages, page_size, num_kv_heads, head_dim]`.
     pub k_cache: &'a mut Buffer<f16>,
@@ -134,6 +196,12 @@ pub struct AppendTargets<'a> {
     pub quantized: Option<&'a mut QuantizedK>,
     /// Quest's state ([`SelectorState`] of [`QUEST`]) of the plan's shape.
     pub quest: Option<&'a mut SelectorState>,
+    /// Double Sparsity's state of the plan's shape and label width.
+    pub ds: Option<&'a mut DsState>,
+    /// SparQ's state of the plan's shape, for at least `batch` sequences (row `b` of its
+    /// sum of V is sequence `b`'s), and its copy's block table after the append (`batch`
+    /// sequences; the cache's own page table where the copy is paged as the cache).
+    pub sparq: Option<(&'a mut SparqState, &'a CsrPages)>,
 }
 
 /// One decode step's append for a batch of `batch` sequences, one new token each: K and V
@@ -149,6 +217,8 @@ pub struct AppendPlan {
     /// pointers, and reads or writes none of a part it was built without).
     unused_u8: Buffer<u8>,
     unused_f16: Buffer<f16>,
+    unused_i32: Buffer<i32>,
+    unused_f32: Buffer<f32>,
     grid: [u32; 3],
 }
 
@@ -187,6 +257,15 @@ impl AppendPlan {
         if let Some(bits) = parts.quantized {
             ensure(matches!(bits, 4 | 8), "quantized", "4 or 8 bits", bits)?;
         }
+        if let Some(r) = parts.ds {
+            ensure(
+                LABEL_WIDTHS.contains(&r),
+                "ds",
+                format!("a label width dusk has kernels for ({LABEL_WIDTHS:?})"),
+                r,
+            )?;
+        }
+        parts.selector()?;
         let mut config = AppendConfig::default();
         tune(&mut config);
         let build = kernel_for(kv.head_dim, &parts, &config).ok_or_else(|| {
@@ -214,6 +293,8 @@ impl AppendPlan {
             touched,
             unused_u8: dev.alloc(1)?,
             unused_f16: dev.alloc(1)?,
+            unused_i32: dev.alloc(1)?,
+            unused_f32: dev.alloc(1)?,
             grid: [grid as u32, 1, 1],
         })
     }
@@ -334,6 +415,9 @@ impl AppendPlan {
         }
         let (packed, scale, zero) = self.quantized_args(targets.quantized.as_deref())?;
         let (page_min, page_max) = self.quest_args(targets.quest.as_deref())?;
+        let (channels, labels) = self.ds_args(targets.ds.as_deref())?;
+        let [blk_indptr, blk_indices, num_blk_indices, num_blocks, block_size, k_t, v_sum] =
+            self.sparq_args(targets.sparq.as_ref().map(|(s, t)| (&**s, *t)))?;
         let (touched_pages, touched_lens) = (self.touched.pages(), self.touched.lens());
         let num_indices = table.kv_page_indices.len().min(i32::MAX as usize) as i32;
         let args = [
@@ -356,6 +440,15 @@ impl AppendPlan {
             zero,
             page_min,
             page_max,
+            channels,
+            labels,
+            blk_indptr,
+            blk_indices,
+            num_blk_indices,
+            num_blocks,
+            block_size,
+            k_t,
+            v_sum,
         ];
         dusk.device().launch(&self.kernel, self.grid, &args)?;
         Ok(())
@@ -419,6 +512,92 @@ impl AppendPlan {
             ));
         };
         Ok((Arg::from(lo), Arg::from(hi)))
+    }
+
+    /// Double Sparsity's arguments (channels and labels), checked against the plan.
+    fn ds_args<'a>(&'a self, s: Option<&'a DsState>) -> Result<(Arg<'a>, Arg<'a>)> {
+        let Some(r) = self.parts.ds else {
+            ensure(
+                s.is_none(),
+                "ds",
+                "none (the plan's parts leave it out)",
+                "a state",
+            )?;
+            return Ok((Arg::from(&self.unused_i32), Arg::from(&self.unused_f16)));
+        };
+        let s =
+            s.ok_or_else(|| invalid("ds", format!("Double Sparsity's state of r {r}"), "none"))?;
+        ensure(
+            s.kv() == self.kv && s.calibration().r() == r,
+            "ds",
+            format!(
+                "a state of label width {r} for a cache of shape {:?}",
+                self.kv
+            ),
+            format!("label width {} for {:?}", s.calibration().r(), s.kv()),
+        )?;
+        Ok((Arg::from(s.channels()), Arg::from(s.labels())))
+    }
+
+    /// SparQ's arguments (the copy's block table, its shape, the copy and the sums of V),
+    /// checked against the plan.
+    fn sparq_args<'a>(&'a self, s: Option<(&'a SparqState, &'a CsrPages)>) -> Result<[Arg<'a>; 7]> {
+        let (s, blocks) = match (self.parts.sparq, s) {
+            (true, Some(given)) => given,
+            (true, None) => {
+                return Err(invalid("sparq", "SparQ's state and block table", "none"));
+            }
+            (false, Some(_)) => {
+                return Err(invalid(
+                    "sparq",
+                    "none (the plan's parts leave it out)",
+                    "a state",
+                ));
+            }
+            (false, None) => {
+                let i = || Arg::from(&self.unused_i32);
+                let one = || Arg::I32(1);
+                let (h, f) = (Arg::from(&self.unused_f16), Arg::from(&self.unused_f32));
+                return Ok([i(), i(), one(), one(), one(), h, f]);
+            }
+        };
+        ensure(
+            s.kv() == self.kv,
+            "sparq",
+            format!("SparQ's state for a cache of shape {:?}", self.kv),
+            format!("{:?}", s.kv()),
+        )?;
+        ensure(
+            s.num_seqs() >= self.batch,
+            "sparq",
+            format!(
+                "a state for at least {} sequences (the plan's batch)",
+                self.batch
+            ),
+            s.num_seqs(),
+        )?;
+        ensure(
+            blocks.kv_indptr.len() == self.batch + 1,
+            "sparq_blocks",
+            format!("a block table of {} offsets (batch + 1)", self.batch + 1),
+            blocks.kv_indptr.len(),
+        )?;
+        ensure(
+            !blocks.kv_page_indices.is_empty(),
+            "sparq_blocks",
+            "a block table of at least 1 block",
+            0,
+        )?;
+        let b = s.blocks();
+        Ok([
+            Arg::from(&blocks.kv_indptr),
+            Arg::from(&blocks.kv_page_indices),
+            Arg::I32(blocks.kv_page_indices.len().min(i32::MAX as usize) as i32),
+            Arg::I32(b.num_blocks.min(i32::MAX as usize) as i32),
+            Arg::I32(b.block_size as i32),
+            Arg::from(s.k_t()),
+            Arg::from(s.v_sum()),
+        ])
     }
 
     /// What the last run wrote to: entry `b` is sequence `b`'s last page and its valid

@@ -6,7 +6,9 @@
 //! 1. always: K and V into the paged cache, and the touched-page list (sequence `b`'s
 //!    page and its valid tokens, or `-1, 0` for a row skipped);
 //! 2. `BITS` 4 or 8 (0: none): K quantized into the head-major copy, as `quantize_k`;
-//! 3. `QUEST`: Quest's page minimum and maximum.
+//! 3. `QUEST`: Quest's page minimum and maximum;
+//! 4. `DS` a label width (0: none): Double Sparsity's labels of the token;
+//! 5. `SPARQ`: SparQ's transposed copy of K and running sum of V.
 //!
 //! Every part's pointers are parameters whatever the flags (the kernel language has a
 //! fixed parameter list); a part left out reads and writes none of its own.
@@ -16,10 +18,13 @@
 //! `[num_pages, page_size, num_kv_heads, D]`), `touched_pages`, `touched_lens` (i32
 //! `[batch]`), `batch`, `num_kv_heads`, `page_size`, `num_pages`, `num_indices` (entries of
 //! `kv_page_indices`), then the parts' state: `packed`, `scale`, `zero` (the quantized
-//! copy), `page_min`, `page_max` (Quest). Grid: `ceil(batch * num_kv_heads / ROWS)`.
+//! copy), `page_min`, `page_max` (Quest), `channels` (i32 `[num_kv_heads, DS]`), `labels`
+//! (Double Sparsity), `blk_indptr`, `blk_indices` (the transposed copy's block table after
+//! the append), `num_blk_indices`, `num_blocks`, `block_size`, `k_t`, `v_sum` (SparQ). Grid: `ceil(batch * num_kv_heads / ROWS)`.
 
-use super::parts::{quantize_token, quest_token, write_kv};
+use super::parts::{ds_token, quantize_token, quest_token, write_kv};
 use super::token::{token_page, token_slot};
+use crate::selectors::sparq_kernels::sparq_token;
 use dusk_macros::kernel;
 
 #[kernel(crate = "crate::dusk_paths", num_warps = WARPS)]
@@ -31,6 +36,8 @@ pub fn append_tokens<
     const WARPS: usize,
     const BITS: usize,
     const QUEST: bool,
+    const DS: usize,
+    const SPARQ: bool,
 >(
     k_new: Ptr<f16>,
     v_new: Ptr<f16>,
@@ -51,6 +58,15 @@ pub fn append_tokens<
     zero: Ptr<f16>,
     page_min: Ptr<f16>,
     page_max: Ptr<f16>,
+    channels: Ptr<i32>,
+    labels: Ptr<f16>,
+    blk_indptr: Ptr<i32>,
+    blk_indices: Ptr<i32>,
+    num_blk_indices: i32,
+    num_blocks: i32,
+    block_size: i32,
+    k_t: Ptr<f16>,
+    v_sum: Ptr<f32>,
 ) {
     let rows = program_id(0) * ROWS + arange(0, ROWS);
     let row_ok = rows < batch * num_kv_heads;
@@ -98,5 +114,38 @@ pub fn append_tokens<
     }
     if QUEST {
         quest_token::<D, ROWS>(k_new, rows, h, page, slot, num_kv_heads, page_min, page_max);
+    }
+    if DS > 0 {
+        ds_token::<D, ROWS, DS>(
+            k_new,
+            rows,
+            h,
+            page,
+            slot,
+            num_kv_heads,
+            page_size,
+            channels,
+            labels,
+        );
+    }
+    if SPARQ {
+        sparq_token::<D, ROWS>(
+            k_new,
+            v_new,
+            rows,
+            h,
+            page,
+            slot,
+            num_kv_heads,
+            page_size,
+            kv_indptr,
+            blk_indptr,
+            blk_indices,
+            num_blk_indices,
+            num_blocks,
+            block_size,
+            k_t,
+            v_sum,
+        );
     }
 }

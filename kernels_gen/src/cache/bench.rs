@@ -57,6 +57,7 @@ impl Default for AppendCase {
             parts: AppendParts {
                 quantized: Some(4),
                 quest: true,
+                ..AppendParts::default()
             },
             config: AppendConfig::default(),
             seed: 0xa99,
@@ -240,6 +241,8 @@ impl AppendBench {
             v_cache: &mut self.v_cache,
             quantized: self.quantized.as_mut(),
             quest: self.quest.as_mut(),
+            ds: None,
+            sparq: None,
         };
         self.plan.run(dusk, &s.table, &s.k_new, &s.v_new, targets)
     }

@@ -4,21 +4,30 @@
 //! cache, the quantized copy and Quest's state compared bit for bit with what the host
 //! ([`super::reference::append_tokens`]) and the whole-cache kernels (`quantize_k`,
 //! `quest_update` over every page of the final table) make of the same tokens, and Quest's
-//! state with its host reference too. Run by the tests through the interpreter and by
+//! state with its host reference too; Double Sparsity's labels bit for bit with `ds_update`
+//! over every page, SparQ's transposed copy bit for bit and its sums of V within f32
+//! rounding with `sparq_update` over every token (and the sums with the host's, in f64).
+//! Run by the tests through the interpreter and by
 //! `gpu-check selectors` on the GPU.
 //!
 //! Before the first step the cache's unused slots hold NaN, the pages no sequence uses yet
 //! hold a Quest state of finite wrong values (-1000, +1000: a page's first token that
-//! failed to reset it would leave them), and every step's touched list is poisoned.
+//! failed to reset it would leave them), DS's labels hold a finite poison (0x5555) where no
+//! token is, and every step's touched list is poisoned. SparQ's copy is paged by blocks of
+//! its own (`sparq_block_size` tokens, from a free list of its own).
 
 use super::append::{AppendConfig, AppendParts, AppendPlan, AppendTargets};
 use super::reference::append_tokens;
+use crate::engines::CsrPages;
 use crate::ops::Dusk;
 use crate::paged::{KvShape, PageTable};
 use crate::selectors::bench::Rng;
 use crate::selectors::reference::quest_update;
 use crate::selectors::selector::table_pages;
-use crate::selectors::{PageUpdates, SelectorState, QUEST};
+use crate::selectors::{
+    DsCalibration, DsState, PageUpdates, SelectorState, SparqBlocks, SparqState, SparqUpdates,
+    QUEST,
+};
 use half::f16;
 
 /// A decode loop to check.
@@ -38,6 +47,8 @@ pub struct DecodeCase {
     /// Put a NaN in about one value in 256 of the new tokens (Quest ignores them as
     /// `quest_update` does; the quantized copy is what `quantize_k` makes of them).
     pub nan: bool,
+    /// Tokens a block of SparQ's transposed copy holds (a power of two, 8 to 256).
+    pub sparq_block_size: usize,
     pub seed: u64,
 }
 
@@ -55,9 +66,11 @@ impl Default for DecodeCase {
             parts: AppendParts {
                 quantized: Some(4),
                 quest: true,
+                ..AppendParts::default()
             },
             config: AppendConfig::default(),
             nan: false,
+            sparq_block_size: 32,
             seed: 0xa99e,
         }
     }
@@ -179,6 +192,62 @@ pub fn check_decode(dusk: &Dusk, case: &DecodeCase) -> Result<DecodeReport, Stri
         quest = Some(s);
     }
 
+    // Double Sparsity: random channels, labels poisoned, then written for the start pages.
+    let poison = f16::from_bits(0x5555);
+    let mut ds = None;
+    if let Some(r) = case.parts.ds {
+        let channels: Vec<Vec<usize>> = (0..hk)
+            .map(|_| {
+                let mut c: Vec<usize> = (0..d).collect();
+                for i in (1..d).rev() {
+                    c.swap(i, rng.below(i + 1));
+                }
+                c.truncate(r);
+                c.sort();
+                c
+            })
+            .collect();
+        let cal = DsCalibration::from_channels(d, &channels).map_err(e)?;
+        let mut s = DsState::new(dusk, kv, &cal).map_err(e)?;
+        let n = s.labels().len();
+        s.labels_mut()
+            .copy_from_host(&vec![poison; n])
+            .map_err(|x| x.to_string())?;
+        if !start.kv_page_indices.is_empty() {
+            let all = PageUpdates::all(dusk, &kv, &start).map_err(e)?;
+            s.update(dusk, &k, &all).map_err(e)?;
+        }
+        ds = Some(s);
+    }
+    // SparQ: its copy's blocks from a free list of their own, the state built over the
+    // start tokens.
+    let bs = case.sparq_block_size;
+    let blocks = SparqBlocks {
+        num_blocks: PageTable::pages_needed(&final_lens, bs) + 1,
+        block_size: bs,
+    };
+    let mut blk_free: Vec<i32> = (0..blocks.num_blocks as i32).collect();
+    let mut blks: Vec<Vec<i32>> = vec![vec![]; batch];
+    let blocks_of = |lens: &[usize], blks: &[Vec<i32>]| {
+        PageTable::from_lengths(lens, bs, blks.concat()).map_err(e)
+    };
+    let mut sparq = None;
+    if case.parts.sparq {
+        for i in (1..blk_free.len()).rev() {
+            blk_free.swap(i, rng.below(i + 1));
+        }
+        for (b, n) in case.lens.iter().enumerate() {
+            blks[b] = blk_free.split_off(blk_free.len() - n.div_ceil(bs));
+        }
+        let mut s = SparqState::new(dusk, kv, batch, blocks).map_err(e)?;
+        if !start.kv_page_indices.is_empty() {
+            let start_blocks = blocks_of(&case.lens, &blks)?;
+            let all = SparqUpdates::all(dusk, &s, &start, &start_blocks).map_err(e)?;
+            s.update(dusk, &k, &v, &all).map_err(e)?;
+        }
+        sparq = Some(s);
+    }
+
     let mut plan =
         AppendPlan::with_config(dusk, kv, batch, case.parts, |c| *c = case.config).map_err(e)?;
     let mut lens = case.lens.clone();
@@ -189,6 +258,9 @@ pub fn check_decode(dusk: &Dusk, case: &DecodeCase) -> Result<DecodeReport, Stri
             if lens[b].is_multiple_of(ps) {
                 pages[b].push(free.pop().expect("pages sized for every step"));
                 pages_started += 1;
+            }
+            if case.parts.sparq && lens[b].is_multiple_of(bs) {
+                blks[b].push(blk_free.pop().expect("blocks sized for every step"));
             }
             lens[b] += 1;
         }
@@ -204,11 +276,25 @@ pub fn check_decode(dusk: &Dusk, case: &DecodeCase) -> Result<DecodeReport, Stri
         let kn = dev.upload(&k_new).map_err(|x| x.to_string())?;
         let vn = dev.upload(&v_new).map_err(|x| x.to_string())?;
         plan.poison_outputs(dusk, 0xFF).map_err(e)?;
+        let block_table = match case.parts.sparq {
+            true => {
+                let t = blocks_of(&lens, &blks)?;
+                let up = |x: &[i32]| dev.upload(x).map_err(|x| x.to_string());
+                Some(CsrPages {
+                    kv_indptr: up(&t.kv_indptr)?,
+                    kv_page_indices: up(&t.kv_page_indices)?,
+                    kv_last_page_len: up(&t.kv_last_page_len)?,
+                })
+            }
+            false => None,
+        };
         let targets = AppendTargets {
             k_cache: &mut k,
             v_cache: &mut v,
             quantized: quantized.as_mut(),
             quest: quest.as_mut(),
+            ds: ds.as_mut(),
+            sparq: sparq.as_mut().zip(block_table.as_ref()),
         };
         plan.run(dusk, &dev_table, &kn, &vn, targets).map_err(e)?;
         let want_pages: Vec<i32> = pages.iter().map(|p| *p.last().unwrap()).collect();
@@ -296,8 +382,84 @@ pub fn check_decode(dusk: &Dusk, case: &DecodeCase) -> Result<DecodeReport, Stri
             &bits(&ref_max),
         )?;
     }
+    if let Some(s) = &ds {
+        // The kernel: ds_update over every page of the final table, from the same poison.
+        let mut want = DsState::new(dusk, kv, s.calibration()).map_err(e)?;
+        let n = want.labels().len();
+        want.labels_mut()
+            .copy_from_host(&vec![poison; n])
+            .map_err(|x| x.to_string())?;
+        let all = PageUpdates::all(dusk, &kv, &table).map_err(e)?;
+        want.update(dusk, &k_final, &all).map_err(e)?;
+        same(
+            "ds labels",
+            &bits(&dl(s.labels())?),
+            &bits(&dl(want.labels())?),
+        )?;
+    }
+    if let Some(s) = &sparq {
+        // The kernel: sparq_update over every token of the final tables, from zero.
+        let v_final = dev.upload(&v_host).map_err(|x| x.to_string())?;
+        let mut want = SparqState::new(dusk, kv, batch, blocks).map_err(e)?;
+        let final_blocks = blocks_of(&lens, &blks)?;
+        let all = SparqUpdates::all(dusk, &want, &table, &final_blocks).map_err(e)?;
+        want.update(dusk, &k_final, &v_final, &all).map_err(e)?;
+        same("sparq k_t", &bits(&dl(s.k_t())?), &bits(&dl(want.k_t())?))?;
+        let got = s.v_sum().download().map_err(|x| x.to_string())?;
+        let kernel = want.v_sum().download().map_err(|x| x.to_string())?;
+        check_v_sums(&got, &kernel, &v_host, &kv, &table)?;
+    }
     Ok(DecodeReport {
         tokens: batch * case.steps,
         pages_started,
     })
+}
+
+/// SparQ's sums of V (`got`, f32 `[batch, num_kv_heads, head_dim]`) against `sparq_update`'s
+/// (`kernel`) and the host's in f64 over `table`'s tokens of `v`. The order of the f32
+/// additions differs (a running sum a token at a time against a page's run at once), so
+/// each value may differ by the rounding of `n` additions: at most `n * 2^-24 * sum |v|`
+/// from the exact sum, twice that between the two kernels. A NaN sum must be NaN in both.
+fn check_v_sums(
+    got: &[f32],
+    kernel: &[f32],
+    v: &[f16],
+    kv: &KvShape,
+    table: &PageTable,
+) -> Result<(), String> {
+    let (hk, d, ps) = (kv.num_kv_heads, kv.head_dim, kv.page_size);
+    for b in 0..table.batch() {
+        let n = table.seq_len(b, ps);
+        for h in 0..hk {
+            for c in 0..d {
+                let (mut sum, mut abs) = (0f64, 0f64);
+                for t in 0..n {
+                    let page = table.kv_page_indices[table.kv_indptr[b] as usize + t / ps];
+                    let x = v[kv.k_row(page as usize, t % ps, h) * d + c].to_f64();
+                    sum += x;
+                    abs += x.abs();
+                }
+                let i = (b * hk + h) * d + c;
+                let bound = n as f64 * f64::from(f32::EPSILON) / 2.0 * abs;
+                for (what, want, tol) in [
+                    ("kernel", kernel[i] as f64, 2.0 * bound),
+                    ("host", sum, bound),
+                ] {
+                    let g = got[i] as f64;
+                    let ok = if want.is_nan() {
+                        g.is_nan()
+                    } else {
+                        (g - want).abs() <= tol
+                    };
+                    if !ok {
+                        return Err(format!(
+                            "sparq v_sum[{i}] (sequence {b}, KV head {h}): {g}, want {want} \
+                             ({what}, tolerance {tol})"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }

@@ -9,10 +9,10 @@
 //!   which a part neither reads for nor writes;
 //! - `num_kv_heads`, `page_size`: the cache's shape.
 //!
-//! A new part (a selector's per-token state: Double Sparsity's label cache, SparQ's
-//! transposed K or running mean of V) is one more helper of this form, called by
+//! A new part (a selector's per-token state) is one more helper of this form, called by
 //! [`super::append_kernel::append_tokens`] under a compile-time flag of its own; README.md
-//! in this folder says how.
+//! in this folder says how. SparQ's part is `crate::selectors::sparq_kernels::sparq_token`,
+//! beside the rest of SparQ's kernels.
 
 use crate::quantize::{store_codes4, store_codes8};
 use dusk_macros::kernel;
@@ -111,4 +111,31 @@ pub fn quest_token<const D: usize, const ROWS: usize>(
     let old_hi = where_(more, load(page_max + st, more) as f32, f32::NEG_INFINITY);
     store(page_min + st, minimum(old_lo, x) as f16, ok);
     store(page_max + st, maximum(old_hi, x) as f16, ok);
+}
+
+/// Writes the new tokens' Double Sparsity labels (f16 `[num_pages, num_kv_heads,
+/// page_size, R]`, row `(page * num_kv_heads + h) * page_size + slot`): the `R` channels of
+/// KV head `h` (`channels`, i32 `[num_kv_heads, R]`) of K's row, what `ds_update` writes for
+/// that slot. The rows' form of `write_token_labels`; a channel outside `0..D` reads as 0.
+#[kernel(crate = "crate::dusk_paths")]
+#[allow(clippy::too_many_arguments)]
+pub fn ds_token<const D: usize, const ROWS: usize, const R: usize>(
+    k_new: Ptr<f16>,
+    rows: Block<i32>,
+    h: Block<i32>,
+    page: Block<i32>,
+    slot: Block<i32>,
+    num_kv_heads: i32,
+    page_size: i32,
+    channels: Ptr<i32>,
+    labels: Ptr<f16>,
+) {
+    let valid = page >= 0;
+    let ok = expand(valid, 1, R);
+    let c = load(channels + row_offsets::<ROWS, R>(h as i64), ok, -1);
+    let read = ok & (c >= 0) & (c < D);
+    let x = load(k_new + (expand((rows as i64) * D, 1, R) + (c as i64)), read);
+    let head_row = (page as i64) * (num_kv_heads as i64) + (h as i64);
+    let at = row_offsets::<ROWS, R>(head_row * (page_size as i64) + (slot as i64));
+    store(labels + at, x, ok);
 }

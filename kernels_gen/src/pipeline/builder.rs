@@ -28,8 +28,8 @@ pub enum Select {
         budget: Budget,
         keep: Keep,
     },
-    /// Any other selector (Double Sparsity, SparQ, a token selector): see
-    /// [`SelectFactory`].
+    /// Any other selector: Double Sparsity ([`super::DsSelect`]), SparQ
+    /// ([`super::SparqSelect`]), one's own token selector (see [`SelectFactory`]).
     Plugin(Arc<dyn SelectFactory>),
 }
 
@@ -207,6 +207,13 @@ impl PipelineBuilder {
                 Some(s) => format!("selector `{}`", s.name()),
                 None => "Full".into(),
             },
+        )?;
+        ensure(
+            !self.sparq_mix || self.prune.is_empty(),
+            "sparq_mix",
+            "no pruner after SparQ: its alpha weighs SparQ's own selection, of which a \
+             pruner would attend to fewer tokens",
+            format!("{} pruners", self.prune.len()),
         )?;
         if let Some(b) = &select {
             b.budget().validate()?;

@@ -9,17 +9,23 @@
 //!   budgets, a CUDA graph of the step, each stage's time.
 //! - [`select`]: the select slot ([`SelectStage`], [`SelectFactory`]), where selectors
 //!   beyond the built-in page selectors plug in.
+//! - [`ds`], [`sparq`]: Double Sparsity and SparQ as plugins of the select slot
+//!   ([`DsSelect`], [`SparqSelect`]).
 //! - [`fallback`]: the kernel merging dense rows (short sequences) into the pruned lists.
 //! - [`mod@reference`]: the same algorithm in f64 on the host, the oracle of the tests.
 //!
 //! README.md in this folder has an example and the rules of composition.
 
 pub mod builder;
+pub mod ds;
 pub mod fallback;
 pub mod plan;
 pub mod reference;
 pub mod select;
+pub mod sparq;
 
 pub use builder::{Attend, Pipeline, PipelineBuilder, Prune, Select};
+pub use ds::DsSelect;
 pub use plan::{PipelinePlan, PipelineShape, Stage};
 pub use select::{PageSelect, SelectFactory, SelectStage};
+pub use sparq::SparqSelect;

@@ -286,14 +286,30 @@ impl PipelinePlan {
 impl PipelinePlan {
     /// Fills what the pipeline keeps beside K from `k` (f16, the cache): the INT4 copy the
     /// estimate reads (the whole cache) and the selector's state for every page of the
-    /// plan's table, as after a prefill. Queued, no sync.
+    /// plan's table, as after a prefill. Queued, no sync. A selector whose state reads V
+    /// too (SparQ) needs [`PipelinePlan::prepare_kv`].
     pub fn prepare(&mut self, dusk: &Dusk, k: &Buffer<f16>) -> Result<()> {
+        self.prepare_with(dusk, k, None)
+    }
+
+    /// [`PipelinePlan::prepare`] with the cache's V as well, for the selectors whose state
+    /// reads it (SparQ's sums of V); the same as `prepare` for the others.
+    pub fn prepare_kv(&mut self, dusk: &Dusk, k: &Buffer<f16>, v: &Buffer<f16>) -> Result<()> {
+        self.prepare_with(dusk, k, Some(v))
+    }
+
+    fn prepare_with(
+        &mut self,
+        dusk: &Dusk,
+        k: &Buffer<f16>,
+        v: Option<&Buffer<f16>>,
+    ) -> Result<()> {
         if let Some(qk) = &mut self.qk {
             dusk.quantize_k_into(k, qk)?;
         }
         if let Some(s) = &mut self.select {
             let updates = PageUpdates::all(dusk, &self.shape.kv, &self.table)?;
-            s.update(dusk, k, &updates)?;
+            s.prefill(dusk, k, v, &updates)?;
         }
         Ok(())
     }

@@ -1,29 +1,34 @@
 //! The pipeline's algorithm in f64 on the host, stage by stage: the oracle the tests and
 //! the GPU check hold a planned pipeline to.
 //!
-//! - [`select`]: every token, or a page selector's top pages from its f64 page scores.
+//! - [`select`]: every token, a page selector's top pages from its f64 page scores, or a
+//!   token selector's top tokens (Double Sparsity, SparQ) from its f64 token scores.
 //! - [`estimate`]: the INT4 estimate of every candidate's score for each query head, from
 //!   the quantized copy (`crate::reference::spgemv`, f64 over the same codes).
 //! - [`prune`]: per query head, softmax of the estimate over the row's candidates, the
 //!   sort-based cut of the policy, the union over the group.
 //! - [`lists`]: attention's lists, a dense row (a sequence no longer than `dense_below`)
 //!   every position of its sequence.
-//! - [`attend`]: attention over the lists.
+//! - [`attend`]: attention over the lists (mixed with the mean of V by SparQ's `alpha`).
 //!
 //! [`run_stages`] runs a plan's step stage by stage, downloading each stage's output;
 //! [`check`] compares what a plan wrote at each stage with the reference of that stage fed
 //! the stage's actual inputs (the plan's own output of the stage before), so one stage's
 //! error shows up as that stage's, and a token whose weight lies within float rounding of
-//! a pruner's cut may go either way.
+//! a pruner's cut may go either way, as may an item whose score lies within float rounding
+//! of a selector's cut (the device ranks f32 sums).
 
 use super::plan::PipelinePlan;
 use crate::error::Result;
 use crate::ops::Dusk;
 use crate::paged::{KvShape, PageTable, TokenLists};
 use crate::reference::{self as host, QuantizedRows};
-use crate::selectors::reference::{page_token_lists, quest_scores, quest_update, select_items};
+use crate::selectors::reference::{
+    ds_labels, ds_scores, page_token_lists, quest_scores, quest_update, select_items, top_k_row,
+};
 use crate::selectors::selector::table_pages;
-use crate::selectors::{Budget, Items, Keep, SelectionShape};
+use crate::selectors::sparq_reference::{paged_key, sparq_alpha, sparq_row, value_sums};
+use crate::selectors::{Budget, DsCalibration, Items, Keep, SelectionShape};
 use dusk_runtime::Buffer;
 use half::f16;
 
@@ -70,6 +75,87 @@ pub enum HostSelect<'a> {
         budget: Budget,
         keep: Keep,
     },
+    /// A token selector (Double Sparsity, SparQ): its f64 token scores laid out as its
+    /// plan's (row `(b, h)` at `tokens before b * num_kv_heads + h * len_b`, e.g.
+    /// [`ds_token_scores`], [`sparq_token_scores`]), its budget and always-kept tokens, and
+    /// SparQ's output mix when the pipeline applies it.
+    Tokens {
+        scores: &'a [f64],
+        budget: Budget,
+        keep: Keep,
+        mix: Option<HostMix<'a>>,
+    },
+}
+
+/// SparQ's output mix on the host: per query row the approximate logits of every token of
+/// its sequence (for `alpha`, the softmax mass on the kept tokens), and per (sequence, KV
+/// head) the mean of V (`head_dim` values a row).
+#[derive(Clone, Copy)]
+pub struct HostMix<'a> {
+    pub logits: &'a [Vec<f64>],
+    pub v_mean: &'a [f64],
+}
+
+/// Double Sparsity's f64 token scores for `q` (the layout [`HostSelect::Tokens`] takes),
+/// from the labels of every token of `table` (`calibration`'s channels of K).
+pub fn ds_token_scores(
+    q: &[f16],
+    k: &[f16],
+    kv: &KvShape,
+    table: &PageTable,
+    num_q_heads: usize,
+    calibration: &DsCalibration,
+) -> Vec<f64> {
+    let mut labels = vec![f16::ZERO; kv.rows() * calibration.r()];
+    let (pages, lens) = table_pages(table, kv.page_size, false);
+    ds_labels(k, kv, calibration, &pages, &lens, &mut labels);
+    ds_scores(q, &labels, calibration, kv, table, num_q_heads)
+}
+
+/// SparQ's f64 token scores for `q` with `r` components (the layout [`HostSelect::Tokens`]
+/// takes), and each query row's approximate logits over its sequence (Algorithm 1,
+/// `sparq_reference::sparq_row`).
+pub fn sparq_token_scores(
+    q: &[f16],
+    k: &[f16],
+    kv: &KvShape,
+    table: &PageTable,
+    num_q_heads: usize,
+    r: usize,
+) -> (Vec<f64>, Vec<Vec<f64>>) {
+    let (mut scores, mut logits) = (vec![], vec![]);
+    for b in 0..table.batch() {
+        let n = table.seq_len(b, kv.page_size);
+        for h in 0..kv.num_kv_heads {
+            let key = paged_key(k, kv, table, b, h);
+            let row = sparq_row(
+                q,
+                num_q_heads,
+                kv.num_kv_heads,
+                kv.head_dim,
+                b,
+                h,
+                r,
+                n,
+                &key,
+            );
+            scores.extend(row.scores);
+            logits.extend(row.logits);
+        }
+    }
+    (scores, logits)
+}
+
+/// Each (sequence, KV head)'s mean of V over its tokens (`head_dim` values a row), as
+/// SparQ's mix takes it.
+pub fn v_means(v: &[f16], kv: &KvShape, table: &PageTable) -> Vec<f64> {
+    let d = kv.head_dim * kv.num_kv_heads;
+    let mut sums = value_sums(v, kv, table);
+    for (b, row) in sums.chunks_mut(d).enumerate() {
+        let n = table.seq_len(b, kv.page_size) as f64;
+        row.iter_mut().for_each(|x| *x /= n);
+    }
+    sums
 }
 
 /// Quest's f64 page scores for `q` (the layout [`HostSelect::Pages`] takes), from its f64
@@ -102,6 +188,110 @@ pub fn select(sel: &HostSelect, table: &PageTable, kv: &KvShape) -> TokenLists {
                 .expect("a table the plan accepted");
             page_token_lists(&select_items(scores, &shape, *keep), table, kv)
         }
+        HostSelect::Tokens {
+            scores,
+            budget,
+            keep,
+            ..
+        } => {
+            let shape = SelectionShape::new(table, kv, Items::Tokens, *budget, *keep)
+                .expect("a table the plan accepted");
+            let mut lists = TokenLists {
+                indptr: vec![0],
+                indices: vec![],
+            };
+            for row in select_items(scores, &shape, *keep) {
+                lists.indices.extend(row.iter().map(|t| *t as i32));
+                lists.indptr.push(lists.indices.len() as i32);
+            }
+            lists
+        }
+    }
+}
+
+/// The selection `got` against the reference's, item by item (pages, or tokens), but for
+/// items whose score lies within float rounding of the row's cut: within `1e-5` of the
+/// row's largest score magnitude of the lowest score the reference keeps (always-kept
+/// items aside). Each row must hold whole items, ascending.
+fn compare_selection(
+    sel: &HostSelect,
+    got: &TokenLists,
+    table: &PageTable,
+    kv: &KvShape,
+) -> StageCheck {
+    let want = select(sel, table, kv);
+    let (scores, budget, keep, unit) = match sel {
+        HostSelect::Full => return compare_lists("select", Some(got), Some(&want)),
+        HostSelect::Pages {
+            scores,
+            budget,
+            keep,
+        } => (*scores, *budget, *keep, Items::Pages),
+        HostSelect::Tokens {
+            scores,
+            budget,
+            keep,
+            ..
+        } => (*scores, *budget, *keep, Items::Tokens),
+    };
+    let exact = compare_lists("select", Some(got), Some(&want));
+    if exact.passed() || got.rows() != want.rows() {
+        return exact;
+    }
+    let shape = SelectionShape::new(table, kv, unit, budget, keep).expect("an accepted table");
+    let size = match unit {
+        Items::Pages => kv.page_size,
+        Items::Tokens => 1,
+    };
+    let heads = kv.num_kv_heads;
+    let (mut wrong, mut detail) = (0usize, None);
+    for r in 0..got.rows() {
+        let b = r / heads;
+        let first = shape.item_indptr[b] as usize;
+        let n = shape.item_indptr[b + 1] as usize - first;
+        let row_scores = &scores[first * heads + (r % heads) * n..][..n];
+        let kept = top_k_row(row_scores, shape.k_items[b] as usize, keep);
+        let forced = |i: usize| i < keep.sink || i + keep.recent >= n;
+        let cut = kept
+            .iter()
+            .filter(|i| !forced(**i))
+            .map(|i| row_scores[*i])
+            .fold(f64::INFINITY, f64::min);
+        let tol = 1e-5 * row_scores.iter().fold(0.0f64, |m, s| m.max(s.abs()));
+        // The row's items, and their tokens listed again: the row must be exactly those.
+        let mut items: Vec<usize> = got.row(r).iter().map(|t| *t as usize / size).collect();
+        items.dedup();
+        let len = table.seq_len(b, kv.page_size);
+        let tokens = items
+            .iter()
+            .flat_map(|i| i * size..((i + 1) * size).min(len))
+            .map(|t| t as i32);
+        if !tokens.eq(got.row(r).iter().copied())
+            || !items.is_sorted_by(|a, b| a < b)
+            || items.iter().any(|i| *i >= n)
+        {
+            wrong += 1;
+            detail.get_or_insert(format!("row {r}: not whole items, ascending"));
+            continue;
+        }
+        for i in (0..n).filter(|i| items.binary_search(i).is_ok() != kept.binary_search(i).is_ok())
+        {
+            if forced(i) || (row_scores[i] - cut).abs() > tol {
+                wrong += 1;
+                detail.get_or_insert(format!(
+                    "row {r}: item {i} (score {}) kept {}, reference {} (cut {cut})",
+                    row_scores[i],
+                    items.binary_search(&i).is_ok(),
+                    kept.binary_search(&i).is_ok()
+                ));
+            }
+        }
+    }
+    StageCheck {
+        stage: "select",
+        error: wrong as f64,
+        tolerance: 0.0,
+        detail,
     }
 }
 
@@ -188,7 +378,10 @@ pub fn dense_rows(table: &PageTable, kv: &KvShape, dense_below: usize) -> Vec<bo
 }
 
 /// Attention in f64 of each query row over its KV head's list (scale `1/sqrt(head_dim)`):
-/// the outputs (`[batch * num_q_heads, head_dim]`) and the natural-log LSE per row.
+/// the outputs (`[batch * num_q_heads, head_dim]`) and the natural-log LSE per row. With
+/// `mix` (SparQ's `alpha` per query row, the mean of V per (sequence, KV head)) each output
+/// is `alpha * y + (1 - alpha) * v_mean`.
+#[allow(clippy::too_many_arguments)]
 pub fn attend(
     q: &[f16],
     k: &[f16],
@@ -197,6 +390,7 @@ pub fn attend(
     kv: &KvShape,
     table: &PageTable,
     lists: &TokenLists,
+    mix: Option<(&[f32], &[f32])>,
 ) -> (Vec<f64>, Vec<f64>) {
     let group = num_q_heads / kv.num_kv_heads;
     let rows: Vec<Vec<i32>> = (0..table.batch() * num_q_heads)
@@ -215,7 +409,7 @@ pub fn attend(
         table,
         &rows,
         1.0 / (kv.head_dim as f64).sqrt(),
-        None,
+        mix,
     )
 }
 
@@ -237,6 +431,9 @@ pub struct GotStep {
     pub pruned: Vec<(Vec<f32>, TokenLists)>,
     /// Attention's lists (`None` when the step was dense attention).
     pub lists: Option<TokenLists>,
+    /// SparQ's mix when attention applied it: `alpha` per query row and the mean of V per
+    /// (sequence, KV head), `head_dim` values a row.
+    pub mix: Option<(Vec<f32>, Vec<f32>)>,
     /// The output, `[batch * num_q_heads, head_dim]`, and the LSE per query row.
     pub out: Vec<f32>,
     pub lse: Vec<f32>,
@@ -298,10 +495,18 @@ pub fn run_stages(
     plan.run_lists(dusk)?;
     plan.run_attend(dusk, q, k, v, out, lse)?;
     let lists = plan.lists().map(|(ip, ix)| lists_of(ip, ix)).transpose()?;
+    let mix = match plan.selector().and_then(|s| s.sparq_mix()) {
+        Some(m) if plan.pipeline().sparq_mix && !plan.is_dense() => Some((
+            m.alpha.download()?,
+            m.v_mean.download()?.iter().map(|x| x.to_f32()).collect(),
+        )),
+        _ => None,
+    };
     Ok(GotStep {
         selected,
         pruned,
         lists,
+        mix,
         out: out.download()?.iter().map(|x| x.to_f32()).collect(),
         lse: lse.download()?,
     })
@@ -352,11 +557,14 @@ pub fn check(pipe: &HostPipeline, inputs: &HostInputs, got: &GotStep) -> Vec<Sta
     let want_sel = select(&pipe.select, table, kv);
     let mut cand = match &got.selected {
         Some(sel) => {
-            checks.push(compare_lists("select", Some(sel), Some(&want_sel)));
+            checks.push(compare_selection(&pipe.select, sel, table, kv));
             sel.clone()
         }
         None => want_sel,
     };
+    if let HostSelect::Tokens { mix: Some(m), .. } = &pipe.select {
+        checks.extend(compare_mix(m, &cand, got, hq, kv.num_kv_heads));
+    }
     let qk = host::quantize(inputs.k, kv, pipe.bits);
     let scale = 1.0 / (kv.head_dim as f64).sqrt();
     for (i, policy) in pipe.prune.iter().enumerate() {
@@ -390,6 +598,63 @@ pub fn check(pipe: &HostPipeline, inputs: &HostInputs, got: &GotStep) -> Vec<Sta
     let attended = got.lists.clone().unwrap_or(want_lists);
     checks.extend(check_out(inputs, &attended, got));
     checks
+}
+
+/// SparQ's mix as the device made it against the reference's: each query row's `alpha`
+/// (the softmax mass of its f64 logits on the tokens selected; `1e-4`) and each row's mean
+/// of V (`2e-3` relative L2: f16).
+fn compare_mix(
+    want: &HostMix,
+    selected: &TokenLists,
+    got: &GotStep,
+    num_q_heads: usize,
+    num_kv_heads: usize,
+) -> [StageCheck; 2] {
+    let missing = |stage| StageCheck {
+        stage,
+        error: f64::INFINITY,
+        tolerance: 0.0,
+        detail: Some("no SparQ mix applied".into()),
+    };
+    let Some((alpha, v_mean)) = &got.mix else {
+        return [missing("mix (alpha)"), missing("mix (mean of V)")];
+    };
+    let group = num_q_heads / num_kv_heads;
+    let (mut worst, mut detail) = (0.0f64, None);
+    for (qr, logits) in want.logits.iter().enumerate() {
+        let row = (qr / num_q_heads) * num_kv_heads + (qr % num_q_heads) / group;
+        let kept: Vec<usize> = selected.row(row).iter().map(|t| *t as usize).collect();
+        let a = sparq_alpha(logits, &kept);
+        let d = match alpha.get(qr) {
+            Some(g) if (*g as f64 - a).abs() <= worst => continue,
+            Some(g) if !g.is_nan() => (*g as f64 - a).abs(),
+            _ => f64::INFINITY,
+        };
+        worst = d;
+        detail = Some(format!(
+            "query row {qr}: {:?}, reference {a}",
+            alpha.get(qr)
+        ));
+    }
+    let v_err = if v_mean.len() == want.v_mean.len() {
+        host::rel_error(v_mean, want.v_mean)
+    } else {
+        f64::INFINITY
+    };
+    [
+        StageCheck {
+            stage: "mix (alpha)",
+            error: worst,
+            tolerance: 1e-4,
+            detail,
+        },
+        StageCheck {
+            stage: "mix (mean of V)",
+            error: v_err,
+            tolerance: 2e-3,
+            detail: None,
+        },
+    ]
 }
 
 /// Lists compared exactly (`want` `None`: there should be none).
@@ -475,6 +740,7 @@ fn compare_kept(
 /// The output (`2e-3` relative L2: f16 outputs) and the LSE (`1e-4` of `1 + |lse|`)
 /// against f64 attention over `lists`.
 fn check_out(inputs: &HostInputs, lists: &TokenLists, got: &GotStep) -> [StageCheck; 2] {
+    let mix = got.mix.as_ref().map(|(a, m)| (a.as_slice(), m.as_slice()));
     let (want, want_lse) = attend(
         inputs.q,
         inputs.k,
@@ -483,6 +749,7 @@ fn check_out(inputs: &HostInputs, lists: &TokenLists, got: &GotStep) -> [StageCh
         &inputs.kv,
         inputs.table,
         lists,
+        mix,
     );
     let lse_err = got
         .lse

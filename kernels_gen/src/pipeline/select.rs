@@ -5,8 +5,9 @@
 //! [`SelectStage`] is a planned selector as the pipeline drives it; [`SelectFactory`] plans
 //! one for a cache shape and a page table. The page selectors of
 //! [`crate::selectors`] (Quest, or a user's [`Selector`]) are built in
-//! ([`PageSelect`]); other selectors (Double Sparsity, SparQ, one's own token selector)
-//! plug in by implementing the two traits, with no change to the pipeline.
+//! ([`PageSelect`]); other selectors plug in by implementing the two traits, with no change
+//! to the pipeline: Double Sparsity ([`super::ds::DsSelect`]) and SparQ
+//! ([`super::sparq::SparqSelect`]) do, as would one's own token selector.
 
 use crate::attention_ops::SparqMix;
 use crate::error::Result;
@@ -30,6 +31,18 @@ pub trait SelectStage: Send {
     /// Recomputes the state kept beside the cache for `updates`' pages from `k` (nothing
     /// for a selector without state).
     fn update(&mut self, dusk: &Dusk, k: &Buffer<f16>, updates: &PageUpdates) -> Result<()>;
+    /// Builds the state of every token of the plan's table from the cache, as after a
+    /// prefill (`all`: every page of it): by default [`SelectStage::update`]; a selector
+    /// whose state reads V as well (SparQ's sums of V) needs `v` and fails without it.
+    fn prefill(
+        &mut self,
+        dusk: &Dusk,
+        k: &Buffer<f16>,
+        _v: Option<&Buffer<f16>>,
+        all: &PageUpdates,
+    ) -> Result<()> {
+        self.update(dusk, k, all)
+    }
     /// The same selector over another page table, keeping its state.
     fn replan(self: Box<Self>, dusk: &Dusk, table: &PageTable) -> Result<Box<dyn SelectStage>>;
     /// SparQ's output mix (`alpha` per query row, the running mean of V), for a selector

@@ -21,8 +21,10 @@ const KEYS: [&str; 5] = ["select", "prune", "attend", "bits", "dense_below"];
 const ATTENDS: [&str; 3] = ["dense", "head_varlen", "group_varlen"];
 /// The selectors `select:` takes.
 const SELECTORS: [&str; 4] = ["Full", "Quest", "Pages", "Plugin"];
-/// Selectors of the design not yet planned by pipelines in this build.
-const PENDING: [&str; 4] = ["SparQ", "Sparq", "DoubleSparsity", "DS"];
+/// Selectors that plug into the select slot as `Plugin(..)` values (`DsSelect`,
+/// `SparqSelect` of `dusk::kernels::pipeline`): they take a calibration or options the
+/// declaration does not spell.
+const PLUGINS: [&str; 4] = ["SparQ", "Sparq", "DoubleSparsity", "DS"];
 
 pub struct PipelineAst {
     pub select: Select,
@@ -177,7 +179,8 @@ fn parse_entries(input: ParseStream) -> syn::Result<PipelineAst> {
 }
 
 /// The compositions that cannot work whatever the shapes: dense attention after a stage
-/// that narrows the tokens, SparQ's output mix without a selector that makes it.
+/// that narrows the tokens, SparQ's output mix without a selector that makes it or with a
+/// pruner after it.
 fn check_composition(select: &Select, prune: &[PruneCall], attend: &Attend) -> syn::Result<()> {
     let full = matches!(select, Select::Full);
     if attend.kind == "dense" && (!full || !prune.is_empty()) {
@@ -191,7 +194,13 @@ fn check_composition(select: &Select, prune: &[PruneCall], attend: &Attend) -> s
         (Some(mix), Select::Full | Select::Quest { .. } | Select::Pages(_)) => Err(Error::new(
             mix.span(),
             "SparQ's output mix (`sparq_mix`) needs SparQ's selector, which makes its `alpha` \
-             and the mean of V: select it as a `Plugin(..)` of SparQ's plan",
+             and the mean of V: select it as `Plugin(SparqSelect { .. })`",
+        )),
+        (Some(mix), _) if !prune.is_empty() => Err(Error::new(
+            mix.span(),
+            "SparQ's output mix (`sparq_mix`) weighs SparQ's own selection by its `alpha`: a \
+             pruner after it would attend to fewer tokens than alpha weighs; drop the `prune` \
+             stages or the mix",
         )),
         _ => Ok(()),
     }
@@ -214,12 +223,13 @@ fn parse_select(input: ParseStream) -> syn::Result<Select> {
         "Full" => &[],
         "Quest" => &["budget", "sink"],
         "Pages" => &["selector", "budget", "sink", "recent"],
-        _ if PENDING.contains(&name.as_str()) => {
+        _ if PLUGINS.contains(&name.as_str()) => {
             return Err(Error::new(
                 kind.span(),
                 format!(
-                    "`{name}` is not a pipeline selector in this build yet: plug its plan in \
-                     with `select: Plugin(..)`"
+                    "`{name}` plugs into the select slot as a value: `select: \
+                     Plugin(DsSelect {{ .. }})` or `Plugin(SparqSelect {{ .. }})` \
+                     (dusk::kernels::pipeline)"
                 ),
             ))
         }
