@@ -406,6 +406,18 @@ impl SpgemvPlan {
             "1, 2, 4, 8 or 16",
             warps,
         )?;
+        ensure(
+            (1..=64).contains(&cfg.tiles) && (cfg.tiles == 1 || cfg.tensor_cores),
+            "tiles",
+            "1 to 64, more than 1 only with tensor_cores",
+            format!("{} (tensor_cores: {})", cfg.tiles, cfg.tensor_cores),
+        )?;
+        ensure(
+            !cfg.l2_prefetch || cfg.tiles > 1,
+            "l2_prefetch",
+            "false with one tile a program (nothing comes after it to prefetch)",
+            format!("{} (tiles: {})", cfg.l2_prefetch, cfg.tiles),
+        )?;
         if cfg.tensor_cores {
             ensure(
                 bits == 4 && (2..=8).contains(&group),
@@ -455,11 +467,12 @@ impl SpgemvPlan {
             .map(|w| (w[1] - w[0]) as usize)
             .max()
             .unwrap_or(0);
-        let tiles = longest.div_ceil(cfg.block_tokens).max(1);
+        // A program scores `tiles` tiles of `block_tokens` candidates.
+        let programs = longest.div_ceil(cfg.program_tokens()).max(1);
         ensure(
-            rows <= i32::MAX as usize && tiles <= 65535,
+            rows <= i32::MAX as usize && programs <= 65535,
             "cand",
-            "at most 65535 * block_tokens tokens per row",
+            "at most 65535 * block_tokens * tiles tokens per row",
             longest,
         )?;
         Ok(SpgemvPlan {
@@ -476,7 +489,7 @@ impl SpgemvPlan {
             cand_indices: indices.map(|ix| dev.upload(ix)).transpose()?,
             nnz,
             num_scores,
-            grid: [rows as u32, tiles as u32, 1],
+            grid: [rows as u32, programs as u32, 1],
         })
     }
 
