@@ -300,7 +300,9 @@ impl SpgemvPlan {
     }
 
     /// As [`SpgemvPlan::new`], with `tune` changing the default [`SpgemvConfig`] (tiling,
-    /// occupancy request, tensor cores) before it is checked and compiled.
+    /// occupancy request, tensor cores) before it is checked and compiled. On a GPU the
+    /// default it is given has its tiles fitted to the candidates' grid
+    /// ([`SpgemvConfig::fit_grid`]).
     pub fn with_config(
         dusk: &Dusk,
         kv: KvShape,
@@ -391,7 +393,16 @@ impl SpgemvPlan {
             "fewer than 2^31 scores",
             num_scores,
         )?;
+        let rows = indptr.len() - 1;
+        let longest = indptr
+            .windows(2)
+            .map(|w| (w[1] - w[0]) as usize)
+            .max()
+            .unwrap_or(0);
         let mut cfg = SpgemvConfig::new(kv.head_dim, kv.page_size, group, bits);
+        if let Some(sms) = dusk.device().num_sms() {
+            cfg = cfg.fit_grid(rows, longest, sms as usize);
+        }
         tune(&mut cfg);
         let (tokens, warps) = (cfg.block_tokens, cfg.num_warps);
         ensure(
@@ -461,12 +472,6 @@ impl SpgemvPlan {
                 qsum: dev.alloc(q_rows)?,
             })
         };
-        let rows = indptr.len() - 1;
-        let longest = indptr
-            .windows(2)
-            .map(|w| (w[1] - w[0]) as usize)
-            .max()
-            .unwrap_or(0);
         // A program scores `tiles` tiles of `block_tokens` candidates.
         let programs = longest.div_ceil(cfg.program_tokens()).max(1);
         ensure(

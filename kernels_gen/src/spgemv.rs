@@ -38,9 +38,9 @@ use dusk_macros::kernel;
 /// Compile-time choices of `spgemv_quant`. Each is a constant of the kernel; the
 /// combinations compiled into this crate ([`specialised`]) are, for pages of 16 tokens: the
 /// defaults ([`SpgemvConfig::new`]) for head_dim 64, 128 and 256, 4 and 8 bits and groups of
-/// 1 to 16 (and [`SpgemvConfig::dp2a`] where the default is the tensor cores); one tile a
-/// program on the tensor cores for head_dim 64, 128 and 256; for head_dim 128 and 4-bit
-/// codes, the tilings the benchmark sweeps (`benches/src/bin/gpu_check/spgemv.rs`).
+/// 1 to 16 (and [`SpgemvConfig::dp2a`] where the default is the tensor cores, and the tilings
+/// [`SpgemvConfig::fit_grid`] turns it into); for head_dim 128 and 4-bit codes, the tilings
+/// the benchmark sweeps (`benches/src/bin/gpu_check/spgemv.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SpgemvConfig {
     pub head_dim: usize,
@@ -103,6 +103,35 @@ impl SpgemvConfig {
             tensor_cores: false,
             tiles: 1,
             l2_prefetch: false,
+        }
+    }
+
+    /// The default's tiles fitted to a grid of `rows` candidate rows of at most `longest`
+    /// candidates on a GPU of `sms` multiprocessors: the most tiles a program (16, then 8)
+    /// that still leave half a wave of programs (4 an SM), else one tile of 64 tokens on 2
+    /// warps ([`spgemv_quant_mma`]), so that short or few rows still fill the GPU. Measured
+    /// on an H100 (benches/NOTES.md), each choice the fastest of its shape: 16 tiles at
+    /// batch 32 and 32k (8192 programs for all tokens, 2048 for a quarter of the pages) and
+    /// at batch 1 and 131k (1024), 8 tiles at batch 8 and 8k (1024), one tile for a quarter
+    /// of those pages (2048; 16 tiles would leave 128 programs). Configurations other than
+    /// the several-tile default are returned as they are.
+    pub fn fit_grid(self, rows: usize, longest: usize, sms: usize) -> Self {
+        if !self.tensor_cores || self.tiles == 1 {
+            return self;
+        }
+        let programs = |c: &SpgemvConfig| rows * longest.div_ceil(c.program_tokens()).max(1);
+        let mut c = self;
+        while c.tiles > 8 && programs(&c) < 4 * sms {
+            c.tiles /= 2;
+        }
+        if programs(&c) >= 4 * sms {
+            return c;
+        }
+        SpgemvConfig {
+            num_warps: 2,
+            tiles: 1,
+            l2_prefetch: false,
+            ..self
         }
     }
 
@@ -642,8 +671,8 @@ specialisations! {
         (128, 4; 32, 1, 0; 1 2 4 8 16),
         (128, 4; 128, 4, 6; 1 2 4 8 16),
     ],
-    // One tile a program (the defaults before several tiles a program), and the
-    // benchmark's other tilings.
+    // One tile a program (the default on the smallest grids, `SpgemvConfig::fit_grid`), and
+    // the benchmark's other tilings.
     mma: [
         (64; 64, 2, 0; 2 4 8),
         (128; 64, 2, 0; 2 4 8),
@@ -651,12 +680,15 @@ specialisations! {
         (128; 128, 4, 0; 2 4 8),
         (128; 64, 4, 0; 2 4 8),
     ],
-    // Several tiles a program: the defaults, then the benchmark's other tilings.
+    // Several tiles a program: the defaults (16 tiles, 8 on small grids:
+    // `SpgemvConfig::fit_grid`), then the benchmark's other tilings.
     mma_tiles: [
         (64; 64, 4, 0, 16, true; 2 4 8),
         (128; 64, 4, 0, 16, true; 2 4 8),
         (256; 64, 4, 0, 16, true; 2 4 8),
+        (64; 64, 4, 0, 8, true; 2 4 8),
         (128; 64, 4, 0, 8, true; 2 4 8),
+        (256; 64, 4, 0, 8, true; 2 4 8),
         (128; 64, 4, 0, 32, true; 2 4 8),
         (128; 64, 4, 0, 16, false; 2 4 8),
         (128; 32, 2, 0, 16, true; 2 4 8),

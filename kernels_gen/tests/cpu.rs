@@ -349,6 +349,38 @@ fn tensor_core_scoring_several_tiles_a_program() {
     }
 }
 
+/// The default's tiles follow the grid (`SpgemvConfig::fit_grid`), on the shapes measured on
+/// an H100 (132 SMs): 16 tiles where 16 leave half a wave of programs, then 8, else one tile
+/// on 2 warps; every configuration it can choose is compiled in; other configurations are
+/// left alone.
+#[test]
+fn the_default_tiles_follow_the_grid() {
+    let fit = |rows: usize, longest: usize| {
+        let c = SpgemvConfig::new(128, 16, 4, 4).fit_grid(rows, longest, 132);
+        (c.tiles, c.num_warps, c.l2_prefetch)
+    };
+    assert_eq!(fit(32 * 8, 32768), (16, 4, true));
+    assert_eq!(fit(32 * 8, 8192), (16, 4, true));
+    assert_eq!(fit(8, 131072), (16, 4, true));
+    assert_eq!(fit(8 * 8, 8192), (8, 4, true));
+    assert_eq!(fit(8 * 8, 2048), (1, 2, false));
+    assert_eq!(fit(1, 1), (1, 2, false));
+    for head_dim in [64, 128, 256] {
+        for group in [2, 4, 8] {
+            for (rows, longest) in [(1, 1), (64, 8192), (256, 32768)] {
+                let c = SpgemvConfig::new(head_dim, 16, group, 4).fit_grid(rows, longest, 132);
+                assert!(spgemv::specialised(&c), "{c:?}");
+            }
+        }
+    }
+    let mha = SpgemvConfig::new(128, 16, 1, 4);
+    assert_eq!(mha.fit_grid(1, 1, 132), mha);
+    let mut one = SpgemvConfig::new(128, 16, 4, 4);
+    one.tiles = 1;
+    one.l2_prefetch = false;
+    assert_eq!(one.fit_grid(1, 1, 132), one);
+}
+
 /// Several tiles a program need the tensor cores, and the L2 prefetch needs several tiles.
 #[test]
 fn several_tiles_need_the_tensor_cores_and_the_prefetch_several_tiles() {
