@@ -172,6 +172,16 @@ const MAX_CHUNK_L2_PREFETCH: usize = 256;
 /// the noise); the tuner's own runs found 16 the best at batch 16 8k and batch 1 128k (703.3
 /// and 707.5 us against 755.9 and 760.6). Short chunks (batch 1 8k) lose: 58.6 against 48.5.
 const MHA_LONG_CHUNK_TOKENS: usize = 16;
+/// Programs an SM asked of ptxas for the dense tensor-core split over long chunks (those
+/// without the L2 prefetch: batches large enough that every SM holds many chunks). 16 one-warp
+/// programs instead of the 12 its registers allow keep a third more tiles of K and V in
+/// flight; ptxas then fits the kernel in 128 registers with a few bytes of spills, outside
+/// the main loop. On an H100 under the harness, one process (89a5a91, GQA 32/8,
+/// varlen_attention_run/89a5a91_sweep.json): batch 32 32k 1433.1 us against 1469.3, batch 64
+/// 32k 2863.6 against 2942.6, batch 32 8k 370.2 against 374.9, batch 64 8k 728.3 against
+/// 740.0; short chunks lose (batch 1 8k 19.7 against 19.2), and so do token lists (a quarter
+/// of the pages 375.2 against 365.5), which keep the registers' count.
+pub const DENSE_LONG_PROGRAMS_PER_SM: u32 = 16;
 /// The padded baseline's longest chunk: its rows are as long as the longest list, so a few
 /// long rows would become the tail (token lists in this grid, before the balanced split,
 /// measured on an H100: 512 against 1024 took 64 us instead of 87 on the skewed case).
@@ -188,7 +198,8 @@ impl AttentionTuning {
     /// that, were every row `max_tokens` long, about 8 work items per SM would exist
     /// (`num_sms`, 132 when unknown), between 2 steps (128 tokens on the tensor cores) and
     /// 1024 tokens (512 padded), with the next tile brought into L2 early where dense chunks
-    /// are short, and MHA's long dense chunks walked 16 tokens a step. Token lists: segments
+    /// are short, 16 programs an SM asked for the tensor cores' long dense chunks (groups of
+    /// up to 4), and MHA's long dense chunks walked 16 tokens a step. Token lists: segments
     /// of at least 64 tokens.
     pub fn for_spec(spec: &AttentionSpec, num_sms: usize) -> AttentionTuning {
         let group = program_group(spec);
@@ -234,14 +245,23 @@ impl AttentionTuning {
         } else {
             (block_tokens, chunk)
         };
+        let l2_prefetch = spec.mode == AttentionMode::Dense && chunk <= MAX_CHUNK_L2_PREFETCH;
         AttentionTuning {
             block_tokens,
             num_warps,
             chunk_tokens: chunk,
             vector_bytes: 16,
             prefetch,
-            min_programs_per_sm: 0,
-            l2_prefetch: spec.mode == AttentionMode::Dense && chunk <= MAX_CHUNK_L2_PREFETCH,
+            min_programs_per_sm: if tensor_cores
+                && spec.mode == AttentionMode::Dense
+                && !l2_prefetch
+                && group <= 4
+            {
+                DENSE_LONG_PROGRAMS_PER_SM
+            } else {
+                0
+            },
+            l2_prefetch,
             tensor_cores,
             chunk_fastest: false,
             list_programs: 0,
