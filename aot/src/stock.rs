@@ -146,10 +146,13 @@ fn attention_kernels(head_dim: usize, group: usize, lists: bool) -> Result<[Bund
     // With lists the merge takes each row once its pieces are in (row signals), as the
     // plans do: both kernels take the `counters` the caller keeps zeroed once. Partial
     // outputs in f16 and K and V read as a stream, as the plans' defaults for f16.
+    // Dense: long chunks, so 16 programs an SM asked of ptxas, as the plans do.
+    let programs_per_sm = dense_programs_per_sm(!lists, group);
     let split = SplitConfig {
         row_signals: lists,
         partial_dtype: dusk_compiler::DType::F16,
         stream_kv: true,
+        min_programs_per_sm: programs_per_sm,
         ..SplitConfig::tensor_cores(head_dim, group, dusk_compiler::DType::F16, source)
     };
     let merge = MergeConfig {
@@ -180,6 +183,7 @@ fn attention_kernels(head_dim: usize, group: usize, lists: bool) -> Result<[Bund
         "head_dim": head_dim, "page_size": 16, "group": group, "dtype": "f16",
         "source": kind, "block_tokens": 8, "num_warps": 1, "tensor_cores": true,
         "row_signals": lists, "partial_dtype": "f16", "stream_kv": true,
+        "min_programs_per_sm": programs_per_sm,
     });
     Ok([
         BundleKernel {
@@ -202,6 +206,17 @@ fn attention_kernels(head_dim: usize, group: usize, lists: bool) -> Result<[Bund
             })),
         },
     ])
+}
+
+/// Programs an SM the plans ask of ptxas for a tensor-core split of `group` query heads:
+/// 16 over long dense chunks (`long_dense`: those without the L2 prefetch) for groups of up
+/// to 4 (`AttentionTuning::for_spec`), none otherwise.
+fn dense_programs_per_sm(long_dense: bool, group: usize) -> u32 {
+    if long_dense && group <= 4 {
+        dusk_kernels::attention_ops::DENSE_LONG_PROGRAMS_PER_SM
+    } else {
+        0
+    }
 }
 
 /// The kernels of the stock bundle, in manifest order.
@@ -242,6 +257,7 @@ fn dense_l2_prefetch_split(head_dim: usize, group: usize) -> Result<BundleKernel
     split.name.push_str("_l2");
     split.kernel = attention::build_split(&cfg)?;
     split.config.insert("l2_prefetch".into(), true.into());
+    split.config.insert("min_programs_per_sm".into(), 0.into());
     Ok(split)
 }
 
@@ -275,12 +291,17 @@ fn dense_split_variants(head_dim: usize, group: usize) -> Result<Vec<BundleKerne
                     l2_prefetch,
                     fused_merge,
                     checked_table,
+                    min_programs_per_sm: dense_programs_per_sm(!l2_prefetch, group),
                     ..base
                 })?,
                 inputs: plain.inputs.clone(),
                 grid: plain.grid.clone(),
                 config: plain.config.clone(),
             };
+            k.config.insert(
+                "min_programs_per_sm".into(),
+                dense_programs_per_sm(!l2_prefetch, group).into(),
+            );
             for (on, suffix, key) in [
                 (l2_prefetch, "_l2", "l2_prefetch"),
                 (fused_merge, "_fm", "fused_merge"),

@@ -21,9 +21,12 @@ sides of a ratio are timed alike (DESIGN.md section 6).
 API: `l2_bytes()`, `rotation_sets(bytes_per_set)`, `time_calls(fns, ...) -> (median_us,
 how)`, `measure(fns, ...) -> Measured` (the samples too), `copy_gbps()`, and `put(entry,
 prefix, measured)`, which writes `<prefix>_us`, `<prefix>_timing` ("graph" or "queued")
-and `<prefix>_spread_us` ([min, p10, p50, p90, max]) into a result case.
+and `<prefix>_spread_us` ([min, p10, p50, p90, max]) into a result case; `run_cases(case,
+seed)`, the command line of a peer script whose cases are the selector benchmarks' shapes.
 """
+import argparse
 import ctypes
+import json
 import math
 
 import torch
@@ -245,3 +248,28 @@ def _clear_last_error():
             ctypes.CDLL(path).cudaGetLastError()
         except (OSError, AttributeError):
             pass
+
+
+# The selector benchmarks' shapes (gpu-check selectors): (batch, query heads, KV heads,
+# context), GQA 32/8 and MHA 32/32 at 32k, batch 32 and 64.
+SELECTOR_SHAPES = [(b, 32, hkv, 32768) for b in (32, 64) for hkv in (8, 32)]
+
+
+def run_cases(case, seed, shapes=SELECTOR_SHAPES):
+    """A peer script's command line (`--out FILE`): the device and the copy rate, then
+    `case(*shape, gen)` for every shape (`gen` a CUDA generator seeded with `seed`), each
+    result case printed as it comes and all written to FILE."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(seed)
+    copy, copy_m = measure_copy()
+    result = {"device": cuda.get_device_name(), "torch": torch.__version__, "l2_bytes": l2_bytes(),
+              "copy_gbps": copy, "copy_timing": copy_m.timing, "cases": []}
+    for shape in shapes:
+        entry = case(*shape, gen)
+        print(json.dumps(entry), flush=True)
+        result["cases"].append(entry)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)

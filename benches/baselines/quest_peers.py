@@ -12,8 +12,6 @@ case's time (`torch_us`), how it was timed (`torch_timing`) and its spread.
 
     python3 benches/baselines/quest_peers.py --out quest.json
 """
-import argparse
-import json
 import os
 import sys
 
@@ -66,23 +64,5 @@ def case(batch, q_heads, kv_heads, context, gen):
     return entry
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args()
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(11)
-    copy, copy_m = harness.measure_copy()
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "l2_bytes": harness.l2_bytes(),
-              "copy_gbps": copy, "copy_timing": copy_m.timing, "cases": []}
-    for batch in (32, 64):
-        for kv_heads in (8, 32):
-            entry = case(batch, 32, kv_heads, 32768, gen)
-            print(json.dumps(entry), flush=True)
-            result["cases"].append(entry)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-
-
 if __name__ == "__main__":
-    main()
+    harness.run_cases(case, seed=11)

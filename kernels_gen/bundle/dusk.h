@@ -75,7 +75,7 @@ static inline int dusk_threshold_top_p_s1024_g1_w2_h_l2(CUstream stream, CUdevic
     return dusk_launch("threshold_top_p_s1024_g1_w2_h_l2", stream, args, 12, inputs, 1);
 }
 
-/* attn_split_lists_d128_g4_f16 (attention_split): {"block_tokens":8,"dtype":"f16","group":4,"head_dim":128,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":true,"source":"lists","stream_kv":true,"tensor_cores":true}
+/* attn_split_lists_d128_g4_f16 (attention_split): {"block_tokens":8,"dtype":"f16","group":4,"head_dim":128,"min_programs_per_sm":0,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":true,"source":"lists","stream_kv":true,"tensor_cores":true}
  * grid (programs, 1, 1), 32 threads a program. */
 static inline int dusk_attn_split_lists_d128_g4_f16(CUstream stream, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr sel_indptr, CUdeviceptr sel_indices, CUdeviceptr part_o, CUdeviceptr part_lse, CUdeviceptr counters, int32_t num_q_heads, int32_t num_kv_heads, int32_t rows, int32_t min_tokens, int32_t row_tokens, int32_t num_indices, float scale_log2, uint64_t programs) {
     void *args[] = {&q, &k, &v, &kv_indptr, &kv_page_indices, &kv_last_page_len, &sel_indptr, &sel_indices, &part_o, &part_lse, &counters, &num_q_heads, &num_kv_heads, &rows, &min_tokens, &row_tokens, &num_indices, &scale_log2};
@@ -91,7 +91,7 @@ static inline int dusk_attn_merge_lists_d128_f16(CUstream stream, CUdeviceptr pa
     return dusk_launch("attn_merge_lists_d128_f16", stream, args, 12, inputs, 1);
 }
 
-/* attn_split_dense_d128_g4_f16 (attention_split): {"block_tokens":8,"dtype":"f16","group":4,"head_dim":128,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":false,"source":"dense","stream_kv":true,"tensor_cores":true}
+/* attn_split_dense_d128_g4_f16 (attention_split): {"block_tokens":8,"dtype":"f16","group":4,"head_dim":128,"min_programs_per_sm":16,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":false,"source":"dense","stream_kv":true,"tensor_cores":true}
  * grid (rows, chunks, 1), 32 threads a program. */
 static inline int dusk_attn_split_dense_d128_g4_f16(CUstream stream, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr part_o, CUdeviceptr part_lse, int32_t num_q_heads, int32_t num_kv_heads, int32_t chunk_tokens, int32_t max_chunks, float scale_log2, uint64_t rows, uint64_t chunks) {
     void *args[] = {&q, &k, &v, &kv_indptr, &kv_page_indices, &kv_last_page_len, &part_o, &part_lse, &num_q_heads, &num_kv_heads, &chunk_tokens, &max_chunks, &scale_log2};
@@ -107,7 +107,7 @@ static inline int dusk_attn_merge_dense_d128_f16(CUstream stream, CUdeviceptr pa
     return dusk_launch("attn_merge_dense_d128_f16", stream, args, 5, inputs, 1);
 }
 
-/* attn_split_dense_d128_g4_f16_l2 (attention_split): {"block_tokens":8,"dtype":"f16","group":4,"head_dim":128,"l2_prefetch":true,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":false,"source":"dense","stream_kv":true,"tensor_cores":true}
+/* attn_split_dense_d128_g4_f16_l2 (attention_split): {"block_tokens":8,"dtype":"f16","group":4,"head_dim":128,"l2_prefetch":true,"min_programs_per_sm":0,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":false,"source":"dense","stream_kv":true,"tensor_cores":true}
  * grid (rows, chunks, 1), 32 threads a program. */
 static inline int dusk_attn_split_dense_d128_g4_f16_l2(CUstream stream, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr part_o, CUdeviceptr part_lse, int32_t num_q_heads, int32_t num_kv_heads, int32_t chunk_tokens, int32_t max_chunks, float scale_log2, uint64_t rows, uint64_t chunks) {
     void *args[] = {&q, &k, &v, &kv_indptr, &kv_page_indices, &kv_last_page_len, &part_o, &part_lse, &num_q_heads, &num_kv_heads, &chunk_tokens, &max_chunks, &scale_log2};
@@ -115,7 +115,7 @@ static inline int dusk_attn_split_dense_d128_g4_f16_l2(CUstream stream, CUdevice
     return dusk_launch("attn_split_dense_d128_g4_f16_l2", stream, args, 13, inputs, 2);
 }
 
-/* attn_split_dense_d128_g4_f16_ct (attention_split): {"block_tokens":8,"checked_table":true,"dtype":"f16","group":4,"head_dim":128,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":false,"source":"dense","stream_kv":true,"tensor_cores":true}
+/* attn_split_dense_d128_g4_f16_ct (attention_split): {"block_tokens":8,"checked_table":true,"dtype":"f16","group":4,"head_dim":128,"min_programs_per_sm":16,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":false,"source":"dense","stream_kv":true,"tensor_cores":true}
  * grid (rows, chunks, 1), 32 threads a program. */
 static inline int dusk_attn_split_dense_d128_g4_f16_ct(CUstream stream, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr part_o, CUdeviceptr part_lse, int32_t num_q_heads, int32_t num_kv_heads, int32_t chunk_tokens, int32_t max_chunks, float scale_log2, int32_t num_pages, int32_t num_page_entries, uint64_t rows, uint64_t chunks) {
     void *args[] = {&q, &k, &v, &kv_indptr, &kv_page_indices, &kv_last_page_len, &part_o, &part_lse, &num_q_heads, &num_kv_heads, &chunk_tokens, &max_chunks, &scale_log2, &num_pages, &num_page_entries};
@@ -123,7 +123,7 @@ static inline int dusk_attn_split_dense_d128_g4_f16_ct(CUstream stream, CUdevice
     return dusk_launch("attn_split_dense_d128_g4_f16_ct", stream, args, 15, inputs, 2);
 }
 
-/* attn_split_dense_d128_g4_f16_l2_ct (attention_split): {"block_tokens":8,"checked_table":true,"dtype":"f16","group":4,"head_dim":128,"l2_prefetch":true,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":false,"source":"dense","stream_kv":true,"tensor_cores":true}
+/* attn_split_dense_d128_g4_f16_l2_ct (attention_split): {"block_tokens":8,"checked_table":true,"dtype":"f16","group":4,"head_dim":128,"l2_prefetch":true,"min_programs_per_sm":0,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":false,"source":"dense","stream_kv":true,"tensor_cores":true}
  * grid (rows, chunks, 1), 32 threads a program. */
 static inline int dusk_attn_split_dense_d128_g4_f16_l2_ct(CUstream stream, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr part_o, CUdeviceptr part_lse, int32_t num_q_heads, int32_t num_kv_heads, int32_t chunk_tokens, int32_t max_chunks, float scale_log2, int32_t num_pages, int32_t num_page_entries, uint64_t rows, uint64_t chunks) {
     void *args[] = {&q, &k, &v, &kv_indptr, &kv_page_indices, &kv_last_page_len, &part_o, &part_lse, &num_q_heads, &num_kv_heads, &chunk_tokens, &max_chunks, &scale_log2, &num_pages, &num_page_entries};
@@ -131,7 +131,7 @@ static inline int dusk_attn_split_dense_d128_g4_f16_l2_ct(CUstream stream, CUdev
     return dusk_launch("attn_split_dense_d128_g4_f16_l2_ct", stream, args, 15, inputs, 2);
 }
 
-/* attn_split_dense_d128_g4_f16_fm (attention_split): {"block_tokens":8,"dtype":"f16","fused_merge":true,"group":4,"head_dim":128,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":false,"source":"dense","stream_kv":true,"tensor_cores":true}
+/* attn_split_dense_d128_g4_f16_fm (attention_split): {"block_tokens":8,"dtype":"f16","fused_merge":true,"group":4,"head_dim":128,"min_programs_per_sm":16,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":false,"source":"dense","stream_kv":true,"tensor_cores":true}
  * grid (rows, chunks, 1), 32 threads a program. */
 static inline int dusk_attn_split_dense_d128_g4_f16_fm(CUstream stream, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr part_o, CUdeviceptr part_lse, CUdeviceptr out, CUdeviceptr lse, CUdeviceptr counters, int32_t num_q_heads, int32_t num_kv_heads, int32_t chunk_tokens, int32_t max_chunks, float scale_log2, uint64_t rows, uint64_t chunks) {
     void *args[] = {&q, &k, &v, &kv_indptr, &kv_page_indices, &kv_last_page_len, &part_o, &part_lse, &out, &lse, &counters, &num_q_heads, &num_kv_heads, &chunk_tokens, &max_chunks, &scale_log2};
@@ -139,7 +139,7 @@ static inline int dusk_attn_split_dense_d128_g4_f16_fm(CUstream stream, CUdevice
     return dusk_launch("attn_split_dense_d128_g4_f16_fm", stream, args, 16, inputs, 2);
 }
 
-/* attn_split_dense_d128_g4_f16_l2_fm (attention_split): {"block_tokens":8,"dtype":"f16","fused_merge":true,"group":4,"head_dim":128,"l2_prefetch":true,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":false,"source":"dense","stream_kv":true,"tensor_cores":true}
+/* attn_split_dense_d128_g4_f16_l2_fm (attention_split): {"block_tokens":8,"dtype":"f16","fused_merge":true,"group":4,"head_dim":128,"l2_prefetch":true,"min_programs_per_sm":0,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":false,"source":"dense","stream_kv":true,"tensor_cores":true}
  * grid (rows, chunks, 1), 32 threads a program. */
 static inline int dusk_attn_split_dense_d128_g4_f16_l2_fm(CUstream stream, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr part_o, CUdeviceptr part_lse, CUdeviceptr out, CUdeviceptr lse, CUdeviceptr counters, int32_t num_q_heads, int32_t num_kv_heads, int32_t chunk_tokens, int32_t max_chunks, float scale_log2, uint64_t rows, uint64_t chunks) {
     void *args[] = {&q, &k, &v, &kv_indptr, &kv_page_indices, &kv_last_page_len, &part_o, &part_lse, &out, &lse, &counters, &num_q_heads, &num_kv_heads, &chunk_tokens, &max_chunks, &scale_log2};
@@ -147,7 +147,7 @@ static inline int dusk_attn_split_dense_d128_g4_f16_l2_fm(CUstream stream, CUdev
     return dusk_launch("attn_split_dense_d128_g4_f16_l2_fm", stream, args, 16, inputs, 2);
 }
 
-/* attn_split_dense_d128_g4_f16_fm_ct (attention_split): {"block_tokens":8,"checked_table":true,"dtype":"f16","fused_merge":true,"group":4,"head_dim":128,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":false,"source":"dense","stream_kv":true,"tensor_cores":true}
+/* attn_split_dense_d128_g4_f16_fm_ct (attention_split): {"block_tokens":8,"checked_table":true,"dtype":"f16","fused_merge":true,"group":4,"head_dim":128,"min_programs_per_sm":16,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":false,"source":"dense","stream_kv":true,"tensor_cores":true}
  * grid (rows, chunks, 1), 32 threads a program. */
 static inline int dusk_attn_split_dense_d128_g4_f16_fm_ct(CUstream stream, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr part_o, CUdeviceptr part_lse, CUdeviceptr out, CUdeviceptr lse, CUdeviceptr counters, int32_t num_q_heads, int32_t num_kv_heads, int32_t chunk_tokens, int32_t max_chunks, float scale_log2, int32_t num_pages, int32_t num_page_entries, uint64_t rows, uint64_t chunks) {
     void *args[] = {&q, &k, &v, &kv_indptr, &kv_page_indices, &kv_last_page_len, &part_o, &part_lse, &out, &lse, &counters, &num_q_heads, &num_kv_heads, &chunk_tokens, &max_chunks, &scale_log2, &num_pages, &num_page_entries};
@@ -155,7 +155,7 @@ static inline int dusk_attn_split_dense_d128_g4_f16_fm_ct(CUstream stream, CUdev
     return dusk_launch("attn_split_dense_d128_g4_f16_fm_ct", stream, args, 18, inputs, 2);
 }
 
-/* attn_split_dense_d128_g4_f16_l2_fm_ct (attention_split): {"block_tokens":8,"checked_table":true,"dtype":"f16","fused_merge":true,"group":4,"head_dim":128,"l2_prefetch":true,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":false,"source":"dense","stream_kv":true,"tensor_cores":true}
+/* attn_split_dense_d128_g4_f16_l2_fm_ct (attention_split): {"block_tokens":8,"checked_table":true,"dtype":"f16","fused_merge":true,"group":4,"head_dim":128,"l2_prefetch":true,"min_programs_per_sm":0,"num_warps":1,"page_size":16,"partial_dtype":"f16","row_signals":false,"source":"dense","stream_kv":true,"tensor_cores":true}
  * grid (rows, chunks, 1), 32 threads a program. */
 static inline int dusk_attn_split_dense_d128_g4_f16_l2_fm_ct(CUstream stream, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr part_o, CUdeviceptr part_lse, CUdeviceptr out, CUdeviceptr lse, CUdeviceptr counters, int32_t num_q_heads, int32_t num_kv_heads, int32_t chunk_tokens, int32_t max_chunks, float scale_log2, int32_t num_pages, int32_t num_page_entries, uint64_t rows, uint64_t chunks) {
     void *args[] = {&q, &k, &v, &kv_indptr, &kv_page_indices, &kv_last_page_len, &part_o, &part_lse, &out, &lse, &counters, &num_q_heads, &num_kv_heads, &chunk_tokens, &max_chunks, &scale_log2, &num_pages, &num_page_entries};

@@ -172,6 +172,16 @@ const MAX_CHUNK_L2_PREFETCH: usize = 256;
 /// the noise); the tuner's own runs found 16 the best at batch 16 8k and batch 1 128k (703.3
 /// and 707.5 us against 755.9 and 760.6). Short chunks (batch 1 8k) lose: 58.6 against 48.5.
 const MHA_LONG_CHUNK_TOKENS: usize = 16;
+/// Programs an SM asked of ptxas for the dense tensor-core split over long chunks (those
+/// without the L2 prefetch: batches large enough that every SM holds many chunks). 16 one-warp
+/// programs instead of the 12 its registers allow keep a third more tiles of K and V in
+/// flight; ptxas then fits the kernel in 128 registers with a few bytes of spills, outside
+/// the main loop. On an H100 under the harness, one process (89a5a91, GQA 32/8,
+/// varlen_attention_run/89a5a91_sweep.json): batch 32 32k 1433.1 us against 1469.3, batch 64
+/// 32k 2863.6 against 2942.6, batch 32 8k 370.2 against 374.9, batch 64 8k 728.3 against
+/// 740.0; short chunks lose (batch 1 8k 19.7 against 19.2), and so do token lists (a quarter
+/// of the pages 375.2 against 365.5), which keep the registers' count.
+pub const DENSE_LONG_PROGRAMS_PER_SM: u32 = 16;
 /// The padded baseline's longest chunk: its rows are as long as the longest list, so a few
 /// long rows would become the tail (token lists in this grid, before the balanced split,
 /// measured on an H100: 512 against 1024 took 64 us instead of 87 on the skewed case).
@@ -188,7 +198,8 @@ impl AttentionTuning {
     /// that, were every row `max_tokens` long, about 8 work items per SM would exist
     /// (`num_sms`, 132 when unknown), between 2 steps (128 tokens on the tensor cores) and
     /// 1024 tokens (512 padded), with the next tile brought into L2 early where dense chunks
-    /// are short, and MHA's long dense chunks walked 16 tokens a step. Token lists: segments
+    /// are short, 16 programs an SM asked for the tensor cores' long dense chunks (groups of
+    /// up to 4), and MHA's long dense chunks walked 16 tokens a step. Token lists: segments
     /// of at least 64 tokens.
     pub fn for_spec(spec: &AttentionSpec, num_sms: usize) -> AttentionTuning {
         let group = program_group(spec);
@@ -234,14 +245,23 @@ impl AttentionTuning {
         } else {
             (block_tokens, chunk)
         };
+        let l2_prefetch = spec.mode == AttentionMode::Dense && chunk <= MAX_CHUNK_L2_PREFETCH;
         AttentionTuning {
             block_tokens,
             num_warps,
             chunk_tokens: chunk,
             vector_bytes: 16,
             prefetch,
-            min_programs_per_sm: 0,
-            l2_prefetch: spec.mode == AttentionMode::Dense && chunk <= MAX_CHUNK_L2_PREFETCH,
+            min_programs_per_sm: if tensor_cores
+                && spec.mode == AttentionMode::Dense
+                && !l2_prefetch
+                && group <= 4
+            {
+                DENSE_LONG_PROGRAMS_PER_SM
+            } else {
+                0
+            },
+            l2_prefetch,
             tensor_cores,
             chunk_fastest: false,
             list_programs: 0,
@@ -439,99 +459,99 @@ impl AttentionPlan {
         checked_table: bool,
     ) -> Result<AttentionPlan> {
         spec.kv.validate()?;
-        ensure(spec.batch > 0, "batch", "at least 1", spec.batch)?;
+        ensure!(spec.batch > 0, "batch", "at least 1", spec.batch);
         let hkv = spec.kv.num_kv_heads;
-        ensure(
+        ensure!(
             spec.num_q_heads > 0 && spec.num_q_heads.is_multiple_of(hkv),
             "num_q_heads",
             format!("a positive multiple of num_kv_heads ({hkv})"),
             spec.num_q_heads,
-        )?;
+        );
         let group = spec.num_q_heads / hkv;
-        ensure(
+        ensure!(
             group.is_power_of_two() && group <= 16,
             "num_q_heads",
             "a group (q heads per KV head) of 1, 2, 4, 8 or 16",
             group,
-        )?;
-        ensure(
+        );
+        ensure!(
             matches!(spec.dtype, DType::F16 | DType::BF16),
             "dtype",
             "f16 or bf16",
             spec.dtype.name(),
-        )?;
-        ensure(
+        );
+        ensure!(
             spec.max_tokens > 0 && spec.max_tokens < (1 << 30),
             "max_tokens",
             "1 to 2^30 - 1",
             spec.max_tokens,
-        )?;
+        );
         if let Some(s) = spec.sm_scale {
-            ensure(
+            ensure!(
                 s.is_finite() && s > 0.0,
                 "sm_scale",
                 "a finite positive scale",
                 s,
-            )?;
+            );
         }
         let sms = dusk.device().num_sms().unwrap_or(132) as usize;
         let mut tuning = AttentionTuning::for_spec(&spec, sms);
         tune(&mut tuning);
         let bt = tuning.block_tokens;
-        ensure(
+        ensure!(
             bt.is_power_of_two() && (8..=128).contains(&bt),
             "block_tokens",
             "a power of two in 8..=128",
             bt,
-        )?;
-        ensure(
+        );
+        ensure!(
             tuning.num_warps.is_power_of_two() && (1..=16).contains(&tuning.num_warps),
             "num_warps",
             "1, 2, 4, 8 or 16",
             tuning.num_warps,
-        )?;
-        ensure(
+        );
+        ensure!(
             matches!(tuning.vector_bytes, 16 | 32),
             "vector_bytes",
             "16 or 32",
             tuning.vector_bytes,
-        )?;
-        ensure(
+        );
+        ensure!(
             matches!(tuning.prefetch, 1 | 2),
             "prefetch",
             "1 or 2",
             tuning.prefetch,
-        )?;
-        ensure(
+        );
+        ensure!(
             tuning.min_programs_per_sm <= 32,
             "min_programs_per_sm",
             "at most 32",
             tuning.min_programs_per_sm,
-        )?;
-        ensure(
+        );
+        ensure!(
             tuning.chunk_tokens > 0 && tuning.chunk_tokens.is_multiple_of(bt),
             "chunk_tokens",
             format!("a positive multiple of block_tokens ({bt})"),
             tuning.chunk_tokens,
-        )?;
-        ensure(
+        );
+        ensure!(
             matches!(tuning.partial_dtype, DType::F32 | DType::F16 | DType::BF16),
             "partial_dtype",
             "f32, f16 or bf16",
             tuning.partial_dtype.name(),
-        )?;
-        ensure(
+        );
+        ensure!(
             tuning.merge_chunks.is_power_of_two() && tuning.merge_chunks <= 64,
             "merge_chunks",
             "a power of two up to 64",
             tuning.merge_chunks,
-        )?;
+        );
         let pg = program_group(&spec);
         let lists = matches!(
             spec.mode,
             AttentionMode::HeadVarlen | AttentionMode::GroupVarlen
         );
-        ensure(
+        ensure!(
             !tuning.tensor_cores || ((2..=8).contains(&pg) && bt == 8 && tuning.num_warps == 1),
             "tensor_cores",
             "a group of 2 to 8 query heads a program, block_tokens 8 and num_warps 1",
@@ -539,34 +559,34 @@ impl AttentionPlan {
                 "group {pg}, block_tokens {bt}, num_warps {}",
                 tuning.num_warps
             ),
-        )?;
+        );
         let rows = spec.batch * spec.num_q_heads / pg;
-        ensure(
+        ensure!(
             lists || !tuning.timeline,
             "timeline",
             "token lists (the balanced split keeps a timeline)",
             format!("{:?}", spec.mode),
-        )?;
-        ensure(
+        );
+        ensure!(
             !(lists && tuning.chunk_fastest),
             "chunk_fastest",
             "false for token lists (they are split evenly over a 1-D grid)",
             true,
-        )?;
-        ensure(
+        );
+        ensure!(
             !tuning.chunk_fastest || rows <= 65535,
             "chunk_fastest",
             "at most 65535 rows (the grid's second axis)",
             rows,
-        )?;
+        );
         let q_rows = spec.batch * spec.num_q_heads;
         let max_chunks = spec.max_tokens.div_ceil(tuning.chunk_tokens);
-        ensure(
+        ensure!(
             lists || max_chunks <= 65535,
             "chunk_tokens",
             "at most 65535 chunks per row",
             max_chunks,
-        )?;
+        );
         let split_cfg = SplitConfig {
             head_dim: spec.kv.head_dim,
             page_size: spec.kv.page_size,
@@ -628,12 +648,12 @@ impl AttentionPlan {
         } else {
             (Layout::Grid { max_chunks }, q_rows * max_chunks)
         };
-        ensure(
+        ensure!(
             slots * spec.kv.head_dim < (1 << 31),
             "max_tokens",
             "partial results under 2^31 values",
             slots * spec.kv.head_dim,
-        )?;
+        );
         let scale = spec
             .sm_scale
             .unwrap_or(1.0 / (spec.kv.head_dim as f32).sqrt());
@@ -737,12 +757,12 @@ impl AttentionPlan {
                 .map(|b| table.seq_len(b, ps))
                 .max()
                 .unwrap_or(0);
-            ensure(
+            ensure!(
                 longest <= spec.max_tokens,
                 "kv_last_page_len",
                 format!("sequences of at most max_tokens ({})", spec.max_tokens),
                 longest,
-            )?;
+            );
             return Ok(meta);
         }
         let lists = lists.ok_or_else(|| {
@@ -753,12 +773,12 @@ impl AttentionPlan {
             )
         })?;
         lists.validate("lists", table, ps, rows_per_batch(spec))?;
-        ensure(
+        ensure!(
             lists.max_row_len() <= spec.max_tokens,
             "lists",
             format!("rows of at most max_tokens ({})", spec.max_tokens),
             lists.max_row_len(),
-        )?;
+        );
         if spec.mode == AttentionMode::Padded {
             let w = spec.max_tokens;
             let mut padded = vec![0i32; lists.rows() * w];
@@ -792,7 +812,7 @@ impl AttentionPlan {
         sel_indices: Buffer<i32>,
     ) -> Result<AttentionMeta> {
         let spec = &self.spec;
-        ensure(
+        ensure!(
             matches!(
                 spec.mode,
                 AttentionMode::HeadVarlen | AttentionMode::GroupVarlen
@@ -800,14 +820,14 @@ impl AttentionPlan {
             "mode",
             "HeadVarlen or GroupVarlen for device lists",
             format!("{:?}", spec.mode),
-        )?;
+        );
         let rows = spec.batch * rows_per_batch(spec);
-        ensure(
+        ensure!(
             sel_indptr.len() == rows + 1,
             "sel_indptr",
             format!("{} entries (rows + 1)", rows + 1),
             sel_indptr.len(),
-        )?;
+        );
         let mut meta = self.upload_meta_table(dusk, table)?;
         meta.sel_indptr = Some(sel_indptr);
         meta.sel_indices = Some(sel_indices);
@@ -829,33 +849,33 @@ impl AttentionPlan {
         lists: Option<(Buffer<i32>, Buffer<i32>)>,
     ) -> Result<AttentionMeta> {
         let spec = &self.spec;
-        ensure(
+        ensure!(
             self.checked_table,
             "kv_indptr",
             "a host page table (this plan was not made for device tables: for_device_table)",
             "a device page table",
-        )?;
+        );
         let b = spec.batch;
-        ensure(
+        ensure!(
             kv_indptr.len() == b + 1,
             "kv_indptr",
             format!("{} entries (batch + 1)", b + 1),
             kv_indptr.len(),
-        )?;
-        ensure(
+        );
+        ensure!(
             kv_last_page_len.len() == b,
             "kv_last_page_len",
             format!("{b} entries (batch)"),
             kv_last_page_len.len(),
-        )?;
+        );
         // Positions (pages x page_size) stay in i32 whatever the offsets say.
         let most = (i32::MAX as usize) / spec.kv.page_size;
-        ensure(
+        ensure!(
             (1..=most).contains(&kv_page_indices.len()),
             "kv_page_indices",
             format!("1 to {most} entries"),
             kv_page_indices.len(),
-        )?;
+        );
         let (sel_indptr, sel_indices) = match (spec.mode, lists) {
             (AttentionMode::Dense, None) => (None, None),
             (AttentionMode::Dense, Some(_)) => {
@@ -863,12 +883,12 @@ impl AttentionPlan {
             }
             (AttentionMode::HeadVarlen | AttentionMode::GroupVarlen, Some((ip, ix))) => {
                 let rows = b * rows_per_batch(spec);
-                ensure(
+                ensure!(
                     ip.len() == rows + 1,
                     "sel_indptr",
                     format!("{} entries (rows + 1)", rows + 1),
                     ip.len(),
-                )?;
+                );
                 (Some(ip), Some(ix))
             }
             (mode, _) => {
@@ -894,12 +914,12 @@ impl AttentionPlan {
 
     fn upload_meta_table(&self, dusk: &Dusk, table: &PageTable) -> Result<AttentionMeta> {
         table.validate(&self.spec.kv)?;
-        ensure(
+        ensure!(
             table.batch() == self.spec.batch,
             "kv_indptr",
             format!("{} sequences (the plan's batch)", self.spec.batch),
             table.batch(),
-        )?;
+        );
         let dev = dusk.device();
         Ok(AttentionMeta {
             mode: self.spec.mode,
@@ -934,41 +954,41 @@ impl AttentionPlan {
         lse: &mut Buffer<f32>,
     ) -> Result<()> {
         let spec = &self.spec;
-        ensure(
+        ensure!(
             T::DTYPE == spec.dtype,
             "q",
             format!("{} values (the plan's dtype)", spec.dtype.name()),
             T::DTYPE.name(),
-        )?;
+        );
         let d = spec.kv.head_dim;
         let q_rows = spec.batch * spec.num_q_heads;
-        ensure(
+        ensure!(
             q.len() == q_rows * d,
             "q",
             format!("{} values (batch x q heads x head_dim)", q_rows * d),
             q.len(),
-        )?;
+        );
         for (name, b) in [("k", k), ("v", v)] {
-            ensure(
+            ensure!(
                 b.len() == spec.kv.elements(),
                 name,
                 format!("{} values ({:?})", spec.kv.elements(), spec.kv),
                 b.len(),
-            )?;
+            );
         }
-        ensure(
+        ensure!(
             out.len() == q_rows * d,
             "out",
             format!("{} values", q_rows * d),
             out.len(),
-        )?;
-        ensure(
+        );
+        ensure!(
             lse.len() == q_rows,
             "lse",
             format!("{q_rows} values"),
             lse.len(),
-        )?;
-        ensure(
+        );
+        ensure!(
             meta.mode == spec.mode && meta.batch == spec.batch,
             "meta",
             format!(
@@ -976,14 +996,14 @@ impl AttentionPlan {
                 spec.mode, spec.batch
             ),
             format!("{:?}, batch {}", meta.mode, meta.batch),
-        )?;
-        ensure(
+        );
+        ensure!(
             !meta.device_table || self.checked_table,
             "meta",
             "host-checked metadata (a device page table needs a plan made by for_device_table)",
             "a device page table",
-        )?;
-        ensure(
+        );
+        ensure!(
             sparq.is_some() == spec.sparq,
             "sparq",
             if spec.sparq {
@@ -992,21 +1012,21 @@ impl AttentionPlan {
                 "none (the plan was made without sparq)"
             },
             if sparq.is_some() { "given" } else { "none" },
-        )?;
+        );
         if let Some(s) = &sparq {
-            ensure(
+            ensure!(
                 s.alpha.len() == q_rows,
                 "alpha",
                 format!("{q_rows} values"),
                 s.alpha.len(),
-            )?;
+            );
             let vm = spec.batch * spec.kv.num_kv_heads * d;
-            ensure(
+            ensure!(
                 s.v_mean.len() == vm,
                 "v_mean",
                 format!("{vm} values"),
                 s.v_mean.len(),
-            )?;
+            );
         }
         // Entries of `sel_indices` the kernels may read (lists only).
         let num_indices = meta

@@ -189,24 +189,25 @@ impl CsrPages {
 
     /// Sequences the outputs are sized for, checked against `batch` and `max_pages`.
     fn check(&self, batch: usize, max_pages: usize) -> Result<()> {
-        ensure(
+        ensure!(
             self.kv_indptr.len() == batch + 1,
             "kv_indptr",
             format!("{} entries (batch + 1)", batch + 1),
             self.kv_indptr.len(),
-        )?;
-        ensure(
+        );
+        ensure!(
             self.kv_page_indices.len() >= batch * max_pages,
             "kv_page_indices",
             format!("at least {} entries (batch x max_pages)", batch * max_pages),
             self.kv_page_indices.len(),
-        )?;
-        ensure(
+        );
+        ensure!(
             self.kv_last_page_len.len() >= batch,
             "kv_last_page_len",
             format!("{batch} entries (batch)"),
             self.kv_last_page_len.len(),
-        )
+        );
+        Ok(())
     }
 }
 
@@ -227,37 +228,37 @@ fn check_common(
     page_size: usize,
     num_pages: usize,
 ) -> Result<usize> {
-    ensure(
+    ensure!(
         page_size.is_power_of_two() && page_size <= 1 << 16,
         "page_size",
         "a power of two up to 65536",
         page_size,
-    )?;
-    ensure(
+    );
+    ensure!(
         num_pages > 0 && num_pages < i32::MAX as usize,
         "num_pages",
         "1 to 2^31 - 2",
         num_pages,
-    )?;
-    ensure(
+    );
+    ensure!(
         table.row_len <= table.row_stride,
         "row_stride",
         format!("at least the used row length ({})", table.row_len),
         table.row_stride,
-    )?;
+    );
     let need = if table.rows == 0 {
         0
     } else {
         (table.rows - 1) * table.row_stride + table.row_len
     };
-    ensure(
+    ensure!(
         table_len >= need && table_len < i32::MAX as usize * 2,
         "table",
         format!("at least {need} entries ({table:?})"),
         table_len,
-    )?;
+    );
     let batch = seq_lens.len();
-    ensure(batch < 65536, "seq_lens", "at most 65535 sequences", batch)?;
+    ensure!(batch < 65536, "seq_lens", "at most 65535 sequences", batch);
     Ok(batch)
 }
 
@@ -274,12 +275,12 @@ pub fn vllm_to_csr(
     out: &mut CsrPages,
 ) -> Result<()> {
     let batch = check_common(&table, block_table.len(), seq_lens, page_size, num_pages)?;
-    ensure(
+    ensure!(
         table.rows >= batch,
         "block_table",
         format!("at least {batch} rows (one a sequence of seq_lens)"),
         table.rows,
-    )?;
+    );
     let max_pages = table.row_len;
     out.check(batch, max_pages)?;
     if batch == 0 {
@@ -321,12 +322,12 @@ pub fn sglang_to_csr(
     out: &mut CsrPages,
 ) -> Result<()> {
     let batch = check_common(&table, req_to_token.len(), seq_lens, page_size, num_pages)?;
-    ensure(
+    ensure!(
         req_pool_indices.len() == batch,
         "req_pool_indices",
         format!("{batch} entries (one a sequence of seq_lens)"),
         req_pool_indices.len(),
-    )?;
+    );
     let max_pages = table.row_len / page_size;
     out.check(batch, max_pages)?;
     if batch == 0 {

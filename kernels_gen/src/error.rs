@@ -52,16 +52,15 @@ pub(crate) fn invalid(
     }
 }
 
-/// Fails unless `cond`, naming `arg`.
-pub(crate) fn ensure(
-    cond: bool,
-    arg: &'static str,
-    expected: impl Into<String>,
-    found: impl ToString,
-) -> Result<()> {
-    if cond {
-        Ok(())
-    } else {
-        Err(invalid(arg, expected, found))
-    }
+/// Returns an `InvalidArgument` error naming `arg` from the enclosing function unless
+/// `cond`. The message's parts (`expected`, `found`: as [`invalid`] takes them) are built
+/// only on failure: the checks sit on every launch path, where formatting each message
+/// up front is host time spent on every run (`python/benches/host_overhead.py`).
+macro_rules! ensure {
+    ($cond:expr, $arg:expr, $expected:expr, $found:expr $(,)?) => {
+        if !$cond {
+            return Err($crate::error::invalid($arg, $expected, $found).into());
+        }
+    };
 }
+pub(crate) use ensure;

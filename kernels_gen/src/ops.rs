@@ -158,7 +158,7 @@ impl Dusk {
     /// value, into dusk's head-major copy (see [`QuantizedK`]).
     pub fn quantize_k(&self, k: &Buffer<f16>, kv: KvShape, bits: u32) -> Result<QuantizedK> {
         kv.validate()?;
-        ensure(matches!(bits, 4 | 8), "bits", "4 or 8", bits)?;
+        ensure!(matches!(bits, 4 | 8), "bits", "4 or 8", bits);
         let rows = kv.rows();
         let mut out = QuantizedK {
             packed: self
@@ -177,17 +177,17 @@ impl Dusk {
     pub fn quantize_k_into(&self, k: &Buffer<f16>, out: &mut QuantizedK) -> Result<()> {
         let kv = out.kv;
         kv.validate()?;
-        ensure(
+        ensure!(
             k.len() == kv.elements(),
             "k",
             format!("{} f16 values ({kv:?})", kv.elements()),
             k.len(),
-        )?;
+        );
         out.check_lengths()?;
         let cfg = QuantizeConfig::new(kv.head_dim, out.bits);
         let kernel = self.kernel(format!("{cfg:?}"), || quantize::build(&cfg))?;
         let rows = kv.rows();
-        ensure(rows < i32::MAX as usize, "k", "fewer than 2^31 rows", rows)?;
+        ensure!(rows < i32::MAX as usize, "k", "fewer than 2^31 rows", rows);
         let grid = rows.div_ceil(cfg.block_rows) as u32;
         self.device.launch(
             &kernel,
@@ -225,25 +225,26 @@ impl QuantizedK {
     pub(crate) fn check_lengths(&self) -> Result<()> {
         let rows = self.kv.rows();
         let bytes = rows * self.kv.head_dim * self.bits as usize / 8;
-        ensure(matches!(self.bits, 4 | 8), "bits", "4 or 8", self.bits)?;
-        ensure(
+        ensure!(matches!(self.bits, 4 | 8), "bits", "4 or 8", self.bits);
+        ensure!(
             self.packed.len() == bytes,
             "packed",
             format!("{bytes} bytes"),
             self.packed.len(),
-        )?;
-        ensure(
+        );
+        ensure!(
             self.scale.len() == rows,
             "scale",
             format!("{rows} values"),
             self.scale.len(),
-        )?;
-        ensure(
+        );
+        ensure!(
             self.zero.len() == rows,
             "zero",
             format!("{rows} values"),
             self.zero.len(),
-        )
+        );
+        Ok(())
     }
 }
 
@@ -371,28 +372,28 @@ impl SpgemvPlan {
         indices: Option<&[i32]>,
         tune: impl FnOnce(&mut SpgemvConfig),
     ) -> Result<SpgemvPlan> {
-        ensure(matches!(bits, 4 | 8), "bits", "4 or 8", bits)?;
-        ensure(
+        ensure!(matches!(bits, 4 | 8), "bits", "4 or 8", bits);
+        ensure!(
             num_q_heads > 0 && num_q_heads.is_multiple_of(kv.num_kv_heads),
             "num_q_heads",
             format!("a positive multiple of num_kv_heads ({})", kv.num_kv_heads),
             num_q_heads,
-        )?;
+        );
         let group = num_q_heads / kv.num_kv_heads;
-        ensure(
+        ensure!(
             group.is_power_of_two() && group <= 16,
             "num_q_heads",
             "a group (q heads per KV head) of 1, 2, 4, 8 or 16",
             group,
-        )?;
+        );
         let nnz = *indptr.last().expect("checked: rows + 1 entries") as usize;
         let num_scores = nnz * group;
-        ensure(
+        ensure!(
             num_scores < i32::MAX as usize,
             "cand",
             "fewer than 2^31 scores",
             num_scores,
-        )?;
+        );
         let rows = indptr.len() - 1;
         let longest = indptr
             .windows(2)
@@ -405,57 +406,57 @@ impl SpgemvPlan {
         }
         tune(&mut cfg);
         let (tokens, warps) = (cfg.block_tokens, cfg.num_warps);
-        ensure(
+        ensure!(
             tokens.is_power_of_two() && (16..=512).contains(&tokens),
             "block_tokens",
             "a power of two in 16..=512",
             tokens,
-        )?;
-        ensure(
+        );
+        ensure!(
             warps.is_power_of_two() && (1..=16).contains(&warps),
             "num_warps",
             "1, 2, 4, 8 or 16",
             warps,
-        )?;
-        ensure(
+        );
+        ensure!(
             (1..=64).contains(&cfg.tiles) && (cfg.tiles == 1 || cfg.tensor_cores),
             "tiles",
             "1 to 64, more than 1 only with tensor_cores",
             format!("{} (tensor_cores: {})", cfg.tiles, cfg.tensor_cores),
-        )?;
-        ensure(
+        );
+        ensure!(
             !cfg.l2_prefetch || cfg.tiles > 1,
             "l2_prefetch",
             "false with one tile a program (nothing comes after it to prefetch)",
             format!("{} (tiles: {})", cfg.l2_prefetch, cfg.tiles),
-        )?;
+        );
         if cfg.tensor_cores {
-            ensure(
+            ensure!(
                 bits == 4 && (2..=8).contains(&group),
                 "tensor_cores",
                 "4-bit codes and 2 to 8 query heads per KV head",
                 format!("{bits} bits, group {group}"),
-            )?;
-            ensure(
+            );
+            ensure!(
                 tokens.is_multiple_of(16 * warps as usize),
                 "block_tokens",
                 format!("a multiple of 16 per warp ({})", 16 * warps),
                 tokens,
-            )?;
+            );
         }
-        ensure(
+        ensure!(
             kv.page_size == 16,
             "page_size",
             "16 (the page size spgemv_quant is compiled for)",
             kv.page_size,
-        )?;
-        ensure(
+        );
+        ensure!(
             spgemv::specialised(&cfg),
             "config",
             "a tiling compiled into dusk-kernels: the default, or for head_dim 128 and 4-bit \
              codes one the benchmark sweeps (see `SpgemvConfig`)",
             format!("{cfg:?}"),
-        )?;
+        );
         let kernel = dusk.kernel(format!("{cfg:?}"), || spgemv::build(&cfg))?;
         let dev = dusk.device();
         let q_rows = table.batch() * num_q_heads;
@@ -474,12 +475,12 @@ impl SpgemvPlan {
         };
         // A program scores `tiles` tiles of `block_tokens` candidates.
         let programs = longest.div_ceil(cfg.program_tokens()).max(1);
-        ensure(
+        ensure!(
             rows <= i32::MAX as usize && programs <= 65535,
             "cand",
             "at most 65535 * block_tokens * tiles tokens per row",
             longest,
-        )?;
+        );
         Ok(SpgemvPlan {
             kernel,
             config: cfg,
@@ -538,18 +539,18 @@ impl SpgemvPlan {
         cand_indices: &Buffer<i32>,
         scores: &mut Buffer<f32>,
     ) -> Result<()> {
-        ensure(
+        ensure!(
             self.cand_indices.is_none(),
             "cand_indices",
             "none: the plan holds its own candidates (run)",
             "device lists",
-        )?;
-        ensure(
+        );
+        ensure!(
             cand_indices.len() >= self.nnz,
             "cand_indices",
             format!("at least {} positions (cand_indptr[rows])", self.nnz),
             cand_indices.len(),
-        )?;
+        );
         self.launch(dusk, q, k, cand_indices, scores)
     }
 
@@ -566,12 +567,12 @@ impl SpgemvPlan {
         cand_indices: &Buffer<i32>,
         scores: &mut Buffer<f32>,
     ) -> Result<()> {
-        ensure(
+        ensure!(
             cand_indptr.len() == self.cand_indptr.len(),
             "cand_indptr",
             format!("{} offsets (rows + 1)", self.cand_indptr.len()),
             cand_indptr.len(),
-        )?;
+        );
         self.launch_with(dusk, q, k, cand_indptr, cand_indices, scores)
     }
 
@@ -596,31 +597,31 @@ impl SpgemvPlan {
         scores: &mut Buffer<f32>,
     ) -> Result<()> {
         let qlen = self.batch * self.num_q_heads * self.kv.head_dim;
-        ensure(
+        ensure!(
             q.len() == qlen,
             "q",
             format!("{qlen} f16 values (batch x q heads x head_dim)"),
             q.len(),
-        )?;
-        ensure(
+        );
+        ensure!(
             k.kv == self.kv,
             "k",
             format!("a cache of shape {:?}", self.kv),
             format!("{:?}", k.kv),
-        )?;
-        ensure(
+        );
+        ensure!(
             k.bits == self.bits,
             "k",
             format!("{}-bit codes", self.bits),
             format!("{}-bit codes", k.bits),
-        )?;
+        );
         k.check_lengths()?;
-        ensure(
+        ensure!(
             scores.len() == self.num_scores,
             "scores",
             format!("{} f32 values", self.num_scores),
             scores.len(),
-        )?;
+        );
         let mut args: Vec<Arg> = match &self.fixed_q {
             Some(f) => {
                 let q_rows = (self.batch * self.num_q_heads) as u32;

@@ -36,36 +36,37 @@ impl KvShape {
         (page * self.num_kv_heads + head) * self.page_size + slot
     }
     pub(crate) fn validate(&self) -> Result<()> {
-        ensure(
+        ensure!(
             self.num_pages > 0,
             "num_pages",
             "at least 1",
             self.num_pages,
-        )?;
-        ensure(
+        );
+        ensure!(
             self.page_size.is_power_of_two(),
             "page_size",
             "a power of two",
             self.page_size,
-        )?;
-        ensure(
+        );
+        ensure!(
             self.num_kv_heads > 0,
             "num_kv_heads",
             "at least 1",
             self.num_kv_heads,
-        )?;
-        ensure(
+        );
+        ensure!(
             matches!(self.head_dim, 64 | 128 | 256),
             "head_dim",
             "64, 128 or 256",
             self.head_dim,
-        )?;
-        ensure(
+        );
+        ensure!(
             self.elements() < (1usize << 40),
             "kv shape",
             "under 2^40 elements",
             self.elements(),
-        )
+        );
+        Ok(())
     }
 }
 
@@ -91,14 +92,14 @@ impl PageTable {
         page_size: usize,
         page_ids: Vec<i32>,
     ) -> Result<PageTable> {
-        ensure(page_size > 0, "page_size", "at least 1", page_size)?;
+        ensure!(page_size > 0, "page_size", "at least 1", page_size);
         let needed = Self::pages_needed(seq_lens, page_size);
-        ensure(
+        ensure!(
             page_ids.len() == needed,
             "page_ids",
             format!("{needed} ids, one per page used"),
             page_ids.len(),
-        )?;
+        );
         let mut kv_indptr = vec![0i32];
         let mut kv_last_page_len = vec![];
         for n in seq_lens {
@@ -133,40 +134,40 @@ impl PageTable {
 
     /// Checks the CSR structure, every page index against `kv`, and each last-page length.
     pub fn validate(&self, kv: &KvShape) -> Result<()> {
-        ensure(
+        ensure!(
             !self.kv_indptr.is_empty(),
             "kv_indptr",
             "batch + 1 entries",
             "an empty array",
-        )?;
+        );
         let batch = self.batch();
-        ensure(
+        ensure!(
             batch > 0,
             "kv_indptr",
             "at least 2 entries (batch >= 1)",
             self.kv_indptr.len(),
-        )?;
-        ensure(
+        );
+        ensure!(
             self.kv_indptr[0] == 0,
             "kv_indptr",
             "kv_indptr[0] == 0",
             self.kv_indptr[0],
-        )?;
+        );
         for w in self.kv_indptr.windows(2) {
-            ensure(
+            ensure!(
                 w[0] <= w[1],
                 "kv_indptr",
                 "non-decreasing offsets",
                 format!("{} then {}", w[0], w[1]),
-            )?;
+            );
         }
         let nnz = *self.kv_indptr.last().expect("non-empty") as usize;
-        ensure(
+        ensure!(
             nnz == self.kv_page_indices.len(),
             "kv_page_indices",
             format!("{nnz} entries (kv_indptr[batch])"),
             self.kv_page_indices.len(),
-        )?;
+        );
         if let Some(bad) = self
             .kv_page_indices
             .iter()
@@ -178,12 +179,12 @@ impl PageTable {
                 bad,
             ));
         }
-        ensure(
+        ensure!(
             self.kv_last_page_len.len() == batch,
             "kv_last_page_len",
             format!("{batch} entries"),
             self.kv_last_page_len.len(),
-        )?;
+        );
         for b in 0..batch {
             let pages = self.kv_indptr[b + 1] - self.kv_indptr[b];
             let last = self.kv_last_page_len[b];
@@ -192,12 +193,12 @@ impl PageTable {
             } else {
                 last >= 1 && last as usize <= kv.page_size
             };
-            ensure(
+            ensure!(
                 ok,
                 "kv_last_page_len",
                 format!("1..={} for a sequence with pages, 0 without", kv.page_size),
                 format!("{last} for sequence {b}"),
-            )?;
+            );
         }
         Ok(())
     }
@@ -284,22 +285,22 @@ impl TokenLists {
         num_kv_heads: usize,
     ) -> Result<()> {
         let rows = table.batch() * num_kv_heads;
-        ensure(
+        ensure!(
             indptr.len() == rows + 1,
             arg,
             format!("{} indptr entries (batch * num_kv_heads + 1)", rows + 1),
             indptr.len(),
-        )?;
-        ensure(indptr[0] == 0, arg, "indptr[0] == 0", indptr[0])?;
+        );
+        ensure!(indptr[0] == 0, arg, "indptr[0] == 0", indptr[0]);
         for (r, w) in indptr.windows(2).enumerate() {
             let n = table.seq_len(r / num_kv_heads, page_size) as i64;
             let len = w[1] as i64 - w[0] as i64;
-            ensure(
+            ensure!(
                 (0..=n).contains(&len),
                 arg,
                 format!("row {r} of 0..={n} positions (non-decreasing offsets)"),
                 len,
-            )?;
+            );
         }
         Ok(())
     }
@@ -313,28 +314,28 @@ impl TokenLists {
         num_kv_heads: usize,
     ) -> Result<()> {
         let rows = table.batch() * num_kv_heads;
-        ensure(
+        ensure!(
             self.indptr.len() == rows + 1,
             arg,
             format!("{} indptr entries (batch * num_kv_heads + 1)", rows + 1),
             self.indptr.len(),
-        )?;
-        ensure(self.indptr[0] == 0, arg, "indptr[0] == 0", self.indptr[0])?;
+        );
+        ensure!(self.indptr[0] == 0, arg, "indptr[0] == 0", self.indptr[0]);
         for w in self.indptr.windows(2) {
-            ensure(
+            ensure!(
                 w[0] <= w[1],
                 arg,
                 "non-decreasing indptr",
                 format!("{} then {}", w[0], w[1]),
-            )?;
+            );
         }
         let nnz = *self.indptr.last().expect("non-empty") as usize;
-        ensure(
+        ensure!(
             nnz == self.indices.len(),
             arg,
             format!("{nnz} indices (indptr[rows])"),
             self.indices.len(),
-        )?;
+        );
         for r in 0..rows {
             let n = table.seq_len(r / num_kv_heads, page_size) as i32;
             if let Some(bad) = self.row(r).iter().find(|t| **t < 0 || **t >= n) {

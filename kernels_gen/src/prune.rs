@@ -95,18 +95,18 @@ impl PrunePlan {
         scale: f32,
         params: &[ParamValues],
     ) -> Result<PrunePlan> {
-        ensure(
+        ensure!(
             (1..=64).contains(&group),
             "group",
             "1 to 64 query heads per candidate row",
             group,
-        )?;
-        ensure(
+        );
+        ensure!(
             scale.is_finite() && scale > 0.0,
             "scale",
             "a finite positive softmax scale",
             scale,
-        )?;
+        );
         check_lists(cand)?;
         let cfg = Self::default_config(&cand.indptr, group)?;
         Self::with_config(dusk, policy, cand, cfg, scale, params)
@@ -131,19 +131,19 @@ impl PrunePlan {
     /// [`SearchConfig::for_rows`] of the longest row, after checking `group` and the
     /// scores' count.
     fn default_config(indptr: &[i32], group: usize) -> Result<SearchConfig> {
-        ensure(
+        ensure!(
             (1..=64).contains(&group),
             "group",
             "1 to 64 query heads per candidate row",
             group,
-        )?;
+        );
         let nnz = *indptr.last().expect("checked: non-empty") as usize;
-        ensure(
+        ensure!(
             nnz * group < i32::MAX as usize,
             "cand",
             "fewer than 2^31 scores (candidates x group)",
             nnz * group,
-        )?;
+        );
         Ok(SearchConfig::for_rows(longest_row(indptr), group))
     }
 
@@ -179,15 +179,15 @@ impl PrunePlan {
         scale: f32,
         params: &[ParamValues],
     ) -> Result<PrunePlan> {
-        ensure(
+        ensure!(
             scale.is_finite() && scale > 0.0,
             "scale",
             "a finite positive softmax scale",
             scale,
-        )?;
+        );
         let longest = longest_row(indptr);
         let fits = cfg.stream || cfg.block >= longest;
-        ensure(
+        ensure!(
             cfg.block.is_power_of_two()
                 && (threshold::MIN_BLOCK..=MAX_BLOCK).contains(&cfg.block)
                 && fits,
@@ -197,15 +197,15 @@ impl PrunePlan {
                 threshold::MIN_BLOCK
             ),
             cfg.block,
-        )?;
-        ensure(
+        );
+        ensure!(
             [1, 2, 4, 8, 16, 32].contains(&cfg.num_warps)
                 && cfg.block >= 32 * 4 * cfg.num_warps as usize,
             "cfg.num_warps",
             "1 to 32 (a power of two) with block >= 128 x num_warps",
             cfg.num_warps,
-        )?;
-        ensure(
+        );
+        ensure!(
             !cfg.shared || (cfg.stream && longest <= threshold::shared_row_capacity(cfg.group)),
             "cfg.shared",
             format!(
@@ -214,8 +214,8 @@ impl PrunePlan {
                 cfg.group
             ),
             cfg.shared,
-        )?;
-        ensure(
+        );
+        ensure!(
             !cfg.histogram || longest <= threshold::HISTOGRAM_MAX_ROW,
             "cfg.histogram",
             format!(
@@ -223,34 +223,34 @@ impl PrunePlan {
                 threshold::HISTOGRAM_MAX_ROW
             ),
             cfg.histogram,
-        )?;
-        ensure(
+        );
+        ensure!(
             cfg.stream || !cfg.timeline,
             "cfg.timeline",
             "a streaming search (the rows held in registers keep no timeline)",
             cfg.timeline,
-        )?;
-        ensure(
+        );
+        ensure!(
             (1..=4).contains(&cfg.pivots),
             "cfg.pivots",
             "1 to 4 points a search step",
             cfg.pivots,
-        )?;
-        ensure(
+        );
+        ensure!(
             (1..=64).contains(&cfg.group),
             "cfg.group",
             "1 to 64 query heads per candidate row",
             cfg.group,
-        )?;
+        );
         let rows = indptr.len() - 1;
         let device = dusk.device();
         let nnz = *indptr.last().expect("checked: non-empty") as usize;
-        ensure(
+        ensure!(
             nnz <= threshold::OUTPUT_MAX_TOTAL,
             "cand",
             format!("at most {} candidates in all", threshold::OUTPUT_MAX_TOTAL),
             nnz,
-        )?;
+        );
         let search = dusk.load(threshold::build(policy, &cfg)?)?;
         let mut plan = PrunePlan {
             policy: *policy,
@@ -291,7 +291,7 @@ impl PrunePlan {
     /// Replaces the policy's parameters (checked first; nothing changes on an error).
     pub fn set_params(&mut self, dusk: &Dusk, params: &[ParamValues]) -> Result<()> {
         let spec = self.policy.params;
-        ensure(
+        ensure!(
             params.len() == spec.len(),
             "params",
             format!(
@@ -301,19 +301,19 @@ impl PrunePlan {
                 spec.iter().map(|p| p.name).collect::<Vec<_>>().join(", ")
             ),
             params.len(),
-        )?;
+        );
         let qrows = self.rows * self.cfg.group;
         let mut host = vec![];
         for (p, v) in spec.iter().zip(params) {
             let vals = match v {
                 ParamValues::Uniform(x) => vec![*x; qrows],
                 ParamValues::PerRow(xs) => {
-                    ensure(
+                    ensure!(
                         xs.len() == qrows,
                         "params",
                         format!("{qrows} values of `{}` (one per query row)", p.name),
                         xs.len(),
-                    )?;
+                    );
                     xs.clone()
                 }
             };
@@ -458,18 +458,19 @@ impl PrunePlan {
 
     /// Output lists of the caller's: rows + 1 offsets, room for every candidate.
     fn check_out(&self, sel_indptr: &Buffer<i32>, sel_indices: &Buffer<i32>) -> Result<()> {
-        ensure(
+        ensure!(
             sel_indptr.len() == self.rows + 1,
             "sel_indptr",
             format!("{} entries (rows + 1)", self.rows + 1),
             sel_indptr.len(),
-        )?;
-        ensure(
+        );
+        ensure!(
             sel_indices.len() >= self.nnz.max(1),
             "sel_indices",
             format!("room for {} positions (every candidate)", self.nnz.max(1)),
             sel_indices.len(),
-        )
+        );
+        Ok(())
     }
 
     /// As [`PrunePlan::run_lists_into`] with the row offsets too taken from the device:
@@ -485,29 +486,30 @@ impl PrunePlan {
         out: Option<(&Buffer<i32>, &Buffer<i32>)>,
     ) -> Result<()> {
         self.check_device_lists(cand_indices)?;
-        ensure(
+        ensure!(
             cand_indptr.len() == self.rows + 1,
             "cand_indptr",
             format!("{} offsets (rows + 1)", self.rows + 1),
             cand_indptr.len(),
-        )?;
+        );
         let (ip, ix) = out.unwrap_or((&self.sel_indptr, &self.sel_indices));
         self.launch_with(dusk, scores, cand_indptr, cand_indices, ip, ix)
     }
 
     fn check_device_lists(&self, cand_indices: &Buffer<i32>) -> Result<()> {
-        ensure(
+        ensure!(
             self.cand_indices.is_none(),
             "cand_indices",
             "none: the plan holds its own candidates (run)",
             "device lists",
-        )?;
-        ensure(
+        );
+        ensure!(
             cand_indices.len() >= self.nnz,
             "cand_indices",
             format!("at least {} positions (cand_indptr[rows])", self.nnz),
             cand_indices.len(),
-        )
+        );
+        Ok(())
     }
 
     fn launch(
@@ -531,12 +533,12 @@ impl PrunePlan {
         sel_indptr: &Buffer<i32>,
         sel_indices: &Buffer<i32>,
     ) -> Result<()> {
-        ensure(
+        ensure!(
             scores.len() >= self.num_scores(),
             "scores",
             format!("at least {} scores", self.num_scores()),
             scores.len(),
-        )?;
+        );
         if self.rows == 0 {
             return Ok(());
         }
@@ -592,12 +594,12 @@ impl PrunePlan {
 fn check_lists(cand: &TokenLists) -> Result<()> {
     check_indptr(&cand.indptr)?;
     let nnz = *cand.indptr.last().expect("non-empty") as usize;
-    ensure(
+    ensure!(
         nnz == cand.indices.len(),
         "cand",
         format!("{nnz} indices (indptr[rows])"),
         cand.indices.len(),
-    )?;
+    );
     for r in 0..cand.rows() {
         let row = cand.row(r);
         if let Some(w) = row.windows(2).find(|w| w[0] >= w[1]) {
@@ -616,19 +618,19 @@ fn check_lists(cand: &TokenLists) -> Result<()> {
 
 /// Row offsets from 0, non-decreasing.
 fn check_indptr(indptr: &[i32]) -> Result<()> {
-    ensure(
+    ensure!(
         !indptr.is_empty() && indptr[0] == 0,
         "cand",
         "indptr starting at 0",
         format!("{:?}", indptr.first()),
-    )?;
+    );
     for w in indptr.windows(2) {
-        ensure(
+        ensure!(
             w[0] <= w[1],
             "cand",
             "non-decreasing indptr",
             format!("{} then {}", w[0], w[1]),
-        )?;
+        );
     }
     Ok(())
 }

@@ -26,12 +26,12 @@ use dusk_runtime::{Buffer, Device};
 use half::f16;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use std::sync::Arc;
 
-fn dusk() -> Dusk {
-    Dusk::new(Device::cpu()).unwrap()
-}
+#[path = "support/inputs.rs"]
+mod inputs;
+use inputs::*;
 
 fn arg_of(e: DuskError) -> &'static str {
     match e {
@@ -42,14 +42,6 @@ fn arg_of(e: DuskError) -> &'static str {
 
 #[path = "support/centroid.rs"]
 mod centroid;
-
-/// Values on a grid of 1/8 in [-4, 4] (K, V) or 1/4 in [-2, 2] (q): Quest's scores are
-/// exact in f32, so its selection equals the f64 reference's.
-fn grid_values(rng: &mut SmallRng, n: usize, steps: i32, scale: f32) -> Vec<f16> {
-    (0..n)
-        .map(|_| f16::from_f32(rng.random_range(-steps..=steps) as f32 * scale))
-        .collect()
-}
 
 /// A case's cache, table and inputs, on the host and uploaded.
 struct Inputs {

@@ -157,12 +157,19 @@ fn attention_kernels() -> Vec<Kernel> {
                 // tensor-core kernel is only a tuning option, and with the balanced split's
                 // loops it needs stack on sm_80, so it is checked with the grid).
                 if group > 1 {
+                    // Dense chunks ask for 16 programs an SM (groups of up to 4).
+                    let long_dense = source == TokenSource::Dense && group <= 4 && d <= 128;
                     let cfg = SplitConfig {
                         block_tokens: 8,
                         num_warps: 1,
                         prefetch: 1,
                         tensor_cores: true,
                         balanced: cfg.balanced && d <= 128,
+                        min_programs_per_sm: if long_dense {
+                            attention_ops::DENSE_LONG_PROGRAMS_PER_SM
+                        } else {
+                            0
+                        },
                         ..cfg
                     };
                     with_fused(&mut ks, cfg);
@@ -575,10 +582,14 @@ fn stock_kernels_assemble_without_spills() {
             // The merge inside the split (an option, `_bal_m<K>`, dense `_mma_m<K>`): ptxas
             // spills up to 12 bytes on the 4-warp CUDA-core split of head varlen (it picks
             // 64 registers there), 8 on the dense tensor-core split, outside the main loop;
-            // an open item in benches/NOTES.md.
-            if k.name.contains("_bal_m") || k.name.contains("_mma_m") {
+            // an open item in benches/NOTES.md. The dense tensor-core split asked for 16
+            // programs an SM (`_o16_mma`) fits 128 registers with 16 bytes of spills on
+            // sm_90a, where it is faster so (`attention_ops::DENSE_LONG_PROGRAMS_PER_SM`), and
+            // 40 on sm_80, where it was never timed.
+            let o16 = k.name.contains("_o16_mma");
+            if k.name.contains("_bal_m") || k.name.contains("_mma_m") || o16 {
                 assert!(
-                    spill_bytes(&report) <= 16,
+                    spill_bytes(&report) <= if o16 { 48 } else { 16 },
                     "{} spills on {arch}:\n{report}",
                     k.name
                 );

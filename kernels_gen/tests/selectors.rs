@@ -13,24 +13,13 @@ use dusk_kernels::selectors::{
     TopKConfig, TopKPlan, QUEST,
 };
 use dusk_kernels::DuskError;
-use dusk_runtime::Device;
 use half::f16;
 use rand::rngs::SmallRng;
-use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-fn dusk() -> Dusk {
-    Dusk::new(Device::cpu()).unwrap()
-}
-
-/// Values on a grid of 1/8 in [-4, 4] (K) or 1/4 in [-2, 2] (q): every product and every
-/// sum of the scores is exact in f32, so the kernel's scores equal the f64 reference's and
-/// ties are common (the tie rule is exercised).
-fn grid_values(rng: &mut SmallRng, n: usize, steps: i32, scale: f32) -> Vec<f16> {
-    (0..n)
-        .map(|_| f16::from_f32(rng.random_range(-steps..=steps) as f32 * scale))
-        .collect()
-}
+#[path = "support/inputs.rs"]
+mod inputs;
+use inputs::*;
 
 /// K on the grid with every page a copy of one of three pages: whole pages tie exactly.
 fn tied_pages(rng: &mut SmallRng, kv: &KvShape) -> Vec<f16> {
@@ -42,26 +31,6 @@ fn tied_pages(rng: &mut SmallRng, kv: &KvShape) -> Vec<f16> {
             templates[(page % 3) * per_page + at]
         })
         .collect()
-}
-
-/// Continuous values: normal-ish, with a spread of magnitudes.
-fn smooth_values(rng: &mut SmallRng, n: usize) -> Vec<f16> {
-    (0..n)
-        .map(|_| {
-            let x: f32 = rng.random_range(-1.0..1.0) + rng.random_range(-1.0..1.0);
-            f16::from_f32(x * 1.5)
-        })
-        .collect()
-}
-
-/// Sequences of `lens` tokens on distinct random pages of a cache of `num_pages`.
-fn table(rng: &mut SmallRng, lens: &[usize], page_size: usize, num_pages: usize) -> PageTable {
-    let need = PageTable::pages_needed(lens, page_size);
-    assert!(need <= num_pages);
-    let mut ids: Vec<i32> = (0..num_pages as i32).collect();
-    ids.shuffle(rng);
-    ids.truncate(need);
-    PageTable::from_lengths(lens, page_size, ids).unwrap()
 }
 
 /// What one Quest run gave.

@@ -65,6 +65,10 @@ def case(batch, context, samples, hq=32, hkv=8, d=128):
         "AttentionPlan.run, fused_merge (one launch)": lambda: f.run(q, k, v, out),
         "AttentionPlan.run, fused_merge, device table": lambda: ft.run(q, k, v, out),
         "dusk.data_ptr(q) (one tensor read)": lambda: dusk.data_ptr(q),
+        # What dusk asks of each torch tensor a run takes, asked from Python: the floor under
+        # a tensor's share of a run.
+        "torch's own reads of q (dtype, is_cuda, get_device, shape, stride, data_ptr)": lambda: (
+            q.dtype, q.is_cuda, q.get_device(), q.shape, q.stride(), q.data_ptr()),
         "torch current stream lookup": lambda: torch._C._cuda_getCurrentRawStream(0),
         "torch out.zero_() (one launch through torch)": lambda: out.zero_(),
     }

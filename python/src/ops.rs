@@ -212,6 +212,39 @@ pub fn quantize_k(
 
 /// The CSR page table's outputs: `kv_indptr` `[batch + 1]`, `kv_page_indices` (at least
 /// `batch * max_pages`), `kv_last_page_len` `[batch]`, all int32.
+/// An engine's int32 table of rows (`[rows, row_len]`, rows possibly spaced apart: a slice
+/// of a larger table): its shape, and the elements it spans from its first.
+fn engine_table(t: &Tensor) -> PyResult<(EngineTable, usize)> {
+    let row_stride = t.expect_rows(DType::I32)?;
+    let (rows, row_len) = (t.shape[0], t.shape[1]);
+    let extent = if rows == 0 {
+        0
+    } else {
+        (rows - 1) * row_stride + row_len
+    };
+    let shape = EngineTable {
+        rows,
+        row_stride,
+        row_len,
+    };
+    Ok((shape, extent))
+}
+
+/// The converters' outputs: writable, and sharing memory with no input (each given with
+/// the elements it is read over) and no other output.
+fn expect_disjoint_outputs(inputs: &[(&Tensor, usize)], outputs: &[Tensor]) -> PyResult<()> {
+    let all: Vec<(&Tensor, usize)> = inputs
+        .iter()
+        .copied()
+        .chain(outputs.iter().map(|t| (t, t.numel())))
+        .collect();
+    for o in outputs {
+        o.expect_writable()?;
+        expect_disjoint((o, o.numel()), &all)?;
+    }
+    Ok(())
+}
+
 fn csr_outputs<'py>(
     ts: &'py [Tensor<'py>],
     dev: &dusk_runtime::Device,
@@ -298,33 +331,13 @@ pub fn vllm_to_csr(
         ],
     )?;
     let (bt, sl) = (&ts[0], &ts[1]);
-    let stride = bt.expect_rows(DType::I32)?;
-    let (rows, max_pages) = (bt.shape[0], bt.shape[1]);
+    let (shape, extent) = engine_table(bt)?;
     let batch = int32_index(sl, "[batch], tokens per sequence")?;
-    let extent = if rows == 0 {
-        0
-    } else {
-        (rows - 1) * stride + max_pages
-    };
-    let spans: Vec<(&Tensor, usize)> = vec![(bt, extent), (sl, batch)];
-    for o in &ts[2..] {
-        o.expect_writable()?;
-        let all: Vec<(&Tensor, usize)> = spans
-            .iter()
-            .copied()
-            .chain(ts[2..].iter().map(|t| (t, t.numel())))
-            .collect();
-        expect_disjoint((o, o.numel()), &all)?;
-    }
+    expect_disjoint_outputs(&[(bt, extent), (sl, batch)], &ts[2..])?;
     let dev = ctx.device();
-    let mut out = csr_outputs(&ts, dev, batch, max_pages)?;
+    let mut out = csr_outputs(&ts, dev, batch, shape.row_len)?;
     // SAFETY: the table spans `extent` elements (checked layout); seq_lens is contiguous.
     let (table, lens) = unsafe { (bt.borrow_n::<i32>(dev, extent)?, sl.borrow::<i32>(dev)?) };
-    let shape = EngineTable {
-        rows,
-        row_stride: stride,
-        row_len: max_pages,
-    };
     on_stream(&ctx, stream, || {
         engines::vllm_to_csr(
             &ctx.dusk, &table, shape, &lens, page_size, num_pages, &mut out,
@@ -373,8 +386,7 @@ pub fn sglang_to_csr(
         ],
     )?;
     let (rt, pi, sl) = (&ts[0], &ts[1], &ts[2]);
-    let stride = rt.expect_rows(DType::I32)?;
-    let (rows, max_context) = (rt.shape[0], rt.shape[1]);
+    let (shape, extent) = engine_table(rt)?;
     let batch = int32_index(sl, "[batch], tokens per sequence")?;
     let pool = int32_index(pi, "[batch], the pool row of each sequence")?;
     if pool != batch {
@@ -387,22 +399,8 @@ pub fn sglang_to_csr(
     if page_size == 0 {
         return Err(invalid("page_size", "a power of two", 0));
     }
-    let extent = if rows == 0 {
-        0
-    } else {
-        (rows - 1) * stride + max_context
-    };
-    let max_pages = max_context / page_size;
-    let spans: Vec<(&Tensor, usize)> = vec![(rt, extent), (pi, batch), (sl, batch)];
-    for o in &ts[3..] {
-        o.expect_writable()?;
-        let all: Vec<(&Tensor, usize)> = spans
-            .iter()
-            .copied()
-            .chain(ts[3..].iter().map(|t| (t, t.numel())))
-            .collect();
-        expect_disjoint((o, o.numel()), &all)?;
-    }
+    let max_pages = shape.row_len / page_size;
+    expect_disjoint_outputs(&[(rt, extent), (pi, batch), (sl, batch)], &ts[3..])?;
     let dev = ctx.device();
     let mut out = csr_outputs(&ts, dev, batch, max_pages)?;
     // SAFETY: as in `vllm_to_csr`.
@@ -412,11 +410,6 @@ pub fn sglang_to_csr(
             pi.borrow::<i32>(dev)?,
             sl.borrow::<i32>(dev)?,
         )
-    };
-    let shape = EngineTable {
-        rows,
-        row_stride: stride,
-        row_len: max_context,
     };
     on_stream(&ctx, stream, || {
         engines::sglang_to_csr(

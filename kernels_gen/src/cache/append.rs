@@ -68,12 +68,12 @@ impl AppendParts {
     /// The selector whose state the parts keep, if any (one at most: a kernel each).
     fn selector(&self) -> Result<Selector> {
         let chosen = [self.quest, self.ds.is_some(), self.sparq];
-        ensure(
+        ensure!(
             chosen.iter().filter(|&&c| c).count() <= 1,
             "parts",
             "at most one selector's state (quest, ds or sparq): a serving stack runs one",
             format!("{self:?}"),
-        )?;
+        );
         Ok(match (self.quest, self.ds, self.sparq) {
             (true, _, _) => Selector::Quest,
             (_, Some(r), _) => Selector::Ds(r),
@@ -238,8 +238,8 @@ impl AppendPlan {
         tune: impl FnOnce(&mut AppendConfig),
     ) -> Result<AppendPlan> {
         kv.validate()?;
-        ensure(batch > 0, "batch", "at least 1", batch)?;
-        ensure(
+        ensure!(batch > 0, "batch", "at least 1", batch);
+        ensure!(
             batch * kv.num_kv_heads < i32::MAX as usize,
             "batch",
             format!(
@@ -247,23 +247,23 @@ impl AppendPlan {
                 kv.num_kv_heads
             ),
             batch,
-        )?;
-        ensure(
+        );
+        ensure!(
             kv.num_pages <= i32::MAX as usize,
             "num_pages",
             "at most 2^31 - 1 (page ids are i32)",
             kv.num_pages,
-        )?;
+        );
         if let Some(bits) = parts.quantized {
-            ensure(matches!(bits, 4 | 8), "quantized", "4 or 8 bits", bits)?;
+            ensure!(matches!(bits, 4 | 8), "quantized", "4 or 8 bits", bits);
         }
         if let Some(r) = parts.ds {
-            ensure(
+            ensure!(
                 LABEL_WIDTHS.contains(&r),
                 "ds",
                 format!("a label width dusk has kernels for ({LABEL_WIDTHS:?})"),
                 r,
-            )?;
+            );
         }
         parts.selector()?;
         let mut config = AppendConfig::default();
@@ -306,12 +306,12 @@ impl AppendPlan {
     /// `page_size`: a sequence whose last page was full needs a new page in this table).
     pub fn upload_table(&self, dusk: &Dusk, table: &PageTable) -> Result<CsrPages> {
         let (kv, batch) = (&self.kv, self.batch);
-        ensure(
+        ensure!(
             table.batch() == batch,
             "kv_indptr",
             format!("{} entries (the plan's batch + 1)", batch + 1),
             table.kv_indptr.len(),
-        )?;
+        );
         if let Some(b) = (0..batch.min(table.kv_last_page_len.len()))
             .find(|&b| table.kv_last_page_len[b] as usize > kv.page_size)
         {
@@ -377,41 +377,41 @@ impl AppendPlan {
         let kv = &self.kv;
         let rows = self.batch * kv.num_kv_heads * kv.head_dim;
         for (name, b) in [("k_new", k_new), ("v_new", v_new)] {
-            ensure(
+            ensure!(
                 b.len() == rows,
                 name,
                 format!("{rows} f16 values (batch x num_kv_heads x head_dim)"),
                 b.len(),
-            )?;
+            );
         }
-        ensure(
+        ensure!(
             table.kv_indptr.len() == self.batch + 1,
             "kv_indptr",
             format!("{} entries (batch + 1)", self.batch + 1),
             table.kv_indptr.len(),
-        )?;
-        ensure(
+        );
+        ensure!(
             table.kv_last_page_len.len() >= self.batch,
             "kv_last_page_len",
             format!("at least {} entries (batch)", self.batch),
             table.kv_last_page_len.len(),
-        )?;
-        ensure(
+        );
+        ensure!(
             !table.kv_page_indices.is_empty(),
             "kv_page_indices",
             "at least 1 entry",
             0,
-        )?;
+        );
         for (name, b) in [
             ("k_cache", &*targets.k_cache),
             ("v_cache", &*targets.v_cache),
         ] {
-            ensure(
+            ensure!(
                 b.len() == kv.elements(),
                 name,
                 format!("{} f16 values ({kv:?})", kv.elements()),
                 b.len(),
-            )?;
+            );
         }
         let (packed, scale, zero) = self.quantized_args(targets.quantized.as_deref())?;
         let (page_min, page_max) = self.quest_args(targets.quest.as_deref())?;
@@ -460,23 +460,23 @@ impl AppendPlan {
         q: Option<&'a QuantizedK>,
     ) -> Result<(Arg<'a>, Arg<'a>, Arg<'a>)> {
         let Some(bits) = self.parts.quantized else {
-            ensure(
+            ensure!(
                 q.is_none(),
                 "quantized",
                 "none (the plan's parts leave it out)",
                 "a copy",
-            )?;
+            );
             let u = Arg::from(&self.unused_f16);
             return Ok((Arg::from(&self.unused_u8), u, Arg::from(&self.unused_f16)));
         };
         let q =
             q.ok_or_else(|| invalid("quantized", format!("the {bits}-bit copy of K"), "none"))?;
-        ensure(
+        ensure!(
             q.kv == self.kv && q.bits == bits,
             "quantized",
             format!("a {bits}-bit copy of a cache of shape {:?}", self.kv),
             format!("{} bits, {:?}", q.bits, q.kv),
-        )?;
+        );
         q.check_lengths()?;
         Ok((
             Arg::from(&q.packed),
@@ -488,21 +488,21 @@ impl AppendPlan {
     /// Quest's state arguments, checked against the plan.
     fn quest_args<'a>(&'a self, s: Option<&'a SelectorState>) -> Result<(Arg<'a>, Arg<'a>)> {
         if !self.parts.quest {
-            ensure(
+            ensure!(
                 s.is_none(),
                 "quest",
                 "none (the plan's parts leave it out)",
                 "a state",
-            )?;
+            );
             return Ok((Arg::from(&self.unused_f16), Arg::from(&self.unused_f16)));
         }
         let s = s.ok_or_else(|| invalid("quest", "Quest's state", "none"))?;
-        ensure(
+        ensure!(
             s.selector().name == QUEST.name && s.kv() == self.kv,
             "quest",
             format!("Quest's state for a cache of shape {:?}", self.kv),
             format!("selector `{}`'s for {:?}", s.selector().name, s.kv()),
-        )?;
+        );
         let (lo, hi) = (s.f16("page_min"), s.f16("page_max"));
         let (Some(lo), Some(hi)) = (lo, hi) else {
             return Err(invalid(
@@ -517,17 +517,17 @@ impl AppendPlan {
     /// Double Sparsity's arguments (channels and labels), checked against the plan.
     fn ds_args<'a>(&'a self, s: Option<&'a DsState>) -> Result<(Arg<'a>, Arg<'a>)> {
         let Some(r) = self.parts.ds else {
-            ensure(
+            ensure!(
                 s.is_none(),
                 "ds",
                 "none (the plan's parts leave it out)",
                 "a state",
-            )?;
+            );
             return Ok((Arg::from(&self.unused_i32), Arg::from(&self.unused_f16)));
         };
         let s =
             s.ok_or_else(|| invalid("ds", format!("Double Sparsity's state of r {r}"), "none"))?;
-        ensure(
+        ensure!(
             s.kv() == self.kv && s.calibration().r() == r,
             "ds",
             format!(
@@ -535,7 +535,7 @@ impl AppendPlan {
                 self.kv
             ),
             format!("label width {} for {:?}", s.calibration().r(), s.kv()),
-        )?;
+        );
         Ok((Arg::from(s.channels()), Arg::from(s.labels())))
     }
 
@@ -561,13 +561,13 @@ impl AppendPlan {
                 return Ok([i(), i(), one(), one(), one(), h, f]);
             }
         };
-        ensure(
+        ensure!(
             s.kv() == self.kv,
             "sparq",
             format!("SparQ's state for a cache of shape {:?}", self.kv),
             format!("{:?}", s.kv()),
-        )?;
-        ensure(
+        );
+        ensure!(
             s.num_seqs() >= self.batch,
             "sparq",
             format!(
@@ -575,19 +575,19 @@ impl AppendPlan {
                 self.batch
             ),
             s.num_seqs(),
-        )?;
-        ensure(
+        );
+        ensure!(
             blocks.kv_indptr.len() == self.batch + 1,
             "sparq_blocks",
             format!("a block table of {} offsets (batch + 1)", self.batch + 1),
             blocks.kv_indptr.len(),
-        )?;
-        ensure(
+        );
+        ensure!(
             !blocks.kv_page_indices.is_empty(),
             "sparq_blocks",
             "a block table of at least 1 block",
             0,
-        )?;
+        );
         let b = s.blocks();
         Ok([
             Arg::from(&blocks.kv_indptr),

@@ -191,15 +191,15 @@ impl PipelineBuilder {
             Select::Plugin(f) => Some(f),
         };
         let narrowed = select.is_some() || !self.prune.is_empty();
-        ensure(
+        ensure!(
             attend != Attend::Dense || !narrowed,
             "attend",
             "HeadVarlen or GroupVarlen: the selector or a pruner narrows the tokens, which \
              dense attention would ignore",
             "Dense",
-        )?;
+        );
         let mixes = select.as_ref().is_some_and(|s| s.makes_sparq_mix());
-        ensure(
+        ensure!(
             !self.sparq_mix || mixes,
             "sparq_mix",
             "a selector that makes SparQ's output mix (SparQ's)",
@@ -207,26 +207,26 @@ impl PipelineBuilder {
                 Some(s) => format!("selector `{}`", s.name()),
                 None => "Full".into(),
             },
-        )?;
-        ensure(
+        );
+        ensure!(
             !self.sparq_mix || self.prune.is_empty(),
             "sparq_mix",
             "no pruner after SparQ: its alpha weighs SparQ's own selection, of which a \
              pruner would attend to fewer tokens",
             format!("{} pruners", self.prune.len()),
-        )?;
+        );
         if let Some(b) = &select {
             b.budget().validate()?;
         }
         let bits = self.bits.unwrap_or(4);
-        ensure(matches!(bits, 4 | 8), "bits", "4 or 8", bits)?;
+        ensure!(matches!(bits, 4 | 8), "bits", "4 or 8", bits);
         let dtype = self.dtype.unwrap_or(DType::F16);
-        ensure(
+        ensure!(
             dtype == DType::F16,
             "dtype",
             "f16 (the INT4 copy and the selectors' kernels read f16)",
             dtype.name(),
-        )?;
+        );
         for p in &self.prune {
             check_params(p)?;
         }
@@ -251,7 +251,7 @@ impl PipelineBuilder {
 /// A pruner's parameter count, and its uniform values against the policy's checks.
 fn check_params(p: &Prune) -> Result<()> {
     let spec = p.policy.params;
-    ensure(
+    ensure!(
         p.params.len() == spec.len(),
         "params",
         format!(
@@ -261,11 +261,11 @@ fn check_params(p: &Prune) -> Result<()> {
             spec.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
         ),
         p.params.len(),
-    )?;
+    );
     for (s, v) in spec.iter().zip(&p.params) {
         if let ParamValues::Uniform(x) = v {
             let integral = s.dtype != DType::I32 || x.fract() == 0.0;
-            ensure(
+            ensure!(
                 integral && (s.check)(*x),
                 "params",
                 format!(
@@ -273,7 +273,7 @@ fn check_params(p: &Prune) -> Result<()> {
                     s.name, p.policy.name, s.expected
                 ),
                 x,
-            )?;
+            );
         }
     }
     Ok(())

@@ -119,26 +119,26 @@ impl PipelinePlan {
         let kv = shape.kv;
         kv.validate()?;
         table.validate(&kv)?;
-        ensure(
+        ensure!(
             shape.dtype == pipeline.dtype,
             "dtype",
             format!("the pipeline's {}", pipeline.dtype.name()),
             shape.dtype.name(),
-        )?;
+        );
         let hkv = kv.num_kv_heads;
-        ensure(
+        ensure!(
             shape.num_q_heads > 0 && shape.num_q_heads.is_multiple_of(hkv),
             "num_q_heads",
             format!("a positive multiple of num_kv_heads ({hkv})"),
             shape.num_q_heads,
-        )?;
+        );
         let group = shape.num_q_heads / hkv;
-        ensure(
+        ensure!(
             pipeline.attend != Attend::HeadVarlen || group == 1,
             "attend",
             "GroupVarlen for GQA (the pruner keeps one list per KV head; HeadVarlen is MHA's)",
             format!("HeadVarlen with {group} query heads a KV head"),
-        )?;
+        );
         let ps = kv.page_size;
         let lens: Vec<usize> = (0..table.batch()).map(|b| table.seq_len(b, ps)).collect();
         if let Some(b) = lens.iter().position(|n| *n == 0) {
@@ -170,12 +170,12 @@ impl PipelinePlan {
             Some(s) if !dense => s.sel_indptr().to_vec(),
             _ => all.indptr.clone(),
         };
-        ensure(
+        ensure!(
             cand_indptr.len() == table.batch() * hkv + 1,
             "select",
             format!("a selector writing {} list rows", table.batch() * hkv),
             cand_indptr.len().saturating_sub(1),
-        )?;
+        );
         let nnz = *cand_indptr.last().expect("rows + 1") as usize;
         let longest_row = cand_indptr
             .windows(2)
@@ -436,18 +436,14 @@ impl PipelinePlan {
         else {
             return Ok(());
         };
-        ensure(
+        ensure!(
             i < self.prune.len(),
             "i",
             format!("a pruner of the plan's {}", self.prune.len()),
             i,
-        )?;
+        );
         if i == 0 {
-            let cand = match (&self.select, &self.all_tokens) {
-                (Some(s), _) => s.sel_indices(),
-                (None, Some(all)) => all,
-                (None, None) => return Err(invalid("select", "candidates", "none")),
-            };
+            let cand = first_candidates(&self.select, &self.all_tokens)?;
             est.run_lists(dusk, q, qk, cand, scores)
         } else {
             let prev = &self.prune[i - 1];
@@ -461,12 +457,12 @@ impl PipelinePlan {
         let Some(scores) = &self.scores else {
             return Ok(());
         };
-        ensure(
+        ensure!(
             i < self.prune.len(),
             "i",
             format!("a pruner of the plan's {}", self.prune.len()),
             i,
-        )?;
+        );
         let into_meta = i + 1 == self.prune.len() && matches!(self.route, Route::Pruned);
         let out = if into_meta {
             let (ip, ix) = self
@@ -480,11 +476,7 @@ impl PipelinePlan {
         let (before, rest) = self.prune.split_at_mut(i);
         let plan = &mut rest[0];
         if i == 0 {
-            let cand = match (&self.select, &self.all_tokens) {
-                (Some(s), _) => s.sel_indices(),
-                (None, Some(all)) => all,
-                (None, None) => return Err(invalid("select", "candidates", "none")),
-            };
+            let cand = first_candidates(&self.select, &self.all_tokens)?;
             match out {
                 Some((ip, ix)) => plan.run_lists_into(dusk, scores, cand, ip, ix),
                 None => plan.run_lists(dusk, scores, cand),
@@ -637,6 +629,18 @@ impl PipelinePlan {
 }
 
 /// A zeroed INT4 (or INT8) copy of a cache of shape `kv`.
+/// The first pruner's candidates: the selector's token lists, or every token without one.
+fn first_candidates<'a>(
+    select: &'a Option<Box<dyn SelectStage>>,
+    all_tokens: &'a Option<Buffer<i32>>,
+) -> Result<&'a Buffer<i32>> {
+    match (select, all_tokens) {
+        (Some(s), _) => Ok(s.sel_indices()),
+        (None, Some(all)) => Ok(all),
+        (None, None) => Err(invalid("select", "candidates", "none")),
+    }
+}
+
 fn alloc_quantized(dusk: &Dusk, kv: KvShape, bits: u32) -> Result<QuantizedK> {
     let dev = dusk.device();
     let rows = kv.rows();

@@ -61,12 +61,12 @@ impl SelectFactory for SparqSelect {
         let layout = match self.block_size {
             None => SparqBlocks::pages_of(&kv),
             Some(bs) => {
-                ensure(
+                ensure!(
                     bs.is_power_of_two() && (8..=256).contains(&bs),
                     "block_size",
                     "a power of two from 8 to 256 tokens",
                     bs,
-                )?;
+                );
                 // Every token of the cache, and a partial block per sequence.
                 SparqBlocks {
                     num_blocks: (kv.num_pages * kv.page_size).div_ceil(bs) + table.batch(),
@@ -124,12 +124,12 @@ fn block_table(
         }
         ids.extend(mine);
     }
-    ensure(
+    ensure!(
         next <= num_blocks,
         "blocks",
         format!("sequences the copy's {num_blocks} blocks of {bs} hold"),
         format!("{next} blocks needed"),
-    )?;
+    );
     PageTable::from_lengths(&lens, bs, ids)
 }
 

@@ -93,15 +93,89 @@ pub struct CheckReport {
     pub max_score_error: f64,
 }
 
-/// The harness's timings of one case.
+/// The harness's timings of one selector case (Quest's, Double Sparsity's).
 #[derive(Clone, Debug)]
-pub struct QuestTimes {
+pub struct SelectionTimes {
     /// The score kernel alone.
     pub score: Measured,
     /// The top-k alone (over the last scores).
     pub top_k: Measured,
     /// Both: one `select`.
     pub select: Measured,
+}
+
+/// A selector plan a benchmark times in its parts: scores, then the top-k over them.
+pub(crate) trait TimedSelection {
+    fn score(&mut self, dusk: &Dusk, q: &Buffer<f16>) -> Result<()>;
+    fn top_k(&mut self, dusk: &Dusk) -> Result<()>;
+    fn select(&mut self, dusk: &Dusk, q: &Buffer<f16>) -> Result<()>;
+}
+
+impl TimedSelection for QuestPlan {
+    fn score(&mut self, dusk: &Dusk, q: &Buffer<f16>) -> Result<()> {
+        (**self).score(dusk, q)
+    }
+    fn top_k(&mut self, dusk: &Dusk) -> Result<()> {
+        (**self).top_k(dusk)
+    }
+    fn select(&mut self, dusk: &Dusk, q: &Buffer<f16>) -> Result<()> {
+        (**self).select(dusk, q)
+    }
+}
+
+/// The harness's timings (`Device::time_calls`: graph replays over the rotation sets, one
+/// plan a set, on a GPU) of the scoring, the top-k and both.
+pub(crate) fn time_selection<P: TimedSelection>(
+    dusk: &Dusk,
+    plans: &mut [P],
+    q: &Buffer<f16>,
+) -> Result<SelectionTimes> {
+    let dev = dusk.device();
+    let sets = plans.len();
+    let score = dev.time_calls(sets, |i| plans[i].score(dusk, q))?;
+    let top_k = dev.time_calls(sets, |i| plans[i].top_k(dusk))?;
+    let select = dev.time_calls(sets, |i| plans[i].select(dusk, q))?;
+    Ok(SelectionTimes {
+        score,
+        top_k,
+        select,
+    })
+}
+
+/// The sequences whose rows a check compares, in order: the first, the last, the second,
+/// the second to last, ... (the two ends of the page table first).
+pub(crate) fn check_order(batch: usize) -> Vec<usize> {
+    let mut order = vec![];
+    for i in 0..batch {
+        let b = if i % 2 == 0 { i / 2 } else { batch - 1 - i / 2 };
+        if !order.contains(&b) {
+            order.push(b);
+        }
+    }
+    order
+}
+
+/// Compares row `r`'s scores (`got`, of items named `item` in the message) with the f64
+/// reference `want`, relative to the row's largest reference magnitude: at most 1e-5 per
+/// term of each score's sum (`terms` of them), summed as random rounding errors are
+/// (`sqrt(terms)`). Raises `worst` to the largest error seen.
+pub(crate) fn compare_scores(
+    r: usize,
+    item: &str,
+    got: &[f64],
+    want: &[f64],
+    terms: usize,
+    worst: &mut f64,
+) -> std::result::Result<(), String> {
+    let scale = want.iter().fold(1e-30f64, |m, w| m.max(w.abs()));
+    for (j, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (g - w).abs() / scale;
+        *worst = worst.max(err);
+        if err.is_nan() || err > 1e-5 * (terms as f64).sqrt() {
+            return Err(format!("row {r} {item} {j}: score {g} against {w}"));
+        }
+    }
+    Ok(())
 }
 
 /// Quest planned at a benchmark shape over random inputs.
@@ -255,21 +329,13 @@ impl QuestBench {
         let lists = plan.sel_indices().download().map_err(|x| x.to_string())?;
         let flags = plan.flags().download().map_err(|x| x.to_string())?;
         let hk = self.kv.num_kv_heads;
-        let batch = self.table.batch();
-        let mut order = vec![];
-        for i in 0..batch {
-            let b = if i % 2 == 0 { i / 2 } else { batch - 1 - i / 2 };
-            if !order.contains(&b) {
-                order.push(b);
-            }
-        }
         let keep = QuestOptions {
             sink: self.case.sink,
         }
         .keep();
-        let terms = (self.case.num_q_heads / hk * self.kv.head_dim) as f64;
+        let terms = self.case.num_q_heads / hk * self.kv.head_dim;
         let (mut rows, mut worst) = (0, 0.0f64);
-        'rows: for b in order {
+        'rows: for b in check_order(self.table.batch()) {
             for h in 0..hk {
                 if rows == max_rows {
                     break 'rows;
@@ -289,14 +355,7 @@ impl QuestBench {
                     b,
                     h,
                 );
-                let scale = want.iter().fold(1e-30f64, |m, w| m.max(w.abs()));
-                for (j, (g, w)) in got.iter().zip(&want).enumerate() {
-                    let err = (g - w).abs() / scale;
-                    worst = worst.max(err);
-                    if err.is_nan() || err > 1e-5 * terms.sqrt() {
-                        return Err(format!("row {r} page {j}: score {g} against {w}"));
-                    }
-                }
+                compare_scores(r, "page", &got, &want, terms, &mut worst)?;
                 let want_pages = top_k_row(&got, shape.k_items[b] as usize, keep);
                 let (lo, hi) = (
                     shape.sel_item_indptr[r] as usize,
@@ -335,17 +394,7 @@ impl QuestBench {
 
     /// The harness's timings (`Device::time_calls`: graph replays over the rotation sets on
     /// a GPU) of the scoring, the top-k and both.
-    pub fn time(&mut self, dusk: &Dusk) -> Result<QuestTimes> {
-        let dev = dusk.device();
-        let sets = self.plans.len();
-        let (plans, q) = (&mut self.plans, &self.q);
-        let score = dev.time_calls(sets, |i| plans[i].score(dusk, q))?;
-        let top_k = dev.time_calls(sets, |i| plans[i].top_k(dusk))?;
-        let select = dev.time_calls(sets, |i| plans[i].select(dusk, q))?;
-        Ok(QuestTimes {
-            score,
-            top_k,
-            select,
-        })
+    pub fn time(&mut self, dusk: &Dusk) -> Result<SelectionTimes> {
+        time_selection(dusk, &mut self.plans, &self.q)
     }
 }

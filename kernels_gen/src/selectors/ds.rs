@@ -114,24 +114,24 @@ impl DsCalibration {
         r: usize,
     ) -> Result<DsCalibration> {
         check_r(r, head_dim)?;
-        ensure(num_kv_heads > 0, "num_kv_heads", "at least 1", num_kv_heads)?;
-        ensure(
+        ensure!(num_kv_heads > 0, "num_kv_heads", "at least 1", num_kv_heads);
+        ensure!(
             num_q_heads > 0 && num_q_heads.is_multiple_of(num_kv_heads),
             "num_q_heads",
             format!("a positive multiple of num_kv_heads ({num_kv_heads})"),
             num_q_heads,
-        )?;
+        );
         let q_row = num_q_heads * head_dim;
-        ensure(
+        ensure!(
             !q.is_empty() && q.len().is_multiple_of(q_row),
             "q",
             format!(
                 "samples x num_q_heads x head_dim values, at least one sample ({q_row} a sample)"
             ),
             q.len(),
-        )?;
+        );
         let samples = q.len() / q_row;
-        ensure(
+        ensure!(
             k.len() == samples * num_kv_heads * head_dim,
             "k",
             format!(
@@ -139,7 +139,7 @@ impl DsCalibration {
                 samples * num_kv_heads * head_dim
             ),
             k.len(),
-        )?;
+        );
         if let Some(i) = q.iter().position(|x| !(*x).into().is_finite()) {
             return Err(invalid(
                 "q",
@@ -193,22 +193,22 @@ impl DsCalibration {
         channels: &[Vec<usize>],
         samples: usize,
     ) -> Result<DsCalibration> {
-        ensure(head_dim > 0, "head_dim", "at least 1", head_dim)?;
-        ensure(
+        ensure!(head_dim > 0, "head_dim", "at least 1", head_dim);
+        ensure!(
             !channels.is_empty(),
             "channels",
             "one list per KV head, at least one",
             "none",
-        )?;
+        );
         let r = channels[0].len();
         check_r(r, head_dim)?;
         for (h, list) in channels.iter().enumerate() {
-            ensure(
+            ensure!(
                 list.len() == r,
                 "channels",
                 format!("{r} channels for every KV head (as many as head 0)"),
                 format!("{} for head {h}", list.len()),
-            )?;
+            );
             if let Some(c) = list.iter().find(|c| **c >= head_dim) {
                 return Err(invalid(
                     "channels",
@@ -218,12 +218,12 @@ impl DsCalibration {
             }
             let mut seen = vec![false; head_dim];
             for c in list {
-                ensure(
+                ensure!(
                     !seen[*c],
                     "channels",
                     "distinct channels in each head",
                     format!("{c} twice for head {h}"),
-                )?;
+                );
                 seen[*c] = true;
             }
         }
@@ -266,24 +266,24 @@ impl DsCalibration {
                 e,
             )
         })?;
-        ensure(
+        ensure!(
             file.format == FORMAT && file.version == VERSION,
             "calibration",
             format!("format `{FORMAT}` version {VERSION}"),
             format!("format `{}` version {}", file.format, file.version),
-        )?;
-        ensure(
+        );
+        ensure!(
             file.channels.len() == file.num_kv_heads,
             "num_kv_heads",
             format!("as many as the channel lists ({})", file.channels.len()),
             file.num_kv_heads,
-        )?;
-        ensure(
+        );
+        ensure!(
             file.channels.first().is_none_or(|l| l.len() == file.r),
             "r",
             "the length of every channel list",
             file.r,
-        )?;
+        );
         Self::validated(file.head_dim, &file.channels, file.samples)
     }
 
@@ -335,12 +335,13 @@ impl DsCalibration {
 }
 
 fn check_r(r: usize, head_dim: usize) -> Result<()> {
-    ensure(
+    ensure!(
         r >= 1 && r <= head_dim,
         "r",
         format!("1 to head_dim ({head_dim}) channels a KV head"),
         r,
-    )
+    );
+    Ok(())
 }
 
 /// The labels of a cache of one shape for one calibration, on the device, and the
@@ -360,7 +361,7 @@ impl DsState {
     pub fn new(dusk: &Dusk, kv: KvShape, calibration: &DsCalibration) -> Result<DsState> {
         kv.validate()?;
         let r = calibration.r();
-        ensure(
+        ensure!(
             calibration.head_dim() == kv.head_dim && calibration.num_kv_heads() == kv.num_kv_heads,
             "calibration",
             format!(
@@ -372,7 +373,7 @@ impl DsState {
                 calibration.head_dim(),
                 calibration.num_kv_heads()
             ),
-        )?;
+        );
         let build = update_kernel(&kv, calibration).ok_or_else(|| {
             invalid(
                 "r",
@@ -381,7 +382,7 @@ impl DsState {
             )
         })?;
         let len = kv.rows() * r;
-        ensure(len < (1usize << 40), "kv shape", "under 2^40 labels", len)?;
+        ensure!(len < (1usize << 40), "kv shape", "under 2^40 labels", len);
         let update = dusk.kernel(format!("ds update {kv:?} r {r}"), build)?;
         let dev = dusk.device();
         let mut labels = dev.alloc::<f16>(len)?;
@@ -400,12 +401,12 @@ impl DsState {
     /// shape): one launch, no allocation, no sync.
     pub fn update(&mut self, dusk: &Dusk, k: &Buffer<f16>, updates: &PageUpdates) -> Result<()> {
         let kv = self.kv;
-        ensure(
+        ensure!(
             k.len() == kv.elements(),
             "k",
             format!("{} f16 values ({kv:?})", kv.elements()),
             k.len(),
-        )?;
+        );
         if updates.is_empty() {
             return Ok(());
         }
@@ -565,12 +566,12 @@ impl DsPlan {
     ) -> Result<DsPlan> {
         let kv = state.kv;
         let r = state.calibration.r();
-        ensure(
+        ensure!(
             num_q_heads > 0 && num_q_heads.is_multiple_of(kv.num_kv_heads),
             "num_q_heads",
             format!("a positive multiple of num_kv_heads ({})", kv.num_kv_heads),
             num_q_heads,
-        )?;
+        );
         let group = num_q_heads / kv.num_kv_heads;
         let build = score_build(kv.head_dim, group, r).ok_or_else(|| {
             invalid(
@@ -583,12 +584,12 @@ impl DsPlan {
         let topk = TopKPlan::with_config(dusk, table, kv, Items::Tokens, budget, keep, tune)?;
         let tile = score_tile(r);
         let tiles = topk.shape().max_items().div_ceil(tile).max(1);
-        ensure(
+        ensure!(
             tiles <= 65535,
             "kv_indptr",
             format!("at most {} tokens a sequence", 65535 * tile),
             topk.shape().max_items(),
-        )?;
+        );
         let score = dusk.kernel(format!("ds score {kv:?} group {group} r {r}"), build)?;
         let dev = dusk.device();
         let nonempty = |v: &[i32]| if v.is_empty() { vec![0] } else { v.to_vec() };
@@ -616,12 +617,12 @@ impl DsPlan {
     pub fn score(&mut self, dusk: &Dusk, q: &Buffer<f16>) -> Result<()> {
         let kv = self.state.kv;
         let qlen = self.batch * self.num_q_heads * kv.head_dim;
-        ensure(
+        ensure!(
             q.len() == qlen,
             "q",
             format!("{qlen} f16 values (batch x num_q_heads x head_dim)"),
             q.len(),
-        )?;
+        );
         let args = [
             Arg::from(q),
             Arg::from(&self.kv_indptr),

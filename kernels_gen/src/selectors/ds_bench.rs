@@ -19,14 +19,16 @@
 //! # Ok(()) }
 //! ```
 
-use super::bench::{CheckReport, Rng};
+use super::bench::{
+    check_order, compare_scores, time_selection, CheckReport, Rng, SelectionTimes, TimedSelection,
+};
 use super::ds::{DsCalibration, DsOptions, DsPlan, DsState};
 use super::reference::{ds_row_scores, top_k_row};
 use super::topk::Budget;
 use crate::error::Result;
 use crate::ops::Dusk;
 use crate::paged::{KvShape, PageTable};
-use dusk_runtime::{Buffer, Measured};
+use dusk_runtime::Buffer;
 use half::f16;
 
 /// A benchmark shape (DESIGN.md section 6: head_dim 128, pages of 16, budget N/4; the DS
@@ -67,17 +69,6 @@ impl Default for DsCase {
             seed: 0xd5,
         }
     }
-}
-
-/// The harness's timings of one case.
-#[derive(Clone, Debug)]
-pub struct DsTimes {
-    /// The score kernel alone.
-    pub score: Measured,
-    /// The top-k alone (over the last scores).
-    pub top_k: Measured,
-    /// Both: one `select`.
-    pub select: Measured,
 }
 
 /// Random values spread over [-2, 2] from the generator's bits, four a draw (the labels
@@ -237,18 +228,10 @@ impl DsBench {
         let lists = plan.sel_indices().download().map_err(|x| x.to_string())?;
         let flags = plan.flags().download().map_err(|x| x.to_string())?;
         let hk = self.kv.num_kv_heads;
-        let batch = self.table.batch();
-        let mut order = vec![];
-        for i in 0..batch {
-            let b = if i % 2 == 0 { i / 2 } else { batch - 1 - i / 2 };
-            if !order.contains(&b) {
-                order.push(b);
-            }
-        }
         let keep = self.case.options.keep();
-        let terms = (self.case.num_q_heads / hk * self.case.r) as f64;
+        let terms = self.case.num_q_heads / hk * self.case.r;
         let (mut rows, mut worst) = (0, 0.0f64);
-        'rows: for b in order {
+        'rows: for b in check_order(self.table.batch()) {
             for h in 0..hk {
                 if rows == max_rows {
                     break 'rows;
@@ -268,14 +251,7 @@ impl DsBench {
                     b,
                     h,
                 );
-                let scale = want.iter().fold(1e-30f64, |m, w| m.max(w.abs()));
-                for (j, (g, w)) in got.iter().zip(&want).enumerate() {
-                    let err = (g - w).abs() / scale;
-                    worst = worst.max(err);
-                    if err.is_nan() || err > 1e-5 * terms.sqrt() {
-                        return Err(format!("row {r} token {j}: score {g} against {w}"));
-                    }
-                }
+                compare_scores(r, "token", &got, &want, terms, &mut worst)?;
                 let want_tokens: Vec<i32> = top_k_row(&got, shape.k_items[b] as usize, keep)
                     .into_iter()
                     .map(|t| t as i32)
@@ -301,17 +277,19 @@ impl DsBench {
 
     /// The harness's timings (`Device::time_calls`: graph replays over the rotation sets on
     /// a GPU) of the scoring, the top-k and both.
-    pub fn time(&mut self, dusk: &Dusk) -> Result<DsTimes> {
-        let dev = dusk.device();
-        let sets = self.plans.len();
-        let (plans, q) = (&mut self.plans, &self.q);
-        let score = dev.time_calls(sets, |i| plans[i].score(dusk, q))?;
-        let top_k = dev.time_calls(sets, |i| plans[i].top_k(dusk))?;
-        let select = dev.time_calls(sets, |i| plans[i].select(dusk, q))?;
-        Ok(DsTimes {
-            score,
-            top_k,
-            select,
-        })
+    pub fn time(&mut self, dusk: &Dusk) -> Result<SelectionTimes> {
+        time_selection(dusk, &mut self.plans, &self.q)
+    }
+}
+
+impl TimedSelection for DsPlan {
+    fn score(&mut self, dusk: &Dusk, q: &Buffer<f16>) -> Result<()> {
+        DsPlan::score(self, dusk, q)
+    }
+    fn top_k(&mut self, dusk: &Dusk) -> Result<()> {
+        DsPlan::top_k(self, dusk)
+    }
+    fn select(&mut self, dusk: &Dusk, q: &Buffer<f16>) -> Result<()> {
+        DsPlan::select(self, dusk, q)
     }
 }

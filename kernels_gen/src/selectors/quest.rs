@@ -145,12 +145,12 @@ impl QuestPlan {
         options: QuestOptions,
         tune: impl FnOnce(&mut TopKConfig),
     ) -> Result<QuestPlan> {
-        crate::error::ensure(
+        crate::error::ensure!(
             state.selector().name == QUEST.name,
             "state",
             "Quest's state",
             format!("selector `{}`'s", state.selector().name),
-        )?;
+        );
         let keep = options.keep();
         let plan = SelectorPlan::with_config(dusk, state, num_q_heads, table, budget, keep, tune)?;
         Ok(QuestPlan(plan))

@@ -148,7 +148,7 @@ fn check_params(
     let ok = got.len() == want.len()
         && kernel.params.iter().all(|p| p.ty.is_scalar())
         && got.iter().zip(&want).all(|(g, (_, w))| g == w);
-    ensure(
+    ensure!(
         ok,
         "selector",
         format!(
@@ -169,7 +169,8 @@ fn check_params(
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
-    )
+    );
+    Ok(())
 }
 
 /// A state array on the device.
@@ -218,12 +219,12 @@ impl SelectorState {
         let mut arrays = vec![];
         for a in selector.state {
             let len = kv.num_pages * kv.num_kv_heads * a.width(&kv);
-            ensure(
+            ensure!(
                 len > 0 && len < (1usize << 40),
                 "selector",
                 format!("state array `{}` of 1 to 2^40 values", a.name),
                 len,
-            )?;
+            );
             arrays.push(match a.dtype {
                 StateType::F16 => {
                     let mut b = dev.alloc::<f16>(len)?;
@@ -249,12 +250,12 @@ impl SelectorState {
     /// shape): one launch, no allocation, no sync.
     pub fn update(&mut self, dusk: &Dusk, k: &Buffer<f16>, updates: &PageUpdates) -> Result<()> {
         let kv = self.kv;
-        ensure(
+        ensure!(
             k.len() == kv.elements(),
             "k",
             format!("{} f16 values ({kv:?})", kv.elements()),
             k.len(),
-        )?;
+        );
         let mut args = vec![
             Arg::from(k),
             Arg::from(&updates.pages),
@@ -318,12 +319,12 @@ impl PageUpdates {
     /// `1..=page_size`.
     pub fn new(dusk: &Dusk, kv: &KvShape, pages: &[i32], lens: &[i32]) -> Result<PageUpdates> {
         kv.validate()?;
-        ensure(
+        ensure!(
             pages.len() == lens.len(),
             "lens",
             format!("{} lengths, one per page", pages.len()),
             lens.len(),
-        )?;
+        );
         if let Some(p) = pages
             .iter()
             .find(|p| **p < 0 || **p as usize >= kv.num_pages)
@@ -336,7 +337,7 @@ impl PageUpdates {
         }
         let mut seen = vec![false; kv.num_pages];
         for p in pages {
-            ensure(!seen[*p as usize], "pages", "distinct page ids", p)?;
+            ensure!(!seen[*p as usize], "pages", "distinct page ids", p);
             seen[*p as usize] = true;
         }
         if let Some(l) = lens.iter().find(|l| **l < 1 || **l as usize > kv.page_size) {
@@ -346,12 +347,12 @@ impl PageUpdates {
                 l,
             ));
         }
-        ensure(
+        ensure!(
             pages.len() < i32::MAX as usize,
             "pages",
             "fewer than 2^31 entries",
             pages.len(),
-        )?;
+        );
         let dev = dusk.device();
         Ok(PageUpdates {
             pages: dev.upload(&nonempty(pages))?,
@@ -380,18 +381,18 @@ impl PageUpdates {
     /// page id is out of range or whose length is outside `1..=page_size`, so bad entries
     /// give stale state, never a bad memory access. Two entries of one page race.
     pub fn from_device(pages: Buffer<i32>, lens: Buffer<i32>) -> Result<PageUpdates> {
-        ensure(
+        ensure!(
             pages.len() == lens.len(),
             "lens",
             format!("{} lengths, one per page", pages.len()),
             lens.len(),
-        )?;
-        ensure(
+        );
+        ensure!(
             pages.len() < i32::MAX as usize,
             "pages",
             "fewer than 2^31 entries",
             pages.len(),
-        )?;
+        );
         let count = pages.len();
         Ok(PageUpdates { pages, lens, count })
     }
@@ -481,12 +482,12 @@ impl SelectorPlan {
     ) -> Result<SelectorPlan> {
         let kv = state.kv;
         let selector = state.selector;
-        ensure(
+        ensure!(
             num_q_heads > 0 && num_q_heads.is_multiple_of(kv.num_kv_heads),
             "num_q_heads",
             format!("a positive multiple of num_kv_heads ({})", kv.num_kv_heads),
             num_q_heads,
-        )?;
+        );
         let group = num_q_heads / kv.num_kv_heads;
         let topk = TopKPlan::with_config(dusk, table, kv, Items::Pages, budget, keep, tune)?;
         let ScoreKernel {
@@ -508,12 +509,12 @@ impl SelectorPlan {
         check_params(&selector, "score", score.ir(), SCORE_PARAMS)?;
         let ppp = pages_per_program.max(1);
         let tiles = topk.shape().max_items().div_ceil(ppp).max(1);
-        ensure(
+        ensure!(
             tiles <= 65535,
             "kv_indptr",
             format!("at most {} pages a sequence", 65535 * ppp),
             topk.shape().max_items(),
-        )?;
+        );
         let dev = dusk.device();
         let scores = dev.alloc(topk.shape().num_scores().max(1))?;
         Ok(SelectorPlan {
@@ -538,12 +539,12 @@ impl SelectorPlan {
     /// [`SelectorPlan::scores`]: one launch.
     pub fn score(&mut self, dusk: &Dusk, q: &Buffer<f16>) -> Result<()> {
         let qlen = self.batch * self.num_q_heads * self.state.kv.head_dim;
-        ensure(
+        ensure!(
             q.len() == qlen,
             "q",
             format!("{qlen} f16 values (batch x num_q_heads x head_dim)"),
             q.len(),
-        )?;
+        );
         let mut args = vec![
             Arg::from(q),
             Arg::from(&self.kv_indptr),

@@ -79,27 +79,28 @@ pub struct SparqOptions {
 
 impl SparqOptions {
     fn validate(&self, head_dim: usize) -> Result<()> {
-        ensure(
+        ensure!(
             (1..=head_dim).contains(&self.r),
             "r",
             format!("1 to head_dim ({head_dim}) components"),
             self.r,
-        )?;
+        );
         match self.k {
-            Budget::Tokens(t) => ensure(t >= 1, "k", "at least 1 token", t)?,
-            Budget::Fraction(f) => ensure(
+            Budget::Tokens(t) => ensure!(t >= 1, "k", "at least 1 token", t),
+            Budget::Fraction(f) => ensure!(
                 f.is_finite() && f > 0.0 && f <= 1.0,
                 "k",
                 "a fraction of each sequence in (0, 1]",
                 f,
-            )?,
+            ),
         }
-        ensure(
+        ensure!(
             self.window < i32::MAX as usize,
             "window",
             "fewer than 2^31 tokens",
             self.window,
-        )
+        );
+        Ok(())
     }
 }
 
@@ -249,26 +250,26 @@ impl SparqState {
         kv.validate()?;
         let update = update_kernel(kv.head_dim)
             .ok_or_else(|| invalid("head_dim", "64, 128 or 256 (SparQ's kernels)", kv.head_dim))?;
-        ensure(
+        ensure!(
             blocks.block_size.is_power_of_two() && (8..=256).contains(&blocks.block_size),
             "blocks",
             "blocks of a power of two from 8 to 256 tokens (the copy's rows are read in \
              16-byte vectors)",
             blocks.block_size,
-        )?;
+        );
         let copy = blocks.shape(&kv);
-        ensure(
+        ensure!(
             blocks.num_blocks >= 1 && copy.elements() < (1usize << 40),
             "blocks",
             "1 or more blocks, under 2^40 values in all",
             blocks.num_blocks,
-        )?;
-        ensure(
+        );
+        ensure!(
             num_seqs >= 1 && num_seqs < i32::MAX as usize,
             "num_seqs",
             "1 to 2^31 - 1 sequences",
             num_seqs,
-        )?;
+        );
         let update = dusk.kernel(format!("sparq update d{}", kv.head_dim), update)?;
         let dev = dusk.device();
         let mut k_t = dev.alloc::<f16>(copy.elements())?;
@@ -297,12 +298,12 @@ impl SparqState {
     ) -> Result<()> {
         let kv = self.kv;
         for (name, b) in [("k", k), ("v", v)] {
-            ensure(
+            ensure!(
                 b.len() == kv.elements(),
                 name,
                 format!("{} f16 values ({kv:?})", kv.elements()),
                 b.len(),
-            )?;
+            );
         }
         if updates.count == 0 {
             return Ok(());
@@ -420,25 +421,25 @@ impl SparqUpdates {
                 ));
             }
             let (s, c, t) = (e.start as i64, e.count as i64, e.block_start as i64);
-            ensure(
+            ensure!(
                 s >= 0 && c >= 1 && s + c <= kv.page_size as i64,
                 "counts",
                 format!("1 or more slots inside a page of {}", kv.page_size),
                 at(&format!("start {s}, count {c}")),
-            )?;
-            ensure(
+            );
+            ensure!(
                 t >= 0 && t + c <= bl.block_size as i64,
                 "counts",
                 format!("slots inside a block of {}", bl.block_size),
                 at(&format!("block start {t}, count {c}")),
-            )?;
+            );
         }
-        ensure(
+        ensure!(
             entries.len() < i32::MAX as usize,
             "entries",
             "fewer than 2^31 entries",
             entries.len(),
-        )?;
+        );
         let dev = dusk.device();
         let up = |f: fn(&SparqEntry) -> i32| {
             let v: Vec<i32> = entries.iter().map(f).collect();
@@ -510,14 +511,14 @@ impl SparqUpdates {
             ("blocks", &blocks),
             ("block_starts", &block_starts),
         ] {
-            ensure(
+            ensure!(
                 b.len() == n,
                 name,
                 format!("{n} entries, one per page run"),
                 b.len(),
-            )?;
+            );
         }
-        ensure(n < i32::MAX as usize, "pages", "fewer than 2^31 entries", n)?;
+        ensure!(n < i32::MAX as usize, "pages", "fewer than 2^31 entries", n);
         Ok(SparqUpdates {
             pages,
             starts,
@@ -557,12 +558,12 @@ fn check_blocks(state: &SparqState, table: &PageTable, blocks: &PageTable) -> Re
             ),
             other => other,
         })?;
-    ensure(
+    ensure!(
         blocks.batch() == table.batch(),
         "blocks",
         format!("{} sequences (the page table's)", table.batch()),
         blocks.batch(),
-    )?;
+    );
     let ps = state.kv.page_size;
     if let Some(b) = (0..table.batch()).find(|&b| blocks.seq_len(b, bs) != table.seq_len(b, ps)) {
         return Err(invalid(
@@ -660,19 +661,19 @@ impl SparqPlan {
     ) -> Result<SparqPlan> {
         let kv = state.kv;
         options.validate(kv.head_dim)?;
-        ensure(
+        ensure!(
             num_q_heads > 0 && num_q_heads.is_multiple_of(kv.num_kv_heads),
             "num_q_heads",
             format!("a positive multiple of num_kv_heads ({})", kv.num_kv_heads),
             num_q_heads,
-        )?;
+        );
         let group = num_q_heads / kv.num_kv_heads;
-        ensure(
+        ensure!(
             table.batch() <= state.num_seqs,
             "kv_indptr",
             format!("at most the state's {} sequences", state.num_seqs),
             table.batch(),
-        )?;
+        );
         let keep = Keep {
             sink: 0,
             recent: options.window,
@@ -693,20 +694,20 @@ impl SparqPlan {
         let alpha_build = alpha_kernel(kv.head_dim, group).ok_or_else(unsupported)?;
         let shape = topk.shape().clone();
         let tiles = shape.max_items().div_ceil(tile).max(1);
-        ensure(
+        ensure!(
             tiles <= 65535,
             "kv_indptr",
             format!("sequences of at most {} tokens", 65535 * tile),
             shape.max_items(),
-        )?;
+        );
         let rows = shape.rows();
-        ensure(
+        ensure!(
             rows * tiles * group < i32::MAX as usize
                 && shape.num_scores() * group < i32::MAX as usize,
             "kv_indptr",
             "fewer than 2^31 logits (tokens x num_q_heads)",
             shape.num_scores() * group,
-        )?;
+        );
         let d = kv.head_dim;
         let query = dusk.kernel(format!("sparq query d{d} g{group}"), query_build)?;
         let score = dusk.kernel(
@@ -765,12 +766,12 @@ impl SparqPlan {
     /// num_q_heads, head_dim]`). One launch.
     pub fn query(&mut self, dusk: &Dusk, q: &Buffer<f16>) -> Result<()> {
         let qlen = self.batch * self.num_q_heads * self.state.kv.head_dim;
-        ensure(
+        ensure!(
             q.len() == qlen,
             "q",
             format!("{qlen} f16 values (batch x num_q_heads x head_dim)"),
             q.len(),
-        )?;
+        );
         let args = [
             Arg::from(q),
             Arg::from(&self.dims),
@@ -910,12 +911,12 @@ impl SparqPlan {
                 "none",
             )
         })?;
-        ensure(
+        ensure!(
             indices.len() == self.topk.sel_indices().len(),
             "meta",
             "the metadata of this plan (SparqPlan::attention_meta)",
             format!("room for {} tokens", indices.len()),
-        )?;
+        );
         indices.copy_from(self.topk.sel_indices())?;
         let mix = SparqMix {
             alpha: &self.alpha,
@@ -926,7 +927,7 @@ impl SparqPlan {
 
     fn check_attention(&self, attn: &AttentionPlan) -> Result<()> {
         let s = attn.spec();
-        ensure(
+        ensure!(
             s.kv == self.state.kv
                 && s.batch == self.batch
                 && s.num_q_heads == self.num_q_heads
@@ -936,7 +937,8 @@ impl SparqPlan {
             "attn",
             "a plan of SparqPlan::attention_spec (group lists, sparq, f16, this shape)",
             format!("{s:?}"),
-        )
+        );
+        Ok(())
     }
 
     /// Fills every output of a selection with `byte` (checks poison them first).

@@ -24,14 +24,15 @@ pub enum Budget {
 impl Budget {
     pub(crate) fn validate(&self) -> Result<()> {
         match *self {
-            Budget::Tokens(t) => ensure(t >= 1, "budget", "at least 1 token", t),
-            Budget::Fraction(f) => ensure(
+            Budget::Tokens(t) => ensure!(t >= 1, "budget", "at least 1 token", t),
+            Budget::Fraction(f) => ensure!(
                 f.is_finite() && f > 0.0 && f <= 1.0,
                 "budget",
                 "a fraction in (0, 1]",
                 f,
             ),
         }
+        Ok(())
     }
 
     /// Tokens a sequence of `seq_len` tokens may keep.
@@ -199,12 +200,12 @@ impl SelectionShape {
             ));
         }
         if items == Items::Pages {
-            ensure(
+            ensure!(
                 keep.recent >= 1,
                 "keep.recent",
                 "at least 1 over pages (the last, partial page is always kept)",
                 keep.recent,
-            )?;
+            );
         }
         let unit = match items {
             Items::Pages => ps,
@@ -227,12 +228,12 @@ impl SelectionShape {
             }
         }
         let total_scores = item_indptr[batch] * h as i64;
-        ensure(
+        ensure!(
             total_scores < i32::MAX as i64 && *sel_indptr.last().unwrap() < i32::MAX as i64,
             "kv_indptr",
             "fewer than 2^31 scores and selected tokens (items x num_kv_heads)",
             total_scores,
-        )?;
+        );
         let narrow = |v: Vec<i64>| v.into_iter().map(|x| x as i32).collect();
         Ok(SelectionShape {
             k_items,
@@ -310,13 +311,13 @@ impl TopKPlan {
         let shape = SelectionShape::new(table, &kv, items, budget, keep)?;
         let mut cfg = TopKConfig::for_rows(shape.max_items());
         tune(&mut cfg);
-        ensure(
+        ensure!(
             specialisation(&cfg).is_some(),
             "config",
             "a top-k configuration compiled into dusk-kernels (see `specialised_configs`)",
             format!("{cfg:?}"),
-        )?;
-        ensure(
+        );
+        ensure!(
             !cfg.resident || shape.max_items() <= cfg.tile,
             "config",
             format!(
@@ -324,14 +325,14 @@ impl TopKPlan {
                 shape.max_items()
             ),
             format!("{cfg:?}"),
-        )?;
+        );
         let big = i32::MAX as usize;
-        ensure(
+        ensure!(
             keep.sink < big && keep.recent < big,
             "keep",
             "counts below 2^31",
             format!("{keep:?}"),
-        )?;
+        );
         let unit = match items {
             Items::Pages => kv.page_size,
             Items::Tokens => 1,
@@ -361,12 +362,12 @@ impl TopKPlan {
     /// n_b`: what a selector's score kernel writes): one launch.
     pub fn run(&mut self, dusk: &Dusk, scores: &Buffer<f32>) -> Result<()> {
         let need = self.shape.num_scores();
-        ensure(
+        ensure!(
             scores.len() >= need,
             "scores",
             format!("at least {need} f32 scores (items x num_kv_heads)"),
             scores.len(),
-        )?;
+        );
         let args = [
             Arg::from(scores),
             Arg::from(&self.item_indptr),

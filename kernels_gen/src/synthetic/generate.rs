@@ -74,30 +74,30 @@ pub fn write_cache(
 ) -> Result<Planted> {
     spec.validate()?;
     let per_page = spec.page_size * spec.num_kv_heads * spec.head_dim;
-    ensure(
+    ensure!(
         k.len().is_multiple_of(per_page) && !k.is_empty(),
         "k",
         format!("whole pages of {per_page} f16 values"),
         k.len(),
-    )?;
-    ensure(
+    );
+    ensure!(
         v.len() == k.len(),
         "v",
         format!("{} f16 values, as k", k.len()),
         v.len(),
-    )?;
+    );
     let kv = KvShape {
         num_pages: k.len() / per_page,
         ..spec.kv_shape()
     };
     kv.validate()?;
     table.validate(&kv)?;
-    ensure(
+    ensure!(
         table.batch() == spec.batch(),
         "table",
         format!("{} sequences, as spec.seq_lens", spec.batch()),
         table.batch(),
-    )?;
+    );
     if let Some(b) =
         (0..spec.batch()).find(|b| table.seq_len(*b, kv.page_size) != spec.seq_lens[*b])
     {
@@ -110,12 +110,12 @@ pub fn write_cache(
             table.seq_len(b, kv.page_size),
         ));
     }
-    ensure(
+    ensure!(
         spec.num_kv_heads <= 65535,
         "num_kv_heads",
         "at most 65535 (a grid dimension)",
         spec.num_kv_heads,
-    )?;
+    );
     let dev = dusk.device();
     let page_seq: Vec<i32> = (0..spec.batch())
         .flat_map(|b| {
@@ -180,7 +180,7 @@ pub fn write_queries(
 ) -> Result<()> {
     spec.validate()?;
     let rows = spec.batch() * spec.num_q_heads;
-    ensure(
+    ensure!(
         q.len() == rows * spec.head_dim,
         "q",
         format!(
@@ -188,8 +188,8 @@ pub fn write_queries(
             rows * spec.head_dim
         ),
         q.len(),
-    )?;
-    ensure(step < i32::MAX as u32, "step", "under 2^31", step)?;
+    );
+    ensure!(step < i32::MAX as u32, "step", "under 2^31", step);
     let dev = dusk.device();
     let scales: Vec<i32> = spec.heads.iter().map(|h| h.scale_steps()).collect();
     let scales = dev.upload(&scales)?;

@@ -111,17 +111,18 @@ impl HeadProfile {
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
-        ensure(
+        ensure!(
             self.scale.is_finite() && (1..=1023).contains(&self.scale_steps()),
             "heads",
             format!("a scale in [1/16, {MAX_SCALE}] for every head"),
             self.scale,
-        )?;
-        ensure(
+        );
+        ensure!(
             self.strength.is_finite() && (0..=255).contains(&self.strength_steps()),
             "heads",
             format!("a strength in [0, {MAX_STRENGTH}] for every head"),
             self.strength,
-        )
+        );
+        Ok(())
     }
 }

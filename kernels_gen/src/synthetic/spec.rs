@@ -87,12 +87,12 @@ impl SyntheticSpec {
 
     /// Checks every field; each error names the field.
     pub fn validate(&self) -> Result<()> {
-        ensure(
+        ensure!(
             !self.seq_lens.is_empty(),
             "seq_lens",
             "at least one sequence",
             "none",
-        )?;
+        );
         if let Some(b) = self.seq_lens.iter().position(|n| *n == 0) {
             return Err(crate::error::invalid(
                 "seq_lens",
@@ -100,13 +100,13 @@ impl SyntheticSpec {
                 format!("0 tokens in sequence {b}"),
             ));
         }
-        ensure(
+        ensure!(
             self.num_kv_heads > 0,
             "num_kv_heads",
             "at least 1",
             self.num_kv_heads,
-        )?;
-        ensure(
+        );
+        ensure!(
             self.num_q_heads > 0 && self.num_q_heads.is_multiple_of(self.num_kv_heads),
             "num_q_heads",
             format!(
@@ -114,33 +114,33 @@ impl SyntheticSpec {
                 self.num_kv_heads
             ),
             self.num_q_heads,
-        )?;
-        ensure(
+        );
+        ensure!(
             self.heads.len() == self.num_q_heads,
             "heads",
             format!("one profile per query head ({})", self.num_q_heads),
             self.heads.len(),
-        )?;
+        );
         self.heads.iter().try_for_each(HeadProfile::validate)?;
         // Ids the kernels hash: (sequence, head) pairs and positions fit in an i32.
-        ensure(
+        ensure!(
             self.batch() * self.num_q_heads < i32::MAX as usize,
             "seq_lens",
             "batch * num_q_heads under 2^31",
             self.batch() * self.num_q_heads,
-        )?;
-        ensure(
+        );
+        ensure!(
             self.seq_lens.iter().all(|n| *n < i32::MAX as usize),
             "seq_lens",
             "sequences under 2^31 tokens",
             self.seq_lens.iter().max().copied().unwrap_or(0),
-        )?;
-        ensure(
+        );
+        ensure!(
             self.page_size > 0,
             "page_size",
             "at least 1",
             self.page_size,
-        )?;
+        );
         self.kv_shape().validate()
     }
 }
