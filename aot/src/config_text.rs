@@ -6,7 +6,7 @@
 //! element types `f16` / `bf16` / `f32`:
 //!
 //! ```text
-//! block_tokens=64,num_warps=2,min_programs_per_sm=14,tensor_cores=false
+//! block_tokens=64,num_warps=2,min_programs_per_sm=14,tensor_cores=false,tiles=1,l2_prefetch=false
 //! ```
 //!
 //! [`ConfigText::to_text`] writes every field that is *chosen*; fields *fixed by the
@@ -41,7 +41,7 @@
 //! use dusk_aot::config_text::ConfigText;
 //! use dusk_kernels::spgemv::SpgemvConfig;
 //! let mut c = SpgemvConfig::new(128, 16, 1, 4);
-//! assert_eq!(c.to_text(), "block_tokens=64,num_warps=2,min_programs_per_sm=14,tensor_cores=false");
+//! assert_eq!(c.to_text(), "block_tokens=64,num_warps=2,min_programs_per_sm=14,tensor_cores=false,tiles=1,l2_prefetch=false");
 //! c.apply_text("block_tokens=128,num_warps=4").unwrap();
 //! assert_eq!((c.block_tokens, c.num_warps, c.min_programs_per_sm), (128, 4, 14));
 //! let err = c.apply_text("block_tokens=128,warps=4").unwrap_err();
@@ -309,6 +309,8 @@ config_text! {
         num_warps: "warps a program (1, 2, 4, 8 or 16)",
         min_programs_per_sm: "programs per SM asked of ptxas, which caps the registers (0: none)",
         tensor_cores: "score on the tensor cores (mma; 4-bit codes, groups of 2 to 8) instead of dp2a",
+        tiles: "tiles of block_tokens a program scores, each step loading the next one's key rows ahead of this one's dot (1: one; more needs tensor_cores)",
+        l2_prefetch: "with tiles > 1: each step brings the next tile's codes into L2",
     ],
 }
 
@@ -389,7 +391,8 @@ mod tests {
     fn writes_every_chosen_field_in_order() {
         assert_eq!(
             spgemv().to_text(),
-            "block_tokens=64,num_warps=2,min_programs_per_sm=0,tensor_cores=true"
+            "block_tokens=64,num_warps=4,min_programs_per_sm=0,tensor_cores=true,tiles=16,\
+             l2_prefetch=true"
         );
         assert_eq!(
             SearchConfig::for_rows(32768, 1).to_text(),
@@ -498,36 +501,36 @@ mod tests {
                 ConfigTextError::NotAPair {
                     family: "spgemv",
                     pair: "tensor_cores".into(),
-                    keys: "block_tokens, num_warps, min_programs_per_sm, tensor_cores".into(),
+                    keys: "block_tokens, num_warps, min_programs_per_sm, tensor_cores, tiles, l2_prefetch".into(),
                 },
-                "`tensor_cores` is not a key=value pair; the keys of the spgemv config are block_tokens, num_warps, min_programs_per_sm, tensor_cores",
+                "`tensor_cores` is not a key=value pair; the keys of the spgemv config are block_tokens, num_warps, min_programs_per_sm, tensor_cores, tiles, l2_prefetch",
             ),
             (
                 "=4",
                 ConfigTextError::NotAPair {
                     family: "spgemv",
                     pair: "=4".into(),
-                    keys: "block_tokens, num_warps, min_programs_per_sm, tensor_cores".into(),
+                    keys: "block_tokens, num_warps, min_programs_per_sm, tensor_cores, tiles, l2_prefetch".into(),
                 },
-                "`=4` is not a key=value pair; the keys of the spgemv config are block_tokens, num_warps, min_programs_per_sm, tensor_cores",
+                "`=4` is not a key=value pair; the keys of the spgemv config are block_tokens, num_warps, min_programs_per_sm, tensor_cores, tiles, l2_prefetch",
             ),
             (
                 "block_tokens=128,warps=4",
                 ConfigTextError::UnknownKey {
                     family: "spgemv",
                     key: "warps".into(),
-                    keys: "block_tokens, num_warps, min_programs_per_sm, tensor_cores".into(),
+                    keys: "block_tokens, num_warps, min_programs_per_sm, tensor_cores, tiles, l2_prefetch".into(),
                 },
-                "unknown key `warps` for the spgemv config; valid keys: block_tokens, num_warps, min_programs_per_sm, tensor_cores",
+                "unknown key `warps` for the spgemv config; valid keys: block_tokens, num_warps, min_programs_per_sm, tensor_cores, tiles, l2_prefetch",
             ),
             (
                 "group=8",
                 ConfigTextError::FixedKey {
                     family: "spgemv",
                     key: "group".into(),
-                    keys: "block_tokens, num_warps, min_programs_per_sm, tensor_cores".into(),
+                    keys: "block_tokens, num_warps, min_programs_per_sm, tensor_cores, tiles, l2_prefetch".into(),
                 },
-                "key `group` is fixed by the shape, not set in the text of the spgemv config; valid keys: block_tokens, num_warps, min_programs_per_sm, tensor_cores",
+                "key `group` is fixed by the shape, not set in the text of the spgemv config; valid keys: block_tokens, num_warps, min_programs_per_sm, tensor_cores, tiles, l2_prefetch",
             ),
             (
                 "num_warps=4,block_tokens=32,num_warps=8",
@@ -596,7 +599,7 @@ mod tests {
     #[test]
     fn keys_help_has_a_line_a_key() {
         let help = SpgemvConfig::keys_help();
-        assert_eq!(help.lines().count(), 4);
+        assert_eq!(help.lines().count(), 6);
         assert!(
             help.starts_with("  block_tokens         candidate tokens"),
             "{help}"
@@ -696,19 +699,24 @@ mod tests {
             (
                 (any::<usize>(), any::<usize>(), any::<usize>(), any::<u32>()),
                 (any::<usize>(), any::<u32>(), any::<u32>(), any::<bool>()),
+                (any::<usize>(), any::<bool>()),
             )
-                .prop_map(|((head_dim, page_size, group, bits), (bt, w, o, tc))| {
-                    SpgemvConfig {
-                        head_dim,
-                        page_size,
-                        group,
-                        bits,
-                        block_tokens: bt,
-                        num_warps: w,
-                        min_programs_per_sm: o,
-                        tensor_cores: tc,
-                    }
-                })
+                .prop_map(
+                    |((head_dim, page_size, group, bits), (bt, w, o, tc), (tiles, l2))| {
+                        SpgemvConfig {
+                            head_dim,
+                            page_size,
+                            group,
+                            bits,
+                            block_tokens: bt,
+                            num_warps: w,
+                            min_programs_per_sm: o,
+                            tensor_cores: tc,
+                            tiles,
+                            l2_prefetch: l2,
+                        }
+                    },
+                )
         }
 
         fn search() -> impl Strategy<Value = SearchConfig> {

@@ -112,9 +112,11 @@ pub fn spgemv_fit(c: &SpgemvConfig) -> Fit {
     let threads = c.num_warps * 32;
     let words = words_per_row(c.head_dim, c.bits) as u32;
     let per_thread = (c.block_tokens as u32 * words).div_ceil(threads);
+    // Several tiles a program hold the next tile's key rows, scales and zeros besides.
+    let ahead = if c.tiles > 1 { per_thread / 2 } else { 0 };
     Fit {
         threads,
-        regs_per_thread: 2 * per_thread + 24,
+        regs_per_thread: 2 * per_thread + ahead + 24,
         smem_bytes: c.num_warps * 8 * 4,
         min_programs_per_sm: c.min_programs_per_sm,
     }

@@ -6,7 +6,7 @@
 //! | `quantize_k4_d128` | [`dusk_kernels::quantize`]: K `[pages, page_size, kv_heads, 128]` f16 (the engine's layout) to the head-major INT4 copy, codes `[pages, kv_heads, page_size, 64]` u8 and scale, zero `[pages, kv_heads, page_size]` f16; 16 rows of the copy a program | `ceil(num_rows / 16)` |
 //! | `spgemv_prepare_q_d128_b4` | query to 15-bit fixed point | `q_rows` |
 //! | `spgemv_quant_dp2a_d128_g1_b4_t64_w2_o14` | SpGEMV over the head-major INT4 copy `quantize_k4_d128` writes, MHA default (`dp2a`) | `rows, ceil(max_row_len / 64)` |
-//! | `spgemv_quant_mma_d128_g4_b4_t64_w2_o0` | SpGEMV, GQA 4 default (tensor cores) | `rows, ceil(max_row_len / 64)` |
+//! | `spgemv_quant_mma_d128_g4_b4_t64_w4_o0_x16_l2` | SpGEMV, GQA 4 default (tensor cores; 16 tiles of 64 tokens a program, the next tile's codes prefetched into L2) | `rows, ceil(max_row_len / 1024)` |
 //! | `threshold_top_p_t2048_g1_w4_h_r_l2` | top-p search, rows of any length (streamed in tiles of 2048 on 4 warps, the weights recomputed from the scores in each pass, L2 prefetches a tile ahead, the first step from a histogram of the weights, a focused row's few candidates from the cut up listed for its compaction; the default beyond 8192 candidates), the kept positions written as one CSR list | `rows` |
 //! | `threshold_top_p_s1024_g1_w2_h_l2` | top-p search, rows up to 8192 candidates (weights staged in shared memory, tiles of 1024 on 2 warps, L2 prefetches a tile ahead, the first step from a histogram; the default there) | `rows` |
 //! | `attn_split_lists_d128_g4_f16` | group varlen attention over token lists, GQA 4 (tensor cores), balanced split, each written piece counted at its row's counter | `programs` |
@@ -42,9 +42,10 @@ fn obj(v: Value) -> Map<String, Value> {
     }
 }
 
-/// The bundle name of a `spgemv_quant` configuration.
+/// The bundle name of a `spgemv_quant` configuration. Programs of several tiles end in
+/// `_x{tiles}` (and `_l2` with `l2_prefetch`); one tile adds nothing.
 pub fn spgemv_name(c: &SpgemvConfig) -> String {
-    format!(
+    let name = format!(
         "spgemv_quant_{}_d{}_g{}_b{}_t{}_w{}_o{}",
         if c.tensor_cores { "mma" } else { "dp2a" },
         c.head_dim,
@@ -53,16 +54,28 @@ pub fn spgemv_name(c: &SpgemvConfig) -> String {
         c.block_tokens,
         c.num_warps,
         c.min_programs_per_sm
-    )
+    );
+    match (c.tiles, c.l2_prefetch) {
+        (1, _) => name,
+        (x, false) => format!("{name}_x{x}"),
+        (x, true) => format!("{name}_x{x}_l2"),
+    }
 }
 
 /// A `spgemv_quant` configuration as JSON (the manifest's `config`, tuning records).
+/// `tiles` and `l2_prefetch` are written only for programs of several tiles, so one-tile
+/// entries are as before.
 pub fn spgemv_config_json(c: &SpgemvConfig) -> Value {
-    json!({
+    let mut v = json!({
         "head_dim": c.head_dim, "page_size": c.page_size, "group": c.group, "bits": c.bits,
         "block_tokens": c.block_tokens, "num_warps": c.num_warps,
         "min_programs_per_sm": c.min_programs_per_sm, "tensor_cores": c.tensor_cores,
-    })
+    });
+    if c.tiles != 1 {
+        v["tiles"] = c.tiles.into();
+        v["l2_prefetch"] = c.l2_prefetch.into();
+    }
+    v
 }
 
 /// The scoring kernel of `cfg` as a bundle entry.
@@ -74,7 +87,7 @@ pub fn spgemv_kernel(cfg: &SpgemvConfig) -> Result<BundleKernel> {
         inputs: vec!["rows".into(), "max_row_len".into()],
         grid: [
             vec![factor("rows", 1)],
-            vec![factor("max_row_len", cfg.block_tokens)],
+            vec![factor("max_row_len", cfg.program_tokens())],
             vec![],
         ],
         config: obj(spgemv_config_json(cfg)),

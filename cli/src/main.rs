@@ -20,7 +20,7 @@ use std::process::ExitCode;
 ///   dusk list                              the stock kernels (--all: every config)
 ///   dusk compile --out my-bundle           the stock kernels, for sm_90a
 ///   dusk compile --all --out all-bundle    every bundleable config
-///   dusk compile spgemv_quant_mma_d128_g4_b4_t64_w2_o0 --emit ir,ptx --out dump
+///   dusk compile spgemv_quant_mma_d128_g4_b4_t64_w4_o0_x16_l2 --emit ir,ptx --out dump
 ///   dusk inspect                           registers, shared memory, spills (ptxas)
 ///   dusk tune spgemv --shape batch=32,heads=32/8,context=32768   (on a GPU)
 ///   dusk tune spgemv --interpreter --shape batch=1,heads=8/2,context=256   (no GPU)

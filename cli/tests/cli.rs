@@ -102,7 +102,7 @@ fn compile_writes_the_committed_bundle_and_stages() {
         .unwrap()
         .contains("kernel @quantize_k4"));
     assert!(out_dir
-        .join("stages/spgemv_quant_mma_d128_g4_b4_t64_w2_o0.ll")
+        .join("stages/spgemv_quant_mma_d128_g4_b4_t64_w4_o0_x16_l2.ll")
         .exists());
     // A second run reads every kernel from the disk cache.
     let again = dusk(&["compile", "--out", o], &cache);
@@ -201,7 +201,7 @@ fn the_interpreter_tunes_a_tiny_shape_and_writes_no_tuning_cache() {
     );
     assert!(text.contains("<- best"), "{text}");
     // Progress, one line a config (stderr is not a terminal here).
-    assert!(err.contains("  8/8 configs, "), "{err}");
+    assert!(err.contains("  13/13 configs, "), "{err}");
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&results).unwrap()).unwrap();
     assert_eq!(json["backend"], "interpreter");

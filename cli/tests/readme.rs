@@ -89,7 +89,7 @@ fn every_readme_line_runs_as_written() {
     }
     assert!(dir.join("my-bundle/manifest.json").exists());
     assert!(dir
-        .join("dump/stages/spgemv_quant_mma_d128_g4_b4_t64_w2_o0.ptx")
+        .join("dump/stages/spgemv_quant_mma_d128_g4_b4_t64_w4_o0_x16_l2.ptx")
         .exists());
     assert!(
         !dir.join("cache/tuning.json").exists(),

@@ -77,7 +77,7 @@ static double score(CUstream stream, int q_heads, CUdeviceptr dk_packed, CUdevic
     cuMemFree(qpack); cuMemFree(qscale); cuMemFree(qsum);
   } else {
     /* GQA 4: the tensor cores read the f16 query directly. */
-    DUSK(dusk_spgemv_quant_mma_d128_g4_b4_t64_w2_o0(
+    DUSK(dusk_spgemv_quant_mma_d128_g4_b4_t64_w4_o0_x16_l2(
         stream, dq, dk_packed, dk_scale, dk_zero, dindptr, dpages, dcand_indptr, dcand,
         dscores, KV_HEADS, rows, max_len));
     CU(cuStreamSynchronize(stream));

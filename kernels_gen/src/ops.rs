@@ -301,7 +301,9 @@ impl SpgemvPlan {
     }
 
     /// As [`SpgemvPlan::new`], with `tune` changing the default [`SpgemvConfig`] (tiling,
-    /// occupancy request, tensor cores) before it is checked and compiled.
+    /// occupancy request, tensor cores) before it is checked and compiled. On a GPU the
+    /// default it is given has its tiles fitted to the candidates' grid
+    /// ([`SpgemvConfig::fit_grid`]).
     pub fn with_config(
         dusk: &Dusk,
         kv: KvShape,
@@ -392,7 +394,16 @@ impl SpgemvPlan {
             "fewer than 2^31 scores",
             num_scores,
         );
+        let rows = indptr.len() - 1;
+        let longest = indptr
+            .windows(2)
+            .map(|w| (w[1] - w[0]) as usize)
+            .max()
+            .unwrap_or(0);
         let mut cfg = SpgemvConfig::new(kv.head_dim, kv.page_size, group, bits);
+        if let Some(sms) = dusk.device().num_sms() {
+            cfg = cfg.fit_grid(rows, longest, sms as usize);
+        }
         tune(&mut cfg);
         let (tokens, warps) = (cfg.block_tokens, cfg.num_warps);
         ensure!(
@@ -406,6 +417,18 @@ impl SpgemvPlan {
             "num_warps",
             "1, 2, 4, 8 or 16",
             warps,
+        );
+        ensure!(
+            (1..=64).contains(&cfg.tiles) && (cfg.tiles == 1 || cfg.tensor_cores),
+            "tiles",
+            "1 to 64, more than 1 only with tensor_cores",
+            format!("{} (tensor_cores: {})", cfg.tiles, cfg.tensor_cores),
+        );
+        ensure!(
+            !cfg.l2_prefetch || cfg.tiles > 1,
+            "l2_prefetch",
+            "false with one tile a program (nothing comes after it to prefetch)",
+            format!("{} (tiles: {})", cfg.l2_prefetch, cfg.tiles),
         );
         if cfg.tensor_cores {
             ensure!(
@@ -450,17 +473,12 @@ impl SpgemvPlan {
                 qsum: dev.alloc(q_rows)?,
             })
         };
-        let rows = indptr.len() - 1;
-        let longest = indptr
-            .windows(2)
-            .map(|w| (w[1] - w[0]) as usize)
-            .max()
-            .unwrap_or(0);
-        let tiles = longest.div_ceil(cfg.block_tokens).max(1);
+        // A program scores `tiles` tiles of `block_tokens` candidates.
+        let programs = longest.div_ceil(cfg.program_tokens()).max(1);
         ensure!(
-            rows <= i32::MAX as usize && tiles <= 65535,
+            rows <= i32::MAX as usize && programs <= 65535,
             "cand",
-            "at most 65535 * block_tokens tokens per row",
+            "at most 65535 * block_tokens * tiles tokens per row",
             longest,
         );
         Ok(SpgemvPlan {
@@ -477,7 +495,7 @@ impl SpgemvPlan {
             cand_indices: indices.map(|ix| dev.upload(ix)).transpose()?,
             nnz,
             num_scores,
-            grid: [rows as u32, tiles as u32, 1],
+            grid: [rows as u32, programs as u32, 1],
         })
     }
 

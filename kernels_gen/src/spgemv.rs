@@ -10,10 +10,14 @@
 //! error near 1.5e-5) and packs pairs of `q16` to match the codes' byte order; the scoring
 //! kernel then does two multiply-adds per `dp2a` instruction, exactly, in i32. This moves the
 //! work per 4-bit code from about five float instructions to under one. For GQA groups of 2
-//! to 8 with 4-bit codes, [`spgemv_quant_mma`] scores on the tensor cores instead.
+//! to 8 with 4-bit codes, [`spgemv_quant_mma_tiles`] scores on the tensor cores instead, by
+//! default: each program walks 16 tiles of 64 candidates, every step loading the next
+//! tile's page entries, scales and zeros and prefetching its codes into L2 while this
+//! tile's codes are scored, so the chain position -> page -> codes is paid once a program
+//! and each step waits on L2 ([`spgemv_quant_mma`] is its one-tile form).
 //!
-//! All three are written in the kernel language (`#[kernel]`); the two scorers share the
-//! candidate -> page -> key row addressing (the helper `key_rows`) and the code loads
+//! All are written in the kernel language (`#[kernel]`); the scorers share the candidate ->
+//! page -> key row addressing (the helpers `key_rows` and `page_rows`) and the code loads
 //! (`key_codes`), which they inline.
 //! [`build`] picks the constant-generic specialisation for a [`SpgemvConfig`].
 //!
@@ -34,9 +38,9 @@ use dusk_macros::kernel;
 /// Compile-time choices of `spgemv_quant`. Each is a constant of the kernel; the
 /// combinations compiled into this crate ([`specialised`]) are, for pages of 16 tokens: the
 /// defaults ([`SpgemvConfig::new`]) for head_dim 64, 128 and 256, 4 and 8 bits and groups of
-/// 1 to 16 (and the same tiling on `dp2a` where the default is the tensor cores); for
-/// head_dim 128 and 4-bit codes, the tilings the benchmark sweeps
-/// (`benches/src/bin/gpu_check/spgemv.rs`).
+/// 1 to 16 (and [`SpgemvConfig::dp2a`] where the default is the tensor cores, and the tilings
+/// [`SpgemvConfig::fit_grid`] turns it into); for head_dim 128 and 4-bit codes, the tilings
+/// the benchmark sweeps (`benches/src/bin/gpu_check/spgemv.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SpgemvConfig {
     pub head_dim: usize,
@@ -52,16 +56,42 @@ pub struct SpgemvConfig {
     /// Score on the tensor cores (`mma`, q in f16, exact products) instead of `dp2a` (q in
     /// 15-bit fixed point). Needs 4-bit codes and a group of 2 to 8 query heads.
     pub tensor_cores: bool,
+    /// Tiles of `block_tokens` candidates a program scores one after the other (1: one,
+    /// [`spgemv_quant_mma`]; more: [`spgemv_quant_mma_tiles`], tensor cores only), each
+    /// step fetching the next tile's key rows, scales and zeros ahead of this one's dot; the
+    /// grid's second axis is `ceil(max_row_len / (block_tokens * tiles))`.
+    pub tiles: usize,
+    /// With `tiles` > 1: the next tile's codes brought into L2 a step early
+    /// (`prefetch_l2`, no registers held), so each step's code loads wait on L2, not DRAM.
+    pub l2_prefetch: bool,
 }
 
 impl SpgemvConfig {
     /// The defaults, from the tilings swept on an H100 (GQA 32/8 and MHA 32/32, 32k context,
-    /// batch 32; BENCHMARKS.md lists the others): 64 tokens per program on 2 warps; the tensor
-    /// cores for 4-bit codes and groups of 2 to 8 query heads; otherwise `dp2a`, with 14
-    /// programs per SM asked of ptxas where that leaves enough registers (4-bit codes,
-    /// head_dim up to 128; wider rows would spill).
+    /// batch 32; benches/NOTES.md lists the others): for 4-bit codes and groups of 2 to 8
+    /// query heads, the tensor cores, 16 tiles of 64 tokens a program on 4 warps with the
+    /// next tile's codes prefetched into L2 ([`spgemv_quant_mma_tiles`]; measured at
+    /// head_dim 128, the same tiling for 64 and 256); otherwise [`SpgemvConfig::dp2a`].
     pub fn new(head_dim: usize, page_size: usize, group: usize, bits: u32) -> Self {
-        let tensor_cores = bits == 4 && (2..=8).contains(&group);
+        if bits == 4 && (2..=8).contains(&group) {
+            SpgemvConfig {
+                num_warps: 4,
+                min_programs_per_sm: 0,
+                tensor_cores: true,
+                tiles: 16,
+                l2_prefetch: true,
+                ..Self::dp2a(head_dim, page_size, group, bits)
+            }
+        } else {
+            Self::dp2a(head_dim, page_size, group, bits)
+        }
+    }
+
+    /// The default on `dp2a` (the tensor cores off): 64 tokens per program on 2 warps, one
+    /// tile, with 14 programs per SM asked of ptxas where that leaves enough registers
+    /// (4-bit codes, head_dim up to 128 and groups of 1 or 16; wider rows would spill).
+    pub fn dp2a(head_dim: usize, page_size: usize, group: usize, bits: u32) -> Self {
+        let occupancy = bits == 4 && head_dim <= 128 && !(2..=8).contains(&group);
         SpgemvConfig {
             head_dim,
             page_size,
@@ -69,13 +99,45 @@ impl SpgemvConfig {
             bits,
             block_tokens: 64,
             num_warps: 2,
-            min_programs_per_sm: if !tensor_cores && bits == 4 && head_dim <= 128 {
-                14
-            } else {
-                0
-            },
-            tensor_cores,
+            min_programs_per_sm: if occupancy { 14 } else { 0 },
+            tensor_cores: false,
+            tiles: 1,
+            l2_prefetch: false,
         }
+    }
+
+    /// The default's tiles fitted to a grid of `rows` candidate rows of at most `longest`
+    /// candidates on a GPU of `sms` multiprocessors: the most tiles a program (16, then 8)
+    /// that still leave half a wave of programs (4 an SM), else one tile of 64 tokens on 2
+    /// warps ([`spgemv_quant_mma`]), so that short or few rows still fill the GPU. Measured
+    /// on an H100 (benches/NOTES.md), each choice the fastest of its shape: 16 tiles at
+    /// batch 32 and 32k (8192 programs for all tokens, 2048 for a quarter of the pages) and
+    /// at batch 1 and 131k (1024), 8 tiles at batch 8 and 8k (1024), one tile for a quarter
+    /// of those pages (2048; 16 tiles would leave 128 programs). Configurations other than
+    /// the several-tile default are returned as they are.
+    pub fn fit_grid(self, rows: usize, longest: usize, sms: usize) -> Self {
+        if !self.tensor_cores || self.tiles == 1 {
+            return self;
+        }
+        let programs = |c: &SpgemvConfig| rows * longest.div_ceil(c.program_tokens()).max(1);
+        let mut c = self;
+        while c.tiles > 8 && programs(&c) < 4 * sms {
+            c.tiles /= 2;
+        }
+        if programs(&c) >= 4 * sms {
+            return c;
+        }
+        SpgemvConfig {
+            num_warps: 2,
+            tiles: 1,
+            l2_prefetch: false,
+            ..self
+        }
+    }
+
+    /// Candidate tokens one program scores: `block_tokens * tiles`.
+    pub fn program_tokens(&self) -> usize {
+        self.block_tokens * self.tiles
     }
 }
 
@@ -141,10 +203,7 @@ fn q16(x: Block<f32>, inv: f32) -> Block<i32> {
 
 /// The key row of the quantized copy (head-major: `(page * num_kv_heads + head) * PAGE +
 /// slot`) of each candidate `start + j` of a row: candidate -> token position -> the
-/// sequence's page -> the physical page. Masked-off candidates read nothing and get a row
-/// of page 0, and so does a position outside the sequence's pages (negative, or past its
-/// last page): lists a previous stage wrote on the device are not checked on the host, and
-/// a bad position must give a wrong score, never a read outside the cache.
+/// sequence's page -> the physical page ([`page_rows`]).
 #[kernel(crate = "crate::dusk_paths")]
 #[allow(clippy::too_many_arguments)]
 fn key_rows<const PAGE: usize>(
@@ -158,16 +217,43 @@ fn key_rows<const PAGE: usize>(
     valid: Block<bool>,
     num_kv_heads: i32,
 ) -> Block<i64> {
-    let p = cand_indices + (start + j);
-    let zero = 0i32;
-    let pos = load(p, valid, zero);
+    let pos = load(cand_indices + (start + j), valid, 0i32);
     let first_page = load(kv_indptr + batch);
+    let end_page = load(kv_indptr + (batch + 1));
+    page_rows::<PAGE>(
+        kv_page_indices,
+        first_page,
+        end_page,
+        head,
+        pos,
+        valid,
+        num_kv_heads,
+    )
+}
+
+/// The key rows of token positions `pos` of a sequence whose pages are
+/// `kv_page_indices[first_page..end_page]`. Masked-off candidates read nothing and get a row
+/// of page 0, and so does a position outside the sequence's pages (negative, or past its
+/// last page): lists a previous stage wrote on the device are not checked on the host, and
+/// a bad position must give a wrong score, never a read outside the cache.
+#[kernel(crate = "crate::dusk_paths")]
+#[allow(clippy::too_many_arguments)]
+fn page_rows<const PAGE: usize>(
+    kv_page_indices: Ptr<i32>,
+    first_page: i32,
+    end_page: i32,
+    head: i32,
+    pos: Block<i32>,
+    valid: Block<bool>,
+    num_kv_heads: i32,
+) -> Block<i64> {
+    let zero = 0i32;
     let ps = PAGE as i32;
     let page_in_seq = pos / ps;
     let slot = pos % ps;
     // Device-written positions are checked here: one outside the sequence's pages reads
     // no page id and gets page 0's row (slot 0 when negative).
-    let ok = valid & (pos >= 0) & (first_page + page_in_seq < load(kv_indptr + (batch + 1)));
+    let ok = valid & (pos >= 0) & (first_page + page_in_seq < end_page);
     let page = load(kv_page_indices + (first_page + page_in_seq), ok, zero);
     let slot = where_(pos >= 0, slot, zero);
     // The first row of the (page, head) block, then the slot. This order of the arithmetic
@@ -365,6 +451,124 @@ pub fn spgemv_quant_mma<
     }
 }
 
+/// [`spgemv_quant_mma`] over `TILES` consecutive tiles of `TOKENS` candidates a program,
+/// software-pipelined without holding a second tile's codes: the group's q is loaded once,
+/// and while a step's codes are in flight it loads the positions of the tile after next
+/// and the next tile's page entries, scales and zeros (carried to the next step), so each
+/// step waits on its codes alone rather than on the chain position -> page -> codes. With
+/// `L2` the next tile's codes are also brought into L2 (`prefetch_l2`, no registers held).
+/// Candidates past the row's end or past the program's `TILES * TOKENS` are masked off:
+/// they read and write nothing. Parameters as [`spgemv_quant_mma`]. Grid: `(batch *
+/// kv_heads, ceil(max_row / (TOKENS * TILES)))`.
+#[kernel(crate = "crate::dusk_paths", num_warps = WARPS, min_programs_per_sm = PROGRAMS)]
+#[allow(clippy::too_many_arguments)]
+pub fn spgemv_quant_mma_tiles<
+    const D: usize,
+    const PAGE: usize,
+    const GROUP: usize,
+    const TOKENS: usize,
+    const WARPS: usize,
+    const PROGRAMS: usize,
+    const TILES: usize,
+    const L2: bool,
+>(
+    q: Ptr<f16>,
+    k_packed: Ptr<u8>,
+    k_scale: Ptr<f16>,
+    k_zero: Ptr<f16>,
+    kv_indptr: Ptr<i32>,
+    kv_page_indices: Ptr<i32>,
+    cand_indptr: Ptr<i32>,
+    cand_indices: Ptr<i32>,
+    scores: Ptr<f32>,
+    num_kv_heads: i32,
+) {
+    let row = program_id(0);
+    let batch = row / num_kv_heads;
+    let head = row % num_kv_heads;
+    let start = load(cand_indptr + row);
+    let n = load(cand_indptr + (row + 1)) - start;
+    let t0 = program_id(1) * (TOKENS * TILES);
+    if t0 < n {
+        // This program's candidates are t0..end: `steps` tiles of them (1 to TILES).
+        let end = minimum(n, t0 + TOKENS * TILES);
+        let steps = (end - t0 + (TOKENS - 1)) / TOKENS;
+        let first_page = load(kv_indptr + batch);
+        let end_page = load(kv_indptr + (batch + 1));
+        // Tile 0's key rows, scales and zeros and tile 1's positions; each step then loads
+        // the next ones.
+        let j = t0 + arange(0, TOKENS);
+        let valid = j < end;
+        let pos = load(cand_indices + (start + j), valid, 0i32);
+        let j1 = j + TOKENS;
+        let mut pos_next = load(cand_indices + (start + j1), j1 < end, 0i32);
+        let mut krow = page_rows::<PAGE>(
+            kv_page_indices,
+            first_page,
+            end_page,
+            head,
+            pos,
+            valid,
+            num_kv_heads,
+        );
+        let mut scale = load(k_scale + krow, valid);
+        let mut zero = load(k_zero + krow, valid);
+        let group = GROUP as i32;
+        let heads = arange(0, 8);
+        let head_ok = heads < group;
+        let qrow = batch * (num_kv_heads * GROUP) + head * GROUP;
+        let rows = ((qrow + heads) as i64) * D;
+        let dims = arange(0, D) as i64;
+        let offs = expand(rows, 1, D) + expand(dims, 0, 8);
+        let qv = load(q + offs, expand(head_ok, 1, D));
+        let qsum = expand(sum(qv as f32, 1), 0, TOKENS);
+        for t in 0..steps {
+            let j = t0 + t * TOKENS + arange(0, TOKENS);
+            let valid = j < end;
+            let codes = key_codes::<D, 4, TOKENS>(k_packed, krow, valid);
+            let j2 = j + 2 * TOKENS;
+            let pos_after = load(cand_indices + (start + j2), j2 < end, 0i32);
+            let jn = j + TOKENS;
+            let valid_n = jn < end;
+            let krow_n = page_rows::<PAGE>(
+                kv_page_indices,
+                first_page,
+                end_page,
+                head,
+                pos_next,
+                valid_n,
+                num_kv_heads,
+            );
+            let scale_n = load(k_scale + krow_n, valid_n);
+            let zero_n = load(k_zero + krow_n, valid_n);
+            if L2 {
+                // The 128-byte line of each next row's codes (rows of D / 2 bytes; a page's
+                // block of 16 rows is whole lines, so the line lies inside the cache).
+                let line_rows = 256 / D;
+                let first = krow_n - krow_n % line_rows;
+                prefetch_l2(ptr_cast::<i32>(k_packed) + first * (D / 8), 128, valid_n);
+            }
+            let dot = dot_int4(codes, qv);
+            let s = dot * expand(scale as f32, 1, 8) + expand(zero as f32, 1, 8) * qsum;
+            // scores[start * GROUP + head * n + j], as in `spgemv_quant_mma`.
+            let heads = arange(0, 8);
+            let head_ok = heads < group;
+            let jj = start * GROUP + j;
+            let hn = heads * n;
+            let oi = expand(jj, 1, 8) + expand(hn, 0, TOKENS);
+            store(
+                scores + oi,
+                s,
+                expand(valid, 1, 8) & expand(head_ok, 0, TOKENS),
+            );
+            krow = krow_n;
+            scale = scale_n;
+            zero = zero_n;
+            pos_next = pos_after;
+        }
+    }
+}
+
 /// The preparation kernel for `cfg`'s head_dim (64, 128 or 256) and bits (4 or 8).
 pub fn build_prepare_q(cfg: &SpgemvConfig) -> Result<Kernel, CompileError> {
     match (cfg.head_dim, cfg.bits) {
@@ -409,16 +613,18 @@ type Build = fn() -> Result<Kernel, CompileError>;
 macro_rules! specialisations {
     (
         dp2a: [$(($d:literal, $b:literal; $t:literal, $w:literal, $o:literal; $($g:literal)*)),* $(,)?],
-        mma: [$(($md:literal; $mt:literal, $mw:literal, $mo:literal; $($mg:literal)*)),* $(,)?] $(,)?
+        mma: [$(($md:literal; $mt:literal, $mw:literal, $mo:literal; $($mg:literal)*)),* $(,)?],
+        mma_tiles: [$(($xd:literal; $xt:literal, $xw:literal, $xo:literal, $xx:literal, $xl:literal; $($xg:literal)*)),* $(,)?] $(,)?
     ) => {
         fn specialisation(cfg: &SpgemvConfig) -> Option<Build> {
             if cfg.page_size != 16 {
                 return None;
             }
             let c = cfg;
-            Some(match (c.tensor_cores, c.head_dim, c.bits, c.group, c.block_tokens, c.num_warps, c.min_programs_per_sm) {
-                $($((false, $d, $b, $g, $t, $w, $o) => spgemv_quant_dp2a::build::<$d, 16, $g, $b, $t, $w, $o> as Build,)*)*
-                $($((true, $md, 4, $mg, $mt, $mw, $mo) => spgemv_quant_mma::build::<$md, 16, $mg, $mt, $mw, $mo> as Build,)*)*
+            Some(match (c.tensor_cores, c.head_dim, c.bits, c.group, c.block_tokens, c.num_warps, c.min_programs_per_sm, c.tiles, c.l2_prefetch) {
+                $($((false, $d, $b, $g, $t, $w, $o, 1, false) => spgemv_quant_dp2a::build::<$d, 16, $g, $b, $t, $w, $o> as Build,)*)*
+                $($((true, $md, 4, $mg, $mt, $mw, $mo, 1, false) => spgemv_quant_mma::build::<$md, 16, $mg, $mt, $mw, $mo> as Build,)*)*
+                $($((true, $xd, 4, $xg, $xt, $xw, $xo, $xx, $xl) => spgemv_quant_mma_tiles::build::<$xd, 16, $xg, $xt, $xw, $xo, $xx, $xl> as Build,)*)*
                 _ => return None,
             })
         }
@@ -429,11 +635,18 @@ macro_rules! specialisations {
             vec![
                 $($(SpgemvConfig {
                     head_dim: $d, page_size: 16, group: $g, bits: $b, block_tokens: $t,
-                    num_warps: $w, min_programs_per_sm: $o, tensor_cores: false,
+                    num_warps: $w, min_programs_per_sm: $o, tensor_cores: false, tiles: 1,
+                    l2_prefetch: false,
                 },)*)*
                 $($(SpgemvConfig {
                     head_dim: $md, page_size: 16, group: $mg, bits: 4, block_tokens: $mt,
-                    num_warps: $mw, min_programs_per_sm: $mo, tensor_cores: true,
+                    num_warps: $mw, min_programs_per_sm: $mo, tensor_cores: true, tiles: 1,
+                    l2_prefetch: false,
+                },)*)*
+                $($(SpgemvConfig {
+                    head_dim: $xd, page_size: 16, group: $xg, bits: 4, block_tokens: $xt,
+                    num_warps: $xw, min_programs_per_sm: $xo, tensor_cores: true, tiles: $xx,
+                    l2_prefetch: $xl,
                 },)*)*
             ]
         }
@@ -442,8 +655,8 @@ macro_rules! specialisations {
 
 specialisations! {
     dp2a: [
-        // The defaults; for groups of 2 to 8 with 4-bit codes, the tensor cores' tiling
-        // when they are turned off.
+        // The defaults ([`SpgemvConfig::dp2a`]; for groups of 2 to 8 with 4-bit codes, the
+        // tensor cores turned off).
         (64, 4; 64, 2, 14; 1 16),
         (64, 4; 64, 2, 0; 2 4 8),
         (128, 4; 64, 2, 14; 1 16),
@@ -458,11 +671,26 @@ specialisations! {
         (128, 4; 32, 1, 0; 1 2 4 8 16),
         (128, 4; 128, 4, 6; 1 2 4 8 16),
     ],
+    // One tile a program (the default on the smallest grids, `SpgemvConfig::fit_grid`), and
+    // the benchmark's other tilings.
     mma: [
         (64; 64, 2, 0; 2 4 8),
         (128; 64, 2, 0; 2 4 8),
         (256; 64, 2, 0; 2 4 8),
         (128; 128, 4, 0; 2 4 8),
         (128; 64, 4, 0; 2 4 8),
+    ],
+    // Several tiles a program: the defaults (16 tiles, 8 on small grids:
+    // `SpgemvConfig::fit_grid`), then the benchmark's other tilings.
+    mma_tiles: [
+        (64; 64, 4, 0, 16, true; 2 4 8),
+        (128; 64, 4, 0, 16, true; 2 4 8),
+        (256; 64, 4, 0, 16, true; 2 4 8),
+        (64; 64, 4, 0, 8, true; 2 4 8),
+        (128; 64, 4, 0, 8, true; 2 4 8),
+        (256; 64, 4, 0, 8, true; 2 4 8),
+        (128; 64, 4, 0, 32, true; 2 4 8),
+        (128; 64, 4, 0, 16, false; 2 4 8),
+        (128; 32, 2, 0, 16, true; 2 4 8),
     ],
 }

@@ -4,6 +4,7 @@
 
 use dusk_kernels::ops::{Dusk, QuantizedK, SpgemvPlan};
 use dusk_kernels::paged::{KvShape, PageTable, TokenLists};
+use dusk_kernels::spgemv::{self, SpgemvConfig};
 use dusk_kernels::{reference, DuskError};
 use dusk_runtime::Device;
 use half::f16;
@@ -63,6 +64,34 @@ fn check_with(
     page_frac: Option<f64>,
     tensor_cores: bool,
 ) {
+    check_tuned(
+        seed,
+        seq_lens,
+        kv_heads,
+        group,
+        bits,
+        head_dim,
+        page_frac,
+        |c| {
+            if !tensor_cores {
+                *c = SpgemvConfig::dp2a(c.head_dim, c.page_size, c.group, c.bits)
+            }
+        },
+    )
+}
+
+/// As `check`, with `tune` choosing the scoring kernel's configuration.
+#[allow(clippy::too_many_arguments)]
+fn check_tuned(
+    seed: u64,
+    seq_lens: &[usize],
+    kv_heads: usize,
+    group: usize,
+    bits: u32,
+    head_dim: usize,
+    page_frac: Option<f64>,
+    tune: impl FnOnce(&mut SpgemvConfig),
+) {
     let mut rng = SmallRng::seed_from_u64(seed);
     let dusk = Dusk::new(Device::cpu()).unwrap();
     let dev = dusk.device();
@@ -120,10 +149,7 @@ fn check_with(
     let q_heads = kv_heads * group;
     let q_host = random_f16(&mut rng, table.batch() * q_heads * head_dim);
     let q = dev.upload(&q_host).unwrap();
-    let plan = SpgemvPlan::with_config(&dusk, kv, q_heads, bits, &table, &cand, |c| {
-        c.tensor_cores = tensor_cores
-    })
-    .unwrap();
+    let plan = SpgemvPlan::with_config(&dusk, kv, q_heads, bits, &table, &cand, tune).unwrap();
     let mut scores = dev.upload(&vec![f32::NAN; plan.num_scores()]).unwrap();
     plan.run(&dusk, &q, &qk, &mut scores).unwrap();
     let got_s = scores.download().unwrap();
@@ -238,9 +264,12 @@ fn spgemv_reads_the_head_major_copy() {
         let q_heads = 2 * group;
         let q = dev.upload(&vec![f16::ONE; 2 * q_heads * 64]).unwrap();
         let plan = SpgemvPlan::with_config(&dusk, kv, q_heads, 4, &table, &cand, |c| {
-            c.tensor_cores = tensor_cores
+            if !tensor_cores {
+                *c = SpgemvConfig::dp2a(64, 16, group, 4)
+            }
         })
         .unwrap();
+        assert_eq!(plan.config().tensor_cores, tensor_cores);
         let mut scores = dev.upload(&vec![f32::NAN; plan.num_scores()]).unwrap();
         plan.run(&dusk, &q, &qk, &mut scores).unwrap();
         let scores = scores.download().unwrap();
@@ -282,6 +311,99 @@ fn tensor_core_scoring() {
     check_with(7, &[37, 16, 5], 2, 4, 4, 128, None, true);
     check_with(8, &[70, 1], 1, 8, 4, 64, Some(0.5), true);
     check_with(9, &[100], 2, 2, 4, 256, None, true);
+}
+
+/// Every specialisation of several tiles a program (`spgemv_quant_mma_tiles`, with and
+/// without the L2 prefetch) against the reference: rows shorter than one tile, rows ending
+/// inside a program's first or a later tile (so programs whose later tiles lie past the
+/// row's end), and random page selections; outputs poisoned with NaN. The interpreter
+/// checks that every load and prefetch stays inside its buffer.
+#[test]
+fn tensor_core_scoring_several_tiles_a_program() {
+    let configs: Vec<SpgemvConfig> = spgemv::specialised_configs()
+        .into_iter()
+        .filter(|c| c.tiles > 1)
+        .collect();
+    assert!(configs.iter().any(|c| c.l2_prefetch), "{configs:?}");
+    for (i, cfg) in configs.iter().enumerate() {
+        let seed = 100 + 2 * i as u64;
+        let per_program = cfg.program_tokens();
+        let lens = [
+            1,
+            40,
+            per_program + 37,
+            2 * per_program + 3 * cfg.block_tokens + 5,
+        ];
+        let tune = |c: &mut SpgemvConfig| *c = *cfg;
+        check_tuned(seed, &lens, 2, cfg.group, 4, cfg.head_dim, None, tune);
+        check_tuned(
+            seed + 1,
+            &lens[1..],
+            1,
+            cfg.group,
+            4,
+            cfg.head_dim,
+            Some(0.4),
+            tune,
+        );
+    }
+}
+
+/// The default's tiles follow the grid (`SpgemvConfig::fit_grid`), on the shapes measured on
+/// an H100 (132 SMs): 16 tiles where 16 leave half a wave of programs, then 8, else one tile
+/// on 2 warps; every configuration it can choose is compiled in; other configurations are
+/// left alone.
+#[test]
+fn the_default_tiles_follow_the_grid() {
+    let fit = |rows: usize, longest: usize| {
+        let c = SpgemvConfig::new(128, 16, 4, 4).fit_grid(rows, longest, 132);
+        (c.tiles, c.num_warps, c.l2_prefetch)
+    };
+    assert_eq!(fit(32 * 8, 32768), (16, 4, true));
+    assert_eq!(fit(32 * 8, 8192), (16, 4, true));
+    assert_eq!(fit(8, 131072), (16, 4, true));
+    assert_eq!(fit(8 * 8, 8192), (8, 4, true));
+    assert_eq!(fit(8 * 8, 2048), (1, 2, false));
+    assert_eq!(fit(1, 1), (1, 2, false));
+    for head_dim in [64, 128, 256] {
+        for group in [2, 4, 8] {
+            for (rows, longest) in [(1, 1), (64, 8192), (256, 32768)] {
+                let c = SpgemvConfig::new(head_dim, 16, group, 4).fit_grid(rows, longest, 132);
+                assert!(spgemv::specialised(&c), "{c:?}");
+            }
+        }
+    }
+    let mha = SpgemvConfig::new(128, 16, 1, 4);
+    assert_eq!(mha.fit_grid(1, 1, 132), mha);
+    let mut one = SpgemvConfig::new(128, 16, 4, 4);
+    one.tiles = 1;
+    one.l2_prefetch = false;
+    assert_eq!(one.fit_grid(1, 1, 132), one);
+}
+
+/// Several tiles a program need the tensor cores, and the L2 prefetch needs several tiles.
+#[test]
+fn several_tiles_need_the_tensor_cores_and_the_prefetch_several_tiles() {
+    let (dusk, kv, table, _) = small_setup();
+    let cand = TokenLists::all_tokens(&table, 16, 2);
+    let e = SpgemvPlan::with_config(&dusk, kv, 8, 4, &table, &cand, |c| {
+        c.tensor_cores = false;
+        c.tiles = 2;
+    })
+    .err()
+    .unwrap();
+    assert_eq!(arg_of(e), "tiles");
+    let e = SpgemvPlan::with_config(&dusk, kv, 8, 4, &table, &cand, |c| c.tiles = 0)
+        .err()
+        .unwrap();
+    assert_eq!(arg_of(e), "tiles");
+    let e = SpgemvPlan::with_config(&dusk, kv, 8, 4, &table, &cand, |c| {
+        c.tiles = 1;
+        c.l2_prefetch = true;
+    })
+    .err()
+    .unwrap();
+    assert_eq!(arg_of(e), "l2_prefetch");
 }
 
 #[test]

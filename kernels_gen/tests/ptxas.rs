@@ -70,9 +70,10 @@ fn stock_kernels() -> Vec<Kernel> {
         ks.extend([build_kv(d), build_plant(d), build_query(d)].map(Result::unwrap));
     }
     ks.push(dusk_kernels::pipeline::fallback::dense_fallback_lists::build::<1024>().unwrap());
-    // Every configuration the tuner and the benchmark can choose, at head_dim 128.
+    // Every configuration the tuner and the benchmark can choose, at head_dim 128, and the
+    // several-tile ones the plans' default may take at every head_dim.
     for cfg in spgemv::specialised_configs() {
-        if cfg.head_dim == 128 && cfg.bits == 4 {
+        if (cfg.head_dim == 128 && cfg.bits == 4) || cfg.tiles > 1 {
             ks.push(spgemv::build(&cfg).unwrap());
         }
     }

@@ -1119,6 +1119,22 @@ impl Lower {
                     span,
                 });
             }
+            Builtin::PrefetchL2 => {
+                let p = val!(0);
+                let bytes = self.const_int(&args[1], "`prefetch_l2`'s bytes", out)?;
+                let m = if args.len() == 3 {
+                    let m = val!(2);
+                    quote_spanned!(span=> ::core::option::Option::Some(#m))
+                } else {
+                    quote_spanned!(span=> ::core::option::Option::None)
+                };
+                out.extend(quote_spanned!(span=> #rt::prefetch_l2(#b, #p, #m, #bytes as u32);));
+                return Ok(Gen {
+                    kind: Kind::Unit,
+                    ts: quote!(()),
+                    span,
+                });
+            }
             Builtin::Bitcast => {
                 let d = dtype(ty.expect("bitcast has a type"));
                 let x = val!(0);

@@ -27,6 +27,17 @@ pub fn module() -> TokenStream {
                 }
             }
 
+            /// `prefetch_l2`: the bytes at each pointer brought into L2.
+            #[track_caller]
+            pub(super) fn prefetch_l2(
+                b: &mut KernelBuilder,
+                ptr: Value,
+                mask: ::core::option::Option<Value>,
+                bytes: u32,
+            ) {
+                b.prefetch(ptr, mask, bytes, __dusk::compiler::CacheLevel::L2);
+            }
+
             /// An integer as a constant of type `d` (`as` semantics).
             #[track_caller]
             pub(super) fn int_const(b: &mut KernelBuilder, d: DType, v: i64) -> Value {

@@ -284,4 +284,5 @@ pub enum Builtin {
     Cumsum,
     Bitcast,
     Barrier,
+    PrefetchL2,
 }

@@ -390,6 +390,20 @@ pub const BUILTINS: &[Spec] = &[
               each other.",
     },
     Spec {
+        func: Builtin::PrefetchL2,
+        name: "prefetch_l2",
+        min_args: 2,
+        max_args: 3,
+        takes_type: false,
+        usage: "prefetch_l2(ptr, bytes) or prefetch_l2(ptr, bytes, mask) with `bytes` a \
+                compile-time integer",
+        signature: "prefetch_l2(ptr: Ptr<T>[S], bytes: const [, mask: bool[S]])",
+        method: None,
+        doc: "Brings the `bytes` bytes (a multiple of 128, up to 4096) at each pointer into L2 \
+              where `mask` holds, holding no registers, so that a later load of them waits on \
+              L2 rather than DRAM; the bytes must lie inside their buffer.",
+    },
+    Spec {
         func: Builtin::Bitcast,
         name: "bitcast",
         min_args: 1,

@@ -148,8 +148,11 @@ fn check_case(dusk: &Dusk, rng: &mut SmallRng, case: &CheckCase) -> Res<(u8, f64
     let q_heads = kv_heads * group;
     let q_host = random_f16(rng, table.batch() * q_heads * kv.head_dim);
     let q = dev.upload(&q_host)?;
+    // The default (the tensor cores where the shape allows), or `dp2a`.
     let plan = SpgemvPlan::with_config(dusk, kv, q_heads, bits, &table, &cand, |c| {
-        c.tensor_cores = tensor_cores
+        if !tensor_cores {
+            *c = SpgemvConfig::dp2a(c.head_dim, c.page_size, c.group, c.bits)
+        }
     })?;
     let mut scores = poisoned::<f32>(dev, plan.num_scores())?;
     plan.run(dusk, &q, &qk, &mut scores)?;
@@ -216,6 +219,9 @@ fn bench_case(
     }
     let q = dev.upload(&random_f16(rng, batch * q_heads * d))?;
     let mut out = vec![];
+    // The first configuration's scores on the first input set, which every other one must
+    // reproduce within the checks' tolerance (dp2a rounds q to 15 bits).
+    let mut first_scores: Option<Vec<f32>> = None;
     for tiling in tilings {
         let base = SpgemvConfig::new(d, page_size, group, bits);
         let chosen = match tiling {
@@ -239,6 +245,27 @@ fn bench_case(
             }
         })?;
         let mut scores = dev.alloc::<f32>(plan.num_scores())?;
+        dev.fill_bytes(&mut scores, 0xFF)?;
+        plan.run(dusk, &q, &sets[0], &mut scores)?;
+        let got = scores.download()?;
+        let agrees = match &first_scores {
+            None => {
+                first_scores = Some(got);
+                String::new()
+            }
+            Some(want) => {
+                let want: Vec<f64> = want.iter().map(|&x| x as f64).collect();
+                let err = reference::rel_error(&got, &want);
+                if err >= 1e-3 {
+                    return Err(format!(
+                        "spgemv {}: scores differ from the first configuration's by {err:.2e}",
+                        chosen.to_text()
+                    )
+                    .into());
+                }
+                format!(", scores within {err:.1e} of the first's")
+            }
+        };
         let t = dev.time_calls(sets.len(), |i| plan.run(dusk, &q, &sets[i], &mut scores))?;
         let us = t.median_us();
         let gbps = bytes as f64 / (us * 1e-6) / 1e9;
@@ -249,7 +276,7 @@ fn bench_case(
             if tiling.is_none() { " (default)" } else { "" }
         );
         println!(
-            "  spgemv kv_heads={} {} {label}: {us:.1} us ({}), {gbps:.0} GB/s = {:.1}% of copy",
+            "  spgemv kv_heads={} {} {label}: {us:.1} us ({}), {gbps:.0} GB/s = {:.1}% of copy{agrees}",
             c.kv_heads,
             if c.quarter {
                 "quarter pages"
@@ -275,7 +302,8 @@ pub struct SpgemvArgs {
     #[arg(long, value_name = "CONFIG")]
     profile: Option<String>,
     /// A configuration to time beside the default (config text; repeat the option for
-    /// more). Keys: block_tokens, num_warps, min_programs_per_sm, tensor_cores.
+    /// more); its scores must match the default's. Keys: block_tokens, num_warps,
+    /// min_programs_per_sm, tensor_cores, tiles, l2_prefetch.
     #[arg(long, value_name = "CONFIG")]
     sweep: Vec<String>,
 }
