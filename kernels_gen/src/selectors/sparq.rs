@@ -147,22 +147,40 @@ fn alpha_kernel(head_dim: usize, group: usize) -> Option<Build> {
     })
 }
 
-/// Tokens a score program covers for `rp` components: 2048 values of `k_t` (64 a thread of
-/// its one warp).
-pub const fn score_tile(rp: usize) -> usize {
-    2048 / rp
+/// Tokens a score program covers with a group of `group` query heads: 256 up to 4 heads,
+/// 128 above (each thread of its one warp holds 8 tokens of `group` heads' logits, or of half
+/// of them from 8 heads on: at most 64 values).
+pub const fn score_tile(group: usize) -> usize {
+    if group <= 4 {
+        256
+    } else {
+        128
+    }
 }
 
-/// The score kernel for a group of `G`, `rp` components (a power of two, 8 to 256) and
-/// blocks of `2^log_bs` tokens (8 to 256), with its tile.
-fn score_for<const G: usize>(rp: usize, log_bs: usize) -> Option<(Build, usize)> {
+/// The components whose loads a score program keeps in flight at once: all of `rp` up to
+/// 16.
+pub const fn score_chunk(rp: usize) -> usize {
+    if rp < 16 {
+        rp
+    } else {
+        16
+    }
+}
+
+/// The score kernel for a group of `G` (its tile `TILE`, writing each head's weights when
+/// `WEIGHTS`), `rp` components (a power of two, 8 to 256) and blocks of `2^log_bs` tokens
+/// (8 to 256).
+fn score_for<const G: usize, const TILE: usize, const WEIGHTS: bool>(
+    rp: usize,
+    log_bs: usize,
+) -> Option<Build> {
     macro_rules! table {
         ($($rp:literal: $($lbs:literal)*;)*) => {
             match (rp, log_bs) {
-                $($(($rp, $lbs) => (
-                    sparq_score::build::<G, $rp, { score_tile($rp) }, $lbs> as Build,
-                    score_tile($rp),
-                ),)*)*
+                $($(($rp, $lbs) =>
+                    sparq_score::build::<G, $rp, { score_chunk($rp) }, TILE, $lbs, WEIGHTS> as Build,
+                )*)*
                 _ => return None,
             }
         };
@@ -177,14 +195,37 @@ fn score_for<const G: usize>(rp: usize, log_bs: usize) -> Option<(Build, usize)>
     })
 }
 
-fn score_kernel(group: usize, rp: usize, log_bs: usize) -> Option<(Build, usize)> {
-    match group {
-        1 => score_for::<1>(rp, log_bs),
-        2 => score_for::<2>(rp, log_bs),
-        4 => score_for::<4>(rp, log_bs),
-        8 => score_for::<8>(rp, log_bs),
-        16 => score_for::<16>(rp, log_bs),
+/// The score kernel a plan uses for a group of `group` query heads (with one head the
+/// scores are its logits: no weights), `rp` components and blocks of `2^log_bs` tokens, with
+/// its tile; `None` for a group, `rp` or block size with no kernel.
+pub fn score_kernel(group: usize, rp: usize, log_bs: usize) -> Option<(Build, usize)> {
+    const T4: usize = score_tile(4);
+    const T8: usize = score_tile(8);
+    let build = match group {
+        1 => score_for::<1, T4, false>(rp, log_bs),
+        2 => score_for::<2, T4, true>(rp, log_bs),
+        4 => score_for::<4, T4, true>(rp, log_bs),
+        8 => score_for::<8, T8, true>(rp, log_bs),
+        16 => score_for::<16, T8, true>(rp, log_bs),
         _ => None,
+    }?;
+    Some((build, score_tile(group)))
+}
+
+/// What rounding adds to a plan's `alpha` beyond f32's rounding, at most, for a reference
+/// `alpha` of Algorithm 1 in exact arithmetic: nothing with one query head (alpha weighs the
+/// f32 scores themselves); with a group of several, each kept token's weight is read back
+/// as f16, relative to the largest of its tile of `tile` tokens (`exp(l - tile max)`, in
+/// (0, 1]): a relative error of at most 2^-11 where that is a normal f16, an absolute one
+/// of at most 2^-25 below. Each tile's weights are then scaled by `exp(tile max - max) / Z`,
+/// where `Z` holds at least `exp(tile max - max)` of every tile (its largest weight, 1):
+/// the first error adds at most `2^-11 alpha`, the second at most `tile * 2^-25` (a tile
+/// keeps at most `tile` tokens).
+pub fn alpha_rounding_bound(group: usize, tile: usize, alpha: f64) -> f64 {
+    if group == 1 {
+        0.0
+    } else {
+        alpha.abs() * 2f64.powi(-11) + tile as f64 * 2f64.powi(-25)
     }
 }
 
@@ -604,6 +645,82 @@ fn runs(
     out
 }
 
+/// What a score kernel writes (see `sparq_score`), sized for one plan's rows and tiles of
+/// `tile` tokens: the tokens' scores, the tiles' softmax statistics, and with a group of
+/// several heads their weights.
+pub struct ScoreOutputs {
+    tile: usize,
+    tiles: usize,
+    scores: Buffer<f32>,
+    /// Each head's weights relative to its tile's largest, f16 `[rows, tiles, G, tile]`
+    /// (with one head the scores are its logits: one unused value).
+    weights: Buffer<f16>,
+    stat_max: Buffer<f32>,
+    stat_sum: Buffer<f32>,
+}
+
+impl ScoreOutputs {
+    fn new(dusk: &Dusk, shape: &SelectionShape, group: usize, tile: usize) -> Result<ScoreOutputs> {
+        let tiles = shape.max_items().div_ceil(tile).max(1);
+        ensure(
+            tiles <= 65535,
+            "kv_indptr",
+            format!("sequences of at most {} tokens", 65535 * tile),
+            shape.max_items(),
+        )?;
+        let stats = shape.rows() * tiles * group;
+        ensure(
+            stats < i32::MAX as usize,
+            "kv_indptr",
+            "fewer than 2^31 tiles' statistics (tiles x num_q_heads)",
+            stats,
+        )?;
+        let dev = dusk.device();
+        Ok(ScoreOutputs {
+            tile,
+            tiles,
+            scores: dev.alloc(shape.num_scores())?,
+            weights: dev.alloc(if group > 1 { stats * tile } else { 1 })?,
+            stat_max: dev.alloc(stats)?,
+            stat_sum: dev.alloc(stats)?,
+        })
+    }
+
+    fn poison(&mut self, dusk: &Dusk, byte: u8) -> Result<()> {
+        let d = dusk.device();
+        d.fill_bytes(&mut self.scores, byte)?;
+        d.fill_bytes(&mut self.weights, byte)?;
+        d.fill_bytes(&mut self.stat_max, byte)?;
+        d.fill_bytes(&mut self.stat_sum, byte)?;
+        Ok(())
+    }
+
+    /// Tokens a program scores.
+    pub fn tile(&self) -> usize {
+        self.tile
+    }
+    /// Tiles a row has room for (the longest sequence's).
+    pub fn tiles(&self) -> usize {
+        self.tiles
+    }
+    /// The tokens' scores, in the plan's layout ([`SparqPlan::scores`]).
+    pub fn scores(&self) -> &Buffer<f32> {
+        &self.scores
+    }
+    /// Each head's weights ([`SparqPlan::weights`]).
+    pub fn weights(&self) -> &Buffer<f16> {
+        &self.weights
+    }
+    /// Each tile's and head's largest logit, at `(row * tiles + tile) * group + head`.
+    pub fn stat_max(&self) -> &Buffer<f32> {
+        &self.stat_max
+    }
+    /// Each tile's and head's `sum exp(l - max)`, as [`ScoreOutputs::stat_max`].
+    pub fn stat_sum(&self) -> &Buffer<f32> {
+        &self.stat_sum
+    }
+}
+
 /// SparQ's selection over one page table: the query, score and alpha kernels and the
 /// shared top-k, validated, compiled and sized once.
 pub struct SparqPlan {
@@ -612,8 +729,6 @@ pub struct SparqPlan {
     batch: usize,
     num_q_heads: usize,
     rp: usize,
-    tile: usize,
-    tiles: usize,
     query: Arc<LoadedKernel>,
     score: Arc<LoadedKernel>,
     weigh: Arc<LoadedKernel>,
@@ -623,11 +738,7 @@ pub struct SparqPlan {
     tok_indptr: Buffer<i32>,
     dims: Buffer<i32>,
     qs: Buffer<f32>,
-    scores: Buffer<f32>,
-    /// Each head's logits (`G > 1`; with one head they are the scores).
-    logits: Option<Buffer<f32>>,
-    stat_max: Buffer<f32>,
-    stat_sum: Buffer<f32>,
+    out: ScoreOutputs,
     alpha: Buffer<f32>,
     v_mean: Buffer<f16>,
 }
@@ -692,21 +803,8 @@ impl SparqPlan {
         let query_build = query_kernel(kv.head_dim, group).ok_or_else(unsupported)?;
         let alpha_build = alpha_kernel(kv.head_dim, group).ok_or_else(unsupported)?;
         let shape = topk.shape().clone();
-        let tiles = shape.max_items().div_ceil(tile).max(1);
-        ensure(
-            tiles <= 65535,
-            "kv_indptr",
-            format!("sequences of at most {} tokens", 65535 * tile),
-            shape.max_items(),
-        )?;
+        let out = ScoreOutputs::new(dusk, &shape, group, tile)?;
         let rows = shape.rows();
-        ensure(
-            rows * tiles * group < i32::MAX as usize
-                && shape.num_scores() * group < i32::MAX as usize,
-            "kv_indptr",
-            "fewer than 2^31 logits (tokens x num_q_heads)",
-            shape.num_scores() * group,
-        )?;
         let d = kv.head_dim;
         let query = dusk.kernel(format!("sparq query d{d} g{group}"), query_build)?;
         let score = dusk.kernel(
@@ -725,8 +823,6 @@ impl SparqPlan {
             batch: table.batch(),
             num_q_heads,
             rp,
-            tile,
-            tiles,
             query,
             score,
             weigh,
@@ -735,14 +831,7 @@ impl SparqPlan {
             tok_indptr: dev.upload(&shape.item_indptr)?,
             dims: dev.alloc(rows * rp)?,
             qs: dev.alloc(q_rows * rp)?,
-            scores: dev.alloc(shape.num_scores())?,
-            logits: if group > 1 {
-                Some(dev.alloc(shape.num_scores() * group)?)
-            } else {
-                None
-            },
-            stat_max: dev.alloc(rows * tiles * group)?,
-            stat_sum: dev.alloc(rows * tiles * group)?,
+            out,
             alpha: dev.alloc(q_rows)?,
             v_mean: dev.alloc(rows * d)?,
             topk,
@@ -786,6 +875,24 @@ impl SparqPlan {
     /// Step 2: the approximate scores of every token (after [`SparqPlan::query`]). One
     /// launch.
     pub fn score(&mut self, dusk: &Dusk) -> Result<()> {
+        self.score_into(dusk, &self.score, &self.out)
+    }
+
+    /// Outputs for a score kernel of `tile` tokens a program over this plan's rows (another
+    /// configuration of `sparq_score`, as the benchmark times beside the plan's).
+    pub fn score_outputs(&self, dusk: &Dusk, tile: usize) -> Result<ScoreOutputs> {
+        ScoreOutputs::new(
+            dusk,
+            self.topk.shape(),
+            self.num_q_heads / self.state.kv.num_kv_heads,
+            tile,
+        )
+    }
+
+    /// Runs `kernel`, a `sparq_score` of `out`'s tile for this plan's group, `padded_r` and
+    /// block size, over this plan's inputs (after [`SparqPlan::query`]) into `out`. One
+    /// launch.
+    pub fn score_into(&self, dusk: &Dusk, kernel: &LoadedKernel, out: &ScoreOutputs) -> Result<()> {
         let kv = self.state.kv;
         let args = [
             Arg::from(&self.state.k_t),
@@ -794,31 +901,32 @@ impl SparqPlan {
             Arg::from(&self.tok_indptr),
             Arg::from(&self.dims),
             Arg::from(&self.qs),
-            Arg::from(&self.scores),
-            Arg::from(self.logits.as_ref().unwrap_or(&self.scores)),
-            Arg::from(&self.stat_max),
-            Arg::from(&self.stat_sum),
+            Arg::from(&out.scores),
+            Arg::from(&out.weights),
+            Arg::from(&out.stat_max),
+            Arg::from(&out.stat_sum),
             Arg::I32(kv.num_kv_heads as i32),
             Arg::I32(kv.head_dim as i32),
             Arg::I32(self.options.r as i32),
-            Arg::I32(self.tiles as i32),
+            Arg::I32(out.tiles as i32),
         ];
-        let grid = [self.topk.shape().rows() as u32, self.tiles as u32, 1];
-        dusk.device().launch(&self.score, grid, &args)?;
+        let grid = [self.topk.shape().rows() as u32, out.tiles as u32, 1];
+        dusk.device().launch(kernel, grid, &args)?;
         Ok(())
     }
 
     /// Step 3: the top-k of the scores, as token lists. One launch.
     pub fn top_k(&mut self, dusk: &Dusk) -> Result<()> {
-        self.topk.run(dusk, &self.scores)
+        self.topk.run(dusk, &self.out.scores)
     }
 
     /// Step 4: each query head's `alpha` and each row's mean of V. One launch.
     pub fn weigh(&mut self, dusk: &Dusk) -> Result<()> {
         let args = [
-            Arg::from(&self.stat_max),
-            Arg::from(&self.stat_sum),
-            Arg::from(self.logits.as_ref().unwrap_or(&self.scores)),
+            Arg::from(&self.out.stat_max),
+            Arg::from(&self.out.stat_sum),
+            Arg::from(&self.out.scores),
+            Arg::from(&self.out.weights),
             Arg::from(&self.tok_indptr),
             Arg::from(self.topk.sel_item_indptr()),
             Arg::from(self.topk.sel_items()),
@@ -826,8 +934,8 @@ impl SparqPlan {
             Arg::from(&self.alpha),
             Arg::from(&self.v_mean),
             Arg::I32(self.state.kv.num_kv_heads as i32),
-            Arg::I32(self.tiles as i32),
-            Arg::I32(self.tile as i32),
+            Arg::I32(self.out.tiles as i32),
+            Arg::I32(self.out.tile as i32),
         ];
         let grid = [self.topk.shape().rows() as u32, 1, 1];
         dusk.device().launch(&self.weigh, grid, &args)?;
@@ -944,12 +1052,7 @@ impl SparqPlan {
         let d = dusk.device();
         d.fill_bytes(&mut self.dims, byte)?;
         d.fill_bytes(&mut self.qs, byte)?;
-        d.fill_bytes(&mut self.scores, byte)?;
-        if let Some(l) = &mut self.logits {
-            d.fill_bytes(l, byte)?;
-        }
-        d.fill_bytes(&mut self.stat_max, byte)?;
-        d.fill_bytes(&mut self.stat_sum, byte)?;
+        self.out.poison(dusk, byte)?;
         d.fill_bytes(&mut self.alpha, byte)?;
         d.fill_bytes(&mut self.v_mean, byte)?;
         self.topk.poison_outputs(dusk, byte)
@@ -984,25 +1087,31 @@ impl SparqPlan {
     }
     /// Tokens a score program covers.
     pub fn tile(&self) -> usize {
-        self.tile
+        self.out.tile
     }
     /// Each row's `r` components of q, ascending (i32 `[rows, padded_r]`, zeros past `r`).
     pub fn dims(&self) -> &Buffer<i32> {
         &self.dims
     }
-    /// Each query head's `q[dims] / tau` (f32 `[batch * num_q_heads, padded_r]`).
+    /// Each query head's `q[dims] / tau`, component-major: f32 `[batch * num_kv_heads,
+    /// padded_r, group]` (a row's `j`-th component, then its heads).
     pub fn sparse_query(&self) -> &Buffer<f32> {
         &self.qs
+    }
+    /// What the scoring wrote: the scores, a group's weights, the tiles' statistics.
+    pub fn outputs(&self) -> &ScoreOutputs {
+        &self.out
     }
     /// The tokens' approximate scores, summed over the group: row `(b, h)` at
     /// `tok_indptr[b] * num_kv_heads + h * len_b` (`shape().item_indptr` is `tok_indptr`).
     pub fn scores(&self) -> &Buffer<f32> {
-        &self.scores
+        &self.out.scores
     }
-    /// Each query head's approximate logits, at the scores' index times the group plus the
-    /// head (with a group of one they are the scores).
-    pub fn logits(&self) -> &Buffer<f32> {
-        self.logits.as_ref().unwrap_or(&self.scores)
+    /// Each query head's approximate softmax weights relative to the largest of their tile,
+    /// `exp(l - max)`, as f16 `[rows, tiles, G, tile]` (a tile's heads one after the other);
+    /// written with a group of several heads only (with one, alpha reads the scores).
+    pub fn weights(&self) -> &Buffer<f16> {
+        &self.out.weights
     }
     /// Each query head's alpha (f32 `[batch * num_q_heads]`).
     pub fn alpha(&self) -> &Buffer<f32> {

@@ -200,8 +200,9 @@ pub fn sparq_update<const D: usize>(
 }
 
 /// Step 1 for one row: the `r` components (`dims[row * rp ..]`, ascending, then zeros up to
-/// `rp`) and the scaled sparse query of each of the group's heads (`qs[(row * G + g) * rp
-/// ..]`, zeros past `r`). Parameters: `q` (f16 `[batch, num_kv_heads * G, D]`), `dims`
+/// `rp`) and the scaled sparse query of each of the group's heads, component-major so that
+/// a component's heads are contiguous for the scoring (`qs[(row * rp + j) * G + g]` for the
+/// `j`-th component, zeros past `r`). Parameters: `q` (f16 `[batch, num_kv_heads * G, D]`), `dims`
 /// (i32), `qs` (f32), `r`, `rp` (the rows' stride, `r <= rp <= D`). Grid: `batch *
 /// num_kv_heads`. The ranking, and the chosen components' places, compare every component
 /// with `CHUNK` others at a time (their keys, then ranks, staged in shared memory).
@@ -251,34 +252,44 @@ pub fn sparq_query<const D: usize, const G: usize, const CHUNK: usize>(
     let l1_chosen = sum(where_(expand(chosen, 0, G), aq, 0.0), 1);
     let all_zero = (l1_chosen == 0.0) & (l1 == l1);
     let scale = where_(all_zero, 0.0, rsqrt(l1_chosen / l1 * D));
-    let heads = expand((row * G + arange(0, G)) * rp, 1, D);
+    let heads = expand(arange(0, G), 1, D);
     let sparse = qg * expand(scale, 1, D);
     store(
-        qs + (heads + expand(pos, 0, G)),
+        qs + (heads + expand((row * rp + pos) * G, 0, G)),
         sparse,
         expand(chosen, 0, G),
     );
     store(
-        qs + (heads + expand(c, 0, G)),
+        qs + (heads + expand((row * rp + c) * G, 0, G)),
         zeros::<f32>([G, D]),
         expand(pad, 0, G),
     );
 }
 
-/// Step 2 for `TILE` tokens of one row (`program_id(1)` the tile): reads `RP` rows of each
-/// of the tile's blocks from `k_t` (`r` of them real, the rest masked off), through the
-/// copy's block table (`blk_indptr`, `blk_indices`: blocks of `2^LOG_BS` tokens); writes
-/// the tokens' scores (f32, row `(b, h)` at `tok_indptr[b] * num_kv_heads + h * len_b`, the
-/// top-k's layout), with `G > 1` each head's logits (`logits`, that index times `G` plus
-/// the head: a token's heads together, staged through shared memory so they leave in
-/// vectors), and per head the tile's logit max and `sum exp(l - max)` (`stat_max`,
-/// `stat_sum` at `(row * max_tiles + tile) * G + g`). Grid: `(batch * num_kv_heads,
-/// ceil(longest sequence / TILE))`; one warp a program, so the sum over the `RP` components
-/// stays within it. The heads are a loop, not unrolled: unrolled, every head's logits were
-/// live at once (254 registers at a group of 16, against 127).
+/// Step 2 for `TILE` tokens of one row (`program_id(1)` the tile): the `r` chosen
+/// components of the tile's keys, read from `k_t` through the copy's block table
+/// (`blk_indptr`, `blk_indices`: blocks of `2^LOG_BS` tokens), one component at a time (a
+/// run of `TILE` contiguous slots a block, 16-byte loads), `CH` components' loads in flight
+/// at once; per query head `g` the logit `l_g = sum_c qs_g[c] * k[c]` accumulated in a
+/// `[G, TILE]` block, each thread holding every head of its own tokens, so that nothing
+/// moves between threads until the tile's softmax statistics. Writes the tokens' scores
+/// `sum_g l_g` (f32, row `(b, h)` at `tok_indptr[b] * num_kv_heads + h * len_b`, the top-k's
+/// layout), per head the tile's logit max and `sum exp(l - max)` (`stat_max`, `stat_sum`
+/// at `(row * max_tiles + tile) * G + g`), and with `WEIGHTS` each head's
+/// `exp(l - max)` (`weights`, f16 `[rows, max_tiles, G, TILE]`: a tile's heads one after
+/// the other, each `TILE` contiguous values; alpha reads the kept tokens' from there).
+/// `CH` divides `RP`, the components' stride of `dims` and `qs`, which are zero past `r`.
+/// Grid: `(batch * num_kv_heads, ceil(longest sequence / TILE))`, one warp a program.
 #[kernel(crate = "crate::dusk_paths", num_warps = 1)]
 #[allow(clippy::too_many_arguments)]
-pub fn sparq_score<const G: usize, const RP: usize, const TILE: usize, const LOG_BS: usize>(
+pub fn sparq_score<
+    const G: usize,
+    const RP: usize,
+    const CH: usize,
+    const TILE: usize,
+    const LOG_BS: usize,
+    const WEIGHTS: bool,
+>(
     k_t: Ptr<f16>,
     blk_indptr: Ptr<i32>,
     blk_indices: Ptr<i32>,
@@ -286,7 +297,7 @@ pub fn sparq_score<const G: usize, const RP: usize, const TILE: usize, const LOG
     dims: Ptr<i32>,
     qs: Ptr<f32>,
     scores: Ptr<f32>,
-    logits: Ptr<f32>,
+    weights: Ptr<f16>,
     stat_max: Ptr<f32>,
     stat_sum: Ptr<f32>,
     num_kv_heads: i32,
@@ -311,37 +322,39 @@ pub fn sparq_score<const G: usize, const RP: usize, const TILE: usize, const LOG
         let slot = tok & ((1 << LOG_BS) - 1);
         let base = ((blk as i64) * (num_kv_heads as i64) + (h as i64)) * (head_dim as i64);
         let cols = base * (1 << LOG_BS) + (slot as i64);
-        let comp = arange(0, RP);
-        let comp_ok = comp < r;
-        let chosen = load(dims + (row * RP + comp), comp_ok, 0);
-        let offs = expand((chosen as i64) * (1 << LOG_BS), 1, TILE) + expand(cols, 0, RP);
-        let mask = expand(comp_ok, 1, TILE) & expand(blk_ok, 0, RP);
-        let kt = load(k_t + offs, mask, 0.0) as f32;
-        let at = (first * num_kv_heads + h * n) as i64 + (tok as i64);
-        let staged = shared::<f32>(G * TILE);
-        let mut s = zeros::<f32>([TILE]);
-        for g in 0..G {
-            let qg = load(qs + ((row * G + g) * RP + comp));
-            let l = sum(kt * expand(qg, 1, TILE), 0);
-            let lv = where_(valid, l, f32::NEG_INFINITY);
-            let m = max(lv, 0);
-            let e = sum(exp2((lv - m) * 1.4426950408889634), 0);
-            let stat = (row * max_tiles + tile) * G + g;
-            store(stat_max + stat, m);
-            store(stat_sum + stat, e);
-            if G > 1 {
-                store(staged + (g * TILE + arange(0, TILE)), l);
+        let heads = arange(0, G);
+        let mut acc = zeros::<f32>([G, TILE]);
+        for c0 in (0..r).step_by(CH) {
+            // The chunk's components of every token in one unmasked load, so that its
+            // 16-byte loads are all in flight before any is used (in bounds: a token of no
+            // block reads block 0, a padded component component 0, both then zeroed).
+            let comp = c0 + arange(0, CH);
+            let chosen = load(dims + (row * RP + comp)) as i64;
+            let offs = expand(chosen * (1 << LOG_BS), 1, TILE) + expand(cols, 0, CH);
+            let keys = where_(expand(comp < r, 1, TILE), load(k_t + offs) as f32, 0.0);
+            #[unroll]
+            for g in 0..G {
+                let q = load(qs + ((row * RP + comp) * G + g));
+                let l = sum(keys * expand(q, 1, TILE), 0);
+                // Into head g's row; -0.0 elsewhere adds nothing (and is folded away where
+                // a thread's heads are known when the kernel is compiled).
+                acc = acc + where_(expand(heads == g, 1, TILE), expand(l, 0, G), -0.0);
             }
-            s = s + l;
         }
-        store(scores + at, s, valid);
-        if G > 1 {
-            let heads = arange(0, G);
-            let by_token = expand(arange(0, TILE), 1, G) + expand(heads * TILE, 0, TILE);
-            let l = load(staged + by_token);
-            let to = expand(at * G, 1, G) + expand(heads as i64, 0, TILE);
-            store(logits + to, l, expand(valid, 1, G));
-        }
+        let at = (first * num_kv_heads + h * n) as i64 + (tok as i64);
+        store(scores + at, sum(acc, 0), valid);
+        let mask = expand(valid, 0, G);
+        let l = where_(mask, acc, f32::NEG_INFINITY);
+        let m = max(l, 1);
+        let e = exp2((l - expand(m, 1, TILE)) * 1.4426950408889634);
+        let stat = (row * max_tiles + tile) * G + heads;
+        store(stat_max + stat, m);
+        store(stat_sum + stat, sum(e, 1));
+        // The whole tile (a padded token's weight is 0), so that the stores are 16-byte
+        // vectors; in the kernel without WEIGHTS too (masked off there, and removed), so
+        // that the [G, TILE] layout is the one of 16-byte f16 runs either way.
+        let to = expand((stat as i64) * TILE, 1, TILE) + expand(arange(0, TILE) as i64, 0, G);
+        store(weights + to, e as f16, splat(WEIGHTS, [G, TILE]));
     }
 }
 
@@ -349,15 +362,18 @@ pub fn sparq_score<const G: usize, const RP: usize, const TILE: usize, const LOG
 /// approximate softmax's mass on the kept tokens, `sel_items[sel_item_indptr[row] ..]`,
 /// or exactly 1 when every token is kept) and the row's mean of V (`v_mean[row]`, f16:
 /// `v_sum[row] / len`). The softmax's max and normaliser merge the tiles' statistics
-/// (`tiles_per_row` tiles of `tile` tokens, `ceil(len / tile)` of them the row's); the kept
-/// tokens' logits come from `logits` (the scores with `G = 1`). Kept items outside the
-/// sequence (device-written) are skipped. Grid: `batch * num_kv_heads`.
+/// (`tiles_per_row` tiles of `tile` tokens, `ceil(len / tile)` of them the row's). A kept
+/// token's weight: with one head `exp(l - max)` from its score (`scores`, the logit); with
+/// several, each head's weight relative to its tile's largest (`weights`, as
+/// [`sparq_score`] wrote them) times the tile's own `exp(tile max - max)`. Kept items
+/// outside the sequence (device-written) are skipped. Grid: `batch * num_kv_heads`.
 #[kernel(crate = "crate::dusk_paths", num_warps = 4)]
 #[allow(clippy::too_many_arguments)]
 pub fn sparq_alpha<const D: usize, const G: usize, const BLOCK: usize>(
     stat_max: Ptr<f32>,
     stat_sum: Ptr<f32>,
-    logits: Ptr<f32>,
+    scores: Ptr<f32>,
+    weights: Ptr<f16>,
     tok_indptr: Ptr<i32>,
     sel_item_indptr: Ptr<i32>,
     sel_items: Ptr<i32>,
@@ -394,16 +410,25 @@ pub fn sparq_alpha<const D: usize, const G: usize, const BLOCK: usize>(
     }
     let lo = load(sel_item_indptr + row);
     let kept = load(sel_item_indptr + (row + 1)) - lo;
-    let base = (first * num_kv_heads + h * n) as i64;
     let mut mass = zeros::<f32>([G]);
     for i0 in (0..kept).step_by(BLOCK) {
         let i = i0 + arange(0, BLOCK);
         let listed = i < kept;
         let token = load(sel_items + (lo + i), listed, 0);
         let ok = expand(listed & (token >= 0) & (token < n), 1, G);
-        let at = expand((base + (token as i64)) * G, 1, G) + expand(heads as i64, 0, BLOCK);
-        let l = load(logits + at, ok, 0.0);
-        let w = exp2((l - expand(top, 0, BLOCK)) * 1.4426950408889634);
+        let mut w = zeros::<f32>([BLOCK, G]);
+        if G > 1 {
+            let stat =
+                expand((row * tiles_per_row + token / tile) * G, 1, G) + expand(heads, 0, BLOCK);
+            let at = (stat as i64) * (tile as i64) + expand((token % tile) as i64, 1, G);
+            let rel = load(weights + at, ok, 0.0) as f32;
+            let m = load(stat_max + stat, ok, 0.0);
+            w = rel * exp2((m - expand(top, 0, BLOCK)) * 1.4426950408889634);
+        } else {
+            let at = (first * num_kv_heads + h * n) as i64 + (token as i64);
+            let l = load(scores + expand(at, 1, G), ok, 0.0);
+            w = exp2((l - expand(top, 0, BLOCK)) * 1.4426950408889634);
+        }
         mass = mass + sum(where_(ok, w, 0.0), 0);
     }
     let everything = splat(kept >= n, [G]);
