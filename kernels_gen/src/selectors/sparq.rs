@@ -33,7 +33,7 @@
 //! // r = 8 of 64 components, 32 tokens kept, the last 8 always.
 //! let options = SparqOptions { r: 8, k: Budget::Tokens(32), window: 8 };
 //! let mut plan = SparqPlan::new(&dusk, state, 4, &table, &blocks, options)?;
-//! plan.select(&dusk, &q)?;                       // 4 launches, no allocation, no sync
+//! plan.select(&dusk, &q)?;                       // 5 launches, no allocation, no sync
 //! assert_eq!(plan.shape().sel_indptr, [0, 32, 64]); // one token list per KV head
 //! let lists = plan.sel_indices().download()?;
 //! assert_eq!(&lists[24..32], &[62, 63, 64, 65, 66, 67, 68, 69]); // the window
@@ -47,7 +47,7 @@
 //! ```
 
 use super::selector::Build;
-use super::sparq_kernels::{sparq_alpha, sparq_query, sparq_score, sparq_update};
+use super::sparq_kernels::{sparq_alpha, sparq_mass, sparq_query, sparq_score, sparq_update};
 use super::topk::{Budget, Items, Keep, SelectionShape, TopKConfig, TopKPlan};
 use crate::attention_ops::{AttentionMeta, AttentionMode, AttentionPlan, AttentionSpec, SparqMix};
 use crate::error::{ensure, invalid, Result};
@@ -60,7 +60,7 @@ use std::sync::Arc;
 
 /// Components the query kernel's ranking compares a component with at once.
 const RANK_CHUNK: usize = 32;
-/// Tiles (statistics) and kept tokens the alpha kernel reads at once.
+/// Tiles' statistics and chunks' numerators the alpha kernel reads at once.
 const ALPHA_BLOCK: usize = 256;
 
 /// SparQ's choices (Algorithm 1's `r`, `k` and `l`).
@@ -147,86 +147,75 @@ fn alpha_kernel(head_dim: usize, group: usize) -> Option<Build> {
     })
 }
 
-/// Tokens a score program covers with a group of `group` query heads: 256 up to 4 heads,
-/// 128 above (each thread of its one warp holds 8 tokens of `group` heads' logits, or of half
-/// of them from 8 heads on: at most 64 values).
+/// Tokens a score program covers with a group of `group` query heads: 128 with one head (a
+/// thread's 8 tokens' components split over two lanes), 256 with 2 or 4 (each thread holds
+/// every head of 8 tokens), 128 from 8 heads on (half of the heads of 8 tokens a thread: at
+/// most 64 logits). The H100's measurements are in the selectors README.
 pub const fn score_tile(group: usize) -> usize {
-    if group <= 4 {
+    if group == 2 || group == 4 {
         256
     } else {
         128
     }
 }
 
-/// The components whose loads a score program keeps in flight at once: all of `rp` up to
-/// 16.
-pub const fn score_chunk(rp: usize) -> usize {
-    if rp < 16 {
-        rp
-    } else {
+/// The components whose loads a score program keeps in flight at once (of at least 8): 16
+/// with one head, 8 with a group (its logits take the registers the other 8 would).
+pub const fn score_chunk(group: usize) -> usize {
+    if group == 1 {
         16
+    } else {
+        8
     }
 }
 
-/// The score kernel for a group of `G` (its tile `TILE`, writing each head's weights when
-/// `WEIGHTS`), `rp` components (a power of two, 8 to 256) and blocks of `2^log_bs` tokens
-/// (8 to 256).
-fn score_for<const G: usize, const TILE: usize, const WEIGHTS: bool>(
+/// The score and mass kernels for a group of `G`, tiles of `TILE` tokens and chunks of
+/// `CH` components, `rp` components (a power of two, 8 to 256: with 8, chunks of 8) and
+/// blocks of `2^log_bs` tokens (8 to 256). The mass kernel weighs `TILE` kept tokens a
+/// program (as many logits as a score program holds), gathering 8 components at a time.
+fn kernels_for<const G: usize, const TILE: usize, const CH: usize>(
     rp: usize,
     log_bs: usize,
-) -> Option<Build> {
+) -> Option<(Build, Build)> {
     macro_rules! table {
-        ($($rp:literal: $($lbs:literal)*;)*) => {
+        ($($rp:literal $ch:tt: $($lbs:literal)*;)*) => {
             match (rp, log_bs) {
-                $($(($rp, $lbs) =>
-                    sparq_score::build::<G, $rp, { score_chunk($rp) }, TILE, $lbs, WEIGHTS> as Build,
-                )*)*
+                $($(($rp, $lbs) => (
+                    sparq_score::build::<G, $rp, $ch, TILE, $lbs> as Build,
+                    sparq_mass::build::<G, $rp, 8, TILE, $lbs> as Build,
+                ),)*)*
                 _ => return None,
             }
         };
     }
     Some(table! {
-        8: 3 4 5 6 7 8;
-        16: 3 4 5 6 7 8;
-        32: 3 4 5 6 7 8;
-        64: 3 4 5 6 7 8;
-        128: 3 4 5 6 7 8;
-        256: 3 4 5 6 7 8;
+        8 8: 3 4 5 6 7 8;
+        16 CH: 3 4 5 6 7 8;
+        32 CH: 3 4 5 6 7 8;
+        64 CH: 3 4 5 6 7 8;
+        128 CH: 3 4 5 6 7 8;
+        256 CH: 3 4 5 6 7 8;
     })
 }
 
-/// The score kernel a plan uses for a group of `group` query heads (with one head the
-/// scores are its logits: no weights), `rp` components and blocks of `2^log_bs` tokens, with
-/// its tile; `None` for a group, `rp` or block size with no kernel.
-pub fn score_kernel(group: usize, rp: usize, log_bs: usize) -> Option<(Build, usize)> {
+/// The score and mass kernels a plan uses for a group of `group` query heads, `rp`
+/// components and blocks of `2^log_bs` tokens, with the score's tile (tokens a score
+/// program scores, kept tokens a mass program weighs); `None` for a group, `rp` or block
+/// size with no kernel.
+pub fn group_kernels(group: usize, rp: usize, log_bs: usize) -> Option<(Build, Build, usize)> {
+    const T1: usize = score_tile(1);
     const T4: usize = score_tile(4);
-    const T8: usize = score_tile(8);
-    let build = match group {
-        1 => score_for::<1, T4, false>(rp, log_bs),
-        2 => score_for::<2, T4, true>(rp, log_bs),
-        4 => score_for::<4, T4, true>(rp, log_bs),
-        8 => score_for::<8, T8, true>(rp, log_bs),
-        16 => score_for::<16, T8, true>(rp, log_bs),
+    const C1: usize = score_chunk(1);
+    const C4: usize = score_chunk(4);
+    let (score, mass) = match group {
+        1 => kernels_for::<1, T1, C1>(rp, log_bs),
+        2 => kernels_for::<2, T4, C4>(rp, log_bs),
+        4 => kernels_for::<4, T4, C4>(rp, log_bs),
+        8 => kernels_for::<8, T1, C4>(rp, log_bs),
+        16 => kernels_for::<16, T1, C4>(rp, log_bs),
         _ => None,
     }?;
-    Some((build, score_tile(group)))
-}
-
-/// What rounding adds to a plan's `alpha` beyond f32's rounding, at most, for a reference
-/// `alpha` of Algorithm 1 in exact arithmetic: nothing with one query head (alpha weighs the
-/// f32 scores themselves); with a group of several, each kept token's weight is read back
-/// as f16, relative to the largest of its tile of `tile` tokens (`exp(l - tile max)`, in
-/// (0, 1]): a relative error of at most 2^-11 where that is a normal f16, an absolute one
-/// of at most 2^-25 below. Each tile's weights are then scaled by `exp(tile max - max) / Z`,
-/// where `Z` holds at least `exp(tile max - max)` of every tile (its largest weight, 1):
-/// the first error adds at most `2^-11 alpha`, the second at most `tile * 2^-25` (a tile
-/// keeps at most `tile` tokens).
-pub fn alpha_rounding_bound(group: usize, tile: usize, alpha: f64) -> f64 {
-    if group == 1 {
-        0.0
-    } else {
-        alpha.abs() * 2f64.powi(-11) + tile as f64 * 2f64.powi(-25)
-    }
+    Some((score, mass, score_tile(group)))
 }
 
 /// The components' stride a plan of `r` uses: the kernels' block of components (a power of
@@ -646,15 +635,11 @@ fn runs(
 }
 
 /// What a score kernel writes (see `sparq_score`), sized for one plan's rows and tiles of
-/// `tile` tokens: the tokens' scores, the tiles' softmax statistics, and with a group of
-/// several heads their weights.
+/// `tile` tokens: the tokens' scores and the tiles' softmax statistics.
 pub struct ScoreOutputs {
     tile: usize,
     tiles: usize,
     scores: Buffer<f32>,
-    /// Each head's weights relative to its tile's largest, f16 `[rows, tiles, G, tile]`
-    /// (with one head the scores are its logits: one unused value).
-    weights: Buffer<f16>,
     stat_max: Buffer<f32>,
     stat_sum: Buffer<f32>,
 }
@@ -680,7 +665,6 @@ impl ScoreOutputs {
             tile,
             tiles,
             scores: dev.alloc(shape.num_scores())?,
-            weights: dev.alloc(if group > 1 { stats * tile } else { 1 })?,
             stat_max: dev.alloc(stats)?,
             stat_sum: dev.alloc(stats)?,
         })
@@ -689,7 +673,6 @@ impl ScoreOutputs {
     fn poison(&mut self, dusk: &Dusk, byte: u8) -> Result<()> {
         let d = dusk.device();
         d.fill_bytes(&mut self.scores, byte)?;
-        d.fill_bytes(&mut self.weights, byte)?;
         d.fill_bytes(&mut self.stat_max, byte)?;
         d.fill_bytes(&mut self.stat_sum, byte)?;
         Ok(())
@@ -706,10 +689,6 @@ impl ScoreOutputs {
     /// The tokens' scores, in the plan's layout ([`SparqPlan::scores`]).
     pub fn scores(&self) -> &Buffer<f32> {
         &self.scores
-    }
-    /// Each head's weights ([`SparqPlan::weights`]).
-    pub fn weights(&self) -> &Buffer<f16> {
-        &self.weights
     }
     /// Each tile's and head's largest logit, at `(row * tiles + tile) * group + head`.
     pub fn stat_max(&self) -> &Buffer<f32> {
@@ -729,8 +708,11 @@ pub struct SparqPlan {
     batch: usize,
     num_q_heads: usize,
     rp: usize,
+    /// Chunks of a tile's count of kept tokens in the longest row.
+    chunks: usize,
     query: Arc<LoadedKernel>,
     score: Arc<LoadedKernel>,
+    mass: Arc<LoadedKernel>,
     weigh: Arc<LoadedKernel>,
     topk: TopKPlan,
     blk_indptr: Buffer<i32>,
@@ -739,6 +721,8 @@ pub struct SparqPlan {
     dims: Buffer<i32>,
     qs: Buffer<f32>,
     out: ScoreOutputs,
+    /// Each chunk's alpha numerators, `[rows, chunks, group]`.
+    numerators: Buffer<f32>,
     alpha: Buffer<f32>,
     v_mean: Buffer<f16>,
 }
@@ -799,12 +783,18 @@ impl SparqPlan {
                 format!("{num_q_heads} query heads: a group of {group}"),
             )
         };
-        let (score_build, tile) = score_kernel(group, rp, log_bs).ok_or_else(unsupported)?;
+        let (score_build, mass_build, tile) =
+            group_kernels(group, rp, log_bs).ok_or_else(unsupported)?;
         let query_build = query_kernel(kv.head_dim, group).ok_or_else(unsupported)?;
         let alpha_build = alpha_kernel(kv.head_dim, group).ok_or_else(unsupported)?;
         let shape = topk.shape().clone();
         let out = ScoreOutputs::new(dusk, &shape, group, tile)?;
         let rows = shape.rows();
+        let longest = (0..rows)
+            .map(|r| (shape.sel_item_indptr[r + 1] - shape.sel_item_indptr[r]) as usize)
+            .max()
+            .unwrap_or(0);
+        let chunks = longest.div_ceil(tile).max(1);
         let d = kv.head_dim;
         let query = dusk.kernel(format!("sparq query d{d} g{group}"), query_build)?;
         let score = dusk.kernel(
@@ -813,6 +803,10 @@ impl SparqPlan {
                 state.blocks.block_size
             ),
             score_build,
+        )?;
+        let mass = dusk.kernel(
+            format!("sparq mass g{group} r{rp} bs{}", state.blocks.block_size),
+            mass_build,
         )?;
         let weigh = dusk.kernel(format!("sparq alpha d{d} g{group}"), alpha_build)?;
         let dev = dusk.device();
@@ -823,8 +817,10 @@ impl SparqPlan {
             batch: table.batch(),
             num_q_heads,
             rp,
+            chunks,
             query,
             score,
+            mass,
             weigh,
             blk_indptr: dev.upload(&blocks.kv_indptr)?,
             blk_indices: nonempty(&blocks.kv_page_indices)?,
@@ -832,6 +828,7 @@ impl SparqPlan {
             dims: dev.alloc(rows * rp)?,
             qs: dev.alloc(q_rows * rp)?,
             out,
+            numerators: dev.alloc(rows * chunks * group)?,
             alpha: dev.alloc(q_rows)?,
             v_mean: dev.alloc(rows * d)?,
             topk,
@@ -902,7 +899,6 @@ impl SparqPlan {
             Arg::from(&self.dims),
             Arg::from(&self.qs),
             Arg::from(&out.scores),
-            Arg::from(&out.weights),
             Arg::from(&out.stat_max),
             Arg::from(&out.stat_sum),
             Arg::I32(kv.num_kv_heads as i32),
@@ -920,29 +916,53 @@ impl SparqPlan {
         self.topk.run(dusk, &self.out.scores)
     }
 
-    /// Step 4: each query head's `alpha` and each row's mean of V. One launch.
+    /// Step 4: each query head's `alpha` and each row's mean of V (after
+    /// [`SparqPlan::top_k`]): the kept tokens' softmax numerators a chunk at a time, then
+    /// alpha from them. Two launches.
     pub fn weigh(&mut self, dusk: &Dusk) -> Result<()> {
+        let kv = self.state.kv;
+        let rows = self.topk.shape().rows() as u32;
+        let args = [
+            Arg::from(&self.state.k_t),
+            Arg::from(&self.blk_indptr),
+            Arg::from(&self.blk_indices),
+            Arg::from(&self.tok_indptr),
+            Arg::from(&self.dims),
+            Arg::from(&self.qs),
+            Arg::from(&self.out.scores),
+            Arg::from(&self.out.stat_max),
+            Arg::from(self.topk.sel_item_indptr()),
+            Arg::from(self.topk.sel_items()),
+            Arg::from(&self.numerators),
+            Arg::I32(kv.num_kv_heads as i32),
+            Arg::I32(kv.head_dim as i32),
+            Arg::I32(self.options.r as i32),
+            Arg::I32(self.out.tiles as i32),
+            Arg::I32(self.out.tile as i32),
+            Arg::I32(self.chunks as i32),
+        ];
+        let dev = dusk.device();
+        dev.launch(&self.mass, [rows, self.chunks as u32, 1], &args)?;
         let args = [
             Arg::from(&self.out.stat_max),
             Arg::from(&self.out.stat_sum),
-            Arg::from(&self.out.scores),
-            Arg::from(&self.out.weights),
+            Arg::from(&self.numerators),
             Arg::from(&self.tok_indptr),
             Arg::from(self.topk.sel_item_indptr()),
-            Arg::from(self.topk.sel_items()),
             Arg::from(&self.state.v_sum),
             Arg::from(&self.alpha),
             Arg::from(&self.v_mean),
-            Arg::I32(self.state.kv.num_kv_heads as i32),
+            Arg::I32(kv.num_kv_heads as i32),
             Arg::I32(self.out.tiles as i32),
             Arg::I32(self.out.tile as i32),
+            Arg::I32(self.chunks as i32),
+            Arg::I32(self.out.tile as i32),
         ];
-        let grid = [self.topk.shape().rows() as u32, 1, 1];
-        dusk.device().launch(&self.weigh, grid, &args)?;
+        dev.launch(&self.weigh, [rows, 1, 1], &args)?;
         Ok(())
     }
 
-    /// Algorithm 1's selection for `q`: the four steps, four launches, no allocation, no
+    /// Algorithm 1's selection for `q`: the four steps, five launches, no allocation, no
     /// sync.
     pub fn select(&mut self, dusk: &Dusk, q: &Buffer<f16>) -> Result<()> {
         self.query(dusk, q)?;
@@ -1053,6 +1073,7 @@ impl SparqPlan {
         d.fill_bytes(&mut self.dims, byte)?;
         d.fill_bytes(&mut self.qs, byte)?;
         self.out.poison(dusk, byte)?;
+        d.fill_bytes(&mut self.numerators, byte)?;
         d.fill_bytes(&mut self.alpha, byte)?;
         d.fill_bytes(&mut self.v_mean, byte)?;
         self.topk.poison_outputs(dusk, byte)
@@ -1098,7 +1119,7 @@ impl SparqPlan {
     pub fn sparse_query(&self) -> &Buffer<f32> {
         &self.qs
     }
-    /// What the scoring wrote: the scores, a group's weights, the tiles' statistics.
+    /// What the scoring wrote: the scores and the tiles' statistics.
     pub fn outputs(&self) -> &ScoreOutputs {
         &self.out
     }
@@ -1106,12 +1127,6 @@ impl SparqPlan {
     /// `tok_indptr[b] * num_kv_heads + h * len_b` (`shape().item_indptr` is `tok_indptr`).
     pub fn scores(&self) -> &Buffer<f32> {
         &self.out.scores
-    }
-    /// Each query head's approximate softmax weights relative to the largest of their tile,
-    /// `exp(l - max)`, as f16 `[rows, tiles, G, tile]` (a tile's heads one after the other);
-    /// written with a group of several heads only (with one, alpha reads the scores).
-    pub fn weights(&self) -> &Buffer<f16> {
-        &self.out.weights
     }
     /// Each query head's alpha (f32 `[batch * num_q_heads]`).
     pub fn alpha(&self) -> &Buffer<f32> {

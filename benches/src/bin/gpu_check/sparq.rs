@@ -8,10 +8,11 @@
 //!    blocks of 256, r 16, k = N/8 with a window of k/4, timed by the harness beside the same computation in PyTorch (`--sparq-peers`,
 //!    written by `benches/baselines/sparq_peers.py` in the same command); the approximate
 //!    scores as a fraction of the copy rate on the bytes they read and on all they move;
-//! 3. at batch 32, the approximate scores with the transposed copy in blocks of 16 (the
-//!    cache's pages) and 64 tokens beside the default 256, the score kernel's other
-//!    configurations (`ScoreConfig::alternatives`: tiles, components in flight, and for GQA
-//!    without the weights), and the top-k's streamed configurations beside its default.
+//! 3. the score kernel's configurations (`ScoreConfig::alternatives`: tokens a program,
+//!    components in flight), each checked against the plan's scoring and timed; at batch
+//!    32, the approximate scores with the transposed copy in blocks of 16 (the cache's
+//!    pages) and 64 tokens beside the default 256, and the top-k's streamed configurations
+//!    beside its default.
 
 use crate::common::{case_json, PeerTime, Res};
 use dusk::kernels::ops::Dusk;
@@ -138,8 +139,10 @@ pub fn cases(
             } else {
                 json!({})
             };
+            let configs = score_configs(dusk, &case, copy_gbps, &bench)?;
             if let (Some(o), Some(w)) = (extra.as_object_mut(), sweep.as_object()) {
                 o.extend(w.clone());
+                o.insert("score_by_config".into(), configs);
             }
             let peer = find(peers, &name);
             out.push(case_json(
@@ -196,23 +199,6 @@ fn sweep(
             json!({"score_us": m.median_us(), "score_read_frac_of_copy_bw": rate(&b, m.median_us())}),
         );
     }
-    let mut by_score = serde_json::Map::new();
-    for cfg in ScoreConfig::alternatives(case.num_q_heads / case.num_kv_heads) {
-        let m = bench.time_score_config(dusk, cfg)?;
-        let us = m.median_us();
-        let moved = bench.score_config_bytes(&cfg) as f64 / (us * 1e-6) / 1e9 / copy_gbps;
-        println!(
-            "    scores {}: {us:.1} us = {:.1}% of copy on the bytes read ({:.1}% on all moved)",
-            cfg.label(),
-            100.0 * rate(bench, us),
-            100.0 * moved
-        );
-        by_score.insert(
-            cfg.label(),
-            json!({"score_us": us, "score_read_frac_of_copy_bw": rate(bench, us),
-                   "score_frac_of_copy_bw": moved, "score_timing": m.timing.as_str()}),
-        );
-    }
     let mut by_config = serde_json::Map::new();
     by_config.insert(
         format!("{:?}", bench.plan(0).top_k_plan().config()),
@@ -230,8 +216,29 @@ fn sweep(
         println!("    top-k {cfg:?}: {:.1} us", m.median_us());
         by_config.insert(format!("{cfg:?}"), json!(m.median_us()));
     }
-    Ok(
-        json!({"score_by_block_size": by_block, "score_by_config": by_score,
-               "top_k_us_by_config": by_config}),
-    )
+    Ok(json!({"score_by_block_size": by_block, "top_k_us_by_config": by_config}))
+}
+
+/// The score kernel's configurations (`ScoreConfig::alternatives`, the plan's first), each
+/// checked against the plan's scoring and timed, over `bench`'s state.
+fn score_configs(dusk: &Dusk, case: &SparqCase, copy_gbps: f64, bench: &SparqBench) -> Res<Value> {
+    let mut by_score = serde_json::Map::new();
+    let frac = |bytes: usize, us: f64| bytes as f64 / (us * 1e-6) / 1e9 / copy_gbps;
+    for cfg in ScoreConfig::alternatives(case.num_q_heads / case.num_kv_heads) {
+        let m = bench.time_score_config(dusk, cfg)?;
+        let us = m.median_us();
+        let (read, moved) = (bench.score_read_bytes(), bench.score_config_bytes(&cfg));
+        println!(
+            "    scores {}: {us:.1} us = {:.1}% of copy on the bytes read ({:.1}% on all moved)",
+            cfg.label(),
+            100.0 * frac(read, us),
+            100.0 * frac(moved, us)
+        );
+        by_score.insert(
+            cfg.label(),
+            json!({"score_us": us, "score_read_frac_of_copy_bw": frac(read, us),
+                   "score_frac_of_copy_bw": frac(moved, us), "score_timing": m.timing.as_str()}),
+        );
+    }
+    Ok(Value::Object(by_score))
 }
