@@ -700,7 +700,7 @@ impl ScoreOutputs {
     }
 }
 
-/// SparQ's selection over one page table: the query, score and alpha kernels and the
+/// SparQ's selection over one page table: the query, score, mass and alpha kernels and the
 /// shared top-k, validated, compiled and sized once.
 pub struct SparqPlan {
     state: SparqState,
