@@ -65,6 +65,10 @@ def main():
         if r.get("command"):
             where = f" (run in the GPU machine's `{r['run_in']}`)" if r.get("run_in") else ""
             print(f"\nCommand{where}: `{r['command']}`")
+        for commit, run in sorted((r.get("partial_runs") or {}).items()):
+            print(f"\nThe cases {run['cases'].split(' (')[0]} come from another run, at commit `{commit}` "
+                  f"({run['date']}, device copy bandwidth {run['copy_gbps']:.0f} GB/s): `{run['run_by']}`, "
+                  f"whose gpu-check command was `{run['command']}`.")
         quest = [c for c in r["cases"] if "select_over_flashinfer_dense" in c]
         if quest:
             print("\nEach selection in parts (Quest's, Double Sparsity's), same run: the scores (and their "
@@ -73,7 +77,9 @@ def main():
                   "command):\n")
             for c in quest:
                 share = c["select_over_flashinfer_dense"]
-                print(f"- {c['case']}: scores {c['score_us']:.1f} us ({100 * c['score_frac_of_copy_bw']:.1f}% of copy), "
+                read = c.get("score_read_frac_of_copy_bw")
+                read = "" if read is None else f", {100 * read:.1f}% on the bytes read"
+                print(f"- {c['case']}: scores {c['score_us']:.1f} us ({100 * c['score_frac_of_copy_bw']:.1f}% of copy{read}), "
                       f"top-k {c['top_k_us']:.1f} us; selection {c['ours_us']:.1f} us = "
                       f"{fmt(None if share is None else 100 * share, '.2f')}% of FlashInfer's dense decode "
                       f"({fmt(c.get('flashinfer_dense_us'), '.1f')} us)")

@@ -8,8 +8,13 @@ append (`kv_page_indices[kv_indptr[b + 1] - 1]`, slot `kv_last_page_len[b] - 1`)
   zero `min` rounded to f16, codes `trunc((k - zero) / scale + 0.5)` clamped to 0..15, two
   a byte) into the head-major copy (`[pages, kv_heads, 16, 64]` codes, `[pages, kv_heads,
   16]` scale and zero);
-- Quest's page min and max (`[pages, kv_heads, 128]` f16) folded with the token (a page's
-  first token starts them afresh).
+- one selector's state: Quest's page min and max (`[pages, kv_heads, 128]` f16) folded
+  with the token (a page's first token starts them afresh; cases `append_*`), or Double
+  Sparsity's labels (16 channels of K per KV head, `[pages, kv_heads, 16, 16]` f16, a
+  gather; `append_ds_*`), or SparQ's (`append_sparq_*`): K into the transposed copy
+  (`[blocks, kv_heads, 128, 256]` f16, blocks of 256 tokens through a block table of their
+  own, scattered as the pages) at the token's position, and V added to the f32 sums of V
+  (`[batch, kv_heads, 128]`).
 
 Sequence `b` holds `32768 - b % 16` tokens, as in dusk's benchmark (every slot of a page
 gets a new token, the first included). Timed by harness.py, the rule dusk's side follows
@@ -33,34 +38,55 @@ import harness  # noqa: E402
 HEAD_DIM, PAGE = 128, 16
 
 
-def case(batch, q_heads, kv_heads, context, gen):
+LABELS, BLOCK = 16, 256
+
+
+def case(selector, batch, q_heads, kv_heads, context, gen):
     dev = "cuda"
     lens = [context - b % PAGE for b in range(batch)]
     pages = [-(-n // PAGE) for n in lens]
     num_pages = sum(pages)
+    blocks = [-(-n // BLOCK) for n in lens]
+    num_blocks = sum(blocks)
     k_cache = torch.zeros(num_pages, PAGE, kv_heads, HEAD_DIM, dtype=torch.half, device=dev)
     v_cache = torch.zeros_like(k_cache)
     packed = torch.zeros(num_pages, kv_heads, PAGE, HEAD_DIM // 2, dtype=torch.uint8, device=dev)
     scale = torch.zeros(num_pages, kv_heads, PAGE, dtype=torch.half, device=dev)
     zero = torch.zeros_like(scale)
-    page_min = torch.zeros(num_pages, kv_heads, HEAD_DIM, dtype=torch.half, device=dev)
-    page_max = torch.zeros_like(page_min)
+    state = {}
+    if selector == "quest":
+        state["min"] = torch.zeros(num_pages, kv_heads, HEAD_DIM, dtype=torch.half, device=dev)
+        state["max"] = torch.zeros_like(state["min"])
+    elif selector == "ds":
+        state["labels"] = torch.zeros(num_pages, kv_heads, PAGE, LABELS, dtype=torch.half, device=dev)
+        # Every (128 / 16)-th channel, as dusk's benchmark.
+        channels = torch.arange(LABELS, device=dev) * (HEAD_DIM // LABELS)
+        state["channels"] = channels.view(1, 1, LABELS).expand(batch, kv_heads, LABELS)
+    else:
+        state["k_t"] = torch.zeros(num_blocks, kv_heads, HEAD_DIM, BLOCK, dtype=torch.half, device=dev)
+        state["v_sum"] = torch.zeros(batch, kv_heads, HEAD_DIM, dtype=torch.float, device=dev)
     ends = torch.tensor(pages, device=dev).cumsum(0)
+    blk_ends = torch.tensor(blocks, device=dev).cumsum(0)
     slot = torch.tensor([(n - 1) % PAGE for n in lens], device=dev)
+    blk_slot = torch.tensor([(n - 1) % BLOCK for n in lens], device=dev)
     first = (slot == 0).view(-1, 1, 1)
     # What one step reads (as dusk's AppendBench::read_bytes): the new K and V, the table's
-    # entries it looks at, Quest's state of the pages whose new token is not their first.
+    # entries it looks at, Quest's state of the pages whose new token is not their first,
+    # DS's channels, SparQ's block table entries and sums of V.
     continued = sum(1 for n in lens if (n - 1) % PAGE != 0)
-    read_bytes = 2 * batch * kv_heads * HEAD_DIM * 2 + batch * 16 + 2 * continued * kv_heads * HEAD_DIM * 2
+    read_bytes = 2 * batch * kv_heads * HEAD_DIM * 2 + batch * 16
+    read_bytes += {"quest": 2 * continued * kv_heads * HEAD_DIM * 2, "ds": kv_heads * LABELS * 4,
+                   "sparq": batch * 12 + batch * kv_heads * HEAD_DIM * 4}[selector]
     sets = harness.rotation_sets(read_bytes)
     inputs = []
     for _ in range(sets):
         page_ids = torch.randperm(num_pages, device=dev, generator=gen).int()
+        blk_ids = torch.randperm(num_blocks, device=dev, generator=gen).int()
         k_new = (torch.rand(batch, kv_heads, HEAD_DIM, device=dev, generator=gen) * 6 - 3).half()
         v_new = (torch.rand(batch, kv_heads, HEAD_DIM, device=dev, generator=gen) * 6 - 3).half()
-        inputs.append((page_ids, k_new, v_new))
+        inputs.append((page_ids, blk_ids, k_new, v_new))
 
-    def step(page_ids, k_new, v_new):
+    def step(page_ids, blk_ids, k_new, v_new):
         last = page_ids[ends - 1].long()  # each sequence's last page
         k_cache[last, slot] = k_new
         v_cache[last, slot] = v_new
@@ -73,19 +99,33 @@ def case(batch, q_heads, kv_heads, context, gen):
         packed[last, :, slot] = codes[..., 0::2] | (codes[..., 1::2] << 4)
         scale[last, :, slot] = scale16
         zero[last, :, slot] = zero16
-        old_lo = torch.where(first, float("inf"), page_min[last].float())
-        old_hi = torch.where(first, float("-inf"), page_max[last].float())
-        page_min[last] = torch.fmin(old_lo, x).half()
-        page_max[last] = torch.fmax(old_hi, x).half()
+        if selector == "quest":
+            old_lo = torch.where(first, float("inf"), state["min"][last].float())
+            old_hi = torch.where(first, float("-inf"), state["max"][last].float())
+            state["min"][last] = torch.fmin(old_lo, x).half()
+            state["max"][last] = torch.fmax(old_hi, x).half()
+        elif selector == "ds":
+            state["labels"][last, :, slot] = k_new.gather(-1, state["channels"])
+        else:
+            block = blk_ids[blk_ends - 1].long()  # the token's block: each sequence's last
+            state["k_t"][block, :, :, blk_slot] = k_new
+            state["v_sum"] += v_new.float()
         return last
 
     last = step(*inputs[0])
-    assert torch.equal(k_cache[last, slot], inputs[0][1]), "the new K rows are in place"
-    assert bool((page_min[last] <= page_max[last]).all()), "Quest's min below its max"
+    assert torch.equal(k_cache[last, slot], inputs[0][2]), "the new K rows are in place"
+    if selector == "quest":
+        assert bool((state["min"][last] <= state["max"][last]).all()), "Quest's min below its max"
+    elif selector == "ds":
+        assert torch.equal(state["labels"][last, :, slot], inputs[0][2][..., ::HEAD_DIM // LABELS]), "the labels"
+    else:
+        block = inputs[0][1][blk_ends - 1].long()
+        assert torch.equal(state["k_t"][block, :, :, blk_slot], inputs[0][2]), "the transposed K"
     m = harness.measure([lambda s=s: step(*s) for s in inputs])
-    del k_cache, v_cache, packed, scale, zero, page_min, page_max, inputs
+    del k_cache, v_cache, packed, scale, zero, state, inputs
     torch.cuda.empty_cache()
-    entry = {"case": f"append_b{batch}_h{q_heads}x{kv_heads}_ctx{context}", "read_bytes": read_bytes,
+    prefix = "" if selector == "quest" else selector + "_"
+    entry = {"case": f"append_{prefix}b{batch}_h{q_heads}x{kv_heads}_ctx{context}", "read_bytes": read_bytes,
              "rotation_sets": sets}
     harness.put(entry, "torch", m)
     return entry
@@ -100,11 +140,12 @@ def main():
     copy, copy_m = harness.measure_copy()
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "l2_bytes": harness.l2_bytes(),
               "copy_gbps": copy, "copy_timing": copy_m.timing, "cases": []}
-    for batch in (32, 64):
-        for kv_heads in (8, 32):
-            entry = case(batch, 32, kv_heads, 32768, gen)
-            print(json.dumps(entry), flush=True)
-            result["cases"].append(entry)
+    for selector in ("quest", "ds", "sparq"):
+        for batch in (32, 64):
+            for kv_heads in (8, 32):
+                entry = case(selector, batch, 32, kv_heads, 32768, gen)
+                print(json.dumps(entry), flush=True)
+                result["cases"].append(entry)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
 

@@ -232,6 +232,39 @@ fn the_selectors_parts_reject_bad_state() {
     assert_eq!(run(None, Some((&mut sp, &table))), None);
 }
 
+/// The benchmark's step (`AppendBench`, what `gpu-check selectors` times) with each
+/// selector's state: its touched list right for every sequence, the new tokens on every slot
+/// of a page, SparQ's blocks of 256 scattered as the pages are.
+#[test]
+fn the_benchmark_step_with_each_selectors_state() {
+    use dusk_kernels::cache::bench::{AppendBench, AppendCase};
+    let dusk = dusk();
+    for parts in [
+        INT4_QUEST,
+        AppendParts {
+            quantized: Some(4),
+            ds: Some(16),
+            ..AppendParts::default()
+        },
+        AppendParts {
+            quantized: Some(4),
+            sparq: true,
+            ..AppendParts::default()
+        },
+    ] {
+        let case = AppendCase {
+            batch: 17,
+            context: 600,
+            num_kv_heads: 2,
+            parts,
+            ..AppendCase::default()
+        };
+        let mut bench = AppendBench::new(&dusk, &case).unwrap();
+        assert_eq!(bench.check(&dusk), Ok(17), "{parts:?}");
+        assert!(bench.bytes() > bench.read_bytes());
+    }
+}
+
 #[test]
 fn every_compiled_configuration() {
     // Batch x KV heads of 5 x 3 rows: no configuration's programs divide it evenly.

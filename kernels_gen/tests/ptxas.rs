@@ -736,15 +736,13 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
 }
 
 /// SparQ's kernels: the update, the query and alpha kernels for every head_dim and group,
-/// the score kernel across groups, components and block sizes; none spills or uses local
-/// memory, and the scoring reads the transposed copy in 16-byte vectors (8 slots of a
-/// block). Run with `--nocapture` for the registers.
+/// the score and mass kernels the plans use across groups, components and block sizes; none
+/// spills or uses local memory, and the scoring reads the transposed copy in 16-byte
+/// vectors (8 slots of a block). Run with `--nocapture` for the registers.
 #[test]
 fn sparq_kernels_assemble_without_spills() {
-    use dusk_kernels::selectors::sparq::score_tile;
-    use dusk_kernels::selectors::sparq_kernels::{
-        sparq_alpha, sparq_query, sparq_score, sparq_update,
-    };
+    use dusk_kernels::selectors::sparq::group_kernels;
+    use dusk_kernels::selectors::sparq_kernels::{sparq_alpha, sparq_query, sparq_update};
     let ptxas = ptxas();
     let mut ks = vec![
         sparq_update::build::<64>().unwrap(),
@@ -758,23 +756,28 @@ fn sparq_kernels_assemble_without_spills() {
             ks.push(sparq_query::build::<256, $g, 32>().unwrap());
             ks.push(sparq_alpha::build::<128, $g, 256>().unwrap());
             ks.push(sparq_alpha::build::<256, $g, 256>().unwrap());
-            ks.push(sparq_score::build::<$g, 8, { score_tile(8) }, 4>().unwrap());
-            ks.push(sparq_score::build::<$g, 16, { score_tile(16) }, 4>().unwrap());
-            ks.push(sparq_score::build::<$g, 64, { score_tile(64) }, 4>().unwrap());
-            ks.push(sparq_score::build::<$g, 256, { score_tile(256) }, 4>().unwrap());
         )*};
     }
     per_group!(1 2 4 8 16);
-    // Blocks of 8 to 256 tokens.
-    for k in [
-        sparq_score::build::<4, 16, { score_tile(16) }, 3>(),
-        sparq_score::build::<4, 16, { score_tile(16) }, 5>(),
-        sparq_score::build::<4, 16, { score_tile(16) }, 8>(),
-        sparq_score::build::<1, 16, { score_tile(16) }, 8>(),
-        sparq_score::build::<1, 32, { score_tile(32) }, 6>(),
-        sparq_score::build::<8, 256, { score_tile(256) }, 7>(),
-    ] {
-        ks.push(k.unwrap());
+    // Components of 8 to 256 with blocks of 16 tokens, and blocks of 8 to 256.
+    let mut configs = vec![];
+    for g in [1, 2, 4, 8, 16] {
+        for rp in [8, 16, 64, 256] {
+            configs.push((g, rp, 4));
+        }
+    }
+    configs.extend([
+        (4, 16, 3),
+        (4, 16, 5),
+        (4, 16, 8),
+        (1, 16, 8),
+        (1, 32, 6),
+        (8, 256, 7),
+    ]);
+    for (g, rp, log_bs) in configs {
+        let (score, mass, _) = group_kernels(g, rp, log_bs).unwrap();
+        ks.push(score().unwrap());
+        ks.push(mass().unwrap());
     }
     for k in ks {
         let needle = k.name.starts_with("sparq_score").then_some("ld.global.v4");

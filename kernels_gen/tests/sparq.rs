@@ -9,6 +9,7 @@ use dusk_kernels::ops::Dusk;
 use dusk_kernels::paged::{KvShape, PageTable};
 use dusk_kernels::reference;
 use dusk_kernels::selectors::reference::top_k_row;
+use dusk_kernels::selectors::sparq_bench::{ScoreConfig, SparqBench, SparqCase};
 use dusk_kernels::selectors::sparq_reference::{
     paged_key, sparq_alpha, sparq_row, transpose_blocks, value_sums, SparqRow,
 };
@@ -275,9 +276,8 @@ fn check(r: &Run, skip: &[usize]) -> usize {
             "row {row}: padding"
         );
         for g in 0..group {
-            let at = (row * group + g) * rp;
             for (j, want_q) in w.sparse_query[g].iter().enumerate() {
-                let got = qs[at + j] as f64;
+                let got = qs[(row * rp + j) * group + g] as f64;
                 assert!(
                     (got - want_q).abs() <= 1e-5 * (1.0 + want_q.abs()),
                     "row {row} head {g}: sparse query {j}"
@@ -825,4 +825,31 @@ fn bad_arguments_are_typed_errors() {
         arg_of(p.attention_meta(&dusk, &attn, &t).err().unwrap()),
         "attn"
     );
+}
+
+/// The score kernel's other configurations (those the benchmark times,
+/// `ScoreConfig::alternatives`: tiles, components in flight, with and without a group's
+/// weights) give the plan's scores and softmax statistics, for MHA and a group of 4, on a
+/// sequence that ends inside a block and inside a tile.
+#[test]
+fn score_configurations_agree_with_the_plan() {
+    let dusk = dusk();
+    for (hq, hkv) in [(4, 4), (8, 2)] {
+        let case = SparqCase {
+            batch: 2,
+            context: 700,
+            num_q_heads: hq,
+            num_kv_heads: hkv,
+            k: Budget::Tokens(64),
+            window: 16,
+            ..SparqCase::default()
+        };
+        let mut bench = SparqBench::new(&dusk, &case, |_| {}).unwrap();
+        bench.check(&dusk, 4).unwrap();
+        let configs = ScoreConfig::alternatives(hq / hkv);
+        assert!(configs.len() >= 5);
+        for cfg in configs {
+            bench.check_score_config(&dusk, cfg).unwrap();
+        }
+    }
 }

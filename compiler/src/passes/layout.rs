@@ -203,10 +203,42 @@ fn operand_hints(k: &Kernel, hints: &mut HashMap<Vec<usize>, usize>) {
     });
 }
 
+/// A 2-D shape that touches no memory takes the hint of the shape whose reduction it
+/// expands along the same dimension (`expand(sum(x, a), a, n)`, `x` of a shape with a
+/// hint), so that the reduced 1-D block enters it in the layout it already has instead of
+/// through shared memory: a `[G, N]` block accumulating row sums of a loaded `[C, N]` one,
+/// for instance, spreads `N` as the load does.
+fn inherited_hints(k: &Kernel, hints: &mut HashMap<Vec<usize>, usize>) {
+    let mut reduced: HashMap<ValueId, (Vec<usize>, u8)> = HashMap::new();
+    let mut expands: Vec<(ValueId, u8, Vec<usize>)> = vec![];
+    walk_ops(&k.body, &mut |op| match &op.kind {
+        OpKind::Reduce { value, axis, .. } if k.ty(*value).shape.len() == 2 => {
+            reduced.insert(op.results[0], (k.ty(*value).shape.clone(), *axis));
+        }
+        OpKind::Expand { value, axis, .. } => {
+            expands.push((*value, *axis, k.ty(op.results[0]).shape.clone()));
+        }
+        _ => {}
+    });
+    for (value, axis, out) in expands {
+        if hints.contains_key(&out) {
+            continue;
+        }
+        if let Some((from, a)) = reduced.get(&value) {
+            if *a == axis && from[1 - axis as usize] == out[1 - axis as usize] {
+                if let Some(&h) = hints.get(from) {
+                    hints.insert(out, h);
+                }
+            }
+        }
+    }
+}
+
 /// Assigns a layout to every block value of `k`.
 pub fn assign(k: &Kernel) -> Layouts {
     let mut hints = vector_hints(k);
     operand_hints(k, &mut hints);
+    inherited_hints(k, &mut hints);
     let nw = k.num_warps as usize;
     let blocked_for = |shape: &[usize]| Blocked::new(shape, *hints.get(shape).unwrap_or(&4), nw);
     let mut uf = UnionFind {
@@ -404,6 +436,57 @@ mod tests {
         }
         assert!(build(24).is_err());
         assert!(build(128).is_err());
+    }
+
+    /// A `[4, 128]` f32 block built from row sums of a loaded `[16, 128]` f16 one and
+    /// touching no memory spreads its columns as the load does (8 a thread), so the sums
+    /// enter it without moving; with a store of its own it keeps its own hint.
+    #[test]
+    fn a_block_of_reduced_rows_takes_the_hint_of_their_load() {
+        use crate::builder::KernelBuilder;
+        let build = |store_it: bool| {
+            let mut b = KernelBuilder::new("rows");
+            let x = b.param_ptr("x", DType::F16);
+            let y = b.param_ptr("y", DType::F32);
+            let r = b.arange(0, 16);
+            let r = b.mul_c(r, 128);
+            let r = b.expand(r, 1, 128);
+            let c = b.arange(0, 128);
+            let c = b.expand(c, 0, 16);
+            let o = b.add(r, c);
+            let p = b.add_ptr(x, o);
+            let v = b.load(p);
+            let v = b.cast(v, DType::F32);
+            let s = b.sum(v, 0);
+            let e = b.expand(s, 0, 4);
+            if store_it {
+                let r = b.arange(0, 4);
+                let r = b.mul_c(r, 128);
+                let r = b.expand(r, 1, 128);
+                let c = b.arange(0, 128);
+                let c = b.expand(c, 0, 4);
+                let o = b.add(r, c);
+                let q = b.add_ptr(y, o);
+                b.store(q, e);
+            } else {
+                let t = b.sum(e, 0);
+                let c = b.arange(0, 128);
+                let q = b.add_ptr(y, c);
+                b.store(q, t);
+            }
+            b.finish().unwrap()
+        };
+        for (store_it, spt) in [(false, 8), (true, 4)] {
+            let k = build(store_it);
+            let l = assign(&k);
+            let Some(Layout::Blocked(bl)) = l.of.values().find(|l| match l {
+                Layout::Blocked(b) => b.shape == vec![4, 128],
+                _ => false,
+            }) else {
+                panic!("no [4, 128] layout")
+            };
+            assert_eq!(bl.size_per_thread, vec![1, spt], "stored: {store_it}");
+        }
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! The append at a benchmark shape, for the GPU check: a cache of the full size (every
-//! sequence's pages scattered over it), as many step inputs (a page table, new K and V) as
-//! the timing harness rotates through, a check of the touched list on fresh inputs, and
-//! the harness's timing of one step. The cache's contents do not matter to the time and
-//! stay zero; the bit-exact checks are [`super::check`]'s.
+//! sequence's pages scattered over it) with the state of the parts' selector (Quest's,
+//! Double Sparsity's labels, or SparQ's transposed copy, in blocks of its own scattered as
+//! well, and sums of V), as many step inputs (a page table, SparQ's block table, new K and
+//! V) as the timing harness rotates through, a check of the touched list on fresh inputs,
+//! and the harness's timing of one step. The state's contents do not matter to the time;
+//! the bit-exact checks are [`super::check`]'s.
 //!
 //! ```
 //! use dusk_kernels::cache::bench::{AppendBench, AppendCase};
@@ -25,7 +27,7 @@ use crate::error::Result;
 use crate::ops::{Dusk, QuantizedK};
 use crate::paged::{KvShape, PageTable};
 use crate::selectors::bench::Rng;
-use crate::selectors::{SelectorState, QUEST};
+use crate::selectors::{DsCalibration, DsState, SelectorState, SparqBlocks, SparqState, QUEST};
 use dusk_runtime::{Buffer, Measured};
 use half::f16;
 
@@ -42,11 +44,14 @@ pub struct AppendCase {
     pub page_size: usize,
     pub parts: AppendParts,
     pub config: AppendConfig,
+    /// Tokens in a block of SparQ's transposed copy (with `parts.sparq`).
+    pub sparq_block_size: usize,
     pub seed: u64,
 }
 
 impl Default for AppendCase {
-    /// Batch 64, 32k tokens, 8 KV heads of 128, pages of 16, INT4 and Quest.
+    /// Batch 64, 32k tokens, 8 KV heads of 128, pages of 16, INT4 and Quest (SparQ's
+    /// blocks, when asked for, of 256 tokens).
     fn default() -> Self {
         AppendCase {
             batch: 64,
@@ -60,6 +65,7 @@ impl Default for AppendCase {
                 ..AppendParts::default()
             },
             config: AppendConfig::default(),
+            sparq_block_size: 256,
             seed: 0xa99,
         }
     }
@@ -79,6 +85,8 @@ struct StepInputs {
     table: CsrPages,
     k_new: Buffer<f16>,
     v_new: Buffer<f16>,
+    /// SparQ's block table after the append (with `parts.sparq`).
+    blocks: Option<CsrPages>,
     /// Each sequence's last page, for the check.
     last_pages: Vec<i32>,
 }
@@ -92,6 +100,8 @@ pub struct AppendBench {
     v_cache: Buffer<f16>,
     quantized: Option<QuantizedK>,
     quest: Option<SelectorState>,
+    ds: Option<DsState>,
+    sparq: Option<SparqState>,
     sets: Vec<StepInputs>,
     last_lens: Vec<i32>,
 }
@@ -129,6 +139,27 @@ impl AppendBench {
             true => Some(SelectorState::new(dusk, &QUEST, kv)?),
             false => None,
         };
+        // DS's channels: every (head_dim / r)-th.
+        let ds = match case.parts.ds {
+            Some(r) => {
+                let channels = vec![(0..r).map(|i| i * kv.head_dim / r).collect(); kv.num_kv_heads];
+                let cal = DsCalibration::from_channels(kv.head_dim, &channels)?;
+                Some(DsState::new(dusk, kv, &cal)?)
+            }
+            None => None,
+        };
+        let bs = case.sparq_block_size;
+        let num_blocks = PageTable::pages_needed(&lens, bs);
+        let sparq = match case.parts.sparq {
+            true => {
+                let blocks = SparqBlocks {
+                    num_blocks,
+                    block_size: bs,
+                };
+                Some(SparqState::new(dusk, kv, case.batch, blocks)?)
+            }
+            false => None,
+        };
         let token_values = case.batch * kv.num_kv_heads * kv.head_dim;
         let mut sets = vec![];
         for _ in 0..dev.rotation_sets(Self::read_bytes_of(case, &kv)) {
@@ -146,10 +177,26 @@ impl AppendBench {
                     .collect()
             };
             let (k_new, v_new) = (token(), token());
+            let blocks = match case.parts.sparq {
+                true => {
+                    let mut ids: Vec<i32> = (0..num_blocks as i32).collect();
+                    for i in (1..ids.len()).rev() {
+                        ids.swap(i, rng.below(i + 1));
+                    }
+                    let t = PageTable::from_lengths(&lens, bs, ids)?;
+                    Some(CsrPages {
+                        kv_indptr: dev.upload(&t.kv_indptr)?,
+                        kv_page_indices: dev.upload(&t.kv_page_indices)?,
+                        kv_last_page_len: dev.upload(&t.kv_last_page_len)?,
+                    })
+                }
+                false => None,
+            };
             sets.push(StepInputs {
                 table: plan.upload_table(dusk, &table)?,
                 k_new: dev.upload(&k_new)?,
                 v_new: dev.upload(&v_new)?,
+                blocks,
                 last_pages,
             });
         }
@@ -162,17 +209,25 @@ impl AppendBench {
             v_cache: dev.alloc(kv.elements())?,
             quantized,
             quest,
+            ds,
+            sparq,
             sets,
             last_lens,
         })
     }
 
-    /// Bytes one step reads: the new K and V, the page table's entries it looks at, and
-    /// Quest's minimum and maximum of the pages whose new token is not their first.
+    /// Bytes one step reads: the new K and V, the page table's entries it looks at,
+    /// Quest's minimum and maximum of the pages whose new token is not their first, DS's
+    /// channels, SparQ's block table entries and sums of V (added to).
     fn read_bytes_of(case: &AppendCase, kv: &KvShape) -> usize {
         let rows = case.batch * kv.num_kv_heads;
         let tokens = 2 * rows * kv.head_dim * 2;
         let table = case.batch * 4 * 4;
+        let ds = case.parts.ds.map_or(0, |r| kv.num_kv_heads * r * 4);
+        let sparq = match case.parts.sparq {
+            true => case.batch * 3 * 4 + rows * kv.head_dim * 4,
+            false => 0,
+        };
         let continued = case
             .lens()
             .iter()
@@ -182,12 +237,13 @@ impl AppendBench {
             true => 2 * continued * kv.num_kv_heads * kv.head_dim * 2,
             false => 0,
         };
-        tokens + table + quest
+        tokens + table + quest + ds + sparq
     }
 
     /// Bytes one step must move: what it reads ([`AppendBench::read_bytes`]), and what it
     /// writes: K and V into the cache, the quantized rows (codes, scale and zero), Quest's
-    /// minimum and maximum, the touched list.
+    /// minimum and maximum, DS's labels, SparQ's transposed K and sums of V, the touched
+    /// list.
     pub fn bytes(&self) -> usize {
         let (kv, b) = (&self.kv, self.case.batch);
         let rows = b * kv.num_kv_heads;
@@ -202,7 +258,13 @@ impl AppendBench {
         } else {
             0
         };
-        self.read_bytes() + cache + quantized + quest + b * 8
+        let ds = self.case.parts.ds.map_or(0, |r| rows * r * 2);
+        let sparq = if self.case.parts.sparq {
+            rows * kv.head_dim * (2 + 4)
+        } else {
+            0
+        };
+        self.read_bytes() + cache + quantized + quest + ds + sparq + b * 8
     }
 
     /// Bytes one step reads (what the harness sizes its rotation by).
@@ -241,8 +303,8 @@ impl AppendBench {
             v_cache: &mut self.v_cache,
             quantized: self.quantized.as_mut(),
             quest: self.quest.as_mut(),
-            ds: None,
-            sparq: None,
+            ds: self.ds.as_mut(),
+            sparq: self.sparq.as_mut().zip(s.blocks.as_ref()),
         };
         self.plan.run(dusk, &s.table, &s.k_new, &s.v_new, targets)
     }

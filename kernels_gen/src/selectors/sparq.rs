@@ -33,7 +33,7 @@
 //! // r = 8 of 64 components, 32 tokens kept, the last 8 always.
 //! let options = SparqOptions { r: 8, k: Budget::Tokens(32), window: 8 };
 //! let mut plan = SparqPlan::new(&dusk, state, 4, &table, &blocks, options)?;
-//! plan.select(&dusk, &q)?;                       // 4 launches, no allocation, no sync
+//! plan.select(&dusk, &q)?;                       // 5 launches, no allocation, no sync
 //! assert_eq!(plan.shape().sel_indptr, [0, 32, 64]); // one token list per KV head
 //! let lists = plan.sel_indices().download()?;
 //! assert_eq!(&lists[24..32], &[62, 63, 64, 65, 66, 67, 68, 69]); // the window
@@ -47,7 +47,7 @@
 //! ```
 
 use super::selector::Build;
-use super::sparq_kernels::{sparq_alpha, sparq_query, sparq_score, sparq_update};
+use super::sparq_kernels::{sparq_alpha, sparq_mass, sparq_query, sparq_score, sparq_update};
 use super::topk::{Budget, Items, Keep, SelectionShape, TopKConfig, TopKPlan};
 use crate::attention_ops::{AttentionMeta, AttentionMode, AttentionPlan, AttentionSpec, SparqMix};
 use crate::error::{ensure, invalid, Result};
@@ -60,7 +60,7 @@ use std::sync::Arc;
 
 /// Components the query kernel's ranking compares a component with at once.
 const RANK_CHUNK: usize = 32;
-/// Tiles (statistics) and kept tokens the alpha kernel reads at once.
+/// Tiles' statistics and chunks' numerators the alpha kernel reads at once.
 const ALPHA_BLOCK: usize = 256;
 
 /// SparQ's choices (Algorithm 1's `r`, `k` and `l`).
@@ -148,45 +148,75 @@ fn alpha_kernel(head_dim: usize, group: usize) -> Option<Build> {
     })
 }
 
-/// Tokens a score program covers for `rp` components: 2048 values of `k_t` (64 a thread of
-/// its one warp).
-pub const fn score_tile(rp: usize) -> usize {
-    2048 / rp
+/// Tokens a score program covers with a group of `group` query heads: 128 with one head (a
+/// thread's 8 tokens' components split over two lanes), 256 with 2 or 4 (each thread holds
+/// every head of 8 tokens), 128 from 8 heads on (half of the heads of 8 tokens a thread: at
+/// most 64 logits). The H100's measurements are in the selectors README.
+pub const fn score_tile(group: usize) -> usize {
+    if group == 2 || group == 4 {
+        256
+    } else {
+        128
+    }
 }
 
-/// The score kernel for a group of `G`, `rp` components (a power of two, 8 to 256) and
-/// blocks of `2^log_bs` tokens (8 to 256), with its tile.
-fn score_for<const G: usize>(rp: usize, log_bs: usize) -> Option<(Build, usize)> {
+/// The components whose loads a score program keeps in flight at once (of at least 8): 16
+/// with one head, 8 with a group (its logits take the registers the other 8 would).
+pub const fn score_chunk(group: usize) -> usize {
+    if group == 1 {
+        16
+    } else {
+        8
+    }
+}
+
+/// The score and mass kernels for a group of `G`, tiles of `TILE` tokens and chunks of
+/// `CH` components, `rp` components (a power of two, 8 to 256: with 8, chunks of 8) and
+/// blocks of `2^log_bs` tokens (8 to 256). The mass kernel weighs `TILE` kept tokens a
+/// program (as many logits as a score program holds), gathering 8 components at a time.
+fn kernels_for<const G: usize, const TILE: usize, const CH: usize>(
+    rp: usize,
+    log_bs: usize,
+) -> Option<(Build, Build)> {
     macro_rules! table {
-        ($($rp:literal: $($lbs:literal)*;)*) => {
+        ($($rp:literal $ch:tt: $($lbs:literal)*;)*) => {
             match (rp, log_bs) {
                 $($(($rp, $lbs) => (
-                    sparq_score::build::<G, $rp, { score_tile($rp) }, $lbs> as Build,
-                    score_tile($rp),
+                    sparq_score::build::<G, $rp, $ch, TILE, $lbs> as Build,
+                    sparq_mass::build::<G, $rp, 8, TILE, $lbs> as Build,
                 ),)*)*
                 _ => return None,
             }
         };
     }
     Some(table! {
-        8: 3 4 5 6 7 8;
-        16: 3 4 5 6 7 8;
-        32: 3 4 5 6 7 8;
-        64: 3 4 5 6 7 8;
-        128: 3 4 5 6 7 8;
-        256: 3 4 5 6 7 8;
+        8 8: 3 4 5 6 7 8;
+        16 CH: 3 4 5 6 7 8;
+        32 CH: 3 4 5 6 7 8;
+        64 CH: 3 4 5 6 7 8;
+        128 CH: 3 4 5 6 7 8;
+        256 CH: 3 4 5 6 7 8;
     })
 }
 
-fn score_kernel(group: usize, rp: usize, log_bs: usize) -> Option<(Build, usize)> {
-    match group {
-        1 => score_for::<1>(rp, log_bs),
-        2 => score_for::<2>(rp, log_bs),
-        4 => score_for::<4>(rp, log_bs),
-        8 => score_for::<8>(rp, log_bs),
-        16 => score_for::<16>(rp, log_bs),
+/// The score and mass kernels a plan uses for a group of `group` query heads, `rp`
+/// components and blocks of `2^log_bs` tokens, with the score's tile (tokens a score
+/// program scores, kept tokens a mass program weighs); `None` for a group, `rp` or block
+/// size with no kernel.
+pub fn group_kernels(group: usize, rp: usize, log_bs: usize) -> Option<(Build, Build, usize)> {
+    const T1: usize = score_tile(1);
+    const T4: usize = score_tile(4);
+    const C1: usize = score_chunk(1);
+    const C4: usize = score_chunk(4);
+    let (score, mass) = match group {
+        1 => kernels_for::<1, T1, C1>(rp, log_bs),
+        2 => kernels_for::<2, T4, C4>(rp, log_bs),
+        4 => kernels_for::<4, T4, C4>(rp, log_bs),
+        8 => kernels_for::<8, T1, C4>(rp, log_bs),
+        16 => kernels_for::<16, T1, C4>(rp, log_bs),
         _ => None,
-    }
+    }?;
+    Some((score, mass, score_tile(group)))
 }
 
 /// The components' stride a plan of `r` uses: the kernels' block of components (a power of
@@ -605,7 +635,73 @@ fn runs(
     out
 }
 
-/// SparQ's selection over one page table: the query, score and alpha kernels and the
+/// What a score kernel writes (see `sparq_score`), sized for one plan's rows and tiles of
+/// `tile` tokens: the tokens' scores and the tiles' softmax statistics.
+pub struct ScoreOutputs {
+    tile: usize,
+    tiles: usize,
+    scores: Buffer<f32>,
+    stat_max: Buffer<f32>,
+    stat_sum: Buffer<f32>,
+}
+
+impl ScoreOutputs {
+    fn new(dusk: &Dusk, shape: &SelectionShape, group: usize, tile: usize) -> Result<ScoreOutputs> {
+        let tiles = shape.max_items().div_ceil(tile).max(1);
+        ensure!(
+            tiles <= 65535,
+            "kv_indptr",
+            format!("sequences of at most {} tokens", 65535 * tile),
+            shape.max_items(),
+        );
+        let stats = shape.rows() * tiles * group;
+        ensure!(
+            stats < i32::MAX as usize,
+            "kv_indptr",
+            "fewer than 2^31 tiles' statistics (tiles x num_q_heads)",
+            stats,
+        );
+        let dev = dusk.device();
+        Ok(ScoreOutputs {
+            tile,
+            tiles,
+            scores: dev.alloc(shape.num_scores())?,
+            stat_max: dev.alloc(stats)?,
+            stat_sum: dev.alloc(stats)?,
+        })
+    }
+
+    fn poison(&mut self, dusk: &Dusk, byte: u8) -> Result<()> {
+        let d = dusk.device();
+        d.fill_bytes(&mut self.scores, byte)?;
+        d.fill_bytes(&mut self.stat_max, byte)?;
+        d.fill_bytes(&mut self.stat_sum, byte)?;
+        Ok(())
+    }
+
+    /// Tokens a program scores.
+    pub fn tile(&self) -> usize {
+        self.tile
+    }
+    /// Tiles a row has room for (the longest sequence's).
+    pub fn tiles(&self) -> usize {
+        self.tiles
+    }
+    /// The tokens' scores, in the plan's layout ([`SparqPlan::scores`]).
+    pub fn scores(&self) -> &Buffer<f32> {
+        &self.scores
+    }
+    /// Each tile's and head's largest logit, at `(row * tiles + tile) * group + head`.
+    pub fn stat_max(&self) -> &Buffer<f32> {
+        &self.stat_max
+    }
+    /// Each tile's and head's `sum exp(l - max)`, as [`ScoreOutputs::stat_max`].
+    pub fn stat_sum(&self) -> &Buffer<f32> {
+        &self.stat_sum
+    }
+}
+
+/// SparQ's selection over one page table: the query, score, mass and alpha kernels and the
 /// shared top-k, validated, compiled and sized once.
 pub struct SparqPlan {
     state: SparqState,
@@ -613,10 +709,11 @@ pub struct SparqPlan {
     batch: usize,
     num_q_heads: usize,
     rp: usize,
-    tile: usize,
-    tiles: usize,
+    /// Chunks of a tile's count of kept tokens in the longest row.
+    chunks: usize,
     query: Arc<LoadedKernel>,
     score: Arc<LoadedKernel>,
+    mass: Arc<LoadedKernel>,
     weigh: Arc<LoadedKernel>,
     topk: TopKPlan,
     blk_indptr: Buffer<i32>,
@@ -624,11 +721,9 @@ pub struct SparqPlan {
     tok_indptr: Buffer<i32>,
     dims: Buffer<i32>,
     qs: Buffer<f32>,
-    scores: Buffer<f32>,
-    /// Each head's logits (`G > 1`; with one head they are the scores).
-    logits: Option<Buffer<f32>>,
-    stat_max: Buffer<f32>,
-    stat_sum: Buffer<f32>,
+    out: ScoreOutputs,
+    /// Each chunk's alpha numerators, `[rows, chunks, group]`.
+    numerators: Buffer<f32>,
     alpha: Buffer<f32>,
     v_mean: Buffer<f16>,
 }
@@ -689,25 +784,18 @@ impl SparqPlan {
                 format!("{num_q_heads} query heads: a group of {group}"),
             )
         };
-        let (score_build, tile) = score_kernel(group, rp, log_bs).ok_or_else(unsupported)?;
+        let (score_build, mass_build, tile) =
+            group_kernels(group, rp, log_bs).ok_or_else(unsupported)?;
         let query_build = query_kernel(kv.head_dim, group).ok_or_else(unsupported)?;
         let alpha_build = alpha_kernel(kv.head_dim, group).ok_or_else(unsupported)?;
         let shape = topk.shape().clone();
-        let tiles = shape.max_items().div_ceil(tile).max(1);
-        ensure!(
-            tiles <= 65535,
-            "kv_indptr",
-            format!("sequences of at most {} tokens", 65535 * tile),
-            shape.max_items(),
-        );
+        let out = ScoreOutputs::new(dusk, &shape, group, tile)?;
         let rows = shape.rows();
-        ensure!(
-            rows * tiles * group < i32::MAX as usize
-                && shape.num_scores() * group < i32::MAX as usize,
-            "kv_indptr",
-            "fewer than 2^31 logits (tokens x num_q_heads)",
-            shape.num_scores() * group,
-        );
+        let longest = (0..rows)
+            .map(|r| (shape.sel_item_indptr[r + 1] - shape.sel_item_indptr[r]) as usize)
+            .max()
+            .unwrap_or(0);
+        let chunks = longest.div_ceil(tile).max(1);
         let d = kv.head_dim;
         let query = dusk.kernel(format!("sparq query d{d} g{group}"), query_build)?;
         let score = dusk.kernel(
@@ -716,6 +804,10 @@ impl SparqPlan {
                 state.blocks.block_size
             ),
             score_build,
+        )?;
+        let mass = dusk.kernel(
+            format!("sparq mass g{group} r{rp} bs{}", state.blocks.block_size),
+            mass_build,
         )?;
         let weigh = dusk.kernel(format!("sparq alpha d{d} g{group}"), alpha_build)?;
         let dev = dusk.device();
@@ -726,24 +818,18 @@ impl SparqPlan {
             batch: table.batch(),
             num_q_heads,
             rp,
-            tile,
-            tiles,
+            chunks,
             query,
             score,
+            mass,
             weigh,
             blk_indptr: dev.upload(&blocks.kv_indptr)?,
             blk_indices: nonempty(&blocks.kv_page_indices)?,
             tok_indptr: dev.upload(&shape.item_indptr)?,
             dims: dev.alloc(rows * rp)?,
             qs: dev.alloc(q_rows * rp)?,
-            scores: dev.alloc(shape.num_scores())?,
-            logits: if group > 1 {
-                Some(dev.alloc(shape.num_scores() * group)?)
-            } else {
-                None
-            },
-            stat_max: dev.alloc(rows * tiles * group)?,
-            stat_sum: dev.alloc(rows * tiles * group)?,
+            out,
+            numerators: dev.alloc(rows * chunks * group)?,
             alpha: dev.alloc(q_rows)?,
             v_mean: dev.alloc(rows * d)?,
             topk,
@@ -787,6 +873,24 @@ impl SparqPlan {
     /// Step 2: the approximate scores of every token (after [`SparqPlan::query`]). One
     /// launch.
     pub fn score(&mut self, dusk: &Dusk) -> Result<()> {
+        self.score_into(dusk, &self.score, &self.out)
+    }
+
+    /// Outputs for a score kernel of `tile` tokens a program over this plan's rows (another
+    /// configuration of `sparq_score`, as the benchmark times beside the plan's).
+    pub fn score_outputs(&self, dusk: &Dusk, tile: usize) -> Result<ScoreOutputs> {
+        ScoreOutputs::new(
+            dusk,
+            self.topk.shape(),
+            self.num_q_heads / self.state.kv.num_kv_heads,
+            tile,
+        )
+    }
+
+    /// Runs `kernel`, a `sparq_score` of `out`'s tile for this plan's group, `padded_r` and
+    /// block size, over this plan's inputs (after [`SparqPlan::query`]) into `out`. One
+    /// launch.
+    pub fn score_into(&self, dusk: &Dusk, kernel: &LoadedKernel, out: &ScoreOutputs) -> Result<()> {
         let kv = self.state.kv;
         let args = [
             Arg::from(&self.state.k_t),
@@ -795,47 +899,71 @@ impl SparqPlan {
             Arg::from(&self.tok_indptr),
             Arg::from(&self.dims),
             Arg::from(&self.qs),
-            Arg::from(&self.scores),
-            Arg::from(self.logits.as_ref().unwrap_or(&self.scores)),
-            Arg::from(&self.stat_max),
-            Arg::from(&self.stat_sum),
+            Arg::from(&out.scores),
+            Arg::from(&out.stat_max),
+            Arg::from(&out.stat_sum),
             Arg::I32(kv.num_kv_heads as i32),
             Arg::I32(kv.head_dim as i32),
             Arg::I32(self.options.r as i32),
-            Arg::I32(self.tiles as i32),
+            Arg::I32(out.tiles as i32),
         ];
-        let grid = [self.topk.shape().rows() as u32, self.tiles as u32, 1];
-        dusk.device().launch(&self.score, grid, &args)?;
+        let grid = [self.topk.shape().rows() as u32, out.tiles as u32, 1];
+        dusk.device().launch(kernel, grid, &args)?;
         Ok(())
     }
 
     /// Step 3: the top-k of the scores, as token lists. One launch.
     pub fn top_k(&mut self, dusk: &Dusk) -> Result<()> {
-        self.topk.run(dusk, &self.scores)
+        self.topk.run(dusk, &self.out.scores)
     }
 
-    /// Step 4: each query head's `alpha` and each row's mean of V. One launch.
+    /// Step 4: each query head's `alpha` and each row's mean of V (after
+    /// [`SparqPlan::top_k`]): the kept tokens' softmax numerators a chunk at a time, then
+    /// alpha from them. Two launches.
     pub fn weigh(&mut self, dusk: &Dusk) -> Result<()> {
+        let kv = self.state.kv;
+        let rows = self.topk.shape().rows() as u32;
         let args = [
-            Arg::from(&self.stat_max),
-            Arg::from(&self.stat_sum),
-            Arg::from(self.logits.as_ref().unwrap_or(&self.scores)),
+            Arg::from(&self.state.k_t),
+            Arg::from(&self.blk_indptr),
+            Arg::from(&self.blk_indices),
             Arg::from(&self.tok_indptr),
+            Arg::from(&self.dims),
+            Arg::from(&self.qs),
+            Arg::from(&self.out.scores),
+            Arg::from(&self.out.stat_max),
             Arg::from(self.topk.sel_item_indptr()),
             Arg::from(self.topk.sel_items()),
+            Arg::from(&self.numerators),
+            Arg::I32(kv.num_kv_heads as i32),
+            Arg::I32(kv.head_dim as i32),
+            Arg::I32(self.options.r as i32),
+            Arg::I32(self.out.tiles as i32),
+            Arg::I32(self.out.tile as i32),
+            Arg::I32(self.chunks as i32),
+        ];
+        let dev = dusk.device();
+        dev.launch(&self.mass, [rows, self.chunks as u32, 1], &args)?;
+        let args = [
+            Arg::from(&self.out.stat_max),
+            Arg::from(&self.out.stat_sum),
+            Arg::from(&self.numerators),
+            Arg::from(&self.tok_indptr),
+            Arg::from(self.topk.sel_item_indptr()),
             Arg::from(&self.state.v_sum),
             Arg::from(&self.alpha),
             Arg::from(&self.v_mean),
-            Arg::I32(self.state.kv.num_kv_heads as i32),
-            Arg::I32(self.tiles as i32),
-            Arg::I32(self.tile as i32),
+            Arg::I32(kv.num_kv_heads as i32),
+            Arg::I32(self.out.tiles as i32),
+            Arg::I32(self.out.tile as i32),
+            Arg::I32(self.chunks as i32),
+            Arg::I32(self.out.tile as i32),
         ];
-        let grid = [self.topk.shape().rows() as u32, 1, 1];
-        dusk.device().launch(&self.weigh, grid, &args)?;
+        dev.launch(&self.weigh, [rows, 1, 1], &args)?;
         Ok(())
     }
 
-    /// Algorithm 1's selection for `q`: the four steps, four launches, no allocation, no
+    /// Algorithm 1's selection for `q`: the four steps, five launches, no allocation, no
     /// sync.
     pub fn select(&mut self, dusk: &Dusk, q: &Buffer<f16>) -> Result<()> {
         self.query(dusk, q)?;
@@ -946,12 +1074,8 @@ impl SparqPlan {
         let d = dusk.device();
         d.fill_bytes(&mut self.dims, byte)?;
         d.fill_bytes(&mut self.qs, byte)?;
-        d.fill_bytes(&mut self.scores, byte)?;
-        if let Some(l) = &mut self.logits {
-            d.fill_bytes(l, byte)?;
-        }
-        d.fill_bytes(&mut self.stat_max, byte)?;
-        d.fill_bytes(&mut self.stat_sum, byte)?;
+        self.out.poison(dusk, byte)?;
+        d.fill_bytes(&mut self.numerators, byte)?;
         d.fill_bytes(&mut self.alpha, byte)?;
         d.fill_bytes(&mut self.v_mean, byte)?;
         self.topk.poison_outputs(dusk, byte)
@@ -986,25 +1110,25 @@ impl SparqPlan {
     }
     /// Tokens a score program covers.
     pub fn tile(&self) -> usize {
-        self.tile
+        self.out.tile
     }
     /// Each row's `r` components of q, ascending (i32 `[rows, padded_r]`, zeros past `r`).
     pub fn dims(&self) -> &Buffer<i32> {
         &self.dims
     }
-    /// Each query head's `q[dims] / tau` (f32 `[batch * num_q_heads, padded_r]`).
+    /// Each query head's `q[dims] / tau`, component-major: f32 `[batch * num_kv_heads,
+    /// padded_r, group]` (a row's `j`-th component, then its heads).
     pub fn sparse_query(&self) -> &Buffer<f32> {
         &self.qs
+    }
+    /// What the scoring wrote: the scores and the tiles' statistics.
+    pub fn outputs(&self) -> &ScoreOutputs {
+        &self.out
     }
     /// The tokens' approximate scores, summed over the group: row `(b, h)` at
     /// `tok_indptr[b] * num_kv_heads + h * len_b` (`shape().item_indptr` is `tok_indptr`).
     pub fn scores(&self) -> &Buffer<f32> {
-        &self.scores
-    }
-    /// Each query head's approximate logits, at the scores' index times the group plus the
-    /// head (with a group of one they are the scores).
-    pub fn logits(&self) -> &Buffer<f32> {
-        self.logits.as_ref().unwrap_or(&self.scores)
+        &self.out.scores
     }
     /// Each query head's alpha (f32 `[batch * num_q_heads]`).
     pub fn alpha(&self) -> &Buffer<f32> {

@@ -23,16 +23,20 @@
 //! # Ok(()) }
 //! ```
 
+use super::bench::check_order;
 use super::reference::top_k_row;
-use super::sparq::{SparqBlocks, SparqOptions, SparqPlan, SparqState};
+use super::selector::Build;
+use super::sparq::{ScoreOutputs, SparqBlocks, SparqOptions, SparqPlan, SparqState};
+use super::sparq_kernels::sparq_score;
 use super::sparq_reference::{sparq_alpha, sparq_row};
-use super::topk::{Budget, Keep, TopKConfig};
+use super::topk::{Budget, Keep, SelectionShape, TopKConfig};
 use crate::error::Result;
 use crate::ops::Dusk;
 use crate::paged::{KvShape, PageTable};
 use dusk_macros::kernel;
-use dusk_runtime::{Buffer, Measured};
+use dusk_runtime::{Buffer, LoadedKernel, Measured};
 use half::f16;
+use std::sync::Arc;
 
 /// A benchmark shape: head_dim 128, pages of 16, the transposed copy in blocks of 256,
 /// `r` of 16 (SparQ's default ratio of 1/8), `k` an eighth of each sequence, the window a
@@ -283,22 +287,25 @@ impl SparqBench {
         columns + queries + self.blocks.kv_page_indices.len() * 4
     }
 
-    /// Bytes the scoring must move: what it reads, and the scores (with a group of
-    /// several heads, each head's logits too) and the tiles' statistics written.
+    /// Bytes the scoring must move: what it reads, and the scores and the tiles'
+    /// statistics written.
     pub fn score_bytes(&self) -> usize {
+        self.score_bytes_with(self.plans[0].tile())
+    }
+
+    /// [`SparqBench::score_bytes`] for tiles of `tile` tokens.
+    fn score_bytes_with(&self, tile: usize) -> usize {
         let c = &self.case;
         let group = c.num_q_heads / c.num_kv_heads;
-        let per_token = 4 + if group > 1 { 4 * group } else { 0 };
         let rows = self.plans[0].shape().rows();
-        let tiles = self.tokens().div_ceil(self.plans[0].tile()) / c.batch.max(1);
-        self.score_read_bytes()
-            + self.tokens() * c.num_kv_heads * per_token
-            + rows * tiles * group * 8
+        let tiles = self.tokens().div_ceil(tile) / c.batch.max(1);
+        self.score_read_bytes() + self.tokens() * c.num_kv_heads * 4 + rows * tiles * group * 8
     }
 
     /// Bytes a whole selection must move: the scoring's, the top-k's (the scores read, the
     /// kept tokens written twice: items and positions), and alpha's (the tiles' statistics,
-    /// each kept token's logits, the sums of V read and the means written).
+    /// each kept token's score with one head, its `r` components with a group, the
+    /// chunks' numerators, the sums of V read and the means written).
     pub fn select_bytes(&self) -> usize {
         let c = &self.case;
         let group = c.num_q_heads / c.num_kv_heads;
@@ -307,7 +314,9 @@ impl SparqBench {
         let top_k = shape.num_scores() * 4 + kept * 8;
         let rows = shape.rows();
         let tiles = self.tokens().div_ceil(self.plans[0].tile()) / c.batch.max(1);
-        let weigh = rows * tiles * group * 8 + kept * group * 4 + rows * c.head_dim * 6;
+        let per_kept = if group > 1 { 2 * c.r } else { 4 };
+        let chunks = kept.div_ceil(self.plans[0].tile()) * group * 8;
+        let weigh = rows * tiles * group * 8 + kept * per_kept + chunks + rows * c.head_dim * 6;
         self.score_bytes() + top_k + weigh
     }
 
@@ -344,14 +353,7 @@ impl SparqBench {
             sink: 0,
             recent: c.window,
         };
-        let batch = self.table.batch();
-        let mut order = vec![];
-        for i in 0..batch {
-            let b = if i % 2 == 0 { i / 2 } else { batch - 1 - i / 2 };
-            if !order.contains(&b) {
-                order.push(b);
-            }
-        }
+        let order = check_order(self.table.batch());
         let mut report = SparqCheck {
             rows: 0,
             max_score_error: 0.0,
@@ -480,6 +482,82 @@ impl SparqBench {
         })
     }
 
+    /// Bytes the scoring with `cfg` must move (as [`SparqBench::score_bytes`]).
+    pub fn score_config_bytes(&self, cfg: &ScoreConfig) -> usize {
+        self.score_bytes_with(cfg.tile)
+    }
+
+    /// The scoring with `cfg` (one of [`ScoreConfig::alternatives`] for this case's group,
+    /// at r 16 and blocks of 256) into outputs of its own, checked by
+    /// [`SparqBench::check_score_config`], then timed by the harness over the sets.
+    pub fn time_score_config(
+        &self,
+        dusk: &Dusk,
+        cfg: ScoreConfig,
+    ) -> std::result::Result<Measured, String> {
+        let (kernel, outs) = self.check_score_config(dusk, cfg)?;
+        let plans = &self.plans;
+        dusk.device()
+            .time_calls(plans.len(), |i| {
+                plans[i].score_into(dusk, &kernel, &outs[i])
+            })
+            .map_err(|x| x.to_string())
+    }
+
+    /// Runs the scoring with `cfg` on set 0 into outputs of its own (one for each set,
+    /// returned with the kernel) and compares it with the plan's own (after a `select`):
+    /// every score, and each row's and head's softmax maximum and normaliser from the
+    /// tiles' statistics, within 1e-5 relative.
+    pub fn check_score_config(
+        &self,
+        dusk: &Dusk,
+        cfg: ScoreConfig,
+    ) -> std::result::Result<(Arc<LoadedKernel>, Vec<ScoreOutputs>), String> {
+        let e = |x: crate::DuskError| x.to_string();
+        let d = |x: dusk_runtime::RuntimeError| x.to_string();
+        let c = self.case;
+        let group = c.num_q_heads / c.num_kv_heads;
+        let build = cfg
+            .build(group)
+            .filter(|_| c.r == 16 && c.block_size == 256)
+            .ok_or_else(|| format!("no score kernel {} for this case", cfg.label()))?;
+        let kernel = dusk
+            .kernel(format!("sparq bench score g{group} {}", cfg.label()), build)
+            .map_err(e)?;
+        let outs = self
+            .plans
+            .iter()
+            .map(|p| p.score_outputs(dusk, cfg.tile))
+            .collect::<Result<Vec<_>>>()
+            .map_err(e)?;
+        let plan = &self.plans[0];
+        plan.score_into(dusk, &kernel, &outs[0]).map_err(e)?;
+        let want = plan.scores().download().map_err(d)?;
+        let got = outs[0].scores().download().map_err(d)?;
+        let scale = want.iter().fold(1e-30f32, |m, x| m.max(x.abs()));
+        if let Some(i) = (0..want.len()).find(|&i| (want[i] - got[i]).abs() > 1e-5 * scale) {
+            return Err(format!(
+                "{}: score {i} {} against {}",
+                cfg.label(),
+                got[i],
+                want[i]
+            ));
+        }
+        let totals = |out: &ScoreOutputs| softmax_totals(out, plan.shape(), c.num_kv_heads, group);
+        let (want, got) = (totals(plan.outputs())?, totals(&outs[0])?);
+        for (i, ((wm, wz), (gm, gz))) in want.iter().zip(&got).enumerate() {
+            if (wm - gm).abs() > 1e-5 * wm.abs().max(1.0) || (wz - gz).abs() > 1e-5 * wz {
+                return Err(format!(
+                    "{}: row {} head {}: softmax max and sum {gm} {gz} against {wm} {wz}",
+                    cfg.label(),
+                    i / group,
+                    i % group
+                ));
+            }
+        }
+        Ok((kernel, outs))
+    }
+
     /// Every step's timing and a whole `select`'s.
     pub fn time(&mut self, dusk: &Dusk) -> Result<SparqTimes> {
         for i in 0..self.plans.len() {
@@ -492,6 +570,81 @@ impl SparqBench {
             weigh: self.time_step(dusk, SparqStep::Weigh)?,
             select: self.time_step(dusk, SparqStep::Select)?,
         })
+    }
+}
+
+/// Each row's and head's softmax maximum and normaliser (`sum exp(l - max)`) from a
+/// scoring's tile statistics (`rows * group` pairs, row-major).
+fn softmax_totals(
+    out: &ScoreOutputs,
+    shape: &SelectionShape,
+    num_kv_heads: usize,
+    group: usize,
+) -> std::result::Result<Vec<(f64, f64)>, String> {
+    let d = |x: dusk_runtime::RuntimeError| x.to_string();
+    let (max, sum) = (
+        out.stat_max().download().map_err(d)?,
+        out.stat_sum().download().map_err(d)?,
+    );
+    let tiles = out.tiles();
+    Ok((0..shape.rows() * group)
+        .map(|rg| {
+            let (row, g) = (rg / group, rg % group);
+            let b = row / num_kv_heads;
+            let n = (shape.item_indptr[b + 1] - shape.item_indptr[b]) as usize;
+            let at = |t: usize| (row * tiles + t) * group + g;
+            let used = n.div_ceil(out.tile());
+            let m = (0..used)
+                .map(|t| max[at(t)] as f64)
+                .fold(f64::NEG_INFINITY, f64::max);
+            let z = (0..used)
+                .map(|t| sum[at(t)] as f64 * (max[at(t)] as f64 - m).exp())
+                .sum();
+            (m, z)
+        })
+        .collect())
+}
+
+/// A configuration of the score kernel (`sparq_score`) at the benchmark's `r` of 16 and
+/// blocks of 256 tokens, for groups of 1 and 4: the tokens a program scores and the
+/// components whose loads are in flight at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScoreConfig {
+    pub tile: usize,
+    pub chunk: usize,
+}
+
+impl ScoreConfig {
+    /// The configurations [`SparqBench::time_score_config`] takes for a group of `group`
+    /// (the plan's first).
+    pub fn alternatives(group: usize) -> Vec<ScoreConfig> {
+        let c = |tile, chunk| ScoreConfig { tile, chunk };
+        match group {
+            1 => vec![c(128, 16), c(128, 8), c(256, 16), c(256, 8), c(512, 8)],
+            4 => vec![c(256, 8), c(256, 4), c(256, 16), c(128, 8), c(128, 16)],
+            _ => vec![],
+        }
+    }
+
+    /// Its kernel for a group of `group`; `None` outside [`ScoreConfig::alternatives`].
+    fn build(&self, group: usize) -> Option<Build> {
+        macro_rules! table {
+            ($($g:literal $t:literal $c:literal;)*) => {
+                match (group, self.tile, self.chunk) {
+                    $(($g, $t, $c) => Some(sparq_score::build::<$g, 16, $c, $t, 8> as Build),)*
+                    _ => None,
+                }
+            };
+        }
+        table! {
+            1 128 16; 1 128 8; 1 256 16; 1 256 8; 1 512 8;
+            4 256 8; 4 256 4; 4 256 16; 4 128 8; 4 128 16;
+        }
+    }
+
+    /// A short name: `tile 256 chunk 8`.
+    pub fn label(&self) -> String {
+        format!("tile {} chunk {}", self.tile, self.chunk)
     }
 }
 

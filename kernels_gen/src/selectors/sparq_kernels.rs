@@ -25,13 +25,17 @@
 //!    (Appendix C's temperature; 0 when the selected components of `q_g` are all 0).
 //! 2. [`sparq_score`]: per token `i` and query head `g` the approximate logit
 //!    `l_gi = (q_g[i1] / tau_g) . K[i, i1]` from the transposed copy; the token's score
-//!    `s_i = sum_g l_gi` (the top-k ranks these); per tile and head the softmax's running
-//!    max and sum; with a group of several heads, the logits themselves (alpha needs each
-//!    head's).
+//!    `s_i = sum_g l_gi` (the top-k ranks these); per tile and head the softmax's max and
+//!    sum. Nothing else: the scoring reads `2r` bytes a token and KV head and writes 4.
 //! 3. the shared top-k ([`super::topk_kernel`]) keeps `k` tokens, the last `window` always.
-//! 4. [`sparq_alpha`]: per query head `alpha_g = sum_{i kept} softmax(l_g)_i` (everything
-//!    kept: exactly 1), and the row's mean of V in f16, which the attention plan mixes:
-//!    `y = alpha * attention(kept) + (1 - alpha) * v_mean` (`SparqMix`).
+//! 4. [`sparq_mass`]: per query head the kept tokens' `sum exp(l_gi - max)`, a chunk of
+//!    them a program; with a group of several heads each kept token's logits are computed
+//!    again from the copy (in f32, as the scoring did: writing every token's per-head logits
+//!    there instead would move 2 to 4 bytes a head more per token than the scores).
+//! 5. [`sparq_alpha`]: per query head `alpha_g = sum_{i kept} softmax(l_g)_i` from the
+//!    chunks' sums and the tiles' statistics (everything kept: exactly 1), and the row's
+//!    mean of V in f16, which the attention plan mixes: `y = alpha * attention(kept) + (1 -
+//!    alpha) * v_mean` (`SparqMix`).
 
 use super::page::group_query;
 use dusk_macros::kernel;
@@ -93,8 +97,9 @@ pub fn sparq_add_value<const D: usize>(
 /// of sequence `b`: its key goes into `k_t` at its position `pos = (pages_b - 1) *
 /// page_size + slot` through the copy's block table after the append (`blk_indptr`,
 /// `blk_indices` of `num_blk_indices` entries, blocks of `block_size` in `0..num_blocks`;
-/// an entry outside them skips the row), its value is added to the row's sum of V. The
-/// same writes as [`sparq_update`] over that token.
+/// an entry outside them skips the row), its value is added to the row's sum of V (a plain
+/// read and write: a launch appends one token a sequence, so no other program writes the
+/// row). The same writes as [`sparq_update`] over that token.
 #[kernel(crate = "crate::dusk_paths")]
 #[allow(clippy::too_many_arguments)]
 pub fn sparq_token<const D: usize, const ROWS: usize>(
@@ -132,8 +137,14 @@ pub fn sparq_token<const D: usize, const ROWS: usize>(
     let to = (expand(base, 1, D) + expand(comps, 0, ROWS)) * (block_size as i64)
         + expand((pos % block_size) as i64, 1, D);
     store(k_t + to, load(k_new + src, mask), mask);
-    // The sum of V of sequence b, KV head h is row `rows` of `v_sum`.
-    atomic_add(v_sum + src, load(v_new + src, mask) as f32, mask);
+    // The sum of V of sequence b, KV head h is row `rows` of `v_sum`, which this row's
+    // program alone writes in a launch (one new token a sequence): no atomics.
+    let sums = v_sum + src;
+    store(
+        sums,
+        load(sums, mask, 0.0) + load(v_new + src, mask) as f32,
+        mask,
+    );
 }
 
 /// Appends tokens to SparQ's state: entry `program_id(0) = i` is slots `starts[i] ..
@@ -200,8 +211,9 @@ pub fn sparq_update<const D: usize>(
 }
 
 /// Step 1 for one row: the `r` components (`dims[row * rp ..]`, ascending, then zeros up to
-/// `rp`) and the scaled sparse query of each of the group's heads (`qs[(row * G + g) * rp
-/// ..]`, zeros past `r`). Parameters: `q` (f16 `[batch, num_kv_heads * G, D]`), `dims`
+/// `rp`) and the scaled sparse query of each of the group's heads, component-major so that
+/// a component's heads are contiguous for the scoring (`qs[(row * rp + j) * G + g]` for the
+/// `j`-th component, zeros past `r`). Parameters: `q` (f16 `[batch, num_kv_heads * G, D]`), `dims`
 /// (i32), `qs` (f32), `r`, `rp` (the rows' stride, `r <= rp <= D`). Grid: `batch *
 /// num_kv_heads`. The ranking, and the chosen components' places, compare every component
 /// with `CHUNK` others at a time (their keys, then ranks, staged in shared memory).
@@ -251,34 +263,101 @@ pub fn sparq_query<const D: usize, const G: usize, const CHUNK: usize>(
     let l1_chosen = sum(where_(expand(chosen, 0, G), aq, 0.0), 1);
     let all_zero = (l1_chosen == 0.0) & (l1 == l1);
     let scale = where_(all_zero, 0.0, rsqrt(l1_chosen / l1 * D));
-    let heads = expand((row * G + arange(0, G)) * rp, 1, D);
+    let heads = expand(arange(0, G), 1, D);
     let sparse = qg * expand(scale, 1, D);
     store(
-        qs + (heads + expand(pos, 0, G)),
+        qs + (heads + expand((row * rp + pos) * G, 0, G)),
         sparse,
         expand(chosen, 0, G),
     );
     store(
-        qs + (heads + expand(c, 0, G)),
+        qs + (heads + expand((row * rp + c) * G, 0, G)),
         zeros::<f32>([G, D]),
         expand(pad, 0, G),
     );
 }
 
-/// Step 2 for `TILE` tokens of one row (`program_id(1)` the tile): reads `RP` rows of each
-/// of the tile's blocks from `k_t` (`r` of them real, the rest masked off), through the
-/// copy's block table (`blk_indptr`, `blk_indices`: blocks of `2^LOG_BS` tokens); writes
-/// the tokens' scores (f32, row `(b, h)` at `tok_indptr[b] * num_kv_heads + h * len_b`, the
-/// top-k's layout), with `G > 1` each head's logits (`logits`, that index times `G` plus
-/// the head: a token's heads together, staged through shared memory so they leave in
-/// vectors), and per head the tile's logit max and `sum exp(l - max)` (`stat_max`,
-/// `stat_sum` at `(row * max_tiles + tile) * G + g`). Grid: `(batch * num_kv_heads,
-/// ceil(longest sequence / TILE))`; one warp a program, so the sum over the `RP` components
-/// stays within it. The heads are a loop, not unrolled: unrolled, every head's logits were
-/// live at once (254 registers at a group of 16, against 127).
+/// Each head's approximate logits of `N` tokens of row `row`, f32 `[G, N]`: `l_g = sum_c
+/// qs_g[c] * k[c]` over the `r` chosen components (`dims[row * RP ..]`, their heads' scaled
+/// queries `qs[(row * RP + c) * G ..]`, zero past `r`), each token's component `c` at
+/// `k_t[cols + dims[c] * 2^LOG_BS]` (`cols`: the token's block row and slot). The
+/// components are read `CH` at a time, each chunk in one unmasked load (so that its loads
+/// are all in flight before any is used; in bounds wherever `cols` is, a padded component
+/// reading component 0 and then zeroed), and the heads accumulated into one `[G, N]` block
+/// in which each thread holds every head of its own tokens, or of half of them.
+#[kernel(crate = "crate::dusk_paths")]
+#[allow(clippy::too_many_arguments)]
+pub fn group_logits<
+    const G: usize,
+    const RP: usize,
+    const CH: usize,
+    const N: usize,
+    const LOG_BS: usize,
+>(
+    k_t: Ptr<f16>,
+    dims: Ptr<i32>,
+    qs: Ptr<f32>,
+    row: i32,
+    r: i32,
+    cols: Block<i64>,
+) -> Block<f32> {
+    let heads = arange(0, G);
+    let mut acc = zeros::<f32>([G, N]);
+    for c0 in (0..r).step_by(CH) {
+        let comp = c0 + arange(0, CH);
+        let chosen = load(dims + (row * RP + comp)) as i64;
+        let offs = expand(chosen * (1 << LOG_BS), 1, N) + expand(cols, 0, CH);
+        let keys = where_(expand(comp < r, 1, N), load(k_t + offs) as f32, 0.0);
+        #[unroll]
+        for g in 0..G {
+            let q = load(qs + ((row * RP + comp) * G + g));
+            let l = sum(keys * expand(q, 1, N), 0);
+            // Into head g's row; -0.0 elsewhere adds nothing (and is folded away where a
+            // thread's heads are known when the kernel is compiled).
+            acc = acc + where_(expand(heads == g, 1, N), expand(l, 0, G), -0.0);
+        }
+    }
+    acc
+}
+
+/// The row's largest logit of each of the group's heads (`[G]`), from its `tiles` tiles'
+/// statistics (`stat_max[(row * tiles_per_row + t) * G + g]`), `BLOCK` tiles at a time.
+#[kernel(crate = "crate::dusk_paths")]
+pub fn row_max<const G: usize, const BLOCK: usize>(
+    stat_max: Ptr<f32>,
+    row: i32,
+    tiles: i32,
+    tiles_per_row: i32,
+) -> Block<f32> {
+    let heads = arange(0, G);
+    let mut top = splat(f32::NEG_INFINITY, [G]);
+    for t0 in (0..tiles).step_by(BLOCK) {
+        let t = t0 + arange(0, BLOCK);
+        let at = expand((row * tiles_per_row + t) * G, 1, G) + expand(heads, 0, BLOCK);
+        let m = load(stat_max + at, expand(t < tiles, 1, G), f32::NEG_INFINITY);
+        top = maximum(top, max(m, 0));
+    }
+    top
+}
+
+/// Step 2 for `TILE` tokens of one row (`program_id(1)` the tile): each head's logits of
+/// the tile's tokens ([`group_logits`]; a token's block and slot through the copy's block
+/// table, `blk_indptr`, `blk_indices`: blocks of `2^LOG_BS` tokens, so that a component of
+/// the tile is read in runs of contiguous slots, 16-byte loads). Writes the tokens' scores
+/// `sum_g l_g` (f32, row `(b, h)` at `tok_indptr[b] * num_kv_heads + h * len_b`, the top-k's
+/// layout) and per head the tile's logit max and `sum exp(l - max)` (`stat_max`,
+/// `stat_sum` at `(row * max_tiles + tile) * G + g`). The heads' logits themselves are not
+/// written: alpha computes those of the kept tokens again ([`sparq_mass`]). Grid: `(batch *
+/// num_kv_heads, ceil(longest sequence / TILE))`, one warp a program.
 #[kernel(crate = "crate::dusk_paths", num_warps = 1)]
 #[allow(clippy::too_many_arguments)]
-pub fn sparq_score<const G: usize, const RP: usize, const TILE: usize, const LOG_BS: usize>(
+pub fn sparq_score<
+    const G: usize,
+    const RP: usize,
+    const CH: usize,
+    const TILE: usize,
+    const LOG_BS: usize,
+>(
     k_t: Ptr<f16>,
     blk_indptr: Ptr<i32>,
     blk_indices: Ptr<i32>,
@@ -286,7 +365,6 @@ pub fn sparq_score<const G: usize, const RP: usize, const TILE: usize, const LOG
     dims: Ptr<i32>,
     qs: Ptr<f32>,
     scores: Ptr<f32>,
-    logits: Ptr<f32>,
     stat_max: Ptr<f32>,
     stat_sum: Ptr<f32>,
     num_kv_heads: i32,
@@ -303,7 +381,8 @@ pub fn sparq_score<const G: usize, const RP: usize, const TILE: usize, const LOG
     if tile * TILE < n {
         let tok = tile * TILE + arange(0, TILE);
         let valid = tok < n;
-        // Block and slot of each token: a block's slots are contiguous in `k_t`.
+        // Block and slot of each token (a token of no block, past the sequence, reads
+        // block 0): a block's slots are contiguous in `k_t`.
         let j = tok >> LOG_BS;
         let blk_first = load(blk_indptr + b);
         let blk_ok = j < load(blk_indptr + (b + 1)) - blk_first;
@@ -311,77 +390,118 @@ pub fn sparq_score<const G: usize, const RP: usize, const TILE: usize, const LOG
         let slot = tok & ((1 << LOG_BS) - 1);
         let base = ((blk as i64) * (num_kv_heads as i64) + (h as i64)) * (head_dim as i64);
         let cols = base * (1 << LOG_BS) + (slot as i64);
-        let comp = arange(0, RP);
-        let comp_ok = comp < r;
-        let chosen = load(dims + (row * RP + comp), comp_ok, 0);
-        let offs = expand((chosen as i64) * (1 << LOG_BS), 1, TILE) + expand(cols, 0, RP);
-        let mask = expand(comp_ok, 1, TILE) & expand(blk_ok, 0, RP);
-        let kt = load(k_t + offs, mask, 0.0) as f32;
+        let acc = group_logits::<G, RP, CH, TILE, LOG_BS>(k_t, dims, qs, row, r, cols);
         let at = (first * num_kv_heads + h * n) as i64 + (tok as i64);
-        let staged = shared::<f32>(G * TILE);
-        let mut s = zeros::<f32>([TILE]);
-        for g in 0..G {
-            let qg = load(qs + ((row * G + g) * RP + comp));
-            let l = sum(kt * expand(qg, 1, TILE), 0);
-            let lv = where_(valid, l, f32::NEG_INFINITY);
-            let m = max(lv, 0);
-            let e = sum(exp2((lv - m) * 1.4426950408889634), 0);
-            let stat = (row * max_tiles + tile) * G + g;
-            store(stat_max + stat, m);
-            store(stat_sum + stat, e);
-            if G > 1 {
-                store(staged + (g * TILE + arange(0, TILE)), l);
-            }
-            s = s + l;
-        }
-        store(scores + at, s, valid);
-        if G > 1 {
-            let heads = arange(0, G);
-            let by_token = expand(arange(0, TILE), 1, G) + expand(heads * TILE, 0, TILE);
-            let l = load(staged + by_token);
-            let to = expand(at * G, 1, G) + expand(heads as i64, 0, TILE);
-            store(logits + to, l, expand(valid, 1, G));
-        }
+        store(scores + at, sum(acc, 0), valid);
+        let l = where_(expand(valid, 0, G), acc, f32::NEG_INFINITY);
+        let m = max(l, 1);
+        let e = exp2((l - expand(m, 1, TILE)) * 1.4426950408889634);
+        let stat = (row * max_tiles + tile) * G + arange(0, G);
+        store(stat_max + stat, m);
+        store(stat_sum + stat, sum(e, 1));
     }
 }
 
-/// Step 4 for one row: each of the group's heads' `alpha` (`alpha[row * G + g]`: the
-/// approximate softmax's mass on the kept tokens, `sel_items[sel_item_indptr[row] ..]`,
-/// or exactly 1 when every token is kept) and the row's mean of V (`v_mean[row]`, f16:
-/// `v_sum[row] / len`). The softmax's max and normaliser merge the tiles' statistics
-/// (`tiles_per_row` tiles of `tile` tokens, `ceil(len / tile)` of them the row's); the kept
-/// tokens' logits come from `logits` (the scores with `G = 1`). Kept items outside the
-/// sequence (device-written) are skipped. Grid: `batch * num_kv_heads`.
+/// Step 4, alpha's numerators: for `CHUNK` kept tokens of one row (`program_id(1)` the
+/// chunk of `sel_items[sel_item_indptr[row] ..]`), each head's `sum exp(l - max)` over
+/// them, `max` the row's largest logit (from the tiles' statistics, `tiles_per_row` tiles
+/// of `tile` tokens), into `mass[(row * max_chunks + chunk) * G + g]`. With one head the
+/// logits are the scores; with several, each head's logits of the kept tokens are computed
+/// again from `k_t`, as [`sparq_score`] computed them ([`group_logits`]: `r` components of
+/// each kept token, 2-byte gathers). A chunk past the row's kept tokens writes nothing;
+/// kept items outside the sequence (device-written) count for nothing. Grid: `(batch *
+/// num_kv_heads, max_chunks)`, one warp a program.
+#[kernel(crate = "crate::dusk_paths", num_warps = 1)]
+#[allow(clippy::too_many_arguments)]
+pub fn sparq_mass<
+    const G: usize,
+    const RP: usize,
+    const CH: usize,
+    const CHUNK: usize,
+    const LOG_BS: usize,
+>(
+    k_t: Ptr<f16>,
+    blk_indptr: Ptr<i32>,
+    blk_indices: Ptr<i32>,
+    tok_indptr: Ptr<i32>,
+    dims: Ptr<i32>,
+    qs: Ptr<f32>,
+    scores: Ptr<f32>,
+    stat_max: Ptr<f32>,
+    sel_item_indptr: Ptr<i32>,
+    sel_items: Ptr<i32>,
+    mass: Ptr<f32>,
+    num_kv_heads: i32,
+    head_dim: i32,
+    r: i32,
+    tiles_per_row: i32,
+    tile: i32,
+    max_chunks: i32,
+) {
+    let row = program_id(0);
+    let chunk = program_id(1);
+    let b = row / num_kv_heads;
+    let h = row % num_kv_heads;
+    let first = load(tok_indptr + b);
+    let n = load(tok_indptr + (b + 1)) - first;
+    let lo = load(sel_item_indptr + row);
+    let kept = load(sel_item_indptr + (row + 1)) - lo;
+    if chunk * CHUNK < kept {
+        let top = row_max::<G, 256>(stat_max, row, (n + tile - 1) / tile, tiles_per_row);
+        let i = chunk * CHUNK + arange(0, CHUNK);
+        let listed = i < kept;
+        let token = load(sel_items + (lo + i), listed, 0);
+        let ok = listed & (token >= 0) & (token < n);
+        let mut l = zeros::<f32>([G, CHUNK]);
+        if G > 1 {
+            // A token outside the sequence reads block 0, slot 0.
+            let t = where_(ok, token, 0);
+            let blk_first = load(blk_indptr + b);
+            let blk = load(blk_indices + (blk_first + (t >> LOG_BS)), ok, 0);
+            let slot = t & ((1 << LOG_BS) - 1);
+            let base = ((blk as i64) * (num_kv_heads as i64) + (h as i64)) * (head_dim as i64);
+            let cols = base * (1 << LOG_BS) + (slot as i64);
+            l = group_logits::<G, RP, CH, CHUNK, LOG_BS>(k_t, dims, qs, row, r, cols);
+        } else {
+            let at = (first * num_kv_heads + h * n) as i64 + (token as i64);
+            l = expand(load(scores + at, ok, 0.0), 0, G);
+        }
+        let w = exp2((l - expand(top, 1, CHUNK)) * 1.4426950408889634);
+        let part = sum(where_(expand(ok, 0, G), w, 0.0), 1);
+        store(mass + ((row * max_chunks + chunk) * G + arange(0, G)), part);
+    }
+}
+
+/// Step 5 for one row: each of the group's heads' `alpha` (`alpha[row * G + g]`: the
+/// approximate softmax's mass on the kept tokens, the chunks' numerators from
+/// [`sparq_mass`] over the normaliser from the tiles' statistics; exactly 1 when every
+/// token is kept) and the row's mean of V (`v_mean[row]`, f16: `v_sum[row] / len`).
+/// `tiles_per_row` tiles of `tile` tokens (`ceil(len / tile)` of them the row's),
+/// `max_chunks` chunks of `chunk` kept tokens (`ceil(kept / chunk)` the row's). Grid:
+/// `batch * num_kv_heads`.
 #[kernel(crate = "crate::dusk_paths", num_warps = 4)]
 #[allow(clippy::too_many_arguments)]
 pub fn sparq_alpha<const D: usize, const G: usize, const BLOCK: usize>(
     stat_max: Ptr<f32>,
     stat_sum: Ptr<f32>,
-    logits: Ptr<f32>,
+    mass: Ptr<f32>,
     tok_indptr: Ptr<i32>,
     sel_item_indptr: Ptr<i32>,
-    sel_items: Ptr<i32>,
     v_sum: Ptr<f32>,
     alpha: Ptr<f32>,
     v_mean: Ptr<f16>,
     num_kv_heads: i32,
     tiles_per_row: i32,
     tile: i32,
+    max_chunks: i32,
+    chunk: i32,
 ) {
     let row = program_id(0);
     let b = row / num_kv_heads;
-    let h = row % num_kv_heads;
-    let first = load(tok_indptr + b);
-    let n = load(tok_indptr + (b + 1)) - first;
+    let n = load(tok_indptr + (b + 1)) - load(tok_indptr + b);
     let tiles = (n + tile - 1) / tile;
     let heads = arange(0, G);
-    let mut top = splat(f32::NEG_INFINITY, [G]);
-    for t0 in (0..tiles).step_by(BLOCK) {
-        let t = t0 + arange(0, BLOCK);
-        let at = expand((row * tiles_per_row + t) * G, 1, G) + expand(heads, 0, BLOCK);
-        let m = load(stat_max + at, expand(t < tiles, 1, G), f32::NEG_INFINITY);
-        top = maximum(top, max(m, 0));
-    }
+    let top = row_max::<G, BLOCK>(stat_max, row, tiles, tiles_per_row);
     let mut total = zeros::<f32>([G]);
     for t0 in (0..tiles).step_by(BLOCK) {
         let t = t0 + arange(0, BLOCK);
@@ -392,24 +512,19 @@ pub fn sparq_alpha<const D: usize, const G: usize, const BLOCK: usize>(
         let w = e * exp2((m - expand(top, 0, BLOCK)) * 1.4426950408889634);
         total = total + sum(where_(ok, w, 0.0), 0);
     }
-    let lo = load(sel_item_indptr + row);
-    let kept = load(sel_item_indptr + (row + 1)) - lo;
-    let base = (first * num_kv_heads + h * n) as i64;
-    let mut mass = zeros::<f32>([G]);
-    for i0 in (0..kept).step_by(BLOCK) {
-        let i = i0 + arange(0, BLOCK);
-        let listed = i < kept;
-        let token = load(sel_items + (lo + i), listed, 0);
-        let ok = expand(listed & (token >= 0) & (token < n), 1, G);
-        let at = expand((base + (token as i64)) * G, 1, G) + expand(heads as i64, 0, BLOCK);
-        let l = load(logits + at, ok, 0.0);
-        let w = exp2((l - expand(top, 0, BLOCK)) * 1.4426950408889634);
-        mass = mass + sum(where_(ok, w, 0.0), 0);
+    let kept = load(sel_item_indptr + (row + 1)) - load(sel_item_indptr + row);
+    let chunks = (kept + chunk - 1) / chunk;
+    let mut numer = zeros::<f32>([G]);
+    for c0 in (0..chunks).step_by(BLOCK) {
+        let c = c0 + arange(0, BLOCK);
+        let ok = expand(c < chunks, 1, G);
+        let at = expand((row * max_chunks + c) * G, 1, G) + expand(heads, 0, BLOCK);
+        numer = numer + sum(load(mass + at, ok, 0.0), 0);
     }
     let everything = splat(kept >= n, [G]);
     store(
         alpha + (row * G + heads),
-        where_(everything, 1.0, mass / total),
+        where_(everything, 1.0, numer / total),
     );
     let vrow = (row as i64) * D + (arange(0, D) as i64);
     store(v_mean + vrow, (load(v_sum + vrow) / (n as f32)) as f16);

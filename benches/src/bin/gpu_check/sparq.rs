@@ -8,13 +8,15 @@
 //!    blocks of 256, r 16, k = N/8 with a window of k/4, timed by the harness beside the same computation in PyTorch (`--sparq-peers`,
 //!    written by `benches/baselines/sparq_peers.py` in the same command); the approximate
 //!    scores as a fraction of the copy rate on the bytes they read and on all they move;
-//! 3. at batch 32, the approximate scores with the transposed copy in blocks of 16 (the
-//!    cache's pages) and 64 tokens beside the default 256, and the top-k's streamed
-//!    configurations beside its default.
+//! 3. the score kernel's configurations (`ScoreConfig::alternatives`: tokens a program,
+//!    components in flight), each checked against the plan's scoring and timed; at batch
+//!    32, the approximate scores with the transposed copy in blocks of 16 (the cache's
+//!    pages) and 64 tokens beside the default 256, and the top-k's streamed configurations
+//!    beside its default.
 
 use crate::common::{case_json, PeerTime, Res};
 use dusk::kernels::ops::Dusk;
-use dusk::kernels::selectors::sparq_bench::{SparqBench, SparqCase, SparqStep};
+use dusk::kernels::selectors::sparq_bench::{ScoreConfig, SparqBench, SparqCase, SparqStep};
 use dusk::kernels::selectors::{Budget, TopKConfig};
 use serde_json::{json, Value};
 
@@ -137,8 +139,10 @@ pub fn cases(
             } else {
                 json!({})
             };
+            let configs = score_configs(dusk, &case, copy_gbps, &bench)?;
             if let (Some(o), Some(w)) = (extra.as_object_mut(), sweep.as_object()) {
                 o.extend(w.clone());
+                o.insert("score_by_config".into(), configs);
             }
             let peer = find(peers, &name);
             out.push(case_json(
@@ -213,4 +217,28 @@ fn sweep(
         by_config.insert(format!("{cfg:?}"), json!(m.median_us()));
     }
     Ok(json!({"score_by_block_size": by_block, "top_k_us_by_config": by_config}))
+}
+
+/// The score kernel's configurations (`ScoreConfig::alternatives`, the plan's first), each
+/// checked against the plan's scoring and timed, over `bench`'s state.
+fn score_configs(dusk: &Dusk, case: &SparqCase, copy_gbps: f64, bench: &SparqBench) -> Res<Value> {
+    let mut by_score = serde_json::Map::new();
+    let frac = |bytes: usize, us: f64| bytes as f64 / (us * 1e-6) / 1e9 / copy_gbps;
+    for cfg in ScoreConfig::alternatives(case.num_q_heads / case.num_kv_heads) {
+        let m = bench.time_score_config(dusk, cfg)?;
+        let us = m.median_us();
+        let (read, moved) = (bench.score_read_bytes(), bench.score_config_bytes(&cfg));
+        println!(
+            "    scores {}: {us:.1} us = {:.1}% of copy on the bytes read ({:.1}% on all moved)",
+            cfg.label(),
+            100.0 * frac(read, us),
+            100.0 * frac(moved, us)
+        );
+        by_score.insert(
+            cfg.label(),
+            json!({"score_us": us, "score_read_frac_of_copy_bw": frac(read, us),
+                   "score_frac_of_copy_bw": frac(moved, us), "score_timing": m.timing.as_str()}),
+        );
+    }
+    Ok(Value::Object(by_score))
 }
