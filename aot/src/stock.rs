@@ -226,6 +226,11 @@ pub fn kernels() -> Result<Vec<BundleKernel>> {
         prepare_q_kernel(128, 4)?,
         spgemv_kernel(&SpgemvConfig::new(128, 16, 1, 4))?,
         spgemv_kernel(&SpgemvConfig::new(128, 16, 4, 4))?,
+        // What `SpgemvConfig::fit_grid` picks for GQA where 16 tiles a program would leave
+        // the GPU short of programs (fewer than 4 an SM; here a GPU of one SM): 8 tiles (2
+        // rows of 1024 candidates), then one tile on 2 warps (one row of one candidate).
+        spgemv_kernel(&SpgemvConfig::new(128, 16, 4, 4).fit_grid(2, 1024, 1))?,
+        spgemv_kernel(&SpgemvConfig::new(128, 16, 4, 4).fit_grid(1, 1, 1))?,
         search_kernel(&SearchConfig::for_rows(usize::MAX, 1))?,
         search_kernel(&SearchConfig::for_rows(8192, 1))?,
     ]

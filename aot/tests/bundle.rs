@@ -175,3 +175,28 @@ fn all_stock_kernels_have_unique_names() {
         .iter()
         .any(|n| n.starts_with("threshold_top_p_s1024_g4")));
 }
+
+/// Every configuration the SpGEMV plan fits to its grid for the bundle's GQA shape (head_dim
+/// 128, groups of 4, 4-bit codes) is in the stock bundle: a plan made through the Python
+/// package or the C ABI, which cannot compile PTX, never picks a kernel it cannot load.
+#[test]
+fn stock_bundle_holds_every_fitted_spgemv() {
+    use dusk_kernels::spgemv::{self, SpgemvConfig};
+    let names: Vec<String> = stock::kernels()
+        .unwrap()
+        .into_iter()
+        .map(|k| k.kernel.name)
+        .collect();
+    for sms in [1, 132] {
+        for rows in [1, 8, 64, 256, 2048] {
+            for longest in [1, 100, 1024, 8192, 131072] {
+                let cfg = SpgemvConfig::new(128, 16, 4, 4).fit_grid(rows, longest, sms);
+                let name = spgemv::build(&cfg).unwrap().name;
+                assert!(
+                    names.contains(&name),
+                    "{name} (rows {rows}, longest {longest}, {sms} SMs) is not in the stock bundle"
+                );
+            }
+        }
+    }
+}

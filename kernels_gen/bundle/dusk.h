@@ -59,6 +59,22 @@ static inline int dusk_spgemv_quant_mma_d128_g4_b4_t64_w4_o0_x16_l2(CUstream str
     return dusk_launch("spgemv_quant_mma_d128_g4_b4_t64_w4_o0_x16_l2", stream, args, 10, inputs, 2);
 }
 
+/* spgemv_quant_mma_d128_g4_b4_t64_w4_o0_x8_l2 (spgemv_quant): {"bits":4,"block_tokens":64,"group":4,"head_dim":128,"l2_prefetch":true,"min_programs_per_sm":0,"num_warps":4,"page_size":16,"tensor_cores":true,"tiles":8}
+ * grid (rows, ceil(max_row_len / 512), 1), 128 threads a program. */
+static inline int dusk_spgemv_quant_mma_d128_g4_b4_t64_w4_o0_x8_l2(CUstream stream, CUdeviceptr q, CUdeviceptr k_packed, CUdeviceptr k_scale, CUdeviceptr k_zero, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr cand_indptr, CUdeviceptr cand_indices, CUdeviceptr scores, int32_t num_kv_heads, uint64_t rows, uint64_t max_row_len) {
+    void *args[] = {&q, &k_packed, &k_scale, &k_zero, &kv_indptr, &kv_page_indices, &cand_indptr, &cand_indices, &scores, &num_kv_heads};
+    const uint64_t inputs[] = {rows, max_row_len};
+    return dusk_launch("spgemv_quant_mma_d128_g4_b4_t64_w4_o0_x8_l2", stream, args, 10, inputs, 2);
+}
+
+/* spgemv_quant_mma_d128_g4_b4_t64_w2_o0 (spgemv_quant): {"bits":4,"block_tokens":64,"group":4,"head_dim":128,"min_programs_per_sm":0,"num_warps":2,"page_size":16,"tensor_cores":true}
+ * grid (rows, ceil(max_row_len / 64), 1), 64 threads a program. */
+static inline int dusk_spgemv_quant_mma_d128_g4_b4_t64_w2_o0(CUstream stream, CUdeviceptr q, CUdeviceptr k_packed, CUdeviceptr k_scale, CUdeviceptr k_zero, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr cand_indptr, CUdeviceptr cand_indices, CUdeviceptr scores, int32_t num_kv_heads, uint64_t rows, uint64_t max_row_len) {
+    void *args[] = {&q, &k_packed, &k_scale, &k_zero, &kv_indptr, &kv_page_indices, &cand_indptr, &cand_indices, &scores, &num_kv_heads};
+    const uint64_t inputs[] = {rows, max_row_len};
+    return dusk_launch("spgemv_quant_mma_d128_g4_b4_t64_w2_o0", stream, args, 10, inputs, 2);
+}
+
 /* threshold_top_p_t2048_g1_w4_h_r_l2 (threshold_search): {"block":2048,"group":1,"histogram":true,"min_programs_per_sm":0,"num_warps":4,"pivots":1,"policy":"top_p","prefetch":true,"recompute":true,"shared":false,"stream":true}
  * grid (rows, 1, 1), 128 threads a program. */
 static inline int dusk_threshold_top_p_t2048_g1_w4_h_r_l2(CUstream stream, CUdeviceptr scores, CUdeviceptr scratch, CUdeviceptr cand_indptr, CUdeviceptr cand_indices, CUdeviceptr p, float scale_log2e, CUdeviceptr sel_indptr, CUdeviceptr sel_indices, CUdeviceptr prefix, CUdeviceptr budget, CUdeviceptr kept_mass, CUdeviceptr flags, uint64_t rows) {
