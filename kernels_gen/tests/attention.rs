@@ -11,15 +11,19 @@ use dusk_kernels::attention_ops::{
 };
 use dusk_kernels::ops::Dusk;
 use dusk_kernels::paged::{KvShape, PageTable, TokenLists};
+use dusk_kernels::reference;
 use dusk_kernels::reference::HalfFloat;
 use dusk_kernels::timeline::TIMELINE_WORDS;
-use dusk_kernels::{reference, DuskError};
 use dusk_runtime::Device;
 use half::{bf16, f16};
 use proptest::prelude::*;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
+
+#[path = "support/inputs.rs"]
+mod inputs;
+use inputs::*;
 
 fn table_for(seq_lens: &[usize], page_size: usize, rng: &mut SmallRng) -> (PageTable, usize) {
     let total = PageTable::pages_needed(seq_lens, page_size);
@@ -429,13 +433,6 @@ fn small_plan_tuned(
         dtype: DType::F16,
     };
     (AttentionPlan::with_tuning(dusk, spec, tune).unwrap(), table)
-}
-
-fn arg_of(e: DuskError) -> &'static str {
-    match e {
-        DuskError::InvalidArgument { arg, .. } => arg,
-        other => panic!("expected an invalid argument, got {other}"),
-    }
 }
 
 #[test]

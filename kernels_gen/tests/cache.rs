@@ -16,14 +16,10 @@ use dusk_kernels::selectors::{
     DsCalibration, DsState, PageUpdates, SelectorState, SparqBlocks, SparqState, QUEST,
 };
 use dusk_kernels::DuskError;
-use dusk_runtime::{Buffer, Device};
+use dusk_runtime::Buffer;
 use half::f16;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-
-fn dusk() -> Dusk {
-    Dusk::new(Device::cpu()).unwrap()
-}
 
 const INT4_QUEST: AppendParts = AppendParts {
     quantized: Some(4),
@@ -31,6 +27,10 @@ const INT4_QUEST: AppendParts = AppendParts {
     ds: None,
     sparq: false,
 };
+
+#[path = "support/inputs.rs"]
+mod inputs;
+use inputs::*;
 
 #[test]
 fn a_decode_loop_equals_the_host_and_the_whole_cache_kernels() {
@@ -488,13 +488,6 @@ fn the_touched_list_updates_a_page_selector_of_ones_own() {
         "Quest's state differs"
     );
     assert!(two[..2] == one[..2], "the cache differs");
-}
-
-fn arg_of(e: DuskError) -> &'static str {
-    match e {
-        DuskError::InvalidArgument { arg, .. } => arg,
-        other => panic!("not an argument error: {other}"),
-    }
 }
 
 #[test]

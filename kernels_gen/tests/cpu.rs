@@ -4,14 +4,18 @@
 
 use dusk_kernels::ops::{Dusk, QuantizedK, SpgemvPlan};
 use dusk_kernels::paged::{KvShape, PageTable, TokenLists};
+use dusk_kernels::reference;
 use dusk_kernels::spgemv::{self, SpgemvConfig};
-use dusk_kernels::{reference, DuskError};
 use dusk_runtime::Device;
 use half::f16;
 use proptest::prelude::*;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
+
+#[path = "support/inputs.rs"]
+mod inputs;
+use inputs::*;
 
 fn table_for(seq_lens: &[usize], page_size: usize, rng: &mut SmallRng) -> (PageTable, usize) {
     let total = PageTable::pages_needed(seq_lens, page_size);
@@ -476,13 +480,6 @@ fn small_setup() -> (Dusk, KvShape, PageTable, QuantizedK) {
         .unwrap();
     let qk = dusk.quantize_k(&k, kv, 4).unwrap();
     (dusk, kv, table, qk)
-}
-
-fn arg_of(e: DuskError) -> &'static str {
-    match e {
-        DuskError::InvalidArgument { arg, .. } => arg,
-        other => panic!("expected an invalid-argument error, got {other}"),
-    }
 }
 
 #[test]

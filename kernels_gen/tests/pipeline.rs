@@ -21,7 +21,6 @@ use dusk_kernels::policies::top_p;
 use dusk_kernels::prune::{ParamValues, PrunePlan};
 use dusk_kernels::reference;
 use dusk_kernels::selectors::{Budget, DsCalibration, DsOptions, Keep, QuestOptions, SparqOptions};
-use dusk_kernels::DuskError;
 use dusk_runtime::{Buffer, Device};
 use half::f16;
 use rand::rngs::SmallRng;
@@ -32,13 +31,6 @@ use std::sync::Arc;
 #[path = "support/inputs.rs"]
 mod inputs;
 use inputs::*;
-
-fn arg_of(e: DuskError) -> &'static str {
-    match e {
-        DuskError::InvalidArgument { arg, .. } => arg,
-        other => panic!("not an argument error: {other}"),
-    }
-}
 
 #[path = "support/centroid.rs"]
 mod centroid;

@@ -12,7 +12,6 @@ use dusk_kernels::selectors::{
     Budget, Items, Keep, PageUpdates, QuestOptions, QuestPlan, SelectorPlan, SelectorState,
     TopKConfig, TopKPlan, QUEST,
 };
-use dusk_kernels::DuskError;
 use half::f16;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -555,13 +554,6 @@ fn updates_of_written_pages() {
     let plan =
         QuestPlan::with_state(&dusk, state, 4, &t, Budget::Tokens(16), Default::default()).unwrap();
     assert_eq!(plan.page_max().download().unwrap(), mx);
-}
-
-fn arg_of(e: DuskError) -> &'static str {
-    match e {
-        DuskError::InvalidArgument { arg, .. } => arg,
-        other => panic!("not an argument error: {other}"),
-    }
 }
 
 #[test]

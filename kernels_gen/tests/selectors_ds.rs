@@ -10,7 +10,6 @@ use dusk_kernels::selectors::ds_kernels::{label_offset, write_token_labels};
 use dusk_kernels::selectors::reference::{ds_labels, ds_scores, select_items};
 use dusk_kernels::selectors::selector::table_pages;
 use dusk_kernels::selectors::{Budget, DsCalibration, DsOptions, DsPlan, DsState, PageUpdates};
-use dusk_kernels::DuskError;
 use dusk_macros::kernel;
 use half::f16;
 use rand::rngs::SmallRng;
@@ -592,13 +591,6 @@ fn calibration_is_reproducible_from_its_json() {
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["r"], 8);
     assert_eq!(v["channels"].as_array().unwrap().len(), 2);
-}
-
-fn arg_of(e: DuskError) -> &'static str {
-    match e {
-        DuskError::InvalidArgument { arg, .. } => arg,
-        other => panic!("not an argument error: {other}"),
-    }
 }
 
 #[test]

@@ -16,17 +16,15 @@ use dusk_kernels::selectors::sparq_reference::{
 use dusk_kernels::selectors::{
     Budget, Keep, SparqBlocks, SparqEntry, SparqOptions, SparqPlan, SparqState, SparqUpdates,
 };
-use dusk_kernels::DuskError;
 use dusk_macros::kernel;
-use dusk_runtime::Device;
 use half::f16;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-fn dusk() -> Dusk {
-    Dusk::new(Device::cpu()).unwrap()
-}
+#[path = "support/inputs.rs"]
+mod inputs;
+use inputs::*;
 
 /// Continuous values with a spread of magnitudes.
 fn smooth(rng: &mut SmallRng, n: usize, scale: f32) -> Vec<f16> {
@@ -701,13 +699,6 @@ fn the_append_part_matches_a_rebuild() {
     );
     for (x, y) in a.iter().zip(&b) {
         assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()));
-    }
-}
-
-fn arg_of(e: DuskError) -> &'static str {
-    match e {
-        DuskError::InvalidArgument { arg, .. } => arg,
-        other => panic!("not an argument error: {other}"),
     }
 }
 

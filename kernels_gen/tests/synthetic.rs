@@ -4,19 +4,17 @@
 //! heaviest tokens are their planted ones, top-p budgets small for focused heads and large
 //! for diffuse ones, a group's heads planted apart), and bad arguments are typed errors.
 
-use dusk_kernels::ops::Dusk;
 use dusk_kernels::paged::PageTable;
 use dusk_kernels::synthetic::analysis::{attention_weights, top_p_budget, top_positions};
 use dusk_kernels::synthetic::{
     reference, write_cache, write_queries, HeadProfile, SyntheticCache, SyntheticSpec,
 };
 use dusk_kernels::DuskError;
-use dusk_runtime::Device;
 use half::f16;
 
-fn dusk() -> Dusk {
-    Dusk::new(Device::cpu()).unwrap()
-}
+#[path = "support/inputs.rs"]
+mod inputs;
+use inputs::*;
 
 /// Bit patterns, so that a NaN or a signed zero compares exactly.
 fn bits(x: &[f16]) -> Vec<u16> {
@@ -217,13 +215,6 @@ fn short_sequences_plant_what_fits() {
         assert!(c.planted.positions(1, qh).is_empty());
         let want = spec.heads[qh].planted.min(5);
         assert_eq!(c.planted.positions(2, qh).len(), want, "head {qh}");
-    }
-}
-
-fn arg_of(e: DuskError) -> &'static str {
-    match e {
-        DuskError::InvalidArgument { arg, .. } => arg,
-        other => panic!("expected an invalid argument, got {other}"),
     }
 }
 

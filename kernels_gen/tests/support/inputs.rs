@@ -1,9 +1,11 @@
-//! Inputs the selector and pipeline tests draw alike: the CPU's dusk, grid and smooth
-//! values, scattered page tables. Each test file includes it (`#[path]`) and uses a part.
+//! What the kernel tests share: the CPU's dusk, the argument a typed error names, grid and
+//! smooth values, scattered page tables. Each test file includes it (`#[path]`) and uses a
+//! part.
 #![allow(dead_code)]
 
 use dusk_kernels::ops::Dusk;
 use dusk_kernels::paged::PageTable;
+use dusk_kernels::DuskError;
 use dusk_runtime::Device;
 use half::f16;
 use rand::rngs::SmallRng;
@@ -13,6 +15,14 @@ use rand::Rng;
 /// dusk on the CPU interpreter.
 pub fn dusk() -> Dusk {
     Dusk::new(Device::cpu()).unwrap()
+}
+
+/// The argument an `InvalidArgument` error names (any other error fails the test).
+pub fn arg_of(e: DuskError) -> &'static str {
+    match e {
+        DuskError::InvalidArgument { arg, .. } => arg,
+        other => panic!("not an argument error: {other}"),
+    }
 }
 
 /// Values on a grid of `scale` in `[-steps, steps] * scale` (1/8 in [-4, 4] for K, 1/4 in
