@@ -507,9 +507,12 @@ impl SpgemvPlanPy {
     /// Validates and uploads the page table (int32 CSR: `kv_indptr [batch + 1]`,
     /// `kv_page_indices`, `kv_last_page_len [batch]`) and the candidates (CSR token lists,
     /// one row per (sequence, KV head), positions ascending), and loads the kernels. Host
-    /// arrays (or int sequences); may synchronise. `graph_launch`: as `AttentionPlan.plan`'s
-    /// (a run is two kernels: the query's preparation and the scores).
-    #[pyo3(signature = (kv_indptr, kv_page_indices, kv_last_page_len, cand_indptr, cand_indices, *, num_qo_heads, num_kv_heads, head_dim, num_pages, page_size=16, bits=4, graph_launch=true))]
+    /// arrays (or int sequences); may synchronise. `graph_launch=True`: as
+    /// `AttentionPlan.plan`'s (a run is two kernels: the query's preparation and the
+    /// scores); off by default, since its two plain launches cost the host less than one
+    /// graph launch (on an H200 machine 8.7-10.4 us a run against 9.3-12.7,
+    /// benches/results/python_decode_run/host_overhead_a52908a*.json).
+    #[pyo3(signature = (kv_indptr, kv_page_indices, kv_last_page_len, cand_indptr, cand_indices, *, num_qo_heads, num_kv_heads, head_dim, num_pages, page_size=16, bits=4, graph_launch=false))]
     #[allow(clippy::too_many_arguments)]
     fn plan(
         &mut self,
@@ -562,8 +565,8 @@ impl SpgemvPlanPy {
 
     /// Scores `q` (float16 `[batch, num_qo_heads, head_dim]`) against the candidates of
     /// the quantized cache (`packed`, `scale`, `zero` as [`quantize_k`] writes them) into
-    /// `scores` (float32 `[num_scores]`). Queues the launches on the caller's stream (one
-    /// submission, see `graph_launch`): no allocation, no sync.
+    /// `scores` (float32 `[num_scores]`). Queues the launches on the caller's stream (as
+    /// one submission with `graph_launch`): no allocation, no sync.
     #[pyo3(signature = (q, packed, scale, zero, scores, *, stream=None))]
     #[allow(clippy::too_many_arguments)]
     fn run(
@@ -1098,12 +1101,13 @@ impl AttentionPlanPy {
     /// benches/results/varlen_attention_run/89a5a91_sweep.json).
     ///
     /// `graph_launch=True` (the default): an eager run (outside a stream capture) submits
-    /// its kernels as one CUDA graph launch, recorded at the first run and patched with each
-    /// run's tensors, rather than launching them one by one: a launch is most of a run's
-    /// host time (python/benches/host_overhead.py). Under a capture the kernels are
-    /// launched as they are, so the caller's graph records them (with the split starting
-    /// early behind the caller's previous kernel, which a graph launch cannot). May
-    /// synchronise.
+    /// its two kernels as one CUDA graph launch, recorded at the first run and patched with
+    /// each run's tensors, rather than launching them one by one (the merge's launch, which
+    /// lets it start early behind the split, costs the host the most): on an H200 machine
+    /// 6.0-6.5 us a run at batch 1 against 11.5-12.5, the GPU time unchanged
+    /// (python/benches/host_overhead.py, benches/results/python_decode_run/). Under a
+    /// capture the kernels are launched as they are, so the caller's graph records them.
+    /// May synchronise.
     #[pyo3(signature = (kv_indptr, kv_page_indices, kv_last_page_len, *, num_qo_heads, num_kv_heads, head_dim, page_size, num_pages, mode="dense", sel_indptr=None, sel_indices=None, device_lists=false, device_table=false, max_tokens=None, sm_scale=None, dtype=None, fused_merge=false, graph_launch=true))]
     #[allow(clippy::too_many_arguments)]
     fn plan(

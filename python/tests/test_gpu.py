@@ -139,7 +139,7 @@ def test_graph_launches_take_each_runs_tensors(gen):
     # An eager run submits the split and the merge as one graph launch, recorded at the
     # first run; later runs with other tensors patch the graph's arguments. Each run equals
     # the same run launched kernel by kernel, also after a captured run (launched as it is)
-    # and for the SpGEMV (its two kernels).
+    # and for the SpGEMV (its two kernels, with graph_launch=True).
     seq_lens = [700, 33, 1500]
     hkv, hq, d = 2, 8, 128
     indptr, ids, last, num_pages, q, k, v = attention_inputs(gen, seq_lens, hkv, hq, d)
@@ -189,8 +189,8 @@ def test_graph_launches_take_each_runs_tensors(gen):
     cand_indptr = np.arange(len(seq_lens) * hkv + 1, dtype=np.int32) * 30
     cand_indices = np.tile(np.arange(30, dtype=np.int32), len(seq_lens) * hkv)
     sg, sd = dusk.SpgemvPlan(DEV), dusk.SpgemvPlan(DEV)
-    sg.plan(indptr, ids, last, cand_indptr, cand_indices, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, num_pages=num_pages)
-    sd.plan(indptr, ids, last, cand_indptr, cand_indices, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, num_pages=num_pages, graph_launch=False)
+    sg.plan(indptr, ids, last, cand_indptr, cand_indices, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, num_pages=num_pages, graph_launch=True)
+    sd.plan(indptr, ids, last, cand_indptr, cand_indices, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, num_pages=num_pages)
     for _ in range(3):
         qi = torch.randn(q.shape, generator=gen).half().to(DEV)
         scores = [torch.full((sg.num_scores,), float("nan"), device=DEV) for _ in range(2)]

@@ -123,6 +123,18 @@ impl Device {
     /// of `replay`, made at the first call and patched with the arguments that changed
     /// since (see the module docs). When the launch stream is being captured, or on the
     /// CPU, `call` runs as it is. An error from `call` queues nothing.
+    ///
+    /// ```
+    /// use dusk_runtime::{Device, Replay, RuntimeError};
+    ///
+    /// let dev = Device::best();
+    /// let mut replay = Replay::default(); // one per call site, e.g. kept with a plan
+    /// for step in 0..3 {
+    ///     // What a plan's `run` does: checks, then `dev.launch(..)` of its kernels.
+    ///     let r: Result<i32, RuntimeError> = dev.replay(&mut replay, || Ok(step));
+    ///     assert_eq!(r.unwrap(), step);
+    /// }
+    /// ```
     pub fn replay<R, E: From<RuntimeError>>(
         &self,
         replay: &mut Replay,
