@@ -18,7 +18,7 @@ use dusk_kernels::policies;
 use dusk_kernels::prune::{ParamValues, PrunePlan as Prune};
 use dusk_kernels::threshold::Policy;
 use dusk_runtime::cudarc::driver::sys::CUstream;
-use dusk_runtime::{Buffer, Element};
+use dusk_runtime::{Buffer, Device, Element, Replay, RuntimeError};
 use half::{bf16, f16};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PySequence};
@@ -32,6 +32,19 @@ fn on_stream<R>(ctx: &Ctx, stream: Option<u64>, f: impl FnOnce() -> R) -> R {
         // own buffers were made ready (synchronised) when they were planned.
         Some(s) => unsafe { ctx.device().with_stream(s as usize as CUstream, f) },
         None => f(),
+    }
+}
+
+/// Runs `call` (a plan's launches) as one graph launch when the plan has a [`Replay`]
+/// (see `Device::replay`), else as it is.
+fn replayed<E: From<RuntimeError>>(
+    dev: &Device,
+    replay: Option<&mut Replay>,
+    call: impl FnOnce() -> Result<(), E>,
+) -> Result<(), E> {
+    match replay {
+        Some(r) => dev.replay(r, call),
+        None => call(),
     }
 }
 
@@ -112,12 +125,12 @@ fn expect_aligned(t: &Tensor) -> PyResult<()> {
     Ok(())
 }
 
-/// Outputs: writable, and sharing memory with no other tensor of the call.
-fn check_outputs(all: &[&Tensor], outputs: &[&Tensor]) -> PyResult<()> {
-    let spans: Vec<(&Tensor, usize)> = all.iter().map(|t| (*t, t.numel())).collect();
-    for o in outputs {
+/// Outputs (`ts[first_output..]`): writable, and sharing memory with no other tensor of
+/// the call.
+fn check_outputs(ts: &[Tensor], first_output: usize) -> PyResult<()> {
+    for o in &ts[first_output..] {
         o.expect_writable()?;
-        expect_disjoint((o, o.numel()), &spans)?;
+        expect_disjoint((o, o.numel()), ts.iter().map(|t| (t, t.numel())))?;
     }
     Ok(())
 }
@@ -185,7 +198,7 @@ pub fn quantize_k(
     pt.expect(DType::U8, &[pages, heads, page_size, d * bits / 8])?;
     st.expect(DType::F16, &[pages, heads, page_size])?;
     zt.expect(DType::F16, &[pages, heads, page_size])?;
-    check_outputs(&[kt, pt, st, zt], &[pt, st, zt])?;
+    check_outputs(&ts, 1)?;
     let kv = KvShape {
         num_pages: pages,
         page_size,
@@ -233,14 +246,13 @@ fn engine_table(t: &Tensor) -> PyResult<(EngineTable, usize)> {
 /// The converters' outputs: writable, and sharing memory with no input (each given with
 /// the elements it is read over) and no other output.
 fn expect_disjoint_outputs(inputs: &[(&Tensor, usize)], outputs: &[Tensor]) -> PyResult<()> {
-    let all: Vec<(&Tensor, usize)> = inputs
-        .iter()
-        .copied()
-        .chain(outputs.iter().map(|t| (t, t.numel())))
-        .collect();
     for o in outputs {
         o.expect_writable()?;
-        expect_disjoint((o, o.numel()), &all)?;
+        let all = inputs
+            .iter()
+            .copied()
+            .chain(outputs.iter().map(|t| (t, t.numel())));
+        expect_disjoint((o, o.numel()), all)?;
     }
     Ok(())
 }
@@ -477,6 +489,8 @@ struct SpgemvState {
     batch: usize,
     num_q_heads: usize,
     bits: u32,
+    /// The graph eager runs submit (`graph_launch`).
+    replay: Option<Replay>,
 }
 
 #[pymethods]
@@ -493,8 +507,12 @@ impl SpgemvPlanPy {
     /// Validates and uploads the page table (int32 CSR: `kv_indptr [batch + 1]`,
     /// `kv_page_indices`, `kv_last_page_len [batch]`) and the candidates (CSR token lists,
     /// one row per (sequence, KV head), positions ascending), and loads the kernels. Host
-    /// arrays (or int sequences); may synchronise.
-    #[pyo3(signature = (kv_indptr, kv_page_indices, kv_last_page_len, cand_indptr, cand_indices, *, num_qo_heads, num_kv_heads, head_dim, num_pages, page_size=16, bits=4))]
+    /// arrays (or int sequences); may synchronise. `graph_launch=True`: as
+    /// `AttentionPlan.plan`'s (a run is two kernels: the query's preparation and the
+    /// scores); off by default, since its two plain launches cost the host less than one
+    /// graph launch (on an H200 machine 8.7-10.4 us a run against 9.3-12.7,
+    /// benches/results/python_decode_run/host_overhead_a52908a*.json).
+    #[pyo3(signature = (kv_indptr, kv_page_indices, kv_last_page_len, cand_indptr, cand_indices, *, num_qo_heads, num_kv_heads, head_dim, num_pages, page_size=16, bits=4, graph_launch=false))]
     #[allow(clippy::too_many_arguments)]
     fn plan(
         &mut self,
@@ -509,6 +527,7 @@ impl SpgemvPlanPy {
         num_pages: usize,
         page_size: usize,
         bits: u32,
+        graph_launch: bool,
     ) -> PyResult<()> {
         let table = page_table(kv_indptr, kv_page_indices, kv_last_page_len)?;
         let cand = token_lists(cand_indptr, cand_indices, ("cand_indptr", "cand_indices"))?;
@@ -526,6 +545,7 @@ impl SpgemvPlanPy {
             batch: table.batch(),
             num_q_heads: num_qo_heads,
             bits,
+            replay: graph_launch.then(Replay::default),
         });
         Ok(())
     }
@@ -545,12 +565,12 @@ impl SpgemvPlanPy {
 
     /// Scores `q` (float16 `[batch, num_qo_heads, head_dim]`) against the candidates of
     /// the quantized cache (`packed`, `scale`, `zero` as [`quantize_k`] writes them) into
-    /// `scores` (float32 `[num_scores]`). Queues the launches on the caller's stream:
-    /// no allocation, no sync.
+    /// `scores` (float32 `[num_scores]`). Queues the launches on the caller's stream (as
+    /// one submission with `graph_launch`): no allocation, no sync.
     #[pyo3(signature = (q, packed, scale, zero, scores, *, stream=None))]
     #[allow(clippy::too_many_arguments)]
     fn run(
-        &self,
+        &mut self,
         py: Python<'_>,
         q: &Bound<'_, PyAny>,
         packed: &Bound<'_, PyAny>,
@@ -559,7 +579,7 @@ impl SpgemvPlanPy {
         scores: &Bound<'_, PyAny>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let st = self.state.as_ref().ok_or_else(no_plan)?;
+        let st = self.state.as_mut().ok_or_else(no_plan)?;
         let ctx = &self.ctx;
         let stream = resolve_stream(py, ctx.place, stream)?;
         let ts = tensors(
@@ -592,7 +612,7 @@ impl SpgemvPlanPy {
         sct.expect(DType::F16, &rows)?;
         zt.expect(DType::F16, &rows)?;
         out.expect(DType::F32, &[st.plan.num_scores()])?;
-        check_outputs(&[qt, pt, sct, zt, out], &[out])?;
+        check_outputs(&ts, 4)?;
         let dev = ctx.device();
         // SAFETY: shapes and layouts checked above; the tensors outlive the queueing.
         let (qb, qk, mut sb) = unsafe {
@@ -608,7 +628,12 @@ impl SpgemvPlanPy {
                 out.borrow::<f32>(dev)?,
             )
         };
-        on_stream(ctx, stream, || st.plan.run(&ctx.dusk, &qb, &qk, &mut sb)).py_err()
+        on_stream(ctx, stream, || {
+            replayed(dev, st.replay.as_mut(), || {
+                st.plan.run(&ctx.dusk, &qb, &qk, &mut sb)
+            })
+        })
+        .py_err()
     }
 }
 
@@ -898,7 +923,7 @@ impl PrunePlanPy {
             ));
         }
         ix.expect_contiguous()?;
-        check_outputs(&[t, ip, ix], &[ip, ix])?;
+        check_outputs(&ts, 1)?;
         let dev = ctx.device();
         // SAFETY: contiguous tensors of the checked types and lengths, alive past the
         // queueing; the outputs share memory with no input or each other (checked).
@@ -972,6 +997,8 @@ struct AttentionState {
     spec: AttentionSpec,
     /// The log-sum-exp a run writes when the caller gives none.
     lse: Buffer<f32>,
+    /// The graph eager runs submit (`graph_launch`).
+    replay: Option<Replay>,
     /// Device tensors the metadata borrows (a device page table, device lists): their
     /// objects and capsules, kept alive.
     _borrowed: Vec<Py<PyAny>>,
@@ -1069,11 +1096,19 @@ impl AttentionPlanPy {
     /// sequence (dense) or list. `sm_scale` defaults to `1 / sqrt(head_dim)`.
     ///
     /// `fused_merge=True`: the chunks of a row are merged by the split's last program to
-    /// finish one, so a run is one launch instead of two (the host time of a run is mostly
-    /// its launches, about 4 us each on an H100 machine: python/benches/host_overhead.py);
-    /// the GPU time it costs or saves depends on the shape (benches/results/
-    /// python_decode.json times a model's step both ways). May synchronise.
-    #[pyo3(signature = (kv_indptr, kv_page_indices, kv_last_page_len, *, num_qo_heads, num_kv_heads, head_dim, page_size, num_pages, mode="dense", sel_indptr=None, sel_indices=None, device_lists=false, device_table=false, max_tokens=None, sm_scale=None, dtype=None, fused_merge=false))]
+    /// finish one, so a run is one kernel instead of two; it costs GPU time at small
+    /// batches (batch 1 GQA 8k: 30.0 us against 19.2 on an H100,
+    /// benches/results/varlen_attention_run/89a5a91_sweep.json).
+    ///
+    /// `graph_launch=True` (the default): an eager run (outside a stream capture) submits
+    /// its two kernels as one CUDA graph launch, recorded at the first run and patched with
+    /// each run's tensors, rather than launching them one by one (the merge's launch, which
+    /// lets it start early behind the split, costs the host the most): on an H200 machine
+    /// 6.0-6.5 us a run at batch 1 against 11.5-12.5, the GPU time unchanged
+    /// (python/benches/host_overhead.py, benches/results/python_decode_run/). Under a
+    /// capture the kernels are launched as they are, so the caller's graph records them.
+    /// May synchronise.
+    #[pyo3(signature = (kv_indptr, kv_page_indices, kv_last_page_len, *, num_qo_heads, num_kv_heads, head_dim, page_size, num_pages, mode="dense", sel_indptr=None, sel_indices=None, device_lists=false, device_table=false, max_tokens=None, sm_scale=None, dtype=None, fused_merge=false, graph_launch=true))]
     #[allow(clippy::too_many_arguments)]
     fn plan(
         &mut self,
@@ -1094,6 +1129,7 @@ impl AttentionPlanPy {
         sm_scale: Option<f32>,
         dtype: Option<&Bound<'_, PyAny>>,
         fused_merge: bool,
+        graph_launch: bool,
     ) -> PyResult<()> {
         let ctx = self.ctx.clone();
         let mode = parse_mode(mode)?;
@@ -1246,6 +1282,7 @@ impl AttentionPlanPy {
             meta,
             spec,
             lse,
+            replay: graph_launch.then(Replay::default),
             _borrowed: borrowed,
         });
         Ok(())
@@ -1259,8 +1296,8 @@ impl AttentionPlanPy {
     /// Attention of `q` (`[batch, num_qo_heads, head_dim]`, the plan's dtype) over the
     /// cache `k_cache`, `v_cache` (`[num_pages, page_size, num_kv_heads, head_dim]`),
     /// written to `out` (like `q`) and, if given, `lse` (float32 `[batch, num_qo_heads]`,
-    /// natural log; `-inf` for an empty row, whose output is zero). Two launches on the
-    /// caller's stream: no allocation, no sync.
+    /// natural log; `-inf` for an empty row, whose output is zero). Queued on the caller's
+    /// stream as one submission (see `plan`'s `graph_launch`): no allocation, no sync.
     #[pyo3(signature = (q, k_cache, v_cache, out, lse=None, *, stream=None))]
     #[allow(clippy::too_many_arguments)]
     fn run(
@@ -1276,16 +1313,20 @@ impl AttentionPlanPy {
         let ctx = self.ctx.clone();
         let st = self.state.as_mut().ok_or_else(no_plan)?;
         let stream = resolve_stream(py, ctx.place, stream)?;
-        let mut args = vec![
+        let args = [
             (q, "q"),
             (k_cache, "k_cache"),
             (v_cache, "v_cache"),
             (out, "out"),
         ];
-        if let Some(l) = lse.filter(|l| !l.is_none()) {
-            args.push((l, "lse"));
-        }
-        let ts = tensors(&ctx, stream, &args)?;
+        let ts = match lse.filter(|l| !l.is_none()) {
+            Some(l) => tensors(
+                &ctx,
+                stream,
+                &[args[0], args[1], args[2], args[3], (l, "lse")],
+            )?,
+            None => tensors(&ctx, stream, &args)?,
+        };
         let spec = st.spec;
         let qshape = [spec.batch, spec.num_q_heads, spec.kv.head_dim];
         let cache = [
@@ -1301,8 +1342,7 @@ impl AttentionPlanPy {
         if let Some(l) = ts.get(4) {
             l.expect(DType::F32, &[spec.batch, spec.num_q_heads])?;
         }
-        let all: Vec<&Tensor> = ts.iter().collect();
-        check_outputs(&all, &all[3..])?;
+        check_outputs(&ts, 3)?;
         match spec.dtype {
             DType::BF16 => run_attention::<bf16>(&ctx, st, &ts, stream),
             _ => run_attention::<f16>(&ctx, st, &ts, stream),
@@ -1340,13 +1380,21 @@ fn run_attention<T: Element>(
         Some(l) => Some(unsafe { l.borrow::<f32>(dev)? }),
         None => None,
     };
+    let AttentionState {
+        plan,
+        meta,
+        replay,
+        lse: own_lse,
+        ..
+    } = st;
     let lse = match given.as_mut() {
         Some(l) => l,
-        None => &mut st.lse,
+        None => own_lse,
     };
     on_stream(ctx, stream, || {
-        st.plan
-            .run(&ctx.dusk, &q, &k, &v, &st.meta, None, &mut out, lse)
+        replayed(dev, replay.as_mut(), || {
+            plan.run(&ctx.dusk, &q, &k, &v, meta, None, &mut out, lse)
+        })
     })
     .py_err()
 }

@@ -134,14 +134,66 @@ pub fn dtype_name(d: DType) -> &'static str {
     }
 }
 
+/// The most dimensions a tensor may have (no entry point takes more than 4).
+pub const MAX_RANK: usize = 8;
+
+/// A tensor's shape or strides, held inline so that reading a tensor allocates nothing (a
+/// run reads several tensors on every call).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Dims<T> {
+    len: usize,
+    v: [T; MAX_RANK],
+}
+
+impl<T: Copy + Default> Dims<T> {
+    /// `n` values, the `i`th from `each(i)`; an error naming `name` when `n` is more than
+    /// [`MAX_RANK`].
+    pub fn try_from_fn(
+        name: &str,
+        n: usize,
+        mut each: impl FnMut(usize) -> PyResult<T>,
+    ) -> PyResult<Self> {
+        if n > MAX_RANK {
+            return Err(invalid(
+                name,
+                format!("a tensor of at most {MAX_RANK} dimensions"),
+                format!("{n} dimensions"),
+            ));
+        }
+        let mut v = [T::default(); MAX_RANK];
+        for (i, o) in v[..n].iter_mut().enumerate() {
+            *o = each(i)?;
+        }
+        Ok(Dims { len: n, v })
+    }
+
+    /// The values of `xs` (see [`Dims::try_from_fn`]).
+    pub fn from_slice(name: &str, xs: &[T]) -> PyResult<Self> {
+        Self::try_from_fn(name, xs.len(), |i| Ok(xs[i]))
+    }
+}
+
+impl<T> std::ops::Deref for Dims<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.v[..self.len]
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for Dims<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.v[..self.len].fmt(f)
+    }
+}
+
 /// A caller's tensor, read without a copy.
 pub struct Tensor<'py> {
     /// The argument's name, for errors.
     pub name: &'static str,
     pub addr: u64,
-    pub shape: Vec<usize>,
+    pub shape: Dims<usize>,
     /// In elements; C-contiguous ones when the producer gave none.
-    pub strides: Vec<i64>,
+    pub strides: Dims<i64>,
     pub dtype: DType,
     pub place: Place,
     pub readonly: bool,
@@ -159,8 +211,8 @@ impl<'py> Tensor<'py> {
             return Ok(Tensor {
                 name,
                 addr: a.addr,
-                strides: contiguous_strides(&a.shape),
-                shape: a.shape.clone(),
+                shape: Dims::from_slice(name, &a.shape)?,
+                strides: contiguous_strides(name, &a.shape)?,
                 dtype: a.dtype,
                 place: a.place,
                 readonly: false,
@@ -219,11 +271,9 @@ impl<'py> Tensor<'py> {
                 format!("a tensor on {}", obj.getattr(intern!(py, "device"))?.str()?),
             ));
         };
-        let shape = int_tuple(&obj.getattr(intern!(py, "shape"))?, |v| {
-            v.extract::<usize>()
-        })?;
-        let strides = int_tuple(&obj.call_method0(intern!(py, "stride"))?, |v| {
-            v.extract::<i64>()
+        let shape = int_tuple(name, &obj.getattr(intern!(py, "shape"))?, |v| v.extract())?;
+        let strides = int_tuple(name, &obj.call_method0(intern!(py, "stride"))?, |v| {
+            v.extract()
         })?;
         let addr: u64 = obj.call_method0(intern!(py, "data_ptr"))?.extract()?;
         Ok(Tensor {
@@ -322,21 +372,15 @@ impl<'py> Tensor<'py> {
         })?;
         let ndim = t.ndim.max(0) as usize;
         // SAFETY: DLPack gives `ndim` shape entries, and `ndim` strides or none.
-        let (shape, strides) = unsafe {
-            let shape: Vec<i64> = if ndim == 0 {
-                vec![]
-            } else {
-                std::slice::from_raw_parts(t.shape, ndim).to_vec()
-            };
-            let strides = if t.strides.is_null() || ndim == 0 {
-                None
-            } else {
-                Some(std::slice::from_raw_parts(t.strides, ndim).to_vec())
-            };
-            (shape, strides)
+        let shape = Dims::try_from_fn(name, ndim, |i| {
+            Ok(unsafe { *t.shape.add(i) }.max(0) as usize)
+        })?;
+        let strides = if t.strides.is_null() || ndim == 0 {
+            contiguous_strides(name, &shape)?
+        } else {
+            // SAFETY: as above.
+            Dims::try_from_fn(name, ndim, |i| Ok(unsafe { *t.strides.add(i) }))?
         };
-        let shape: Vec<usize> = shape.iter().map(|&n| n.max(0) as usize).collect();
-        let strides = strides.unwrap_or_else(|| contiguous_strides(&shape));
         Ok(Tensor {
             name,
             addr: (t.data as u64).wrapping_add(t.byte_offset),
@@ -392,15 +436,15 @@ impl<'py> Tensor<'py> {
                 }
                 bytes.iter().map(|b| b / size).collect()
             }
-            _ => contiguous_strides(&shape),
+            _ => contiguous_strides(name, &shape)?.to_vec(),
         };
         // The device: the interface does not say; ask the driver where the address lives.
         let place = Place::Cuda(cuda_ordinal_of(addr).unwrap_or(0));
         Ok(Tensor {
             name,
             addr,
-            shape,
-            strides,
+            strides: Dims::from_slice(name, &strides)?,
+            shape: Dims::from_slice(name, &shape)?,
             dtype,
             place,
             readonly,
@@ -423,7 +467,7 @@ impl<'py> Tensor<'py> {
     /// matter).
     pub fn is_contiguous(&self) -> bool {
         let mut want = 1i64;
-        for (n, s) in self.shape.iter().zip(&self.strides).rev() {
+        for (n, s) in self.shape.iter().zip(self.strides.iter()).rev() {
             if *n != 1 && *s != want {
                 return false;
             }
@@ -444,7 +488,7 @@ impl<'py> Tensor<'py> {
 
     /// Checks element type, shape and C-contiguity.
     pub fn expect(&self, dtype: DType, shape: &[usize]) -> PyResult<()> {
-        if self.dtype != dtype || self.shape != shape {
+        if self.dtype != dtype || *self.shape != *shape {
             return Err(invalid(
                 self.name,
                 format!("{}{shape:?}", dtype_name(dtype)),
@@ -603,27 +647,26 @@ pub fn torch(py: Python<'_>) -> PyResult<Option<&'static Torch>> {
     })))
 }
 
-/// The ints of a tuple (`torch.Size`, a stride tuple), each read by `each`.
-fn int_tuple<T>(
+/// The ints of a tuple (`torch.Size`, a stride tuple) of tensor `name`, each read by
+/// `each`.
+fn int_tuple<T: Copy + Default>(
+    name: &str,
     obj: &Bound<'_, PyAny>,
     each: impl Fn(&Bound<'_, PyAny>) -> PyResult<T>,
-) -> PyResult<Vec<T>> {
+) -> PyResult<Dims<T>> {
     let t = obj.cast::<PyTuple>()?;
-    let mut out = Vec::with_capacity(t.len());
-    for v in t.iter() {
-        out.push(each(&v)?);
-    }
-    Ok(out)
+    Dims::try_from_fn(name, t.len(), |i| each(&t.get_item(i)?))
 }
 
-pub fn contiguous_strides(shape: &[usize]) -> Vec<i64> {
-    let mut out = vec![0i64; shape.len()];
+/// The strides (in elements) of a C-contiguous tensor of `shape`, for tensor `name`.
+pub fn contiguous_strides(name: &str, shape: &[usize]) -> PyResult<Dims<i64>> {
     let mut s = 1i64;
-    for (o, n) in out.iter_mut().zip(shape).rev() {
-        *o = s;
-        s *= *n as i64;
+    let mut out = Dims::try_from_fn(name, shape.len(), |_| Ok(0i64))?;
+    for i in (0..shape.len()).rev() {
+        out.v[i] = s;
+        s *= shape[i] as i64;
     }
-    out
+    Ok(out)
 }
 
 pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
@@ -664,13 +707,16 @@ fn cuda_ordinal_of(addr: u64) -> Option<usize> {
 }
 
 /// Fails when output `out` shares memory with any of `others` (each as (tensor, elements)).
-pub fn expect_disjoint(out: (&Tensor, usize), others: &[(&Tensor, usize)]) -> PyResult<()> {
+pub fn expect_disjoint<'a, 'py: 'a>(
+    out: (&Tensor, usize),
+    others: impl IntoIterator<Item = (&'a Tensor<'py>, usize)>,
+) -> PyResult<()> {
     let (a0, a1) = out.0.span(out.1);
     for (t, n) in others {
-        if std::ptr::eq(*t, out.0) {
+        if std::ptr::eq(t, out.0) {
             continue;
         }
-        let (b0, b1) = t.span(*n);
+        let (b0, b1) = t.span(n);
         if a0 < b1 && b0 < a1 && a1 > a0 && b1 > b0 {
             return Err(invalid(
                 out.0.name,
@@ -784,7 +830,7 @@ impl Array {
             ));
         }
         let shape: Vec<i64> = self.shape.iter().map(|&n| n as i64).collect();
-        let strides = contiguous_strides(&self.shape);
+        let strides = contiguous_strides("array", &self.shape)?.to_vec();
         let tensor = |shape: *mut i64, strides: *mut i64| DLTensor {
             data: self.addr as usize as *mut c_void,
             device: DLDevice {

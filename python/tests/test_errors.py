@@ -163,6 +163,8 @@ def test_attention_checks_modes_lists_and_outputs():
     raises_arg("k_cache", a.run, q, k[:-1], k, out)
     raises_arg("v_cache", a.run, q, k, k.astype(np.float32), out)
     raises_arg("lse", a.run, q, k, k, out, np.zeros((2, 3), np.float32))
+    e = raises_arg("q", a.run, q.reshape((1,) * 7 + q.shape), k, k, out)  # rank 10
+    assert "at most 8 dimensions" in str(e)
     assert (out == 3).all()
     a.run(q, k, k, out)
     np.testing.assert_allclose(out.astype(np.float32), 1.0, atol=1e-3)

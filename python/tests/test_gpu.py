@@ -101,15 +101,17 @@ def attention_inputs(gen, seq_lens, hkv, hq, d):
     return indptr, ids, last, num_pages, q, k, v
 
 
-def test_attention_dense_and_group_on_the_gpu(gen):
+@pytest.mark.parametrize("graph_launch", [True, False])
+def test_attention_dense_and_group_on_the_gpu(gen, graph_launch):
     seq_lens = [500, 37, 1000]
     hkv, hq, d = 2, 8, 128
     indptr, ids, last, num_pages, q, k, v = attention_inputs(gen, seq_lens, hkv, hq, d)
     kg, vg = k.to(DEV), v.to(DEV)
     a = dusk.AttentionPlan(DEV)
-    a.plan(indptr, ids, last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=PAGE, num_pages=num_pages)
-    out = torch.empty_like(q, device=DEV)
-    lse = torch.empty(q.shape[:2], device=DEV)
+    a.plan(indptr, ids, last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=PAGE, num_pages=num_pages,
+           graph_launch=graph_launch)
+    out = torch.full_like(q, float("nan"), device=DEV)
+    lse = torch.full(q.shape[:2], float("nan"), device=DEV)
     a.run(q.to(DEV), kg, vg, out, lse)
     rows = lambda b, h: np.arange(ref.seq_len(indptr, last, PAGE, b))  # noqa: E731
     want, want_lse = ref.attention(q.numpy(), k.numpy(), v.numpy(), indptr, ids, last, PAGE, rows, d**-0.5)
@@ -124,12 +126,78 @@ def test_attention_dense_and_group_on_the_gpu(gen):
             sel_indices.extend(np.sort(rng.choice(n, m, replace=False)).tolist())
             sel_indptr.append(len(sel_indices))
     g = dusk.AttentionPlan(DEV)
-    g.plan(indptr, ids, last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=PAGE, num_pages=num_pages, mode="group", sel_indptr=sel_indptr, sel_indices=sel_indices)
+    g.plan(indptr, ids, last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=PAGE, num_pages=num_pages, mode="group", sel_indptr=sel_indptr, sel_indices=sel_indices, graph_launch=graph_launch)
+    out.fill_(float("nan"))
     g.run(q.to(DEV), kg, vg, out, lse)
     group = hq // hkv
     rows = lambda b, h: sel_indices[sel_indptr[b * hkv + h // group] : sel_indptr[b * hkv + h // group + 1]]  # noqa: E731
     want, _ = ref.attention(q.numpy(), k.numpy(), v.numpy(), indptr, ids, last, PAGE, rows, d**-0.5)
     np.testing.assert_allclose(out.cpu().double().numpy(), want, atol=2e-2)
+
+
+def test_graph_launches_take_each_runs_tensors(gen):
+    # An eager run submits the split and the merge as one graph launch, recorded at the
+    # first run; later runs with other tensors patch the graph's arguments. Each run equals
+    # the same run launched kernel by kernel, also after a captured run (launched as it is)
+    # and for the SpGEMV (its two kernels, with graph_launch=True).
+    seq_lens = [700, 33, 1500]
+    hkv, hq, d = 2, 8, 128
+    indptr, ids, last, num_pages, q, k, v = attention_inputs(gen, seq_lens, hkv, hq, d)
+    kw = dict(num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=PAGE, num_pages=num_pages)
+    graph, direct = dusk.AttentionPlan(DEV), dusk.AttentionPlan(DEV)
+    graph.plan(indptr, ids, last, **kw)
+    direct.plan(indptr, ids, last, graph_launch=False, **kw)
+    caches = [(k.to(DEV), v.to(DEV)), (torch.randn(k.shape, generator=gen).half().to(DEV),
+                                       torch.randn(v.shape, generator=gen).half().to(DEV))]
+
+    def inputs():
+        qi = torch.randn(q.shape, generator=gen).half().to(DEV)
+        outs = [torch.full_like(qi, float("nan")) for _ in range(2)]
+        lses = [torch.full(q.shape[:2], float("nan"), device=DEV) for _ in range(2)]
+        return qi, outs, lses
+
+    def both(i, qi, outs, lses):
+        kc, vc = caches[i % 2]
+        graph.run(qi, kc, vc, outs[0], lses[0])
+        direct.run(qi, kc, vc, outs[1], lses[1])
+
+    for i in range(5):
+        qi, outs, lses = inputs()
+        both(i, qi, outs, lses)
+        torch.cuda.synchronize()
+        assert not outs[0].isnan().any()
+        assert torch.equal(outs[0], outs[1]) and torch.equal(lses[0], lses[1]), i
+    qi, outs, lses = inputs()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        both(0, qi, outs, lses)
+    g.replay()
+    torch.cuda.synchronize()
+    assert not outs[0].isnan().any()
+    assert torch.equal(outs[0], outs[1]) and torch.equal(lses[0], lses[1])
+    qi, outs, lses = inputs()
+    both(1, qi, outs, lses)
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0], outs[1]) and torch.equal(lses[0], lses[1])
+
+    pshape, sshape = dusk.quantized_k_shapes(k.shape)
+    packed = torch.empty(pshape, dtype=torch.uint8, device=DEV)
+    scale = torch.empty(sshape, dtype=torch.float16, device=DEV)
+    zero = torch.empty(sshape, dtype=torch.float16, device=DEV)
+    dusk.quantize_k(caches[0][0], packed, scale, zero)
+    cand_indptr = np.arange(len(seq_lens) * hkv + 1, dtype=np.int32) * 30
+    cand_indices = np.tile(np.arange(30, dtype=np.int32), len(seq_lens) * hkv)
+    sg, sd = dusk.SpgemvPlan(DEV), dusk.SpgemvPlan(DEV)
+    sg.plan(indptr, ids, last, cand_indptr, cand_indices, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, num_pages=num_pages, graph_launch=True)
+    sd.plan(indptr, ids, last, cand_indptr, cand_indices, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, num_pages=num_pages)
+    for _ in range(3):
+        qi = torch.randn(q.shape, generator=gen).half().to(DEV)
+        scores = [torch.full((sg.num_scores,), float("nan"), device=DEV) for _ in range(2)]
+        sg.run(qi, packed, scale, zero, scores[0])
+        sd.run(qi, packed, scale, zero, scores[1])
+        torch.cuda.synchronize()
+        assert not scores[0].isnan().any() and torch.equal(scores[0], scores[1])
 
 
 def test_converters_on_the_gpu():

@@ -5,9 +5,11 @@ use crate::buffer::AnyBuffer;
 use crate::device::{panic_message, Backend, Device, Gpu};
 use crate::error::{driver, Result, RuntimeError};
 use crate::kernel::{describe_param, Arg, GpuKernel, LoadedKernel};
-use cudarc::driver::sys;
+use cudarc::driver::{sys, CudaFunction};
 use dusk_compiler::interp::{self, ArgValue};
 use dusk_compiler::{Elem, Kernel};
+use std::ffi::c_void;
+use std::ptr::null_mut;
 use std::sync::Arc;
 
 /// CUDA's grid limits: x below 2^31, y and z at most 65535.
@@ -117,51 +119,93 @@ fn launch_gpu(g: &Arc<Gpu>, kernel: &LoadedKernel, grid: [u32; 3], args: &[Arg<'
             found: format!("GPU {} (another device handle)", gk.device.ordinal),
         });
     }
-    // The driver reads each parameter through a pointer, taking as many bytes as the
-    // parameter has: every value sits little-endian at the start of an aligned 8-byte
-    // slot, and the slots live until the launch call returns.
-    let slots: Vec<u64> = args
-        .iter()
-        .map(|a| match a {
-            Arg::Buffer(b) => b.device_ptr().unwrap_or(0),
-            Arg::I32(v) => *v as u32 as u64,
-            Arg::I64(v) => *v as u64,
-            Arg::F32(v) => v.to_bits() as u64,
-            Arg::U8(v) => *v as u64,
-            Arg::Bool(v) => *v as u64,
-        })
-        .collect();
+    let threads = ir.num_threads();
+    if crate::replay::record(g, gk, grid, threads, args) {
+        return Ok(());
+    }
     let stream = g.launch_stream();
     g.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
-    if gk.early_start {
-        return launch_early(stream, gk, grid, ir.num_threads(), &slots);
-    }
-    let mut ptrs: Vec<*mut std::ffi::c_void> = slots
-        .iter()
-        .map(|s| s as *const u64 as *mut std::ffi::c_void)
-        .collect();
     // SAFETY: the arguments were checked against the kernel's parameters (count, pointer or
     // scalar, element type, device); the function is from the module compiled from the
-    // same IR, in the context bound above; each pointer in `ptrs` points at one 8-byte slot
-    // of `slots`, alive until this call returns; `stream` belongs to that context (the
-    // device's own, or the caller's per `Device::with_stream`).
+    // same IR, in the context bound above; `stream` belongs to that context (the device's
+    // own, or the caller's per `Device::with_stream`).
+    with_params(args, |params| unsafe {
+        launch_raw(stream, &gk.func, gk.early_start, grid, threads, params)
+    })
+}
+
+/// `cuLaunchKernel`, or [`launch_early`] for a kernel that starts early.
+///
+/// # Safety
+/// `params` must be the parameter array (see [`with_params`]) of arguments checked against
+/// the kernel's parameters, and `stream` a stream of the function's context, bound to
+/// this thread.
+pub(crate) unsafe fn launch_raw(
+    stream: sys::CUstream,
+    func: &CudaFunction,
+    early_start: bool,
+    grid: [u32; 3],
+    threads: u32,
+    params: *mut *mut c_void,
+) -> Result<()> {
+    if early_start {
+        return launch_early(stream, func, grid, threads, params);
+    }
+    // SAFETY: per this function's contract.
     unsafe {
         sys::cuLaunchKernel(
-            gk.func.cu_function(),
+            func.cu_function(),
             grid[0],
             grid[1],
             grid[2],
-            ir.num_threads(),
+            threads,
             1,
             1,
             0,
             stream,
-            ptrs.as_mut_ptr(),
+            params,
             std::ptr::null_mut(),
         )
     }
     .result()
     .map_err(driver("cuLaunchKernel"))
+}
+
+/// Arguments whose parameter array lives on the stack (a launch with more allocates it).
+const INLINE_PARAMS: usize = 48;
+
+/// Calls `launch` with the driver's parameter array for `args`: one pointer per argument,
+/// to an aligned 8-byte slot holding the value little-endian at its start (the driver reads
+/// as many bytes as the parameter has). The slots live until `launch` returns; a launch of
+/// up to [`INLINE_PARAMS`] arguments allocates nothing (a run launches on every call).
+fn with_params<R>(args: &[Arg<'_>], launch: impl FnOnce(*mut *mut c_void) -> R) -> R {
+    let n = args.len();
+    let (mut slots_inline, mut ptrs_inline) = ([0u64; INLINE_PARAMS], [null_mut(); INLINE_PARAMS]);
+    let (mut slots_heap, mut ptrs_heap) = (vec![], vec![]);
+    let (slots, ptrs): (&mut [u64], &mut [*mut c_void]) = if n <= INLINE_PARAMS {
+        (&mut slots_inline[..n], &mut ptrs_inline[..n])
+    } else {
+        slots_heap.resize(n, 0);
+        ptrs_heap.resize(n, null_mut());
+        (&mut slots_heap, &mut ptrs_heap)
+    };
+    for ((s, p), a) in slots.iter_mut().zip(ptrs.iter_mut()).zip(args) {
+        *s = slot(a);
+        *p = (s as *mut u64).cast();
+    }
+    launch(ptrs.as_mut_ptr())
+}
+
+/// An argument's 8-byte parameter slot: its value, little-endian at the start.
+pub(crate) fn slot(a: &Arg<'_>) -> u64 {
+    match a {
+        Arg::Buffer(b) => b.device_ptr().unwrap_or(0),
+        Arg::I32(v) => *v as u32 as u64,
+        Arg::I64(v) => *v as u64,
+        Arg::F32(v) => v.to_bits() as u64,
+        Arg::U8(v) => *v as u64,
+        Arg::Bool(v) => *v as u64,
+    }
 }
 
 /// `cuLaunchKernelEx` with programmatic stream serialization: the kernel's programs may
@@ -170,15 +214,11 @@ fn launch_gpu(g: &Arc<Gpu>, kernel: &LoadedKernel, grid: [u32; 3], args: &[Arg<'
 /// stream keep the edge).
 fn launch_early(
     stream: sys::CUstream,
-    gk: &GpuKernel,
+    func: &CudaFunction,
     grid: [u32; 3],
     threads: u32,
-    slots: &[u64],
+    params: *mut *mut c_void,
 ) -> Result<()> {
-    let mut ptrs: Vec<*mut std::ffi::c_void> = slots
-        .iter()
-        .map(|s| s as *const u64 as *mut std::ffi::c_void)
-        .collect();
     let mut attr = sys::CUlaunchAttribute {
         id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
         pad: [0; 4],
@@ -197,19 +237,12 @@ fn launch_early(
         attrs: &mut attr,
         numAttrs: 1,
     };
-    // SAFETY: the arguments were checked against the kernel's parameters; each pointer in
-    // `ptrs` points at one 8-byte slot of `slots`, alive until this call returns; `attr`
-    // outlives the call; the function belongs to the stream's context.
-    unsafe {
-        sys::cuLaunchKernelEx(
-            &cfg,
-            gk.func.cu_function(),
-            ptrs.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-    }
-    .result()
-    .map_err(driver("cuLaunchKernelEx"))
+    // SAFETY: the arguments were checked against the kernel's parameters; `params` is
+    // their parameter array (see `with_params`); `attr` outlives the call; the function
+    // belongs to the stream's context.
+    unsafe { sys::cuLaunchKernelEx(&cfg, func.cu_function(), params, std::ptr::null_mut()) }
+        .result()
+        .map_err(driver("cuLaunchKernelEx"))
 }
 
 fn launch_cpu(ir: &Kernel, grid: [u32; 3], args: &[Arg<'_>]) -> Result<()> {

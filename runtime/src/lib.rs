@@ -14,7 +14,9 @@
 //!   [`Device::launch`] checks every [`Arg`] against the kernel's parameters first.
 //! - [`Bundle`]: ahead-of-time PTX and a manifest, loaded with no LLVM ([`bundle`]).
 //! - Graphs: [`Device::capture`] records the work a closure queues (a decode step) as a
-//!   CUDA graph, [`Graph::replay`] runs it again over whatever its buffers then hold.
+//!   CUDA graph, [`Graph::replay`] runs it again over whatever its buffers then hold;
+//!   [`Device::replay`] submits one eager call's launches (a plan's `run`) as one graph
+//!   launch, patched with each call's arguments.
 //! - Timing: the harness every benchmark and the tuner use ([`Device::time_calls`]: inputs
 //!   rotated past twice the L2, calls captured in a CUDA graph and replayed), and [`median`].
 //!
@@ -65,6 +67,7 @@ mod error;
 mod graph;
 mod kernel;
 mod launch;
+mod replay;
 mod timing;
 
 pub use buffer::{AnyBuffer, Buffer, Element};
@@ -73,6 +76,7 @@ pub use device::Device;
 pub use error::{Result, RuntimeError};
 pub use graph::Graph;
 pub use kernel::{Arg, LoadedKernel};
+pub use replay::Replay;
 pub use timing::{median, rotation_sets, Measured, TimeConfig, Timing};
 
 /// The cudarc version this crate is built on, for callers that use
