@@ -17,6 +17,9 @@
 //! | `attn_split_dense_d128_g4_f16[_l2]_ct` | the two dense splits reading a page table written on the device (`AttentionPlan::for_device_table`), clamped as they read it: offsets into the table, the last page's length into a page, page ids into the cache (two more scalars, `num_pages` and `num_page_entries`) | `rows, chunks` |
 //! | `attn_split_dense_d128_g4_f16[_l2]_fm[_ct]` | the dense splits merging inside the split (`AttentionTuning::fused_merge`: the last chunk of a row merges it, one launch a run; `out`, `lse` and `counters`, i32 `[rows]` zeroed once, follow `part_lse`), over a host or a device page table | `rows, chunks` |
 //!
+//! | `spgemv_quant_mma_d128_g8_b4_t64_*` | the SpGEMV for GQA groups of 8: the default and the two tilings `fit_grid` picks for small grids | `rows, ceil(max_row_len / program tokens)` |
+//! | family `pipeline` | every other kernel the Python package's pipelines load at these shapes ([`plan_offered_pipelines`]: Quest + top-p, Quest alone, Full + top-p, group varlen, GQA groups 1, 4 and 8, and the append of their state): Quest's update and score, the selectors' top-k, the top-p searches for groups, the dense fallback's merge, the append, attention over lists for groups 1 and 8; named as their IR | `grid_x, grid_y, grid_z`, as the plan sizes it |
+//!
 //! `rows` is the number of candidate (token-list) rows (batch x KV heads), `q_rows` the
 //! query rows (batch x query heads), `max_row_len` the longest candidate row. The
 //! attention split over token lists takes any grid: as many programs as fit on the GPU

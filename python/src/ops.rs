@@ -654,7 +654,10 @@ fn param_values(v: &Bound<'_, PyAny>, name: &str) -> PyResult<ParamValues> {
 
 /// `params`: a dict by name, or a sequence in the policy's order, of numbers or per-row
 /// sequences.
-pub(crate) fn parse_params(p: &Policy, params: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<ParamValues>> {
+pub(crate) fn parse_params(
+    p: &Policy,
+    params: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Vec<ParamValues>> {
     let names: Vec<&str> = p.params.iter().map(|q| q.name).collect();
     let expected = || format!("{{{}}} for policy `{}`", names.join(", "), p.name);
     let Some(params) = params.filter(|x| !x.is_none()) else {

@@ -5,7 +5,9 @@
 
 use crate::context::{context, parse_device, resolve_stream, Ctx};
 use crate::errors::{invalid, to_py_renamed, OrPy};
-use crate::ops::{check_outputs, no_plan, on_stream, page_table, parse_params, policy, settle, tensors};
+use crate::ops::{
+    check_outputs, no_plan, on_stream, page_table, parse_params, policy, settle, tensors,
+};
 use crate::tensor::{type_name, Array, Tensor};
 use dusk_compiler::DType;
 use dusk_kernels::cache::AppendPlan;
