@@ -244,3 +244,9 @@ def test_plans_and_steps_check_their_arguments(rng):
     shared = dusk.PipelinePlan("cpu", budget=0.5)
     raises_arg("kv_page_indices", shared.plan, [0, 2, 4], [0, 1, 2, 1], [16, 16],
                num_qo_heads=8, num_kv_heads=2, head_dim=64, num_pages=3)
+
+
+def test_docstring_example_runs():
+    doc = dusk.PipelinePlan.__doc__
+    block = doc.split("```python\n")[1].split("```")[0]
+    exec(block, {})
