@@ -62,6 +62,11 @@ def main():
             how = f"{t.get('ours', 'events')} / {t.get('peer') or 'events'}" if t else "events (before the harness)"
             print(f"| {c['case']} | {c['ours_us']:.1f} | {c['peer']} | {fmt(c.get('peer_us'), '.1f')} | "
                   f"{fmt(c.get('speedup_vs_peer'), '.2f')}x | {c['gbps']:.0f} | {100 * c['frac_of_copy_bw']:.1f}% | {how} |")
+        noted = [c for c in r["cases"] if c.get("bytes_note")]
+        if noted:
+            print()
+        for c in noted:
+            print(f"- {c['case']}: GB/s and the share of copy BW are {c['bytes_note']}.")
         if r.get("command"):
             where = f" (run in the GPU machine's `{r['run_in']}`)" if r.get("run_in") else ""
             print(f"\nCommand{where}: `{r['command']}`")

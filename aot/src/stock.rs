@@ -17,6 +17,9 @@
 //! | `attn_split_dense_d128_g4_f16[_l2]_ct` | the two dense splits reading a page table written on the device (`AttentionPlan::for_device_table`), clamped as they read it: offsets into the table, the last page's length into a page, page ids into the cache (two more scalars, `num_pages` and `num_page_entries`) | `rows, chunks` |
 //! | `attn_split_dense_d128_g4_f16[_l2]_fm[_ct]` | the dense splits merging inside the split (`AttentionTuning::fused_merge`: the last chunk of a row merges it, one launch a run; `out`, `lse` and `counters`, i32 `[rows]` zeroed once, follow `part_lse`), over a host or a device page table | `rows, chunks` |
 //!
+//! | `spgemv_quant_mma_d128_g8_b4_t64_*` | the SpGEMV for GQA groups of 8: the default and the two tilings `fit_grid` picks for small grids | `rows, ceil(max_row_len / program tokens)` |
+//! | family `pipeline` | every other kernel the Python package's pipelines load at these shapes ([`plan_offered_pipelines`]: Quest + top-p, Quest alone, Full + top-p, group varlen, GQA groups 1, 4 and 8, and the append of their state): Quest's update and score, the selectors' top-k, the top-p searches for groups, the dense fallback's merge, the append, attention over lists for groups 1 and 8; named as their IR | `grid_x, grid_y, grid_z`, as the plan sizes it |
+//!
 //! `rows` is the number of candidate (token-list) rows (batch x KV heads), `q_rows` the
 //! query rows (batch x query heads), `max_row_len` the longest candidate row. The
 //! attention split over token lists takes any grid: as many programs as fit on the GPU
@@ -221,7 +224,7 @@ fn dense_programs_per_sm(long_dense: bool, group: usize) -> u32 {
 
 /// The kernels of the stock bundle, in manifest order.
 pub fn kernels() -> Result<Vec<BundleKernel>> {
-    Ok(vec![
+    let base: Vec<BundleKernel> = vec![
         quantize_kernel(128, 4)?,
         prepare_q_kernel(128, 4)?,
         spgemv_kernel(&SpgemvConfig::new(128, 16, 1, 4))?,
@@ -240,7 +243,114 @@ pub fn kernels() -> Result<Vec<BundleKernel>> {
     .chain([dense_l2_prefetch_split(128, 4)?])
     .chain(dense_split_variants(128, 4)?)
     .chain(converter_kernels()?)
-    .collect())
+    .chain(fitted_spgemv(8)?)
+    .collect();
+    let more = pipeline_kernels(&base)?;
+    Ok(base.into_iter().chain(more).collect())
+}
+
+/// The SpGEMV kernels for GQA groups of `group`: the default, and what
+/// `SpgemvConfig::fit_grid` picks where 16 tiles a program would leave the GPU short of
+/// programs (as the GQA 4 entries above).
+fn fitted_spgemv(group: usize) -> Result<Vec<BundleKernel>> {
+    let c = SpgemvConfig::new(128, 16, group, 4);
+    [c, c.fit_grid(2, 1024, 1), c.fit_grid(1, 1, 1)]
+        .iter()
+        .map(spgemv_kernel)
+        .collect()
+}
+
+/// The pipelines the Python package offers (`dusk.PipelinePlan`), planned at the stock
+/// shapes with `dusk`, each with its decode step's append: Quest (N/4, and 512 tokens) +
+/// top-p, Quest alone, Full + top-p, over group varlen attention, for head_dim 128, pages
+/// of 16, f16 and GQA groups of 1, 4 and 8 (2 KV heads), on rows of Quest's N/4 at 32k and
+/// shorter ones, and a batch mixing a densely attended sequence (the fallback's merge).
+/// The kernels they load are the ones the package needs.
+pub fn plan_offered_pipelines(dusk: &dusk_kernels::ops::Dusk) -> Result<()> {
+    use dusk_compiler::DType;
+    use dusk_kernels::cache::AppendPlan;
+    use dusk_kernels::paged::{KvShape, PageTable};
+    use dusk_kernels::pipeline::{Attend, PipelineBuilder, PipelineShape, Prune, Select};
+    use dusk_kernels::selectors::Budget;
+
+    let quest = |budget| Select::Quest {
+        budget,
+        sink: false,
+    };
+    let pipelines = [
+        (quest(Budget::Fraction(0.25)), true),
+        (quest(Budget::Tokens(512)), true),
+        (quest(Budget::Fraction(0.25)), false),
+        (Select::Full, true),
+    ];
+    for group in [1, 4, 8] {
+        for lens in [vec![32768, 300], vec![2048, 1000], vec![4096, 200]] {
+            let pages: usize = lens.iter().map(|n: &usize| n.div_ceil(16)).sum();
+            let kv = KvShape {
+                num_pages: pages,
+                page_size: 16,
+                num_kv_heads: 2,
+                head_dim: 128,
+            };
+            let table = PageTable::from_lengths(&lens, 16, (0..pages as i32).collect())?;
+            let shape = PipelineShape {
+                kv,
+                num_q_heads: 2 * group,
+                dtype: DType::F16,
+            };
+            for (select, top_p) in &pipelines {
+                let mut b = PipelineBuilder::new()
+                    .select(select.clone())
+                    .attend(Attend::GroupVarlen);
+                if *top_p {
+                    b = b.prune(Prune::top_p(0.95));
+                }
+                let plan = b.build()?.plan(dusk, shape, &table)?;
+                AppendPlan::new(dusk, kv, lens.len(), plan.append_parts())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The kernels [`plan_offered_pipelines`] loads that `base` lacks (Quest's update and
+/// score, the selectors' top-k, the top-p search for GQA groups, the dense fallback's
+/// merge, the append, attention for other groups): planned on the CPU, whose interpreter
+/// loads the IR a GPU plan would. Each is launched with its grid given (`grid_x`,
+/// `grid_y`, `grid_z`), as its plan sizes it; named as its IR, in lower case.
+fn pipeline_kernels(base: &[BundleKernel]) -> Result<Vec<BundleKernel>> {
+    use dusk_compiler::print::print_kernel;
+    let dusk = dusk_kernels::ops::Dusk::new(dusk_runtime::Device::cpu())?;
+    plan_offered_pipelines(&dusk)?;
+    let mut seen: std::collections::HashSet<String> =
+        base.iter().map(|k| print_kernel(&k.kernel)).collect();
+    let mut kernels: Vec<(String, dusk_compiler::ir::Kernel)> = dusk
+        .loaded_kernels()
+        .into_iter()
+        .map(|k| (print_kernel(k.ir()), (**k.ir()).clone()))
+        .collect();
+    kernels.sort_by(|a, b| (&a.1.name, &a.0).cmp(&(&b.1.name, &b.0)));
+    // Plans key kernels by more than their IR (so one IR may load twice), and one IR name
+    // may be built with other launch constants: each IR once, a second IR of a name `_2`.
+    kernels.retain(|(text, _)| seen.insert(text.clone()));
+    let mut names = std::collections::HashMap::<String, usize>::new();
+    let axes = ["grid_x", "grid_y", "grid_z"];
+    Ok(kernels
+        .into_iter()
+        .map(|(_, kernel)| {
+            let base = kernel.name.to_lowercase();
+            let n = names.entry(base.clone()).or_insert(0);
+            *n += 1;
+            BundleKernel {
+                name: if *n == 1 { base } else { format!("{base}_{n}") },
+                family: "pipeline".into(),
+                inputs: axes.iter().map(|a| a.to_string()).collect(),
+                grid: axes.map(|a| vec![factor(a, 1)]),
+                config: obj(json!({ "ir_name": kernel.name })),
+                kernel,
+            }
+        })
+        .collect())
 }
 
 /// The dense split as the plans build it for short chunks (small batches): the next

@@ -200,3 +200,31 @@ fn stock_bundle_holds_every_fitted_spgemv() {
         }
     }
 }
+
+/// Every kernel a pipeline the Python package offers loads when planned at the stock
+/// shapes (`stock::plan_offered_pipelines`: Quest with and without top-p, Full with top-p,
+/// group varlen attention, the append of their state; head_dim 128, pages of 16, f16, GQA
+/// groups of 1, 4 and 8) is in the committed stock bundle, found there by name and IR hash
+/// as a GPU plan looks it up: the package, which cannot compile PTX, plans them without
+/// `NotInBundle`. Planned on the CPU against the bundle (the SpGEMV's grid fitting, which
+/// only a GPU does, is covered by `stock_bundle_holds_every_fitted_spgemv`).
+#[test]
+fn stock_bundle_holds_every_offered_pipeline() {
+    use dusk_kernels::ops::Dusk;
+    use std::sync::Arc;
+
+    let bundle = Arc::new(Bundle::open(committed()).unwrap());
+    let dusk = Dusk::with_bundle(Device::cpu(), bundle).unwrap();
+    stock::plan_offered_pipelines(&dusk).unwrap();
+    let loaded = dusk.loaded_kernels();
+    assert!(loaded.iter().any(|k| k.name().starts_with("quest_score")));
+    let missing: std::collections::BTreeSet<String> = loaded
+        .iter()
+        .filter(|k| dusk.bundle_entry(k.ir()).is_none())
+        .map(|k| k.name().to_string())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "kernels the Python package's pipelines load and the stock bundle lacks: {missing:?}"
+    );
+}

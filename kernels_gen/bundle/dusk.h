@@ -195,6 +195,182 @@ static inline int dusk_sglang_to_csr(CUstream stream, CUdeviceptr req_to_token, 
     return dusk_launch("sglang_to_csr", stream, args, 11, inputs, 1);
 }
 
+/* spgemv_quant_mma_d128_g8_b4_t64_w4_o0_x16_l2 (spgemv_quant): {"bits":4,"block_tokens":64,"group":8,"head_dim":128,"l2_prefetch":true,"min_programs_per_sm":0,"num_warps":4,"page_size":16,"tensor_cores":true,"tiles":16}
+ * grid (rows, ceil(max_row_len / 1024), 1), 128 threads a program. */
+static inline int dusk_spgemv_quant_mma_d128_g8_b4_t64_w4_o0_x16_l2(CUstream stream, CUdeviceptr q, CUdeviceptr k_packed, CUdeviceptr k_scale, CUdeviceptr k_zero, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr cand_indptr, CUdeviceptr cand_indices, CUdeviceptr scores, int32_t num_kv_heads, uint64_t rows, uint64_t max_row_len) {
+    void *args[] = {&q, &k_packed, &k_scale, &k_zero, &kv_indptr, &kv_page_indices, &cand_indptr, &cand_indices, &scores, &num_kv_heads};
+    const uint64_t inputs[] = {rows, max_row_len};
+    return dusk_launch("spgemv_quant_mma_d128_g8_b4_t64_w4_o0_x16_l2", stream, args, 10, inputs, 2);
+}
+
+/* spgemv_quant_mma_d128_g8_b4_t64_w4_o0_x8_l2 (spgemv_quant): {"bits":4,"block_tokens":64,"group":8,"head_dim":128,"l2_prefetch":true,"min_programs_per_sm":0,"num_warps":4,"page_size":16,"tensor_cores":true,"tiles":8}
+ * grid (rows, ceil(max_row_len / 512), 1), 128 threads a program. */
+static inline int dusk_spgemv_quant_mma_d128_g8_b4_t64_w4_o0_x8_l2(CUstream stream, CUdeviceptr q, CUdeviceptr k_packed, CUdeviceptr k_scale, CUdeviceptr k_zero, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr cand_indptr, CUdeviceptr cand_indices, CUdeviceptr scores, int32_t num_kv_heads, uint64_t rows, uint64_t max_row_len) {
+    void *args[] = {&q, &k_packed, &k_scale, &k_zero, &kv_indptr, &kv_page_indices, &cand_indptr, &cand_indices, &scores, &num_kv_heads};
+    const uint64_t inputs[] = {rows, max_row_len};
+    return dusk_launch("spgemv_quant_mma_d128_g8_b4_t64_w4_o0_x8_l2", stream, args, 10, inputs, 2);
+}
+
+/* spgemv_quant_mma_d128_g8_b4_t64_w2_o0 (spgemv_quant): {"bits":4,"block_tokens":64,"group":8,"head_dim":128,"min_programs_per_sm":0,"num_warps":2,"page_size":16,"tensor_cores":true}
+ * grid (rows, ceil(max_row_len / 64), 1), 64 threads a program. */
+static inline int dusk_spgemv_quant_mma_d128_g8_b4_t64_w2_o0(CUstream stream, CUdeviceptr q, CUdeviceptr k_packed, CUdeviceptr k_scale, CUdeviceptr k_zero, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr cand_indptr, CUdeviceptr cand_indices, CUdeviceptr scores, int32_t num_kv_heads, uint64_t rows, uint64_t max_row_len) {
+    void *args[] = {&q, &k_packed, &k_scale, &k_zero, &kv_indptr, &kv_page_indices, &cand_indptr, &cand_indices, &scores, &num_kv_heads};
+    const uint64_t inputs[] = {rows, max_row_len};
+    return dusk_launch("spgemv_quant_mma_d128_g8_b4_t64_w2_o0", stream, args, 10, inputs, 2);
+}
+
+/* append_tokens_d128_half64_rows1_warps1_bits0_questtrue_ds0_sparqfalse (pipeline): {"ir_name":"append_tokens_D128_HALF64_ROWS1_WARPS1_BITS0_QUESTtrue_DS0_SPARQfalse"}
+ * grid (grid_x, grid_y, grid_z), 32 threads a program. */
+static inline int dusk_append_tokens_d128_half64_rows1_warps1_bits0_questtrue_ds0_sparqfalse(CUstream stream, CUdeviceptr k_new, CUdeviceptr v_new, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr k_cache, CUdeviceptr v_cache, CUdeviceptr touched_pages, CUdeviceptr touched_lens, int32_t batch, int32_t num_kv_heads, int32_t page_size, int32_t num_pages, int32_t num_indices, CUdeviceptr packed, CUdeviceptr scale, CUdeviceptr zero, CUdeviceptr page_min, CUdeviceptr page_max, CUdeviceptr channels, CUdeviceptr labels, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, int32_t num_blk_indices, int32_t num_blocks, int32_t block_size, CUdeviceptr k_t, CUdeviceptr v_sum, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&k_new, &v_new, &kv_indptr, &kv_page_indices, &kv_last_page_len, &k_cache, &v_cache, &touched_pages, &touched_lens, &batch, &num_kv_heads, &page_size, &num_pages, &num_indices, &packed, &scale, &zero, &page_min, &page_max, &channels, &labels, &blk_indptr, &blk_indices, &num_blk_indices, &num_blocks, &block_size, &k_t, &v_sum};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("append_tokens_d128_half64_rows1_warps1_bits0_questtrue_ds0_sparqfalse", stream, args, 28, inputs, 3);
+}
+
+/* append_tokens_d128_half64_rows1_warps1_bits4_questfalse_ds0_sparqfalse (pipeline): {"ir_name":"append_tokens_D128_HALF64_ROWS1_WARPS1_BITS4_QUESTfalse_DS0_SPARQfalse"}
+ * grid (grid_x, grid_y, grid_z), 32 threads a program. */
+static inline int dusk_append_tokens_d128_half64_rows1_warps1_bits4_questfalse_ds0_sparqfalse(CUstream stream, CUdeviceptr k_new, CUdeviceptr v_new, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr k_cache, CUdeviceptr v_cache, CUdeviceptr touched_pages, CUdeviceptr touched_lens, int32_t batch, int32_t num_kv_heads, int32_t page_size, int32_t num_pages, int32_t num_indices, CUdeviceptr packed, CUdeviceptr scale, CUdeviceptr zero, CUdeviceptr page_min, CUdeviceptr page_max, CUdeviceptr channels, CUdeviceptr labels, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, int32_t num_blk_indices, int32_t num_blocks, int32_t block_size, CUdeviceptr k_t, CUdeviceptr v_sum, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&k_new, &v_new, &kv_indptr, &kv_page_indices, &kv_last_page_len, &k_cache, &v_cache, &touched_pages, &touched_lens, &batch, &num_kv_heads, &page_size, &num_pages, &num_indices, &packed, &scale, &zero, &page_min, &page_max, &channels, &labels, &blk_indptr, &blk_indices, &num_blk_indices, &num_blocks, &block_size, &k_t, &v_sum};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("append_tokens_d128_half64_rows1_warps1_bits4_questfalse_ds0_sparqfalse", stream, args, 28, inputs, 3);
+}
+
+/* append_tokens_d128_half64_rows1_warps1_bits4_questtrue_ds0_sparqfalse (pipeline): {"ir_name":"append_tokens_D128_HALF64_ROWS1_WARPS1_BITS4_QUESTtrue_DS0_SPARQfalse"}
+ * grid (grid_x, grid_y, grid_z), 32 threads a program. */
+static inline int dusk_append_tokens_d128_half64_rows1_warps1_bits4_questtrue_ds0_sparqfalse(CUstream stream, CUdeviceptr k_new, CUdeviceptr v_new, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr k_cache, CUdeviceptr v_cache, CUdeviceptr touched_pages, CUdeviceptr touched_lens, int32_t batch, int32_t num_kv_heads, int32_t page_size, int32_t num_pages, int32_t num_indices, CUdeviceptr packed, CUdeviceptr scale, CUdeviceptr zero, CUdeviceptr page_min, CUdeviceptr page_max, CUdeviceptr channels, CUdeviceptr labels, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, int32_t num_blk_indices, int32_t num_blocks, int32_t block_size, CUdeviceptr k_t, CUdeviceptr v_sum, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&k_new, &v_new, &kv_indptr, &kv_page_indices, &kv_last_page_len, &k_cache, &v_cache, &touched_pages, &touched_lens, &batch, &num_kv_heads, &page_size, &num_pages, &num_indices, &packed, &scale, &zero, &page_min, &page_max, &channels, &labels, &blk_indptr, &blk_indices, &num_blk_indices, &num_blocks, &block_size, &k_t, &v_sum};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("append_tokens_d128_half64_rows1_warps1_bits4_questtrue_ds0_sparqfalse", stream, args, 28, inputs, 3);
+}
+
+/* attn_split_lists_d128_p16_g1_f16_t8_w4_v16_f1_o0_bal_rs_pf16_cs (pipeline): {"ir_name":"attn_split_lists_d128_p16_g1_f16_t8_w4_v16_f1_o0_bal_rs_pf16_cs"}
+ * grid (grid_x, grid_y, grid_z), 128 threads a program. */
+static inline int dusk_attn_split_lists_d128_p16_g1_f16_t8_w4_v16_f1_o0_bal_rs_pf16_cs(CUstream stream, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr sel_indptr, CUdeviceptr sel_indices, CUdeviceptr part_o, CUdeviceptr part_lse, CUdeviceptr counters, int32_t num_q_heads, int32_t num_kv_heads, int32_t rows, int32_t min_tokens, int32_t row_tokens, int32_t num_indices, float scale_log2, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&q, &k, &v, &kv_indptr, &kv_page_indices, &kv_last_page_len, &sel_indptr, &sel_indices, &part_o, &part_lse, &counters, &num_q_heads, &num_kv_heads, &rows, &min_tokens, &row_tokens, &num_indices, &scale_log2};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("attn_split_lists_d128_p16_g1_f16_t8_w4_v16_f1_o0_bal_rs_pf16_cs", stream, args, 18, inputs, 3);
+}
+
+/* attn_split_lists_d128_p16_g8_f16_t8_w1_v16_f1_o0_mma_bal_rs_pf16_cs (pipeline): {"ir_name":"attn_split_lists_d128_p16_g8_f16_t8_w1_v16_f1_o0_mma_bal_rs_pf16_cs"}
+ * grid (grid_x, grid_y, grid_z), 32 threads a program. */
+static inline int dusk_attn_split_lists_d128_p16_g8_f16_t8_w1_v16_f1_o0_mma_bal_rs_pf16_cs(CUstream stream, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr sel_indptr, CUdeviceptr sel_indices, CUdeviceptr part_o, CUdeviceptr part_lse, CUdeviceptr counters, int32_t num_q_heads, int32_t num_kv_heads, int32_t rows, int32_t min_tokens, int32_t row_tokens, int32_t num_indices, float scale_log2, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&q, &k, &v, &kv_indptr, &kv_page_indices, &kv_last_page_len, &sel_indptr, &sel_indices, &part_o, &part_lse, &counters, &num_q_heads, &num_kv_heads, &rows, &min_tokens, &row_tokens, &num_indices, &scale_log2};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("attn_split_lists_d128_p16_g8_f16_t8_w1_v16_f1_o0_mma_bal_rs_pf16_cs", stream, args, 18, inputs, 3);
+}
+
+/* dense_fallback_lists_block1024 (pipeline): {"ir_name":"dense_fallback_lists_BLOCK1024"}
+ * grid (grid_x, grid_y, grid_z), 128 threads a program. */
+static inline int dusk_dense_fallback_lists_block1024(CUstream stream, CUdeviceptr pruned_indptr, CUdeviceptr pruned_indices, CUdeviceptr dense_len, CUdeviceptr sel_indptr, CUdeviceptr sel_indices, int32_t pruned_cap, int32_t sel_cap, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&pruned_indptr, &pruned_indices, &dense_len, &sel_indptr, &sel_indices, &pruned_cap, &sel_cap};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("dense_fallback_lists_block1024", stream, args, 7, inputs, 3);
+}
+
+/* quest_score_d128_g1_tile32_warps4 (pipeline): {"ir_name":"quest_score_D128_G1_TILE32_WARPS4"}
+ * grid (grid_x, grid_y, grid_z), 128 threads a program. */
+static inline int dusk_quest_score_d128_g1_tile32_warps4(CUstream stream, CUdeviceptr q, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr scores, int32_t num_kv_heads, CUdeviceptr page_min, CUdeviceptr page_max, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&q, &kv_indptr, &kv_page_indices, &scores, &num_kv_heads, &page_min, &page_max};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("quest_score_d128_g1_tile32_warps4", stream, args, 7, inputs, 3);
+}
+
+/* quest_score_d128_g4_tile32_warps4 (pipeline): {"ir_name":"quest_score_D128_G4_TILE32_WARPS4"}
+ * grid (grid_x, grid_y, grid_z), 128 threads a program. */
+static inline int dusk_quest_score_d128_g4_tile32_warps4(CUstream stream, CUdeviceptr q, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr scores, int32_t num_kv_heads, CUdeviceptr page_min, CUdeviceptr page_max, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&q, &kv_indptr, &kv_page_indices, &scores, &num_kv_heads, &page_min, &page_max};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("quest_score_d128_g4_tile32_warps4", stream, args, 7, inputs, 3);
+}
+
+/* quest_score_d128_g8_tile32_warps4 (pipeline): {"ir_name":"quest_score_D128_G8_TILE32_WARPS4"}
+ * grid (grid_x, grid_y, grid_z), 128 threads a program. */
+static inline int dusk_quest_score_d128_g8_tile32_warps4(CUstream stream, CUdeviceptr q, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr scores, int32_t num_kv_heads, CUdeviceptr page_min, CUdeviceptr page_max, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&q, &kv_indptr, &kv_page_indices, &scores, &num_kv_heads, &page_min, &page_max};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("quest_score_d128_g8_tile32_warps4", stream, args, 7, inputs, 3);
+}
+
+/* quest_update_d128_slots16 (pipeline): {"ir_name":"quest_update_D128_SLOTS16"}
+ * grid (grid_x, grid_y, grid_z), 64 threads a program. */
+static inline int dusk_quest_update_d128_slots16(CUstream stream, CUdeviceptr k, CUdeviceptr pages, CUdeviceptr lens, int32_t num_pages, int32_t num_kv_heads, int32_t page_size, CUdeviceptr page_min, CUdeviceptr page_max, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&k, &pages, &lens, &num_pages, &num_kv_heads, &page_size, &page_min, &page_max};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("quest_update_d128_slots16", stream, args, 8, inputs, 3);
+}
+
+/* select_top_k_tile2048_warps4_residenttrue (pipeline): {"ir_name":"select_top_k_TILE2048_WARPS4_RESIDENTtrue"}
+ * grid (grid_x, grid_y, grid_z), 128 threads a program. */
+static inline int dusk_select_top_k_tile2048_warps4_residenttrue(CUstream stream, CUdeviceptr scores, CUdeviceptr item_indptr, CUdeviceptr k_items, CUdeviceptr sel_item_indptr, CUdeviceptr sel_indptr, CUdeviceptr sel_items, CUdeviceptr sel_indices, CUdeviceptr flags, int32_t num_kv_heads, int32_t unit_shift, int32_t sink, int32_t recent, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&scores, &item_indptr, &k_items, &sel_item_indptr, &sel_indptr, &sel_items, &sel_indices, &flags, &num_kv_heads, &unit_shift, &sink, &recent};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("select_top_k_tile2048_warps4_residenttrue", stream, args, 12, inputs, 3);
+}
+
+/* select_top_k_tile256_warps1_residenttrue (pipeline): {"ir_name":"select_top_k_TILE256_WARPS1_RESIDENTtrue"}
+ * grid (grid_x, grid_y, grid_z), 32 threads a program. */
+static inline int dusk_select_top_k_tile256_warps1_residenttrue(CUstream stream, CUdeviceptr scores, CUdeviceptr item_indptr, CUdeviceptr k_items, CUdeviceptr sel_item_indptr, CUdeviceptr sel_indptr, CUdeviceptr sel_items, CUdeviceptr sel_indices, CUdeviceptr flags, int32_t num_kv_heads, int32_t unit_shift, int32_t sink, int32_t recent, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&scores, &item_indptr, &k_items, &sel_item_indptr, &sel_indptr, &sel_items, &sel_indices, &flags, &num_kv_heads, &unit_shift, &sink, &recent};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("select_top_k_tile256_warps1_residenttrue", stream, args, 12, inputs, 3);
+}
+
+/* threshold_top_p_s1024_g4_w2_h_l2 (pipeline): {"ir_name":"threshold_top_p_s1024_g4_w2_h_l2"}
+ * grid (grid_x, grid_y, grid_z), 64 threads a program. */
+static inline int dusk_threshold_top_p_s1024_g4_w2_h_l2(CUstream stream, CUdeviceptr scores, CUdeviceptr scratch, CUdeviceptr cand_indptr, CUdeviceptr cand_indices, CUdeviceptr p, float scale_log2e, CUdeviceptr sel_indptr, CUdeviceptr sel_indices, CUdeviceptr prefix, CUdeviceptr budget, CUdeviceptr kept_mass, CUdeviceptr flags, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&scores, &scratch, &cand_indptr, &cand_indices, &p, &scale_log2e, &sel_indptr, &sel_indices, &prefix, &budget, &kept_mass, &flags};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("threshold_top_p_s1024_g4_w2_h_l2", stream, args, 12, inputs, 3);
+}
+
+/* threshold_top_p_s1024_g8_w2_h_l2 (pipeline): {"ir_name":"threshold_top_p_s1024_g8_w2_h_l2"}
+ * grid (grid_x, grid_y, grid_z), 64 threads a program. */
+static inline int dusk_threshold_top_p_s1024_g8_w2_h_l2(CUstream stream, CUdeviceptr scores, CUdeviceptr scratch, CUdeviceptr cand_indptr, CUdeviceptr cand_indices, CUdeviceptr p, float scale_log2e, CUdeviceptr sel_indptr, CUdeviceptr sel_indices, CUdeviceptr prefix, CUdeviceptr budget, CUdeviceptr kept_mass, CUdeviceptr flags, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&scores, &scratch, &cand_indptr, &cand_indices, &p, &scale_log2e, &sel_indptr, &sel_indices, &prefix, &budget, &kept_mass, &flags};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("threshold_top_p_s1024_g8_w2_h_l2", stream, args, 12, inputs, 3);
+}
+
+/* threshold_top_p_t1024_g4_w2_h (pipeline): {"ir_name":"threshold_top_p_t1024_g4_w2_h"}
+ * grid (grid_x, grid_y, grid_z), 64 threads a program. */
+static inline int dusk_threshold_top_p_t1024_g4_w2_h(CUstream stream, CUdeviceptr scores, CUdeviceptr work, CUdeviceptr scratch, CUdeviceptr cand_indptr, CUdeviceptr cand_indices, CUdeviceptr p, float scale_log2e, CUdeviceptr sel_indptr, CUdeviceptr sel_indices, CUdeviceptr prefix, CUdeviceptr budget, CUdeviceptr kept_mass, CUdeviceptr flags, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&scores, &work, &scratch, &cand_indptr, &cand_indices, &p, &scale_log2e, &sel_indptr, &sel_indices, &prefix, &budget, &kept_mass, &flags};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("threshold_top_p_t1024_g4_w2_h", stream, args, 13, inputs, 3);
+}
+
+/* threshold_top_p_t1024_g4_w4_h_l2 (pipeline): {"ir_name":"threshold_top_p_t1024_g4_w4_h_l2"}
+ * grid (grid_x, grid_y, grid_z), 128 threads a program. */
+static inline int dusk_threshold_top_p_t1024_g4_w4_h_l2(CUstream stream, CUdeviceptr scores, CUdeviceptr work, CUdeviceptr scratch, CUdeviceptr cand_indptr, CUdeviceptr cand_indices, CUdeviceptr p, float scale_log2e, CUdeviceptr sel_indptr, CUdeviceptr sel_indices, CUdeviceptr prefix, CUdeviceptr budget, CUdeviceptr kept_mass, CUdeviceptr flags, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&scores, &work, &scratch, &cand_indptr, &cand_indices, &p, &scale_log2e, &sel_indptr, &sel_indices, &prefix, &budget, &kept_mass, &flags};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("threshold_top_p_t1024_g4_w4_h_l2", stream, args, 13, inputs, 3);
+}
+
+/* threshold_top_p_t1024_g8_w2_h (pipeline): {"ir_name":"threshold_top_p_t1024_g8_w2_h"}
+ * grid (grid_x, grid_y, grid_z), 64 threads a program. */
+static inline int dusk_threshold_top_p_t1024_g8_w2_h(CUstream stream, CUdeviceptr scores, CUdeviceptr work, CUdeviceptr scratch, CUdeviceptr cand_indptr, CUdeviceptr cand_indices, CUdeviceptr p, float scale_log2e, CUdeviceptr sel_indptr, CUdeviceptr sel_indices, CUdeviceptr prefix, CUdeviceptr budget, CUdeviceptr kept_mass, CUdeviceptr flags, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&scores, &work, &scratch, &cand_indptr, &cand_indices, &p, &scale_log2e, &sel_indptr, &sel_indices, &prefix, &budget, &kept_mass, &flags};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("threshold_top_p_t1024_g8_w2_h", stream, args, 13, inputs, 3);
+}
+
+/* threshold_top_p_t2048_g4_w8_h_r_l2_b1000 (pipeline): {"ir_name":"threshold_top_p_t2048_g4_w8_h_r_l2_b1000"}
+ * grid (grid_x, grid_y, grid_z), 256 threads a program. */
+static inline int dusk_threshold_top_p_t2048_g4_w8_h_r_l2_b1000(CUstream stream, CUdeviceptr scores, CUdeviceptr scratch, CUdeviceptr cand_indptr, CUdeviceptr cand_indices, CUdeviceptr p, float scale_log2e, CUdeviceptr sel_indptr, CUdeviceptr sel_indices, CUdeviceptr prefix, CUdeviceptr budget, CUdeviceptr kept_mass, CUdeviceptr flags, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&scores, &scratch, &cand_indptr, &cand_indices, &p, &scale_log2e, &sel_indptr, &sel_indices, &prefix, &budget, &kept_mass, &flags};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("threshold_top_p_t2048_g4_w8_h_r_l2_b1000", stream, args, 12, inputs, 3);
+}
+
+/* threshold_top_p_t2048_g8_w8_h_r_l2_b1000 (pipeline): {"ir_name":"threshold_top_p_t2048_g8_w8_h_r_l2_b1000"}
+ * grid (grid_x, grid_y, grid_z), 256 threads a program. */
+static inline int dusk_threshold_top_p_t2048_g8_w8_h_r_l2_b1000(CUstream stream, CUdeviceptr scores, CUdeviceptr scratch, CUdeviceptr cand_indptr, CUdeviceptr cand_indices, CUdeviceptr p, float scale_log2e, CUdeviceptr sel_indptr, CUdeviceptr sel_indices, CUdeviceptr prefix, CUdeviceptr budget, CUdeviceptr kept_mass, CUdeviceptr flags, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&scores, &scratch, &cand_indptr, &cand_indices, &p, &scale_log2e, &sel_indptr, &sel_indices, &prefix, &budget, &kept_mass, &flags};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("threshold_top_p_t2048_g8_w8_h_r_l2_b1000", stream, args, 12, inputs, 3);
+}
+
 #ifdef __cplusplus
 }
 #endif

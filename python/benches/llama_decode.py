@@ -17,6 +17,15 @@ tied to its continuous-batching manager) and attends over it:
 - `dusk-fused-merge`: the same with `fused_merge=True` (one launch a run instead of two);
 - `dusk-host-table`: the plan over the page table uploaded once (no conversion, no
   clamping): what the device table costs;
+- `dusk-quest-twilight`: sparse attention, `dusk.PipelinePlan` (one a layer, over the
+  host table): Quest keeps a quarter of each sequence's pages (N/4), top-p 0.95 over their
+  INT4-estimated weights keeps the fewest tokens holding 95% of each query head's weight,
+  group varlen attention reads the union over each GQA group. Its K/V append is the
+  pipeline's own (`PipelinePlan.append`: the cache, the INT4 copy of K and Quest's page
+  min and max for the new token, one launch) in place of the others' two index copies.
+  The model's weights are random, so its attention is near uniform and the budgets the
+  pruner finds say nothing of a trained model's: the side times the machinery at these
+  budgets, and its logits are not expected to match the dense sides';
 - `fi-decode-*`: FlashInfer's `BatchDecodeWithPagedKVCacheWrapper` (NHD, planned once on the
   same table; CUDA-core and tensor-core decode both timed, the faster is the peer; no name
   with "flash" in it: transformers takes those for flash-attention kernels to fetch);
@@ -28,7 +37,9 @@ Every side runs the same model, the same K/V append and the same cache; only the
 call differs. A step is timed by benches/baselines/harness.py's rule: captured in a CUDA
 graph (20 steps a graph) and replayed, GPU time per step, the median of 15 replays (the
 cache is about 35 GB, far beyond the L2). Before timing, one eager step of each side is
-compared with SDPA's logits, and a replay of dusk's captured step with its eager step.
+compared with SDPA's logits (the dense sides must match; the sparse side's difference is
+reported), and a replay of the captured step of dusk and of dusk-quest-twilight with its
+eager step.
 
     python3 python/benches/llama_decode.py --out benches/results/python_decode.json \\
         --commit COMMIT --date DATE
@@ -138,14 +149,17 @@ def sdpa_backend(cache, tiny, scale):
     raise RuntimeError("no SDPA backend ran the decode")
 
 
-def register(cache, sides):
+def register(cache, sides, appends=None):
     """Registers one attention function per side; `sides[name]` is its attention over the
-    cache: `(layer, q [batch, q_heads, head_dim]) -> out [batch, q_heads, head_dim]`."""
+    cache: `(layer, q [batch, q_heads, head_dim]) -> out [batch, q_heads, head_dim]`;
+    `appends[name]`, where given, replaces `cache.append` for that side."""
     from transformers import AttentionInterface
 
-    def make(attend):
+    appends = appends or {}
+
+    def make(attend, append):
         def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-            cache.append(module.layer_idx, key, value)
+            append(module.layer_idx, key, value)
             b, hq, _, d = query.shape
             out = attend(module.layer_idx, query.reshape(b, hq, d))
             return out.view(b, 1, hq, d), None
@@ -153,7 +167,56 @@ def register(cache, sides):
         return attention
 
     for name, attend in sides.items():
-        AttentionInterface.register(name, make(attend))
+        AttentionInterface.register(name, make(attend, appends.get(name, cache.append)))
+
+
+QUEST_TWILIGHT = dict(select="quest", budget=0.25, prune=[("top_p", {"p": 0.95})], attend="group_varlen")
+
+
+def plan_pipelines(cache, device):
+    """One `dusk.PipelinePlan` a layer (each keeps its layer's INT4 copy of K and Quest's
+    page state), planned on the host table and prepared from the layer's cache (as after a
+    prefill)."""
+    plans = []
+    for layer in range(len(cache.k)):
+        p = dusk.PipelinePlan(device, **QUEST_TWILIGHT)
+        p.plan(cache.kv_indptr.cpu(), cache.kv_page_indices.cpu(), cache.kv_last_page_len.cpu(),
+               num_qo_heads=cache.hq, num_kv_heads=cache.hkv, head_dim=cache.d,
+               num_pages=cache.num_pages, page_size=PAGE)
+        p.prepare(cache.k[layer])
+        plans.append(p)
+    return plans
+
+
+def pipeline_side(cache, plans):
+    """The attention and the append of the sparse side."""
+
+    def attend(layer, q):
+        out = torch.empty_like(q)
+        plans[layer].step(q, cache.k[layer], cache.v[layer], out)
+        return out
+
+    def append(layer, key, value):
+        plans[layer].append(key[:, :, 0].contiguous(), value[:, :, 0].contiguous(),
+                            cache.k[layer], cache.v[layer])
+
+    return attend, append
+
+
+def budget_summary(plans, context):
+    """The tokens attention read per (sequence, KV head) in the last step, per layer and
+    over all layers."""
+    import numpy as np
+
+    per_layer = [np.asarray(p.budgets()) for p in plans]
+    every = np.concatenate(per_layer)
+
+    def summary(x):
+        return {"mean": float(x.mean()), "min": int(x.min()), "p50": float(np.median(x)),
+                "max": int(x.max()), "mean_fraction_of_context": float(x.mean() / context)}
+
+    return {"all_layers": summary(every), "per_layer": [summary(x) for x in per_layer],
+            "quest_selection_tokens_per_row": int(np.diff(plans[0].candidate_indptr).max())}
 
 
 def main():
@@ -204,8 +267,11 @@ def main():
             out = F.scaled_dot_product_attention(q.view(b, hq, 1, d), k, v, scale=scale, enable_gqa=True)
         return out.view(b, hq, d)
 
+    plans = plan_pipelines(cache, device)
+    quest_attend, quest_append = pipeline_side(cache, plans)
     sides = {"dusk": dusk_side(dense), "dusk-fused-merge": dusk_side(fused),
-             "dusk-host-table": dusk_side(host), "torch-sdpa": sdpa}
+             "dusk-host-table": dusk_side(host), "dusk-quest-twilight": quest_attend,
+             "torch-sdpa": sdpa}
     fi_versions = {}
     if not args.tiny:
         import flashinfer
@@ -224,7 +290,7 @@ def main():
                 return out
 
             sides["fi-decode-tensor-cores" if tc else "fi-decode-cuda-cores"] = fi
-    register(cache, sides)
+    register(cache, sides, {"dusk-quest-twilight": quest_append})
 
     ids = torch.randint(0, cfg.vocab_size, (args.batch, 1), device=device, generator=gen)
     positions = torch.full((args.batch, 1), args.context - 1, dtype=torch.long, device=device)
@@ -249,42 +315,66 @@ def main():
         err = ((lg - base).abs().max() / base.abs().max()).item()
         checks[name] = err
         print(f"{name}: max |logits - torch-sdpa's| / max |torch-sdpa's| = {err:.2e}", flush=True)
-        if name.startswith("dusk"):
+        if name.startswith("dusk") and name != "dusk-quest-twilight":
             assert err < 2e-2, f"{name}: logits differ from SDPA's ({err:.2e})"
+    budgets = budget_summary(plans, args.context)
+    print(f"dusk-quest-twilight budgets (tokens per sequence and KV head): {budgets['all_layers']}", flush=True)
     if args.tiny:
         print("checks passed (CPU, tiny model; timing needs a GPU)")
         return
 
-    result = run_timed(args, cfg, model, cache, sides, step_fn, logits, checks, fi_versions, backend)
+    result = run_timed(args, cfg, model, cache, sides, step_fn, logits, checks, fi_versions, backend, plans)
+    result["quest_twilight"]["budgets"] = budgets
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2, sort_keys=True)
         f.write("\n")
     print(json.dumps(result["cases"], indent=1))
 
 
-def run_timed(args, cfg, model, cache, sides, step_fn, logits, checks, fi_versions, sdpa_backend_name):
+def replay_diff(model, step_fn, logits, name):
+    """Max |logits| difference between a replay of `name`'s captured step and its eager
+    step."""
+    model.set_attn_implementation(name)
+    step = step_fn(name)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    diff = (captured.float() - logits[name]).abs().max().item()
+    print(f"{name}: captured step replayed, max |logits - eager's| = {diff:.3g}", flush=True)
+    del graph, captured
+    torch.cuda.empty_cache()
+    return diff
+
+
+def run_timed(args, cfg, model, cache, sides, step_fn, logits, checks, fi_versions, sdpa_backend_name, plans):
     import harness
 
     copy, copy_m = harness.measure_copy()
     measured = {}
     with torch.no_grad():
-        # A replay of dusk's captured step equals its eager step.
-        model.set_attn_implementation("dusk")
-        step = step_fn("dusk")
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            captured = step()
-        graph.replay()
-        torch.cuda.synchronize()
-        replay_diff = (captured.float() - logits["dusk"]).abs().max().item()
-        print(f"dusk: captured step replayed, max |logits - eager's| = {replay_diff:.3g}", flush=True)
-        del graph, captured
-        torch.cuda.empty_cache()
+        # A replay of each dusk step's capture equals its eager step (the sparse side's
+        # append rewrites the same token, so its state is the same at every step).
+        replays = {n: replay_diff(model, step_fn, logits, n) for n in ("dusk", "dusk-quest-twilight")}
+        # The sparse side's state upkeep: the append of one step (every layer, one launch
+        # each), against preparing the INT4 copy and Quest's pages of the whole cache again.
+        key = torch.randn((args.batch, cache.hkv, cache.d), dtype=torch.float16, device="cuda")
+        upkeep = {
+            "append_every_layer": harness.measure([lambda: [p.append(key, key, cache.k[i], cache.v[i]) for i, p in enumerate(plans)]]),
+            # Queued, not captured: prepare uploads the table's page list each call.
+            "prepare_every_layer": harness.measure([lambda: [p.prepare(cache.k[i]) for i, p in enumerate(plans)]], graph=False),
+        }
+        for n, m in upkeep.items():
+            print(f"dusk-quest-twilight {n}: {m.median_us:.1f} us ({m.timing})", flush=True)
+        # Back to the model's own token at every layer's appended position.
+        model.set_attn_implementation("dusk-quest-twilight")
+        step_fn("dusk-quest-twilight")()
         for name in sides:
             model.set_attn_implementation(name)
             m = harness.measure([step_fn(name)])
@@ -299,7 +389,8 @@ def run_timed(args, cfg, model, cache, sides, step_fn, logits, checks, fi_versio
              "intermediate": cfg.intermediate_size, "vocab": cfg.vocab_size}
     cases = []
     sdpa_peer = "sdpa-flash" if "FLASH" in str(sdpa_backend_name) else "torch"
-    for ours_name, suffix in (("dusk", ""), ("dusk-fused-merge", "_fused_merge")):
+    for ours_name, suffix in (("dusk", ""), ("dusk-fused-merge", "_fused_merge"),
+                              ("dusk-quest-twilight", "_quest_twilight")):
         ours = measured[ours_name]
         for peer, peer_name in ((fi_best, "flashinfer"), ("torch-sdpa", sdpa_peer)):
             p = measured[peer]
@@ -312,6 +403,9 @@ def run_timed(args, cfg, model, cache, sides, step_fn, logits, checks, fi_versio
                 "ours_spread_us": ours.spread_us(), "peer_spread_us": p.spread_us(),
                 "ours_variant": ours_name, "peer_variant": peer,
             })
+            if ours_name == "dusk-quest-twilight":
+                cases[-1]["bytes_note"] = ("the dense step's bytes (the whole KV cache and the weights) "
+                                           "over the sparse step's time: an effective rate, not what it moved")
     import transformers
 
     return {
@@ -330,7 +424,21 @@ def run_timed(args, cfg, model, cache, sides, step_fn, logits, checks, fi_versio
         "all_sides_us": {n: m.median_us for n, m in measured.items()},
         "all_sides_timing": {n: m.timing for n, m in measured.items()},
         "logits_rel_err_vs_torch_sdpa": checks,
-        "graph_replay_max_abs_diff_vs_eager": replay_diff,
+        "graph_replay_max_abs_diff_vs_eager": replays["dusk"],
+        "graph_replay_max_abs_diff_vs_eager_by_side": replays,
+        "quest_twilight": {
+            "pipeline": {k: (list(map(list, v)) if k == "prune" else v) for k, v in QUEST_TWILIGHT.items()},
+            "random_weights_note": "The model's weights are random: its attention is near uniform, so "
+                                   "the tokens top-p keeps (the budgets below) say nothing of a trained "
+                                   "model's, and the sparse side's logits are not expected to match the "
+                                   "dense sides' (logits_rel_err_vs_torch_sdpa reports the difference). "
+                                   "Its time is the machinery's at these budgets.",
+            "append": "PipelinePlan.append (dusk's one-launch append: the cache's K and V, the INT4 copy "
+                      "of K, Quest's page min and max) inside the captured step, in place of the dense "
+                      "sides' two PyTorch index copies",
+            "upkeep_us": {n: m.median_us for n, m in upkeep.items()},
+            "upkeep_timing": {n: m.timing for n, m in upkeep.items()},
+        },
         "sdpa_backend": str(sdpa_backend_name),
         "cases": cases,
     }

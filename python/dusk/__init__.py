@@ -5,7 +5,7 @@ Tensors go in and out without copies: anything with ``__dlpack__`` or
 The kernels read and write the caller's memory in place.
 
 Calls follow FlashInfer's plan/run convention: a plan (``SpgemvPlan``, ``PrunePlan``,
-``AttentionPlan``) is made for a device, ``plan(...)`` checks and uploads host metadata
+``AttentionPlan``, ``PipelinePlan``) is made for a device, ``plan(...)`` checks and uploads host metadata
 (int32 CSR: ``kv_indptr``, ``kv_page_indices``, ``kv_last_page_len``; token lists as
 indptr/indices) and loads the kernels once; ``run(...)`` checks the tensors it is given
 and queues the launches on the caller's stream (``stream=``, else PyTorch's or CuPy's
@@ -19,6 +19,10 @@ CUDA graph.
   or the caller's tensors with ``run_into``).
 - ``AttentionPlan``: varlen paged decode attention, dense or over head or group lists, over
   a host page table or one the device writes (``device_table=True``).
+- ``PipelinePlan``: a whole sparse decode step (Twilight's Select-then-Prune): a selector
+  (``"full"``, ``"quest"``), pruners, attention; ``append`` keeps the cache, the INT4 copy
+  and Quest's page state current in one launch; ``step`` selects, estimates, prunes and
+  attends.
 - ``vllm_to_csr``, ``sglang_to_csr``: engines' page tables to CSR, on the device.
 
 On the CPU the kernels run through dusk's interpreter (the reference backend; slow, for
@@ -31,6 +35,7 @@ from ._dusk import (
     JIT,
     Array,
     AttentionPlan,
+    PipelinePlan,
     PrunePlan,
     SpgemvPlan,
     bundle_info,
@@ -69,6 +74,7 @@ __all__ = [
     "DuskError",
     "InvalidArgument",
     "NotInBundle",
+    "PipelinePlan",
     "PrunePlan",
     "SpgemvPlan",
     "bundle_info",

@@ -4,6 +4,7 @@
 mod context;
 mod errors;
 mod ops;
+mod pipeline;
 mod tensor;
 
 use pyo3::prelude::*;
@@ -19,6 +20,7 @@ fn _dusk(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ops::SpgemvPlanPy>()?;
     m.add_class::<ops::PrunePlanPy>()?;
     m.add_class::<ops::AttentionPlanPy>()?;
+    m.add_class::<pipeline::PipelinePlanPy>()?;
     m.add_class::<tensor::Array>()?;
     m.add("JIT", cfg!(feature = "jit"))?;
     Ok(())

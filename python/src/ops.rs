@@ -25,7 +25,7 @@ use pyo3::types::{PyDict, PySequence};
 use std::sync::{Arc, Mutex};
 
 /// Runs `f` with this thread's launches on `stream` (the GPU), or as it is (the CPU).
-fn on_stream<R>(ctx: &Ctx, stream: Option<u64>, f: impl FnOnce() -> R) -> R {
+pub(crate) fn on_stream<R>(ctx: &Ctx, stream: Option<u64>, f: impl FnOnce() -> R) -> R {
     match stream {
         // SAFETY: `stream` is the caller's (or its framework's current) stream of this
         // device's primary context, which PyTorch and CuPy share with dusk; the plans'
@@ -90,7 +90,7 @@ fn call_context(
 }
 
 /// Reads each `(object, name)` as a tensor on `ctx`'s device.
-fn tensors<'py>(
+pub(crate) fn tensors<'py>(
     ctx: &Ctx,
     stream: Option<u64>,
     args: &[(&Bound<'py, PyAny>, &'static str)],
@@ -127,7 +127,7 @@ fn expect_aligned(t: &Tensor) -> PyResult<()> {
 
 /// Outputs (`ts[first_output..]`): writable, and sharing memory with no other tensor of
 /// the call.
-fn check_outputs(ts: &[Tensor], first_output: usize) -> PyResult<()> {
+pub(crate) fn check_outputs(ts: &[Tensor], first_output: usize) -> PyResult<()> {
     for o in &ts[first_output..] {
         o.expect_writable()?;
         expect_disjoint((o, o.numel()), ts.iter().map(|t| (t, t.numel())))?;
@@ -432,7 +432,7 @@ pub fn sglang_to_csr(
 }
 
 /// Host metadata to a page table.
-fn page_table(
+pub(crate) fn page_table(
     kv_indptr: &Bound<'_, PyAny>,
     kv_page_indices: &Bound<'_, PyAny>,
     kv_last_page_len: &Bound<'_, PyAny>,
@@ -455,7 +455,7 @@ fn token_lists(
     })
 }
 
-fn no_plan() -> PyErr {
+pub(crate) fn no_plan() -> PyErr {
     crate::errors::simple(
         "DuskError",
         "run before plan: call plan(...) first".to_string(),
@@ -464,7 +464,7 @@ fn no_plan() -> PyErr {
 
 /// Makes plan-time buffers (allocated and zeroed on the device's own stream) ready for
 /// runs on any stream.
-fn settle(ctx: &Ctx) -> PyResult<()> {
+pub(crate) fn settle(ctx: &Ctx) -> PyResult<()> {
     ctx.device().synchronize().py_err()
 }
 
@@ -638,7 +638,7 @@ impl SpgemvPlanPy {
 }
 
 /// The stock policies by name.
-fn policy(name: &str) -> PyResult<&'static Policy> {
+pub(crate) fn policy(name: &str) -> PyResult<&'static Policy> {
     Ok(match name {
         "top_p" => &policies::top_p::POLICY,
         "top_k" => &policies::top_k::POLICY,
@@ -679,7 +679,10 @@ fn param_values(v: &Bound<'_, PyAny>, name: &str) -> PyResult<ParamValues> {
 
 /// `params`: a dict by name, or a sequence in the policy's order, of numbers or per-row
 /// sequences.
-fn parse_params(p: &Policy, params: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<ParamValues>> {
+pub(crate) fn parse_params(
+    p: &Policy,
+    params: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Vec<ParamValues>> {
     let names: Vec<&str> = p.params.iter().map(|q| q.name).collect();
     let expected = || format!("{{{}}} for policy `{}`", names.join(", "), p.name);
     let Some(params) = params.filter(|x| !x.is_none()) else {

@@ -159,3 +159,28 @@ def attention(q, k, v, indptr, page_ids, last, page_size, rows, sm_scale):
             out[b, h] = e @ vr / e.sum()
             lse[b, h] = m + np.log(e.sum())
     return out, lse
+
+
+def quest_page_scores(q, k, indptr, page_ids, last, page_size, b, h):
+    """Quest's score of each page of sequence `b` for KV head `h` (f64): the group's
+    `sum_g sum_d max(q_gd * min_d, q_gd * max_d)` over the page's valid tokens' min and max."""
+    hkv = k.shape[2]
+    group = q.shape[1] // hkv
+    pages = int(indptr[b + 1] - indptr[b])
+    qg = q[b, h * group : (h + 1) * group].astype(np.float64)
+    out = np.zeros(pages)
+    for j in range(pages):
+        n = page_size if j + 1 < pages else int(last[b])
+        rows = k[page_ids[indptr[b] + j], :n, h].astype(np.float64)
+        lo, hi = rows.min(axis=0), rows.max(axis=0)
+        out[j] = np.maximum(qg * lo, qg * hi).sum()
+    return out
+
+
+def quest_budget_pages(n, budget, page_size, sink=False):
+    """Pages Quest keeps of a sequence of `n` tokens: `budget` tokens (an int) or a
+    fraction of them (a float), rounded up to pages; at least the always-kept ones."""
+    pages = -(-n // page_size)
+    tokens = budget if isinstance(budget, int) else int(np.ceil(budget * n))
+    keep = -(-tokens // page_size)
+    return min(max(keep, 2 if sink and pages > 1 else 1), pages)

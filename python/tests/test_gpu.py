@@ -434,3 +434,76 @@ def test_host_time_of_a_run(gen):
     for _ in range(2000):
         q.__dlpack__(stream=stream or 1)
     print(f"torch's __dlpack__ alone: {(time.perf_counter() - t0) / 2000 * 1e6:.2f} us")
+
+
+def test_a_captured_pipeline_step_replays_like_eager_steps(gen):
+    # Quest (N/4) + top-p 0.95 + group attention at the bundle's shapes (GQA 8/2, head_dim
+    # 128): every kernel from the bundle; each step appends a token to every sequence
+    # (cache, INT4 copy, Quest's pages: one launch) and attends. Eager steps against
+    # NumPy's attention over the lists they kept, then the same steps replayed from one
+    # captured CUDA graph, from the same starting state: equal bit for bit.
+    seq_lens = [2001, 700, 1500, 257]
+    hkv, hq, d = 2, 8, 128
+    indptr, ids, last, num_pages, q, k, v = attention_inputs(gen, seq_lens, hkv, hq, d)
+    kg, vg = k.to(DEV), v.to(DEV)
+    k0, v0 = kg.clone(), vg.clone()
+    p = dusk.PipelinePlan(DEV, select="quest", budget=0.25, prune=[("top_p", {"p": 0.95})])
+    p.plan(indptr, ids, last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, num_pages=num_pages)
+    kernels = dict(dusk.loaded_kernels(DEV))
+    assert set(kernels.values()) == {"bundle"}, kernels
+    assert any(n.startswith("quest_score") for n in kernels)
+    qg = torch.empty_like(q, device=DEV)
+    kn = torch.empty((len(seq_lens), hkv, d), dtype=torch.float16, device=DEV)
+    vn = torch.empty_like(kn)
+    out = torch.empty_like(qg)
+
+    def step():
+        p.append(kn, vn, kg, vg)
+        p.step(qg, kg, vg, out)
+
+    steps = [tuple(torch.randn(x.shape, generator=gen).half().to(DEV) for x in (qg, kn, vn)) for _ in range(3)]
+
+    def load(x):
+        for dst, src in zip((qg, kn, vn), x):
+            dst.copy_(src)
+
+    def restart():
+        kg.copy_(k0)
+        vg.copy_(v0)
+        p.prepare(kg)
+
+    restart()
+    eager = []
+    for x in steps:
+        load(x)
+        out.fill_(float("nan"))
+        step()
+        torch.cuda.synchronize()
+        ip = torch.from_dlpack(p.sel_indptr).cpu().numpy().copy()
+        kept = torch.from_dlpack(p.sel_indices).cpu().numpy()[: ip[-1]].copy()
+        assert p.budgets() == list(np.diff(ip))
+        group = hq // hkv
+        want, _ = ref.attention(
+            x[0].cpu().numpy(), kg.cpu().numpy(), vg.cpu().numpy(), indptr, ids, last, PAGE,
+            lambda b, h: kept[ip[b * hkv + h // group] : ip[b * hkv + h // group + 1]], d**-0.5)
+        np.testing.assert_allclose(out.float().cpu().numpy(), want, atol=2e-3, rtol=2e-2)
+        eager.append((out.clone(), ip, kept, kg.clone()))
+    restart()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        p.step(qg, kg, vg, out)  # warm up on a side stream, as torch's graph docs do
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    restart()
+    for x, (want_out, want_ip, want_kept, want_k) in zip(steps, eager):
+        load(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        ip = torch.from_dlpack(p.sel_indptr).cpu().numpy()
+        np.testing.assert_array_equal(ip, want_ip)
+        np.testing.assert_array_equal(torch.from_dlpack(p.sel_indices).cpu().numpy()[: ip[-1]], want_kept)
+        assert torch.equal(kg, want_k)
+        assert torch.equal(out, want_out)

@@ -7,11 +7,12 @@ use super::builder::{Attend, Pipeline};
 use super::fallback::Fallback;
 use super::select::SelectStage;
 use crate::attention_ops::{AttentionMeta, AttentionMode, AttentionPlan, AttentionSpec};
+use crate::cache::{AppendParts, AppendTargets};
 use crate::error::{ensure, invalid, Result};
 use crate::ops::{Dusk, QuantizedK, SpgemvPlan};
 use crate::paged::{KvShape, PageTable, TokenLists};
 use crate::prune::PrunePlan;
-use crate::selectors::PageUpdates;
+use crate::selectors::{PageUpdates, QUEST};
 use dusk_compiler::DType;
 use dusk_runtime::{Buffer, Graph, Measured};
 use half::f16;
@@ -326,6 +327,44 @@ impl PipelinePlan {
         match &mut self.select {
             Some(s) => s.update(dusk, k, updates),
             None => Ok(()),
+        }
+    }
+
+    /// What a decode step's append ([`crate::cache::AppendPlan`]) must write beside the cache to keep
+    /// this plan's state current: the INT4 copy (with pruners) and Quest's page min and
+    /// max (with Quest). One launch does the cache's K and V and these together.
+    pub fn append_parts(&self) -> AppendParts {
+        let quest = self
+            .select
+            .as_ref()
+            .and_then(|s| s.page_state())
+            .is_some_and(|st| st.selector().name == QUEST.name);
+        AppendParts {
+            quantized: self.qk.as_ref().map(|q| q.bits),
+            quest,
+            ..AppendParts::default()
+        }
+    }
+
+    /// Where a [`crate::cache::AppendPlan`] of [`PipelinePlan::append_parts`] writes: the caller's
+    /// cache and this plan's INT4 copy and Quest state, updated in place for the new
+    /// tokens so that the next step selects and estimates over them.
+    pub fn append_targets<'a>(
+        &'a mut self,
+        k_cache: &'a mut Buffer<f16>,
+        v_cache: &'a mut Buffer<f16>,
+    ) -> AppendTargets<'a> {
+        let quest = self.append_parts().quest;
+        AppendTargets {
+            k_cache,
+            v_cache,
+            quantized: self.qk.as_mut(),
+            quest: match (&mut self.select, quest) {
+                (Some(s), true) => s.page_state_mut(),
+                _ => None,
+            },
+            ds: None,
+            sparq: None,
         }
     }
 

@@ -52,6 +52,16 @@ pub trait SelectStage: Send {
     }
     /// Fills the outputs with `byte` (checks poison them first).
     fn poison_outputs(&mut self, dusk: &Dusk, byte: u8) -> Result<()>;
+    /// The per-page state a page selector keeps beside the cache (Quest's min and max),
+    /// for a decode step's append to update in place ([`crate::cache::AppendPlan`]);
+    /// `None` for a selector whose state the append does not write.
+    fn page_state_mut(&mut self) -> Option<&mut SelectorState> {
+        None
+    }
+    /// [`SelectStage::page_state_mut`], to read.
+    fn page_state(&self) -> Option<&SelectorState> {
+        None
+    }
 }
 
 /// A selector as a pipeline declares it: its name, its budget, and how to plan it.
@@ -149,5 +159,11 @@ impl SelectStage for PageStage {
     }
     fn poison_outputs(&mut self, dusk: &Dusk, byte: u8) -> Result<()> {
         self.plan.poison_outputs(dusk, byte)
+    }
+    fn page_state_mut(&mut self) -> Option<&mut SelectorState> {
+        Some(self.plan.state_mut())
+    }
+    fn page_state(&self) -> Option<&SelectorState> {
+        Some(self.plan.state())
     }
 }

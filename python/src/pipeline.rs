@@ -1,0 +1,465 @@
+//! `dusk.PipelinePlan`: a sparse-attention decode step (a selector, zero or more pruners,
+//! an attention: `dusk_kernels::pipeline`) declared once, planned on host metadata, and run
+//! on the caller's tensors in FlashInfer's plan/run convention, with the decode step's
+//! append (`dusk_kernels::cache::AppendPlan`) keeping the pipeline's state current.
+
+use crate::context::{context, parse_device, resolve_stream, Ctx};
+use crate::errors::{invalid, to_py_renamed, OrPy};
+use crate::ops::{
+    check_outputs, no_plan, on_stream, page_table, parse_params, policy, settle, tensors,
+};
+use crate::tensor::{type_name, Array};
+use dusk_compiler::DType;
+use dusk_kernels::cache::AppendPlan;
+use dusk_kernels::engines::CsrPages;
+use dusk_kernels::paged::KvShape;
+use dusk_kernels::pipeline::{
+    Attend, Pipeline, PipelineBuilder, PipelinePlan as Plan, PipelineShape, Prune, Select,
+};
+use dusk_kernels::selectors::Budget;
+use dusk_runtime::Buffer;
+use half::f16;
+use pyo3::prelude::*;
+use pyo3::types::{PySequence, PyString};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// A planned pipeline and what its runs need beside the caller's tensors.
+struct PipeState {
+    plan: Plan,
+    /// The append of one token per sequence at the end of the plan's table.
+    append: AppendPlan,
+    table: CsrPages,
+    /// The log-sum-exp a step writes when the caller gives none.
+    lse: Buffer<f32>,
+    kv: KvShape,
+    batch: usize,
+    num_q_heads: usize,
+}
+
+/// A sparse-attention decode step as one plan: a selector (`"full"`: every token;
+/// `"quest"`: Quest's pages, `budget` tokens (an int) or a fraction of each sequence (a
+/// float in (0, 1]), `sink=True` keeping the first page too), pruners run in turn (a list of
+/// `(policy, params)`: `"top_p"`, `"top_k"`, `"ratio_to_max"`, `"top_p_bounded"`, params as
+/// `PrunePlan`'s), and an attention (`"group_varlen"`: one list a KV head, the union of its
+/// group's kept tokens; `"head_varlen"`: MHA only; `"dense"`: only with `"full"` and no
+/// pruner). `bits`: the estimate's K codes (4 or 8); `dense_below`: sequences of at most
+/// this many tokens attend to every token (default: a token budget, else 0).
+///
+/// `plan(...)` takes host CSR metadata (as `AttentionPlan.plan`) and sizes every buffer;
+/// `prepare(k_cache)` fills the INT4 copy of K and Quest's page state from the cache (after
+/// a prefill); each decode step `append(k_new, v_new, k_cache, v_cache)` writes the step's
+/// token of every sequence (the last of its pages in the plan's table) into the cache, the
+/// INT4 copy and Quest's state in one launch, and `step(q, k_cache, v_cache, out)` selects,
+/// estimates, prunes and attends. Both queue on the caller's stream with no allocation and
+/// no sync, so they can be captured in a CUDA graph. `budgets()` gives the tokens each
+/// (sequence, KV head) attended to in the last step.
+///
+/// ```python
+/// import numpy as np, dusk
+/// p = dusk.PipelinePlan("cpu", select="quest", budget=0.5, prune=[("top_p", {"p": 0.9})],
+///                       attend="group_varlen")
+/// lens = [200, 90]                        # two sequences, pages of 16, consecutive pages
+/// pages = [-(-n // 16) for n in lens]
+/// p.plan(np.cumsum([0] + pages).astype(np.int32), np.arange(sum(pages), dtype=np.int32),
+///        np.array([n - 16 * (m - 1) for n, m in zip(lens, pages)], np.int32),
+///        num_qo_heads=8, num_kv_heads=2, head_dim=64, num_pages=sum(pages))
+/// rng = np.random.default_rng(0)
+/// k = rng.standard_normal((sum(pages), 16, 2, 64)).astype(np.float16)
+/// v = rng.standard_normal(k.shape).astype(np.float16)
+/// q = rng.standard_normal((2, 8, 64)).astype(np.float16)
+/// out = np.empty_like(q)
+/// p.prepare(k)
+/// p.step(q, k, v, out)
+/// assert len(p.budgets()) == 4            # tokens kept per (sequence, KV head)
+/// ```
+#[pyclass(module = "dusk", name = "PipelinePlan")]
+pub struct PipelinePlanPy {
+    ctx: Arc<Ctx>,
+    pipeline: Pipeline,
+    state: Option<Arc<Mutex<PipeState>>>,
+}
+
+fn parse_budget(budget: Option<&Bound<'_, PyAny>>) -> PyResult<Budget> {
+    let Some(b) = budget.filter(|b| !b.is_none()) else {
+        return Err(invalid(
+            "budget",
+            "Quest's budget: tokens (an int) or a fraction of each sequence (a float)",
+            "none",
+        ));
+    };
+    if let Ok(t) = b.extract::<usize>() {
+        return Ok(Budget::Tokens(t));
+    }
+    if let Ok(f) = b.extract::<f64>() {
+        return Ok(Budget::Fraction(f));
+    }
+    Err(invalid(
+        "budget",
+        "tokens (an int) or a fraction of each sequence (a float)",
+        type_name(b),
+    ))
+}
+
+/// `prune`: a sequence of `(policy, params)` pairs.
+fn parse_prune(prune: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<Prune>> {
+    let Some(prune) = prune.filter(|p| !p.is_none()) else {
+        return Ok(vec![]);
+    };
+    let expected = "a list of (policy, params) pairs, e.g. [(\"top_p\", {\"p\": 0.95})]";
+    if prune.is_instance_of::<PyString>() {
+        return Err(invalid("prune", expected, type_name(prune)));
+    }
+    let seq = prune
+        .cast::<PySequence>()
+        .map_err(|_| invalid("prune", expected, type_name(prune)))?;
+    let mut out = vec![];
+    for item in seq.try_iter()? {
+        let item = item?;
+        let (name, params): (String, Bound<'_, PyAny>) = item
+            .extract()
+            .map_err(|_| invalid("prune", expected, type_name(&item)))?;
+        let pol = policy(&name)?;
+        out.push(Prune::new(pol, parse_params(pol, Some(&params))?));
+    }
+    Ok(out)
+}
+
+fn parse_attend(attend: &str) -> PyResult<Attend> {
+    Ok(match attend {
+        "group_varlen" => Attend::GroupVarlen,
+        "head_varlen" => Attend::HeadVarlen,
+        "dense" => Attend::Dense,
+        other => {
+            return Err(invalid(
+                "attend",
+                "\"group_varlen\", \"head_varlen\" or \"dense\"",
+                format!("{other:?}"),
+            ))
+        }
+    })
+}
+
+impl PipelinePlanPy {
+    fn state(&self) -> PyResult<MutexGuard<'_, PipeState>> {
+        let st = self.state.as_ref().ok_or_else(no_plan)?;
+        Ok(st.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// A view of a buffer the plan owns (`pick` gives its address and length).
+    fn export(&self, pick: impl Fn(&PipeState) -> Option<(u64, usize)>) -> PyResult<Option<Array>> {
+        let owner = self.state.as_ref().ok_or_else(no_plan)?;
+        let picked = pick(&owner.lock().unwrap_or_else(|e| e.into_inner()));
+        Ok(picked.map(|(addr, len)| {
+            Array::new(owner.clone(), addr, vec![len], DType::I32, self.ctx.place)
+        }))
+    }
+}
+
+#[pymethods]
+impl PipelinePlanPy {
+    /// A pipeline for `device` (`"cpu"`, `"cuda"`, `"cuda:N"`, a `torch.device`), checked
+    /// as a whole now (`InvalidArgument` naming `select`, `budget`, `prune`, `params`,
+    /// `attend`, `bits`).
+    #[new]
+    #[pyo3(signature = (device, *, select="quest", budget=None, sink=false, prune=None, attend="group_varlen", bits=4, dense_below=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        device: &Bound<'_, PyAny>,
+        select: &str,
+        budget: Option<&Bound<'_, PyAny>>,
+        sink: bool,
+        prune: Option<&Bound<'_, PyAny>>,
+        attend: &str,
+        bits: u32,
+        dense_below: Option<usize>,
+    ) -> PyResult<Self> {
+        let ctx = context(parse_device(device)?)?;
+        let select = match select {
+            "full" => {
+                if budget.is_some_and(|b| !b.is_none()) {
+                    return Err(invalid("budget", "none with select=\"full\"", "a budget"));
+                }
+                Select::Full
+            }
+            "quest" => Select::Quest {
+                budget: parse_budget(budget)?,
+                sink,
+            },
+            other => {
+                return Err(invalid(
+                    "select",
+                    "\"full\" or \"quest\"",
+                    format!("{other:?}"),
+                ))
+            }
+        };
+        let mut b = PipelineBuilder::new()
+            .select(select)
+            .attend(parse_attend(attend)?)
+            .bits(bits);
+        for p in parse_prune(prune)? {
+            b = b.prune(p);
+        }
+        if let Some(n) = dense_below {
+            b = b.dense_below(n);
+        }
+        Ok(PipelinePlanPy {
+            ctx,
+            pipeline: b.build().py_err()?,
+            state: None,
+        })
+    }
+
+    /// Plans the pipeline over a paged cache (`[num_pages, page_size, num_kv_heads,
+    /// head_dim]` K and V, float16) whose sequences the host int32 CSR metadata gives
+    /// (`kv_indptr [batch + 1]`, `kv_page_indices`, `kv_last_page_len [batch]`: the table
+    /// after this step's append, each sequence's new token its last): sizes every buffer
+    /// and loads every kernel (`NotInBundle` on a GPU if the bundle lacks one). The INT4
+    /// copy and Quest's state start zeroed: `prepare` fills them. May synchronise.
+    #[pyo3(signature = (kv_indptr, kv_page_indices, kv_last_page_len, *, num_qo_heads, num_kv_heads, head_dim, num_pages, page_size=16))]
+    #[allow(clippy::too_many_arguments)]
+    fn plan(
+        &mut self,
+        kv_indptr: &Bound<'_, PyAny>,
+        kv_page_indices: &Bound<'_, PyAny>,
+        kv_last_page_len: &Bound<'_, PyAny>,
+        num_qo_heads: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+        num_pages: usize,
+        page_size: usize,
+    ) -> PyResult<()> {
+        let table = page_table(kv_indptr, kv_page_indices, kv_last_page_len)?;
+        let kv = KvShape {
+            num_pages,
+            page_size,
+            num_kv_heads,
+            head_dim,
+        };
+        let shape = PipelineShape {
+            kv,
+            num_q_heads: num_qo_heads,
+            dtype: DType::F16,
+        };
+        let dusk = &self.ctx.dusk;
+        let plan = self.pipeline.plan(dusk, shape, &table).py_err()?;
+        let append = AppendPlan::new(dusk, kv, table.batch(), plan.append_parts()).py_err()?;
+        let csr = append.upload_table(dusk, &table).py_err()?;
+        let lse = self
+            .ctx
+            .device()
+            .alloc::<f32>((table.batch() * num_qo_heads).max(1))
+            .py_err()?;
+        settle(&self.ctx)?;
+        self.state = Some(Arc::new(Mutex::new(PipeState {
+            plan,
+            append,
+            table: csr,
+            lse,
+            kv,
+            batch: table.batch(),
+            num_q_heads: num_qo_heads,
+        })));
+        Ok(())
+    }
+
+    #[getter]
+    fn device(&self) -> String {
+        self.ctx.place.describe()
+    }
+
+    /// Fills the INT4 copy of K and Quest's page state from `k_cache` (every page of the
+    /// plan's table, as after a prefill). Queued on the caller's stream, no sync.
+    #[pyo3(signature = (k_cache, *, stream=None))]
+    fn prepare(
+        &self,
+        py: Python<'_>,
+        k_cache: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let ctx = &self.ctx;
+        let mut st = self.state()?;
+        let stream = resolve_stream(py, ctx.place, stream)?;
+        let ts = tensors(ctx, stream, &[(k_cache, "k_cache")])?;
+        ts[0].expect(DType::F16, &cache_shape(&st.kv))?;
+        // SAFETY: a contiguous float16 tensor of the cache's shape, alive past the queueing.
+        let k = unsafe { ts[0].borrow::<f16>(ctx.device())? };
+        on_stream(ctx, stream, || st.plan.prepare(&ctx.dusk, &k))
+            .map_err(|e| to_py_renamed(e, &[("k", "k_cache")]))
+    }
+
+    /// Writes one token per sequence, `k_new` and `v_new` (float16 `[batch, num_kv_heads,
+    /// head_dim]`), at the last position of its pages in the plan's table: into
+    /// `k_cache` and `v_cache`, the INT4 copy of K and Quest's page min and max, so the
+    /// next `step` selects and estimates over it. One launch on the caller's stream: no
+    /// allocation, no sync.
+    #[pyo3(signature = (k_new, v_new, k_cache, v_cache, *, stream=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn append(
+        &self,
+        py: Python<'_>,
+        k_new: &Bound<'_, PyAny>,
+        v_new: &Bound<'_, PyAny>,
+        k_cache: &Bound<'_, PyAny>,
+        v_cache: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let ctx = &self.ctx;
+        let mut guard = self.state()?;
+        let st = &mut *guard;
+        let stream = resolve_stream(py, ctx.place, stream)?;
+        let ts = tensors(
+            ctx,
+            stream,
+            &[
+                (k_new, "k_new"),
+                (v_new, "v_new"),
+                (k_cache, "k_cache"),
+                (v_cache, "v_cache"),
+            ],
+        )?;
+        let token = [st.batch, st.kv.num_kv_heads, st.kv.head_dim];
+        ts[0].expect(DType::F16, &token)?;
+        ts[1].expect(DType::F16, &token)?;
+        ts[2].expect(DType::F16, &cache_shape(&st.kv))?;
+        ts[3].expect(DType::F16, &cache_shape(&st.kv))?;
+        check_outputs(&ts, 2)?;
+        let dev = ctx.device();
+        // SAFETY: contiguous float16 tensors of the checked shapes, alive past the
+        // queueing; the caches share memory with no other argument (checked).
+        let (kn, vn, mut kc, mut vc) = unsafe {
+            (
+                ts[0].borrow::<f16>(dev)?,
+                ts[1].borrow::<f16>(dev)?,
+                ts[2].borrow::<f16>(dev)?,
+                ts[3].borrow::<f16>(dev)?,
+            )
+        };
+        on_stream(ctx, stream, || {
+            let targets = st.plan.append_targets(&mut kc, &mut vc);
+            st.append.run(&ctx.dusk, &st.table, &kn, &vn, targets)
+        })
+        .py_err()
+    }
+
+    /// One decode step: `q` (float16 `[batch, num_qo_heads, head_dim]`) over the cache,
+    /// the selector's pages, the pruners' kept tokens, attention written to `out` (like
+    /// `q`) and, if given, `lse` (float32 `[batch, num_qo_heads]`). Queued on the caller's
+    /// stream: no allocation, no sync.
+    #[pyo3(signature = (q, k_cache, v_cache, out, lse=None, *, stream=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn step(
+        &self,
+        py: Python<'_>,
+        q: &Bound<'_, PyAny>,
+        k_cache: &Bound<'_, PyAny>,
+        v_cache: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+        lse: Option<&Bound<'_, PyAny>>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let ctx = &self.ctx;
+        let mut guard = self.state()?;
+        let st = &mut *guard;
+        let stream = resolve_stream(py, ctx.place, stream)?;
+        let mut args = vec![
+            (q, "q"),
+            (k_cache, "k_cache"),
+            (v_cache, "v_cache"),
+            (out, "out"),
+        ];
+        if let Some(l) = lse.filter(|l| !l.is_none()) {
+            args.push((l, "lse"));
+        }
+        let ts = tensors(ctx, stream, &args)?;
+        let qshape = [st.batch, st.num_q_heads, st.kv.head_dim];
+        ts[0].expect(DType::F16, &qshape)?;
+        ts[1].expect(DType::F16, &cache_shape(&st.kv))?;
+        ts[2].expect(DType::F16, &cache_shape(&st.kv))?;
+        ts[3].expect(DType::F16, &qshape)?;
+        if let Some(l) = ts.get(4) {
+            l.expect(DType::F32, &[st.batch, st.num_q_heads])?;
+        }
+        check_outputs(&ts, 3)?;
+        let dev = ctx.device();
+        // SAFETY: every tensor's dtype, shape and layout checked above; they outlive the
+        // queueing; the outputs share memory with no input (checked).
+        let (qb, kb, vb, mut ob) = unsafe {
+            (
+                ts[0].borrow::<f16>(dev)?,
+                ts[1].borrow::<f16>(dev)?,
+                ts[2].borrow::<f16>(dev)?,
+                ts[3].borrow::<f16>(dev)?,
+            )
+        };
+        let mut given = match ts.get(4) {
+            // SAFETY: as above.
+            Some(l) => Some(unsafe { l.borrow::<f32>(dev)? }),
+            None => None,
+        };
+        let lse = match given.as_mut() {
+            Some(l) => l,
+            None => &mut st.lse,
+        };
+        on_stream(ctx, stream, || {
+            st.plan.step(&ctx.dusk, &qb, &kb, &vb, &mut ob, lse)
+        })
+        .map_err(|e| to_py_renamed(e, &[("k", "k_cache"), ("v", "v_cache")]))
+    }
+
+    /// Tokens attention read in the last step, one per (sequence, KV head) (`batch *
+    /// num_kv_heads`, the union over the group; a densely attended sequence's length). A
+    /// download: it waits for the step.
+    fn budgets(&self) -> PyResult<Vec<i32>> {
+        self.state()?.plan.budgets().py_err()
+    }
+
+    /// Whether the step is dense attention alone (no selector nor pruner, or every
+    /// sequence no longer than `dense_below`).
+    #[getter]
+    fn is_dense(&self) -> PyResult<bool> {
+        Ok(self.state()?.plan.is_dense())
+    }
+
+    /// The candidates' row offsets (host ints, `batch * num_kv_heads + 1`): Quest's
+    /// selection's (fixed by the plan: each row keeps its budget), or every token's.
+    #[getter]
+    fn candidate_indptr(&self) -> PyResult<Vec<i32>> {
+        Ok(self.state()?.plan.candidate_indptr().to_vec())
+    }
+
+    /// int32: Quest's selected positions after the last step (rows at
+    /// `candidate_indptr`, ascending within each row); `None` without a selector. The
+    /// plan's memory, exported without a copy.
+    #[getter]
+    fn selection(&self) -> PyResult<Option<Array>> {
+        self.export(|s| {
+            let b = s.plan.selector()?.sel_indices();
+            Some((b.untyped().address(), b.len()))
+        })
+    }
+
+    /// int32 `[batch * num_kv_heads + 1]`: where each row of attention's lists starts,
+    /// after the last step (`None` when the step is dense).
+    #[getter]
+    fn sel_indptr(&self) -> PyResult<Option<Array>> {
+        self.export(|s| {
+            let (ip, _) = s.plan.lists()?;
+            Some((ip.untyped().address(), ip.len()))
+        })
+    }
+
+    /// int32: the positions attention read in the last step, ascending within each row
+    /// (`sel_indptr[-1]` of them used; `None` when the step is dense).
+    #[getter]
+    fn sel_indices(&self) -> PyResult<Option<Array>> {
+        self.export(|s| {
+            let (_, ix) = s.plan.lists()?;
+            Some((ix.untyped().address(), ix.len()))
+        })
+    }
+}
+
+fn cache_shape(kv: &KvShape) -> [usize; 4] {
+    [kv.num_pages, kv.page_size, kv.num_kv_heads, kv.head_dim]
+}
