@@ -175,12 +175,16 @@ const MHA_LONG_CHUNK_TOKENS: usize = 16;
 /// Programs an SM asked of ptxas for the dense tensor-core split over long chunks (those
 /// without the L2 prefetch: batches large enough that every SM holds many chunks). 16 one-warp
 /// programs instead of the 12 its registers allow keep a third more tiles of K and V in
-/// flight; ptxas then fits the kernel in 128 registers with 16 bytes of spills (sm_90a; where
-/// in the kernel was not looked at). On an H100 under the harness, one process (89a5a91, GQA 32/8,
-/// varlen_attention_run/89a5a91_sweep.json): batch 32 32k 1433.1 us against 1469.3, batch 64
-/// 32k 2863.6 against 2942.6, batch 32 8k 370.2 against 374.9, batch 64 8k 728.3 against
-/// 740.0; short chunks lose (batch 1 8k 19.7 against 19.2), and so do token lists (a quarter
-/// of the pages 375.2 against 365.5), which keep the registers' count.
+/// flight; ptxas then fits the kernel in 128 registers with 16 bytes of spills (sm_90a), which
+/// sit in the loop: ncu on an H200 counted 4.2 million local-memory requests in one batch 32
+/// 32k launch, about 4 a step (varlen_attention_run/e871916_h200_ncu.log). On an H100 under
+/// the harness, one process (89a5a91, GQA 32/8, varlen_attention_run/89a5a91_sweep.json):
+/// batch 32 32k 1433.1 us against 1469.3, batch 64 32k 2863.6 against 2942.6, batch 32 8k
+/// 370.2 against 374.9, batch 64 8k 728.3 against 740.0; short chunks lose (batch 1 8k 19.7
+/// against 19.2), and so do token lists (a quarter of the pages 375.2 against 365.5), which
+/// keep the registers' count. On an H200 (e871916_h200_gqa_sweep.json) 16 is still the best
+/// or tied: no cap (180 registers, 11 programs) 1138.1 us against 1096.8 at batch 32 32k,
+/// 287.6 against 265.6 at batch 32 8k; 20 and 24 lose 25-75%; 13 to 16 all give ptxas's 128.
 pub const DENSE_LONG_PROGRAMS_PER_SM: u32 = 16;
 /// The padded baseline's longest chunk: its rows are as long as the longest list, so a few
 /// long rows would become the tail (token lists in this grid, before the balanced split,
