@@ -50,6 +50,16 @@ pub trait SelectStage: Send {
     fn sparq_mix(&self) -> Option<SparqMix<'_, f16>> {
         None
     }
+    /// The page selector's plan, for a step on a device page table
+    /// ([`super::Pipeline::plan_device`]), which rewrites its table and sizes on the device
+    /// and appends into its state; `None` (the default) for a selector that cannot run so.
+    fn page_plan(&self) -> Option<&SelectorPlan> {
+        None
+    }
+    /// [`SelectStage::page_plan`], to append into its state.
+    fn page_plan_mut(&mut self) -> Option<&mut SelectorPlan> {
+        None
+    }
     /// Fills the outputs with `byte` (checks poison them first).
     fn poison_outputs(&mut self, dusk: &Dusk, byte: u8) -> Result<()>;
 }
@@ -149,5 +159,11 @@ impl SelectStage for PageStage {
     }
     fn poison_outputs(&mut self, dusk: &Dusk, byte: u8) -> Result<()> {
         self.plan.poison_outputs(dusk, byte)
+    }
+    fn page_plan(&self) -> Option<&SelectorPlan> {
+        Some(&self.plan)
+    }
+    fn page_plan_mut(&mut self) -> Option<&mut SelectorPlan> {
+        Some(&mut self.plan)
     }
 }

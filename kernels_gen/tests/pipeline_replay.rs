@@ -1,0 +1,178 @@
+//! A pipeline planned once for maxima, stepped on a page table the device holds: a decode
+//! loop with growing lengths and the append inside the step, each step against the f64
+//! reference and a host-table plan (`pipeline::replay`); a bad table kept in bounds; the
+//! errors of the device-table mode. Through the interpreter (and a graph replay when a GPU
+//! is present; `gpu-check pipeline` runs it on the device machine).
+
+use dusk_compiler::DType;
+use dusk_kernels::engines::CsrPages;
+use dusk_kernels::ops::Dusk;
+use dusk_kernels::paged::{KvShape, PageTable};
+use dusk_kernels::pipeline::replay::{case_pipeline, check_loop, LoopCase};
+use dusk_kernels::pipeline::{Attend, PipelineBuilder, PipelineShape, Prune, Select, StepLimits};
+use dusk_kernels::selectors::Budget;
+use dusk_runtime::Device;
+use half::f16;
+
+#[path = "support/inputs.rs"]
+mod inputs;
+use inputs::*;
+
+#[test]
+fn a_decode_loop_on_a_device_table_equals_the_reference_and_host_tables() {
+    let dusk = dusk();
+    let case = LoopCase::default();
+    let report = check_loop(&dusk, &case).unwrap();
+    assert_eq!(report.steps, 4);
+    // 31 -> 33 and 48 -> 49 start pages; 20 -> 24 and 31 -> 35 stay under the budget of
+    // 48 (dense, 2 rows each a step).
+    assert_eq!(report.pages_started, 2, "{report:?}");
+    assert_eq!(report.dense_rows, 4 * 2 * 2, "{report:?}");
+}
+
+#[test]
+fn quest_alone_by_a_fraction_on_a_device_table_equals_the_reference() {
+    let dusk = dusk();
+    let case = LoopCase {
+        lens: vec![60, 15, 33],
+        steps: 3,
+        budget: Budget::Fraction(0.5),
+        top_p: None,
+        max_tokens: 80,
+        seed: 7,
+        ..LoopCase::default()
+    };
+    let report = check_loop(&dusk, &case).unwrap();
+    assert_eq!((report.steps, report.pages_started), (3, 1), "{report:?}");
+}
+
+/// On a GPU (skipped without one): the step captured once and replayed each step equals
+/// the eager step bit for bit.
+#[test]
+fn a_captured_decode_step_replays_new_lengths_on_a_gpu() {
+    let Ok(gpu) = Device::gpu(0) else {
+        eprintln!("skipped: no GPU ({})", Device::gpu(0).err().unwrap());
+        return;
+    };
+    let dusk = Dusk::new(gpu).unwrap();
+    let case = LoopCase {
+        graph: true,
+        ..LoopCase::default()
+    };
+    assert_eq!(check_loop(&dusk, &case).unwrap().replays, 4);
+}
+
+#[test]
+fn a_bad_device_table_stays_in_bounds() {
+    let dusk = dusk();
+    let dev = dusk.device();
+    let kv = KvShape {
+        num_pages: 12,
+        page_size: 16,
+        num_kv_heads: 2,
+        head_dim: 64,
+    };
+    let shape = PipelineShape {
+        kv,
+        num_q_heads: 8,
+        dtype: DType::F16,
+    };
+    let limits = StepLimits {
+        batch: 3,
+        max_tokens: 64,
+        append: true,
+    };
+    let p = case_pipeline(&LoopCase::default()).unwrap();
+    let mut plan = p.plan_device(&dusk, shape, limits).unwrap();
+    let start = PageTable::from_lengths(&[40, 20, 7], 16, vec![3, 1, 4, 5, 9, 2]).unwrap();
+    let mut k = dev.alloc::<f16>(kv.elements()).unwrap();
+    let mut v = dev.alloc::<f16>(kv.elements()).unwrap();
+    plan.prefill(&dusk, &k, None, &start).unwrap();
+    let q = dev.upload(&vec![f16::from_f32(0.25); 3 * 8 * 64]).unwrap();
+    let new = dev.upload(&vec![f16::from_f32(0.5); 3 * 2 * 64]).unwrap();
+    let mut out = dev.alloc::<f16>(3 * 8 * 64).unwrap();
+    let mut lse = dev.alloc::<f32>(3 * 8).unwrap();
+    // Offsets past the page list and backwards, page ids out of range, a sequence longer
+    // than max_tokens (9 pages of 16 > 64), a last-page length past page_size, an empty
+    // sequence.
+    let bad = CsrPages {
+        kv_indptr: dev.upload(&[0, 9, 2, 2]).unwrap(),
+        kv_page_indices: dev.upload(&[3, -1, 40, 5, 9, 2, 7, 8, 11]).unwrap(),
+        kv_last_page_len: dev.upload(&[99, 3, 0]).unwrap(),
+    };
+    plan.decode_step(&dusk, &bad, None, &q, &mut k, &mut v, &mut out, &mut lse)
+        .unwrap();
+    let out = out.download().unwrap();
+    assert!(out.iter().all(|x| x.is_finite()));
+    // The empty sequences (2 -> 2, and the one after the backwards offset) read nothing.
+    let lse = lse.download().unwrap();
+    assert!(lse[16..].iter().all(|x| *x == f32::NEG_INFINITY), "{lse:?}");
+    let budgets = plan.budgets().unwrap();
+    assert!(budgets[0] as usize <= 64 && budgets[2..].iter().all(|b| *b == 0), "{budgets:?}");
+    // The append skips what it cannot place: no error, nothing out of bounds.
+    let with_new = Some((&new, &new));
+    plan.decode_step(&dusk, &bad, with_new, &q, &mut k, &mut v, &mut out_buf(&dusk), &mut lse_buf(&dusk))
+        .unwrap();
+}
+
+fn out_buf(dusk: &Dusk) -> dusk_runtime::Buffer<f16> {
+    dusk.device().alloc(3 * 8 * 64).unwrap()
+}
+
+fn lse_buf(dusk: &Dusk) -> dusk_runtime::Buffer<f32> {
+    dusk.device().alloc(3 * 8).unwrap()
+}
+
+#[test]
+fn device_table_errors_name_the_argument() {
+    let dusk = dusk();
+    let dev = dusk.device();
+    let kv = KvShape {
+        num_pages: 8,
+        page_size: 16,
+        num_kv_heads: 2,
+        head_dim: 64,
+    };
+    let shape = PipelineShape {
+        kv,
+        num_q_heads: 8,
+        dtype: DType::F16,
+    };
+    let limits = StepLimits {
+        batch: 2,
+        max_tokens: 64,
+        append: false,
+    };
+    // Full's candidates are every token: not with pruners on a device table.
+    let full = PipelineBuilder::new()
+        .select(Select::Full)
+        .prune(Prune::top_p(0.9))
+        .attend(Attend::GroupVarlen)
+        .build()
+        .unwrap();
+    assert_eq!(arg_of(full.plan_device(&dusk, shape, limits).err().unwrap()), "select");
+    let p = case_pipeline(&LoopCase::default()).unwrap();
+    let zero = StepLimits { batch: 0, ..limits };
+    assert_eq!(arg_of(p.plan_device(&dusk, shape, zero).err().unwrap()), "batch");
+    let none = StepLimits { max_tokens: 0, ..limits };
+    assert_eq!(arg_of(p.plan_device(&dusk, shape, none).err().unwrap()), "max_tokens");
+    let mut plan = p.plan_device(&dusk, shape, limits).unwrap();
+    let (mut k, mut v) = (dev.alloc(kv.elements()).unwrap(), dev.alloc(kv.elements()).unwrap());
+    let wrong = CsrPages::alloc(&dusk, 3, 4).unwrap();
+    let e = plan.run_table(&dusk, &wrong, None, &mut k, &mut v).unwrap_err();
+    assert_eq!(arg_of(e), "kv_indptr");
+    // New tokens without an append planned.
+    let table = CsrPages::alloc(&dusk, 2, 4).unwrap();
+    let new = dev.alloc::<f16>(2 * 2 * 64).unwrap();
+    let e = plan
+        .run_table(&dusk, &table, Some((&new, &new)), &mut k, &mut v)
+        .unwrap_err();
+    assert_eq!(arg_of(e), "new");
+    // A host-table plan has no device table.
+    let host = p
+        .plan(&dusk, shape, &PageTable::from_lengths(&[20, 30], 16, vec![0, 1, 2, 3]).unwrap())
+        .unwrap();
+    let mut host = host;
+    let e = host.run_table(&dusk, &table, None, &mut k, &mut v).unwrap_err();
+    assert_eq!(arg_of(e), "table");
+}
