@@ -108,11 +108,23 @@ fn a_bad_device_table_stays_in_bounds() {
     let lse = lse.download().unwrap();
     assert!(lse[16..].iter().all(|x| *x == f32::NEG_INFINITY), "{lse:?}");
     let budgets = plan.budgets().unwrap();
-    assert!(budgets[0] as usize <= 64 && budgets[2..].iter().all(|b| *b == 0), "{budgets:?}");
+    assert!(
+        budgets[0] as usize <= 64 && budgets[2..].iter().all(|b| *b == 0),
+        "{budgets:?}"
+    );
     // The append skips what it cannot place: no error, nothing out of bounds.
     let with_new = Some((&new, &new));
-    plan.decode_step(&dusk, &bad, with_new, &q, &mut k, &mut v, &mut out_buf(&dusk), &mut lse_buf(&dusk))
-        .unwrap();
+    plan.decode_step(
+        &dusk,
+        &bad,
+        with_new,
+        &q,
+        &mut k,
+        &mut v,
+        &mut out_buf(&dusk),
+        &mut lse_buf(&dusk),
+    )
+    .unwrap();
 }
 
 fn out_buf(dusk: &Dusk) -> dusk_runtime::Buffer<f16> {
@@ -150,16 +162,33 @@ fn device_table_errors_name_the_argument() {
         .attend(Attend::GroupVarlen)
         .build()
         .unwrap();
-    assert_eq!(arg_of(full.plan_device(&dusk, shape, limits).err().unwrap()), "select");
+    assert_eq!(
+        arg_of(full.plan_device(&dusk, shape, limits).err().unwrap()),
+        "select"
+    );
     let p = case_pipeline(&LoopCase::default()).unwrap();
     let zero = StepLimits { batch: 0, ..limits };
-    assert_eq!(arg_of(p.plan_device(&dusk, shape, zero).err().unwrap()), "batch");
-    let none = StepLimits { max_tokens: 0, ..limits };
-    assert_eq!(arg_of(p.plan_device(&dusk, shape, none).err().unwrap()), "max_tokens");
+    assert_eq!(
+        arg_of(p.plan_device(&dusk, shape, zero).err().unwrap()),
+        "batch"
+    );
+    let none = StepLimits {
+        max_tokens: 0,
+        ..limits
+    };
+    assert_eq!(
+        arg_of(p.plan_device(&dusk, shape, none).err().unwrap()),
+        "max_tokens"
+    );
     let mut plan = p.plan_device(&dusk, shape, limits).unwrap();
-    let (mut k, mut v) = (dev.alloc(kv.elements()).unwrap(), dev.alloc(kv.elements()).unwrap());
+    let (mut k, mut v) = (
+        dev.alloc(kv.elements()).unwrap(),
+        dev.alloc(kv.elements()).unwrap(),
+    );
     let wrong = CsrPages::alloc(&dusk, 3, 4).unwrap();
-    let e = plan.run_table(&dusk, &wrong, None, &mut k, &mut v).unwrap_err();
+    let e = plan
+        .run_table(&dusk, &wrong, None, &mut k, &mut v)
+        .unwrap_err();
     assert_eq!(arg_of(e), "kv_indptr");
     // New tokens without an append planned.
     let table = CsrPages::alloc(&dusk, 2, 4).unwrap();
@@ -170,9 +199,15 @@ fn device_table_errors_name_the_argument() {
     assert_eq!(arg_of(e), "new");
     // A host-table plan has no device table.
     let host = p
-        .plan(&dusk, shape, &PageTable::from_lengths(&[20, 30], 16, vec![0, 1, 2, 3]).unwrap())
+        .plan(
+            &dusk,
+            shape,
+            &PageTable::from_lengths(&[20, 30], 16, vec![0, 1, 2, 3]).unwrap(),
+        )
         .unwrap();
     let mut host = host;
-    let e = host.run_table(&dusk, &table, None, &mut k, &mut v).unwrap_err();
+    let e = host
+        .run_table(&dusk, &table, None, &mut k, &mut v)
+        .unwrap_err();
     assert_eq!(arg_of(e), "table");
 }

@@ -56,8 +56,6 @@ pub enum Stage {
     Estimate,
     /// The pruners' threshold searches.
     Prune,
-    /// The cache append and the device table's sizes (a plan on a device page table).
-    Table,
     /// Attention's lists written from the stages before (the dense fallback's merge, or
     /// a copy of the selector's lists when nothing prunes them).
     Lists,
@@ -70,7 +68,6 @@ pub enum Stage {
 impl Stage {
     pub fn name(&self) -> &'static str {
         match self {
-            Stage::Table => "table",
             Stage::Select => "select",
             Stage::Estimate => "estimate",
             Stage::Prune => "prune",
@@ -412,10 +409,15 @@ impl PipelinePlan {
         } else if dense {
             (Route::Dense, attention.upload_meta(dusk, table, None)?)
         } else {
-            let indices_len = match &select {
+            let mut indices_len = match &select {
                 Some(s) if !pruning => s.sel_indices().len(),
                 _ => nnz.max(1),
             };
+            if device && pruning && any_dense {
+                // Room for every row dense, should `dense_below` pass the budget.
+                let rows = table.batch() * hkv;
+                indices_len = indices_len.max(rows * pipeline.dense_below.min(longest));
+            }
             let meta = attention.device_meta(
                 dusk,
                 table,

@@ -138,7 +138,10 @@ pub fn check_loop(dusk: &Dusk, case: &LoopCase) -> Result<LoopReport, String> {
     let (batch, hq) = (case.lens.len(), case.num_kv_heads * case.group);
     let final_lens: Vec<usize> = case.lens.iter().map(|n| n + case.steps).collect();
     if final_lens.iter().any(|n| *n > case.max_tokens) {
-        return Err(format!("max_tokens {} under {final_lens:?}", case.max_tokens));
+        return Err(format!(
+            "max_tokens {} under {final_lens:?}",
+            case.max_tokens
+        ));
     }
     let kv = KvShape {
         num_pages: PageTable::pages_needed(&final_lens, ps) + 2,
@@ -162,7 +165,10 @@ pub fn check_loop(dusk: &Dusk, case: &LoopCase) -> Result<LoopReport, String> {
     let mut k_host = grid(&mut rng, kv.elements(), 32, 0.125);
     let mut v_host = grid(&mut rng, kv.elements(), 32, 0.125);
     let dev = dusk.device();
-    let (mut k, mut v) = (dev.upload(&k_host).map_err(r)?, dev.upload(&v_host).map_err(r)?);
+    let (mut k, mut v) = (
+        dev.upload(&k_host).map_err(r)?,
+        dev.upload(&v_host).map_err(r)?,
+    );
 
     let pipeline = case_pipeline(case).map_err(e)?;
     let shape = PipelineShape {
@@ -247,17 +253,29 @@ pub fn check_loop(dusk: &Dusk, case: &LoopCase) -> Result<LoopReport, String> {
         let got = pref::run_stages(dusk, &mut plan, &io.q, &k, &v, &mut io.out, &mut io.lse)
             .map_err(e)?;
         if let Some((out, lse)) = replayed {
-            let eager: Vec<u16> = got.out.iter().map(|x| f16::from_f32(*x).to_bits()).collect();
+            let eager: Vec<u16> = got
+                .out
+                .iter()
+                .map(|x| f16::from_f32(*x).to_bits())
+                .collect();
             let bits: Vec<u16> = out.iter().map(|x| x.to_bits()).collect();
             if bits != eager || lse != got.lse {
-                return Err(format!("step {step}: the graph replay differs from the eager step"));
+                return Err(format!(
+                    "step {step}: the graph replay differs from the eager step"
+                ));
             }
             report.replays += 1;
         }
         // The cache the append wrote is the host's.
         let k_dev = k.download().map_err(r)?;
-        if k_dev.iter().zip(&k_host).any(|(a, b)| a.to_bits() != b.to_bits()) {
-            return Err(format!("step {step}: the appended K differs from the host's"));
+        if k_dev
+            .iter()
+            .zip(&k_host)
+            .any(|(a, b)| a.to_bits() != b.to_bits())
+        {
+            return Err(format!(
+                "step {step}: the appended K differs from the host's"
+            ));
         }
         // Against the reference on this step's cache.
         let scores = pref::quest_page_scores(&q, &k_host, &kv, &table, hq);
@@ -302,11 +320,15 @@ pub fn check_loop(dusk: &Dusk, case: &LoopCase) -> Result<LoopReport, String> {
             .map_err(e)?;
         let budgets = plan.budgets().map_err(e)?;
         if budgets != hp.budgets().map_err(e)? {
-            return Err(format!("step {step}: budgets differ from the host table's plan"));
+            return Err(format!(
+                "step {step}: budgets differ from the host table's plan"
+            ));
         }
         if let (Some(want), Some(got)) = (hp.lists(), got.lists.as_ref()) {
             if lists_of(want.0, want.1)? != *got {
-                return Err(format!("step {step}: lists differ from the host table's plan"));
+                return Err(format!(
+                    "step {step}: lists differ from the host table's plan"
+                ));
             }
         }
         host_plan = Some(hp);

@@ -129,7 +129,10 @@ pub fn step_table<const BLOCK: usize>(
         store(t_indptr_c, 0);
         store(t_indptr_d, 0);
     }
-    store(sel_item_indptr + (r + 1), items * num_kv_heads + (h + 1) * k);
+    store(
+        sel_item_indptr + (r + 1),
+        items * num_kv_heads + (h + 1) * k,
+    );
     let end = tokens * num_kv_heads + (h + 1) * t;
     store(sel_a + (r + 1), end);
     store(sel_b + (r + 1), end);
