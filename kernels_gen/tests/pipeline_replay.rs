@@ -211,3 +211,84 @@ fn device_table_errors_name_the_argument() {
         .unwrap_err();
     assert_eq!(arg_of(e), "table");
 }
+
+/// The sizing launch alone, in blocks of 8 (so a sequence's pages span several blocks dealt
+/// over its programs): every reader's copy of the clamped table and of the sizes.
+#[test]
+fn the_sizing_launch_writes_every_readers_table_and_sizes() {
+    use dusk_kernels::pipeline::table::step_table;
+    let dusk = dusk();
+    let dev = dusk.device();
+    let k = dusk.load(step_table::build::<8>().unwrap()).unwrap();
+    // Sequence 0: 40 pages (cut to max_pages 32, so its last page counts as full);
+    // sequence 1: none; sequence 2: 3 pages, one id past the cache (45 pages).
+    let mut ids: Vec<i32> = (0..40).collect();
+    ids.extend([50, 1, 2]);
+    let kv_indptr = dev.upload(&[0, 40, 40, 43]).unwrap();
+    let kv_pages = dev.upload(&ids).unwrap();
+    let kv_last = dev.upload(&[5, 0, 16]).unwrap();
+    // Arbitrary budgets per length: the launch only looks them up.
+    let items: Vec<i32> = (0..=32 * 16).map(|l| l / 10).collect();
+    let tokens: Vec<i32> = (0..=32 * 16).map(|l| 2 * l).collect();
+    let (items, tokens) = (dev.upload(&items).unwrap(), dev.upload(&tokens).unwrap());
+    let a = |n: usize| dev.upload(&vec![-7i32; n]).unwrap();
+    let ip = [a(4), a(4), a(4), a(4)];
+    let pg = [a(96), a(96), a(96)];
+    let (last, k_items, sel_items, dense) = (a(3), a(3), a(7), a(6));
+    let sel = [a(7), a(7), a(7), a(7)];
+    step_table::launch::<8>(
+        dev,
+        &k,
+        [6, 1, 1],
+        &kv_indptr,
+        &kv_pages,
+        &kv_last,
+        &items,
+        &tokens,
+        &ip[0],
+        &ip[1],
+        &ip[2],
+        &ip[3],
+        &pg[0],
+        &pg[1],
+        &pg[2],
+        &last,
+        &k_items,
+        &sel_items,
+        &sel[0],
+        &sel[1],
+        &sel[2],
+        &sel[3],
+        &dense,
+        43,
+        2,
+        16,
+        32,
+        45,
+        48,
+    )
+    .unwrap();
+    // Lengths 512 (cut), 0, 48: kept items 51, 0, 4; tokens 1024, 0, 96.
+    for b in &ip {
+        assert_eq!(b.download().unwrap(), [0, 32, 32, 35]);
+    }
+    let mut want: Vec<i32> = (0..32).collect();
+    want.extend([44, 1, 2]);
+    want.resize(96, -7);
+    for b in &pg {
+        assert_eq!(b.download().unwrap(), want);
+    }
+    assert_eq!(last.download().unwrap(), [16, 0, 16]);
+    assert_eq!(k_items.download().unwrap(), [51, 0, 4]);
+    assert_eq!(
+        sel_items.download().unwrap(),
+        [0, 51, 102, 102, 102, 106, 110]
+    );
+    for b in &sel {
+        assert_eq!(
+            b.download().unwrap(),
+            [0, 1024, 2048, 2048, 2048, 2144, 2240]
+        );
+    }
+    assert_eq!(dense.download().unwrap(), [-1, -1, 0, 0, 48, 48]);
+}

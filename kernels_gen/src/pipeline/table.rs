@@ -18,8 +18,9 @@ use dusk_macros::kernel;
 use dusk_runtime::{Arg, Buffer, LoadedKernel};
 use std::sync::Arc;
 
-/// Sequences (and pages) a program handles at once.
-const BLOCK: usize = 1024;
+/// Sequences (and pages) a program handles at once, on one warp: the launch is a chain of
+/// dependent loads (the table, then the budget's tables), so small programs do it soonest.
+const BLOCK: usize = 256;
 
 /// The page count of sequences `b` in the caller's table, its offsets clamped into
 /// `0..=cap` (the page list's length) and non-decreasing.
@@ -54,13 +55,13 @@ fn clamped_len(
 ///   and `keep_tokens[len]` tokens (tables the host fills for every length up to the
 ///   plan's most, `max_pages * page_size`); `dense_len[r]`, the length of a row of at most
 ///   `dense_below` tokens, else -1;
-/// - for `h == 0`, its sequence's clamped table (`t_indptr_*`, `t_pages_*`: page ids
-///   clamped into `0..num_pages`, `t_last`) and `k_items[b]`.
+/// - for `h == 0`, its sequence's clamped table (`t_indptr_*`, `t_last`) and `k_items[b]`;
+///   its share of the sequence's page ids (`t_pages_*`, clamped into `0..num_pages`).
 ///
 /// Offsets are sums over the sequences before `b` (each program sums them itself: no
 /// second launch), so every entry written lies inside the plan's buffers, whatever the
 /// caller's table holds.
-#[kernel(crate = "crate::dusk_paths", num_warps = 4)]
+#[kernel(crate = "crate::dusk_paths", num_warps = 1)]
 #[allow(clippy::too_many_arguments)]
 pub fn step_table<const BLOCK: usize>(
     kv_indptr: Ptr<i32>,
@@ -147,11 +148,13 @@ pub fn step_table<const BLOCK: usize>(
         store(t_last + b, where_(n > 0, last, 0));
         store(k_items + b, k);
     }
-    // The pages, by the KV head 0 program alone.
-    let copy = where_(h == 0, n, 0);
-    for j0 in (0..copy).step_by(BLOCK) {
-        let j = j0 + arange(0, BLOCK);
-        let m = j < copy;
+    // The pages, in blocks dealt out over the sequence's programs (block `c * num_kv_heads
+    // + h` to program `h`).
+    let blocks = (n + (BLOCK - 1)) / BLOCK;
+    let rounds = (blocks + (num_kv_heads - 1)) / num_kv_heads;
+    for c in 0..rounds {
+        let j = (c * num_kv_heads + h) * BLOCK + arange(0, BLOCK);
+        let m = j < n;
         let p = load(kv_page_indices + (lo + j), m, 0);
         let p = minimum(maximum(p, 0), num_pages - 1);
         store(t_pages_a + (pages + j), p, m);
