@@ -18,6 +18,9 @@ use half::f16;
 mod inputs;
 use inputs::*;
 
+#[path = "support/centroid.rs"]
+mod centroid;
+
 #[test]
 fn a_decode_loop_on_a_device_table_equals_the_reference_and_host_tables() {
     let dusk = dusk();
@@ -185,6 +188,8 @@ fn device_table_errors_name_the_argument() {
         dev.alloc(kv.elements()).unwrap(),
         dev.alloc(kv.elements()).unwrap(),
     );
+    // Its table is on the device: `prefill` takes one, `prepare` has none.
+    assert_eq!(arg_of(plan.prepare(&dusk, &k).unwrap_err()), "table");
     let wrong = CsrPages::alloc(&dusk, 3, 4).unwrap();
     let e = plan
         .run_table(&dusk, &wrong, None, &mut k, &mut v)
@@ -291,4 +296,130 @@ fn the_sizing_launch_writes_every_readers_table_and_sizes() {
         );
     }
     assert_eq!(dense.download().unwrap(), [-1, -1, 0, 0, 48, 48]);
+}
+
+/// A user's page selector (the centroid) on a device table, the append inside the step: its
+/// state is updated over the pages the append touched (a second launch), and each step's
+/// lists equal a host-table plan's whose state is rebuilt from the whole cache.
+#[test]
+fn a_users_selector_on_a_device_table_follows_the_appends() {
+    use dusk_kernels::selectors::Keep;
+    use rand::rngs::SmallRng;
+    use rand::SeedableRng;
+    let dusk = dusk();
+    let dev = dusk.device();
+    let mut rng = SmallRng::seed_from_u64(21);
+    let kv = KvShape {
+        num_pages: 16,
+        page_size: 16,
+        num_kv_heads: 2,
+        head_dim: 64,
+    };
+    let shape = PipelineShape {
+        kv,
+        num_q_heads: 8,
+        dtype: DType::F16,
+    };
+    let p = PipelineBuilder::new()
+        .select(Select::Pages {
+            selector: centroid::CENTROID,
+            budget: Budget::Tokens(40),
+            keep: Keep { sink: 1, recent: 1 },
+        })
+        .prune(Prune::top_p(0.85))
+        .attend(Attend::GroupVarlen)
+        .build()
+        .unwrap();
+    let limits = StepLimits {
+        batch: 2,
+        max_tokens: 128,
+        append: true,
+    };
+    let mut plan = p.plan_device(&dusk, shape, limits).unwrap();
+    let mut k = dev
+        .upload(&grid_values(&mut rng, kv.elements(), 32, 0.125))
+        .unwrap();
+    let mut v = dev
+        .upload(&grid_values(&mut rng, kv.elements(), 32, 0.125))
+        .unwrap();
+    let mut pages = vec![vec![3, 9, 4, 0, 12, 14], vec![7, 1]];
+    let mut lens = [80usize, 31];
+    let table_of = |lens: &[usize], pages: &[Vec<i32>]| {
+        let ids = pages
+            .iter()
+            .zip(lens)
+            .flat_map(|(p, l)| p[..l.div_ceil(16)].to_vec());
+        PageTable::from_lengths(lens, 16, ids.collect()).unwrap()
+    };
+    plan.prefill(&dusk, &k, None, &table_of(&lens, &pages))
+        .unwrap();
+    pages[1].push(5);
+    let mut table = CsrPages::alloc(&dusk, 2, 8).unwrap();
+    let q = dev
+        .upload(&grid_values(&mut rng, 2 * 8 * 64, 8, 0.25))
+        .unwrap();
+    let (mut out, mut lse) = (out_buf2(&dusk), dev.alloc::<f32>(16).unwrap());
+    let mut host: Option<dusk_kernels::pipeline::PipelinePlan> = None;
+    for _ in 0..3 {
+        lens = [lens[0] + 1, lens[1] + 1];
+        let t = table_of(&lens, &pages);
+        let mut ids = t.kv_page_indices.clone();
+        ids.resize(16, 0);
+        table.kv_indptr.copy_from_host(&t.kv_indptr).unwrap();
+        table.kv_page_indices.copy_from_host(&ids).unwrap();
+        table
+            .kv_last_page_len
+            .copy_from_host(&t.kv_last_page_len)
+            .unwrap();
+        let new = dev
+            .upload(&grid_values(&mut rng, 2 * 2 * 64, 32, 0.125))
+            .unwrap();
+        plan.poison_outputs(&dusk, 0xFF).unwrap();
+        plan.decode_step(
+            &dusk,
+            &table,
+            Some((&new, &new)),
+            &q,
+            &mut k,
+            &mut v,
+            &mut out,
+            &mut lse,
+        )
+        .unwrap();
+        let mut hp = match host.take() {
+            Some(h) => h.replan(&dusk, &t).unwrap(),
+            None => p.plan(&dusk, shape, &t).unwrap(),
+        };
+        hp.prepare(&dusk, &k).unwrap();
+        hp.step(
+            &dusk,
+            &q,
+            &k,
+            &v,
+            &mut out_buf2(&dusk),
+            &mut dev.alloc(16).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            plan.budgets().unwrap(),
+            hp.budgets().unwrap(),
+            "lengths {lens:?}"
+        );
+        let lists = |pl: &dusk_kernels::pipeline::PipelinePlan| {
+            let (ip, ix) = pl.lists().unwrap();
+            let ip = ip.download().unwrap();
+            let mut ix = ix.download().unwrap();
+            ix.truncate(*ip.last().unwrap() as usize);
+            (ip, ix)
+        };
+        assert_eq!(lists(&plan), lists(&hp), "lengths {lens:?}");
+        host = Some(hp);
+    }
+    // 80 -> 81 took page 14 and 32 -> 33 page 5, their centroids made by the updates over
+    // the pages the appends touched.
+    assert_eq!(lens, [83, 34]);
+}
+
+fn out_buf2(dusk: &Dusk) -> dusk_runtime::Buffer<f16> {
+    dusk.device().alloc(2 * 8 * 64).unwrap()
 }

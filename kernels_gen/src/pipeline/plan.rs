@@ -478,6 +478,12 @@ impl PipelinePlan {
         k: &Buffer<f16>,
         v: Option<&Buffer<f16>>,
     ) -> Result<()> {
+        ensure!(
+            self.device.is_none(),
+            "table",
+            "a host-table plan (one on a device table has no table of its own: prefill)",
+            "a plan made by plan_device",
+        );
         if let Some(qk) = &mut self.qk {
             dusk.quantize_k_into(k, qk)?;
         }
@@ -525,7 +531,8 @@ impl PipelinePlan {
     }
 
     /// The same pipeline over another page table (the next step's lengths), keeping the
-    /// selector's state and the INT4 copy.
+    /// selector's state and the INT4 copy (a host-table plan, also from one made by
+    /// [`Pipeline::plan_device`]).
     pub fn replan(self, dusk: &Dusk, table: &PageTable) -> Result<PipelinePlan> {
         PipelinePlan::new(
             dusk,
@@ -541,7 +548,9 @@ impl PipelinePlan {
     /// One decode step: select, estimate, prune, write attention's lists, attend; `out`
     /// (`[batch, num_q_heads, head_dim]`) and `lse` (per query row) written. No
     /// allocation, no host sync. The `run_*` methods are its stages one by one (for
-    /// checks and timings), in this order.
+    /// checks and timings), in this order. On a plan made by [`Pipeline::plan_device`] it
+    /// runs over the table the last [`PipelinePlan::run_table`] wrote
+    /// ([`PipelinePlan::decode_step`] runs both).
     #[allow(clippy::too_many_arguments)]
     pub fn step(
         &mut self,

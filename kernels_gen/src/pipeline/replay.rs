@@ -215,7 +215,7 @@ pub fn check_loop(dusk: &Dusk, case: &LoopCase) -> Result<LoopReport, String> {
     for step in 0..case.steps {
         // The table after this step's append: one more token a sequence.
         for b in 0..batch {
-            if lens[b] % ps == 0 {
+            if lens[b].is_multiple_of(ps) {
                 pages[b].push(free.pop().ok_or("out of pages")?);
                 report.pages_started += 1;
             }
