@@ -5,10 +5,11 @@
 //! device buffers, and [`PipelinePlan::decode_step`] (the append inside) run. Each step's
 //! output, with everything the step writes poisoned first, is compared stage by stage with
 //! the f64 reference of the same algorithm on that step's cache ([`super::reference`]),
-//! its lists and budgets with a host-table plan of that step's table ([`PipelinePlan::
-//! replan`], the INT4 copy and Quest's state rebuilt from the whole cache), and, with
-//! `graph`, the step captured once as a CUDA graph and replayed each step with the eager
-//! step, bit for bit. Run by the tests through the interpreter and by `gpu-check pipeline`.
+//! its lists and budgets with a host-table plan of that step's table
+//! ([`PipelinePlan::replan`], the INT4 copy and Quest's state rebuilt from the whole
+//! cache), and, with `graph`, the step captured once as a CUDA graph and replayed each
+//! step with the eager step, bit for bit. Run by the tests through the interpreter and by
+//! `gpu-check pipeline`.
 
 use super::builder::{Attend, Pipeline, PipelineBuilder, Prune, Select};
 use super::plan::{PipelinePlan, PipelineShape, StepLimits};
