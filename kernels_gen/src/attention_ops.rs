@@ -417,6 +417,17 @@ impl AttentionMeta {
         }
     }
 
+    /// The page table (`kv_indptr`, `kv_page_indices`, `kv_last_page_len`), for a pipeline
+    /// step that rewrites a host-checked one on the device, kept in bounds by its own
+    /// clamping (`pipeline::table`).
+    pub(crate) fn table_buffers(&self) -> [&Buffer<i32>; 3] {
+        [
+            &self.kv_indptr,
+            &self.kv_page_indices,
+            &self.kv_last_page_len,
+        ]
+    }
+
     /// The device token lists of a list mode, for a kernel that writes them in place (a
     /// pruner's `run_lists_into`: launches write through shared references).
     pub fn lists(&self) -> Option<(&Buffer<i32>, &Buffer<i32>)> {

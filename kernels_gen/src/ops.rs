@@ -509,6 +509,13 @@ impl SpgemvPlan {
         self.num_scores
     }
 
+    /// The page table and candidate offsets the plan reads (`kv_indptr`,
+    /// `kv_page_indices`, `cand_indptr`), for a pipeline step that rewrites them on the
+    /// device (`pipeline::table`).
+    pub(crate) fn table_buffers(&self) -> [&Buffer<i32>; 3] {
+        [&self.kv_indptr, &self.kv_page_indices, &self.cand_indptr]
+    }
+
     /// Scores `q` (f16 `[batch, num_q_heads, head_dim]`) against `k`'s candidates (the
     /// plan's own: made with [`SpgemvPlan::new`]).
     pub fn run(

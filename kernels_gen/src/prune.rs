@@ -566,6 +566,12 @@ impl PrunePlan {
         Ok(())
     }
 
+    /// The candidates' row offsets the plan reads (of a plan made with device lists), for a
+    /// pipeline step that rewrites them on the device (`pipeline::table`).
+    pub(crate) fn cand_indptr(&self) -> &Buffer<i32> {
+        &self.cand_indptr
+    }
+
     /// The kept positions' CSR row pointers (one row per candidate row, rows + 1 entries).
     pub fn sel_indptr(&self) -> &Buffer<i32> {
         &self.sel_indptr

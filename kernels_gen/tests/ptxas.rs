@@ -70,6 +70,7 @@ fn stock_kernels() -> Vec<Kernel> {
         ks.extend([build_kv(d), build_plant(d), build_query(d)].map(Result::unwrap));
     }
     ks.push(dusk_kernels::pipeline::fallback::dense_fallback_lists::build::<1024>().unwrap());
+    ks.push(dusk_kernels::pipeline::table::step_table::build::<256>().unwrap());
     // Every configuration the tuner and the benchmark can choose, at head_dim 128, and the
     // several-tile ones the plans' default may take at every head_dim.
     for cfg in spgemv::specialised_configs() {

@@ -86,6 +86,12 @@ impl Fallback {
         })
     }
 
+    /// The rows' dense lengths, for a step that writes them on the device from a page
+    /// table there (`super::table`).
+    pub(crate) fn dense_len(&self) -> &Buffer<i32> {
+        &self.dense_len
+    }
+
     /// Writes attention's lists (`sel_indptr`, `sel_indices`) from the pruner's.
     pub(crate) fn run(
         &self,

@@ -12,7 +12,9 @@
 //! - [`ds`], [`sparq`]: Double Sparsity and SparQ as plugins of the select slot
 //!   ([`DsSelect`], [`SparqSelect`]).
 //! - [`fallback`]: the kernel merging dense rows (short sequences) into the pruned lists.
+//! - [`table`]: a step on a page table the device writes: the launch that sizes it.
 //! - [`mod@reference`]: the same algorithm in f64 on the host, the oracle of the tests.
+//! - [`replay`]: a decode loop on a device table checked step by step (tests, `gpu-check`).
 //!
 //! README.md in this folder has an example and the rules of composition.
 
@@ -21,11 +23,13 @@ pub mod ds;
 pub mod fallback;
 pub mod plan;
 pub mod reference;
+pub mod replay;
 pub mod select;
 pub mod sparq;
+pub mod table;
 
 pub use builder::{Attend, Pipeline, PipelineBuilder, Prune, Select};
 pub use ds::DsSelect;
-pub use plan::{PipelinePlan, PipelineShape, Stage};
+pub use plan::{PipelinePlan, PipelineShape, Stage, StepLimits};
 pub use select::{PageSelect, SelectFactory, SelectStage};
 pub use sparq::SparqSelect;

@@ -2,17 +2,24 @@
 //! buffer sized once, here; [`PipelinePlan::step`] then queues the decode step (select,
 //! INT4 estimate, prune, attend) with no allocation and no host sync, so it can be
 //! captured in a CUDA graph ([`PipelinePlan::capture`]) and replayed with new queries.
+//!
+//! A plan on a device page table ([`Pipeline::plan_device`]) is sized for maxima instead;
+//! its step ([`PipelinePlan::decode_step`]) reads the table from the device, after an
+//! optional append of each sequence's new token, so a graph of it replays a decode loop
+//! whose lengths grow ([`super::table`]).
 
 use super::builder::{Attend, Pipeline};
 use super::fallback::Fallback;
 use super::select::SelectStage;
+use super::table::{StepTable, TableTargets};
 use crate::attention_ops::{AttentionMeta, AttentionMode, AttentionPlan, AttentionSpec};
-use crate::cache::{AppendParts, AppendTargets};
+use crate::cache::{AppendParts, AppendPlan, AppendTargets};
+use crate::engines::CsrPages;
 use crate::error::{ensure, invalid, Result};
 use crate::ops::{Dusk, QuantizedK, SpgemvPlan};
 use crate::paged::{KvShape, PageTable, TokenLists};
 use crate::prune::PrunePlan;
-use crate::selectors::{PageUpdates, QUEST};
+use crate::selectors::{Budget, Keep, PageUpdates, QUEST};
 use dusk_compiler::DType;
 use dusk_runtime::{Buffer, Graph, Measured};
 use half::f16;
@@ -25,6 +32,19 @@ pub struct PipelineShape {
     pub kv: KvShape,
     pub num_q_heads: usize,
     pub dtype: DType,
+}
+
+/// What a plan on a device page table ([`Pipeline::plan_device`]) is sized for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepLimits {
+    /// Sequences a step holds (`q`'s batch). A sequence without pages is empty: nothing
+    /// selected, a zero output.
+    pub batch: usize,
+    /// Tokens a sequence may hold (rounded up to whole pages); a longer one is cut to it.
+    pub max_tokens: usize,
+    /// Whether [`PipelinePlan::decode_step`] first appends each sequence's new token (K
+    /// and V, the INT4 copy, the selector's state: [`AppendPlan`]).
+    pub append: bool,
 }
 
 /// The parts of a step, for [`PipelinePlan::time_stages`].
@@ -90,6 +110,45 @@ pub struct PipelinePlan {
     prune: Vec<PrunePlan>,
     attention: AttentionPlan,
     meta: AttentionMeta,
+    /// The plan reads its page table from the device ([`Pipeline::plan_device`]).
+    device: Option<DeviceTable>,
+}
+
+/// What a plan on a device page table adds: the sizing launch, the append, and stand-ins
+/// for the table's readers the plan lacks.
+struct DeviceTable {
+    limits: StepLimits,
+    sizing: StepTable,
+    append: Option<AppendPlan>,
+    /// The selector's state is Quest's (the append writes it), else a page selector's of
+    /// one's own (updated over the appended pages after the append).
+    quest: bool,
+    spare: Spares,
+}
+
+/// Buffers of the sizes the sizing launch writes, for readers a plan does not have.
+struct Spares {
+    indptr: [Buffer<i32>; 3],
+    pages: [Buffer<i32>; 2],
+    k_items: Buffer<i32>,
+    sel_item: Buffer<i32>,
+    sel: [Buffer<i32>; 4],
+    dense: Buffer<i32>,
+}
+
+impl Spares {
+    fn new(dusk: &Dusk, batch: usize, rows: usize, pages: usize) -> Result<Spares> {
+        let dev = dusk.device();
+        let a = |n: usize| dev.alloc::<i32>(n.max(1));
+        Ok(Spares {
+            indptr: [a(batch + 1)?, a(batch + 1)?, a(batch + 1)?],
+            pages: [a(pages)?, a(pages)?],
+            k_items: a(batch)?,
+            sel_item: a(rows + 1)?,
+            sel: [a(rows + 1)?, a(rows + 1)?, a(rows + 1)?, a(rows + 1)?],
+            dense: a(rows)?,
+        })
+    }
 }
 
 impl Pipeline {
@@ -104,7 +163,85 @@ impl Pipeline {
         shape: PipelineShape,
         table: &PageTable,
     ) -> Result<PipelinePlan> {
-        PipelinePlan::new(dusk, self.clone(), shape, table, None, None)
+        PipelinePlan::new(dusk, self.clone(), shape, table, None, None, false)
+    }
+
+    /// Plans the pipeline for a page table the device writes each step (an engine
+    /// converter's output, [`crate::engines::vllm_to_csr`]): every buffer sized for
+    /// `limits` (its batch, each sequence at `max_tokens`, the selector's budget at that
+    /// length), each step's lengths, budgets and list offsets computed on the device from
+    /// the table [`PipelinePlan::decode_step`] is given, so that one captured graph
+    /// replays a decode loop whose lengths grow. Needs a page selector (Quest or a user's
+    /// [`crate::selectors::Selector`]) when it prunes; `Full` only without pruners (dense
+    /// attention). The INT4 copy and the selector's state start zeroed:
+    /// [`PipelinePlan::prefill`] fills them.
+    pub fn plan_device(
+        &self,
+        dusk: &Dusk,
+        shape: PipelineShape,
+        limits: StepLimits,
+    ) -> Result<PipelinePlan> {
+        let kv = shape.kv;
+        kv.validate()?;
+        ensure!(limits.batch > 0, "batch", "at least 1", limits.batch);
+        ensure!(
+            limits.max_tokens > 0 && limits.max_tokens < (1 << 30),
+            "max_tokens",
+            "1 to 2^30 - 1",
+            limits.max_tokens,
+        );
+        let max_pages = limits.max_tokens.div_ceil(kv.page_size);
+        let most = max_pages * kv.page_size;
+        ensure!(
+            self.select.is_some() || self.prune.is_empty(),
+            "select",
+            "a page selector before pruners on a device table (Full's candidates are every \
+             token, which the step would write whole)",
+            "Full",
+        );
+        // The most each buffer holds: every sequence at its longest (page ids repeat
+        // where the cache is smaller; they are never read from this table).
+        let ids = (0..limits.batch * max_pages)
+            .map(|i| (i % kv.num_pages) as i32)
+            .collect();
+        let table = PageTable::from_lengths(&vec![most; limits.batch], kv.page_size, ids)?;
+        let mut plan = PipelinePlan::new(dusk, self.clone(), shape, &table, None, None, true)?;
+        let (budget, keep) = match plan.select.as_deref().map(|s| s.page_plan()) {
+            Some(Some(p)) => p.top_k_plan().budget(),
+            Some(None) => {
+                return Err(invalid(
+                    "select",
+                    "a page selector (Quest or a user's Selector) on a device table",
+                    plan.pipeline.select.as_ref().map_or("none", |f| f.name()),
+                ))
+            }
+            None => (Budget::Fraction(1.0), Keep { sink: 0, recent: 1 }),
+        };
+        let parts = plan.append_parts();
+        let quest = parts.quest;
+        let append = if limits.append {
+            Some(AppendPlan::new(dusk, kv, limits.batch, parts)?)
+        } else {
+            None
+        };
+        let rows = limits.batch * kv.num_kv_heads;
+        let sizing = StepTable::new(
+            dusk,
+            kv,
+            limits.batch,
+            max_pages,
+            budget,
+            keep,
+            self.dense_below,
+        )?;
+        plan.device = Some(DeviceTable {
+            limits,
+            sizing,
+            append,
+            quest,
+            spare: Spares::new(dusk, limits.batch, rows, limits.batch * max_pages)?,
+        });
+        Ok(plan)
     }
 }
 
@@ -116,6 +253,7 @@ impl PipelinePlan {
         table: &PageTable,
         select: Option<Box<dyn SelectStage>>,
         qk: Option<QuantizedK>,
+        device: bool,
     ) -> Result<PipelinePlan> {
         let kv = shape.kv;
         kv.validate()?;
@@ -154,7 +292,14 @@ impl PipelinePlan {
             .flat_map(|n| std::iter::repeat_n(*n <= pipeline.dense_below, hkv))
             .collect();
         let narrowed = pipeline.select.is_some() || !pipeline.prune.is_empty();
-        let dense = !narrowed || dense_row.iter().all(|d| *d);
+        // On a device table, lengths are known only on the device: the step never
+        // switches to dense attention alone, and a dense row may come at any step.
+        let dense = !narrowed || (!device && dense_row.iter().all(|d| *d));
+        let any_dense = if device {
+            pipeline.dense_below > 0
+        } else {
+            dense_row.iter().any(|d| *d)
+        };
         let dev = dusk.device();
         let longest = lens.iter().copied().max().unwrap_or(1);
 
@@ -238,14 +383,33 @@ impl PipelinePlan {
             sparq,
             dtype: shape.dtype,
         };
-        let attention = AttentionPlan::new(dusk, spec)?;
-        let (route, meta) = if dense {
+        // Dense attention on a device table clamps what it reads of it (an empty sequence
+        // among them); the list modes read only positions the selection wrote.
+        let attention = if dense && device {
+            AttentionPlan::for_device_table(dusk, spec, |_| {})?
+        } else {
+            AttentionPlan::new(dusk, spec)?
+        };
+        let (route, meta) = if dense && device {
+            let meta = attention.device_table_meta(
+                dev.upload(&table.kv_indptr)?,
+                dev.upload(&nonempty(&table.kv_page_indices))?,
+                dev.upload(&table.kv_last_page_len)?,
+                None,
+            )?;
+            (Route::Dense, meta)
+        } else if dense {
             (Route::Dense, attention.upload_meta(dusk, table, None)?)
         } else {
-            let indices_len = match &select {
+            let mut indices_len = match &select {
                 Some(s) if !pruning => s.sel_indices().len(),
                 _ => nnz.max(1),
             };
+            if device && pruning && any_dense {
+                // Room for every row dense, should `dense_below` pass the budget.
+                let rows = table.batch() * hkv;
+                indices_len = indices_len.max(rows * pipeline.dense_below.min(longest));
+            }
             let meta = attention.device_meta(
                 dusk,
                 table,
@@ -254,7 +418,7 @@ impl PipelinePlan {
             )?;
             let route = if !pruning {
                 Route::Copy
-            } else if dense_row.iter().any(|d| *d) {
+            } else if any_dense {
                 let dense_len: Vec<i32> = dense_row
                     .iter()
                     .enumerate()
@@ -280,6 +444,7 @@ impl PipelinePlan {
             prune,
             attention,
             meta,
+            device: None,
         })
     }
 }
@@ -305,11 +470,38 @@ impl PipelinePlan {
         k: &Buffer<f16>,
         v: Option<&Buffer<f16>>,
     ) -> Result<()> {
+        ensure!(
+            self.device.is_none(),
+            "table",
+            "a host-table plan (one on a device table has no table of its own: prefill)",
+            "a plan made by plan_device",
+        );
         if let Some(qk) = &mut self.qk {
             dusk.quantize_k_into(k, qk)?;
         }
         if let Some(s) = &mut self.select {
             let updates = PageUpdates::all(dusk, &self.shape.kv, &self.table)?;
+            s.prefill(dusk, k, v, &updates)?;
+        }
+        Ok(())
+    }
+
+    /// The INT4 copy of K (the whole cache) and the selector's state of every page of
+    /// `table` (the sequences on the device at a plan made by [`Pipeline::plan_device`],
+    /// which keeps no table of its own), from the cache as after a prefill; `v` for the
+    /// selectors whose state reads it. Queued, no sync.
+    pub fn prefill(
+        &mut self,
+        dusk: &Dusk,
+        k: &Buffer<f16>,
+        v: Option<&Buffer<f16>>,
+        table: &PageTable,
+    ) -> Result<()> {
+        if let Some(qk) = &mut self.qk {
+            dusk.quantize_k_into(k, qk)?;
+        }
+        if let Some(s) = &mut self.select {
+            let updates = PageUpdates::all(dusk, &self.shape.kv, table)?;
             s.prefill(dusk, k, v, &updates)?;
         }
         Ok(())
@@ -334,16 +526,19 @@ impl PipelinePlan {
     /// this plan's state current: the INT4 copy (with pruners) and Quest's page min and
     /// max (with Quest). One launch does the cache's K and V and these together.
     pub fn append_parts(&self) -> AppendParts {
-        let quest = self
-            .select
-            .as_ref()
-            .and_then(|s| s.page_state())
-            .is_some_and(|st| st.selector().name == QUEST.name);
         AppendParts {
             quantized: self.qk.as_ref().map(|q| q.bits),
-            quest,
+            quest: self.quest_state(),
             ..AppendParts::default()
         }
+    }
+
+    /// Whether the selector's state is Quest's (the append writes it in place).
+    fn quest_state(&self) -> bool {
+        self.select
+            .as_deref()
+            .and_then(|s| s.page_plan())
+            .is_some_and(|p| p.state().selector().name == QUEST.name)
     }
 
     /// Where a [`crate::cache::AppendPlan`] of [`PipelinePlan::append_parts`] writes: the caller's
@@ -354,30 +549,31 @@ impl PipelinePlan {
         k_cache: &'a mut Buffer<f16>,
         v_cache: &'a mut Buffer<f16>,
     ) -> AppendTargets<'a> {
-        let quest = self.append_parts().quest;
-        AppendTargets {
-            k_cache,
-            v_cache,
-            quantized: self.qk.as_mut(),
-            quest: match (&mut self.select, quest) {
-                (Some(s), true) => s.page_state_mut(),
-                _ => None,
-            },
-            ds: None,
-            sparq: None,
-        }
+        let quest = self.quest_state();
+        append_targets_of(&mut self.qk, &mut self.select, quest, k_cache, v_cache)
     }
 
     /// The same pipeline over another page table (the next step's lengths), keeping the
-    /// selector's state and the INT4 copy.
+    /// selector's state and the INT4 copy (a host-table plan, also from one made by
+    /// [`Pipeline::plan_device`]).
     pub fn replan(self, dusk: &Dusk, table: &PageTable) -> Result<PipelinePlan> {
-        PipelinePlan::new(dusk, self.pipeline, self.shape, table, self.select, self.qk)
+        PipelinePlan::new(
+            dusk,
+            self.pipeline,
+            self.shape,
+            table,
+            self.select,
+            self.qk,
+            false,
+        )
     }
 
     /// One decode step: select, estimate, prune, write attention's lists, attend; `out`
     /// (`[batch, num_q_heads, head_dim]`) and `lse` (per query row) written. No
     /// allocation, no host sync. The `run_*` methods are its stages one by one (for
-    /// checks and timings), in this order.
+    /// checks and timings), in this order. On a plan made by [`Pipeline::plan_device`] it
+    /// runs over the table the last [`PipelinePlan::run_table`] wrote
+    /// ([`PipelinePlan::decode_step`] runs both).
     #[allow(clippy::too_many_arguments)]
     pub fn step(
         &mut self,
@@ -395,6 +591,134 @@ impl PipelinePlan {
         }
         self.run_lists(dusk)?;
         self.run_attend(dusk, q, k, v, out, lse)
+    }
+
+    /// One decode step of a plan made by [`Pipeline::plan_device`], on the page table
+    /// `table` on the device (the table after this step's append: an engine converter's
+    /// output, or [`crate::cache::AppendPlan::upload_table`]'s): with `new` (`k_new`,
+    /// `v_new`, f16 `[batch, num_kv_heads, head_dim]`), first the append of each sequence's
+    /// new token into `k` and `v`, the INT4 copy and the selector's state; then the sizes
+    /// (each sequence's length, budget and list offsets) written on the device from
+    /// `table`, then [`PipelinePlan::step`]. No allocation, no host sync: a graph of it
+    /// replays new queries, tokens and lengths written in place. The table is read on the
+    /// device only, clamped into the plan's limits (a sequence past `max_tokens` is cut, a
+    /// page id out of range read as the last page): a bad table gives wrong answers,
+    /// never an access out of bounds.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_step(
+        &mut self,
+        dusk: &Dusk,
+        table: &CsrPages,
+        new: Option<(&Buffer<f16>, &Buffer<f16>)>,
+        q: &Buffer<f16>,
+        k: &mut Buffer<f16>,
+        v: &mut Buffer<f16>,
+        out: &mut Buffer<f16>,
+        lse: &mut Buffer<f32>,
+    ) -> Result<()> {
+        self.run_table(dusk, table, new, k, v)?;
+        self.step(dusk, q, k, v, out, lse)
+    }
+
+    /// [`PipelinePlan::decode_step`] captured as a CUDA graph (needs a GPU): replays
+    /// read whatever `table`, `new`, `q`, `k` and `v` hold then.
+    #[allow(clippy::too_many_arguments)]
+    pub fn capture_decode(
+        &mut self,
+        dusk: &Dusk,
+        table: &CsrPages,
+        new: Option<(&Buffer<f16>, &Buffer<f16>)>,
+        q: &Buffer<f16>,
+        k: &mut Buffer<f16>,
+        v: &mut Buffer<f16>,
+        out: &mut Buffer<f16>,
+        lse: &mut Buffer<f32>,
+    ) -> Result<Graph> {
+        Ok(dusk
+            .device()
+            .capture(|| self.decode_step(dusk, table, new, q, k, v, out, lse))?)
+    }
+
+    /// The first stage of [`PipelinePlan::decode_step`]: the append (with `new`), then the
+    /// sizes from `table`, written where the later stages read them.
+    pub fn run_table(
+        &mut self,
+        dusk: &Dusk,
+        table: &CsrPages,
+        new: Option<(&Buffer<f16>, &Buffer<f16>)>,
+        k: &mut Buffer<f16>,
+        v: &mut Buffer<f16>,
+    ) -> Result<()> {
+        let d = self.device.as_ref().ok_or_else(|| {
+            invalid(
+                "table",
+                "a plan made by plan_device (this one follows its host table: step)",
+                "a device table",
+            )
+        })?;
+        d.sizing.check(table)?;
+        if let Some((k_new, v_new)) = new {
+            let append = d.append.as_ref().ok_or_else(|| {
+                invalid(
+                    "new",
+                    "none: the plan was made without StepLimits::append",
+                    "new tokens",
+                )
+            })?;
+            let targets = append_targets_of(&mut self.qk, &mut self.select, d.quest, k, v);
+            append.run(dusk, table, k_new, v_new, targets)?;
+            if !d.quest {
+                if let Some(s) = &mut self.select {
+                    s.update(dusk, k, append.touched())?;
+                }
+            }
+        }
+        d.sizing.run(dusk, table, self.table_targets()?)
+    }
+
+    /// Where the sizing launch writes: each sub-plan's table and offsets, or stand-ins.
+    fn table_targets(&self) -> Result<TableTargets<'_>> {
+        let d = self
+            .device
+            .as_ref()
+            .ok_or_else(|| invalid("table", "a plan made by plan_device", "a host table"))?;
+        let sp = &d.spare;
+        let page = self.select.as_deref().and_then(|s| s.page_plan());
+        let sel_table = page.map(|p| p.table_buffers());
+        let topk = page.map(|p| p.top_k_plan().size_buffers());
+        let est = self.estimate.as_ref().map(|e| e.table_buffers());
+        let [m_indptr, m_pages, m_last] = self.meta.table_buffers();
+        let copy_lists = match (&self.route, self.meta.lists()) {
+            (Route::Copy, Some((ip, _))) => Some(ip),
+            _ => None,
+        };
+        let dense = match &self.route {
+            Route::Fallback(f) => f.dense_len(),
+            _ => &sp.dense,
+        };
+        Ok(TableTargets {
+            indptr: [
+                sel_table.map_or(&sp.indptr[0], |t| t.0),
+                topk.map_or(&sp.indptr[1], |t| t[0]),
+                est.map_or(&sp.indptr[2], |e| e[0]),
+                m_indptr,
+            ],
+            pages: [
+                sel_table.map_or(&sp.pages[0], |t| t.1),
+                est.map_or(&sp.pages[1], |e| e[1]),
+                m_pages,
+            ],
+            last: m_last,
+            k_items: topk.map_or(&sp.k_items, |t| t[1]),
+            sel_item_indptr: topk.map_or(&sp.sel_item, |t| t[2]),
+            sel: [
+                topk.map_or(&sp.sel[0], |t| t[3]),
+                est.map_or(&sp.sel[1], |e| e[2]),
+                self.prune.first().map_or(&sp.sel[2], |p| p.cand_indptr()),
+                copy_lists.unwrap_or(&sp.sel[3]),
+            ],
+            dense_len: dense,
+        })
     }
 
     /// Captures [`PipelinePlan::step`] over these buffers as a CUDA graph (needs a GPU).
@@ -581,6 +905,22 @@ impl PipelinePlan {
     /// row's is its length). A download: it waits for the step.
     pub fn budgets(&self) -> Result<Vec<i32>> {
         let hkv = self.shape.kv.num_kv_heads;
+        if let (Route::Dense, Some(_)) = (&self.route, &self.device) {
+            // The table the last step read, as the sizing launch clamped it.
+            let [ip, _, last] = self.meta.table_buffers();
+            let (ip, last) = (ip.download()?, last.download()?);
+            let ps = self.shape.kv.page_size as i32;
+            return Ok((0..last.len() * hkv)
+                .map(|r| {
+                    let (b, n) = (r / hkv, ip[r / hkv + 1] - ip[r / hkv]);
+                    if n > 0 {
+                        (n - 1) * ps + last[b]
+                    } else {
+                        0
+                    }
+                })
+                .collect());
+        }
         if matches!(self.route, Route::Dense) {
             let ps = self.shape.kv.page_size;
             return Ok((0..self.table.batch() * hkv)
@@ -602,9 +942,24 @@ impl PipelinePlan {
             _ => self.meta.lists(),
         }
     }
-    /// The candidates' row offsets (the selection's, or every token's).
+    /// The candidates' row offsets (the selection's, or every token's) of the plan's
+    /// table; on a device table, of its limits (each row's capacity):
+    /// [`PipelinePlan::selection_indptr`] has the last step's.
     pub fn candidate_indptr(&self) -> &[i32] {
         &self.cand_indptr
+    }
+    /// The selection's row offsets of the last step: on a device table, written by its
+    /// sizing launch (a download, so it waits for the step); else the plan's.
+    pub fn selection_indptr(&self) -> Result<Vec<i32>> {
+        let page = self.select.as_deref().and_then(|s| s.page_plan());
+        match (&self.device, page) {
+            (Some(_), Some(p)) => Ok(p.sel_indptr().download()?),
+            _ => Ok(self.cand_indptr.clone()),
+        }
+    }
+    /// The limits of a plan on a device page table ([`Pipeline::plan_device`]).
+    pub fn limits(&self) -> Option<StepLimits> {
+        self.device.as_ref().map(|d| d.limits)
     }
     /// The selector, when the plan has one.
     pub fn selector(&self) -> Option<&dyn SelectStage> {
@@ -638,6 +993,8 @@ impl PipelinePlan {
     pub fn shape(&self) -> &PipelineShape {
         &self.shape
     }
+    /// The page table the plan was made for (on a device table: its limits, every
+    /// sequence at its longest).
     pub fn table(&self) -> &PageTable {
         &self.table
     }
@@ -698,5 +1055,28 @@ fn nonempty(v: &[i32]) -> Vec<i32> {
         vec![0]
     } else {
         v.to_vec()
+    }
+}
+
+/// Where an append writes for a plan with this INT4 copy and selector: the caller's cache,
+/// the copy, and the selector's state when it is Quest's (`quest`).
+fn append_targets_of<'a>(
+    qk: &'a mut Option<QuantizedK>,
+    select: &'a mut Option<Box<dyn SelectStage>>,
+    quest: bool,
+    k_cache: &'a mut Buffer<f16>,
+    v_cache: &'a mut Buffer<f16>,
+) -> AppendTargets<'a> {
+    let quest = match select.as_deref_mut().and_then(|s| s.page_plan_mut()) {
+        Some(p) if quest => Some(p.state_mut()),
+        _ => None,
+    };
+    AppendTargets {
+        k_cache,
+        v_cache,
+        quantized: qk.as_mut(),
+        quest,
+        ds: None,
+        sparq: None,
     }
 }

@@ -461,7 +461,7 @@ pub fn run_stages(
     plan.run_select(dusk, q)?;
     let selected = match plan.selector() {
         Some(s) if !plan.is_dense() => {
-            let indptr = s.sel_indptr().to_vec();
+            let indptr = plan.selection_indptr()?;
             let mut indices = s.sel_indices().download()?;
             indices.truncate(*indptr.last().unwrap_or(&0) as usize);
             Some(TokenLists { indptr, indices })

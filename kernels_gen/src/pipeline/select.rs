@@ -50,18 +50,18 @@ pub trait SelectStage: Send {
     fn sparq_mix(&self) -> Option<SparqMix<'_, f16>> {
         None
     }
+    /// The page selector's plan, for a step on a device page table
+    /// ([`super::Pipeline::plan_device`]), which rewrites its table and sizes on the device
+    /// and appends into its state; `None` (the default) for a selector that cannot run so.
+    fn page_plan(&self) -> Option<&SelectorPlan> {
+        None
+    }
+    /// [`SelectStage::page_plan`], to append into its state.
+    fn page_plan_mut(&mut self) -> Option<&mut SelectorPlan> {
+        None
+    }
     /// Fills the outputs with `byte` (checks poison them first).
     fn poison_outputs(&mut self, dusk: &Dusk, byte: u8) -> Result<()>;
-    /// The per-page state a page selector keeps beside the cache (Quest's min and max),
-    /// for a decode step's append to update in place ([`crate::cache::AppendPlan`]);
-    /// `None` for a selector whose state the append does not write.
-    fn page_state_mut(&mut self) -> Option<&mut SelectorState> {
-        None
-    }
-    /// [`SelectStage::page_state_mut`], to read.
-    fn page_state(&self) -> Option<&SelectorState> {
-        None
-    }
 }
 
 /// A selector as a pipeline declares it: its name, its budget, and how to plan it.
@@ -160,10 +160,10 @@ impl SelectStage for PageStage {
     fn poison_outputs(&mut self, dusk: &Dusk, byte: u8) -> Result<()> {
         self.plan.poison_outputs(dusk, byte)
     }
-    fn page_state_mut(&mut self) -> Option<&mut SelectorState> {
-        Some(self.plan.state_mut())
+    fn page_plan(&self) -> Option<&SelectorPlan> {
+        Some(&self.plan)
     }
-    fn page_state(&self) -> Option<&SelectorState> {
-        Some(self.plan.state())
+    fn page_plan_mut(&mut self) -> Option<&mut SelectorPlan> {
+        Some(&mut self.plan)
     }
 }

@@ -588,6 +588,11 @@ impl SelectorPlan {
     pub fn top_k_plan(&self) -> &TopKPlan {
         &self.topk
     }
+    /// The page table the score kernel reads (`kv_indptr`, `kv_page_indices`), for a
+    /// pipeline step that rewrites it on the device (`pipeline::table`).
+    pub(crate) fn table_buffers(&self) -> (&Buffer<i32>, &Buffer<i32>) {
+        (&self.kv_indptr, &self.kv_page_indices)
+    }
     /// The selection's sizes, known at plan time (host copies).
     pub fn shape(&self) -> &SelectionShape {
         self.topk.shape()

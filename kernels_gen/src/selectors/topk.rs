@@ -273,6 +273,7 @@ pub struct TopKPlan {
     shape: SelectionShape,
     num_kv_heads: usize,
     unit_shift: u32,
+    budget: Budget,
     keep: Keep,
     item_indptr: Buffer<i32>,
     k_items: Buffer<i32>,
@@ -346,6 +347,7 @@ impl TopKPlan {
             cfg,
             num_kv_heads: kv.num_kv_heads,
             unit_shift: unit.trailing_zeros(),
+            budget,
             keep,
             item_indptr: dev.upload(&shape.item_indptr)?,
             k_items: dev.upload(&shape.k_items)?,
@@ -398,6 +400,21 @@ impl TopKPlan {
 
     pub fn config(&self) -> TopKConfig {
         self.cfg
+    }
+    /// The budget and always-kept items the plan was made with.
+    pub fn budget(&self) -> (Budget, Keep) {
+        (self.budget, self.keep)
+    }
+    /// The buffers holding the selection's sizes (`item_indptr`, `k_items`,
+    /// `sel_item_indptr`, `sel_indptr`), for a pipeline step that writes them on the device
+    /// from a page table there (`pipeline::table`).
+    pub(crate) fn size_buffers(&self) -> [&Buffer<i32>; 4] {
+        [
+            &self.item_indptr,
+            &self.k_items,
+            &self.sel_item_indptr,
+            &self.sel_indptr,
+        ]
     }
     /// The selection's sizes (host copies of the offsets on the device).
     pub fn shape(&self) -> &SelectionShape {

@@ -5,14 +5,21 @@
 //!    Quest + top-p with a sequence under the budget (the dense fallback), top-k over MHA
 //!    (head varlen), a chain of two pruners.
 //! 2. A step captured in a CUDA graph, replayed with new queries written in place, against
-//!    eager steps on the same queries (bit for bit) and the reference.
+//!    eager steps on the same queries (bit for bit) and the reference; then decode loops
+//!    on a device page table (`pipeline::replay`: GQA and MHA, the append inside the step,
+//!    lengths growing across pages, dense rows): the step captured once and replayed each
+//!    step with new queries, tokens and lengths, against the eager step (bit for bit), the
+//!    reference and a host-table plan (`--replay-only`: these alone, for the sanitizers).
 //! 3. The attention operator's benchmark (`pipeline_bench.rs`): on the synthetic
 //!    long-context batch at 32k, batch 32 and 64, GQA 32/8 and MHA 32/32, Quest (N/4) +
 //!    top-p (0.95) and Quest alone, the step graph-timed with each stage's time, beside
 //!    FlashInfer's dense decode and FlashInfer decoding our Quest's pages (`--peers`, from
 //!    `benches/baselines/pipeline_peers.py`, which reads the pages `--pages-out` wrote).
 //!
-//!    `gpu-check pipeline [--check-only] [--pages-only] [--pages-out DIR] [--batch 32,64]
+//!    Each timed pipeline is also planned on a device page table (`plan_device`) and its
+//!    decode step timed beside the host-table step, alone and with the append.
+//!
+//!    `gpu-check pipeline [--check-only] [--replay-only] [--pages-only] [--pages-out DIR] [--batch 32,64]
 //!     [--heads 32x8,32x32] [--context 32768] [--sweep] [--peers peers.json] [--out pipeline.json]`
 
 use crate::common::{Common, Res};
@@ -24,6 +31,7 @@ use dusk::kernels::paged::{KvShape, PageTable};
 use dusk::kernels::pipeline::reference::{
     self as pref, HostInputs, HostPipeline, HostPolicy, HostSelect,
 };
+use dusk::kernels::pipeline::replay::{check_loop, LoopCase};
 use dusk::kernels::pipeline::{
     Attend, Pipeline, PipelineBuilder, PipelinePlan, PipelineShape, Prune, Select,
 };
@@ -61,6 +69,9 @@ pub struct PipelineArgs {
     /// (see `pipeline_bench.rs`).
     #[arg(long)]
     sweep: bool,
+    /// Only the decode loops on a device page table (what the sanitizers run over).
+    #[arg(long)]
+    replay_only: bool,
 }
 
 /// `32x8` as (32, 8).
@@ -337,6 +348,54 @@ fn graph_replay(dusk: &Dusk, rng: &mut SmallRng) -> Res<()> {
     Ok(())
 }
 
+/// Decode loops on a device page table, each step's graph replay against the eager step,
+/// the reference and a host-table plan (`pipeline::replay::check_loop`).
+fn decode_replay(dusk: &Dusk) -> Res<()> {
+    let gqa = LoopCase {
+        lens: vec![1200, 700, 130, 2000, 2047],
+        steps: 4,
+        num_kv_heads: 8,
+        group: 4,
+        head_dim: 128,
+        budget: Budget::Tokens(256),
+        top_p: Some(0.9),
+        max_tokens: 2100,
+        graph: true,
+        seed: 0x1d,
+    };
+    let mha = LoopCase {
+        lens: vec![900, 100, 511, 1023],
+        num_kv_heads: 4,
+        group: 1,
+        budget: Budget::Tokens(128),
+        max_tokens: 1100,
+        seed: 0x2e,
+        ..gqa.clone()
+    };
+    let quest_only = LoopCase {
+        budget: Budget::Fraction(0.25),
+        top_p: None,
+        seed: 0x3f,
+        ..gqa.clone()
+    };
+    for (name, case) in [
+        ("GQA 32/8", gqa),
+        ("MHA 4/4", mha),
+        ("GQA Quest alone", quest_only),
+    ] {
+        let r = check_loop(dusk, &case)?;
+        println!(
+            "  {name:<16} lens {:?} + {} steps: {} replays equal to the eager steps bit for bit, \
+             {} pages started, {} dense rows, reference error {:.1e}, lists equal to host tables'",
+            case.lens, case.steps, r.replays, r.pages_started, r.dense_rows, r.max_error
+        );
+        if r.replays != case.steps {
+            return Err(format!("{name}: {} replays of {} steps", r.replays, case.steps).into());
+        }
+    }
+    Ok(())
+}
+
 pub fn run(args: &PipelineArgs) -> Res<()> {
     let dev = Device::best();
     println!("device: {}", dev.name());
@@ -355,12 +414,20 @@ pub fn run(args: &PipelineArgs) -> Res<()> {
     if args.pages_only {
         return pipeline_bench::run(&dusk, &bench);
     }
+    if args.replay_only {
+        println!("decode loops on a device page table:");
+        decode_replay(&dusk)?;
+        println!("all checks passed");
+        return Ok(());
+    }
     let mut rng = SmallRng::seed_from_u64(seed);
     println!("correctness (fresh random inputs, everything poisoned, stage by stage):");
     correctness(&dusk, &mut rng)?;
     if dev.is_gpu() {
         println!("graph replay:");
         graph_replay(&dusk, &mut rng)?;
+        println!("decode loops on a device page table:");
+        decode_replay(&dusk)?;
     } else {
         println!("no GPU: no graph replay");
     }

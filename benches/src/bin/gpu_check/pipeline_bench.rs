@@ -21,16 +21,24 @@
 //! that they are this run's selection. The peer decodes a random cache of the same shapes
 //! (its time does not depend on the values).
 //!
+//! Each pipeline is also planned on a device page table (`Pipeline::plan_device`, sized for
+//! the batch's longest sequence) and its decode step timed the same way: the sizing launch
+//! and the step, then with the append of a token a sequence in front (the last, timed after
+//! everything else of the shape: it writes into the cache). Its budgets must equal the
+//! host-table plan's.
+//!
 //! `--sweep` also times, per shape, the search alone over the step's own candidates and
 //! scores in other configurations than the default (the GQA default for these rows came
 //! from it).
 
 use crate::common::{case_json, copy_gbps, Common, PeerTime, Res};
 use dusk::compiler::DType;
+use dusk::kernels::engines::CsrPages;
 use dusk::kernels::ops::Dusk;
 use dusk::kernels::paged::TokenLists;
 use dusk::kernels::pipeline::{
     Attend, Pipeline, PipelineBuilder, PipelinePlan, PipelineShape, Prune, Select, Stage,
+    StepLimits,
 };
 use dusk::kernels::policies::top_p;
 use dusk::kernels::prune::{ParamValues, PrunePlan};
@@ -192,6 +200,45 @@ fn time_pipeline(
     Ok((plan, Timed { stages, budgets }))
 }
 
+/// `pipeline` on a device page table over the batch: its decode step (sizing launch and
+/// step) and, with `append`, the step with the append in front (zero tokens written into
+/// each sequence's last slot: call it last), graph-timed by the harness.
+fn time_device(
+    dusk: &Dusk,
+    pipeline: &Pipeline,
+    syn: &mut SyntheticCache,
+    io: &mut StepOut,
+    host_budgets: &[i32],
+    append: bool,
+) -> Res<Measured> {
+    let dev = dusk.device();
+    let t = &syn.table;
+    let batch = t.batch();
+    let longest = (0..batch).map(|b| t.seq_len(b, PAGE)).max().unwrap_or(1);
+    let limits = StepLimits {
+        batch,
+        max_tokens: longest,
+        append,
+    };
+    let mut plan = pipeline.plan_device(dusk, pipeline_shape(syn), limits)?;
+    plan.prefill(dusk, &syn.k, None, t)?;
+    let table = CsrPages {
+        kv_indptr: dev.upload(&t.kv_indptr)?,
+        kv_page_indices: dev.upload(&t.kv_page_indices)?,
+        kv_last_page_len: dev.upload(&t.kv_last_page_len)?,
+    };
+    let zeros = dev.alloc::<f16>(batch * syn.kv.num_kv_heads * HEAD_DIM)?;
+    let new = append.then_some((&zeros, &zeros));
+    let (q, k, v) = (&syn.q, &mut syn.k, &mut syn.v);
+    plan.decode_step(dusk, &table, new, q, k, v, &mut io.out, &mut io.lse)?;
+    if !append && plan.budgets()? != host_budgets {
+        return Err("the device table's budgets differ from the host table's".into());
+    }
+    Ok(dev.time_calls(1, |_| {
+        plan.decode_step(dusk, &table, new, q, k, v, &mut io.out, &mut io.lse)
+    })?)
+}
+
 /// `{mean, min, max}` of `xs`.
 fn stats(xs: &[i32]) -> Value {
     let mean = xs.iter().map(|x| *x as f64).sum::<f64>() / xs.len().max(1) as f64;
@@ -337,7 +384,7 @@ fn run_shape(
         shape.quest_state_bytes() / 1e9,
         (kv.rows() * (HEAD_DIM * BITS / 8 + 4)) as f64 / 1e9,
     );
-    let syn = SyntheticCache::generate(dusk, &spec)?;
+    let mut syn = SyntheticCache::generate(dusk, &spec)?;
     let rows = shape.batch * shape.hq;
     let mut io = StepOut {
         out: dev.alloc::<f16>(rows * HEAD_DIM)?,
@@ -378,6 +425,25 @@ fn run_shape(
         }
         timed.insert(name, t);
     }
+    // The same pipelines on a device page table, the appends last (they write the cache).
+    let mut device = BTreeMap::new();
+    for append in [false, true] {
+        for (name, p) in pipelines(shape)? {
+            let host = &timed[name];
+            let m = time_device(dusk, &p, &mut syn, &mut io, &host.budgets, append)?;
+            let (us, host_us) = (m.median_us(), host.step().median_us());
+            let what = if append { ", with the append" } else { "" };
+            println!(
+                "  {name:<15} device table{what}: step {us:.1} us (host table {host_us:.1} us, \
+                 {:.3}x)",
+                us / host_us
+            );
+            let e = device
+                .entry(name)
+                .or_insert_with(|| json!({"host_step_us": host_us}));
+            e[if append { "append_step_us" } else { "step_us" }] = json!(us);
+        }
+    }
 
     // The result cases: Quest + top-p against both peers, Quest alone against the pages.
     let mut out = vec![];
@@ -408,6 +474,7 @@ fn run_shape(
             json!({
                 "pipeline": name,
                 "stages_us": t.stages_json(),
+                "device_table": device[name],
                 "budgets": stats(&t.budgets),
                 "budgets_by_kind": budgets_by_kind(shape, &spec.heads, &t.budgets),
                 "seed": o.seed,
