@@ -72,6 +72,17 @@ pub fn quantize(k: &[f16], kv: &KvShape, bits: u32) -> QuantizedRows {
 /// contiguous block of items a thread): the references' rows are independent, and at the
 /// checks' sizes (sequences of 32k tokens) one core makes them the slowest part of a check.
 /// A panic in `f` is the caller's.
+///
+/// ```
+/// use dusk_kernels::reference::par_map;
+/// let mut out = vec![0u32; 12];
+/// let sums = par_map(out.chunks_mut(3).collect(), |i, row| {
+///     row.fill(i as u32);
+///     3 * i
+/// });
+/// assert_eq!(sums, [0, 3, 6, 9]);
+/// assert_eq!(out, [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]);
+/// ```
 pub fn par_map<I: Send, R: Send>(items: Vec<I>, f: impl Fn(usize, I) -> R + Sync) -> Vec<R> {
     let n = items.len();
     let threads = std::thread::available_parallelism().map_or(1, |c| c.get());
