@@ -96,18 +96,6 @@ pub fn run_staged(
     Ok(Staged { got, quantized })
 }
 
-/// Plans `method` over `cache` (a batch of its own), prepares it and runs it stage by
-/// stage ([`run_staged`]).
-pub fn plan_and_run_staged(
-    dusk: &Dusk,
-    method: &Method,
-    cache: &SyntheticCache,
-) -> Result<Staged, Box<dyn Error>> {
-    let mut plan = method.pipeline.plan(dusk, shape(cache), &cache.table)?;
-    plan.prepare_kv(dusk, &cache.k, &cache.v)?;
-    run_staged(dusk, &mut plan, cache)
-}
-
 /// One pipeline's checks.
 pub struct MethodCheck {
     pub method: String,
@@ -121,12 +109,21 @@ impl MethodCheck {
     }
 }
 
+impl Staged {
+    /// The bits of the INT4 (or INT8) copy of K the step made, if it made one.
+    pub fn quantized_bits(&self, method: &Method) -> Option<u32> {
+        self.quantized.as_ref().map(|_| method.pipeline.bits())
+    }
+}
+
 /// Compares what `method`'s step wrote on `batch` with the reference of its algorithm,
-/// stage by stage.
+/// stage by stage; `quantized` is the host quantizer's copy of `batch`'s K at the
+/// pipeline's bits (made once for all pipelines), needed when the step made one.
 pub fn compare(
     method: &Method,
     staged: &Staged,
     batch: &HostBatch,
+    quantized: Option<&QuantizedRows>,
 ) -> Result<MethodCheck, Box<dyn Error>> {
     let (kv, table, hq) = (&batch.kv, &batch.table, batch.num_q_heads);
     let (q, k, v) = (&batch.q[..], &batch.k[..], &batch.v[..]);
@@ -187,12 +184,8 @@ pub fn compare(
     };
     let mut stages = vec![];
     if let Some(got) = &staged.quantized {
-        stages.push(check_quantize(
-            got,
-            &reference::quantize(k, kv, bits),
-            kv,
-            bits,
-        ));
+        let want = quantized.ok_or("no host quantizer's copy of K given to compare")?;
+        stages.push(check_quantize(got, want, kv, bits));
     }
     stages.extend(pref::check(&host, &batch.inputs(), &staged.got));
     Ok(MethodCheck {
@@ -211,14 +204,30 @@ pub fn check_quantize(
     bits: u32,
 ) -> StageCheck {
     let d = kv.head_dim;
+    let row_bytes = d * bits as usize / 8;
     let (mut worst, mut detail) = (0.0f64, None);
-    for r in 0..want.scale.len() {
-        let step = want.scale[r].to_f64().max(f64::MIN_POSITIVE);
+    if got.scale.len() != want.scale.len() || got.packed.len() != want.packed.len() {
+        return StageCheck {
+            stage: "quantize (steps)",
+            error: f64::INFINITY,
+            tolerance: 1.0,
+            detail: Some(format!(
+                "{} rows, {} expected",
+                got.scale.len(),
+                want.scale.len()
+            )),
+        };
+    }
+    let rows = (got.packed.chunks(row_bytes.max(1))).zip(want.packed.chunks(row_bytes.max(1)));
+    for (r, (g, w)) in rows.enumerate() {
+        // Each side's dequantized value, as `reference::dequant` makes it.
+        let (gs, gz) = (got.scale[r].to_f64(), got.zero[r].to_f64());
+        let (ws, wz) = (want.scale[r].to_f64(), want.zero[r].to_f64());
+        let step = ws.max(f64::MIN_POSITIVE);
         for i in 0..d {
-            let diff = (reference::dequant(got, d, bits, r, i)
-                - reference::dequant(want, d, bits, r, i))
-            .abs()
-                / step;
+            let a = reference::code(g, i, bits) as f64 * gs + gz;
+            let b = reference::code(w, i, bits) as f64 * ws + wz;
+            let diff = (a - b).abs() / step;
             if diff > worst || diff.is_nan() {
                 worst = if diff.is_nan() { f64::INFINITY } else { diff };
                 detail = Some(format!("K row {r}, element {i}: {diff} steps off"));

@@ -4,12 +4,13 @@
 //! against dense attention and its time per step gathered as `MethodResult`s for the table
 //! (`report.rs`) and the plot (`plot.rs`), and the claims measured on them (`claims.rs`).
 
-use super::check::{compare, plan_and_run_staged, run_staged, shape, HostBatch, MethodCheck};
+use super::check::{compare, run_staged, shape, HostBatch, MethodCheck};
 use super::claims::{self, Claim};
 use super::methods::{methods, Method, QUARTER};
 use super::plot::budget_plot;
 use super::report::{kind_table, row_errors, table, MethodResult};
 use dusk::kernels::pipeline::{DsSelect, SparqSelect};
+use dusk::kernels::reference::{quantize, QuantizedRows};
 use dusk::kernels::selectors::{Budget, DsCalibration, DsOptions, SparqOptions};
 use dusk::kernels::synthetic::{reference, HeadProfile, SyntheticCache, SyntheticSpec};
 use dusk::runtime::TimeConfig;
@@ -128,9 +129,14 @@ pub struct Job {
     /// How each step was timed (`graph`, `queued`, `cpu`), and why a graph was not used
     /// where one was tried and failed.
     pub timing: Vec<String>,
-    /// Seconds spent making the batches; planning (compiling kernels on first use) and
-    /// running the checks' stages; comparing with the references; stepping and timing.
-    pub seconds: [f64; 4],
+    /// Seconds spent making the batches; planning (loading kernels on first use: from the
+    /// bundle, or compiled by LLVM); running the checks' stages; comparing with the
+    /// references; stepping and timing.
+    pub seconds: [f64; 5],
+    /// The kernels the plans loaded, and how many of them the `Dusk`'s bundle holds: on a
+    /// GPU those are its PTX, the rest compiled by LLVM; the interpreter runs every one.
+    pub kernels: (usize, usize),
+    pub on_gpu: bool,
 }
 
 impl Job {
@@ -165,7 +171,7 @@ pub fn run(dusk: &Dusk, o: &Options) -> Res<Job> {
         None
     };
     let checked = HostBatch::download(check_cache.as_ref().unwrap_or(&batch))?;
-    let mut seconds = [start.elapsed().as_secs_f64(), 0.0, 0.0, 0.0];
+    let mut seconds = [start.elapsed().as_secs_f64(), 0.0, 0.0, 0.0, 0.0];
 
     std::fs::create_dir_all(&o.out)?;
     let calibration = calibrate(&spec, DS_SAMPLES)?;
@@ -203,11 +209,21 @@ pub fn run(dusk: &Dusk, o: &Options) -> Res<Job> {
         let start = Instant::now();
         let mut plan = m.pipeline.plan(dusk, shape(&batch), &batch.table)?;
         plan.prepare_kv(dusk, &batch.k, &batch.v)?;
-        staged.push(match &check_cache {
-            None => run_staged(dusk, &mut plan, &batch)?,
-            Some(c) => plan_and_run_staged(dusk, m, c)?,
-        });
+        let check_plan = match &check_cache {
+            Some(c) => {
+                let mut p = m.pipeline.plan(dusk, shape(c), &c.table)?;
+                p.prepare_kv(dusk, &c.k, &c.v)?;
+                Some((p, c))
+            }
+            None => None,
+        };
         seconds[1] += start.elapsed().as_secs_f64();
+        let start = Instant::now();
+        staged.push(match check_plan {
+            None => run_staged(dusk, &mut plan, &batch)?,
+            Some((mut p, c)) => run_staged(dusk, &mut p, c)?,
+        });
+        seconds[2] += start.elapsed().as_secs_f64();
         let start = Instant::now();
         let mut out = dev.alloc::<f16>(batch.q.len())?;
         let mut lse = dev.alloc::<f32>(batch.q.len() / HEAD_DIM)?;
@@ -221,7 +237,7 @@ pub fn run(dusk: &Dusk, o: &Options) -> Res<Job> {
         timed.dedup();
         let budgets: Vec<usize> = plan.budgets()?.iter().map(|b| *b as usize).collect();
         let got: Vec<f32> = out.download()?.iter().map(|x| x.to_f32()).collect();
-        seconds[3] += start.elapsed().as_secs_f64();
+        seconds[4] += start.elapsed().as_secs_f64();
         let reference = dense.get_or_insert_with(|| got.iter().map(|x| *x as f64).collect());
         results.push(MethodResult {
             name: m.name.clone(),
@@ -238,18 +254,41 @@ pub fn run(dusk: &Dusk, o: &Options) -> Res<Job> {
         i += 1;
     }
 
-    // The references, one pipeline a thread (they read the host batch alone).
+    let loaded = dusk.loaded_kernels();
+    let bundled = loaded
+        .iter()
+        .filter(|k| dusk.bundle_entry(k.ir()).is_some())
+        .count();
+
+    // The references, one pipeline a thread (they read the host batch alone, and spread
+    // their rows over the cores); the host quantizer's copy of K once for all of them.
     let start = Instant::now();
+    let mut quantized: Vec<(u32, QuantizedRows)> = vec![];
+    for bits in queue
+        .iter()
+        .zip(&staged)
+        .filter_map(|(m, st)| st.quantized_bits(m))
+    {
+        if !quantized.iter().any(|(b, _)| *b == bits) {
+            quantized.push((bits, quantize(&checked.k, &checked.kv, bits)));
+        }
+    }
+    let copy_at = |m: &Method| {
+        let bits = m.pipeline.bits();
+        quantized.iter().find(|(b, _)| *b == bits).map(|(_, q)| q)
+    };
     let checks = std::thread::scope(|s| {
         let threads: Vec<_> = (queue.iter().zip(&staged))
-            .map(|(m, st)| s.spawn(|| compare(m, st, &checked).map_err(|e| e.to_string())))
+            .map(|(m, st)| {
+                s.spawn(|| compare(m, st, &checked, copy_at(m)).map_err(|e| e.to_string()))
+            })
             .collect();
         threads
             .into_iter()
             .map(|t| t.join().map_err(|_| "a check panicked".to_string())?)
             .collect::<Result<Vec<MethodCheck>, String>>()
     })?;
-    seconds[2] = start.elapsed().as_secs_f64();
+    seconds[3] = start.elapsed().as_secs_f64();
     let kinds: Vec<&'static str> = (0..o.kv_heads)
         .map(|h| spec.heads[h * group].kind())
         .collect();
@@ -274,6 +313,8 @@ pub fn run(dusk: &Dusk, o: &Options) -> Res<Job> {
         check_seqs: checked.table.batch(),
         files: vec![cal_path],
         seconds,
+        kernels: (loaded.len(), bundled),
+        on_gpu: dev.is_gpu(),
         timing: timed,
         spec,
     };
@@ -328,6 +369,27 @@ impl Job {
     }
 }
 
+impl Job {
+    /// Where the job's time went, in one line.
+    pub fn time_line(&self) -> String {
+        let [made, planned, staged, compared, stepped] = self.seconds;
+        let (n, b) = self.kernels;
+        let loaded = if self.on_gpu {
+            format!(
+                "{n} kernels: {b} from the bundle, {} compiled by LLVM",
+                n - b
+            )
+        } else {
+            format!("{n} kernels, interpreted; the bundle holds {b}")
+        };
+        format!(
+            "time: {made:.1} s making the batches, {planned:.1} s planning ({loaded}), \
+             {staged:.1} s running the checks' stages, {compared:.1} s comparing with the \
+             references, {stepped:.1} s stepping and timing"
+        )
+    }
+}
+
 impl fmt::Display for Job {
     /// The checks (one line per pipeline), the tables and claims, the files, the verdict.
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -358,13 +420,7 @@ impl fmt::Display for Job {
         for p in &self.files {
             writeln!(f, "wrote {}", p.display())?;
         }
-        let [made, staged, compared, stepped] = self.seconds;
-        writeln!(
-            f,
-            "time: {made:.1} s making the batches, {staged:.1} s planning (compiling kernels \
-             on first use) and running the checks' stages, {compared:.1} s comparing with \
-             the references, {stepped:.1} s stepping and timing"
-        )?;
+        writeln!(f, "{}", self.time_line())?;
         let failed = self.checks.iter().filter(|c| !c.passed()).count();
         write!(
             f,

@@ -27,11 +27,17 @@ pub fn quantize(k: &[f16], kv: &KvShape, bits: u32) -> QuantizedRows {
         scale: vec![f16::ZERO; rows],
         zero: vec![f16::ZERO; rows],
     };
-    for page in 0..kv.num_pages {
+    // A page's rows are contiguous in the head-major copy: one item a page.
+    let page_rows = kv.num_kv_heads * kv.page_size;
+    let pages: Vec<_> = (out.packed.chunks_mut(page_rows * row_bytes))
+        .zip(out.scale.chunks_mut(page_rows))
+        .zip(out.zero.chunks_mut(page_rows))
+        .collect();
+    par_map(pages, |page, ((packed, scale), zero)| {
         for slot in 0..kv.page_size {
             for head in 0..kv.num_kv_heads {
                 let src = kv.k_row(page, slot, head);
-                let dst = kv.quantized_row(page, slot, head);
+                let dst = kv.quantized_row(page, slot, head) - page * page_rows;
                 let x: Vec<f32> = k[src * head_dim..(src + 1) * head_dim]
                     .iter()
                     .map(|v| v.to_f32())
@@ -40,13 +46,13 @@ pub fn quantize(k: &[f16], kv: &KvShape, bits: u32) -> QuantizedRows {
                 let lo = x.iter().copied().fold(f32::INFINITY, f32::min);
                 let scale16 = f16::from_f32((hi - lo) / levels);
                 let zero16 = f16::from_f32(lo);
-                let (scale, zero) = (scale16.to_f32(), zero16.to_f32());
-                let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+                let (s, z) = (scale16.to_f32(), zero16.to_f32());
+                let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
                 let codes: Vec<u8> = x
                     .iter()
-                    .map(|v| ((v - zero) * inv + 0.5).clamp(0.0, levels) as u8)
+                    .map(|v| ((v - z) * inv + 0.5).clamp(0.0, levels) as u8)
                     .collect();
-                let bytes = &mut out.packed[dst * row_bytes..(dst + 1) * row_bytes];
+                let bytes = &mut packed[dst * row_bytes..(dst + 1) * row_bytes];
                 if bits == 4 {
                     for (j, byte) in bytes.iter_mut().enumerate() {
                         *byte = codes[2 * j] | (codes[2 * j + 1] << 4);
@@ -54,12 +60,64 @@ pub fn quantize(k: &[f16], kv: &KvShape, bits: u32) -> QuantizedRows {
                 } else {
                     bytes.copy_from_slice(&codes);
                 }
-                out.scale[dst] = scale16;
-                out.zero[dst] = zero16;
+                scale[dst] = scale16;
+                zero[dst] = zero16;
             }
         }
-    }
+    });
     out
+}
+
+/// `f(i, item)` for every item, the results in order, on the machine's cores (a
+/// contiguous block of items a thread): the references' rows are independent, and at the
+/// checks' sizes (sequences of 32k tokens) one core makes them the slowest part of a check.
+/// A panic in `f` is the caller's.
+///
+/// ```
+/// use dusk_kernels::reference::par_map;
+/// let mut out = vec![0u32; 12];
+/// let sums = par_map(out.chunks_mut(3).collect(), |i, row| {
+///     row.fill(i as u32);
+///     3 * i
+/// });
+/// assert_eq!(sums, [0, 3, 6, 9]);
+/// assert_eq!(out, [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]);
+/// ```
+pub fn par_map<I: Send, R: Send>(items: Vec<I>, f: impl Fn(usize, I) -> R + Sync) -> Vec<R> {
+    let n = items.len();
+    let threads = std::thread::available_parallelism().map_or(1, |c| c.get());
+    if threads < 2 || n < 2 {
+        return items
+            .into_iter()
+            .enumerate()
+            .map(|(i, x)| f(i, x))
+            .collect();
+    }
+    let per = n.div_ceil(threads.min(n));
+    let mut items = items.into_iter().enumerate();
+    std::thread::scope(|s| {
+        let f = &f;
+        let blocks: Vec<_> = (0..n.div_ceil(per))
+            .map(|_| {
+                let block: Vec<(usize, I)> = items.by_ref().take(per).collect();
+                s.spawn(move || block.into_iter().map(|(i, x)| f(i, x)).collect::<Vec<R>>())
+            })
+            .collect();
+        blocks
+            .into_iter()
+            .flat_map(|b| b.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    })
+}
+
+/// `out` cut into consecutive slices of the given lengths (the rest dropped).
+fn split_rows<T>(mut out: &mut [T], lens: impl Iterator<Item = usize>) -> Vec<&mut [T]> {
+    lens.map(|n| {
+        let (row, rest) = std::mem::take(&mut out).split_at_mut(n);
+        out = rest;
+        row
+    })
+    .collect()
 }
 
 /// Code `i` of a packed row.
@@ -92,24 +150,32 @@ pub fn spgemv(
     let group = num_q_heads / kv.num_kv_heads;
     let d = kv.head_dim;
     let mut out = vec![0.0; cand.indices.len() * group];
-    for r in 0..cand.rows() {
+    let first = cand.indptr.first().map_or(0, |i| *i as usize) * group;
+    let lens = (0..cand.rows()).map(|r| cand.row(r).len() * group);
+    let rows = split_rows(&mut out[first..], lens);
+    par_map(rows, |r, out| {
         let (b, h) = (r / kv.num_kv_heads, r % kv.num_kv_heads);
-        let start = cand.indptr[r] as usize;
         let toks = cand.row(r);
+        let qrows: Vec<Vec<f64>> = (0..group)
+            .map(|g| {
+                let qrow = &q[(b * num_q_heads + h * group + g) * d..][..d];
+                qrow.iter().map(|x| x.to_f64()).collect()
+            })
+            .collect();
+        let mut krow = vec![0.0; d];
         for (j, &pos) in toks.iter().enumerate() {
             let pos = pos as usize;
             let page =
                 table.kv_page_indices[table.kv_indptr[b] as usize + pos / kv.page_size] as usize;
-            let krow = kv.quantized_row(page, pos % kv.page_size, h);
-            for g in 0..group {
-                let qrow = &q[(b * num_q_heads + h * group + g) * d..][..d];
-                let s: f64 = (0..d)
-                    .map(|i| qrow[i].to_f64() * dequant(qk, d, bits, krow, i))
-                    .sum();
-                out[start * group + g * toks.len() + j] = s;
+            let row = kv.quantized_row(page, pos % kv.page_size, h);
+            for (i, x) in krow.iter_mut().enumerate() {
+                *x = dequant(qk, d, bits, row, i);
+            }
+            for (g, qrow) in qrows.iter().enumerate() {
+                out[g * toks.len() + j] = (0..d).map(|i| qrow[i] * krow[i]).sum();
             }
         }
-    }
+    });
     out
 }
 
@@ -304,12 +370,13 @@ pub fn check_kept(
 /// over the positions `tokens[b * num_q_heads + h]` of sequence `b`, softmax scaled by
 /// `scale`. Returns the outputs (`[batch * num_q_heads, D]`) and the natural-log LSE per
 /// row; an empty row gives zeros and `-inf`. With `sparq = Some((alpha, v_mean))` the
-/// output is `alpha * y + (1 - alpha) * v_mean[b, kv head]`.
+/// output is `alpha * y + (1 - alpha) * v_mean[b, kv head]`. The inputs in any type that
+/// converts to f64 exactly (f32, f16: a cache need not be copied to f32 first).
 #[allow(clippy::too_many_arguments)]
-pub fn attention(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+pub fn attention<Q: Copy + Into<f64> + Sync, T: Copy + Into<f64> + Sync>(
+    q: &[Q],
+    k: &[T],
+    v: &[T],
     num_q_heads: usize,
     kv: &KvShape,
     table: &PageTable,
@@ -320,11 +387,11 @@ pub fn attention(
     let d = kv.head_dim;
     let group = num_q_heads / kv.num_kv_heads;
     let mut out = vec![0.0; tokens.len() * d];
-    let mut lse = vec![f64::NEG_INFINITY; tokens.len()];
-    for (r, toks) in tokens.iter().enumerate() {
+    let lse = par_map(out.chunks_mut(d.max(1)).collect(), |r, y| {
+        let toks = &tokens[r];
         let (b, h) = (r / num_q_heads, r % num_q_heads);
         let kvh = h / group;
-        let qrow = &q[r * d..(r + 1) * d];
+        let qrow: Vec<f64> = q[r * d..(r + 1) * d].iter().map(|x| (*x).into()).collect();
         let rows: Vec<usize> = toks
             .iter()
             .map(|&pos| {
@@ -336,24 +403,19 @@ pub fn attention(
             .collect();
         let s: Vec<f64> = rows
             .iter()
-            .map(|&o| {
-                (0..d)
-                    .map(|i| qrow[i] as f64 * k[o + i] as f64)
-                    .sum::<f64>()
-                    * scale
-            })
+            .map(|&o| (0..d).map(|i| qrow[i] * k[o + i].into()).sum::<f64>() * scale)
             .collect();
-        let y = &mut out[r * d..(r + 1) * d];
+        let mut lse = f64::NEG_INFINITY;
         if !s.is_empty() {
             let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
             let sum: f64 = w.iter().sum();
             for (wi, &o) in w.iter().zip(&rows) {
                 for i in 0..d {
-                    y[i] += wi / sum * v[o + i] as f64;
+                    y[i] += wi / sum * v[o + i].into();
                 }
             }
-            lse[r] = m + sum.ln();
+            lse = m + sum.ln();
         }
         if let Some((alpha, v_mean)) = sparq {
             let a = alpha[r] as f64;
@@ -362,6 +424,7 @@ pub fn attention(
                 y[i] = a * y[i] + (1.0 - a) * vm[i] as f64;
             }
         }
-    }
+        lse
+    });
     (out, lse)
 }

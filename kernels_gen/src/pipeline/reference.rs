@@ -399,11 +399,10 @@ pub fn attend(
             lists.row(b * kv.num_kv_heads + h / group).to_vec()
         })
         .collect();
-    let f = |x: &[f16]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
     host::attention(
-        &f(q),
-        &f(k),
-        &f(v),
+        q,
+        k,
+        v,
         num_q_heads,
         kv,
         table,
