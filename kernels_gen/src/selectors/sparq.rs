@@ -690,13 +690,15 @@ fn runs(
 }
 
 /// What a score kernel writes (see `sparq_score`), sized for one plan's rows and tiles of
-/// `tile` tokens: the tokens' scores and the tiles' softmax statistics.
+/// `tile` tokens: the tokens' scores, the tiles' softmax statistics and each head's logits
+/// of the rows' staged tokens.
 pub struct ScoreOutputs {
     tile: usize,
     tiles: usize,
     scores: Buffer<f32>,
     stat_max: Buffer<f32>,
     stat_sum: Buffer<f32>,
+    staged_logits: Buffer<f32>,
 }
 
 impl ScoreOutputs {
@@ -722,6 +724,7 @@ impl ScoreOutputs {
             scores: dev.alloc(shape.num_scores())?,
             stat_max: dev.alloc(stats)?,
             stat_sum: dev.alloc(stats)?,
+            staged_logits: dev.alloc(shape.rows() * group * SPARQ_RUN)?,
         })
     }
 
@@ -730,6 +733,7 @@ impl ScoreOutputs {
         d.fill_bytes(&mut self.scores, byte)?;
         d.fill_bytes(&mut self.stat_max, byte)?;
         d.fill_bytes(&mut self.stat_sum, byte)?;
+        d.fill_bytes(&mut self.staged_logits, byte)?;
         Ok(())
     }
 
@@ -752,6 +756,12 @@ impl ScoreOutputs {
     /// Each tile's and head's `sum exp(l - max)`, as [`ScoreOutputs::stat_max`].
     pub fn stat_sum(&self) -> &Buffer<f32> {
         &self.stat_sum
+    }
+    /// Each head's logits of each row's staged tokens (those past its finished runs), at
+    /// `(row * group + head) * 16 + t` for its token `closed + t`: what alpha's numerators
+    /// read for them, rather than the copy.
+    pub fn staged_logits(&self) -> &Buffer<f32> {
+        &self.staged_logits
     }
 }
 
@@ -957,6 +967,7 @@ impl SparqPlan {
             Arg::from(&out.scores),
             Arg::from(&out.stat_max),
             Arg::from(&out.stat_sum),
+            Arg::from(&out.staged_logits),
             Arg::I32(kv.num_kv_heads as i32),
             Arg::I32(kv.head_dim as i32),
             Arg::I32(self.options.r as i32),
@@ -980,7 +991,6 @@ impl SparqPlan {
         let rows = self.topk.shape().rows() as u32;
         let args = [
             Arg::from(&self.state.k_t),
-            Arg::from(&self.state.k_open),
             Arg::from(&self.blk_indptr),
             Arg::from(&self.blk_indices),
             Arg::from(&self.tok_indptr),
@@ -988,6 +998,7 @@ impl SparqPlan {
             Arg::from(&self.qs),
             Arg::from(&self.out.scores),
             Arg::from(&self.out.stat_max),
+            Arg::from(&self.out.staged_logits),
             Arg::from(self.topk.sel_item_indptr()),
             Arg::from(self.topk.sel_items()),
             Arg::from(&self.numerators),

@@ -474,11 +474,12 @@ pub fn row_max<const G: usize, const BLOCK: usize>(
 /// table, `blk_indptr`, `blk_indices`: blocks of `2^LOG_BS` tokens, so that a component of
 /// the tile is read in runs of contiguous slots, 16-byte loads; the row's unfinished run,
 /// fewer than [`SPARQ_RUN`] tokens past [`closed_tokens`], from its staged rows in
-/// `k_open`, in the one tile that holds them). Writes the tokens' scores
-/// `sum_g l_g` (f32, row `(b, h)` at `tok_indptr[b] * num_kv_heads + h * len_b`, the top-k's
-/// layout) and per head the tile's logit max and `sum exp(l - max)` (`stat_max`,
-/// `stat_sum` at `(row * max_tiles + tile) * G + g`). The heads' logits themselves are not
-/// written: alpha computes those of the kept tokens again ([`sparq_mass`]). Grid: `(batch *
+/// `k_open`, in the tile that holds them). Writes the tokens' scores `sum_g l_g` (f32, row
+/// `(b, h)` at `tok_indptr[b] * num_kv_heads + h * len_b`, the top-k's layout) and per head
+/// the tile's logit max and `sum exp(l - max)` (`stat_max`, `stat_sum` at `(row *
+/// max_tiles + tile) * G + g`). The heads' logits are written for the staged tokens only
+/// (`staged_logits[(row * G + g) * 16 + t]` for token `closed + t`): alpha computes those
+/// of the other kept tokens again from the copy ([`sparq_mass`]). Grid: `(batch *
 /// num_kv_heads, ceil(longest sequence / TILE))`, one warp a program.
 #[kernel(crate = "crate::dusk_paths", num_warps = 1)]
 #[allow(clippy::too_many_arguments)]
@@ -499,6 +500,7 @@ pub fn sparq_score<
     scores: Ptr<f32>,
     stat_max: Ptr<f32>,
     stat_sum: Ptr<f32>,
+    staged_logits: Ptr<f32>,
     num_kv_heads: i32,
     head_dim: i32,
     r: i32,
@@ -535,6 +537,9 @@ pub fn sparq_score<
             let rows = ((row as i64) * 16 + (arange(0, 16) as i64)) * (head_dim as i64);
             let o = group_logits::<G, RP, CH, 16, 0>(k_open, dims, qs, row, r, rows);
             store(scores + (at + (open as i64)), sum(o, 0), staged);
+            let heads = (row * G + arange(0, G)) * 16;
+            let per_head = expand(heads, 1, 16) + expand(arange(0, 16), 0, G);
+            store(staged_logits + per_head, o, expand(staged, 0, G));
             lo = where_(expand(staged, 0, G), o, f32::NEG_INFINITY);
         }
         let m = maximum(max(l, 1), max(lo, 1));
@@ -551,8 +556,10 @@ pub fn sparq_score<
 /// them, `max` the row's largest logit (from the tiles' statistics, `tiles_per_row` tiles
 /// of `tile` tokens), into `mass[(row * max_chunks + chunk) * G + g]`. With one head the
 /// logits are the scores; with several, each head's logits of the kept tokens are computed
-/// again from `k_t` (those of the unfinished run from `k_open`), as [`sparq_score`]
-/// computed them ([`group_logits`]: `r` components of each kept token, 2-byte gathers). A chunk past the row's kept tokens writes nothing;
+/// again from `k_t`, as [`sparq_score`] computed them ([`group_logits`]: `r` components of
+/// each kept token, 2-byte gathers), and those of the row's staged tokens (not in `k_t`)
+/// read from what the scoring wrote (`staged_logits`, `(row * G + g) * 16 + t` for token
+/// `closed + t`). A chunk past the row's kept tokens writes nothing;
 /// kept items outside the sequence (device-written) count for nothing. Grid: `(batch *
 /// num_kv_heads, max_chunks)`, one warp a program.
 #[kernel(crate = "crate::dusk_paths", num_warps = 1)]
@@ -565,7 +572,6 @@ pub fn sparq_mass<
     const LOG_BS: usize,
 >(
     k_t: Ptr<f16>,
-    k_open: Ptr<f16>,
     blk_indptr: Ptr<i32>,
     blk_indices: Ptr<i32>,
     tok_indptr: Ptr<i32>,
@@ -573,6 +579,7 @@ pub fn sparq_mass<
     qs: Ptr<f32>,
     scores: Ptr<f32>,
     stat_max: Ptr<f32>,
+    staged_logits: Ptr<f32>,
     sel_item_indptr: Ptr<i32>,
     sel_items: Ptr<i32>,
     mass: Ptr<f32>,
@@ -597,6 +604,10 @@ pub fn sparq_mass<
         let listed = i < kept;
         let token = load(sel_items + (lo + i), listed, 0);
         let ok = listed & (token >= 0) & (token < n);
+        // A kept token's place, the one block kept across the logits: -1 none (past the
+        // list, or outside the sequence), 0 in the copy, 1 + t the staged token closed + t.
+        let closed = closed_tokens(n, 1 << LOG_BS);
+        let place = where_(ok, where_(token < closed, 0, token - closed + 1), -1);
         let mut l = zeros::<f32>([G, CHUNK]);
         if G > 1 {
             // A token outside the sequence reads block 0, slot 0.
@@ -607,21 +618,17 @@ pub fn sparq_mass<
             let base = ((blk as i64) * (num_kv_heads as i64) + (h as i64)) * (head_dim as i64);
             let cols = base * (1 << LOG_BS) + (slot as i64);
             l = group_logits::<G, RP, CH, CHUNK, LOG_BS>(k_t, dims, qs, row, r, cols);
-            // Kept tokens of the unfinished run: their logits from the staged rows.
-            let closed = closed_tokens(n, 1 << LOG_BS);
-            let staged = ok & (token >= closed);
-            if max(where_(staged, 1, 0), 0) > 0 {
-                let at = (row as i64) * 16 + (where_(staged, token - closed, 0) as i64);
-                let rows = at * (head_dim as i64);
-                let o = group_logits::<G, RP, CH, CHUNK, 0>(k_open, dims, qs, row, r, rows);
-                l = where_(expand(staged, 0, G), o, l);
-            }
+            // Kept tokens of the unfinished run (not in the copy): the scoring's logits.
+            let staged = expand(place > 0, 0, G);
+            let heads = (row * G + arange(0, G)) * 16 - 1;
+            let at = expand(heads, 1, CHUNK) + expand(place, 0, G);
+            l = where_(staged, load(staged_logits + at, staged, 0.0), l);
         } else {
             let at = (first * num_kv_heads + h * n) as i64 + (token as i64);
             l = expand(load(scores + at, ok, 0.0), 0, G);
         }
         let w = exp2((l - expand(top, 1, CHUNK)) * 1.4426950408889634);
-        let part = sum(where_(expand(ok, 0, G), w, 0.0), 1);
+        let part = sum(where_(expand(place >= 0, 0, G), w, 0.0), 1);
         store(mass + ((row * max_chunks + chunk) * G + arange(0, G)), part);
     }
 }
