@@ -819,7 +819,13 @@ fn bad_arguments_are_typed_errors() {
         ..entry
     };
     assert_eq!(upd(staged), None);
-    assert_eq!(upd(SparqEntry { count: 13, ..staged }), None);
+    assert_eq!(
+        upd(SparqEntry {
+            count: 13,
+            ..staged
+        }),
+        None
+    );
     assert_eq!(upd(SparqEntry { stage: 2, ..staged }), Some("stages"));
     let two = || dev.upload(&[0, 0]).unwrap();
     let one = || dev.upload(&[0]).unwrap();

@@ -235,7 +235,11 @@ impl AppendBench {
                 last_pages,
             });
         }
-        let last_lens = case.lens().iter().map(|n| ((n - 1) % ps + 1) as i32).collect();
+        let last_lens = case
+            .lens()
+            .iter()
+            .map(|n| ((n - 1) % ps + 1) as i32)
+            .collect();
         Ok(AppendBench {
             case: *case,
             kv,

@@ -674,7 +674,11 @@ fn runs(
     let mut t = tokens.start;
     while t < tokens.end {
         let split = if t < staged { staged } else { tokens.end };
-        let end = tokens.end.min((t / ps + 1) * ps).min((t / bs + 1) * bs).min(split);
+        let end = tokens
+            .end
+            .min((t / ps + 1) * ps)
+            .min((t / bs + 1) * bs)
+            .min(split);
         out.push(SparqEntry {
             page: table.kv_page_indices[table.kv_indptr[b] as usize + t / ps],
             start: (t % ps) as i32,
@@ -682,7 +686,11 @@ fn runs(
             seq: b as i32,
             block: blocks.kv_page_indices[blocks.kv_indptr[b] as usize + t / bs],
             block_start: (t % bs) as i32,
-            stage: if t < staged { -1 } else { (t % state.run()) as i32 },
+            stage: if t < staged {
+                -1
+            } else {
+                (t % state.run()) as i32
+            },
         });
         t = end;
     }

@@ -246,7 +246,7 @@ impl SparqBench {
             let grid = [n.div_ceil(FILL_BLOCK) as u32, 1, 1];
             let seed = key_seed.wrapping_add(set as i32);
             fill_keys::launch::<FILL_BLOCK>(dev, &fill, grid, state.k_t(), n as i64, seed)?;
-            if case.context % state.run() != 0 {
+            if !case.context.is_multiple_of(state.run()) {
                 state
                     .k_open_mut()
                     .copy_from_host(&staged_keys(&kv, &blocks, bs, seed))?;

@@ -327,10 +327,21 @@ pub fn sparq_update<const D: usize>(
         for j in 0..count {
             let offs = (token0 + (j as i64) * (num_kv_heads as i64)) * D + comps;
             if stage < 0 {
-                sparq_store_key::<D>(k_t, block, to + j, h, num_kv_heads, block_size, load(k + offs));
+                sparq_store_key::<D>(
+                    k_t,
+                    block,
+                    to + j,
+                    h,
+                    num_kv_heads,
+                    block_size,
+                    load(k + offs),
+                );
             }
             if (stage >= 0) & !closes {
-                store(k_open + (staged_at + ((stage + j) as i64) * D + comps), load(k + offs));
+                store(
+                    k_open + (staged_at + ((stage + j) as i64) * D + comps),
+                    load(k + offs),
+                );
             }
             acc = acc + load(v + offs) as f32;
         }

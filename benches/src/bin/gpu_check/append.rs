@@ -161,7 +161,11 @@ pub fn cases(
         ),
     ];
     for (prefix, selector, parts) in selectors {
-        let finish = if parts.sparq { &[false, true][..] } else { &[false] };
+        let finish = if parts.sparq {
+            &[false, true][..]
+        } else {
+            &[false]
+        };
         for &finish_runs in finish {
             for batch in [32usize, 64] {
                 for hkv in [8usize, 32] {
