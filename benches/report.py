@@ -71,7 +71,8 @@ def main():
             where = f" (run in the GPU machine's `{r['run_in']}`)" if r.get("run_in") else ""
             print(f"\nCommand{where}: `{r['command']}`")
         for commit, run in sorted((r.get("partial_runs") or {}).items()):
-            print(f"\nThe cases {run['cases'].split(' (')[0]} come from another run, at commit `{commit}` "
+            on = f" on the {run['device']}" if run.get("device") else ""
+            print(f"\nThe cases {run['cases'].split(' (')[0]} come from another run, at commit `{commit}`{on} "
                   f"({run['date']}, device copy bandwidth {run['copy_gbps']:.0f} GB/s): `{run['run_by']}`, "
                   f"whose gpu-check command was `{run['command']}`.")
         quest = [c for c in r["cases"] if "select_over_flashinfer_dense" in c]

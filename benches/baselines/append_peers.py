@@ -11,16 +11,21 @@ append (`kv_page_indices[kv_indptr[b + 1] - 1]`, slot `kv_last_page_len[b] - 1`)
 - one selector's state: Quest's page min and max (`[pages, kv_heads, 128]` f16) folded
   with the token (a page's first token starts them afresh; cases `append_*`), or Double
   Sparsity's labels (16 channels of K per KV head, `[pages, kv_heads, 16, 16]` f16, a
-  gather; `append_ds_*`), or SparQ's (`append_sparq_*`): K into the transposed copy
+  gather; `append_ds_*`), or SparQ's (`append_sparq_*`): the transposed copy
   (`[blocks, kv_heads, 128, 256]` f16, blocks of 256 tokens through a block table of their
-  own, scattered as the pages) at the token's position, and V added to the f32 sums of V
-  (`[batch, kv_heads, 128]`).
+  own, scattered as the pages) holds finished runs of 16 tokens, each sequence's
+  unfinished run is staged row-major (`[batch, kv_heads, 16, 128]` f16): a token that
+  finishes its run writes the run's 15 staged keys and its own into the copy, any other is
+  staged; V is added to the f32 sums of V (`[batch, kv_heads, 128]`).
 
-Sequence `b` holds `32768 - b % 16` tokens, as in dusk's benchmark (every slot of a page
-gets a new token, the first included). Timed by harness.py, the rule dusk's side follows
-too: each rotation set is its own page table (a random placement of the pages) and new
-tokens, `rotation_sets(bytes one step reads)` of them; the calls are captured in a CUDA
-graph and replayed between two events (queued where capture fails). Writes one JSON object
+In rotation set `i` sequence `b` holds `32768 - (b + i) % 16` tokens, as in dusk's
+benchmark (every slot of a page gets a new token, the first included; a sixteenth of the
+tokens finish a run of SparQ's copy); in the `append_sparq_finish_*` cases every sequence
+holds 32768, so every token finishes a run (SparQ's slowest step). Timed by harness.py,
+the rule dusk's side follows too: each rotation set is its own page table (a random
+placement of the pages), lengths and new tokens, `rotation_sets(bytes one step reads)` of
+them; the calls are captured in a CUDA graph and replayed between two events (queued where
+capture fails). Writes one JSON object
 with each case's time (`torch_us`), how it was timed (`torch_timing`) and its spread.
 
     python3 benches/baselines/append_peers.py --out append.json
@@ -38,16 +43,23 @@ import harness  # noqa: E402
 HEAD_DIM, PAGE = 128, 16
 
 
-LABELS, BLOCK = 16, 256
+LABELS, BLOCK, RUN = 16, 256, 16
 
 
-def case(selector, batch, q_heads, kv_heads, context, gen):
+def case(selector, batch, q_heads, kv_heads, context, gen, finish_runs=False):
     dev = "cuda"
-    lens = [context - b % PAGE for b in range(batch)]
+
+    def lens_at(i):
+        return [context if finish_runs else context - (b + i) % PAGE for b in range(batch)]
+
+    # Every set's sequences take as many pages and blocks (32768 - 15 .. 32768 tokens).
+    lens = lens_at(0)
     pages = [-(-n // PAGE) for n in lens]
     num_pages = sum(pages)
     blocks = [-(-n // BLOCK) for n in lens]
     num_blocks = sum(blocks)
+    assert all([-(-n // PAGE) for n in lens_at(i)] == pages for i in range(PAGE))
+    assert all([-(-n // BLOCK) for n in lens_at(i)] == blocks for i in range(PAGE))
     k_cache = torch.zeros(num_pages, PAGE, kv_heads, HEAD_DIM, dtype=torch.half, device=dev)
     v_cache = torch.zeros_like(k_cache)
     packed = torch.zeros(num_pages, kv_heads, PAGE, HEAD_DIM // 2, dtype=torch.uint8, device=dev)
@@ -64,29 +76,45 @@ def case(selector, batch, q_heads, kv_heads, context, gen):
         state["channels"] = channels.view(1, 1, LABELS).expand(batch, kv_heads, LABELS)
     else:
         state["k_t"] = torch.zeros(num_blocks, kv_heads, HEAD_DIM, BLOCK, dtype=torch.half, device=dev)
+        state["k_open"] = torch.zeros(batch, kv_heads, RUN, HEAD_DIM, dtype=torch.half, device=dev)
         state["v_sum"] = torch.zeros(batch, kv_heads, HEAD_DIM, dtype=torch.float, device=dev)
     ends = torch.tensor(pages, device=dev).cumsum(0)
     blk_ends = torch.tensor(blocks, device=dev).cumsum(0)
-    slot = torch.tensor([(n - 1) % PAGE for n in lens], device=dev)
-    blk_slot = torch.tensor([(n - 1) % BLOCK for n in lens], device=dev)
-    first = (slot == 0).view(-1, 1, 1)
+    heads = torch.arange(kv_heads, device=dev)
+    comps = torch.arange(HEAD_DIM, device=dev)
+    in_run = torch.arange(RUN, device=dev)
     # What one step reads (as dusk's AppendBench::read_bytes): the new K and V, the table's
     # entries it looks at, Quest's state of the pages whose new token is not their first,
-    # DS's channels, SparQ's block table entries and sums of V.
+    # DS's channels, SparQ's block table entries, sums of V and the staged keys of the runs
+    # finished.
     continued = sum(1 for n in lens if (n - 1) % PAGE != 0)
+    finishing = sum(1 for n in lens if n % RUN == 0)
     read_bytes = 2 * batch * kv_heads * HEAD_DIM * 2 + batch * 16
     read_bytes += {"quest": 2 * continued * kv_heads * HEAD_DIM * 2, "ds": kv_heads * LABELS * 4,
-                   "sparq": batch * 12 + batch * kv_heads * HEAD_DIM * 4}[selector]
+                   "sparq": batch * 12 + batch * kv_heads * HEAD_DIM * 4
+                   + finishing * kv_heads * (RUN - 1) * HEAD_DIM * 2}[selector]
     sets = harness.rotation_sets(read_bytes)
     inputs = []
-    for _ in range(sets):
+    for i in range(sets):
         page_ids = torch.randperm(num_pages, device=dev, generator=gen).int()
         blk_ids = torch.randperm(num_blocks, device=dev, generator=gen).int()
         k_new = (torch.rand(batch, kv_heads, HEAD_DIM, device=dev, generator=gen) * 6 - 3).half()
         v_new = (torch.rand(batch, kv_heads, HEAD_DIM, device=dev, generator=gen) * 6 - 3).half()
-        inputs.append((page_ids, blk_ids, k_new, v_new))
+        # The set's token places; SparQ's rows that stage their token and those that finish
+        # a run (known on the host, so the graph has no data-dependent shapes).
+        n = lens_at(i)
+        where = {
+            "slot": torch.tensor([(m - 1) % PAGE for m in n], device=dev),
+            "blk_slot": torch.tensor([(m - 1) % BLOCK for m in n], device=dev),
+            "staging": torch.tensor([b for b, m in enumerate(n) if m % RUN], device=dev, dtype=torch.long),
+            "finishing": torch.tensor([b for b, m in enumerate(n) if m % RUN == 0], device=dev,
+                                      dtype=torch.long),
+        }
+        inputs.append((page_ids, blk_ids, k_new, v_new, where))
 
-    def step(page_ids, blk_ids, k_new, v_new):
+    def step(page_ids, blk_ids, k_new, v_new, where):
+        slot, blk_slot = where["slot"], where["blk_slot"]
+        first = (slot == 0).view(-1, 1, 1)
         last = page_ids[ends - 1].long()  # each sequence's last page
         k_cache[last, slot] = k_new
         v_cache[last, slot] = v_new
@@ -108,11 +136,20 @@ def case(selector, batch, q_heads, kv_heads, context, gen):
             state["labels"][last, :, slot] = k_new.gather(-1, state["channels"])
         else:
             block = blk_ids[blk_ends - 1].long()  # the token's block: each sequence's last
-            state["k_t"][block, :, :, blk_slot] = k_new
+            s, f = where["staging"], where["finishing"]
+            if len(s):
+                state["k_open"][s.view(-1, 1), heads, (blk_slot[s] % RUN).view(-1, 1)] = k_new[s]
+            if len(f):
+                run = state["k_open"][f]  # [finishing, kv_heads, 16, 128], the new key last
+                run[:, :, RUN - 1] = k_new[f]
+                at = (blk_slot[f] - (RUN - 1)).view(-1, 1, 1, 1) + in_run
+                state["k_t"][block[f].view(-1, 1, 1, 1), heads.view(-1, 1, 1), comps.view(-1, 1), at] = \
+                    run.transpose(-1, -2)
             state["v_sum"] += v_new.float()
         return last
 
     last = step(*inputs[0])
+    slot = inputs[0][4]["slot"]
     assert torch.equal(k_cache[last, slot], inputs[0][2]), "the new K rows are in place"
     if selector == "quest":
         assert bool((state["min"][last] <= state["max"][last]).all()), "Quest's min below its max"
@@ -120,11 +157,16 @@ def case(selector, batch, q_heads, kv_heads, context, gen):
         assert torch.equal(state["labels"][last, :, slot], inputs[0][2][..., ::HEAD_DIM // LABELS]), "the labels"
     else:
         block = inputs[0][1][blk_ends - 1].long()
-        assert torch.equal(state["k_t"][block, :, :, blk_slot], inputs[0][2]), "the transposed K"
+        where, k_new = inputs[0][4], inputs[0][2]
+        s, f, blk_slot = where["staging"], where["finishing"], where["blk_slot"]
+        assert len(f) == (batch if finish_runs else batch // RUN), "a sixteenth of the tokens finish a run"
+        staged = state["k_open"][s.view(-1, 1), heads, (blk_slot[s] % RUN).view(-1, 1)]
+        assert torch.equal(staged, k_new[s]), "the staged K"
+        assert torch.equal(state["k_t"][block[f], :, :, blk_slot[f]], k_new[f]), "the transposed K"
     m = harness.measure([lambda s=s: step(*s) for s in inputs])
     del k_cache, v_cache, packed, scale, zero, state, inputs
     torch.cuda.empty_cache()
-    prefix = "" if selector == "quest" else selector + "_"
+    prefix = "" if selector == "quest" else selector + ("_finish_" if finish_runs else "_")
     entry = {"case": f"append_{prefix}b{batch}_h{q_heads}x{kv_heads}_ctx{context}", "read_bytes": read_bytes,
              "rotation_sets": sets}
     harness.put(entry, "torch", m)
@@ -140,10 +182,10 @@ def main():
     copy, copy_m = harness.measure_copy()
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "l2_bytes": harness.l2_bytes(),
               "copy_gbps": copy, "copy_timing": copy_m.timing, "cases": []}
-    for selector in ("quest", "ds", "sparq"):
+    for selector, finish_runs in (("quest", False), ("ds", False), ("sparq", False), ("sparq", True)):
         for batch in (32, 64):
             for kv_heads in (8, 32):
-                entry = case(selector, batch, 32, kv_heads, 32768, gen)
+                entry = case(selector, batch, 32, kv_heads, 32768, gen, finish_runs)
                 print(json.dumps(entry), flush=True)
                 result["cases"].append(entry)
     with open(args.out, "w") as f:

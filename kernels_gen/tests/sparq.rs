@@ -11,7 +11,7 @@ use dusk_kernels::reference;
 use dusk_kernels::selectors::reference::top_k_row;
 use dusk_kernels::selectors::sparq_bench::{ScoreConfig, SparqBench, SparqCase};
 use dusk_kernels::selectors::sparq_reference::{
-    paged_key, sparq_alpha, sparq_row, transpose_blocks, value_sums, SparqRow,
+    paged_key, sparq_alpha, sparq_row, staged_rows, transpose_blocks, value_sums, SparqRow,
 };
 use dusk_kernels::selectors::{
     Budget, Keep, SparqBlocks, SparqEntry, SparqOptions, SparqPlan, SparqState, SparqUpdates,
@@ -138,19 +138,30 @@ fn run(dusk: &Dusk, rng: &mut SmallRng, c: &Case, q_edit: impl FnOnce(&mut [f16]
         }
     };
     let mut state = SparqState::new(dusk, kv, batch, layout).unwrap();
+    // Poisoned, so that a selection reading a token from where the state does not hold it
+    // (an unfinished run's slots of the copy, a staged row past the run) reads NaN.
     let poison = vec![f16::NAN; state.k_t().len()];
     state.k_t_mut().copy_from_host(&poison).unwrap();
+    let open_poison = vec![f16::NAN; state.k_open().len()];
+    state.k_open_mut().copy_from_host(&open_poison).unwrap();
     let all = SparqUpdates::all(dusk, &state, &t, &blocks).unwrap();
     state.update(dusk, &kb, &vb, &all).unwrap();
 
-    // The state: every token of the table transposed into its block, the sums of V.
-    let mut want_kt = poison.clone();
-    transpose_blocks(&k, &kv, &t, &blocks, layout.block_size, &mut want_kt);
+    // The state: every finished run's tokens transposed into their blocks, the unfinished
+    // runs staged, the sums of V.
+    let (mut want_kt, mut want_open) = (poison.clone(), open_poison);
+    let bs = layout.block_size;
+    transpose_blocks(&k, &kv, &t, &blocks, bs, &mut want_kt, &mut want_open);
     let bits = |x: &[f16]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     assert_eq!(
         bits(&state.k_t().download().unwrap()),
         bits(&want_kt),
         "k_t"
+    );
+    assert_eq!(
+        bits(&state.k_open().download().unwrap()),
+        bits(&want_open),
+        "k_open"
     );
     let want_sums = value_sums(&v, &kv, &t);
     for (i, (g, w)) in state
@@ -488,8 +499,23 @@ fn nan_in_q_is_flagged() {
         .all(|t| (0..n).contains(t)));
 }
 
+/// Two states hold the same copy of `table`'s tokens: the copy bit for bit (both were
+/// zeroed, and a run is written whole), the unfinished runs' staged rows bit for bit, the
+/// sums of V within f32 rounding.
+fn same_state(a: &SparqState, b: &SparqState, table: &PageTable) {
+    let (kv, run) = (a.kv(), a.run());
+    assert_eq!(a.k_t().download().unwrap(), b.k_t().download().unwrap());
+    let staged = |s: &SparqState| staged_rows(&s.k_open().download().unwrap(), &kv, table, run);
+    assert_eq!(staged(a), staged(b));
+    let (x, y) = (a.v_sum().download().unwrap(), b.v_sum().download().unwrap());
+    for (x, y) in x.iter().zip(&y) {
+        assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()));
+    }
+}
+
 /// A decode step: one token appended to each sequence, added with `last_tokens`, gives the
-/// state a rebuild over the new table gives (the copy in blocks of 32 over pages of 16);
+/// state a rebuild over the new table gives (the copy in blocks of 32 over pages of 16; one
+/// token finishes its run, whose 15 staged tokens go into the copy, the other is staged);
 /// device-written entries out of range are skipped.
 #[test]
 fn appending_matches_a_rebuild() {
@@ -522,31 +548,23 @@ fn appending_matches_a_rebuild() {
     assert_eq!(last.len(), 2);
     stepped.update(&dusk, &kb, &vb, &last).unwrap();
     // Entries a device would write with bad values (a page, a slot, a sequence, a block,
-    // a block slot out of range): all skipped.
+    // a block slot out of range, a staged token off its place or past its run): all
+    // skipped.
     let bad = SparqUpdates::from_device(
-        dev.upload(&[-1, 12, 3, 3, 3, 3, 3]).unwrap(),
-        dev.upload(&[0, 0, 15, -1, 0, 0, 0]).unwrap(),
-        dev.upload(&[1, 1, 2, 1, 1, 1, 2]).unwrap(),
-        dev.upload(&[0, 0, 0, 0, 2, 0, 0]).unwrap(),
-        dev.upload(&[1, 1, 1, 1, 1, 5, 1]).unwrap(),
-        dev.upload(&[0, 0, 0, 0, 0, 0, 31]).unwrap(),
+        dev.upload(&[-1, 12, 3, 3, 3, 3, 3, 3, 3]).unwrap(),
+        dev.upload(&[0, 0, 15, -1, 0, 0, 0, 0, 0]).unwrap(),
+        dev.upload(&[1, 1, 2, 1, 1, 1, 2, 1, 2]).unwrap(),
+        dev.upload(&[0, 0, 0, 0, 2, 0, 0, 0, 0]).unwrap(),
+        dev.upload(&[1, 1, 1, 1, 1, 5, 1, 1, 1]).unwrap(),
+        dev.upload(&[0, 0, 0, 0, 0, 0, 31, 3, 15]).unwrap(),
+        dev.upload(&[-1, -1, -1, -1, -1, -1, -1, 2, 15]).unwrap(),
     )
     .unwrap();
     stepped.update(&dusk, &kb, &vb, &bad).unwrap();
     let mut rebuilt = SparqState::new(&dusk, kv, 2, layout).unwrap();
     let all = SparqUpdates::all(&dusk, &rebuilt, &after, &blocks_after).unwrap();
     rebuilt.update(&dusk, &kb, &vb, &all).unwrap();
-    assert_eq!(
-        stepped.k_t().download().unwrap(),
-        rebuilt.k_t().download().unwrap()
-    );
-    let (a, b) = (
-        stepped.v_sum().download().unwrap(),
-        rebuilt.v_sum().download().unwrap(),
-    );
-    for (x, y) in a.iter().zip(&b) {
-        assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()));
-    }
+    same_state(&stepped, &rebuilt, &after);
     stepped.clear_values(&dusk).unwrap();
     assert!(stepped
         .v_sum()
@@ -577,6 +595,7 @@ fn append_sparq<const D: usize, const ROWS: usize>(
     num_blocks: i32,
     block_size: i32,
     k_t: Ptr<f16>,
+    k_open: Ptr<f16>,
     v_sum: Ptr<f32>,
 ) {
     let rows = program_id(0) * ROWS + arange(0, ROWS);
@@ -610,6 +629,7 @@ fn append_sparq<const D: usize, const ROWS: usize>(
         num_blocks,
         block_size,
         k_t,
+        k_open,
         v_sum,
     );
 }
@@ -631,11 +651,13 @@ fn the_append_part_matches_a_rebuild() {
         num_blocks: 6,
         block_size: 32,
     };
-    // Sequence 0 grows from 32 tokens to 33 (a new page, 9, and a new block, 5).
-    let before = PageTable::from_lengths(&[32, 40], 16, vec![4, 2, 7, 0, 3]).unwrap();
-    let after = PageTable::from_lengths(&[33, 41], 16, vec![4, 2, 9, 7, 0, 3]).unwrap();
-    let blocks_before = PageTable::from_lengths(&[32, 40], 32, vec![1, 3, 0]).unwrap();
-    let blocks_after = PageTable::from_lengths(&[33, 41], 32, vec![1, 5, 3, 0]).unwrap();
+    // Sequence 0 grows from 32 tokens to 33 (a new page, 9, and a new block, 5: its token
+    // is staged); sequence 1 from 47 to 48, finishing its run (its 15 staged tokens and the
+    // new one go into the copy).
+    let before = PageTable::from_lengths(&[32, 47], 16, vec![4, 2, 7, 0, 3]).unwrap();
+    let after = PageTable::from_lengths(&[33, 48], 16, vec![4, 2, 9, 7, 0, 3]).unwrap();
+    let blocks_before = PageTable::from_lengths(&[32, 47], 32, vec![1, 3, 0]).unwrap();
+    let blocks_after = PageTable::from_lengths(&[33, 48], 32, vec![1, 5, 3, 0]).unwrap();
     let (k, v) = (
         smooth(&mut rng, kv.elements(), 1.0),
         smooth(&mut rng, kv.elements(), 1.0),
@@ -683,23 +705,14 @@ fn the_append_part_matches_a_rebuild() {
         6,
         32,
         stepped.k_t(),
+        stepped.k_open(),
         stepped.v_sum(),
     )
     .unwrap();
     let mut rebuilt = SparqState::new(&dusk, kv, 2, layout).unwrap();
     let all = SparqUpdates::all(&dusk, &rebuilt, &after, &blocks_after).unwrap();
     rebuilt.update(&dusk, &kb, &vb, &all).unwrap();
-    assert_eq!(
-        stepped.k_t().download().unwrap(),
-        rebuilt.k_t().download().unwrap()
-    );
-    let (a, b) = (
-        stepped.v_sum().download().unwrap(),
-        rebuilt.v_sum().download().unwrap(),
-    );
-    for (x, y) in a.iter().zip(&b) {
-        assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()));
-    }
+    same_state(&stepped, &rebuilt, &after);
 }
 
 #[test]
@@ -782,6 +795,7 @@ fn bad_arguments_are_typed_errors() {
         seq: 1,
         block: 2,
         block_start: 3,
+        stage: -1,
     };
     let upd = |e: SparqEntry| SparqUpdates::new(&dusk, p.state(), &[e]).err().map(arg_of);
     assert_eq!(upd(entry), None);
@@ -797,16 +811,28 @@ fn bad_arguments_are_typed_errors() {
         }),
         Some("counts")
     );
-    let short_list = dev.upload(&[0]).unwrap();
-    let e = SparqUpdates::from_device(
-        dev.upload(&[0, 0]).unwrap(),
-        dev.upload(&[0, 0]).unwrap(),
-        dev.upload(&[1, 1]).unwrap(),
-        dev.upload(&[0, 0]).unwrap(),
-        short_list,
-        dev.upload(&[0, 0]).unwrap(),
+    // Staged tokens at their place in the run (slot 3 of a block is place 3), staying in
+    // it or finishing it, and off their place.
+    let staged = SparqEntry {
+        stage: 3,
+        count: 1,
+        ..entry
+    };
+    assert_eq!(upd(staged), None);
+    assert_eq!(
+        upd(SparqEntry {
+            count: 13,
+            ..staged
+        }),
+        None
     );
+    assert_eq!(upd(SparqEntry { stage: 2, ..staged }), Some("stages"));
+    let two = || dev.upload(&[0, 0]).unwrap();
+    let one = || dev.upload(&[0]).unwrap();
+    let e = SparqUpdates::from_device(two(), two(), two(), two(), one(), two(), two());
     assert_eq!(arg_of(e.err().unwrap()), "blocks");
+    let e = SparqUpdates::from_device(two(), two(), two(), two(), two(), two(), one());
+    assert_eq!(arg_of(e.err().unwrap()), "stages");
 
     // The attention plan must be the one the selection asks for.
     let mut spec = p.attention_spec();

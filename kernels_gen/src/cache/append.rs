@@ -416,7 +416,7 @@ impl AppendPlan {
         let (packed, scale, zero) = self.quantized_args(targets.quantized.as_deref())?;
         let (page_min, page_max) = self.quest_args(targets.quest.as_deref())?;
         let (channels, labels) = self.ds_args(targets.ds.as_deref())?;
-        let [blk_indptr, blk_indices, num_blk_indices, num_blocks, block_size, k_t, v_sum] =
+        let [blk_indptr, blk_indices, num_blk_indices, num_blocks, block_size, k_t, k_open, v_sum] =
             self.sparq_args(targets.sparq.as_ref().map(|(s, t)| (&**s, *t)))?;
         let (touched_pages, touched_lens) = (self.touched.pages(), self.touched.lens());
         let num_indices = table.kv_page_indices.len().min(i32::MAX as usize) as i32;
@@ -448,6 +448,7 @@ impl AppendPlan {
             num_blocks,
             block_size,
             k_t,
+            k_open,
             v_sum,
         ];
         dusk.device().launch(&self.kernel, self.grid, &args)?;
@@ -541,7 +542,7 @@ impl AppendPlan {
 
     /// SparQ's arguments (the copy's block table, its shape, the copy and the sums of V),
     /// checked against the plan.
-    fn sparq_args<'a>(&'a self, s: Option<(&'a SparqState, &'a CsrPages)>) -> Result<[Arg<'a>; 7]> {
+    fn sparq_args<'a>(&'a self, s: Option<(&'a SparqState, &'a CsrPages)>) -> Result<[Arg<'a>; 8]> {
         let (s, blocks) = match (self.parts.sparq, s) {
             (true, Some(given)) => given,
             (true, None) => {
@@ -557,8 +558,8 @@ impl AppendPlan {
             (false, None) => {
                 let i = || Arg::from(&self.unused_i32);
                 let one = || Arg::I32(1);
-                let (h, f) = (Arg::from(&self.unused_f16), Arg::from(&self.unused_f32));
-                return Ok([i(), i(), one(), one(), one(), h, f]);
+                let (h, f) = (|| Arg::from(&self.unused_f16), Arg::from(&self.unused_f32));
+                return Ok([i(), i(), one(), one(), one(), h(), h(), f]);
             }
         };
         ensure!(
@@ -596,6 +597,7 @@ impl AppendPlan {
             Arg::I32(b.num_blocks.min(i32::MAX as usize) as i32),
             Arg::I32(b.block_size as i32),
             Arg::from(s.k_t()),
+            Arg::from(s.k_open()),
             Arg::from(s.v_sum()),
         ])
     }

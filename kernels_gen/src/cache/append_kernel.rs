@@ -8,7 +8,8 @@
 //! 2. `BITS` 4 or 8 (0: none): K quantized into the head-major copy, as `quantize_k`;
 //! 3. `QUEST`: Quest's page minimum and maximum;
 //! 4. `DS` a label width (0: none): Double Sparsity's labels of the token;
-//! 5. `SPARQ`: SparQ's transposed copy of K and running sum of V.
+//! 5. `SPARQ`: SparQ's transposed copy of K (a token staged, or its finished run moved
+//!    into the copy) and running sum of V.
 //!
 //! Every part's pointers are parameters whatever the flags (the kernel language has a
 //! fixed parameter list); a part left out reads and writes none of its own.
@@ -20,7 +21,7 @@
 //! `kv_page_indices`), then the parts' state: `packed`, `scale`, `zero` (the quantized
 //! copy), `page_min`, `page_max` (Quest), `channels` (i32 `[num_kv_heads, DS]`), `labels`
 //! (Double Sparsity), `blk_indptr`, `blk_indices` (the transposed copy's block table after
-//! the append), `num_blk_indices`, `num_blocks`, `block_size`, `k_t`, `v_sum` (SparQ). Grid: `ceil(batch * num_kv_heads / ROWS)`.
+//! the append), `num_blk_indices`, `num_blocks`, `block_size`, `k_t`, `k_open`, `v_sum` (SparQ). Grid: `ceil(batch * num_kv_heads / ROWS)`.
 
 use super::parts::{ds_token, quantize_token, quest_token, write_kv};
 use super::token::{token_page, token_slot};
@@ -66,6 +67,7 @@ pub fn append_tokens<
     num_blocks: i32,
     block_size: i32,
     k_t: Ptr<f16>,
+    k_open: Ptr<f16>,
     v_sum: Ptr<f32>,
 ) {
     let rows = program_id(0) * ROWS + arange(0, ROWS);
@@ -145,6 +147,7 @@ pub fn append_tokens<
             num_blocks,
             block_size,
             k_t,
+            k_open,
             v_sum,
         );
     }

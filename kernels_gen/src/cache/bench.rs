@@ -27,6 +27,7 @@ use crate::error::Result;
 use crate::ops::{Dusk, QuantizedK};
 use crate::paged::{KvShape, PageTable};
 use crate::selectors::bench::Rng;
+use crate::selectors::sparq_kernels::SPARQ_RUN;
 use crate::selectors::{DsCalibration, DsState, SelectorState, SparqBlocks, SparqState, QUEST};
 use dusk_runtime::{Buffer, Measured};
 use half::f16;
@@ -35,10 +36,15 @@ use half::f16;
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AppendCase {
     pub batch: usize,
-    /// Tokens of sequence 0 after the append; sequence `b` holds `context - b % page_size`,
-    /// so the new tokens fall on every slot of a page (the first, which starts Quest's
-    /// state afresh, included).
+    /// Tokens of sequence 0 after the append; in rotation set `i` sequence `b` holds
+    /// `context - (b + i) % page_size`, so the new tokens fall on every slot of a page
+    /// (the first, which starts Quest's state afresh, included), and with SparQ's part a
+    /// sixteenth of them finish a run of its copy (as a step does on average), different
+    /// sequences in different sets.
     pub context: usize,
+    /// Every sequence holds `context` tokens instead (a multiple of 16): with SparQ's
+    /// part, every new token finishes a run, its slowest step.
+    pub finish_runs: bool,
     pub num_kv_heads: usize,
     pub head_dim: usize,
     pub page_size: usize,
@@ -56,6 +62,7 @@ impl Default for AppendCase {
         AppendCase {
             batch: 64,
             context: 32768,
+            finish_runs: false,
             num_kv_heads: 8,
             head_dim: 128,
             page_size: 16,
@@ -72,11 +79,36 @@ impl Default for AppendCase {
 }
 
 impl AppendCase {
-    /// The sequences' lengths after the append.
+    /// The sequences' lengths after the append (in rotation set 0).
     pub fn lens(&self) -> Vec<usize> {
+        self.lens_at(0)
+    }
+
+    /// The sequences' lengths after the append in rotation set `set`.
+    pub fn lens_at(&self, set: usize) -> Vec<usize> {
         (0..self.batch)
-            .map(|b| self.context - b % self.page_size)
+            .map(|b| match self.finish_runs {
+                true => self.context,
+                false => self.context - (b + set) % self.page_size,
+            })
             .collect()
+    }
+
+    /// Pages of `size` tokens the sequences take in the set that takes the most.
+    fn most_pages(&self, size: usize) -> usize {
+        (0..self.page_size)
+            .map(|set| PageTable::pages_needed(&self.lens_at(set), size))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// With SparQ's part, the (sequence, KV head) rows whose new token finishes a run
+    /// (moving the run into the copy) and those whose token is staged.
+    fn sparq_rows(&self) -> (usize, usize) {
+        let run = self.sparq_block_size.min(SPARQ_RUN);
+        let finishing = self.lens().iter().filter(|n| n.is_multiple_of(run)).count();
+        let h = self.num_kv_heads;
+        (finishing * h, (self.batch - finishing) * h)
     }
 }
 
@@ -108,12 +140,12 @@ pub struct AppendBench {
 
 impl AppendBench {
     /// The cache, the parts' state and the rotation sets of step inputs for `case` (each
-    /// set its own random placement of the sequences' pages).
+    /// set its own lengths, [`AppendCase::lens_at`], and random placement of the
+    /// sequences' pages).
     pub fn new(dusk: &Dusk, case: &AppendCase) -> Result<AppendBench> {
         let mut rng = Rng(case.seed);
         let ps = case.page_size;
-        let lens = case.lens();
-        let num_pages = PageTable::pages_needed(&lens, ps);
+        let num_pages = case.most_pages(ps);
         let kv = KvShape {
             num_pages,
             page_size: ps,
@@ -149,7 +181,7 @@ impl AppendBench {
             None => None,
         };
         let bs = case.sparq_block_size;
-        let num_blocks = PageTable::pages_needed(&lens, bs);
+        let num_blocks = case.most_pages(bs);
         let sparq = match case.parts.sparq {
             true => {
                 let blocks = SparqBlocks {
@@ -162,11 +194,13 @@ impl AppendBench {
         };
         let token_values = case.batch * kv.num_kv_heads * kv.head_dim;
         let mut sets = vec![];
-        for _ in 0..dev.rotation_sets(Self::read_bytes_of(case, &kv)) {
+        for set in 0..dev.rotation_sets(Self::read_bytes_of(case, &kv)) {
+            let lens = case.lens_at(set);
             let mut ids: Vec<i32> = (0..num_pages as i32).collect();
             for i in (1..ids.len()).rev() {
                 ids.swap(i, rng.below(i + 1));
             }
+            ids.truncate(PageTable::pages_needed(&lens, ps));
             let table = PageTable::from_lengths(&lens, ps, ids)?;
             let last_pages = (0..case.batch)
                 .map(|b| table.kv_page_indices[table.kv_indptr[b + 1] as usize - 1])
@@ -183,6 +217,7 @@ impl AppendBench {
                     for i in (1..ids.len()).rev() {
                         ids.swap(i, rng.below(i + 1));
                     }
+                    ids.truncate(PageTable::pages_needed(&lens, bs));
                     let t = PageTable::from_lengths(&lens, bs, ids)?;
                     Some(CsrPages {
                         kv_indptr: dev.upload(&t.kv_indptr)?,
@@ -200,7 +235,11 @@ impl AppendBench {
                 last_pages,
             });
         }
-        let last_lens = lens.iter().map(|n| ((n - 1) % ps + 1) as i32).collect();
+        let last_lens = case
+            .lens()
+            .iter()
+            .map(|n| ((n - 1) % ps + 1) as i32)
+            .collect();
         Ok(AppendBench {
             case: *case,
             kv,
@@ -218,14 +257,19 @@ impl AppendBench {
 
     /// Bytes one step reads: the new K and V, the page table's entries it looks at,
     /// Quest's minimum and maximum of the pages whose new token is not their first, DS's
-    /// channels, SparQ's block table entries and sums of V (added to).
+    /// channels, SparQ's block table entries, sums of V (added to) and the staged tokens of
+    /// the runs finished.
     fn read_bytes_of(case: &AppendCase, kv: &KvShape) -> usize {
         let rows = case.batch * kv.num_kv_heads;
         let tokens = 2 * rows * kv.head_dim * 2;
         let table = case.batch * 4 * 4;
         let ds = case.parts.ds.map_or(0, |r| kv.num_kv_heads * r * 4);
         let sparq = match case.parts.sparq {
-            true => case.batch * 3 * 4 + rows * kv.head_dim * 4,
+            true => {
+                let staged = case.sparq_block_size.min(SPARQ_RUN) - 1;
+                let (finishing, _) = case.sparq_rows();
+                case.batch * 3 * 4 + rows * kv.head_dim * 4 + finishing * staged * kv.head_dim * 2
+            }
             false => 0,
         };
         let continued = case
@@ -242,8 +286,8 @@ impl AppendBench {
 
     /// Bytes one step must move: what it reads ([`AppendBench::read_bytes`]), and what it
     /// writes: K and V into the cache, the quantized rows (codes, scale and zero), Quest's
-    /// minimum and maximum, DS's labels, SparQ's transposed K and sums of V, the touched
-    /// list.
+    /// minimum and maximum, DS's labels, SparQ's staged keys or finished runs and sums of
+    /// V, the touched list.
     pub fn bytes(&self) -> usize {
         let (kv, b) = (&self.kv, self.case.batch);
         let rows = b * kv.num_kv_heads;
@@ -260,7 +304,9 @@ impl AppendBench {
         };
         let ds = self.case.parts.ds.map_or(0, |r| rows * r * 2);
         let sparq = if self.case.parts.sparq {
-            rows * kv.head_dim * (2 + 4)
+            let (finishing, staged) = self.case.sparq_rows();
+            let run = self.case.sparq_block_size.min(SPARQ_RUN);
+            (rows * 4 + (finishing * run + staged) * 2) * kv.head_dim
         } else {
             0
         };

@@ -5,10 +5,10 @@
 //! ([`super::reference::append_tokens`]) and the whole-cache kernels (`quantize_k`,
 //! `quest_update` over every page of the final table) make of the same tokens, and Quest's
 //! state with its host reference too; Double Sparsity's labels bit for bit with `ds_update`
-//! over every page, SparQ's transposed copy bit for bit and its sums of V within f32
-//! rounding with `sparq_update` over every token (and the sums with the host's, in f64).
-//! Run by the tests through the interpreter and by
-//! `gpu-check selectors` on the GPU.
+//! over every page, SparQ's transposed copy and staged unfinished runs bit for bit and its
+//! sums of V within f32 rounding with `sparq_update` over every token (and the sums with
+//! the host's, in f64). Run by the tests through the interpreter and by `gpu-check
+//! selectors` on the GPU.
 //!
 //! Before the first step the cache's unused slots hold NaN, the pages no sequence uses yet
 //! hold a Quest state of finite wrong values (-1000, +1000: a page's first token that
@@ -24,6 +24,7 @@ use crate::paged::{KvShape, PageTable};
 use crate::selectors::bench::Rng;
 use crate::selectors::reference::quest_update;
 use crate::selectors::selector::table_pages;
+use crate::selectors::sparq_reference::staged_rows;
 use crate::selectors::{
     DsCalibration, DsState, PageUpdates, SelectorState, SparqBlocks, SparqState, SparqUpdates,
     QUEST,
@@ -405,6 +406,10 @@ pub fn check_decode(dusk: &Dusk, case: &DecodeCase) -> Result<DecodeReport, Stri
         let all = SparqUpdates::all(dusk, &want, &table, &final_blocks).map_err(e)?;
         want.update(dusk, &k_final, &v_final, &all).map_err(e)?;
         same("sparq k_t", &bits(&dl(s.k_t())?), &bits(&dl(want.k_t())?))?;
+        let staged = |x: &SparqState| -> Result<Vec<u16>, String> {
+            Ok(bits(&staged_rows(&dl(x.k_open())?, &kv, &table, x.run())))
+        };
+        same("sparq k_open", &staged(s)?, &staged(&want)?)?;
         let got = s.v_sum().download().map_err(|x| x.to_string())?;
         let kernel = want.v_sum().download().map_err(|x| x.to_string())?;
         check_v_sums(&got, &kernel, &v_host, &kv, &table)?;

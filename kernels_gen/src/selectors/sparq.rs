@@ -47,7 +47,9 @@
 //! ```
 
 use super::selector::Build;
-use super::sparq_kernels::{sparq_alpha, sparq_mass, sparq_query, sparq_score, sparq_update};
+use super::sparq_kernels::{
+    sparq_alpha, sparq_mass, sparq_query, sparq_score, sparq_update, SPARQ_RUN,
+};
 use super::topk::{Budget, Items, Keep, SelectionShape, TopKConfig, TopKPlan};
 use crate::attention_ops::{AttentionMeta, AttentionMode, AttentionPlan, AttentionSpec, SparqMix};
 use crate::error::{ensure, invalid, Result};
@@ -256,13 +258,15 @@ impl SparqBlocks {
     }
 }
 
-/// SparQ's state for a cache of one shape: the transposed copy of K and the running sum of
-/// V, and the update kernel that appends to them.
+/// SparQ's state for a cache of one shape: the transposed copy of K (its finished runs of
+/// 16 tokens), each row's unfinished run staged row-major, the running sum of V, and the
+/// update kernel that appends to them.
 pub struct SparqState {
     kv: KvShape,
     blocks: SparqBlocks,
     num_seqs: usize,
     k_t: Buffer<f16>,
+    k_open: Buffer<f16>,
     v_sum: Buffer<f32>,
     update: Arc<LoadedKernel>,
 }
@@ -302,15 +306,19 @@ impl SparqState {
         );
         let update = dusk.kernel(format!("sparq update d{}", kv.head_dim), update)?;
         let dev = dusk.device();
+        let rows = num_seqs * kv.num_kv_heads * kv.head_dim;
         let mut k_t = dev.alloc::<f16>(copy.elements())?;
-        let mut v_sum = dev.alloc::<f32>(num_seqs * kv.num_kv_heads * kv.head_dim)?;
+        let mut k_open = dev.alloc::<f16>(rows * SPARQ_RUN)?;
+        let mut v_sum = dev.alloc::<f32>(rows)?;
         dev.fill_bytes(&mut k_t, 0)?;
+        dev.fill_bytes(&mut k_open, 0)?;
         dev.fill_bytes(&mut v_sum, 0)?;
         Ok(SparqState {
             kv,
             blocks,
             num_seqs,
             k_t,
+            k_open,
             v_sum,
             update,
         })
@@ -347,6 +355,7 @@ impl SparqState {
             Arg::from(&updates.seqs),
             Arg::from(&updates.blocks),
             Arg::from(&updates.block_starts),
+            Arg::from(&updates.stages),
             Arg::I32(kv.num_pages as i32),
             Arg::I32(self.blocks.num_blocks as i32),
             Arg::I32(self.num_seqs as i32),
@@ -354,6 +363,7 @@ impl SparqState {
             Arg::I32(kv.page_size as i32),
             Arg::I32(self.blocks.block_size as i32),
             Arg::from(&self.k_t),
+            Arg::from(&self.k_open),
             Arg::from(&self.v_sum),
         ];
         let grid = [updates.count as u32, kv.num_kv_heads as u32, 1];
@@ -379,13 +389,29 @@ impl SparqState {
         self.num_seqs
     }
     /// K transposed within each block and KV head, f16 `[num_blocks, num_kv_heads,
-    /// head_dim, block_size]`.
+    /// head_dim, block_size]`: each sequence's finished runs of `min(block_size, 16)`
+    /// tokens (its other slots are left as they were).
     pub fn k_t(&self) -> &Buffer<f16> {
         &self.k_t
     }
     /// The transposed copy, to write (state computed elsewhere).
     pub fn k_t_mut(&mut self) -> &mut Buffer<f16> {
         &mut self.k_t
+    }
+    /// Each (sequence, KV head)'s unfinished run, row-major, f16 `[num_seqs,
+    /// num_kv_heads, 16, head_dim]`: row `t` is its token `closed + t`, where `closed` is
+    /// the length rounded down to a run (rows past the length are left as they were).
+    /// Appending a token writes one row here, not a component of every sector of a run.
+    pub fn k_open(&self) -> &Buffer<f16> {
+        &self.k_open
+    }
+    /// The staged runs, to write (state computed elsewhere).
+    pub fn k_open_mut(&mut self) -> &mut Buffer<f16> {
+        &mut self.k_open
+    }
+    /// Tokens of a run of the copy: `min(block_size, 16)`.
+    pub fn run(&self) -> usize {
+        self.blocks.block_size.min(SPARQ_RUN)
     }
     /// The sum of V over each sequence's tokens, f32 `[num_seqs, num_kv_heads, head_dim]`.
     pub fn v_sum(&self) -> &Buffer<f32> {
@@ -408,6 +434,11 @@ pub struct SparqEntry {
     pub seq: i32,
     pub block: i32,
     pub block_start: i32,
+    /// -1: tokens of finished runs (of [`SparqState::run`] tokens), into the copy. Else
+    /// the first token's place in its unfinished run, whose earlier `stage` tokens the
+    /// state holds staged: the tokens are staged after them, or, when they finish the run
+    /// (`stage + count` is the run's length), the whole run goes into the copy.
+    pub stage: i32,
 }
 
 /// Runs of tokens to add to a [`SparqState`] ([`SparqEntry`]s), on the device.
@@ -418,13 +449,15 @@ pub struct SparqUpdates {
     seqs: Buffer<i32>,
     blocks: Buffer<i32>,
     block_starts: Buffer<i32>,
+    stages: Buffer<i32>,
     count: usize,
 }
 
 impl SparqUpdates {
     /// `entries`, checked against `state`: page, block and sequence ids in range, at least
-    /// one token, slots inside the page and inside the block. Entries naming one block and
-    /// slot twice write it twice; each adds its values.
+    /// one token, slots inside the page and inside the block, a staged entry's tokens
+    /// inside one run at their places. Entries naming one block and slot twice write it
+    /// twice; each adds its values.
     pub fn new(dusk: &Dusk, state: &SparqState, entries: &[SparqEntry]) -> Result<SparqUpdates> {
         let (kv, bl) = (state.kv, state.blocks);
         for (i, e) in entries.iter().enumerate() {
@@ -463,6 +496,14 @@ impl SparqUpdates {
                 format!("slots inside a block of {}", bl.block_size),
                 at(&format!("block start {t}, count {c}")),
             );
+            let run = state.run() as i64;
+            let g = e.stage as i64;
+            ensure!(
+                g < 0 || (g + c <= run && t % run == g),
+                "stages",
+                format!("-1, or the slot in its run of {run} of a run's first token"),
+                at(&format!("stage {g}, block start {t}, count {c}")),
+            );
         }
         ensure!(
             entries.len() < i32::MAX as usize,
@@ -482,6 +523,7 @@ impl SparqUpdates {
             seqs: up(|e| e.seq)?,
             blocks: up(|e| e.block)?,
             block_starts: up(|e| e.block_start)?,
+            stages: up(|e| e.stage)?,
             count: entries.len(),
         })
     }
@@ -489,7 +531,7 @@ impl SparqUpdates {
     /// Every token of every sequence of `table` (the cache's pages), held in the copy's
     /// blocks of `blocks` (the block table: the same sequences' lengths): a prefill, or the
     /// state built from scratch after [`SparqState::clear_values`]. One entry per run of
-    /// tokens inside one page and one block.
+    /// tokens inside one page and one block; the unfinished run's tokens staged.
     pub fn all(
         dusk: &Dusk,
         state: &SparqState,
@@ -499,13 +541,16 @@ impl SparqUpdates {
         check_blocks(state, table, blocks)?;
         let ps = state.kv.page_size;
         let entries = (0..table.batch())
-            .flat_map(|b| runs(state, table, blocks, b, 0..table.seq_len(b, ps)))
+            .flat_map(|b| {
+                let n = table.seq_len(b, ps);
+                runs(state, table, blocks, b, 0..n, n - n % state.run())
+            })
             .collect::<Vec<_>>();
         Self::new(dusk, state, &entries)
     }
 
     /// The last token of each sequence of `table`: what a decode step appending one token
-    /// per sequence wrote.
+    /// per sequence wrote (staged, or finishing its run).
     pub fn last_tokens(
         dusk: &Dusk,
         state: &SparqState,
@@ -517,14 +562,15 @@ impl SparqUpdates {
         let entries = (0..table.batch())
             .flat_map(|b| {
                 let n = table.seq_len(b, ps);
-                runs(state, table, blocks, b, n.saturating_sub(1)..n)
+                let last = n.saturating_sub(1);
+                runs(state, table, blocks, b, last..n, last)
             })
             .collect::<Vec<_>>();
         Self::new(dusk, state, &entries)
     }
 
-    /// Entries written on the device (by an append kernel), all six of equal length. Their
-    /// contents are not read on the host; the update skips an entry out of range.
+    /// Entries written on the device (by an append kernel), all seven of equal length.
+    /// Their contents are not read on the host; the update skips an entry out of range.
     pub fn from_device(
         pages: Buffer<i32>,
         starts: Buffer<i32>,
@@ -532,6 +578,7 @@ impl SparqUpdates {
         seqs: Buffer<i32>,
         blocks: Buffer<i32>,
         block_starts: Buffer<i32>,
+        stages: Buffer<i32>,
     ) -> Result<SparqUpdates> {
         let n = pages.len();
         for (name, b) in [
@@ -540,6 +587,7 @@ impl SparqUpdates {
             ("seqs", &seqs),
             ("blocks", &blocks),
             ("block_starts", &block_starts),
+            ("stages", &stages),
         ] {
             ensure!(
                 b.len() == n,
@@ -556,6 +604,7 @@ impl SparqUpdates {
             seqs,
             blocks,
             block_starts,
+            stages,
             count: n,
         })
     }
@@ -609,19 +658,27 @@ fn check_blocks(state: &SparqState, table: &PageTable, blocks: &PageTable) -> Re
     Ok(())
 }
 
-/// The entries adding tokens `tokens` of sequence `b`: split where a page or a block ends.
+/// The entries adding tokens `tokens` of sequence `b`, those from `staged` on staged in
+/// their run (the unfinished run, or a token that finishes it): split where a page, a
+/// block or the staged tokens start.
 fn runs(
     state: &SparqState,
     table: &PageTable,
     blocks: &PageTable,
     b: usize,
     tokens: std::ops::Range<usize>,
+    staged: usize,
 ) -> Vec<SparqEntry> {
     let (ps, bs) = (state.kv.page_size, state.blocks.block_size);
     let mut out = vec![];
     let mut t = tokens.start;
     while t < tokens.end {
-        let end = tokens.end.min((t / ps + 1) * ps).min((t / bs + 1) * bs);
+        let split = if t < staged { staged } else { tokens.end };
+        let end = tokens
+            .end
+            .min((t / ps + 1) * ps)
+            .min((t / bs + 1) * bs)
+            .min(split);
         out.push(SparqEntry {
             page: table.kv_page_indices[table.kv_indptr[b] as usize + t / ps],
             start: (t % ps) as i32,
@@ -629,6 +686,11 @@ fn runs(
             seq: b as i32,
             block: blocks.kv_page_indices[blocks.kv_indptr[b] as usize + t / bs],
             block_start: (t % bs) as i32,
+            stage: if t < staged {
+                -1
+            } else {
+                (t % state.run()) as i32
+            },
         });
         t = end;
     }
@@ -636,13 +698,15 @@ fn runs(
 }
 
 /// What a score kernel writes (see `sparq_score`), sized for one plan's rows and tiles of
-/// `tile` tokens: the tokens' scores and the tiles' softmax statistics.
+/// `tile` tokens: the tokens' scores, the tiles' softmax statistics and each head's logits
+/// of the rows' staged tokens.
 pub struct ScoreOutputs {
     tile: usize,
     tiles: usize,
     scores: Buffer<f32>,
     stat_max: Buffer<f32>,
     stat_sum: Buffer<f32>,
+    staged_logits: Buffer<f32>,
 }
 
 impl ScoreOutputs {
@@ -668,6 +732,7 @@ impl ScoreOutputs {
             scores: dev.alloc(shape.num_scores())?,
             stat_max: dev.alloc(stats)?,
             stat_sum: dev.alloc(stats)?,
+            staged_logits: dev.alloc(shape.rows() * group * SPARQ_RUN)?,
         })
     }
 
@@ -676,6 +741,7 @@ impl ScoreOutputs {
         d.fill_bytes(&mut self.scores, byte)?;
         d.fill_bytes(&mut self.stat_max, byte)?;
         d.fill_bytes(&mut self.stat_sum, byte)?;
+        d.fill_bytes(&mut self.staged_logits, byte)?;
         Ok(())
     }
 
@@ -698,6 +764,12 @@ impl ScoreOutputs {
     /// Each tile's and head's `sum exp(l - max)`, as [`ScoreOutputs::stat_max`].
     pub fn stat_sum(&self) -> &Buffer<f32> {
         &self.stat_sum
+    }
+    /// Each head's logits of each row's staged tokens (those past its finished runs), at
+    /// `(row * group + head) * 16 + t` for its token `closed + t`: what alpha's numerators
+    /// read for them, rather than the copy.
+    pub fn staged_logits(&self) -> &Buffer<f32> {
+        &self.staged_logits
     }
 }
 
@@ -894,6 +966,7 @@ impl SparqPlan {
         let kv = self.state.kv;
         let args = [
             Arg::from(&self.state.k_t),
+            Arg::from(&self.state.k_open),
             Arg::from(&self.blk_indptr),
             Arg::from(&self.blk_indices),
             Arg::from(&self.tok_indptr),
@@ -902,6 +975,7 @@ impl SparqPlan {
             Arg::from(&out.scores),
             Arg::from(&out.stat_max),
             Arg::from(&out.stat_sum),
+            Arg::from(&out.staged_logits),
             Arg::I32(kv.num_kv_heads as i32),
             Arg::I32(kv.head_dim as i32),
             Arg::I32(self.options.r as i32),
@@ -932,6 +1006,7 @@ impl SparqPlan {
             Arg::from(&self.qs),
             Arg::from(&self.out.scores),
             Arg::from(&self.out.stat_max),
+            Arg::from(&self.out.staged_logits),
             Arg::from(self.topk.sel_item_indptr()),
             Arg::from(self.topk.sel_items()),
             Arg::from(&self.numerators),

@@ -10,13 +10,22 @@
 //!   found through a block table as the cache's pages are through the page table (the
 //!   cache's own pages and page table are one choice). Component `c` of a block's keys is
 //!   `block_size` contiguous values: reading `r` components of every token reads `r`
-//!   contiguous runs a block, never a whole key row.
+//!   contiguous runs a block, never a whole key row. It holds the finished runs of
+//!   [`SPARQ_RUN`] tokens (of `min(block_size, 16)` with shorter blocks): a run's
+//!   component is one whole 32-byte sector, written at once when the run's last token
+//!   comes, so that a decode step never writes a sector in part (2 bytes of each of `D`
+//!   sectors a token would be `D` read-modify-writes in memory).
+//! - `k_open`, f16 `[num_seqs, num_kv_heads, SPARQ_RUN, D]`: each row's unfinished run
+//!   (its last `len % run` tokens), staged row-major: a token is one 256-byte row.
 //! - `v_sum`, f32 `[num_seqs, num_kv_heads, D]`: the sum of V over each sequence's tokens;
 //!   the running mean is `v_sum / len`, the length from the page table.
 //!
-//! Both are written at append: by the helpers [`sparq_store_key`] and [`sparq_add_value`]
-//! (one token each), as [`sparq_update`] does for runs of tokens; and by [`sparq_token`],
-//! the same writes for the rows of the one-launch decode append (`crate::cache`).
+//! All three are written at append: by [`sparq_update`] for runs of tokens (a prefill,
+//! or the last token of each sequence), and by [`sparq_token`], the same writes for the
+//! rows of the one-launch decode append (`crate::cache`). A token that finishes its run
+//! moves the run's staged tokens and itself into the copy ([`sparq_close_run`]); any other
+//! token of the unfinished run is staged. The readers ([`sparq_score`], [`sparq_mass`])
+//! take a row's tokens past its finished runs from `k_open` ([`closed_tokens`]).
 //!
 //! A selection, per row `(b, h)` (`program_id(0) = b * num_kv_heads + h`):
 //! 1. [`sparq_query`]: `i1`, the top `r` components of `sum_g |q_g|` over the group's query
@@ -39,6 +48,72 @@
 
 use super::page::group_query;
 use dusk_macros::kernel;
+
+/// Tokens of a run of the transposed copy (with blocks of 16 tokens or more): 16 f16
+/// values of a component are one 32-byte sector. (The kernels, which see no constants but
+/// their own, write it as the literal 16.)
+pub const SPARQ_RUN: usize = 16;
+
+/// The tokens of a row of `n` tokens that the transposed copy (blocks of `block_size`)
+/// holds: its finished runs of `min(block_size, 16)` tokens. The rest, fewer than a
+/// run, are staged in `k_open`.
+#[kernel(crate = "crate::dusk_paths")]
+pub fn closed_tokens(n: i32, block_size: i32) -> i32 {
+    let run = minimum(block_size, 16);
+    n - n % run
+}
+
+/// Writes a finished run of `run` tokens (16, or 8 with blocks of 8) into the transposed
+/// copy: token `t` of the run is row `t` of the staged rows at `k_open + staged_at` (`D`
+/// values a row) for `t < staged`, the others the rows at `rest + rest_at + (t - staged) *
+/// rest_stride`; component `c` of token `t` goes to `k_t[to + c * block_size + t]` (`to`:
+/// the run's first slot of component 0 in its block and KV head, a multiple of 8). The
+/// rows are read whole (16-byte loads) and turned through shared memory, so that each
+/// component's values are stored together: whole 32-byte sectors, 16-byte stores. (Read
+/// and stored a component at a time, the 2-byte stores of a warp's lanes each hit a
+/// sector of their own: 39.3 us for a step in which every row of MHA's batch 64 finishes
+/// a run, on the H200.) The caller checks every place in range.
+#[kernel(crate = "crate::dusk_paths")]
+#[allow(clippy::too_many_arguments)]
+pub fn sparq_close_run<const D: usize>(
+    k_open: Ptr<f16>,
+    staged_at: i64,
+    staged: i32,
+    rest: Ptr<f16>,
+    rest_at: i64,
+    rest_stride: i64,
+    run: i32,
+    k_t: Ptr<f16>,
+    to: i64,
+    block_size: i32,
+) {
+    let t = arange(0, 16);
+    let c = arange(0, D);
+    let from_staged = expand(t < staged, 1, D);
+    let from_rest = expand((t >= staged) & (t < run), 1, D);
+    let cols = expand(c as i64, 0, 16);
+    let s = load(
+        k_open + (expand(staged_at + (t as i64) * D, 1, D) + cols),
+        from_staged,
+    );
+    let r = load(
+        rest + (expand(rest_at + ((t - staged) as i64) * rest_stride, 1, D) + cols),
+        from_rest,
+    );
+    // Component-major in shared memory ([D, 16]), read back a component's run at a time.
+    let turned = shared::<f16>(D * 16);
+    store(
+        turned + (expand(t, 1, D) + expand(c * 16, 0, 16)),
+        where_(from_staged, s, r),
+    );
+    let keys = load(turned + (expand(c * 16, 1, 16) + expand(t, 0, D)));
+    // Each component's first slot, a multiple of 8 (blocks of 8 or more, runs from a
+    // multiple of 8) written so that the compiler sees it: 16-byte stores.
+    let starts = ((to + (c as i64) * (block_size as i64)) >> 3) << 3;
+    let at = expand(starts, 1, 16) + expand(t as i64, 0, D);
+    // t < run, in runs of 8 (run is 8 or 16).
+    store(k_t + at, keys, expand((t >> 3) < (run >> 3), 0, D));
+}
 
 /// The `D` element offsets, in the transposed copy of K (`[num_blocks, num_kv_heads, D,
 /// block_size]`), of slot `slot` of block `block` for KV head `head`: one value per
@@ -94,12 +169,15 @@ pub fn sparq_add_value<const D: usize>(
 /// convention (`kernels_gen/src/cache/README.md`): for each of the program's rows
 /// (`rows[i] = b * num_kv_heads + h[i]`; `page[i] < 0` skips the row), the new token of
 /// `k_new` and `v_new` (f16 `[batch, num_kv_heads, D]`), at slot `slot[i]` of the last page
-/// of sequence `b`: its key goes into `k_t` at its position `pos = (pages_b - 1) *
-/// page_size + slot` through the copy's block table after the append (`blk_indptr`,
-/// `blk_indices` of `num_blk_indices` entries, blocks of `block_size` in `0..num_blocks`;
-/// an entry outside them skips the row), its value is added to the row's sum of V (a plain
-/// read and write: a launch appends one token a sequence, so no other program writes the
-/// row). The same writes as [`sparq_update`] over that token.
+/// of sequence `b`, at position `pos = (pages_b - 1) * page_size + slot` of its sequence:
+/// through the copy's block table after the append (`blk_indptr`, `blk_indices` of
+/// `num_blk_indices` entries, blocks of `block_size` in `0..num_blocks`; an entry outside
+/// them skips the row) its block is found; a token that finishes its run (`pos % run ==
+/// run - 1`, `run = min(block_size, 16)`) moves the run's staged keys (row `rows[i]`
+/// of `k_open`) and its own into `k_t` ([`sparq_close_run`]: whole sectors), any other is
+/// staged there (one row). Its value is added to the row's sum of V (a plain read and
+/// write: a launch appends one token a sequence, so no other program writes the row). The
+/// same writes as [`sparq_update`] over that token.
 #[kernel(crate = "crate::dusk_paths")]
 #[allow(clippy::too_many_arguments)]
 pub fn sparq_token<const D: usize, const ROWS: usize>(
@@ -118,6 +196,7 @@ pub fn sparq_token<const D: usize, const ROWS: usize>(
     num_blocks: i32,
     block_size: i32,
     k_t: Ptr<f16>,
+    k_open: Ptr<f16>,
     v_sum: Ptr<f32>,
 ) {
     let valid = page >= 0;
@@ -130,13 +209,46 @@ pub fn sparq_token<const D: usize, const ROWS: usize>(
     let listed = valid & (first >= 0) & (at < end) & (end <= num_blk_indices);
     let block = load(blk_indices + at, listed, -1);
     let ok = listed & (block >= 0) & (block < num_blocks);
+    let run = minimum(block_size, 16);
+    let in_run = pos % run;
+    let closes = ok & (in_run == run - 1);
     let mask = expand(ok, 1, D);
     let comps = arange(0, D) as i64;
     let src = expand((rows as i64) * D, 1, D) + expand(comps, 0, ROWS);
-    let base = ((block as i64) * (num_kv_heads as i64) + (h as i64)) * D;
-    let to = (expand(base, 1, D) + expand(comps, 0, ROWS)) * (block_size as i64)
-        + expand((pos % block_size) as i64, 1, D);
-    store(k_t + to, load(k_new + src, mask), mask);
+    // A token of an unfinished run: staged, one row of row-major keys.
+    let staged = ((rows as i64) * 16 + (in_run as i64)) * D;
+    let stage = expand(ok & !closes, 1, D);
+    store(
+        k_open + (expand(staged, 1, D) + expand(comps, 0, ROWS)),
+        load(k_new + src, mask),
+        stage,
+    );
+    // A token that finishes its run: the run into the copy, a row at a time.
+    let lanes = arange(0, ROWS);
+    for i in 0..ROWS {
+        let pick = lanes == i;
+        if max(where_(pick & closes, 1, 0), 0) > 0 {
+            let row = sum(where_(pick, rows, 0), 0) as i64;
+            let blk = sum(where_(pick, block, 0), 0) as i64;
+            let head = sum(where_(pick, h, 0), 0) as i64;
+            let head_row = blk * (num_kv_heads as i64) + head;
+            let start = sum(where_(pick, pos % block_size - in_run, 0), 0) as i64;
+            let to = head_row * D * (block_size as i64) + start;
+            let staged_at = row * 16 * D;
+            sparq_close_run::<D>(
+                k_open,
+                staged_at,
+                run - 1,
+                k_new,
+                row * D,
+                0 as i64,
+                run,
+                k_t,
+                to,
+                block_size,
+            );
+        }
+    }
     // The sum of V of sequence b, KV head h is row `rows` of `v_sum`, which this row's
     // program alone writes in a launch (one new token a sequence): no atomics.
     let sums = v_sum + src;
@@ -151,11 +263,15 @@ pub fn sparq_token<const D: usize, const ROWS: usize>(
 /// starts[i] + counts[i]` of the cache's physical page `pages[i]`, tokens of sequence
 /// `seqs[i]` that the copy holds at slots `block_starts[i] ..` of block `blocks[i]`; for KV
 /// head `program_id(1)` each token's key goes into `k_t` and the entry's sum of V is added
-/// to `v_sum`. Parameters: `k`, `v` (the cache, f16 `[num_pages, page_size, num_kv_heads,
-/// D]`), the entries (i32 each), `num_pages`, `num_blocks`, `num_seqs`, `num_kv_heads`,
-/// `page_size`, `block_size`, then the state. Grid: `(entries, num_kv_heads)`. An entry out
-/// of range (an id, or slots outside the page or the block) is skipped: device-written
-/// entries read and write nothing out of bounds.
+/// to `v_sum`. `stages[i]` says where the keys go: negative, tokens of finished runs, into
+/// `k_t`; else the first token's place in its unfinished run, whose earlier `stages[i]`
+/// tokens are staged in `k_open`: the entry's tokens are staged after them, or, where they
+/// finish the run (`stages[i] + counts[i]` = the run's length), the run goes into `k_t`
+/// ([`sparq_close_run`]). Parameters: `k`, `v` (the cache, f16 `[num_pages, page_size,
+/// num_kv_heads, D]`), the entries (i32 each), `num_pages`, `num_blocks`, `num_seqs`,
+/// `num_kv_heads`, `page_size`, `block_size`, then the state. Grid: `(entries,
+/// num_kv_heads)`. An entry out of range (an id, slots outside the page, the block or the
+/// run) is skipped: device-written entries read and write nothing out of bounds.
 #[kernel(crate = "crate::dusk_paths", num_warps = 1)]
 #[allow(clippy::too_many_arguments)]
 pub fn sparq_update<const D: usize>(
@@ -167,6 +283,7 @@ pub fn sparq_update<const D: usize>(
     seqs: Ptr<i32>,
     blocks: Ptr<i32>,
     block_starts: Ptr<i32>,
+    stages: Ptr<i32>,
     num_pages: i32,
     num_blocks: i32,
     num_seqs: i32,
@@ -174,6 +291,7 @@ pub fn sparq_update<const D: usize>(
     page_size: i32,
     block_size: i32,
     k_t: Ptr<f16>,
+    k_open: Ptr<f16>,
     v_sum: Ptr<f32>,
 ) {
     let i = program_id(0);
@@ -184,6 +302,8 @@ pub fn sparq_update<const D: usize>(
     let seq = load(seqs + i);
     let block = load(blocks + i);
     let to = load(block_starts + i);
+    let stage = load(stages + i);
+    let run = minimum(block_size, 16);
     let ok = (page >= 0)
         & (page < num_pages)
         & (start >= 0)
@@ -194,17 +314,51 @@ pub fn sparq_update<const D: usize>(
         & (block >= 0)
         & (block < num_blocks)
         & (to >= 0)
-        & (count <= block_size - to);
+        & (count <= block_size - to)
+        & ((stage < 0) | ((count <= run - stage) & (to % run == stage)));
     if ok {
+        let row = (seq as i64) * (num_kv_heads as i64) + (h as i64);
+        let staged_at = row * 16 * D;
+        let token0 = ((page as i64) * (page_size as i64) + (start as i64)) * (num_kv_heads as i64)
+            + (h as i64);
+        let comps = arange(0, D) as i64;
+        let closes = (stage >= 0) & (stage + count == run);
         let mut acc = zeros::<f32>([D]);
         for j in 0..count {
-            let token = ((page as i64) * (page_size as i64) + ((start + j) as i64))
-                * (num_kv_heads as i64)
-                + (h as i64);
-            let offs = token * D + (arange(0, D) as i64);
-            let key = load(k + offs);
-            sparq_store_key::<D>(k_t, block, to + j, h, num_kv_heads, block_size, key);
+            let offs = (token0 + (j as i64) * (num_kv_heads as i64)) * D + comps;
+            if stage < 0 {
+                sparq_store_key::<D>(
+                    k_t,
+                    block,
+                    to + j,
+                    h,
+                    num_kv_heads,
+                    block_size,
+                    load(k + offs),
+                );
+            }
+            if (stage >= 0) & !closes {
+                store(
+                    k_open + (staged_at + ((stage + j) as i64) * D + comps),
+                    load(k + offs),
+                );
+            }
             acc = acc + load(v + offs) as f32;
+        }
+        if closes {
+            let head_row = (block as i64) * (num_kv_heads as i64) + (h as i64);
+            sparq_close_run::<D>(
+                k_open,
+                staged_at,
+                stage,
+                k,
+                token0 * D,
+                (num_kv_heads as i64) * D,
+                run,
+                k_t,
+                head_row * D * (block_size as i64) + ((to - stage) as i64),
+                block_size,
+            );
         }
         sparq_add_value::<D>(v_sum, seq, h, num_kv_heads, acc);
     }
@@ -343,11 +497,14 @@ pub fn row_max<const G: usize, const BLOCK: usize>(
 /// Step 2 for `TILE` tokens of one row (`program_id(1)` the tile): each head's logits of
 /// the tile's tokens ([`group_logits`]; a token's block and slot through the copy's block
 /// table, `blk_indptr`, `blk_indices`: blocks of `2^LOG_BS` tokens, so that a component of
-/// the tile is read in runs of contiguous slots, 16-byte loads). Writes the tokens' scores
-/// `sum_g l_g` (f32, row `(b, h)` at `tok_indptr[b] * num_kv_heads + h * len_b`, the top-k's
-/// layout) and per head the tile's logit max and `sum exp(l - max)` (`stat_max`,
-/// `stat_sum` at `(row * max_tiles + tile) * G + g`). The heads' logits themselves are not
-/// written: alpha computes those of the kept tokens again ([`sparq_mass`]). Grid: `(batch *
+/// the tile is read in runs of contiguous slots, 16-byte loads; the row's unfinished run,
+/// fewer than [`SPARQ_RUN`] tokens past [`closed_tokens`], from its staged rows in
+/// `k_open`, in the tile that holds them). Writes the tokens' scores `sum_g l_g` (f32, row
+/// `(b, h)` at `tok_indptr[b] * num_kv_heads + h * len_b`, the top-k's layout) and per head
+/// the tile's logit max and `sum exp(l - max)` (`stat_max`, `stat_sum` at `(row *
+/// max_tiles + tile) * G + g`). The heads' logits are written for the staged tokens only
+/// (`staged_logits[(row * G + g) * 16 + t]` for token `closed + t`): alpha computes those
+/// of the other kept tokens again from the copy ([`sparq_mass`]). Grid: `(batch *
 /// num_kv_heads, ceil(longest sequence / TILE))`, one warp a program.
 #[kernel(crate = "crate::dusk_paths", num_warps = 1)]
 #[allow(clippy::too_many_arguments)]
@@ -359,6 +516,7 @@ pub fn sparq_score<
     const LOG_BS: usize,
 >(
     k_t: Ptr<f16>,
+    k_open: Ptr<f16>,
     blk_indptr: Ptr<i32>,
     blk_indices: Ptr<i32>,
     tok_indptr: Ptr<i32>,
@@ -367,6 +525,7 @@ pub fn sparq_score<
     scores: Ptr<f32>,
     stat_max: Ptr<f32>,
     stat_sum: Ptr<f32>,
+    staged_logits: Ptr<f32>,
     num_kv_heads: i32,
     head_dim: i32,
     r: i32,
@@ -380,7 +539,8 @@ pub fn sparq_score<
     let n = load(tok_indptr + (b + 1)) - first;
     if tile * TILE < n {
         let tok = tile * TILE + arange(0, TILE);
-        let valid = tok < n;
+        let closed = closed_tokens(n, 1 << LOG_BS);
+        let valid = tok < closed;
         // Block and slot of each token (a token of no block, past the sequence, reads
         // block 0): a block's slots are contiguous in `k_t`.
         let j = tok >> LOG_BS;
@@ -391,14 +551,28 @@ pub fn sparq_score<
         let base = ((blk as i64) * (num_kv_heads as i64) + (h as i64)) * (head_dim as i64);
         let cols = base * (1 << LOG_BS) + (slot as i64);
         let acc = group_logits::<G, RP, CH, TILE, LOG_BS>(k_t, dims, qs, row, r, cols);
-        let at = (first * num_kv_heads + h * n) as i64 + (tok as i64);
-        store(scores + at, sum(acc, 0), valid);
+        let at = (first * num_kv_heads + h * n) as i64;
+        store(scores + (at + (tok as i64)), sum(acc, 0), valid);
         let l = where_(expand(valid, 0, G), acc, f32::NEG_INFINITY);
-        let m = max(l, 1);
+        // The unfinished run's tokens in this tile, from their staged rows.
+        let open = closed + arange(0, 16);
+        let staged = (open < n) & (open >= tile * TILE) & (open < tile * TILE + TILE);
+        let mut lo = splat(f32::NEG_INFINITY, [G, 16]);
+        if (closed < n) & (closed < tile * TILE + TILE) {
+            let rows = ((row as i64) * 16 + (arange(0, 16) as i64)) * (head_dim as i64);
+            let o = group_logits::<G, RP, CH, 16, 0>(k_open, dims, qs, row, r, rows);
+            store(scores + (at + (open as i64)), sum(o, 0), staged);
+            let heads = (row * G + arange(0, G)) * 16;
+            let per_head = expand(heads, 1, 16) + expand(arange(0, 16), 0, G);
+            store(staged_logits + per_head, o, expand(staged, 0, G));
+            lo = where_(expand(staged, 0, G), o, f32::NEG_INFINITY);
+        }
+        let m = maximum(max(l, 1), max(lo, 1));
         let e = exp2((l - expand(m, 1, TILE)) * 1.4426950408889634);
+        let eo = exp2((lo - expand(m, 1, 16)) * 1.4426950408889634);
         let stat = (row * max_tiles + tile) * G + arange(0, G);
         store(stat_max + stat, m);
-        store(stat_sum + stat, sum(e, 1));
+        store(stat_sum + stat, sum(e, 1) + sum(eo, 1));
     }
 }
 
@@ -408,7 +582,9 @@ pub fn sparq_score<
 /// of `tile` tokens), into `mass[(row * max_chunks + chunk) * G + g]`. With one head the
 /// logits are the scores; with several, each head's logits of the kept tokens are computed
 /// again from `k_t`, as [`sparq_score`] computed them ([`group_logits`]: `r` components of
-/// each kept token, 2-byte gathers). A chunk past the row's kept tokens writes nothing;
+/// each kept token, 2-byte gathers), and those of the row's staged tokens (not in `k_t`)
+/// read from what the scoring wrote (`staged_logits`, `(row * G + g) * 16 + t` for token
+/// `closed + t`). A chunk past the row's kept tokens writes nothing;
 /// kept items outside the sequence (device-written) count for nothing. Grid: `(batch *
 /// num_kv_heads, max_chunks)`, one warp a program.
 #[kernel(crate = "crate::dusk_paths", num_warps = 1)]
@@ -428,6 +604,7 @@ pub fn sparq_mass<
     qs: Ptr<f32>,
     scores: Ptr<f32>,
     stat_max: Ptr<f32>,
+    staged_logits: Ptr<f32>,
     sel_item_indptr: Ptr<i32>,
     sel_items: Ptr<i32>,
     mass: Ptr<f32>,
@@ -452,6 +629,10 @@ pub fn sparq_mass<
         let listed = i < kept;
         let token = load(sel_items + (lo + i), listed, 0);
         let ok = listed & (token >= 0) & (token < n);
+        // A kept token's place, the one block kept across the logits: -1 none (past the
+        // list, or outside the sequence), 0 in the copy, 1 + t the staged token closed + t.
+        let closed = closed_tokens(n, 1 << LOG_BS);
+        let place = where_(ok, where_(token < closed, 0, token - closed + 1), -1);
         let mut l = zeros::<f32>([G, CHUNK]);
         if G > 1 {
             // A token outside the sequence reads block 0, slot 0.
@@ -462,12 +643,17 @@ pub fn sparq_mass<
             let base = ((blk as i64) * (num_kv_heads as i64) + (h as i64)) * (head_dim as i64);
             let cols = base * (1 << LOG_BS) + (slot as i64);
             l = group_logits::<G, RP, CH, CHUNK, LOG_BS>(k_t, dims, qs, row, r, cols);
+            // Kept tokens of the unfinished run (not in the copy): the scoring's logits.
+            let staged = expand(place > 0, 0, G);
+            let heads = (row * G + arange(0, G)) * 16 - 1;
+            let at = expand(heads, 1, CHUNK) + expand(place, 0, G);
+            l = where_(staged, load(staged_logits + at, staged, 0.0), l);
         } else {
             let at = (first * num_kv_heads + h * n) as i64 + (token as i64);
             l = expand(load(scores + at, ok, 0.0), 0, G);
         }
         let w = exp2((l - expand(top, 1, CHUNK)) * 1.4426950408889634);
-        let part = sum(where_(expand(ok, 0, G), w, 0.0), 1);
+        let part = sum(where_(expand(place >= 0, 0, G), w, 0.0), 1);
         store(mass + ((row * max_chunks + chunk) * G + arange(0, G)), part);
     }
 }

@@ -3,6 +3,7 @@
 //! [`super::reference::top_k_row`] (the sort the device top-k must equal) and the final
 //! attention [`crate::reference::attention`] with its SparQ mix.
 
+use super::sparq_kernels::SPARQ_RUN;
 use crate::paged::{KvShape, PageTable};
 use half::f16;
 
@@ -118,9 +119,11 @@ pub fn paged_key<'a>(
     }
 }
 
-/// The transposed copy after every token of `table` is added: `k_t` (f16 `[num_blocks,
-/// num_kv_heads, head_dim, block_size]`) with each token of the cache `k` at its slot of
-/// the block `blocks` (the copy's block table) gives it, the other slots left as they are.
+/// SparQ's copy of K after every token of `table` is added: `k_t` (f16 `[num_blocks,
+/// num_kv_heads, head_dim, block_size]`) with each token of a finished run (of
+/// `min(block_size, 16)` tokens) of the cache `k` at its slot of the block `blocks` (the
+/// copy's block table) gives it, and `k_open` (f16 `[batch, num_kv_heads, 16, head_dim]`)
+/// with each sequence's unfinished run, a token a row; the other values left as they are.
 pub fn transpose_blocks(
     k: &[f16],
     kv: &KvShape,
@@ -128,20 +131,44 @@ pub fn transpose_blocks(
     blocks: &PageTable,
     block_size: usize,
     k_t: &mut [f16],
+    k_open: &mut [f16],
 ) {
-    let (d, ps, bs) = (kv.head_dim, kv.page_size, block_size);
+    let (d, ps, bs, hk) = (kv.head_dim, kv.page_size, block_size, kv.num_kv_heads);
+    let run = bs.min(SPARQ_RUN);
     for b in 0..table.batch() {
-        for t in 0..table.seq_len(b, ps) {
+        let n = table.seq_len(b, ps);
+        for t in 0..n {
             let page = table.kv_page_indices[table.kv_indptr[b] as usize + t / ps] as usize;
             let block = blocks.kv_page_indices[blocks.kv_indptr[b] as usize + t / bs] as usize;
-            for h in 0..kv.num_kv_heads {
-                for c in 0..d {
-                    let at = ((block * kv.num_kv_heads + h) * d + c) * bs + t % bs;
-                    k_t[at] = k[kv.k_row(page, t % ps, h) * d + c];
+            for h in 0..hk {
+                let key = &k[kv.k_row(page, t % ps, h) * d..][..d];
+                if t < n - n % run {
+                    for (c, x) in key.iter().enumerate() {
+                        k_t[((block * hk + h) * d + c) * bs + t % bs] = *x;
+                    }
+                } else {
+                    let row = (b * hk + h) * SPARQ_RUN + t % run;
+                    k_open[row * d..][..d].copy_from_slice(key);
                 }
             }
         }
     }
+}
+
+/// The rows of `k_open` (f16 `[_, num_kv_heads, 16, head_dim]`) that hold each sequence's
+/// unfinished run of `run` tokens over `table`, in order: what a state's staged keys are
+/// compared by (its other rows hold whatever was staged before).
+pub fn staged_rows(k_open: &[f16], kv: &KvShape, table: &PageTable, run: usize) -> Vec<f16> {
+    let (d, hk) = (kv.head_dim, kv.num_kv_heads);
+    let mut out = vec![];
+    for b in 0..table.batch() {
+        let n = table.seq_len(b, kv.page_size);
+        for h in 0..hk {
+            let row = (b * hk + h) * SPARQ_RUN;
+            out.extend_from_slice(&k_open[row * d..][..n % run * d]);
+        }
+    }
+    out
 }
 
 /// The sum of V over each sequence's tokens, `[batch, num_kv_heads, head_dim]`.

@@ -7,7 +7,9 @@
 //! 2. one decode step at 32k context, batch 32 and 64, GQA 32/8 and MHA 32/32, head_dim
 //!    128, one new token per sequence, INT4 copy and one selector's state (Quest's,
 //!    `append_*`; Double Sparsity's labels of 16 channels, `append_ds_*`; SparQ's
-//!    transposed copy in blocks of 256 and sums of V, `append_sparq_*`): the touched list
+//!    transposed copy in blocks of 256 and sums of V, `append_sparq_*`, where a sixteenth
+//!    of the sequences' tokens finish a run of the copy as on average, and
+//!    `append_sparq_finish_*`, where every token does, its slowest step): the touched list
 //!    checked, then the step timed by the harness beside the same computation in PyTorch
 //!    (`--append-peers`, written by `benches/baselines/append_peers.py` in the same
 //!    command), and for Quest every compiled configuration timed as a sweep (DS and SparQ
@@ -159,23 +161,32 @@ pub fn cases(
         ),
     ];
     for (prefix, selector, parts) in selectors {
-        for batch in [32usize, 64] {
-            for hkv in [8usize, 32] {
-                let name = format!("append_{prefix}b{batch}_h32x{hkv}_ctx32768");
-                if !wants(&name) {
-                    continue;
+        let finish = if parts.sparq {
+            &[false, true][..]
+        } else {
+            &[false]
+        };
+        for &finish_runs in finish {
+            for batch in [32usize, 64] {
+                for hkv in [8usize, 32] {
+                    let prefix = if finish_runs { "sparq_finish_" } else { prefix };
+                    let name = format!("append_{prefix}b{batch}_h32x{hkv}_ctx32768");
+                    if !wants(&name) {
+                        continue;
+                    }
+                    let case = AppendCase {
+                        batch,
+                        num_kv_heads: hkv,
+                        finish_runs,
+                        parts: AppendParts {
+                            quantized: Some(4),
+                            ..parts
+                        },
+                        seed: seed ^ (batch * 100 + hkv) as u64,
+                        ..AppendCase::default()
+                    };
+                    out.push(timed(dusk, &name, selector, &case, peers, copy_gbps)?);
                 }
-                let case = AppendCase {
-                    batch,
-                    num_kv_heads: hkv,
-                    parts: AppendParts {
-                        quantized: Some(4),
-                        ..parts
-                    },
-                    seed: seed ^ (batch * 100 + hkv) as u64,
-                    ..AppendCase::default()
-                };
-                out.push(timed(dusk, &name, selector, &case, peers, copy_gbps)?);
             }
         }
     }
@@ -231,7 +242,8 @@ fn timed(
     let shape = json!({"batch": case.batch, "num_q_heads": 32, "num_kv_heads": case.num_kv_heads,
                        "head_dim": 128, "page_size": 16, "context": 32768, "new_tokens": 1,
                        "bits": 4, "selector": selector, "quest": p.quest, "ds_r": p.ds,
-                       "sparq_block_size": p.sparq.then_some(case.sparq_block_size)});
+                       "sparq_block_size": p.sparq.then_some(case.sparq_block_size),
+                       "finish_runs": case.finish_runs});
     let extra = json!({
         "peer_torch": peers.map(|p| p["torch"].clone()),
         "peer_copy_gbps": peers.and_then(|p| p["copy_gbps"].as_f64()),
