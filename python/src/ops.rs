@@ -1361,28 +1361,51 @@ fn seq_len(t: &PageTable, b: usize, page_size: usize) -> usize {
     }
 }
 
+/// `q`, `k`, `v`, `out` and the optional `lse` of an attention call, borrowed.
+pub(crate) type AttentionArgs<T> = (
+    Buffer<T>,
+    Buffer<T>,
+    Buffer<T>,
+    Buffer<T>,
+    Option<Buffer<f32>>,
+);
+
+/// An attention call's tensors `[q, k, v, out, lse?]` as device buffers: `q`, `k`, `v` and
+/// `out` of element `T`, the optional `lse` of f32.
+///
+/// # Safety
+/// The caller checked each tensor's dtype, shape and layout, and keeps them alive until
+/// the work using them is queued.
+pub(crate) unsafe fn borrow_attention_args<T: Element>(
+    ctx: &Ctx,
+    ts: &[Tensor],
+) -> PyResult<AttentionArgs<T>> {
+    let dev = ctx.device();
+    // SAFETY: the caller's promise, above.
+    unsafe {
+        let lse = match ts.get(4) {
+            Some(l) => Some(l.borrow::<f32>(dev)?),
+            None => None,
+        };
+        Ok((
+            ts[0].borrow::<T>(dev)?,
+            ts[1].borrow::<T>(dev)?,
+            ts[2].borrow::<T>(dev)?,
+            ts[3].borrow::<T>(dev)?,
+            lse,
+        ))
+    }
+}
+
 fn run_attention<T: Element>(
     ctx: &Ctx,
     st: &mut AttentionState,
     ts: &[Tensor],
     stream: Option<u64>,
 ) -> PyResult<()> {
-    let dev = ctx.device();
     // SAFETY: every tensor's dtype, shape and layout were checked by the caller; they
     // outlive the queueing.
-    let (q, k, v, mut out) = unsafe {
-        (
-            ts[0].borrow::<T>(dev)?,
-            ts[1].borrow::<T>(dev)?,
-            ts[2].borrow::<T>(dev)?,
-            ts[3].borrow::<T>(dev)?,
-        )
-    };
-    let mut given = match ts.get(4) {
-        // SAFETY: as above.
-        Some(l) => Some(unsafe { l.borrow::<f32>(dev)? }),
-        None => None,
-    };
+    let (q, k, v, mut out, mut given) = unsafe { borrow_attention_args::<T>(ctx, ts)? };
     let AttentionState {
         plan,
         meta,
@@ -1395,7 +1418,7 @@ fn run_attention<T: Element>(
         None => own_lse,
     };
     on_stream(ctx, stream, || {
-        replayed(dev, replay.as_mut(), || {
+        replayed(ctx.device(), replay.as_mut(), || {
             plan.run(&ctx.dusk, &q, &k, &v, meta, None, &mut out, lse)
         })
     })

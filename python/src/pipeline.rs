@@ -6,7 +6,8 @@
 use crate::context::{context, parse_device, resolve_stream, Ctx};
 use crate::errors::{invalid, to_py_renamed, OrPy};
 use crate::ops::{
-    check_outputs, no_plan, on_stream, page_table, parse_params, policy, settle, tensors,
+    borrow_attention_args, check_outputs, no_plan, on_stream, page_table, parse_params, policy,
+    settle, tensors,
 };
 use crate::tensor::{type_name, Array};
 use dusk_compiler::DType;
@@ -381,22 +382,9 @@ impl PipelinePlanPy {
             l.expect(DType::F32, &[st.batch, st.num_q_heads])?;
         }
         check_outputs(&ts, 3)?;
-        let dev = ctx.device();
         // SAFETY: every tensor's dtype, shape and layout checked above; they outlive the
         // queueing; the outputs share memory with no input (checked).
-        let (qb, kb, vb, mut ob) = unsafe {
-            (
-                ts[0].borrow::<f16>(dev)?,
-                ts[1].borrow::<f16>(dev)?,
-                ts[2].borrow::<f16>(dev)?,
-                ts[3].borrow::<f16>(dev)?,
-            )
-        };
-        let mut given = match ts.get(4) {
-            // SAFETY: as above.
-            Some(l) => Some(unsafe { l.borrow::<f32>(dev)? }),
-            None => None,
-        };
+        let (qb, kb, vb, mut ob, mut given) = unsafe { borrow_attention_args::<f16>(ctx, &ts)? };
         let lse = match given.as_mut() {
             Some(l) => l,
             None => &mut st.lse,
