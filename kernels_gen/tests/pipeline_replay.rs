@@ -69,17 +69,7 @@ fn a_captured_decode_step_replays_new_lengths_on_a_gpu() {
 fn a_bad_device_table_stays_in_bounds() {
     let dusk = dusk();
     let dev = dusk.device();
-    let kv = KvShape {
-        num_pages: 12,
-        page_size: 16,
-        num_kv_heads: 2,
-        head_dim: 64,
-    };
-    let shape = PipelineShape {
-        kv,
-        num_q_heads: 8,
-        dtype: DType::F16,
-    };
+    let (kv, shape) = small_shape(12);
     let limits = StepLimits {
         batch: 3,
         max_tokens: 64,
@@ -142,17 +132,7 @@ fn lse_buf(dusk: &Dusk) -> dusk_runtime::Buffer<f32> {
 fn device_table_errors_name_the_argument() {
     let dusk = dusk();
     let dev = dusk.device();
-    let kv = KvShape {
-        num_pages: 8,
-        page_size: 16,
-        num_kv_heads: 2,
-        head_dim: 64,
-    };
-    let shape = PipelineShape {
-        kv,
-        num_q_heads: 8,
-        dtype: DType::F16,
-    };
+    let (kv, shape) = small_shape(8);
     let limits = StepLimits {
         batch: 2,
         max_tokens: 64,
@@ -309,17 +289,7 @@ fn a_users_selector_on_a_device_table_follows_the_appends() {
     let dusk = dusk();
     let dev = dusk.device();
     let mut rng = SmallRng::seed_from_u64(21);
-    let kv = KvShape {
-        num_pages: 16,
-        page_size: 16,
-        num_kv_heads: 2,
-        head_dim: 64,
-    };
-    let shape = PipelineShape {
-        kv,
-        num_q_heads: 8,
-        dtype: DType::F16,
-    };
+    let (kv, shape) = small_shape(16);
     let p = PipelineBuilder::new()
         .select(Select::Pages {
             selector: centroid::CENTROID,
@@ -422,4 +392,20 @@ fn a_users_selector_on_a_device_table_follows_the_appends() {
 
 fn out_buf2(dusk: &Dusk) -> dusk_runtime::Buffer<f16> {
     dusk.device().alloc(2 * 8 * 64).unwrap()
+}
+
+/// `num_pages` pages of 16 tokens, 2 KV heads of 64, 8 query heads (groups of 4), f16.
+fn small_shape(num_pages: usize) -> (KvShape, PipelineShape) {
+    let kv = KvShape {
+        num_pages,
+        page_size: 16,
+        num_kv_heads: 2,
+        head_dim: 64,
+    };
+    let shape = PipelineShape {
+        kv,
+        num_q_heads: 8,
+        dtype: DType::F16,
+    };
+    (kv, shape)
 }
