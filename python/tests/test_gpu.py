@@ -507,3 +507,46 @@ def test_a_captured_pipeline_step_replays_like_eager_steps(gen):
         np.testing.assert_array_equal(torch.from_dlpack(p.sel_indices).cpu().numpy()[: ip[-1]], want_kept)
         assert torch.equal(kg, want_k)
         assert torch.equal(out, want_out)
+
+
+@pytest.mark.parametrize("select", ["ds", "sparq"])
+def test_token_selector_pipelines_from_the_bundle_equal_the_interpreter(gen, select):
+    # Double Sparsity (16 labels, N/4) + top-p and SparQ (r = 16, N/8, its mix) at the
+    # bundle's shapes: every GPU kernel from the bundle. The same decode step (prepare,
+    # replan to one more token a sequence, append, step) on the GPU and through the CPU
+    # interpreter: the same selection and budgets, outputs within rounding.
+    seq_lens = [2001, 700, 1500, 257]  # each last page has room for the next token
+    hkv, hq, d = 2, 8, 128
+    indptr, ids, last, num_pages, q, k, v = attention_inputs(gen, seq_lens, hkv, hq, d)
+    samples = torch.randn((16, hq, d), generator=gen).half().numpy()
+    keys = torch.randn((16, hkv, d), generator=gen).half().numpy()
+    decl = {
+        "ds": dict(select="ds", calibration=dusk.calibrate_ds(samples, keys, r=16), budget=0.25,
+                   prune=[("top_p", {"p": 0.95})]),
+        "sparq": dict(select="sparq", budget=0.125, recent=64),
+    }[select]
+    k_new = torch.randn((len(seq_lens), hkv, d), generator=gen).half()
+    v_new = torch.randn_like(k_new)
+    grown = np.asarray(last) + 1
+    got = {}
+    for dev in ("cpu", DEV):
+        kc, vc = k.clone().to(dev), v.clone().to(dev)
+        p = dusk.PipelinePlan(dev, **decl)
+        p.plan(indptr, ids, last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, num_pages=num_pages)
+        if dev == DEV:
+            kernels = dict(dusk.loaded_kernels(DEV))
+            assert set(kernels.values()) == {"bundle"}, kernels
+        p.prepare(kc, vc)
+        p.replan(indptr, ids, grown)
+        p.append(k_new.to(dev), v_new.to(dev), kc, vc)
+        out = torch.full_like(q, float("nan")).to(dev)
+        p.step(q.to(dev), kc, vc, out)
+        if dev == DEV:
+            torch.cuda.synchronize()
+        sel = torch.from_dlpack(p.selection).cpu().numpy()[: p.candidate_indptr[-1]].copy()
+        got[dev] = (sel, p.budgets(), out.float().cpu().numpy(), kc.cpu())
+    (sel_c, bud_c, out_c, k_c), (sel_g, bud_g, out_g, k_g) = got["cpu"], got[DEV]
+    assert torch.equal(k_c, k_g)
+    np.testing.assert_array_equal(sel_g, sel_c)
+    assert bud_g == bud_c
+    np.testing.assert_allclose(out_g, out_c, atol=2e-3, rtol=2e-2)
