@@ -6,8 +6,8 @@
 use crate::context::{context, parse_device, resolve_stream, Ctx};
 use crate::errors::{invalid, to_py_renamed, OrPy};
 use crate::ops::{
-    borrow_attention_args, check_outputs, no_plan, on_stream, page_table, parse_params, policy,
-    settle, tensors,
+    borrow_attention_args, check_outputs, device_i32s, no_plan, on_stream, page_table,
+    parse_params, policy, settle, tensors,
 };
 use crate::tensor::{type_name, Array, Place, Tensor};
 use dusk_compiler::DType;
@@ -16,7 +16,7 @@ use dusk_kernels::engines::CsrPages;
 use dusk_kernels::paged::{KvShape, PageTable};
 use dusk_kernels::pipeline::{
     Attend, DsSelect, Pipeline, PipelineBuilder, PipelinePlan as Plan, PipelineShape, Prune,
-    Select, SparqSelect,
+    Select, SparqSelect, StepLimits,
 };
 use dusk_kernels::selectors::{Budget, DsCalibration, DsOptions, SparqOptions};
 use dusk_runtime::Buffer;
@@ -28,14 +28,29 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// A planned pipeline and what its runs need beside the caller's tensors.
 struct PipeState {
     plan: Plan,
-    /// The append of one token per sequence at the end of the plan's table.
-    append: AppendPlan,
-    table: CsrPages,
+    table: Table,
     /// The log-sum-exp a step writes when the caller gives none.
     lse: Buffer<f32>,
     kv: KvShape,
     batch: usize,
     num_q_heads: usize,
+}
+
+/// Where a plan's page table lives.
+enum Table {
+    /// Host metadata, uploaded: the append of one token per sequence at its end.
+    Host {
+        append: Box<AppendPlan>,
+        table: CsrPages,
+    },
+    /// The caller's int32 tensors on the device, borrowed (their objects kept alive), read
+    /// by each step as they are then; the append is the plan's own.
+    Device {
+        table: CsrPages,
+        _keep: Vec<Py<PyAny>>,
+        /// This step's append also sized the step from the table: `step` need not again.
+        sized: bool,
+    },
 }
 
 /// A sparse-attention decode step as one plan: a selector, pruners run in turn, and an
@@ -171,6 +186,72 @@ fn parse_attend(attend: &str) -> PyResult<Attend> {
 }
 
 impl PipelinePlanPy {
+    /// `plan(..., device_table=True)`.
+    fn plan_on_device(
+        &mut self,
+        meta: [&Bound<'_, PyAny>; 3],
+        kv: KvShape,
+        num_q_heads: usize,
+        max_tokens: Option<usize>,
+    ) -> PyResult<()> {
+        let ctx = &self.ctx;
+        let max_tokens = max_tokens.ok_or_else(|| {
+            invalid(
+                "max_tokens",
+                "the longest sequence a step may see, with device_table=True",
+                "none",
+            )
+        })?;
+        let tab = device_i32s(
+            ctx,
+            &[
+                (meta[0], "kv_indptr"),
+                (meta[1], "kv_page_indices"),
+                (meta[2], "kv_last_page_len"),
+            ],
+        )?;
+        let batch = tab[0].numel().saturating_sub(1);
+        let shape = PipelineShape {
+            kv,
+            num_q_heads,
+            dtype: DType::F16,
+        };
+        let limits = StepLimits {
+            batch,
+            max_tokens,
+            append: true,
+        };
+        let plan = self
+            .pipeline
+            .plan_device(&ctx.dusk, shape, limits)
+            .map_err(|e| to_py_renamed(e, &[("batch", "kv_indptr")]))?;
+        let dev = ctx.device();
+        // SAFETY: contiguous int32 tensors of their lengths, whose objects (and capsules)
+        // the state keeps, so the memory outlives the plan's use of it.
+        let table = unsafe {
+            CsrPages {
+                kv_indptr: tab[0].borrow::<i32>(dev)?,
+                kv_page_indices: tab[1].borrow::<i32>(dev)?,
+                kv_last_page_len: tab[2].borrow::<i32>(dev)?,
+            }
+        };
+        let lse = dev.alloc::<f32>((batch * num_q_heads).max(1)).py_err()?;
+        settle(ctx)?;
+        self.state = Some(Arc::new(Mutex::new(PipeState {
+            plan,
+            table: Table::Device {
+                table,
+                _keep: tab.iter().flat_map(|t| t.keep_alive()).collect(),
+                sized: false,
+            },
+            lse,
+            kv,
+            batch,
+            num_q_heads,
+        })));
+        Ok(())
+    }
+
     fn state(&self) -> PyResult<MutexGuard<'_, PipeState>> {
         let st = self.state.as_ref().ok_or_else(no_plan)?;
         Ok(st.lock().unwrap_or_else(|e| e.into_inner()))
@@ -304,8 +385,17 @@ impl PipelinePlanPy {
     /// (`kv_indptr [batch + 1]`, `kv_page_indices`, `kv_last_page_len [batch]`: the table
     /// after this step's append, each sequence's new token its last): sizes every buffer
     /// and loads every kernel (`NotInBundle` on a GPU if the bundle lacks one). The INT4
-    /// copy and Quest's state start zeroed: `prepare` fills them. May synchronise.
-    #[pyo3(signature = (kv_indptr, kv_page_indices, kv_last_page_len, *, num_qo_heads, num_kv_heads, head_dim, num_pages, page_size=16))]
+    /// copy and the selector's state start zeroed: `prepare` fills them. May synchronise.
+    ///
+    /// `device_table=True` (Quest or a page selector, or dense attention): the three
+    /// metadata are int32 tensors on the plan's device (`kv_indptr [batch + 1]`,
+    /// `kv_page_indices` of any capacity, `kv_last_page_len [batch]`, e.g. what
+    /// `vllm_to_csr` writes each step), borrowed, not copied: every buffer is sized for
+    /// `batch` sequences of up to `max_tokens` tokens (required) and each `append` or `step`
+    /// reads the table as it is then, on the device, so one captured graph replays a decode
+    /// loop whose lengths grow (the kernels clamp what they read: a bad table gives a wrong
+    /// answer, never an access out of bounds).
+    #[pyo3(signature = (kv_indptr, kv_page_indices, kv_last_page_len, *, num_qo_heads, num_kv_heads, head_dim, num_pages, page_size=16, device_table=false, max_tokens=None))]
     #[allow(clippy::too_many_arguments)]
     fn plan(
         &mut self,
@@ -317,7 +407,29 @@ impl PipelinePlanPy {
         head_dim: usize,
         num_pages: usize,
         page_size: usize,
+        device_table: bool,
+        max_tokens: Option<usize>,
     ) -> PyResult<()> {
+        if device_table {
+            return self.plan_on_device(
+                [kv_indptr, kv_page_indices, kv_last_page_len],
+                KvShape {
+                    num_pages,
+                    page_size,
+                    num_kv_heads,
+                    head_dim,
+                },
+                num_qo_heads,
+                max_tokens,
+            );
+        }
+        if max_tokens.is_some() {
+            return Err(invalid(
+                "max_tokens",
+                "none with a host table (its lengths size the plan)",
+                "a number",
+            ));
+        }
         let table = page_table(kv_indptr, kv_page_indices, kv_last_page_len)?;
         let kv = KvShape {
             num_pages,
@@ -376,6 +488,23 @@ impl PipelinePlanPy {
             Some(t) => Some(unsafe { t.borrow::<f16>(ctx.device())? }),
             None => None,
         };
+        let st = &mut *st;
+        if let Table::Device { table, .. } = &st.table {
+            // The sequences now on the device (a prefill is planned on the host: it may wait).
+            let down = |b: &Buffer<i32>| b.download().py_err();
+            let mut now = PageTable {
+                kv_indptr: down(&table.kv_indptr)?,
+                kv_page_indices: down(&table.kv_page_indices)?,
+                kv_last_page_len: down(&table.kv_last_page_len)?,
+            };
+            let used = now.kv_indptr.last().copied().unwrap_or(0).max(0) as usize;
+            now.kv_page_indices.truncate(used);
+            now.validate(&st.kv).py_err()?;
+            return on_stream(ctx, stream, || {
+                st.plan.prefill(&ctx.dusk, &k, v.as_ref(), &now)
+            })
+            .map_err(|e| to_py_renamed(e, &[("k", "k_cache"), ("v", "v_cache")]));
+        }
         on_stream(ctx, stream, || match &v {
             Some(v) => st.plan.prepare_kv(&ctx.dusk, &k, v),
             None => st.plan.prepare(&ctx.dusk, &k),
@@ -396,6 +525,14 @@ impl PipelinePlanPy {
         kv_last_page_len: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let table = page_table(kv_indptr, kv_page_indices, kv_last_page_len)?;
+        if matches!(self.state()?.table, Table::Device { .. }) {
+            return Err(crate::errors::simple(
+                "DuskError",
+                "replan on a plan made with device_table=True: it reads the table on the \
+                 device at each step (write the next table into the same tensors)"
+                    .to_string(),
+            ));
+        }
         let arc = self.state.take().ok_or_else(no_plan)?;
         let old = match Arc::try_unwrap(arc) {
             Ok(m) => m.into_inner().unwrap_or_else(|e| e.into_inner()),
@@ -471,9 +608,16 @@ impl PipelinePlanPy {
                 ts[3].borrow::<f16>(dev)?,
             )
         };
-        on_stream(ctx, stream, || {
-            let targets = st.plan.append_targets(&mut kc, &mut vc);
-            st.append.run(&ctx.dusk, &st.table, &kn, &vn, targets)
+        on_stream(ctx, stream, || match &mut st.table {
+            Table::Host { append, table } => {
+                let targets = st.plan.append_targets(&mut kc, &mut vc);
+                append.run(&ctx.dusk, table, &kn, &vn, targets)
+            }
+            Table::Device { table, sized, .. } => {
+                *sized = true;
+                st.plan
+                    .run_table(&ctx.dusk, table, Some((&kn, &vn)), &mut kc, &mut vc)
+            }
         })
         .py_err()
     }
@@ -519,12 +663,20 @@ impl PipelinePlanPy {
         check_outputs(&ts, 3)?;
         // SAFETY: every tensor's dtype, shape and layout checked above; they outlive the
         // queueing; the outputs share memory with no input (checked).
-        let (qb, kb, vb, mut ob, mut given) = unsafe { borrow_attention_args::<f16>(ctx, &ts)? };
+        let (qb, mut kb, mut vb, mut ob, mut given) =
+            unsafe { borrow_attention_args::<f16>(ctx, &ts)? };
         let lse = match given.as_mut() {
             Some(l) => l,
             None => &mut st.lse,
         };
         on_stream(ctx, stream, || {
+            if let Table::Device { table, sized, .. } = &mut st.table {
+                if !std::mem::take(sized) {
+                    // Without new tokens the sizing launch only reads the table.
+                    st.plan
+                        .run_table(&ctx.dusk, table, None, &mut kb, &mut vb)?;
+                }
+            }
             st.plan.step(&ctx.dusk, &qb, &kb, &vb, &mut ob, lse)
         })
         .map_err(|e| to_py_renamed(e, &[("k", "k_cache"), ("v", "v_cache")]))
@@ -664,8 +816,10 @@ fn planned(
     settle(ctx)?;
     Ok(PipeState {
         plan,
-        append,
-        table: csr,
+        table: Table::Host {
+            append: Box::new(append),
+            table: csr,
+        },
         lse,
         kv,
         batch: table.batch(),

@@ -550,3 +550,86 @@ def test_token_selector_pipelines_from_the_bundle_equal_the_interpreter(gen, sel
     np.testing.assert_array_equal(sel_g, sel_c)
     assert bud_g == bud_c
     np.testing.assert_allclose(out_g, out_c, atol=2e-3, rtol=2e-2)
+
+
+def test_a_device_table_pipeline_replays_a_decode_loop_whose_lengths_grow(gen):
+    # Quest (N/4) + top-p on a page table in device tensors the plan borrows
+    # (device_table=True): three steps, each writing the grown table into the same tensors
+    # (a sequence taking a new page), then append and step; eagerly, then from one CUDA graph
+    # captured once and replayed each step from the same start: equal bit for bit.
+    seq_lens = [2001, 700, 1500, 256]  # the last sequence's page is full: a new page at once
+    hkv, hq, d = 2, 8, 128
+    indptr, ids, last, num_pages, q, k, v = attention_inputs(gen, seq_lens, hkv, hq, d)
+    spare0 = [x for x in range(num_pages) if x not in set(ids.tolist())]
+    cap = len(ids) + 4
+    t_indptr = torch.tensor(indptr, dtype=torch.int32, device=DEV)
+    t_ids = torch.zeros(cap, dtype=torch.int32, device=DEV)
+    t_last = torch.tensor(last, dtype=torch.int32, device=DEV)
+    p = dusk.PipelinePlan(DEV, select="quest", budget=0.25, prune=[("top_p", {"p": 0.95})])
+
+    def write_table(ip, ix, la):
+        t_indptr.copy_(torch.from_numpy(ip))
+        t_ids[: len(ix)].copy_(torch.from_numpy(ix))
+        t_last.copy_(torch.from_numpy(la))
+
+    write_table(indptr, ids, last)
+    p.plan(t_indptr, t_ids, t_last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, num_pages=num_pages,
+           device_table=True, max_tokens=2048 + 64)
+    assert set(dict(dusk.loaded_kernels(DEV)).values()) == {"bundle"}
+    tables = []
+    ip, ix, la, spare = indptr.copy(), np.zeros(cap, np.int32), last.copy(), list(spare0)
+    ix[: len(ids)] = ids
+    for _ in range(3):
+        for b in range(len(la)):
+            if la[b] == PAGE:
+                at, used = ip[b + 1], ip[-1]
+                ix[at + 1 : used + 1] = ix[at:used].copy()
+                ix[at] = spare.pop()
+                ip[b + 1 :] += 1
+                la[b] = 0
+            la[b] += 1
+        tables.append((ip.copy(), ix[: ip[-1]].copy(), la.copy()))
+    kg, vg = k.to(DEV), v.to(DEV)
+    k0, v0 = kg.clone(), vg.clone()
+    qg = torch.empty_like(q, device=DEV)
+    kn = torch.empty((len(seq_lens), hkv, d), dtype=torch.float16, device=DEV)
+    vn = torch.empty_like(kn)
+    out = torch.empty_like(qg)
+    steps = [tuple(torch.randn(x.shape, generator=gen).half().to(DEV) for x in (qg, kn, vn)) for _ in tables]
+
+    def restart():
+        kg.copy_(k0)
+        vg.copy_(v0)
+        write_table(indptr, ids, last)
+        p.prepare(kg)
+
+    def load(i):
+        write_table(*tables[i])
+        for dst, src in zip((qg, kn, vn), steps[i]):
+            dst.copy_(src)
+
+    def step():
+        p.append(kn, vn, kg, vg)
+        p.step(qg, kg, vg, out)
+
+    restart()
+    eager = []
+    for i in range(len(tables)):
+        load(i)
+        out.fill_(float("nan"))
+        step()
+        torch.cuda.synchronize()
+        assert not torch.isnan(out).any()
+        eager.append((out.clone(), p.budgets(), kg.clone()))
+    restart()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    restart()
+    for i, (want_out, want_budgets, want_k) in enumerate(eager):
+        load(i)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert p.budgets() == want_budgets
+        assert torch.equal(kg, want_k)
+        assert torch.equal(out, want_out)

@@ -239,6 +239,57 @@ def test_a_decode_loop_equals_fresh_plans_of_the_grown_cache(rng, select):
         np.testing.assert_allclose(lse, want_lse, atol=1e-5, rtol=1e-5)
 
 
+def grow(indptr, ids, last, spare):
+    """One more token a sequence, in place: a page from `spare` where the last is full."""
+    for b in range(len(last)):
+        if last[b] == PAGE:
+            at, used = indptr[b + 1], indptr[-1]
+            ids[at + 1 : used + 1] = ids[at:used].copy()
+            ids[at] = spare.pop()
+            indptr[b + 1 :] += 1
+            last[b] = 0
+        last[b] += 1
+
+
+def test_a_device_table_plan_follows_the_table_it_borrows(rng):
+    # The table in int32 arrays the plan borrows (capacity for new pages), grown in place
+    # each step; the device-table plan's append and step against a host-table plan
+    # replanned to the same table. Sequence 1 fills its page and takes a new one.
+    c = case(rng, [16 * 5 + 3, 16 * 9 + 15, 16 * 2 + 8], spare=4)
+    decl = dict(select="quest", budget=0.25, prune=[("top_p", {"p": 0.9})])
+    n = len(c["ids"])
+    spare = [x for x in range(c["num_pages"]) if x not in set(c["ids"])]
+    indptr, last = c["indptr"].copy(), c["last"].copy()
+    ids = np.zeros(n + 4, np.int32)
+    ids[:n] = c["ids"]
+    dev = dusk.PipelinePlan("cpu", **decl)
+    dev.plan(indptr, ids, last, num_qo_heads=c["hq"], num_kv_heads=c["hkv"], head_dim=c["d"],
+             num_pages=c["num_pages"], device_table=True, max_tokens=16 * 12)
+    kd, vd = c["k"].copy(), c["v"].copy()
+    dev.prepare(kd, vd)
+    host = planned(c, **decl)
+    host.prepare(c["k"])
+    for _ in range(3):
+        grow(indptr, ids, last, spare)
+        c = dict(c, indptr=indptr.copy(), ids=ids[: indptr[-1]].copy(), last=last.copy())
+        k_new = rng.standard_normal((3, c["hkv"], c["d"])).astype(np.float16)
+        v_new = rng.standard_normal(k_new.shape).astype(np.float16)
+        dev.append(k_new, v_new, kd, vd)
+        host.replan(c["indptr"], c["ids"], c["last"])
+        host.append(k_new, v_new, c["k"], c["v"])
+        np.testing.assert_array_equal(kd, c["k"])
+        np.testing.assert_array_equal(vd, c["v"])
+        out, lse = step(dev, dict(c, k=kd, v=vd))
+        want, want_lse = step(host, c)
+        assert dev.budgets() == host.budgets()
+        np.testing.assert_allclose(out, want, atol=1e-3, rtol=1e-3)
+        np.testing.assert_allclose(lse, want_lse, atol=1e-5, rtol=1e-5)
+    with pytest.raises(dusk.DuskError, match="device_table=True"):
+        dev.replan(c["indptr"], c["ids"], c["last"])
+    raises_arg("max_tokens", dev.plan, indptr, ids, last, num_qo_heads=c["hq"],
+               num_kv_heads=c["hkv"], head_dim=c["d"], num_pages=c["num_pages"], device_table=True)
+
+
 def test_replan_refuses_while_a_view_is_alive(rng):
     c = case(rng, [100, 50])
     p = planned(c, select="quest", budget=0.5)
