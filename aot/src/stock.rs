@@ -266,13 +266,14 @@ fn fitted_spgemv(group: usize) -> Result<Vec<BundleKernel>> {
 /// 16, N/8, blocks of 256, its output mix), over group varlen attention, for head_dim 128,
 /// pages of 16, f16 and GQA groups of 1, 4 and 8 (2 KV heads), on rows of Quest's N/4 at
 /// 32k and shorter ones, and a batch mixing a densely attended sequence (the fallback's
-/// merge). The kernels they load are the ones the package needs.
+/// merge); the Quest and Full ones on a device page table too. The kernels they load are
+/// the ones the package needs.
 pub fn plan_offered_pipelines(dusk: &dusk_kernels::ops::Dusk) -> Result<()> {
     use dusk_compiler::DType;
     use dusk_kernels::cache::AppendPlan;
     use dusk_kernels::paged::{KvShape, PageTable};
     use dusk_kernels::pipeline::{
-        Attend, DsSelect, PipelineBuilder, PipelineShape, Prune, Select, SparqSelect,
+        Attend, DsSelect, PipelineBuilder, PipelineShape, Prune, Select, SparqSelect, StepLimits,
     };
     use dusk_kernels::selectors::{Budget, DsCalibration, DsOptions, SparqOptions};
     use std::sync::Arc;
@@ -328,8 +329,18 @@ pub fn plan_offered_pipelines(dusk: &dusk_kernels::ops::Dusk) -> Result<()> {
                 if *top_p {
                     b = b.prune(Prune::top_p(0.95));
                 }
-                let plan = b.build()?.plan(dusk, shape, &table)?;
+                let pipeline = b.build()?;
+                let plan = pipeline.plan(dusk, shape, &table)?;
                 AppendPlan::new(dusk, kv, lens.len(), plan.append_parts())?;
+                // On a device page table too, where the pipeline can run so.
+                if !matches!(select, Select::Plugin(_)) {
+                    let limits = StepLimits {
+                        batch: lens.len(),
+                        max_tokens: lens.iter().copied().max().unwrap_or(1),
+                        append: true,
+                    };
+                    pipeline.plan_device(dusk, shape, limits)?;
+                }
             }
         }
     }

@@ -491,6 +491,14 @@ static inline int dusk_sparq_update_d128(CUstream stream, CUdeviceptr k, CUdevic
     return dusk_launch("sparq_update_d128", stream, args, 18, inputs, 3);
 }
 
+/* step_table_block256 (pipeline): {"ir_name":"step_table_BLOCK256"}
+ * grid (grid_x, grid_y, grid_z), 32 threads a program. */
+static inline int dusk_step_table_block256(CUstream stream, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr keep_items, CUdeviceptr keep_tokens, CUdeviceptr t_indptr_a, CUdeviceptr t_indptr_b, CUdeviceptr t_indptr_c, CUdeviceptr t_indptr_d, CUdeviceptr t_pages_a, CUdeviceptr t_pages_b, CUdeviceptr t_pages_c, CUdeviceptr t_last, CUdeviceptr k_items, CUdeviceptr sel_item_indptr, CUdeviceptr sel_a, CUdeviceptr sel_b, CUdeviceptr sel_c, CUdeviceptr sel_d, CUdeviceptr dense_len, CUdeviceptr all_tokens, int32_t write_all, int32_t page_cap, int32_t num_kv_heads, int32_t page_size, int32_t max_pages, int32_t num_pages, int32_t dense_below, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&kv_indptr, &kv_page_indices, &kv_last_page_len, &keep_items, &keep_tokens, &t_indptr_a, &t_indptr_b, &t_indptr_c, &t_indptr_d, &t_pages_a, &t_pages_b, &t_pages_c, &t_last, &k_items, &sel_item_indptr, &sel_a, &sel_b, &sel_c, &sel_d, &dense_len, &all_tokens, &write_all, &page_cap, &num_kv_heads, &page_size, &max_pages, &num_pages, &dense_below};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("step_table_block256", stream, args, 28, inputs, 3);
+}
+
 /* threshold_top_p_s1024_g4_w2_h_l2 (pipeline): {"ir_name":"threshold_top_p_s1024_g4_w2_h_l2"}
  * grid (grid_x, grid_y, grid_z), 64 threads a program. */
 static inline int dusk_threshold_top_p_s1024_g4_w2_h_l2(CUstream stream, CUdeviceptr scores, CUdeviceptr scratch, CUdeviceptr cand_indptr, CUdeviceptr cand_indices, CUdeviceptr p, float scale_log2e, CUdeviceptr sel_indptr, CUdeviceptr sel_indices, CUdeviceptr prefix, CUdeviceptr budget, CUdeviceptr kept_mass, CUdeviceptr flags, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {

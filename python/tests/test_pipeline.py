@@ -251,12 +251,15 @@ def grow(indptr, ids, last, spare):
         last[b] += 1
 
 
-def test_a_device_table_plan_follows_the_table_it_borrows(rng):
+@pytest.mark.parametrize("select", ["quest", "full"])
+def test_a_device_table_plan_follows_the_table_it_borrows(rng, select):
     # The table in int32 arrays the plan borrows (capacity for new pages), grown in place
     # each step; the device-table plan's append and step against a host-table plan
     # replanned to the same table. Sequence 1 fills its page and takes a new one.
     c = case(rng, [16 * 5 + 3, 16 * 9 + 15, 16 * 2 + 8], spare=4)
-    decl = dict(select="quest", budget=0.25, prune=[("top_p", {"p": 0.9})])
+    decl = dict(select=select, prune=[("top_p", {"p": 0.9})])
+    if select == "quest":
+        decl["budget"] = 0.25
     n = len(c["ids"])
     spare = [x for x in range(c["num_pages"]) if x not in set(c["ids"])]
     indptr, last = c["indptr"].copy(), c["last"].copy()

@@ -171,9 +171,10 @@ impl Pipeline {
     /// `limits` (its batch, each sequence at `max_tokens`, the selector's budget at that
     /// length), each step's lengths, budgets and list offsets computed on the device from
     /// the table [`PipelinePlan::decode_step`] is given, so that one captured graph
-    /// replays a decode loop whose lengths grow. Needs a page selector (Quest or a user's
-    /// [`crate::selectors::Selector`]) when it prunes; `Full` only without pruners (dense
-    /// attention). The INT4 copy and the selector's state start zeroed:
+    /// replays a decode loop whose lengths grow. The selector is a page selector (Quest or
+    /// a user's [`crate::selectors::Selector`]) or `Full` (every token, written where each
+    /// row's offsets put it by the sizing launch); a token selector (Double Sparsity,
+    /// SparQ) is refused. The INT4 copy and the selector's state start zeroed:
     /// [`PipelinePlan::prefill`] fills them.
     pub fn plan_device(
         &self,
@@ -192,13 +193,6 @@ impl Pipeline {
         );
         let max_pages = limits.max_tokens.div_ceil(kv.page_size);
         let most = max_pages * kv.page_size;
-        ensure!(
-            self.select.is_some() || self.prune.is_empty(),
-            "select",
-            "a page selector before pruners on a device table (Full's candidates are every \
-             token, which the step would write whole)",
-            "Full",
-        );
         // The most each buffer holds: every sequence at its longest (page ids repeat
         // where the cache is smaller; they are never read from this table).
         let ids = (0..limits.batch * max_pages)
@@ -714,6 +708,7 @@ impl PipelinePlan {
                 copy_lists.unwrap_or(&sp.sel[3]),
             ],
             dense_len: dense,
+            all_tokens: self.all_tokens.as_ref(),
         })
     }
 
