@@ -852,6 +852,29 @@ fn sparq_host(inp: &Inputs, r: usize) -> (Vec<f64>, Vec<Vec<f64>>, Vec<f64>) {
     (scores, logits, pref::v_means(&inp.v, &inp.kv, &inp.table))
 }
 
+/// SparQ with its output mix and no pruner, on the host: its token scores, logits and means
+/// of V (from [`sparq_host`]); sequences of at most `dense_below` tokens attended densely.
+fn sparq_mixed<'a>(
+    options: SparqOptions,
+    (scores, logits, v_mean): &'a (Vec<f64>, Vec<Vec<f64>>, Vec<f64>),
+    dense_below: usize,
+) -> HostPipeline<'a> {
+    HostPipeline {
+        select: HostSelect::Tokens {
+            scores,
+            budget: options.k,
+            keep: Keep {
+                sink: 0,
+                recent: options.window,
+            },
+            mix: Some(HostMix { logits, v_mean }),
+        },
+        prune: vec![],
+        bits: 4,
+        dense_below,
+    }
+}
+
 #[test]
 fn sparq_with_its_output_mix_equals_the_reference() {
     let dusk = dusk();
@@ -862,7 +885,7 @@ fn sparq_with_its_output_mix_equals_the_reference() {
         k: Budget::Tokens(48),
         window: 12,
     };
-    let (scores, logits, v_mean) = sparq_host(&inp, options.r);
+    let host_side = sparq_host(&inp, options.r);
     // The copy paged as the cache, and in blocks of 32 of its own.
     for block_size in [None, Some(32)] {
         let sparq = SparqSelect {
@@ -875,24 +898,7 @@ fn sparq_with_its_output_mix_equals_the_reference() {
             .sparq_mix(true)
             .build()
             .unwrap();
-        let host = HostPipeline {
-            select: HostSelect::Tokens {
-                scores: &scores,
-                budget: options.k,
-                keep: Keep {
-                    sink: 0,
-                    recent: options.window,
-                },
-                mix: Some(HostMix {
-                    logits: &logits,
-                    v_mean: &v_mean,
-                }),
-            },
-            prune: vec![],
-            bits: 4,
-            dense_below: 48,
-        };
-        let plan = check_case(&dusk, &p, &host, &inp);
+        let plan = check_case(&dusk, &p, &sparq_mixed(options, &host_side, 48), &inp);
         assert_eq!(plan.budgets().unwrap(), [48, 48, 40, 40, 48, 48]);
     }
 }
@@ -966,23 +972,9 @@ fn sparq_follows_the_next_page_table_and_refuses_what_it_cannot_do() {
     plan.prepare_kv(&dusk, &inp.kb, &inp.vb).unwrap();
     // The same table again: the state (its blocks) kept, the answer the reference's.
     let mut plan = plan.replan(&dusk, &inp.table).unwrap();
-    let (scores, logits, v_mean) = sparq_host(&inp, options.r);
-    let host = |scores, logits, v_mean| HostPipeline {
-        select: HostSelect::Tokens {
-            scores,
-            budget: options.k,
-            keep: Keep {
-                sink: 0,
-                recent: options.window,
-            },
-            mix: Some(HostMix { logits, v_mean }),
-        },
-        prune: vec![],
-        bits: 4,
-        dense_below: 40,
-    };
+    let host_side = sparq_host(&inp, options.r);
     let got = run_staged(&dusk, &mut plan, &inp, false);
-    let checks = pref::check(&host(&scores, &logits, &v_mean), &inp.host(), &got);
+    let checks = pref::check(&sparq_mixed(options, &host_side, 40), &inp.host(), &got);
     assert!(checks.iter().all(|c| c.passed()), "{checks:?}");
     // Longer sequences (a new block for the first), the state rebuilt for them.
     let mut table = inp.table.clone();
@@ -991,8 +983,8 @@ fn sparq_follows_the_next_page_table_and_refuses_what_it_cannot_do() {
     let next = Inputs { table, ..inp };
     assert_eq!(next.table.seq_len(0, 16), 160);
     let got = run_staged(&dusk, &mut plan, &next, true);
-    let (scores, logits, v_mean) = sparq_host(&next, options.r);
-    let checks = pref::check(&host(&scores, &logits, &v_mean), &next.host(), &got);
+    let host_side = sparq_host(&next, options.r);
+    let checks = pref::check(&sparq_mixed(options, &host_side, 40), &next.host(), &got);
     assert!(checks.iter().all(|c| c.passed()), "{checks:?}");
     let stages: Vec<&str> = checks.iter().map(|c| c.stage).collect();
     assert!(stages.contains(&"mix (alpha)"), "{stages:?}");
@@ -1155,26 +1147,9 @@ fn a_decode_steps_append_keeps_ds_and_sparqs_state_current() {
             .unwrap();
         let (mut plan, next) = append_then_plan(&dusk, &p, &inp, 2);
         assert!(plan.append_parts().sparq);
-        let (scores, logits, v_mean) = sparq_host(&next, options.r);
-        let host = HostPipeline {
-            select: HostSelect::Tokens {
-                scores: &scores,
-                budget: options.k,
-                keep: Keep {
-                    sink: 0,
-                    recent: options.window,
-                },
-                mix: Some(HostMix {
-                    logits: &logits,
-                    v_mean: &v_mean,
-                }),
-            },
-            prune: vec![],
-            bits: 4,
-            dense_below: 40,
-        };
+        let host_side = sparq_host(&next, options.r);
         let got = run_staged(&dusk, &mut plan, &next, false);
-        let checks = pref::check(&host, &next.host(), &got);
+        let checks = pref::check(&sparq_mixed(options, &host_side, 40), &next.host(), &got);
         assert!(
             checks.iter().all(|c| c.passed()),
             "SparQ {block_size:?}: {checks:?}"
