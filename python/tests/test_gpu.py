@@ -580,14 +580,7 @@ def test_a_device_table_pipeline_replays_a_decode_loop_whose_lengths_grow(gen):
     ip, ix, la, spare = indptr.copy(), np.zeros(cap, np.int32), last.copy(), list(spare0)
     ix[: len(ids)] = ids
     for _ in range(3):
-        for b in range(len(la)):
-            if la[b] == PAGE:
-                at, used = ip[b + 1], ip[-1]
-                ix[at + 1 : used + 1] = ix[at:used].copy()
-                ix[at] = spare.pop()
-                ip[b + 1 :] += 1
-                la[b] = 0
-            la[b] += 1
+        ref.grow_table(ip, ix, la, spare, PAGE)
         tables.append((ip.copy(), ix[: ip[-1]].copy(), la.copy()))
     kg, vg = k.to(DEV), v.to(DEV)
     k0, v0 = kg.clone(), vg.clone()

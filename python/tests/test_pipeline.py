@@ -209,18 +209,13 @@ def test_a_decode_loop_equals_fresh_plans_of_the_grown_cache(rng, select):
     decl = selectors(c, rng)[select]
     p = planned(c, **decl)
     p.prepare(c["k"], c["v"])
-    ids = list(c["ids"])
-    spare = [x for x in range(c["num_pages"]) if x not in set(ids)]
+    spare = [x for x in range(c["num_pages"]) if x not in set(c["ids"])]
     indptr, last = c["indptr"].copy(), c["last"].copy()
+    ids = np.zeros(len(c["ids"]) + 3, np.int32)
+    ids[: len(c["ids"])] = c["ids"]
     for _ in range(3):
-        # One more token a sequence: a new page where the last is full.
-        for b in range(len(c["lens"])):
-            if last[b] == PAGE:
-                ids.insert(indptr[b + 1], spare.pop())
-                indptr[b + 1 :] += 1
-                last[b] = 0
-            last[b] += 1
-        c = dict(c, indptr=indptr.copy(), ids=np.array(ids, np.int32), last=last.copy(),
+        ref.grow_table(indptr, ids, last, spare, PAGE)
+        c = dict(c, indptr=indptr.copy(), ids=ids[: indptr[-1]].copy(), last=last.copy(),
                  lens=[n + 1 for n in c["lens"]])
         p.replan(c["indptr"], c["ids"], c["last"])
         k_new = rng.standard_normal((len(c["lens"]), c["hkv"], c["d"])).astype(np.float16)
@@ -237,18 +232,6 @@ def test_a_decode_loop_equals_fresh_plans_of_the_grown_cache(rng, select):
         # SparQ's sums of V are added in another order than a fresh prepare's.
         np.testing.assert_allclose(out, want, atol=1e-3, rtol=1e-3)
         np.testing.assert_allclose(lse, want_lse, atol=1e-5, rtol=1e-5)
-
-
-def grow(indptr, ids, last, spare):
-    """One more token a sequence, in place: a page from `spare` where the last is full."""
-    for b in range(len(last)):
-        if last[b] == PAGE:
-            at, used = indptr[b + 1], indptr[-1]
-            ids[at + 1 : used + 1] = ids[at:used].copy()
-            ids[at] = spare.pop()
-            indptr[b + 1 :] += 1
-            last[b] = 0
-        last[b] += 1
 
 
 @pytest.mark.parametrize("select", ["quest", "full"])
@@ -273,7 +256,7 @@ def test_a_device_table_plan_follows_the_table_it_borrows(rng, select):
     host = planned(c, **decl)
     host.prepare(c["k"])
     for _ in range(3):
-        grow(indptr, ids, last, spare)
+        ref.grow_table(indptr, ids, last, spare, PAGE)
         c = dict(c, indptr=indptr.copy(), ids=ids[: indptr[-1]].copy(), last=last.copy())
         k_new = rng.standard_normal((3, c["hkv"], c["d"])).astype(np.float16)
         v_new = rng.standard_normal(k_new.shape).astype(np.float16)
