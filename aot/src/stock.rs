@@ -266,8 +266,8 @@ fn fitted_spgemv(group: usize) -> Result<Vec<BundleKernel>> {
 /// 16, N/8, blocks of 256, its output mix), over group varlen attention, for head_dim 128,
 /// pages of 16, f16 and GQA groups of 1, 4 and 8 (2 KV heads), on rows of Quest's N/4 at
 /// 32k and shorter ones, and a batch mixing a densely attended sequence (the fallback's
-/// merge); the Quest and Full ones on a device page table too. The kernels they load are
-/// the ones the package needs.
+/// merge); all but SparQ on a device page table too. The kernels they load are the ones
+/// the package needs.
 pub fn plan_offered_pipelines(dusk: &dusk_kernels::ops::Dusk) -> Result<()> {
     use dusk_compiler::DType;
     use dusk_kernels::cache::AppendPlan;
@@ -297,14 +297,14 @@ pub fn plan_offered_pipelines(dusk: &dusk_kernels::ops::Dusk) -> Result<()> {
         },
         block_size: Some(256),
     }));
-    // (selector, top-p after it, SparQ's output mix)
+    // (selector, top-p after it, SparQ's output mix, on a device page table too)
     let pipelines = [
-        (quest(Budget::Fraction(0.25)), true, false),
-        (quest(Budget::Tokens(512)), true, false),
-        (quest(Budget::Fraction(0.25)), false, false),
-        (Select::Full, true, false),
-        (ds, true, false),
-        (sparq, false, true),
+        (quest(Budget::Fraction(0.25)), true, false, true),
+        (quest(Budget::Tokens(512)), true, false, true),
+        (quest(Budget::Fraction(0.25)), false, false, true),
+        (Select::Full, true, false, true),
+        (ds, true, false, true),
+        (sparq, false, true, false),
     ];
     for group in [1, 4, 8] {
         for lens in [vec![32768, 300], vec![2048, 1000], vec![4096, 200]] {
@@ -321,7 +321,7 @@ pub fn plan_offered_pipelines(dusk: &dusk_kernels::ops::Dusk) -> Result<()> {
                 num_q_heads: 2 * group,
                 dtype: DType::F16,
             };
-            for (select, top_p, mix) in &pipelines {
+            for (select, top_p, mix, device) in &pipelines {
                 let mut b = PipelineBuilder::new()
                     .select(select.clone())
                     .attend(Attend::GroupVarlen)
@@ -332,8 +332,7 @@ pub fn plan_offered_pipelines(dusk: &dusk_kernels::ops::Dusk) -> Result<()> {
                 let pipeline = b.build()?;
                 let plan = pipeline.plan(dusk, shape, &table)?;
                 AppendPlan::new(dusk, kv, lens.len(), plan.append_parts())?;
-                // On a device page table too, where the pipeline can run so.
-                if !matches!(select, Select::Plugin(_)) {
+                if *device {
                     let limits = StepLimits {
                         batch: lens.len(),
                         max_tokens: lens.iter().copied().max().unwrap_or(1),

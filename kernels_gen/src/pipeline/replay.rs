@@ -1,5 +1,5 @@
-//! A decode loop on a device page table, checked: Quest then (optionally) top-p, or top-p
-//! over every token (Full), over group varlen attention, planned once by [`Pipeline::plan_device`] for the loop's
+//! A decode loop on a device page table, checked: Quest or Double Sparsity then
+//! (optionally) top-p, or top-p over every token (Full), over group varlen attention, planned once by [`Pipeline::plan_device`] for the loop's
 //! limits; sequences grow by one token a step (a new page from a shuffled free list when
 //! the last one fills), each step's table, new tokens and query written into the same
 //! device buffers, and [`PipelinePlan::decode_step`] (the append inside) run. Each step's
@@ -12,6 +12,7 @@
 //! `gpu-check pipeline`.
 
 use super::builder::{Attend, Pipeline, PipelineBuilder, Prune, Select};
+use super::ds::DsSelect;
 use super::plan::{PipelinePlan, PipelineShape, StepLimits};
 use super::reference::{self as pref, HostInputs, HostPipeline, HostPolicy, HostSelect};
 use crate::cache::reference::append_tokens;
@@ -19,10 +20,11 @@ use crate::engines::CsrPages;
 use crate::ops::Dusk;
 use crate::paged::{KvShape, PageTable, TokenLists};
 use crate::selectors::bench::Rng;
-use crate::selectors::{Budget, QuestOptions};
+use crate::selectors::{Budget, DsCalibration, DsOptions, QuestOptions};
 use dusk_compiler::DType;
 use dusk_runtime::Buffer;
 use half::f16;
+use std::sync::Arc;
 
 /// The selector of a [`LoopCase`].
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -32,6 +34,16 @@ pub enum LoopSelect {
     Quest(Budget),
     /// Every token: the pruner sees the whole context (Full + Twilight).
     Full,
+    /// Double Sparsity with this budget over tokens, on 8 label channels spread over
+    /// head_dim (`ds_channels`).
+    Ds(Budget),
+}
+
+/// The label channels of a [`LoopSelect::Ds`] case: 8 spread over `head_dim`, the same for
+/// every KV head.
+pub fn ds_channels(head_dim: usize, num_kv_heads: usize) -> crate::error::Result<DsCalibration> {
+    let head: Vec<usize> = (0..8).map(|i| i * head_dim / 8 + i % 3).collect();
+    DsCalibration::from_channels(head_dim, &vec![head; num_kv_heads])
 }
 
 /// A decode loop to check.
@@ -104,6 +116,11 @@ pub fn case_pipeline(case: &LoopCase) -> crate::error::Result<Pipeline> {
             sink: false,
         },
         LoopSelect::Full => Select::Full,
+        LoopSelect::Ds(budget) => Select::Plugin(Arc::new(DsSelect {
+            calibration: ds_channels(case.head_dim, case.num_kv_heads)?,
+            budget,
+            options: DsOptions::default(),
+        })),
     });
     let b = match case.top_p {
         Some(p) => b.prune(Prune::top_p(p)),
@@ -294,6 +311,10 @@ pub fn check_loop(dusk: &Dusk, case: &LoopCase) -> Result<LoopReport, String> {
         let scores = match case.select {
             LoopSelect::Quest(_) => pref::quest_page_scores(&q, &k_host, &kv, &table, hq),
             LoopSelect::Full => vec![],
+            LoopSelect::Ds(_) => {
+                let cal = ds_channels(d, hk).map_err(e)?;
+                pref::ds_token_scores(&q, &k_host, &kv, &table, hq, &cal)
+            }
         };
         let inputs = HostInputs {
             q: &q,
@@ -311,6 +332,12 @@ pub fn check_loop(dusk: &Dusk, case: &LoopCase) -> Result<LoopReport, String> {
                     keep: QuestOptions { sink: false }.keep(),
                 },
                 LoopSelect::Full => HostSelect::Full,
+                LoopSelect::Ds(budget) => HostSelect::Tokens {
+                    scores: &scores,
+                    budget,
+                    keep: DsOptions::default().keep(),
+                    mix: None,
+                },
             },
             prune: case.top_p.map(HostPolicy::TopP).into_iter().collect(),
             bits: 4,
