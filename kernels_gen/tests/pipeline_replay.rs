@@ -86,6 +86,25 @@ fn double_sparsity_then_top_p_on_a_device_table_equals_the_reference() {
     assert_eq!((report.steps, report.pages_started), (3, 2), "{report:?}");
 }
 
+#[test]
+fn sparq_with_its_mix_on_a_device_table_equals_the_reference() {
+    // SparQ's budget over tokens sized on the device, its copy paged as the cache (the
+    // caller's table its block table), the append writing each new token's components,
+    // staged row and V into its state: 31 -> 34 closes a run of 16 at 32.
+    let dusk = dusk();
+    let case = LoopCase {
+        lens: vec![70, 31, 48],
+        steps: 3,
+        select: LoopSelect::Sparq(Budget::Tokens(24)),
+        top_p: None,
+        max_tokens: 96,
+        seed: 13,
+        ..LoopCase::default()
+    };
+    let report = check_loop(&dusk, &case).unwrap();
+    assert_eq!((report.steps, report.pages_started), (3, 2), "{report:?}");
+}
+
 /// On a GPU (skipped without one): the step captured once and replayed each step equals
 /// the eager step bit for bit.
 #[test]
@@ -175,14 +194,14 @@ fn device_table_errors_name_the_argument() {
         max_tokens: 64,
         append: false,
     };
-    // A token selector (SparQ): its budgets over tokens are not sized on the device yet.
+    // SparQ with its copy in blocks of its own (a free list the host keeps).
     let sparq = SparqSelect {
         options: SparqOptions {
             r: 8,
             k: Budget::Tokens(32),
             window: 8,
         },
-        block_size: None,
+        block_size: Some(32),
     };
     let sparq = PipelineBuilder::new()
         .select(Select::Plugin(std::sync::Arc::new(sparq)))

@@ -208,7 +208,8 @@ impl Pipeline {
                 return Err(invalid(
                     "select",
                     "a selector that sizes itself on the device (Quest, a user's page \
-                     Selector, Double Sparsity) on a device table",
+                     Selector, Double Sparsity, SparQ with its copy paged as the cache) on a \
+                     device table",
                     plan.pipeline.select.as_ref().map_or("none", |f| f.name()),
                 ))
             }
@@ -483,7 +484,7 @@ impl PipelinePlan {
         }
         if let Some(s) = &mut self.select {
             let updates = PageUpdates::all(dusk, &self.shape.kv, &self.table)?;
-            s.prefill(dusk, k, v, &updates)?;
+            s.prefill(dusk, k, v, &self.table, &updates)?;
         }
         Ok(())
     }
@@ -504,7 +505,7 @@ impl PipelinePlan {
         }
         if let Some(s) = &mut self.select {
             let updates = PageUpdates::all(dusk, &self.shape.kv, table)?;
-            s.prefill(dusk, k, v, &updates)?;
+            s.prefill(dusk, k, v, table, &updates)?;
         }
         Ok(())
     }
@@ -663,7 +664,11 @@ impl PipelinePlan {
                     "new tokens",
                 )
             })?;
-            let targets = append_targets_of(&mut self.qk, &mut self.select, k, v);
+            let mut targets = append_targets_of(&mut self.qk, &mut self.select, k, v);
+            // SparQ's copy is paged as the cache here: its block table is the caller's.
+            if let Some((state, _)) = targets.sparq.take() {
+                targets.sparq = Some((state, table));
+            }
             append.run(dusk, table, k_new, v_new, targets)?;
             if !d.state_in_append {
                 if let Some(s) = &mut self.select {

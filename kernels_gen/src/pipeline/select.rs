@@ -65,14 +65,16 @@ pub trait SelectStage: Send {
     /// Recomputes the state kept beside the cache for `updates`' pages from `k` (nothing
     /// for a selector without state).
     fn update(&mut self, dusk: &Dusk, k: &Buffer<f16>, updates: &PageUpdates) -> Result<()>;
-    /// Builds the state of every token of the plan's table from the cache, as after a
-    /// prefill (`all`: every page of it): by default [`SelectStage::update`]; a selector
-    /// whose state reads V as well (SparQ's sums of V) needs `v` and fails without it.
+    /// Builds the state of every token of `table` (the plan's, or the sequences on the
+    /// device at a plan on a device table) from the cache, as after a prefill (`all`: every
+    /// page of it): by default [`SelectStage::update`]; a selector whose state reads V as
+    /// well (SparQ's sums of V) needs `v` and fails without it.
     fn prefill(
         &mut self,
         dusk: &Dusk,
         k: &Buffer<f16>,
         _v: Option<&Buffer<f16>>,
+        _table: &PageTable,
         all: &PageUpdates,
     ) -> Result<()> {
         self.update(dusk, k, all)
