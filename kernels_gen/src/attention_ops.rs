@@ -71,6 +71,11 @@ pub struct AttentionTuning {
     pub prefetch: usize,
     /// Programs per SM asked of ptxas (0: none).
     pub min_programs_per_sm: u32,
+    /// Tensor cores: K and V staged through a ring of this many tiles of shared memory by
+    /// asynchronous copies, `stages - 1` in flight (see
+    /// [`SplitConfig::stages`](crate::attention::SplitConfig)); 0: through registers.
+    /// 0 or 2 to 6, with `prefetch` 1, no `l2_prefetch` and no `stream_kv`.
+    pub stages: usize,
     /// K and V of one more tile brought into L2 a step early (see
     /// [`SplitConfig::l2_prefetch`](crate::attention::SplitConfig)).
     pub l2_prefetch: bool,
@@ -186,6 +191,12 @@ const MHA_LONG_CHUNK_TOKENS: usize = 16;
 /// or tied: no cap (180 registers, 11 programs) 1138.1 us against 1096.8 at batch 32 32k,
 /// 287.6 against 265.6 at batch 32 8k; 20 and 24 lose 25-75%; 13 to 16 all give ptxas's 128.
 pub const DENSE_LONG_PROGRAMS_PER_SM: u32 = 16;
+/// Stages of the shared-memory ring through which the dense tensor-core split over long
+/// chunks (those of [`DENSE_LONG_PROGRAMS_PER_SM`]) stages K and V by `cp.async`
+/// ([`AttentionTuning::stages`]): `DENSE_STAGES - 1` tiles of K and V in flight a program
+/// without registers, where the register kernel held one (latency-bound at the H200's copy
+/// rate: benches/NOTES.md).
+pub const DENSE_STAGES: usize = 4;
 /// The padded baseline's longest chunk: its rows are as long as the longest list, so a few
 /// long rows would become the tail (token lists in this grid, before the balanced split,
 /// measured on an H100: 512 against 1024 took 64 us instead of 87 on the skewed case).
@@ -250,6 +261,7 @@ impl AttentionTuning {
             (block_tokens, chunk)
         };
         let l2_prefetch = spec.mode == AttentionMode::Dense && chunk <= MAX_CHUNK_L2_PREFETCH;
+        let long_dense_mma = tensor_cores && spec.mode == AttentionMode::Dense && !l2_prefetch;
         AttentionTuning {
             block_tokens,
             num_warps,
@@ -265,6 +277,7 @@ impl AttentionTuning {
             } else {
                 0
             },
+            stages: if long_dense_mma { DENSE_STAGES } else { 0 },
             l2_prefetch,
             tensor_cores,
             chunk_fastest: false,
@@ -278,7 +291,8 @@ impl AttentionTuning {
             } else {
                 DType::F32
             },
-            stream_kv: true,
+            // The staged copies bypass L1 as it is (`cp.async.cg`).
+            stream_kv: !long_dense_mma,
             timeline: false,
         }
     }
@@ -575,6 +589,30 @@ impl AttentionPlan {
                 tuning.num_warps
             ),
         );
+        ensure!(
+            tuning.stages == 0
+                || ((2..=6).contains(&tuning.stages)
+                    && tuning.tensor_cores
+                    && spec.kv.head_dim <= 128
+                    && tuning.vector_bytes == 16
+                    && tuning.prefetch == 1
+                    && !tuning.l2_prefetch
+                    && !tuning.stream_kv),
+            "stages",
+            "0, or 2 to 6 with tensor_cores, head_dim up to 128, vector_bytes 16, prefetch 1, \
+             and l2_prefetch and stream_kv off",
+            format!(
+                "{} (tensor_cores {}, head_dim {}, vector_bytes {}, prefetch {}, l2_prefetch {}, \
+                 stream_kv {})",
+                tuning.stages,
+                tuning.tensor_cores,
+                spec.kv.head_dim,
+                tuning.vector_bytes,
+                tuning.prefetch,
+                tuning.l2_prefetch,
+                tuning.stream_kv
+            ),
+        );
         let rows = spec.batch * spec.num_q_heads / pg;
         ensure!(
             lists || !tuning.timeline,
@@ -617,6 +655,7 @@ impl AttentionPlan {
             vector_bytes: tuning.vector_bytes,
             prefetch: tuning.prefetch,
             min_programs_per_sm: tuning.min_programs_per_sm,
+            stages: tuning.stages,
             l2_prefetch: tuning.l2_prefetch,
             tensor_cores: tuning.tensor_cores,
             chunk_fastest: tuning.chunk_fastest,
