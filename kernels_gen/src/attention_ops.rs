@@ -191,12 +191,6 @@ const MHA_LONG_CHUNK_TOKENS: usize = 16;
 /// or tied: no cap (180 registers, 11 programs) 1138.1 us against 1096.8 at batch 32 32k,
 /// 287.6 against 265.6 at batch 32 8k; 20 and 24 lose 25-75%; 13 to 16 all give ptxas's 128.
 pub const DENSE_LONG_PROGRAMS_PER_SM: u32 = 16;
-/// Stages of the shared-memory ring through which the dense tensor-core split over long
-/// chunks (those of [`DENSE_LONG_PROGRAMS_PER_SM`]) stages K and V by `cp.async`
-/// ([`AttentionTuning::stages`]): `DENSE_STAGES - 1` tiles of K and V in flight a program
-/// without registers, where the register kernel held one (latency-bound at the H200's copy
-/// rate: benches/NOTES.md).
-pub const DENSE_STAGES: usize = 4;
 /// The padded baseline's longest chunk: its rows are as long as the longest list, so a few
 /// long rows would become the tail (token lists in this grid, before the balanced split,
 /// measured on an H100: 512 against 1024 took 64 us instead of 87 on the skewed case).
@@ -261,7 +255,6 @@ impl AttentionTuning {
             (block_tokens, chunk)
         };
         let l2_prefetch = spec.mode == AttentionMode::Dense && chunk <= MAX_CHUNK_L2_PREFETCH;
-        let long_dense_mma = tensor_cores && spec.mode == AttentionMode::Dense && !l2_prefetch;
         AttentionTuning {
             block_tokens,
             num_warps,
@@ -277,7 +270,7 @@ impl AttentionTuning {
             } else {
                 0
             },
-            stages: if long_dense_mma { DENSE_STAGES } else { 0 },
+            stages: 0,
             l2_prefetch,
             tensor_cores,
             chunk_fastest: false,
@@ -291,8 +284,7 @@ impl AttentionTuning {
             } else {
                 DType::F32
             },
-            // The staged copies bypass L1 as it is (`cp.async.cg`).
-            stream_kv: !long_dense_mma,
+            stream_kv: true,
             timeline: false,
         }
     }
