@@ -607,7 +607,7 @@ mod tests {
             help.starts_with("  block_tokens         candidate tokens"),
             "{help}"
         );
-        assert_eq!(AttentionTuning::keys_help().lines().count(), 17);
+        assert_eq!(AttentionTuning::keys_help().lines().count(), 18);
         assert_eq!(SearchConfig::keys_help().lines().count(), 11);
     }
 

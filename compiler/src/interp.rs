@@ -1128,7 +1128,11 @@ impl<'k> Interp<'k, '_, '_> {
                 let mask = mask.as_ref().map(|m| g(m).bools());
                 let data = load(d, &self.mem, g(src).ptrs(), mask, None)?;
                 let dst = g(dst).ptrs().to_vec();
-                self.async_open.push(PendingCopy { dtype: d, dst, data });
+                self.async_open.push(PendingCopy {
+                    dtype: d,
+                    dst,
+                    data,
+                });
                 return Ok(None);
             }
             AsyncCommit => {

@@ -352,8 +352,16 @@ fn async_copies_and_shared_tiles_check_their_operands() {
             let g = b.param_ptr("g", DType::F16);
             let s = b.shared_alloc(DType::F16, 256);
             let i = b.arange(0, cols);
-            let dst = if shared_dst { b.add_ptr(s, i) } else { b.add_ptr(g, i) };
-            let src = if global_src { b.add_ptr(g, i) } else { b.add_ptr(s, i) };
+            let dst = if shared_dst {
+                b.add_ptr(s, i)
+            } else {
+                b.add_ptr(g, i)
+            };
+            let src = if global_src {
+                b.add_ptr(g, i)
+            } else {
+                b.add_ptr(s, i)
+            };
             let m = if mask {
                 let j = b.arange(0, 2 * cols);
                 let n = b.i32(3);
@@ -365,7 +373,10 @@ fn async_copies_and_shared_tiles_check_their_operands() {
         })
     };
     let msg = copy(false, true, 64, false);
-    assert!(msg.contains("async_copy") && msg.contains("shared pointers"), "{msg}");
+    assert!(
+        msg.contains("async_copy") && msg.contains("shared pointers"),
+        "{msg}"
+    );
     let msg = copy(true, false, 64, false);
     assert!(msg.contains("its source must be ptr<f16>[64]"), "{msg}");
     let msg = copy(true, true, 1, false);

@@ -1165,4 +1165,3 @@ fn async_copies_land_when_their_group_is_waited_for() {
         assert_eq!(o[192 + j], xs[64 + j], "tile element {j}");
     }
 }
-

@@ -46,6 +46,13 @@
 //! accumulator. Per thread and step that is 16 `mma`, 4 `ldmatrix` and a few dozen other
 //! instructions whatever the group, where the CUDA-core kernel below spent about 90 a token.
 //!
+//! K and V staged through shared memory (a tuning option, [`SplitConfig::stages`]): the
+//! tensor-core program copies the tiles of the next `stages - 1` steps into a ring of shared
+//! memory by `cp.async` ([`KernelBuilder::async_copy`]), holding no registers for them; `dot`
+//! reads K's fragments from the stage and `dot_ta` V's by `ldmatrix .trans`
+//! ([`KernelBuilder::load_tile`]). On an H200 it was slower than the registers in every GQA
+//! case but batch 1 at 8k (benches/NOTES.md), so the plans keep it off.
+//!
 //! GQA on the CUDA cores (a tuning option; head_dim 256): the G query heads of a program
 //! are a static loop over the group inside the tile loop (the IR has 2-D blocks), each with
 //! its own `[block_tokens, head_dim]` accumulator; registers grow with `block_tokens * G`,
@@ -757,15 +764,12 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                 };
                 // Tensor cores: one step of the online softmax over tile `t`'s scores `s`
                 // (`[8 heads, 8 tokens]`, unscaled) and its V `vt`; `[m, l, acc]` in and out.
+                // `masked` and `zero_f` are the step's constants `MASKED` and 0.
                 let tc_step = |b: &mut KernelBuilder,
-                               t: Value,
-                               s: Value,
-                               vt: Value,
-                               valid: Value,
-                               [m, l, acc]: [Value; 3]|
+                               (t, s, vt, valid): (Value, Value, Value, Value),
+                               [m, l, acc]: [Value; 3],
+                               (masked, zero_f): (Value, Value)|
                  -> [Value; 3] {
-                    let masked = b.f32(MASKED);
-                    let zero_f = b.f32(0.0);
                     let s = b.mul(s, scale_log2);
                     let vc = b.expand(valid, 0, 8);
                     let s = b.select(vc, s, masked);
@@ -790,8 +794,6 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     let acc = b.dot_ta(vt, ph, Some(acc));
                     [m_new, l, acc]
                 };
-                let masked = b.f32(MASKED);
-                let zero_f = b.f32(0.0);
                 let fin = if cfg.stages > 0 {
                     let q8 = q8.expect("tensor cores");
                     let s_n = cfg.stages;
@@ -871,6 +873,8 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                         init.push(positions(b, tile));
                     }
                     let pipe = init.len();
+                    let masked = b.f32(MASKED);
+                    let zero_f = b.f32(0.0);
                     let m0 = b.splat(masked, &[8]);
                     let l0 = b.splat(zero_f, &[8, bt]);
                     let a0 = b.splat(zero_f, &[d, 8]);
@@ -911,133 +915,136 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                         let vt = b.load_tile(vb, bt, d, row);
                         let valid = valid_of(b, t, carried[0]);
                         let state = [carried[pipe], carried[pipe + 1], carried[pipe + 2]];
-                        next.extend(tc_step(b, t, scores, vt, valid, state));
+                        let consts = (b.f32(MASKED), b.f32(0.0));
+                        next.extend(tc_step(b, (t, scores, vt, valid), state, consts));
                         next
                     });
                     // Copies past the chunk (all masked) land before the program ends.
                     b.async_wait(0);
                     fin[pipe..].to_vec()
                 } else {
-                // Prologue: K and V of tiles 0..P, pages of tile P, (lists) positions of P+1.
-                let pf = cfg.prefetch;
-                let tile_at = |b: &mut KernelBuilder, base: Value, i: usize| -> Value {
-                    let c = b.i32((i * bt) as i32);
-                    b.add(base, c)
-                };
-                let mut init = vec![];
-                let mut poss = vec![];
-                for i in 0..pf {
-                    let tile = tile_at(b, t0, i);
-                    let pos = positions(b, tile);
-                    let page = page_of(b, pos);
-                    let (kt, vt) = load_kv(b, pos, page);
-                    init.extend([kt, vt]);
-                    poss.push(pos);
-                }
-                init.extend(poss);
-                // Positions and pages of tiles P (and P + 1 with `l2_prefetch`).
-                let pairs = 1 + cfg.l2_prefetch as usize;
-                for a in 0..pairs {
-                    let tile = tile_at(b, t0, pf + a);
-                    let pos = positions(b, tile);
-                    let page = page_of(b, pos);
-                    init.extend([pos, page]);
-                }
-                if lists {
-                    let tile = tile_at(b, t0, pf + pairs);
-                    init.push(positions(b, tile));
-                }
-                let stages = init.len();
-                if tc {
-                    // Per head (rows): the running maximum; per (head, token slot): the sum of
-                    // weights; the output transposed, `[head_dim, 8 heads]`.
-                    let m0 = b.splat(masked, &[8]);
-                    let l0 = b.splat(zero_f, &[8, bt]);
-                    let a0 = b.splat(zero_f, &[d, 8]);
-                    init.extend([m0, l0, a0]);
-                } else {
-                    let m0 = b.splat(masked, &[bt]);
-                    let l0 = b.splat(zero_f, &[bt]);
-                    let a0 = b.splat(zero_f, &[bt, d]);
-                    for _ in 0..g_n {
-                        init.extend([m0, l0, a0]);
-                    }
-                }
-                let fin = b.for_range(t0, t1, c_bt, &init, |b, t, carried| {
-                    let (kt, vt, pos) = (carried[0], carried[1], carried[2 * pf]);
-                    let (pos_p, page_p) = (carried[3 * pf], carried[3 * pf + 1]);
-                    // Tensor cores: this tile's scores first, so that its K is dead before the
-                    // next tile's K and V take registers.
-                    let scores = q8.map(|q8| b.dot(q8, kt, None));
-                    // Tile t+P's K and V, (`l2_prefetch`) tile t+P+1's K and V into L2, the
-                    // pages of the tile after that, (lists) the positions of the next.
-                    let (kt_p, vt_p) = load_kv(b, pos_p, page_p);
-                    let mut ahead = vec![];
-                    if cfg.l2_prefetch {
-                        let (pos_q, page_q) = (carried[3 * pf + 2], carried[3 * pf + 3]);
-                        prefetch_kv(b, pos_q, page_q);
-                        ahead.extend([pos_q, page_q]);
-                    }
-                    let far = pf + pairs;
-                    let tile = tile_at(b, t, far);
-                    let pos_far = if lists {
-                        carried[3 * pf + 2 * pairs]
-                    } else {
-                        positions(b, tile)
+                    // Prologue: K and V of tiles 0..P, pages of tile P, (lists) positions of P+1.
+                    let pf = cfg.prefetch;
+                    let tile_at = |b: &mut KernelBuilder, base: Value, i: usize| -> Value {
+                        let c = b.i32((i * bt) as i32);
+                        b.add(base, c)
                     };
-                    let page_far = page_of(b, pos_far);
-                    let mut next = carried[2..2 * pf].to_vec();
-                    next.extend([kt_p, vt_p]);
-                    next.extend(carried[2 * pf + 1..3 * pf].iter().copied());
-                    next.push(pos_p);
-                    next.extend(ahead);
-                    next.extend([pos_far, page_far]);
-                    if lists {
-                        let tile = tile_at(b, t, far + 1);
-                        next.push(positions(b, tile));
+                    let mut init = vec![];
+                    let mut poss = vec![];
+                    for i in 0..pf {
+                        let tile = tile_at(b, t0, i);
+                        let pos = positions(b, tile);
+                        let page = page_of(b, pos);
+                        let (kt, vt) = load_kv(b, pos, page);
+                        init.extend([kt, vt]);
+                        poss.push(pos);
                     }
-                    let valid = valid_of(b, t, pos);
+                    init.extend(poss);
+                    // Positions and pages of tiles P (and P + 1 with `l2_prefetch`).
+                    let pairs = 1 + cfg.l2_prefetch as usize;
+                    for a in 0..pairs {
+                        let tile = tile_at(b, t0, pf + a);
+                        let pos = positions(b, tile);
+                        let page = page_of(b, pos);
+                        init.extend([pos, page]);
+                    }
+                    if lists {
+                        let tile = tile_at(b, t0, pf + pairs);
+                        init.push(positions(b, tile));
+                    }
+                    let stages = init.len();
                     let masked = b.f32(MASKED);
                     let zero_f = b.f32(0.0);
-                    if let Some(s) = scores {
-                        let state = [carried[stages], carried[stages + 1], carried[stages + 2]];
-                        next.extend(tc_step(b, t, s, vt, valid, state));
-                        return next;
-                    }
-                    let kt = b.cast(kt, DType::F32);
-                    let vt = b.cast(vt, DType::F32);
-                    for (g, qv) in qs.iter().enumerate() {
-                        let (m, l, acc) = (
-                            carried[stages + 3 * g],
-                            carried[stages + 3 * g + 1],
-                            carried[stages + 3 * g + 2],
-                        );
-                        let qe = b.expand(*qv, 0, bt);
-                        let prod = b.mul(kt, qe);
-                        let s = b.sum(prod, 1);
-                        let s = b.select(valid, s, masked);
-                        if let (Some((record, first_row)), 0) = (first_step, g) {
-                            let m = b.max(s, 0);
-                            stamp_first_step(b, record, (t, t0, first_row), m);
+                    if tc {
+                        // Per head (rows): the running maximum; per (head, token slot): the sum of
+                        // weights; the output transposed, `[head_dim, 8 heads]`.
+                        let m0 = b.splat(masked, &[8]);
+                        let l0 = b.splat(zero_f, &[8, bt]);
+                        let a0 = b.splat(zero_f, &[d, 8]);
+                        init.extend([m0, l0, a0]);
+                    } else {
+                        let m0 = b.splat(masked, &[bt]);
+                        let l0 = b.splat(zero_f, &[bt]);
+                        let a0 = b.splat(zero_f, &[bt, d]);
+                        for _ in 0..g_n {
+                            init.extend([m0, l0, a0]);
                         }
-                        let m_new = b.maximum(m, s);
-                        let dm = b.sub(m, m_new);
-                        let alpha = b.exp2(dm);
-                        let ds = b.sub(s, m_new);
-                        let e = b.exp2(ds);
-                        let pr = b.select(valid, e, zero_f);
-                        let l = b.mul(l, alpha);
-                        let l = b.add(l, pr);
-                        let ae = b.expand(alpha, 1, d);
-                        let acc = b.mul(acc, ae);
-                        let pe = b.expand(pr, 1, d);
-                        let pv = b.mul(vt, pe);
-                        let acc = b.add(acc, pv);
-                        next.extend([m_new, l, acc]);
                     }
-                    next
-                });
-                fin[stages..].to_vec()
+                    let fin = b.for_range(t0, t1, c_bt, &init, |b, t, carried| {
+                        let (kt, vt, pos) = (carried[0], carried[1], carried[2 * pf]);
+                        let (pos_p, page_p) = (carried[3 * pf], carried[3 * pf + 1]);
+                        // Tensor cores: this tile's scores first, so that its K is dead before the
+                        // next tile's K and V take registers.
+                        let scores = q8.map(|q8| b.dot(q8, kt, None));
+                        // Tile t+P's K and V, (`l2_prefetch`) tile t+P+1's K and V into L2, the
+                        // pages of the tile after that, (lists) the positions of the next.
+                        let (kt_p, vt_p) = load_kv(b, pos_p, page_p);
+                        let mut ahead = vec![];
+                        if cfg.l2_prefetch {
+                            let (pos_q, page_q) = (carried[3 * pf + 2], carried[3 * pf + 3]);
+                            prefetch_kv(b, pos_q, page_q);
+                            ahead.extend([pos_q, page_q]);
+                        }
+                        let far = pf + pairs;
+                        let tile = tile_at(b, t, far);
+                        let pos_far = if lists {
+                            carried[3 * pf + 2 * pairs]
+                        } else {
+                            positions(b, tile)
+                        };
+                        let page_far = page_of(b, pos_far);
+                        let mut next = carried[2..2 * pf].to_vec();
+                        next.extend([kt_p, vt_p]);
+                        next.extend(carried[2 * pf + 1..3 * pf].iter().copied());
+                        next.push(pos_p);
+                        next.extend(ahead);
+                        next.extend([pos_far, page_far]);
+                        if lists {
+                            let tile = tile_at(b, t, far + 1);
+                            next.push(positions(b, tile));
+                        }
+                        let valid = valid_of(b, t, pos);
+                        let masked = b.f32(MASKED);
+                        let zero_f = b.f32(0.0);
+                        if let Some(s) = scores {
+                            let state = [carried[stages], carried[stages + 1], carried[stages + 2]];
+                            next.extend(tc_step(b, (t, s, vt, valid), state, (masked, zero_f)));
+                            return next;
+                        }
+                        let kt = b.cast(kt, DType::F32);
+                        let vt = b.cast(vt, DType::F32);
+                        for (g, qv) in qs.iter().enumerate() {
+                            let (m, l, acc) = (
+                                carried[stages + 3 * g],
+                                carried[stages + 3 * g + 1],
+                                carried[stages + 3 * g + 2],
+                            );
+                            let qe = b.expand(*qv, 0, bt);
+                            let prod = b.mul(kt, qe);
+                            let s = b.sum(prod, 1);
+                            let s = b.select(valid, s, masked);
+                            if let (Some((record, first_row)), 0) = (first_step, g) {
+                                let m = b.max(s, 0);
+                                stamp_first_step(b, record, (t, t0, first_row), m);
+                            }
+                            let m_new = b.maximum(m, s);
+                            let dm = b.sub(m, m_new);
+                            let alpha = b.exp2(dm);
+                            let ds = b.sub(s, m_new);
+                            let e = b.exp2(ds);
+                            let pr = b.select(valid, e, zero_f);
+                            let l = b.mul(l, alpha);
+                            let l = b.add(l, pr);
+                            let ae = b.expand(alpha, 1, d);
+                            let acc = b.mul(acc, ae);
+                            let pe = b.expand(pr, 1, d);
+                            let pv = b.mul(vt, pe);
+                            let acc = b.add(acc, pv);
+                            next.extend([m_new, l, acc]);
+                        }
+                        next
+                    });
+                    fin[stages..].to_vec()
                 };
                 // Combine the slots, normalise, write the chunk's partial result per head.
                 let one = b.f32(1.0);

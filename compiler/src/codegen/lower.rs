@@ -321,10 +321,7 @@ fn tiles_for_dot_ta(k: &Kernel, axes: &AxisInfos) -> HashSet<ValueId> {
             row_stride,
         } = op.kind
         {
-            let half = matches!(
-                k.ty(base).elem.pointee(),
-                Some(DType::F16 | DType::BF16)
-            );
+            let half = matches!(k.ty(base).elem.pointee(), Some(DType::F16 | DType::BF16));
             let aligned = axes.get(base).is_some_and(|i| i.divisibility[0] >= 16);
             if half && aligned && cols % 32 == 0 && (2 * row_stride) % 16 == 0 {
                 tiles.insert(op.results[0]);
@@ -1706,9 +1703,19 @@ impl<'c, 'k> Lower<'c, 'k> {
             st.set_alignment(16).map_err(|x| self.err(x))?;
         }
         self.warp_sync()?;
-        let src = self.ldmatrix_lane_offset(row_bytes)?;
+        let lrow = self
+            .b
+            .build_and(self.lane, self.i32c(7), "")
+            .map_err(|x| e(self, x))?;
+        let lmat = self
+            .b
+            .build_right_shift(self.lane, self.i32c(3), false, "")
+            .map_err(|x| e(self, x))?;
+        let src = mul(self, lrow, row_bytes).map_err(|x| e(self, x))?;
         let src = add(self, slice, src).map_err(|x| e(self, x))?;
-        let mats = self.ldmatrix_trans(at(self, src)?, m)?;
+        let mat_off = mul(self, lmat, 16).map_err(|x| e(self, x))?;
+        let src = add(self, src, mat_off).map_err(|x| e(self, x))?;
+        let mats = self.ldmatrix_trans(g.as_pointer_value(), src, m)?;
         // The next writer of the slice waits for every lane's reads.
         self.warp_sync()?;
         Ok(mats)
@@ -1720,28 +1727,16 @@ impl<'c, 'k> Lower<'c, 'k> {
         self.asm_statement("bar.warp.sync -1;", "~{memory}")
     }
 
-    /// The byte offset of the row a lane hands `ldmatrix .x4` in an `[8, M]` block of rows
-    /// `row_bytes` apart: lane L gives row L % 8 of matrix L / 8 (columns 8(L / 8) on).
-    fn ldmatrix_lane_offset(&self, row_bytes: i64) -> R<IntValue<'c>> {
-        let e = |x: inkwell::builder::BuilderError| self.err(x);
-        let lrow = self.b.build_and(self.lane, self.i32c(7), "").map_err(e)?;
-        let lmat = self
-            .b
-            .build_right_shift(self.lane, self.i32c(3), false, "")
-            .map_err(e)?;
-        let src = self
-            .b
-            .build_int_mul(lrow, self.i32c(row_bytes), "")
-            .map_err(e)?;
-        let mat_off = self.b.build_int_mul(lmat, self.i32c(16), "").map_err(e)?;
-        self.b.build_int_add(src, mat_off, "").map_err(e)
-    }
-
-    /// The A fragments of `dot_ta` for an `[8, M]` block of shared memory, from this
-    /// lane's row address (see [`Lower::ldmatrix_lane_offset`]): `ldmatrix .x4 .trans` of
-    /// each 32 columns; matrix j holds columns 8j..8j+8 of the eight rows and comes back as
-    /// the fragment rows 8j + g.
-    fn ldmatrix_trans(&self, lane_ptr: PointerValue<'c>, m: usize) -> R<Vec<BasicValueEnum<'c>>> {
+    /// The A fragments of `dot_ta` for an `[8, M]` block of shared memory at byte `lane_off`
+    /// of `base` for this lane: lane L gives row L % 8 of matrix L / 8, whose columns
+    /// 8(L / 8).. start there. `ldmatrix .x4 .trans` of each 32 columns; matrix j holds
+    /// columns 8j..8j+8 of the eight rows and comes back as the fragment rows 8j + g.
+    fn ldmatrix_trans(
+        &self,
+        base: PointerValue<'c>,
+        lane_off: IntValue<'c>,
+        m: usize,
+    ) -> R<Vec<BasicValueEnum<'c>>> {
         let e = |x: inkwell::builder::BuilderError| self.err(x);
         let i32t = self.ctx.i32_type();
         let i64t = self.ctx.i64_type();
@@ -1758,16 +1753,13 @@ impl<'c, 'k> Lower<'c, 'k> {
         );
         let mut mats = vec![];
         for p in 0..m / 32 {
+            let off = self
+                .b
+                .build_int_add(lane_off, self.i32c(64 * p as i64), "")
+                .map_err(e)?;
             // SAFETY: 64 bytes a step inside the `[8, M]` block.
-            let ptr = unsafe {
-                self.b.build_gep(
-                    self.ctx.i8_type(),
-                    lane_ptr,
-                    &[self.i32c(64 * p as i64)],
-                    "",
-                )
-            }
-            .map_err(e)?;
+            let ptr =
+                unsafe { self.b.build_gep(self.ctx.i8_type(), base, &[off], "") }.map_err(e)?;
             let addr = self.b.build_ptr_to_int(ptr, i64t, "").map_err(e)?;
             let call = self
                 .b
@@ -1790,7 +1782,10 @@ impl<'c, 'k> Lower<'c, 'k> {
     /// A statement of the `cp.async` family, kept in place (volatile, touching memory).
     fn async_asm(&mut self, text: &str) -> R<()> {
         if self.sm < 80 {
-            return Err(self.err(format!("{text} needs sm_80 or newer (target sm_{})", self.sm)));
+            return Err(self.err(format!(
+                "{text} needs sm_80 or newer (target sm_{})",
+                self.sm
+            )));
         }
         self.asm_statement(text, "~{memory}")
     }
@@ -1825,7 +1820,10 @@ impl<'c, 'k> Lower<'c, 'k> {
             )));
         }
         if self.sm < 80 {
-            return Err(self.err(format!("async_copy needs sm_80 or newer (target sm_{})", self.sm)));
+            return Err(self.err(format!(
+                "async_copy needs sm_80 or newer (target sm_{})",
+                self.sm
+            )));
         }
         self.program_sync()?;
         let (ds, ss) = (self.elems(dst), self.elems(src));
@@ -1888,11 +1886,18 @@ impl<'c, 'k> Lower<'c, 'k> {
         let e = |x: inkwell::builder::BuilderError| self.err(x);
         if self.ta_tiles.contains(&res) {
             let row_bytes = (row_stride * d.size_bytes()) as i64;
-            let off = self.ldmatrix_lane_offset(row_bytes)?;
-            // SAFETY: lane offsets inside the `[8, cols]` tile.
-            let lane_ptr =
-                unsafe { self.b.build_gep(self.ctx.i8_type(), bp, &[off], "") }.map_err(e)?;
-            let frags = self.ldmatrix_trans(lane_ptr, shape[1])?;
+            let lrow = self.b.build_and(self.lane, self.i32c(7), "").map_err(e)?;
+            let lmat = self
+                .b
+                .build_right_shift(self.lane, self.i32c(3), false, "")
+                .map_err(e)?;
+            let row = self
+                .b
+                .build_int_mul(lrow, self.i32c(row_bytes), "")
+                .map_err(e)?;
+            let mat = self.b.build_int_mul(lmat, self.i32c(16), "").map_err(e)?;
+            let off = self.b.build_int_add(row, mat, "").map_err(e)?;
+            let frags = self.ldmatrix_trans(bp, off, shape[1])?;
             self.ta_frags.insert(res, frags);
             return Ok(Cv::B(vec![]));
         }
@@ -1905,8 +1910,12 @@ impl<'c, 'k> Lower<'c, 'k> {
             .axes
             .get(base)
             .map_or(1, |i| i.divisibility[0] as usize);
-        let align = base_div.min(16).min(1 << (row_stride * esize).trailing_zeros());
-        let mut vw = bl.size_per_thread[1].min(16 / esize).min((align / esize).max(1));
+        let align = base_div
+            .min(16)
+            .min(1 << (row_stride * esize).trailing_zeros());
+        let mut vw = bl.size_per_thread[1]
+            .min(16 / esize)
+            .min((align / esize).max(1));
         vw = 1 << (usize::BITS - 1 - vw.leading_zeros());
         let mut ps = vec![];
         for c in self.slot_coords(&l)? {

@@ -343,15 +343,37 @@ fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<f64> {
         ..c
     };
     cases.extend([
-        (staged(new(Dense, &[1, 300, 4097], 8, 4, 128, &[]), 4), false),
-        (staged(chunk(new(Dense, &[777, 16, 33], 2, 8, 64, &[]), 64), 6), false),
-        (staged(chunk(new(Dense, &[2000, 5], 8, 4, 128, &[]), 16), 3), true),
-        (staged(new(Dense, &[4097, 900], 8, 4, 128, &[]), 2), false),
         (
-            staged(new(GroupVarlen, &[5000, 1200, 40], 8, 4, 128, &[27, 2707, 0, 1, 600]), 3),
+            staged(new(Dense, &[1, 300, 4097], 8, 4, 128, &[]), 4),
             false,
         ),
-        (staged(new(Padded, &[2500, 900], 8, 4, 128, &[2000, 50, 0, 700]), 4), false),
+        (
+            staged(chunk(new(Dense, &[777, 16, 33], 2, 8, 64, &[]), 64), 6),
+            false,
+        ),
+        (
+            staged(chunk(new(Dense, &[2000, 5], 8, 4, 128, &[]), 16), 3),
+            true,
+        ),
+        (staged(new(Dense, &[4097, 900], 8, 4, 128, &[]), 2), false),
+        (
+            staged(
+                new(
+                    GroupVarlen,
+                    &[5000, 1200, 40],
+                    8,
+                    4,
+                    128,
+                    &[27, 2707, 0, 1, 600],
+                ),
+                3,
+            ),
+            false,
+        ),
+        (
+            staged(new(Padded, &[2500, 900], 8, 4, 128, &[2000, 50, 0, 700]), 4),
+            false,
+        ),
     ]);
     let mut worst = 0.0f64;
     println!("correctness (fresh random inputs, outputs poisoned, f64 reference):");
