@@ -836,7 +836,10 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                         let z = b.i32(0);
                         let ok = b.ge(pos, z);
                         let mask2 = b.expand(ok, 1, d);
-                        let off = row_offsets(b, pos, page);
+                        // Absent slots read nothing (0 bytes copied), and their addresses
+                        // stay inside the cache all the same: slot 0 of their page 0.
+                        let at_pos = b.maximum(pos, z);
+                        let off = row_offsets(b, at_pos, page);
                         let off2 = b.expand(off, 1, d);
                         let src_off = b.add(off2, moved64);
                         let base = b.mul_c(slot, (2 * tile_elems) as i64);
