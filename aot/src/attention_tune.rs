@@ -201,6 +201,7 @@ fn split_hash(shape: &AttentionShape, t: &AttentionTuning) -> Result<String, Str
         vector_bytes: t.vector_bytes,
         prefetch: t.prefetch,
         min_programs_per_sm: t.min_programs_per_sm,
+        stages: t.stages,
         l2_prefetch: t.l2_prefetch,
         tensor_cores: t.tensor_cores,
         chunk_fastest: t.chunk_fastest,

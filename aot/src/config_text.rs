@@ -342,6 +342,7 @@ config_text! {
         vector_bytes: "bytes of a K or V row each thread reads (16 or 32)",
         prefetch: "tiles of K and V in flight ahead of the one computed (1 or 2)",
         min_programs_per_sm: "programs per SM asked of ptxas (0: none; at most 32)",
+        stages: "tensor cores: K and V staged through this many tiles of shared memory by cp.async (0: through registers; 2 to 6)",
         l2_prefetch: "K and V of one more tile brought into L2 a step early",
         tensor_cores: "scores and P.V on the tensor cores (groups of 2 to 8, block_tokens=8, num_warps=1)",
         chunk_fastest: "a row's chunks next to each other in the grid (dense and padded)",
@@ -373,6 +374,7 @@ mod tests {
             vector_bytes: 32,
             prefetch: 2,
             min_programs_per_sm: 3,
+            stages: 4,
             l2_prefetch: true,
             tensor_cores: false,
             chunk_fastest: true,
@@ -406,6 +408,7 @@ mod tests {
             vector_bytes: 16,
             prefetch: 1,
             min_programs_per_sm: 0,
+            stages: 0,
             l2_prefetch: false,
             tensor_cores: true,
             chunk_fastest: false,
@@ -421,7 +424,7 @@ mod tests {
         assert_eq!(
             t.to_text(),
             "block_tokens=8,num_warps=1,chunk_tokens=512,vector_bytes=16,prefetch=1,\
-             min_programs_per_sm=0,l2_prefetch=false,tensor_cores=true,chunk_fastest=false,\
+             min_programs_per_sm=0,stages=0,l2_prefetch=false,tensor_cores=true,chunk_fastest=false,\
              list_programs=0,row_tokens=24,fused_merge=false,row_signals=true,\
              partial_dtype=bf16,stream_kv=true,merge_chunks=8,timeline=false"
         );
@@ -604,7 +607,7 @@ mod tests {
             help.starts_with("  block_tokens         candidate tokens"),
             "{help}"
         );
-        assert_eq!(AttentionTuning::keys_help().lines().count(), 17);
+        assert_eq!(AttentionTuning::keys_help().lines().count(), 18);
         assert_eq!(SearchConfig::keys_help().lines().count(), 11);
     }
 
@@ -760,6 +763,7 @@ mod tests {
                     any::<bool>(),
                     any::<usize>(),
                     any::<bool>(),
+                    any::<usize>(),
                 ),
             )
                 .prop_map(|(a, b, c, d)| AttentionTuning {
@@ -769,6 +773,7 @@ mod tests {
                     vector_bytes: a.3,
                     prefetch: b.0,
                     min_programs_per_sm: b.1,
+                    stages: d.5,
                     l2_prefetch: b.2,
                     tensor_cores: b.3,
                     chunk_fastest: c.0,

@@ -555,6 +555,63 @@ impl KernelBuilder {
         self.push(kind, caller_loc(Location::caller()), &[]);
     }
 
+    /// Starts copying the elements at `src` (global) to `dst` (shared pointers of the same
+    /// shape), zeros where `mask` is false, without registers; see [`OpKind::AsyncCopy`].
+    /// The copies land once [`KernelBuilder::async_wait`] has waited for their group.
+    ///
+    /// ```
+    /// use dusk_compiler::{DType, KernelBuilder};
+    /// let mut b = KernelBuilder::new("stage");
+    /// let x = b.param_ptr("x", DType::F16);
+    /// let y = b.param_ptr("y", DType::F16);
+    /// let tile = b.shared_alloc(DType::F16, 64);
+    /// let i = b.arange(0, 64);
+    /// let (src, dst) = (b.add_ptr(x, i), b.add_ptr(tile, i));
+    /// b.async_copy(dst, src, None);
+    /// b.async_commit();
+    /// b.async_wait(0);
+    /// let t = b.load(dst);
+    /// let out = b.add_ptr(y, i);
+    /// b.store(out, t);
+    /// assert!(b.finish().is_ok());
+    /// ```
+    #[track_caller]
+    pub fn async_copy(&mut self, dst: Value, src: Value, mask: Option<Value>) {
+        let kind = OpKind::AsyncCopy {
+            dst: dst.0,
+            src: src.0,
+            mask: mask.map(|m| m.0),
+        };
+        self.push(kind, caller_loc(Location::caller()), &[]);
+    }
+
+    /// Closes the group of copies issued since the last; see [`OpKind::AsyncCommit`].
+    #[track_caller]
+    pub fn async_commit(&mut self) {
+        self.push(OpKind::AsyncCommit, caller_loc(Location::caller()), &[]);
+    }
+
+    /// Waits until at most `pending` committed groups of copies are in flight, the others
+    /// visible to every thread; see [`OpKind::AsyncWait`].
+    #[track_caller]
+    pub fn async_wait(&mut self, pending: u32) {
+        let kind = OpKind::AsyncWait { pending };
+        self.push(kind, caller_loc(Location::caller()), &[]);
+    }
+
+    /// The `[rows, cols]` tile at the shared pointer `base`, rows `row_stride` elements
+    /// apart; see [`OpKind::LoadTile`].
+    #[track_caller]
+    pub fn load_tile(&mut self, base: Value, rows: usize, cols: usize, row_stride: usize) -> Value {
+        let kind = OpKind::LoadTile {
+            base: base.0,
+            rows,
+            cols,
+            row_stride,
+        };
+        self.push1(kind, caller_loc(Location::caller()))
+    }
+
     /// `len` elements of `dtype` in the program's shared memory; see
     /// [`OpKind::SharedAlloc`].
     #[track_caller]

@@ -15,7 +15,7 @@ use crate::ir::*;
 use crate::verify::{format_loc, verify};
 use crate::CompileError;
 use half::{bf16, f16};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt::Display;
 use std::ops::{BitAnd, BitOr, BitXor, Not};
 
@@ -108,6 +108,8 @@ pub fn run(
             shared: vec![],
         },
         shared_slots: HashMap::new(),
+        async_open: vec![],
+        async_groups: VecDeque::new(),
         program: [0; 3],
         grid,
     };
@@ -116,6 +118,8 @@ pub fn run(
         for y in 0..grid[1] {
             for x in 0..grid[0] {
                 it.program = [x, y, z];
+                it.async_open.clear();
+                it.async_groups.clear();
                 it.region(&kernel.body)?;
             }
         }
@@ -745,8 +749,22 @@ struct Interp<'k, 'a, 'b> {
     /// The shared-memory block of each [`OpKind::SharedAlloc`] op (by its result), as an
     /// index into `mem.shared`.
     shared_slots: HashMap<ValueId, usize>,
+    /// The program's [`OpKind::AsyncCopy`]s not yet committed, then its committed groups,
+    /// oldest first: each copy read its source when issued and writes its destination only
+    /// when an [`OpKind::AsyncWait`] waits for its group, so that a kernel reading a stage
+    /// before waiting for it reads what was there before (and fails its tests) here too.
+    async_open: Vec<PendingCopy>,
+    async_groups: VecDeque<Vec<PendingCopy>>,
     program: [u32; 3],
     grid: [u32; 3],
+}
+
+/// An issued [`OpKind::AsyncCopy`]: its destination's element type and pointers, and the
+/// values it read.
+struct PendingCopy {
+    dtype: DType,
+    dst: Vec<Ptr>,
+    data: Data,
 }
 
 fn get(env: &[Option<Data>], v: ValueId) -> &Data {
@@ -1102,6 +1120,55 @@ impl<'k> Interp<'k, '_, '_> {
                     }
                 }
                 return Ok(None);
+            }
+            AsyncCopy { dst, src, mask } => {
+                let Some(d) = k.ty(*src).elem.pointee() else {
+                    unreachable!("verified: a pointer")
+                };
+                let mask = mask.as_ref().map(|m| g(m).bools());
+                let data = load(d, &self.mem, g(src).ptrs(), mask, None)?;
+                let dst = g(dst).ptrs().to_vec();
+                self.async_open.push(PendingCopy {
+                    dtype: d,
+                    dst,
+                    data,
+                });
+                return Ok(None);
+            }
+            AsyncCommit => {
+                let group = std::mem::take(&mut self.async_open);
+                self.async_groups.push_back(group);
+                return Ok(None);
+            }
+            AsyncWait { pending } => {
+                while self.async_groups.len() > *pending as usize {
+                    let group = self.async_groups.pop_front().expect("a group");
+                    for c in group {
+                        store(&mut self.mem, c.dtype, &c.dst, None, &c.data)?;
+                    }
+                }
+                return Ok(None);
+            }
+            LoadTile {
+                base,
+                rows,
+                cols,
+                row_stride,
+            } => {
+                let Some(d) = k.ty(*base).elem.pointee() else {
+                    unreachable!("verified: a pointer")
+                };
+                let b = g(base).ptrs()[0];
+                let size = d.size_bytes() as i64;
+                let ptrs: Vec<Ptr> = (0..*rows)
+                    .flat_map(|r| {
+                        (0..*cols).map(move |c| Ptr {
+                            buf: b.buf,
+                            off: b.off + ((r * row_stride + c) as i64) * size,
+                        })
+                    })
+                    .collect();
+                load(d, &self.mem, &ptrs, None, None)?
             }
             SharedAlloc { dtype, len } => {
                 // The program's own block, filled with 0xFF bytes (a NaN for floats) so that

@@ -483,6 +483,40 @@ pub enum OpKind {
         counter: ValueId,
         target: ValueId,
     },
+    /// Copies the pointed-to elements of global memory (`src`, a block of pointers) to
+    /// shared memory (`dst`, shared pointers of the same shape) without passing through
+    /// registers (PTX `cp.async`, sm_80 and newer): each thread copies its runs of 4, 8 or
+    /// 16 contiguous bytes; where `mask` is false nothing is read and zeros are written.
+    /// The copy is only issued here: it lands once an [`OpKind::AsyncWait`] has waited for
+    /// the group [`OpKind::AsyncCommit`] put it in, so a program keeps several tiles in
+    /// flight that hold no registers (K and V staged a few steps ahead). It is ordered
+    /// after every thread's earlier accesses of shared memory (a barrier before it), so it
+    /// may overwrite a stage the program has just read.
+    AsyncCopy {
+        dst: ValueId,
+        src: ValueId,
+        mask: Option<ValueId>,
+    },
+    /// Closes the group of the [`OpKind::AsyncCopy`]s issued since the last one (PTX
+    /// `cp.async.commit_group`).
+    AsyncCommit,
+    /// Waits until at most `pending` of the latest committed groups are still in flight,
+    /// then lets every thread of the program see what the others' are done (PTX
+    /// `cp.async.wait_group`, then a barrier): with S stages, `pending` S - 2 waits for the
+    /// oldest. Copies not yet committed are not waited for.
+    AsyncWait {
+        pending: u32,
+    },
+    /// The `[rows, cols]` tile of shared memory at `base` (a scalar shared pointer) with
+    /// `row_stride` elements between rows: element `(r, c)` is `base[r * row_stride + c]`.
+    /// A `dot_ta` whose `a` it is reads the tile itself (`ldmatrix .trans`) instead of
+    /// staging registers through shared memory; otherwise each thread loads its elements.
+    LoadTile {
+        base: ValueId,
+        rows: usize,
+        cols: usize,
+        row_stride: usize,
+    },
     /// `len` elements of the program's shared memory: a scalar shared pointer to the first.
     /// Every program has its own; what they hold before the program stores there is
     /// undefined (the interpreter fills them with 0xFF bytes: NaN for floats). Stores to
@@ -547,7 +581,15 @@ impl OpKind {
             | SharedAlloc { .. }
             | ReleaseDependents
             | Sleep { .. }
+            | AsyncCommit
+            | AsyncWait { .. }
             | Barrier => vec![],
+            LoadTile { base, .. } => vec![*base],
+            AsyncCopy { dst, src, mask } => {
+                let mut v = vec![*dst, *src];
+                v.extend(mask.iter().copied());
+                v
+            }
             Splat { value, .. } | Expand { value, .. } | Unary { value, .. } => vec![*value],
             Cast { value, .. } | Bitcast { value, .. } | Reduce { value, .. } | Scan { value } => {
                 vec![*value]
@@ -623,6 +665,9 @@ impl OpKind {
             OpKind::Store { .. }
                 | OpKind::AtomicAdd { .. }
                 | OpKind::Prefetch { .. }
+                | OpKind::AsyncCopy { .. }
+                | OpKind::AsyncCommit
+                | OpKind::AsyncWait { .. }
                 | OpKind::Arrive { .. }
                 | OpKind::AwaitCount { .. }
                 | OpKind::Signal { .. }
@@ -692,6 +737,10 @@ impl OpKind {
             AtomicAdd { .. } => "atomic_add",
             LoadFresh { .. } => "load_fresh",
             Prefetch { .. } => "prefetch",
+            AsyncCopy { .. } => "async_copy",
+            AsyncCommit => "async_commit",
+            AsyncWait { .. } => "async_wait",
+            LoadTile { .. } => "load_tile",
             Arrive { .. } => "arrive",
             AwaitCount { .. } => "await_count",
             Signal { .. } => "signal",

@@ -66,6 +66,14 @@ fn attrs(kind: &OpKind) -> String {
         }
         Cast { to, .. } | Bitcast { to, .. } | PtrCast { to, .. } => format!(" to {}", to.name()),
         SharedAlloc { dtype, len } => format!(" {len} x {}", dtype.name()),
+        AsyncCopy { mask: Some(_), .. } => " masked".to_string(),
+        AsyncWait { pending } => format!(" pending={pending}"),
+        LoadTile {
+            rows,
+            cols,
+            row_stride,
+            ..
+        } => format!(" {rows}x{cols} stride={row_stride}"),
         Prefetch {
             mask, bytes, level, ..
         } => {

@@ -365,6 +365,62 @@ pub fn result_types(kind: &OpKind, ty: &dyn Fn(ValueId) -> Type) -> Result<Vec<T
             }
             one(Type::scalar(DType::I32))
         }
+        AsyncCopy { dst, src, mask } => {
+            let (dt, st) = (ty(*dst), ty(*src));
+            let Elem::SharedPtr(d) = dt.elem else {
+                return Err(format!(
+                    "async_copy writes shared memory: its destination must be shared pointers, \
+                     found {dt}"
+                ));
+            };
+            if st.elem != Elem::Ptr(d) {
+                return Err(format!(
+                    "async_copy reads global memory of the destination's type: its source must \
+                     be {}, found {st}",
+                    dt.with_elem(Elem::Ptr(d))
+                ));
+            }
+            same_shape(&dt, &st, "async_copy destination and source")?;
+            let row = st.shape.last().copied().unwrap_or(1) * d.size_bytes();
+            if st.is_scalar() || !row.is_multiple_of(4) {
+                return Err(format!(
+                    "async_copy moves runs of 4, 8 or 16 bytes a thread: its blocks' rows must \
+                     be a multiple of 4 bytes, found {st}"
+                ));
+            }
+            check_mask(&st, mask.map(ty))?;
+            Ok(vec![])
+        }
+        AsyncCommit => Ok(vec![]),
+        AsyncWait { pending } => {
+            if *pending > 7 {
+                return Err(format!(
+                    "async_wait takes 0 to 7 groups still pending, found {pending}"
+                ));
+            }
+            Ok(vec![])
+        }
+        LoadTile {
+            base,
+            rows,
+            cols,
+            row_stride,
+        } => {
+            let bt = ty(*base);
+            let (Elem::SharedPtr(d), true) = (bt.elem, bt.is_scalar()) else {
+                return Err(format!(
+                    "load_tile reads shared memory: its base must be a scalar shared pointer, \
+                     found {bt}"
+                ));
+            };
+            if *rows == 0 || *cols == 0 || row_stride < cols {
+                return Err(format!(
+                    "load_tile needs rows and columns, and a row stride of at least the \
+                     columns: found {rows} x {cols} at stride {row_stride}"
+                ));
+            }
+            one(Type::block(Elem::Num(d), &[*rows, *cols]))
+        }
         Prefetch {
             ptr, mask, bytes, ..
         } => {

@@ -340,3 +340,125 @@ fn atomic_bitcast_and_load_fresh_operands() {
         "{msg}"
     );
 }
+
+/// Asynchronous copies go from global to shared memory, between blocks of one shape whose
+/// rows are whole 4-byte words; a wait leaves at most 7 groups pending; a shared tile reads
+/// through a scalar shared pointer with rows at least as long as its columns. The printer
+/// shows the copies' mask, the wait's count and the tile's geometry.
+#[test]
+fn async_copies_and_shared_tiles_check_their_operands() {
+    let copy = |shared_dst: bool, global_src: bool, cols: i64, mask: bool| {
+        build_error(|b| {
+            let g = b.param_ptr("g", DType::F16);
+            let s = b.shared_alloc(DType::F16, 256);
+            let i = b.arange(0, cols);
+            let dst = if shared_dst {
+                b.add_ptr(s, i)
+            } else {
+                b.add_ptr(g, i)
+            };
+            let src = if global_src {
+                b.add_ptr(g, i)
+            } else {
+                b.add_ptr(s, i)
+            };
+            let m = if mask {
+                let j = b.arange(0, 2 * cols);
+                let n = b.i32(3);
+                Some(b.lt(j, n))
+            } else {
+                None
+            };
+            b.async_copy(dst, src, m);
+        })
+    };
+    let msg = copy(false, true, 64, false);
+    assert!(
+        msg.contains("async_copy") && msg.contains("shared pointers"),
+        "{msg}"
+    );
+    let msg = copy(true, false, 64, false);
+    assert!(msg.contains("its source must be ptr<f16>[64]"), "{msg}");
+    let msg = copy(true, true, 1, false);
+    assert!(msg.contains("multiple of 4 bytes"), "{msg}");
+    let msg = copy(true, true, 64, true);
+    assert!(msg.contains("a mask must be a bool block"), "{msg}");
+    let msg = build_error(|b| b.async_wait(8));
+    assert!(msg.contains("async_wait takes 0 to 7"), "{msg}");
+    let msg = build_error(|b| {
+        let g = b.param_ptr("g", DType::F16);
+        b.load_tile(g, 8, 128, 136);
+    });
+    assert!(msg.contains("load_tile reads shared memory"), "{msg}");
+    let msg = build_error(|b| {
+        let s = b.shared_alloc(DType::F16, 256);
+        b.load_tile(s, 8, 32, 16);
+    });
+    assert!(msg.contains("row stride of at least the columns"), "{msg}");
+
+    let mut b = KernelBuilder::new("staged");
+    let g = b.param_ptr("g", DType::F16);
+    let s = b.shared_alloc(DType::F16, 8 * 136);
+    let i = b.arange(0, 64);
+    let n = b.i32(40);
+    let m = b.lt(i, n);
+    let (dst, src) = (b.add_ptr(s, i), b.add_ptr(g, i));
+    b.async_copy(dst, src, Some(m));
+    b.async_commit();
+    b.async_wait(1);
+    let t = b.load_tile(s, 8, 128, 136);
+    let zero = b.arange(0, 8);
+    let z = b.mul_c(zero, 128);
+    let z = b.expand(z, 1, 128);
+    let c = b.arange(0, 128);
+    let c = b.expand(c, 0, 8);
+    let o = b.add(z, c);
+    let out = b.add_ptr(g, o);
+    b.store(out, t);
+    let text = print_kernel(&b.finish().unwrap());
+    for want in [
+        "async_copy masked",
+        "async_commit",
+        "async_wait pending=1",
+        "load_tile 8x128 stride=136",
+    ] {
+        assert!(text.contains(want), "no `{want}` in\n{text}");
+    }
+}
+
+/// The code generator copies each thread's runs of 4, 8 or 16 contiguous bytes with one
+/// `cp.async` each (reading 0 bytes where the mask is false), and refuses pointers whose
+/// runs it cannot show to be that long (here every other element: 2-byte runs).
+#[test]
+fn async_copies_lower_to_cp_async_of_whole_runs() {
+    use dusk_compiler::codegen::{compile, Target};
+    let build = |spread: i64| {
+        let mut b = KernelBuilder::new("copy_rows");
+        let g = b.param_ptr("g", DType::F16);
+        let s = b.shared_alloc(DType::F16, 256);
+        let r = b.arange(0, 32);
+        let n = b.i32(20);
+        let live = b.lt(r, n);
+        let live = b.expand(live, 1, 8);
+        let rows = b.mul_c(r, 8);
+        let rows = b.expand(rows, 1, 8);
+        let c = b.arange(0, 8);
+        let c = b.expand(c, 0, 32);
+        let at = b.add(rows, c);
+        let from = b.mul_c(at, spread);
+        let (dst, src) = (b.add_ptr(s, at), b.add_ptr(g, from));
+        b.async_copy(dst, src, Some(live));
+        b.async_commit();
+        b.async_wait(0);
+        let v = b.load(dst);
+        let out = b.add_ptr(g, at);
+        b.store(out, v);
+        b.finish().unwrap()
+    };
+    let ptx = compile(&build(1), &Target::sm80()).unwrap();
+    assert!(ptx.contains("cp.async.cg.shared.global"), "{ptx}");
+    assert!(ptx.contains("cp.async.commit_group"), "{ptx}");
+    assert!(ptx.contains("cp.async.wait_group 0"), "{ptx}");
+    let err = compile(&build(2), &Target::sm80()).unwrap_err().to_string();
+    assert!(err.contains("runs of 4, 8 or 16 contiguous bytes"), "{err}");
+}

@@ -1102,3 +1102,66 @@ fn load_fresh_reads_what_earlier_programs_added() {
     assert_eq!(bytes_i32(&o), want);
     assert_eq!(bytes_i32(&t), [5 + (0..10).map(|q| 3 * q + 1).sum::<i32>()]);
 }
+
+/// `async_copy` lands in shared memory only once an `async_wait` has waited for its
+/// committed group: read before, the block still holds its fill (NaN); a wait leaving one
+/// group pending lands the older group only; masked-off elements land as zeros; and
+/// `load_tile` reads the landed block as a `[4, 16]` tile of rows 16 apart.
+#[test]
+fn async_copies_land_when_their_group_is_waited_for() {
+    let mut b = KernelBuilder::new("staged_copies");
+    let x = b.param_ptr("x", DType::F32);
+    let out = b.param_ptr("out", DType::F32);
+    let i = b.arange(0, 64);
+    let tile = b.shared_alloc(DType::F32, 128);
+    let n = b.i32(40);
+    let m = b.lt(i, n);
+    let (dst, src) = (b.add_ptr(tile, i), b.add_ptr(x, i));
+    b.async_copy(dst, src, Some(m));
+    b.async_commit();
+    let second = b.add_c(i, 64);
+    let (dst2, src2) = (b.add_ptr(tile, second), b.add_ptr(x, second));
+    b.async_copy(dst2, src2, None);
+    b.async_commit();
+    // Before any wait: the fill.
+    let early = b.load(dst);
+    let o = b.add_ptr(out, i);
+    b.store(o, early);
+    // The first group landed, the second still pending.
+    b.async_wait(1);
+    let first = b.load(dst);
+    let o = b.add_ptr(out, second);
+    b.store(o, first);
+    let pending = b.load(dst2);
+    let at = b.add_c(i, 128);
+    let o = b.add_ptr(out, at);
+    b.store(o, pending);
+    // Both landed: the second block as a [4, 16] tile.
+    b.async_wait(0);
+    let c64 = b.i32(64);
+    let base = b.add_ptr(tile, c64);
+    let t = b.load_tile(base, 4, 16, 16);
+    let r = b.arange(0, 4);
+    let r = b.mul_c(r, 16);
+    let r = b.expand(r, 1, 16);
+    let c = b.arange(0, 16);
+    let c = b.expand(c, 0, 4);
+    let idx = b.add(r, c);
+    let idx = b.add_c(idx, 192);
+    let o = b.add_ptr(out, idx);
+    b.store(o, t);
+    let k = b.finish().unwrap();
+    let xs = values(128, 3);
+    let mut xb = f32_bytes(&xs);
+    let mut ob = vec![0u8; 4 * 256];
+    let mut bufs = [&mut xb[..], &mut ob];
+    run(&k, [2, 1, 1], &[ptr(0), ptr(1)], &mut bufs).unwrap();
+    let o = bytes_f32(&ob);
+    assert!(o[..64].iter().all(|v| v.is_nan()), "read before the wait");
+    for j in 0..64 {
+        let want = if j < 40 { xs[j] } else { 0.0 };
+        assert_eq!(o[64 + j], want, "first group, element {j}");
+        assert!(o[128 + j].is_nan(), "second group landed early at {j}");
+        assert_eq!(o[192 + j], xs[64 + j], "tile element {j}");
+    }
+}

@@ -46,6 +46,13 @@
 //! accumulator. Per thread and step that is 16 `mma`, 4 `ldmatrix` and a few dozen other
 //! instructions whatever the group, where the CUDA-core kernel below spent about 90 a token.
 //!
+//! K and V staged through shared memory (a tuning option, [`SplitConfig::stages`]): the
+//! tensor-core program copies the tiles of the next `stages - 1` steps into a ring of shared
+//! memory by `cp.async` ([`KernelBuilder::async_copy`]), holding no registers for them; `dot`
+//! reads K's fragments from the stage and `dot_ta` V's by `ldmatrix .trans`
+//! ([`KernelBuilder::load_tile`]). On an H200 it was slower than the registers in every GQA
+//! case but batch 1 at 8k (benches/NOTES.md), so the plans keep it off.
+//!
 //! GQA on the CUDA cores (a tuning option; head_dim 256): the G query heads of a program
 //! are a static loop over the group inside the tile loop (the IR has 2-D blocks), each with
 //! its own `[block_tokens, head_dim]` accumulator; registers grow with `block_tokens * G`,
@@ -60,7 +67,7 @@
 //! reading outside the cache or the lists).
 
 use crate::timeline::{open_record, stamp};
-use dusk_compiler::{CacheLevel, CompileError, DType, Kernel, KernelBuilder, Value};
+use dusk_compiler::{BinOp, CacheLevel, CompileError, DType, Kernel, KernelBuilder, Value};
 
 /// Where a row's token positions come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -96,6 +103,12 @@ pub struct SplitConfig {
     pub prefetch: usize,
     /// Programs per SM asked of ptxas (0: none), capping registers to fit them.
     pub min_programs_per_sm: u32,
+    /// Tensor cores only: K and V staged through a ring of this many tiles of shared memory
+    /// by asynchronous copies (`cp.async`, [`KernelBuilder::async_copy`]), the next
+    /// `stages - 1` tiles in flight while one is computed, instead of through registers (0):
+    /// bytes in flight then cost no registers, and `dot` and `dot_ta` read the tile where
+    /// it lies. 2 to 6 (each stage 2 x 8 rows of `head_dim + 8` elements).
+    pub stages: usize,
     /// The K and V rows of the tile after the prefetched ones brought into L2 a step early
     /// (`prefetch.global.L2`: no registers held), its pages loaded a step earlier still: the
     /// bytes in flight of a program are no longer bounded by the tiles its registers hold.
@@ -188,6 +201,7 @@ impl SplitConfig {
             vector_bytes: 16,
             prefetch: 1,
             min_programs_per_sm: 0,
+            stages: 0,
             l2_prefetch: false,
             tensor_cores: true,
             chunk_fastest: false,
@@ -370,7 +384,7 @@ fn unsupported(kernel: &str, what: String) -> CompileError {
 pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
     let (d, bt, g_n) = (cfg.head_dim, cfg.block_tokens, cfg.group);
     let name = format!(
-        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}{}{}{}{}{}{}{}{}{}{}",
+        "attn_split_{}_d{}_p{}_g{}_{}_t{}_w{}_v{}_f{}_o{}{}{}{}{}{}{}{}{}{}{}{}",
         match cfg.source {
             TokenSource::Dense => "dense",
             TokenSource::Lists => "lists",
@@ -387,6 +401,10 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         cfg.min_programs_per_sm,
         if cfg.l2_prefetch { "_l2" } else { "" },
         if cfg.tensor_cores { "_mma" } else { "" },
+        match cfg.stages {
+            0 => String::new(),
+            n => format!("_s{n}"),
+        },
         if cfg.chunk_fastest { "_cf" } else { "" },
         if cfg.balanced { "_bal" } else { "" },
         match (cfg.fused_merge, cfg.sparq) {
@@ -410,6 +428,14 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
         || !matches!(cfg.vector_bytes, 16 | 32)
         || !matches!(cfg.prefetch, 1 | 2)
         || (tc && (!(2..=8).contains(&g_n) || bt != 8 || cfg.num_warps != 1))
+        || (cfg.stages != 0
+            && (!tc
+                || !(2..=6).contains(&cfg.stages)
+                || d > 128
+                || cfg.vector_bytes != 16
+                || cfg.prefetch != 1
+                || cfg.l2_prefetch
+                || cfg.stream_kv))
         || (cfg.balanced && (cfg.source != TokenSource::Lists || cfg.chunk_fastest))
         || (cfg.fused_merge && (!cfg.merge_chunks.is_power_of_two() || cfg.merge_chunks > 64))
         || (cfg.row_signals && (!cfg.balanced || cfg.fused_merge))
@@ -722,89 +748,11 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     let vt = load(b, vp);
                     (kt, vt)
                 };
-                // Prologue: K and V of tiles 0..P, pages of tile P, (lists) positions of P+1.
-                let pf = cfg.prefetch;
-                let tile_at = |b: &mut KernelBuilder, base: Value, i: usize| -> Value {
-                    let c = b.i32((i * bt) as i32);
-                    b.add(base, c)
-                };
-                let mut init = vec![];
-                let mut poss = vec![];
-                for i in 0..pf {
-                    let tile = tile_at(b, t0, i);
-                    let pos = positions(b, tile);
-                    let page = page_of(b, pos);
-                    let (kt, vt) = load_kv(b, pos, page);
-                    init.extend([kt, vt]);
-                    poss.push(pos);
-                }
-                init.extend(poss);
-                // Positions and pages of tiles P (and P + 1 with `l2_prefetch`).
-                let pairs = 1 + cfg.l2_prefetch as usize;
-                for a in 0..pairs {
-                    let tile = tile_at(b, t0, pf + a);
-                    let pos = positions(b, tile);
-                    let page = page_of(b, pos);
-                    init.extend([pos, page]);
-                }
-                if lists {
-                    let tile = tile_at(b, t0, pf + pairs);
-                    init.push(positions(b, tile));
-                }
-                let stages = init.len();
-                let masked = b.f32(MASKED);
-                let zero_f = b.f32(0.0);
-                if tc {
-                    // Per head (rows): the running maximum; per (head, token slot): the sum of
-                    // weights; the output transposed, `[head_dim, 8 heads]`.
-                    let m0 = b.splat(masked, &[8]);
-                    let l0 = b.splat(zero_f, &[8, bt]);
-                    let a0 = b.splat(zero_f, &[d, 8]);
-                    init.extend([m0, l0, a0]);
-                } else {
-                    let m0 = b.splat(masked, &[bt]);
-                    let l0 = b.splat(zero_f, &[bt]);
-                    let a0 = b.splat(zero_f, &[bt, d]);
-                    for _ in 0..g_n {
-                        init.extend([m0, l0, a0]);
-                    }
-                }
-                let fin = b.for_range(t0, t1, c_bt, &init, |b, t, carried| {
-                    let (kt, vt, pos) = (carried[0], carried[1], carried[2 * pf]);
-                    let (pos_p, page_p) = (carried[3 * pf], carried[3 * pf + 1]);
-                    // Tensor cores: this tile's scores first, so that its K is dead before the
-                    // next tile's K and V take registers.
-                    let scores = q8.map(|q8| b.dot(q8, kt, None));
-                    // Tile t+P's K and V, (`l2_prefetch`) tile t+P+1's K and V into L2, the
-                    // pages of the tile after that, (lists) the positions of the next.
-                    let (kt_p, vt_p) = load_kv(b, pos_p, page_p);
-                    let mut ahead = vec![];
-                    if cfg.l2_prefetch {
-                        let (pos_q, page_q) = (carried[3 * pf + 2], carried[3 * pf + 3]);
-                        prefetch_kv(b, pos_q, page_q);
-                        ahead.extend([pos_q, page_q]);
-                    }
-                    let far = pf + pairs;
-                    let tile = tile_at(b, t, far);
-                    let pos_far = if lists {
-                        carried[3 * pf + 2 * pairs]
-                    } else {
-                        positions(b, tile)
-                    };
-                    let page_far = page_of(b, pos_far);
-                    let mut next = carried[2..2 * pf].to_vec();
-                    next.extend([kt_p, vt_p]);
-                    next.extend(carried[2 * pf + 1..3 * pf].iter().copied());
-                    next.push(pos_p);
-                    next.extend(ahead);
-                    next.extend([pos_far, page_far]);
-                    if lists {
-                        let tile = tile_at(b, t, far + 1);
-                        next.push(positions(b, tile));
-                    }
+                // Which slots of tile `t` (positions `pos`) count.
+                let valid_of = |b: &mut KernelBuilder, t: Value, pos: Value| -> Value {
                     let z = b.i32(0);
                     let valid = b.ge(pos, z);
-                    let valid = match (cfg.source, sel_lens) {
+                    match (cfg.source, sel_lens) {
                         (TokenSource::Padded, Some(_)) => {
                             let j = b.arange(0, bt as i64);
                             let j = b.add(t, j);
@@ -812,71 +760,295 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                             b.and(valid, counted)
                         }
                         _ => valid,
+                    }
+                };
+                // Tensor cores: one step of the online softmax over tile `t`'s scores `s`
+                // (`[8 heads, 8 tokens]`, unscaled) and its V `vt`; `[m, l, acc]` in and out.
+                // `masked` and `zero_f` are the step's constants `MASKED` and 0.
+                let tc_step = |b: &mut KernelBuilder,
+                               (t, s, vt, valid): (Value, Value, Value, Value),
+                               [m, l, acc]: [Value; 3],
+                               (masked, zero_f): (Value, Value)|
+                 -> [Value; 3] {
+                    let s = b.mul(s, scale_log2);
+                    let vc = b.expand(valid, 0, 8);
+                    let s = b.select(vc, s, masked);
+                    let mx = b.max(s, 1);
+                    if let Some((record, first_row)) = first_step {
+                        let m = b.max(mx, 0);
+                        stamp_first_step(b, record, (t, t0, first_row), m);
+                    }
+                    let m_new = b.maximum(m, mx);
+                    let dm = b.sub(m, m_new);
+                    let alpha = b.exp2(dm);
+                    let me = b.expand(m_new, 1, bt);
+                    let ds = b.sub(s, me);
+                    let e = b.exp2(ds);
+                    let pr = b.select(vc, e, zero_f);
+                    let ae = b.expand(alpha, 1, bt);
+                    let l = b.mul(l, ae);
+                    let l = b.add(l, pr);
+                    let ph = b.cast(pr, cfg.dtype);
+                    let aa = b.expand(alpha, 0, d);
+                    let acc = b.mul(acc, aa);
+                    let acc = b.dot_ta(vt, ph, Some(acc));
+                    [m_new, l, acc]
+                };
+                let fin = if cfg.stages > 0 {
+                    let q8 = q8.expect("tensor cores");
+                    let s_n = cfg.stages;
+                    // The ring: stage s holds K's tile then V's, rows `row` elements apart
+                    // (16 bytes of padding: the eight rows an `ldmatrix` reads, and the
+                    // rows of a thread group's K fragments, fall in different banks).
+                    let row = d + 8;
+                    let tile_elems = bt * row;
+                    let ring = b.shared_alloc(cfg.dtype, s_n * 2 * tile_elems);
+                    // Column c of a tile moves with the thread holding it in `dot`'s layout
+                    // (a quarter of a row, `d / 4` elements, in 16-byte runs), but each
+                    // thread's j-th run comes from run `4j + quarter` of the row, so the four
+                    // threads of a row copy 64 contiguous bytes together and every sector
+                    // read is whole. Destination and source get the same permutation, so
+                    // the staged tile is the tile.
+                    let quarter = d / 4;
+                    let col = b.arange(0, d as i64);
+                    let c7 = b.i32(7);
+                    let within = b.binary(BinOp::And, col, c7);
+                    let c3 = b.i32(3);
+                    let run = b.binary(BinOp::Shr, col, c3);
+                    let runs_m1 = b.i32((quarter / 8 - 1) as i32);
+                    let run = b.binary(BinOp::And, run, runs_m1);
+                    let c5 = b.i32(5);
+                    let run = b.binary(BinOp::Shl, run, c5);
+                    let qs = b.i32(quarter.trailing_zeros() as i32);
+                    let qtr = b.binary(BinOp::Shr, col, qs);
+                    let qtr = b.binary(BinOp::Shl, qtr, c3);
+                    let moved = b.add(run, within);
+                    let moved = b.add(moved, qtr);
+                    let dst_rows = b.arange(0, bt as i64);
+                    let dst_rows = b.mul_c(dst_rows, row as i64);
+                    let dst_rows = b.expand(dst_rows, 1, d);
+                    let moved2 = b.expand(moved, 0, bt);
+                    let dst_off = b.add(dst_rows, moved2);
+                    let moved64 = b.cast(moved, DType::I64);
+                    let moved64 = b.expand(moved64, 0, bt);
+                    // Tile (`pos`, `page`) copied into stage `slot`, as one group.
+                    let issue = |b: &mut KernelBuilder, pos: Value, page: Value, slot: Value| {
+                        let z = b.i32(0);
+                        let ok = b.ge(pos, z);
+                        let mask2 = b.expand(ok, 1, d);
+                        // Absent slots read nothing (0 bytes copied), and their addresses
+                        // stay inside the cache all the same: slot 0 of their page 0.
+                        let at_pos = b.maximum(pos, z);
+                        let off = row_offsets(b, at_pos, page);
+                        let off2 = b.expand(off, 1, d);
+                        let src_off = b.add(off2, moved64);
+                        let base = b.mul_c(slot, (2 * tile_elems) as i64);
+                        for (i, src) in [k, v].into_iter().enumerate() {
+                            let at = b.add_c(base, (i * tile_elems) as i64);
+                            let dst = b.add_ptr(ring, at);
+                            let dst = b.add_ptr(dst, dst_off);
+                            let src = b.add_ptr(src, src_off);
+                            b.async_copy(dst, src, Some(mask2));
+                        }
+                        b.async_commit();
                     };
+                    // Prologue: tiles 0..S-1 in flight, the pages of tile S-1, (lists) the
+                    // positions of tile S.
+                    let tile_at = |b: &mut KernelBuilder, base: Value, i: usize| -> Value {
+                        let c = b.i32((i * bt) as i32);
+                        b.add(base, c)
+                    };
+                    let mut init = vec![];
+                    for i in 0..s_n - 1 {
+                        let tile = tile_at(b, t0, i);
+                        let pos = positions(b, tile);
+                        let page = page_of(b, pos);
+                        let slot = b.i32(i as i32);
+                        issue(b, pos, page, slot);
+                        init.push(pos);
+                    }
+                    let tile = tile_at(b, t0, s_n - 1);
+                    let pos = positions(b, tile);
+                    let page = page_of(b, pos);
+                    init.extend([pos, page]);
+                    if lists {
+                        let tile = tile_at(b, t0, s_n);
+                        init.push(positions(b, tile));
+                    }
+                    let pipe = init.len();
                     let masked = b.f32(MASKED);
                     let zero_f = b.f32(0.0);
-                    if let Some(s) = scores {
-                        let (m, l, acc) =
-                            (carried[stages], carried[stages + 1], carried[stages + 2]);
-                        let s = b.mul(s, scale_log2);
-                        let vc = b.expand(valid, 0, 8);
-                        let s = b.select(vc, s, masked);
-                        let mx = b.max(s, 1);
-                        if let Some((record, first_row)) = first_step {
-                            let m = b.max(mx, 0);
-                            stamp_first_step(b, record, (t, t0, first_row), m);
+                    let m0 = b.splat(masked, &[8]);
+                    let l0 = b.splat(zero_f, &[8, bt]);
+                    let a0 = b.splat(zero_f, &[d, 8]);
+                    init.extend([m0, l0, a0]);
+                    let fin = b.for_range(t0, t1, c_bt, &init, |b, t, carried| {
+                        // Tile i = (t - t0) / 8 lies in stage i % S; once it is in, tile
+                        // i + S - 1 goes to the stage tile i - 1 left (every lane has read
+                        // it: the wait ends in a barrier).
+                        let i = b.sub(t, t0);
+                        let i = b.div(i, c_bt);
+                        let c_s = b.i32(s_n as i32);
+                        let cur = b.rem(i, c_s);
+                        let nxt = b.add_c(i, s_n as i64 - 1);
+                        let nxt = b.rem(nxt, c_s);
+                        b.async_wait((s_n - 2) as u32);
+                        let (pos_a, page_a) = (carried[s_n - 1], carried[s_n]);
+                        issue(b, pos_a, page_a, nxt);
+                        // The page-table chain a tile ahead of the copies.
+                        let pos_far = if lists {
+                            carried[s_n + 1]
+                        } else {
+                            let tile = tile_at(b, t, s_n);
+                            positions(b, tile)
+                        };
+                        let page_far = page_of(b, pos_far);
+                        let mut next = carried[1..s_n - 1].to_vec();
+                        next.extend([pos_a, pos_far, page_far]);
+                        if lists {
+                            let tile = tile_at(b, t, s_n + 1);
+                            next.push(positions(b, tile));
                         }
-                        let m_new = b.maximum(m, mx);
-                        let dm = b.sub(m, m_new);
-                        let alpha = b.exp2(dm);
-                        let me = b.expand(m_new, 1, bt);
-                        let ds = b.sub(s, me);
-                        let e = b.exp2(ds);
-                        let pr = b.select(vc, e, zero_f);
-                        let ae = b.expand(alpha, 1, bt);
-                        let l = b.mul(l, ae);
-                        let l = b.add(l, pr);
-                        let ph = b.cast(pr, cfg.dtype);
-                        let aa = b.expand(alpha, 0, d);
-                        let acc = b.mul(acc, aa);
-                        let acc = b.dot_ta(vt, ph, Some(acc));
-                        next.extend([m_new, l, acc]);
-                        return next;
+                        let base = b.mul_c(cur, (2 * tile_elems) as i64);
+                        let kb = b.add_ptr(ring, base);
+                        let kt = b.load_tile(kb, bt, d, row);
+                        let scores = b.dot(q8, kt, None);
+                        let vbase = b.add_c(base, tile_elems as i64);
+                        let vb = b.add_ptr(ring, vbase);
+                        let vt = b.load_tile(vb, bt, d, row);
+                        let valid = valid_of(b, t, carried[0]);
+                        let state = [carried[pipe], carried[pipe + 1], carried[pipe + 2]];
+                        let consts = (b.f32(MASKED), b.f32(0.0));
+                        next.extend(tc_step(b, (t, scores, vt, valid), state, consts));
+                        next
+                    });
+                    // Copies past the chunk (all masked) land before the program ends.
+                    b.async_wait(0);
+                    fin[pipe..].to_vec()
+                } else {
+                    // Prologue: K and V of tiles 0..P, pages of tile P, (lists) positions of P+1.
+                    let pf = cfg.prefetch;
+                    let tile_at = |b: &mut KernelBuilder, base: Value, i: usize| -> Value {
+                        let c = b.i32((i * bt) as i32);
+                        b.add(base, c)
+                    };
+                    let mut init = vec![];
+                    let mut poss = vec![];
+                    for i in 0..pf {
+                        let tile = tile_at(b, t0, i);
+                        let pos = positions(b, tile);
+                        let page = page_of(b, pos);
+                        let (kt, vt) = load_kv(b, pos, page);
+                        init.extend([kt, vt]);
+                        poss.push(pos);
                     }
-                    let kt = b.cast(kt, DType::F32);
-                    let vt = b.cast(vt, DType::F32);
-                    for (g, qv) in qs.iter().enumerate() {
-                        let (m, l, acc) = (
-                            carried[stages + 3 * g],
-                            carried[stages + 3 * g + 1],
-                            carried[stages + 3 * g + 2],
-                        );
-                        let qe = b.expand(*qv, 0, bt);
-                        let prod = b.mul(kt, qe);
-                        let s = b.sum(prod, 1);
-                        let s = b.select(valid, s, masked);
-                        if let (Some((record, first_row)), 0) = (first_step, g) {
-                            let m = b.max(s, 0);
-                            stamp_first_step(b, record, (t, t0, first_row), m);
+                    init.extend(poss);
+                    // Positions and pages of tiles P (and P + 1 with `l2_prefetch`).
+                    let pairs = 1 + cfg.l2_prefetch as usize;
+                    for a in 0..pairs {
+                        let tile = tile_at(b, t0, pf + a);
+                        let pos = positions(b, tile);
+                        let page = page_of(b, pos);
+                        init.extend([pos, page]);
+                    }
+                    if lists {
+                        let tile = tile_at(b, t0, pf + pairs);
+                        init.push(positions(b, tile));
+                    }
+                    let stages = init.len();
+                    let masked = b.f32(MASKED);
+                    let zero_f = b.f32(0.0);
+                    if tc {
+                        // Per head (rows): the running maximum; per (head, token slot): the sum of
+                        // weights; the output transposed, `[head_dim, 8 heads]`.
+                        let m0 = b.splat(masked, &[8]);
+                        let l0 = b.splat(zero_f, &[8, bt]);
+                        let a0 = b.splat(zero_f, &[d, 8]);
+                        init.extend([m0, l0, a0]);
+                    } else {
+                        let m0 = b.splat(masked, &[bt]);
+                        let l0 = b.splat(zero_f, &[bt]);
+                        let a0 = b.splat(zero_f, &[bt, d]);
+                        for _ in 0..g_n {
+                            init.extend([m0, l0, a0]);
                         }
-                        let m_new = b.maximum(m, s);
-                        let dm = b.sub(m, m_new);
-                        let alpha = b.exp2(dm);
-                        let ds = b.sub(s, m_new);
-                        let e = b.exp2(ds);
-                        let pr = b.select(valid, e, zero_f);
-                        let l = b.mul(l, alpha);
-                        let l = b.add(l, pr);
-                        let ae = b.expand(alpha, 1, d);
-                        let acc = b.mul(acc, ae);
-                        let pe = b.expand(pr, 1, d);
-                        let pv = b.mul(vt, pe);
-                        let acc = b.add(acc, pv);
-                        next.extend([m_new, l, acc]);
                     }
-                    next
-                });
-                let fin = &fin[stages..];
+                    let fin = b.for_range(t0, t1, c_bt, &init, |b, t, carried| {
+                        let (kt, vt, pos) = (carried[0], carried[1], carried[2 * pf]);
+                        let (pos_p, page_p) = (carried[3 * pf], carried[3 * pf + 1]);
+                        // Tensor cores: this tile's scores first, so that its K is dead before the
+                        // next tile's K and V take registers.
+                        let scores = q8.map(|q8| b.dot(q8, kt, None));
+                        // Tile t+P's K and V, (`l2_prefetch`) tile t+P+1's K and V into L2, the
+                        // pages of the tile after that, (lists) the positions of the next.
+                        let (kt_p, vt_p) = load_kv(b, pos_p, page_p);
+                        let mut ahead = vec![];
+                        if cfg.l2_prefetch {
+                            let (pos_q, page_q) = (carried[3 * pf + 2], carried[3 * pf + 3]);
+                            prefetch_kv(b, pos_q, page_q);
+                            ahead.extend([pos_q, page_q]);
+                        }
+                        let far = pf + pairs;
+                        let tile = tile_at(b, t, far);
+                        let pos_far = if lists {
+                            carried[3 * pf + 2 * pairs]
+                        } else {
+                            positions(b, tile)
+                        };
+                        let page_far = page_of(b, pos_far);
+                        let mut next = carried[2..2 * pf].to_vec();
+                        next.extend([kt_p, vt_p]);
+                        next.extend(carried[2 * pf + 1..3 * pf].iter().copied());
+                        next.push(pos_p);
+                        next.extend(ahead);
+                        next.extend([pos_far, page_far]);
+                        if lists {
+                            let tile = tile_at(b, t, far + 1);
+                            next.push(positions(b, tile));
+                        }
+                        let valid = valid_of(b, t, pos);
+                        let masked = b.f32(MASKED);
+                        let zero_f = b.f32(0.0);
+                        if let Some(s) = scores {
+                            let state = [carried[stages], carried[stages + 1], carried[stages + 2]];
+                            next.extend(tc_step(b, (t, s, vt, valid), state, (masked, zero_f)));
+                            return next;
+                        }
+                        let kt = b.cast(kt, DType::F32);
+                        let vt = b.cast(vt, DType::F32);
+                        for (g, qv) in qs.iter().enumerate() {
+                            let (m, l, acc) = (
+                                carried[stages + 3 * g],
+                                carried[stages + 3 * g + 1],
+                                carried[stages + 3 * g + 2],
+                            );
+                            let qe = b.expand(*qv, 0, bt);
+                            let prod = b.mul(kt, qe);
+                            let s = b.sum(prod, 1);
+                            let s = b.select(valid, s, masked);
+                            if let (Some((record, first_row)), 0) = (first_step, g) {
+                                let m = b.max(s, 0);
+                                stamp_first_step(b, record, (t, t0, first_row), m);
+                            }
+                            let m_new = b.maximum(m, s);
+                            let dm = b.sub(m, m_new);
+                            let alpha = b.exp2(dm);
+                            let ds = b.sub(s, m_new);
+                            let e = b.exp2(ds);
+                            let pr = b.select(valid, e, zero_f);
+                            let l = b.mul(l, alpha);
+                            let l = b.add(l, pr);
+                            let ae = b.expand(alpha, 1, d);
+                            let acc = b.mul(acc, ae);
+                            let pe = b.expand(pr, 1, d);
+                            let pv = b.mul(vt, pe);
+                            let acc = b.add(acc, pv);
+                            next.extend([m_new, l, acc]);
+                        }
+                        next
+                    });
+                    fin[stages..].to_vec()
+                };
                 // Combine the slots, normalise, write the chunk's partial result per head.
                 let one = b.f32(1.0);
                 let zero_f = b.f32(0.0);

@@ -71,6 +71,11 @@ pub struct AttentionTuning {
     pub prefetch: usize,
     /// Programs per SM asked of ptxas (0: none).
     pub min_programs_per_sm: u32,
+    /// Tensor cores: K and V staged through a ring of this many tiles of shared memory by
+    /// asynchronous copies, `stages - 1` in flight (see
+    /// [`SplitConfig::stages`](crate::attention::SplitConfig)); 0: through registers.
+    /// 0 or 2 to 6, with `prefetch` 1, no `l2_prefetch` and no `stream_kv`.
+    pub stages: usize,
     /// K and V of one more tile brought into L2 a step early (see
     /// [`SplitConfig::l2_prefetch`](crate::attention::SplitConfig)).
     pub l2_prefetch: bool,
@@ -265,6 +270,7 @@ impl AttentionTuning {
             } else {
                 0
             },
+            stages: 0,
             l2_prefetch,
             tensor_cores,
             chunk_fastest: false,
@@ -575,6 +581,30 @@ impl AttentionPlan {
                 tuning.num_warps
             ),
         );
+        ensure!(
+            tuning.stages == 0
+                || ((2..=6).contains(&tuning.stages)
+                    && tuning.tensor_cores
+                    && spec.kv.head_dim <= 128
+                    && tuning.vector_bytes == 16
+                    && tuning.prefetch == 1
+                    && !tuning.l2_prefetch
+                    && !tuning.stream_kv),
+            "stages",
+            "0, or 2 to 6 with tensor_cores, head_dim up to 128, vector_bytes 16, prefetch 1, \
+             and l2_prefetch and stream_kv off",
+            format!(
+                "{} (tensor_cores {}, head_dim {}, vector_bytes {}, prefetch {}, l2_prefetch {}, \
+                 stream_kv {})",
+                tuning.stages,
+                tuning.tensor_cores,
+                spec.kv.head_dim,
+                tuning.vector_bytes,
+                tuning.prefetch,
+                tuning.l2_prefetch,
+                tuning.stream_kv
+            ),
+        );
         let rows = spec.batch * spec.num_q_heads / pg;
         ensure!(
             lists || !tuning.timeline,
@@ -617,6 +647,7 @@ impl AttentionPlan {
             vector_bytes: tuning.vector_bytes,
             prefetch: tuning.prefetch,
             min_programs_per_sm: tuning.min_programs_per_sm,
+            stages: tuning.stages,
             l2_prefetch: tuning.l2_prefetch,
             tensor_cores: tuning.tensor_cores,
             chunk_fastest: tuning.chunk_fastest,

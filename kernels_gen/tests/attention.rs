@@ -86,6 +86,9 @@ struct Case<'a> {
     merge_chunks: usize,
     /// Token lists: the split merges (the last piece of a row), no merge launch.
     fused_merge: bool,
+    /// Tensor cores: K and V staged through this many tiles of shared memory (0: through
+    /// registers).
+    stages: usize,
 }
 
 fn check<T: HalfFloat>(seed: u64, c: &Case) {
@@ -138,6 +141,9 @@ fn check<T: HalfFloat>(seed: u64, c: &Case) {
         t.l2_prefetch = c.l2_prefetch;
         t.merge_chunks = c.merge_chunks;
         t.fused_merge = c.fused_merge;
+        if c.stages > 0 && t.tensor_cores {
+            (t.stages, t.stream_kv, t.l2_prefetch) = (c.stages, false, false);
+        }
         t.chunk_tokens = c.chunk.div_ceil(t.block_tokens) * t.block_tokens
     })
     .unwrap();
@@ -233,6 +239,7 @@ fn case(seqs: &[usize], kv_heads: usize, group: usize, d: usize, mode: Attention
         // Several merge steps a row in the fixed cases (the property test draws 1 to 64).
         merge_chunks: 2,
         fused_merge: true,
+        stages: 0,
     }
 }
 
@@ -288,6 +295,45 @@ fn group_varlen_reads_the_union_once_per_group() {
         ..case(&[230], 2, 8, 256, GROUP)
     };
     check::<f16>(7, &c);
+}
+
+/// K and V staged through shared memory by asynchronous copies: every mode, both head
+/// dims and dtypes, rings of 2 to 6 stages (more stages than a chunk has tiles, chunks
+/// ending inside a tile, empty lists). The interpreter lands a copy only when its group is
+/// waited for, so a step reading a stage too early would read the ring's NaN fill.
+#[test]
+fn gqa_with_k_and_v_staged_in_shared_memory() {
+    let staged = |c: Case<'static>, stages: usize| Case { stages, ..c };
+    check::<f16>(21, &staged(case(&[70, 16, 1], 2, 4, 128, DENSE), 2));
+    check::<f16>(22, &staged(case(&[100, 33], 1, 8, 64, DENSE), 3));
+    let c = Case {
+        chunk: 64,
+        ..case(&[130, 47], 2, 2, 128, DENSE)
+    };
+    check::<f16>(23, &staged(c, 4));
+    check::<bf16>(24, &staged(case(&[90, 20], 2, 4, 128, DENSE), 6));
+    let c = Case {
+        lens: &[60, 0, 1, 33],
+        ..case(&[80, 64, 10], 2, 4, 128, GROUP)
+    };
+    check::<f16>(25, &staged(c, 3));
+    let c = Case {
+        lens: &[41, 7],
+        fused_merge: false,
+        ..case(&[80, 64], 2, 4, 64, GROUP)
+    };
+    check::<f16>(26, &staged(c, 4));
+    let c = Case {
+        lens: &[30, 0, 17],
+        ..case(&[50, 40, 30], 2, 4, 128, PADDED)
+    };
+    check::<f16>(27, &staged(c, 3));
+    let c = Case {
+        sparq: true,
+        lens: &[20, 9],
+        ..case(&[50, 40], 2, 4, 128, GROUP)
+    };
+    check::<f16>(28, &staged(c, 2));
 }
 
 /// The CUDA-core GQA kernel stays a tuning option: the same cases as above on it.
@@ -381,6 +427,7 @@ proptest! {
         l2_prefetch in any::<bool>(),
         merge_log in 0u32..7,
         fused_merge in any::<bool>(),
+        stages in 0usize..7,
     ) {
         prop_assume!(seqs.iter().any(|n| *n > 0));
         let c = Case {
@@ -400,6 +447,8 @@ proptest! {
             l2_prefetch,
             merge_chunks: 1 << merge_log,
             fused_merge,
+            // Where the tensor cores serve the case (1 stage is no ring: registers).
+            stages: if stages == 1 { 0 } else { stages },
         };
         check::<f16>(seed, &c);
     }

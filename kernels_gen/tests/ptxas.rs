@@ -108,6 +108,7 @@ fn attention_kernels() -> Vec<Kernel> {
                     vector_bytes: 16,
                     prefetch,
                     min_programs_per_sm: 0,
+                    stages: 0,
                     // Token lists are always split evenly; the L2 prefetch is an option.
                     l2_prefetch: source == TokenSource::Lists && prefetch == 1,
                     tensor_cores: false,
@@ -247,6 +248,7 @@ fn attention_kernels() -> Vec<Kernel> {
             vector_bytes,
             prefetch,
             min_programs_per_sm: 0,
+            stages: 0,
             l2_prefetch: false,
             tensor_cores: false,
             chunk_fastest: false,
@@ -278,6 +280,7 @@ fn attention_reads_kv_in_16_byte_vectors() {
         vector_bytes: 16,
         prefetch: 1,
         min_programs_per_sm: 0,
+        stages: 0,
         l2_prefetch: false,
         tensor_cores: false,
         chunk_fastest: false,
@@ -800,6 +803,38 @@ fn gqa_attention_uses_the_tensor_cores() {
         "{ptx}"
     );
     assert!(ptx.matches("ld.global.v4").count() >= 8, "{ptx}");
+}
+
+/// With K and V staged through shared memory (`stages`), the tiles arrive by `cp.async`
+/// (16 bytes a copy, `head_dim / 32` copies a thread for each of K and V, issued once per
+/// stage of the prologue and once in the loop), V's fragments come from the staged tile by
+/// `ldmatrix .trans` with no scratch to stage it through, and nothing spills, for every ring
+/// depth, both head dims and token lists. Run with `--nocapture` for the registers.
+#[test]
+fn staged_gqa_attention_copies_k_and_v_asynchronously() {
+    let ptxas = ptxas();
+    for (d, source, stages) in [
+        (128, TokenSource::Dense, 2),
+        (128, TokenSource::Dense, 3),
+        (128, TokenSource::Dense, 4),
+        (128, TokenSource::Dense, 6),
+        (64, TokenSource::Dense, 4),
+        (128, TokenSource::Lists, 3),
+        (128, TokenSource::Padded, 3),
+    ] {
+        let cfg = SplitConfig {
+            stages,
+            ..SplitConfig::tensor_cores(d, 4, DType::F16, source)
+        };
+        let k = attention::build_split(&cfg).unwrap();
+        assert_assembles_without_spills(&ptxas, &k, Some("cp.async.wait_group"));
+        let ptx = compile(&k, &Target::sm90a()).unwrap();
+        let copies = ptx.matches("cp.async.cg.shared.global").count();
+        assert_eq!(copies, 2 * (d / 32) * stages, "{}: {copies} copies", k.name);
+        let trans = ptx.matches("ldmatrix.sync.aligned.m8n8.x4.trans").count();
+        assert_eq!(trans, d / 32, "{}", k.name);
+        assert!(!ptx.contains("dusk_dot_smem"), "{}: V staged twice", k.name);
+    }
 }
 
 /// The selectors' kernels: Quest's update and score for every head_dim and group the plans

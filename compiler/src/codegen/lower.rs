@@ -19,7 +19,7 @@ use inkwell::values::{
     GlobalValue, IntValue, PointerValue,
 };
 use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 const PTX_KERNEL_CC: u32 = 71;
 const GLOBAL: u16 = 1;
@@ -55,6 +55,10 @@ struct Lower<'c, 'k> {
     dot_smem: Option<GlobalValue<'c>>,
     /// The block of each [`OpKind::SharedAlloc`] (by its result).
     shared_blocks: HashMap<ValueId, GlobalValue<'c>>,
+    /// The [`OpKind::LoadTile`]s read only as the `a` of `dot_ta` ([`tiles_for_dot_ta`]),
+    /// and the A fragments read from each once lowered.
+    ta_tiles: HashSet<ValueId>,
+    ta_frags: HashMap<ValueId, Vec<BasicValueEnum<'c>>>,
     /// Shared-memory atomics were the last ops touching shared memory and their closing
     /// barrier is not yet emitted: atomics commute, so a run of them (nothing but
     /// arithmetic between) shares one barrier at each end ([`Lower::settle_atomics`]).
@@ -139,6 +143,8 @@ pub(super) fn lower<'c>(
         smem: None,
         dot_smem: None,
         shared_blocks: HashMap::new(),
+        ta_tiles: tiles_for_dot_ta(k, axes),
+        ta_frags: HashMap::new(),
         atomics_open: false,
         scan_totals: HashMap::new(),
         sm,
@@ -166,7 +172,7 @@ pub(super) fn lower<'c>(
         g.set_initializer(&ty.get_undef());
         l.smem = Some(g);
     }
-    let dot_bytes = dot_scratch_bytes(k);
+    let dot_bytes = dot_scratch_bytes(k, &l.ta_tiles);
     let mut blocks = vec![];
     walk_ops(&k.body, &mut |op| {
         if let OpKind::SharedAlloc { dtype, len } = op.kind {
@@ -302,14 +308,57 @@ fn dot_row_bytes(m: usize) -> usize {
     2 * m + 16
 }
 
-/// Bytes of shared memory the `dot_ta` ops need: eight rows a warp.
-fn dot_scratch_bytes(k: &Kernel) -> usize {
+/// The results of [`OpKind::LoadTile`]s whose every use is as the `a` of a `dot_ta` and
+/// that `ldmatrix` can read as they lie: 8 rows of f16 or bf16, columns a multiple of 32,
+/// rows and base 16-byte aligned. Their fragments are read at the tile; no scratch.
+fn tiles_for_dot_ta(k: &Kernel, axes: &AxisInfos) -> HashSet<ValueId> {
+    let mut tiles = HashSet::new();
+    walk_ops(&k.body, &mut |op| {
+        if let OpKind::LoadTile {
+            base,
+            rows: 8,
+            cols,
+            row_stride,
+        } = op.kind
+        {
+            let half = matches!(k.ty(base).elem.pointee(), Some(DType::F16 | DType::BF16));
+            let aligned = axes.get(base).is_some_and(|i| i.divisibility[0] >= 16);
+            if half && aligned && cols % 32 == 0 && (2 * row_stride) % 16 == 0 {
+                tiles.insert(op.results[0]);
+            }
+        }
+    });
+    walk_ops(&k.body, &mut |op| {
+        let as_a = match &op.kind {
+            OpKind::Dot {
+                a,
+                b,
+                acc,
+                trans_a: true,
+            } if b != a && *acc != Some(*a) => Some(*a),
+            _ => None,
+        };
+        for v in op.kind.operands() {
+            if Some(v) != as_a {
+                tiles.remove(&v);
+            }
+        }
+    });
+    tiles
+}
+
+/// Bytes of shared memory the `dot_ta` ops need: eight rows a warp (none for those whose
+/// `a` is a tile of shared memory already).
+fn dot_scratch_bytes(k: &Kernel, ta_tiles: &HashSet<ValueId>) -> usize {
     let mut most = 0usize;
     walk_ops(&k.body, &mut |op| {
         if let OpKind::Dot {
             a, trans_a: true, ..
         } = &op.kind
         {
+            if ta_tiles.contains(a) {
+                return;
+            }
             let m = k.ty(*a).shape[1];
             most = most.max(k.num_warps as usize * 8 * dot_row_bytes(m));
         }
@@ -765,6 +814,25 @@ impl<'c, 'k> Lower<'c, 'k> {
                 self.barrier()?;
                 return Ok(());
             }
+            AsyncCopy { dst, src, mask } => {
+                self.async_copy(*dst, *src, *mask)?;
+                return Ok(());
+            }
+            AsyncCommit => {
+                self.async_asm("cp.async.commit_group;")?;
+                return Ok(());
+            }
+            AsyncWait { pending } => {
+                self.async_asm(&format!("cp.async.wait_group {pending};"))?;
+                self.program_sync()?;
+                return Ok(());
+            }
+            LoadTile {
+                base,
+                rows,
+                cols,
+                row_stride,
+            } => self.load_tile(*base, [*rows, *cols], *row_stride, res.expect("result"))?,
             ReleaseDependents => {
                 self.grid_dependency("griddepcontrol.launch_dependents;")?;
                 return Ok(());
@@ -1542,31 +1610,62 @@ impl<'c, 'k> Lower<'c, 'k> {
     }
 
     /// `dot_ta` (`a^T . b^T`, `a` `[8, M]`) as `mma.sync.m16n8k8` over M/16 tiles of rows.
-    /// A is `a` transposed, so each warp writes its `a` to its slice of shared memory and
-    /// reads it back with `ldmatrix .trans`, which hands every thread its A fragment: rows
-    /// `16i + g` and `16i + 8 + g`, exactly the result rows its blocked layout owns. `b`
-    /// (`[8, 8]`, pairs of columns a thread) is the B fragment as it stands.
+    /// A is `a` transposed, read with `ldmatrix .trans`, which hands every thread its A
+    /// fragment: rows `16i + g` and `16i + 8 + g`, exactly the result rows its blocked
+    /// layout owns. Where `a` is a tile of shared memory ([`OpKind::LoadTile`]) its
+    /// fragments were read from the tile already; otherwise each warp writes its `a` to its
+    /// slice of shared memory first. `b` (`[8, 8]`, pairs of columns a thread) is the B
+    /// fragment as it stands.
     fn dot_ta(&mut self, a: ValueId, b: ValueId, c: Option<ValueId>, res: ValueId) -> R<Cv<'c>> {
         let (al, bl, rl) = self.dot_layouts(a, b, res)?;
         let m = al.shape[1];
         let d = self.ty_of(a).elem.dtype().expect("verified");
-        if !(Self::fragment_layout(&al, m / 4)
-            && Self::fragment_layout(&bl, 2)
-            && Self::fragment_layout(&rl, 2))
-        {
+        if !(Self::fragment_layout(&bl, 2) && Self::fragment_layout(&rl, 2)) {
             return Err(self.err(format!(
-                "dot_ta needs every warp to hold whole fragments (a {al:?}, b {bl:?}, result {rl:?}): \
+                "dot_ta needs every warp to hold whole fragments (b {bl:?}, result {rl:?}): \
                  one warp a program"
+            )));
+        }
+        let mats = match self.ta_frags.get(&a) {
+            Some(f) => f.clone(),
+            None => self.stage_transposed(a, &al, d)?,
+        };
+        let xb = self.elems(b);
+        let rb = [self.pack2(xb[0], xb[1], d)?];
+        let zero: BasicValueEnum<'c> = self.ctx.f32_type().const_zero().into();
+        let init = match c {
+            Some(c) => self.elems(c),
+            None => vec![zero; m / 4],
+        };
+        let mut out = vec![];
+        for i in 0..m / 16 {
+            let ra = [mats[2 * i], mats[2 * i + 1]];
+            out.extend(self.mma("m16n8k8", d, &ra, &rb, &init[4 * i..4 * i + 4])?);
+        }
+        Ok(Cv::B(out))
+    }
+
+    /// The A fragments of `dot_ta` from `a` in registers: the warp writes `a` to its slice
+    /// of the scratch, then reads it back transposed.
+    fn stage_transposed(
+        &mut self,
+        a: ValueId,
+        al: &Blocked,
+        d: DType,
+    ) -> R<Vec<BasicValueEnum<'c>>> {
+        let m = al.shape[1];
+        if !Self::fragment_layout(al, m / 4) {
+            return Err(self.err(format!(
+                "dot_ta needs every warp to hold whole fragments of a ({al:?}): one warp a \
+                 program"
             )));
         }
         let g = self
             .dot_smem
             .ok_or_else(|| self.err("dot scratch was not reserved"))?;
-        let (xa, xb) = (self.elems(a), self.elems(b));
+        let xa = self.elems(a);
         let e = |l: &Self, x: inkwell::builder::BuilderError| l.err(x);
         let i8t = self.ctx.i8_type();
-        let i32t = self.ctx.i32_type();
-        let i64t = self.ctx.i64_type();
         let row_bytes = dot_row_bytes(m) as i64;
         // This warp's slice, and the thread's row (g) and quarter (c) in it.
         let at = |l: &Self, off: IntValue<'c>| -> R<PointerValue<'c>> {
@@ -1603,35 +1702,7 @@ impl<'c, 'k> Lower<'c, 'k> {
             let st = self.b.build_store(p, v).map_err(|x| e(self, x))?;
             st.set_alignment(16).map_err(|x| self.err(x))?;
         }
-        let sync = |l: &Self| -> R<()> {
-            let fn_t = l.ctx.void_type().fn_type(&[], false);
-            let asm = l.ctx.create_inline_asm(
-                fn_t,
-                "bar.warp.sync -1;".to_string(),
-                "~{memory}".to_string(),
-                true,
-                false,
-                None,
-                false,
-            );
-            l.b.build_indirect_call(fn_t, asm, &[], "")
-                .map_err(|x| e(l, x))?;
-            Ok(())
-        };
-        sync(self)?;
-        // ldmatrix .x4: lane L gives row L % 8 of matrix L / 8; matrix j holds columns
-        // 8j..8j+8 of all eight rows, and comes back as the A fragment rows 8j + g.
-        let quad_t = self.ctx.struct_type(&[i32t.into(); 4], false);
-        let ld_t = quad_t.fn_type(&[i64t.into()], false);
-        let ld = self.ctx.create_inline_asm(
-            ld_t,
-            "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0,$1,$2,$3}, [$4];".to_string(),
-            "=r,=r,=r,=r,l,~{memory}".to_string(),
-            true,
-            false,
-            None,
-            false,
-        );
+        self.warp_sync()?;
         let lrow = self
             .b
             .build_and(self.lane, self.i32c(7), "")
@@ -1644,45 +1715,221 @@ impl<'c, 'k> Lower<'c, 'k> {
         let src = add(self, slice, src).map_err(|x| e(self, x))?;
         let mat_off = mul(self, lmat, 16).map_err(|x| e(self, x))?;
         let src = add(self, src, mat_off).map_err(|x| e(self, x))?;
+        let mats = self.ldmatrix_trans(g.as_pointer_value(), src, m)?;
+        // The next writer of the slice waits for every lane's reads.
+        self.warp_sync()?;
+        Ok(mats)
+    }
+
+    /// `bar.warp.sync`: the warp's shared-memory accesses before it are seen by its lanes
+    /// after it.
+    fn warp_sync(&self) -> R<()> {
+        self.asm_statement("bar.warp.sync -1;", "~{memory}")
+    }
+
+    /// The A fragments of `dot_ta` for an `[8, M]` block of shared memory at byte `lane_off`
+    /// of `base` for this lane: lane L gives row L % 8 of matrix L / 8, whose columns
+    /// 8(L / 8).. start there. `ldmatrix .x4 .trans` of each 32 columns; matrix j holds
+    /// columns 8j..8j+8 of the eight rows and comes back as the fragment rows 8j + g.
+    fn ldmatrix_trans(
+        &self,
+        base: PointerValue<'c>,
+        lane_off: IntValue<'c>,
+        m: usize,
+    ) -> R<Vec<BasicValueEnum<'c>>> {
+        let e = |x: inkwell::builder::BuilderError| self.err(x);
+        let i32t = self.ctx.i32_type();
+        let i64t = self.ctx.i64_type();
+        let quad_t = self.ctx.struct_type(&[i32t.into(); 4], false);
+        let ld_t = quad_t.fn_type(&[i64t.into()], false);
+        let ld = self.ctx.create_inline_asm(
+            ld_t,
+            "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0,$1,$2,$3}, [$4];".to_string(),
+            "=r,=r,=r,=r,l,~{memory}".to_string(),
+            true,
+            false,
+            None,
+            false,
+        );
         let mut mats = vec![];
         for p in 0..m / 32 {
-            let off = add(self, src, self.i32c(64 * p as i64)).map_err(|x| e(self, x))?;
-            let ptr = at(self, off)?;
-            let addr = self
+            let off = self
                 .b
-                .build_ptr_to_int(ptr, i64t, "")
-                .map_err(|x| e(self, x))?;
+                .build_int_add(lane_off, self.i32c(64 * p as i64), "")
+                .map_err(e)?;
+            // SAFETY: 64 bytes a step inside the `[8, M]` block.
+            let ptr =
+                unsafe { self.b.build_gep(self.ctx.i8_type(), base, &[off], "") }.map_err(e)?;
+            let addr = self.b.build_ptr_to_int(ptr, i64t, "").map_err(e)?;
             let call = self
                 .b
                 .build_indirect_call(ld_t, ld, &[addr.into()], "")
-                .map_err(|x| e(self, x))?;
+                .map_err(e)?;
             let st = call
                 .try_as_basic_value()
                 .basic()
                 .expect("ldmatrix result")
                 .into_struct_value();
             for j in 0..4 {
-                mats.push(
-                    self.b
-                        .build_extract_value(st, j, "")
-                        .map_err(|x| e(self, x))?,
-                );
+                mats.push(self.b.build_extract_value(st, j, "").map_err(e)?);
             }
         }
-        // The next writer of the slice waits for every lane's reads.
-        sync(self)?;
-        let rb = [self.pack2(xb[0], xb[1], d)?];
-        let zero: BasicValueEnum<'c> = self.ctx.f32_type().const_zero().into();
-        let init = match c {
-            Some(c) => self.elems(c),
-            None => vec![zero; m / 4],
-        };
-        let mut out = vec![];
-        for i in 0..m / 16 {
-            let ra = [mats[2 * i], mats[2 * i + 1]];
-            out.extend(self.mma("m16n8k8", d, &ra, &rb, &init[4 * i..4 * i + 4])?);
+        Ok(mats)
+    }
+
+    // ---- asynchronous copies and shared tiles ----
+
+    /// A statement of the `cp.async` family, kept in place (volatile, touching memory).
+    fn async_asm(&mut self, text: &str) -> R<()> {
+        if self.sm < 80 {
+            return Err(self.err(format!(
+                "{text} needs sm_80 or newer (target sm_{})",
+                self.sm
+            )));
         }
-        Ok(Cv::B(out))
+        self.asm_statement(text, "~{memory}")
+    }
+
+    /// Every thread's shared-memory accesses before it seen by every thread after it: a
+    /// `bar.sync` (one warp: `bar.warp.sync`).
+    fn program_sync(&self) -> R<()> {
+        if self.k.num_warps == 1 {
+            self.warp_sync()
+        } else {
+            self.barrier()
+        }
+    }
+
+    /// [`OpKind::AsyncCopy`]: after a barrier (earlier reads of the destination done), one
+    /// `cp.async` per run of 4, 8 or 16 contiguous bytes of the thread's elements (`.cg`,
+    /// past L1, for 16 bytes; `.ca` below), reading 0 bytes (so writing zeros) where the
+    /// mask is false.
+    fn async_copy(&mut self, dst: ValueId, src: ValueId, mask: Option<ValueId>) -> R<()> {
+        let d = self.ty_of(src).elem.pointee().expect("verified");
+        let esize = d.size_bytes();
+        let l = self.layouts.get(src).clone();
+        let vw = self
+            .vector_width(src, mask, &l, esize)
+            .min(self.vector_width(dst, None, &l, esize));
+        let bytes = vw * esize;
+        if !matches!(bytes, 4 | 8 | 16) {
+            return Err(self.err(format!(
+                "async_copy moves runs of 4, 8 or 16 contiguous bytes a thread; the pointers \
+                 known here give runs of {bytes} (make the offsets of a thread's elements \
+                 contiguous and aligned)"
+            )));
+        }
+        if self.sm < 80 {
+            return Err(self.err(format!(
+                "async_copy needs sm_80 or newer (target sm_{})",
+                self.sm
+            )));
+        }
+        self.program_sync()?;
+        let (ds, ss) = (self.elems(dst), self.elems(src));
+        let ms = mask.map(|m| self.elems(m));
+        let i32t = self.ctx.i32_type();
+        let i64t = self.ctx.i64_type();
+        let fn_t = self
+            .ctx
+            .void_type()
+            .fn_type(&[i64t.into(), i64t.into(), i32t.into()], false);
+        let cache = if bytes == 16 { "cg" } else { "ca" };
+        let asm = self.ctx.create_inline_asm(
+            fn_t,
+            format!("cp.async.{cache}.shared.global [$0], [$1], {bytes}, $2;"),
+            "l,l,r,~{memory}".to_string(),
+            true,
+            false,
+            None,
+            false,
+        );
+        let e = |x: inkwell::builder::BuilderError| self.err(x);
+        let full = i32t.const_int(bytes as u64, false);
+        for g in (0..ss.len()).step_by(vw) {
+            let to = self
+                .b
+                .build_ptr_to_int(ds[g].into_pointer_value(), i64t, "")
+                .map_err(e)?;
+            let from = self
+                .b
+                .build_ptr_to_int(ss[g].into_pointer_value(), i64t, "")
+                .map_err(e)?;
+            let size = match &ms {
+                Some(m) => self
+                    .b
+                    .build_select(m[g].into_int_value(), full, i32t.const_zero(), "")
+                    .map_err(e)?
+                    .into_int_value(),
+                None => full,
+            };
+            self.b
+                .build_indirect_call(fn_t, asm, &[to.into(), from.into(), size.into()], "")
+                .map_err(e)?;
+        }
+        Ok(())
+    }
+
+    /// [`OpKind::LoadTile`]: for a tile only `dot_ta` reads (see [`tiles_for_dot_ta`]) its
+    /// A fragments by `ldmatrix .trans`, here where the tile is read; otherwise each
+    /// thread's elements, in vectors where rows and base allow.
+    fn load_tile(
+        &mut self,
+        base: ValueId,
+        shape: [usize; 2],
+        row_stride: usize,
+        res: ValueId,
+    ) -> R<Cv<'c>> {
+        let d = self.ty_of(base).elem.pointee().expect("verified");
+        let et = llvm_type(self.ctx, d);
+        let bp = self.elems(base)[0].into_pointer_value();
+        let e = |x: inkwell::builder::BuilderError| self.err(x);
+        if self.ta_tiles.contains(&res) {
+            let row_bytes = (row_stride * d.size_bytes()) as i64;
+            let lrow = self.b.build_and(self.lane, self.i32c(7), "").map_err(e)?;
+            let lmat = self
+                .b
+                .build_right_shift(self.lane, self.i32c(3), false, "")
+                .map_err(e)?;
+            let row = self
+                .b
+                .build_int_mul(lrow, self.i32c(row_bytes), "")
+                .map_err(e)?;
+            let mat = self.b.build_int_mul(lmat, self.i32c(16), "").map_err(e)?;
+            let off = self.b.build_int_add(row, mat, "").map_err(e)?;
+            let frags = self.ldmatrix_trans(bp, off, shape[1])?;
+            self.ta_frags.insert(res, frags);
+            return Ok(Cv::B(vec![]));
+        }
+        let l = self.layouts.get(res).clone();
+        let Layout::Blocked(bl) = &l else {
+            return Err(self.err("load_tile result must have a blocked layout"));
+        };
+        let esize = d.size_bytes();
+        let base_div = self
+            .axes
+            .get(base)
+            .map_or(1, |i| i.divisibility[0] as usize);
+        let align = base_div
+            .min(16)
+            .min(1 << (row_stride * esize).trailing_zeros());
+        let mut vw = bl.size_per_thread[1]
+            .min(16 / esize)
+            .min((align / esize).max(1));
+        vw = 1 << (usize::BITS - 1 - vw.leading_zeros());
+        let mut ps = vec![];
+        for c in self.slot_coords(&l)? {
+            let r = self
+                .b
+                .build_int_mul(c[0], self.i32c(row_stride as i64), "")
+                .map_err(e)?;
+            let i = self.b.build_int_add(r, c[1], "").map_err(e)?;
+            // SAFETY: coordinates inside the tile the op names.
+            let p = unsafe { self.b.build_gep(et, bp, &[i], "") }.map_err(e)?;
+            ps.push(p.into());
+        }
+        let out = self.load_elems(d, &ps, None, None, vw, false)?;
+        Ok(self.wrap(res, out))
     }
 
     // ---- memory ----
@@ -1744,17 +1991,31 @@ impl<'c, 'k> Lower<'c, 'k> {
             unreachable!("verified")
         };
         let l = self.layouts.get(ptr).clone();
-        let esize = d.size_bytes();
-        let vw = self.vector_width(ptr, mask, &l, esize);
+        let vw = self.vector_width(ptr, mask, &l, d.size_bytes());
         let ps = self.elems(ptr);
         let ms = mask.map(|m| self.elems(m));
         let os = other.map(|o| self.elems(o));
+        let out = self.load_elems(d, &ps, ms.as_deref(), os.as_deref(), vw, streaming)?;
+        Ok(self.wrap(res, out))
+    }
+
+    /// Loads the elements at `ps` (`vw` contiguous ones an access), `os` where `ms` is false.
+    fn load_elems(
+        &self,
+        d: DType,
+        ps: &[BasicValueEnum<'c>],
+        ms: Option<&[BasicValueEnum<'c>]>,
+        os: Option<&[BasicValueEnum<'c>]>,
+        vw: usize,
+        streaming: bool,
+    ) -> R<Vec<BasicValueEnum<'c>>> {
+        let esize = d.size_bytes();
         let mem_t = llvm_type(self.ctx, if d == DType::Bool { DType::U8 } else { d });
         let at = self.access_type(d, vw);
         let mut out = Vec::with_capacity(ps.len());
         for g in (0..ps.len()).step_by(vw) {
             let p = ps[g].into_pointer_value();
-            let m = ms.as_ref().map(|m| m[g].into_int_value());
+            let m = ms.map(|m| m[g].into_int_value());
             let raw = self.masked_load(at, p, m, vw * esize, streaming)?;
             // Split the access back into elements.
             let parts: Vec<BasicValueEnum<'c>> = if vw == 1 {
@@ -1786,7 +2047,7 @@ impl<'c, 'k> Lower<'c, 'k> {
                 } else {
                     x
                 };
-                let x = match (m, &os) {
+                let x = match (m, os) {
                     (Some(m), Some(os)) => self
                         .b
                         .build_select(m, x, os[g + i], "")
@@ -1796,7 +2057,7 @@ impl<'c, 'k> Lower<'c, 'k> {
                 out.push(x);
             }
         }
-        Ok(self.wrap(res, out))
+        Ok(out)
     }
 
     /// The bytes of a loaded vector of 32-bit words, as i8 values cut out by shifts (which
@@ -2158,7 +2419,7 @@ impl<'c, 'k> Lower<'c, 'k> {
     }
 
     /// One volatile PTX statement without operands (`constraints`: its clobbers).
-    fn asm_statement(&mut self, text: &str, constraints: &str) -> R<()> {
+    fn asm_statement(&self, text: &str, constraints: &str) -> R<()> {
         let fn_t = self.ctx.void_type().fn_type(&[], false);
         let asm = self.ctx.create_inline_asm(
             fn_t,

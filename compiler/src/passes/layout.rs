@@ -166,7 +166,9 @@ fn vector_hints(k: &Kernel) -> HashMap<Vec<usize>, usize> {
     let mut hints: HashMap<Vec<usize>, usize> = HashMap::new();
     walk_ops(&k.body, &mut |op| {
         let ptr = match &op.kind {
-            OpKind::Load { ptr, .. } | OpKind::Store { ptr, .. } => *ptr,
+            OpKind::Load { ptr, .. }
+            | OpKind::Store { ptr, .. }
+            | OpKind::AsyncCopy { src: ptr, .. } => *ptr,
             _ => return,
         };
         let t = k.ty(ptr);
@@ -303,6 +305,12 @@ pub fn assign(k: &Kernel) -> Layouts {
             Prefetch {
                 ptr, mask: Some(m), ..
             } => uf.union(ptr.0 as usize, m.0 as usize),
+            AsyncCopy { dst, src, mask } => {
+                uf.union(dst.0 as usize, src.0 as usize);
+                if let Some(m) = mask {
+                    uf.union(src.0 as usize, m.0 as usize);
+                }
+            }
             LoadFresh { ptr, mask } => {
                 let r = res.expect("result").0 as usize;
                 uf.union(ptr.0 as usize, r);

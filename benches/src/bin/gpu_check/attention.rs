@@ -103,6 +103,9 @@ struct CheckCase {
     /// Token lists with a merge launch: the merge takes each row once its pieces are in
     /// (the default), else after the whole split.
     row_signals: bool,
+    /// Tensor cores: K and V staged through this many tiles of shared memory (`None`: the
+    /// default).
+    stages: Option<usize>,
 }
 
 /// One correctness case on the GPU; returns (output rel err, worst lse abs err).
@@ -149,6 +152,9 @@ fn check_case<T: HalfFloat>(dusk: &Dusk, rng: &mut SmallRng, c: &CheckCase) -> R
             let (bt, w, f) = default_tiling(c.head_dim, c.group);
             (t.block_tokens, t.num_warps, t.prefetch, t.tensor_cores) = (bt, w, f, false);
             t.chunk_tokens = t.chunk_tokens.div_ceil(bt) * bt;
+        }
+        if let Some(n) = c.stages {
+            (t.stages, t.stream_kv, t.l2_prefetch, t.prefetch) = (n, false, false, 1);
         }
     })?;
     let meta = plan.upload_meta(dusk, &table, lists.as_ref())?;
@@ -237,6 +243,7 @@ impl CheckCase {
             list_programs: None,
             fused_merge: false,
             row_signals: true,
+            stages: None,
         }
     }
 }
@@ -329,6 +336,45 @@ fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<f64> {
         ))),
         false,
     ));
+    // K and V staged through shared memory by cp.async (a tuning option): rings of 2 to
+    // 6 stages, short chunks (a stage past the chunk's end), both head dims, every mode.
+    let staged = |c: CheckCase, n: usize| CheckCase {
+        stages: Some(n),
+        ..c
+    };
+    cases.extend([
+        (
+            staged(new(Dense, &[1, 300, 4097], 8, 4, 128, &[]), 4),
+            false,
+        ),
+        (
+            staged(chunk(new(Dense, &[777, 16, 33], 2, 8, 64, &[]), 64), 6),
+            false,
+        ),
+        (
+            staged(chunk(new(Dense, &[2000, 5], 8, 4, 128, &[]), 16), 3),
+            true,
+        ),
+        (staged(new(Dense, &[4097, 900], 8, 4, 128, &[]), 2), false),
+        (
+            staged(
+                new(
+                    GroupVarlen,
+                    &[5000, 1200, 40],
+                    8,
+                    4,
+                    128,
+                    &[27, 2707, 0, 1, 600],
+                ),
+                3,
+            ),
+            false,
+        ),
+        (
+            staged(new(Padded, &[2500, 900], 8, 4, 128, &[2000, 50, 0, 700]), 4),
+            false,
+        ),
+    ]);
     let mut worst = 0.0f64;
     println!("correctness (fresh random inputs, outputs poisoned, f64 reference):");
     for (case, bf) in cases {
@@ -346,6 +392,7 @@ fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<f64> {
             };
             let (mode, kv_heads, group, head_dim) = (c.mode, c.kv_heads, c.group, c.head_dim);
             let (sparq, tensor_cores, list_programs) = (c.sparq, c.tensor_cores, c.list_programs);
+            let stages = c.stages;
             let (err, lse_err) = if bf {
                 check_case::<bf16>(dusk, rng, &c)?
             } else {
@@ -353,7 +400,7 @@ fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<f64> {
             };
             let tol = if bf { 1e-2 } else { 2e-3 };
             println!(
-                "  {mode:?} seqs {:?} kv_heads {kv_heads} group {group} d {head_dim} lens {:?}{}{}{}{}{}{}: rel err {err:.2e}, lse abs err {lse_err:.1e}",
+                "  {mode:?} seqs {:?} kv_heads {kv_heads} group {group} d {head_dim} lens {:?}{}{}{}{}{}{}{}: rel err {err:.2e}, lse abs err {lse_err:.1e}",
                 c.seqs,
                 c.lens,
                 if sparq { " sparq" } else { "" },
@@ -364,7 +411,11 @@ fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<f64> {
                     None => String::new(),
                 },
                 if fused_merge { " fused merge" } else { "" },
-                if lists && !fused_merge && !row_signals { " merge after the split" } else { "" }
+                if lists && !fused_merge && !row_signals { " merge after the split" } else { "" },
+                match stages {
+                    Some(n) => format!(" {n} stages"),
+                    None => String::new(),
+                }
             );
             if err >= tol || lse_err > 1e-2 {
                 return Err(format!(
@@ -659,10 +710,19 @@ fn time_tilings(
             if !t.contains("chunk_tokens") {
                 u.chunk_tokens = u.chunk_tokens.div_ceil(u.block_tokens) * u.block_tokens;
             }
-        })?;
+        });
         if let Some(e) = bad {
             return Err(format!("attention config `{t}`: {e}").into());
         }
+        // A tuning this case cannot take (`stages` where the tensor cores do not serve it,
+        // e.g. MHA) is left out of the case, said so, and the sweep goes on.
+        let p = match p {
+            Ok(p) => p,
+            Err(e) => {
+                println!("    tiling {t}: not for this case ({e})");
+                continue;
+            }
+        };
         let m = metas(dusk, &p, table, lists, cold_meta)?;
         let t = time_plan(dusk, &p, c, &m, q)?;
         out.push(json!({"tiling": describe(p.tuning()), "us": t.median_us(), "timing": t.timing.as_str()}));
