@@ -85,6 +85,29 @@ pub fn append_tokens<
         num_indices,
     );
     let slot = token_slot(kv_last_page_len, b, page);
+    // SparQ's part first: its reads (the copy's block table, a finishing run's staged
+    // rows) then wait on no other part's writes.
+    if SPARQ {
+        sparq_token::<D, ROWS>(
+            k_new,
+            v_new,
+            rows,
+            h,
+            page,
+            slot,
+            num_kv_heads,
+            page_size,
+            kv_indptr,
+            blk_indptr,
+            blk_indices,
+            num_blk_indices,
+            num_blocks,
+            block_size,
+            k_t,
+            k_open,
+            v_sum,
+        );
+    }
     let first_head = row_ok & (h == 0);
     store(touched_pages + b, page, first_head);
     store(touched_lens + b, slot + 1, first_head);
@@ -128,27 +151,6 @@ pub fn append_tokens<
             page_size,
             channels,
             labels,
-        );
-    }
-    if SPARQ {
-        sparq_token::<D, ROWS>(
-            k_new,
-            v_new,
-            rows,
-            h,
-            page,
-            slot,
-            num_kv_heads,
-            page_size,
-            kv_indptr,
-            blk_indptr,
-            blk_indices,
-            num_blk_indices,
-            num_blocks,
-            block_size,
-            k_t,
-            k_open,
-            v_sum,
         );
     }
 }
