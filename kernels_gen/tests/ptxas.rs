@@ -776,9 +776,9 @@ fn sparq_kernels_assemble_without_spills() {
         (8, 256, 7),
     ]);
     for (g, rp, log_bs) in configs {
-        let k = group_kernels(g, rp, log_bs).unwrap();
-        ks.push((k.score)().unwrap());
-        ks.push((k.mass)().unwrap());
+        let (score, mass, _) = group_kernels(g, rp, log_bs).unwrap();
+        ks.push(score().unwrap());
+        ks.push(mass().unwrap());
     }
     for k in ks {
         let needle = k.name.starts_with("sparq_score").then_some("ld.global.v4");

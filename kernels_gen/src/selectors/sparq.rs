@@ -150,47 +150,28 @@ fn alpha_kernel(head_dim: usize, group: usize) -> Option<Build> {
     })
 }
 
-/// Tokens a score program covers with a group of `group` query heads: 128 with one head (a
-/// thread's 8 tokens' components split over two lanes), 256 with 2 or 4 (each thread holds
-/// every head of 8 tokens), 128 from 8 heads on (half of the heads of 8 tokens a thread: at
-/// most 64 logits). The H100's measurements are in the selectors README.
+/// Tokens a score program covers with a group of `group` query heads: 256 up to 4 heads
+/// (each thread holds every head of 8 tokens), 128 from 8 heads on (half of the heads of 8
+/// tokens a thread: at most 64 logits). With one head the H100 preferred 128 (a thread's 8
+/// tokens' components split over two lanes, 16 components in flight), the H200 256 with 8
+/// in flight (1-2% faster in three runs); the measurements are in the selectors README.
 pub const fn score_tile(group: usize) -> usize {
-    if group == 2 || group == 4 {
+    if group <= 4 {
         256
     } else {
         128
     }
 }
 
-/// The components whose loads a score program keeps in flight at once (of at least 8): 16
-/// with one head, 8 with a group (its logits take the registers the other 8 would).
-pub const fn score_chunk(group: usize) -> usize {
-    if group == 1 {
-        16
-    } else {
-        8
-    }
-}
+/// The components whose loads a score program keeps in flight at once: 8 (with a group,
+/// its logits take the registers 8 more would).
+const SCORE_CHUNK: usize = 8;
 
-/// Tiles a score program scores one after another (the row's extents, components and
-/// queries read once), and whether each tile brings its later components and the next
-/// tile's into L2 first (`sparq_score`'s `TILES`, `PREFETCH`): a program's loads then
-/// wait on L2, not DRAM, beyond its first chunk. The H200's measurements are in the
-/// selectors README.
-pub const fn score_tiles(group: usize) -> (usize, bool) {
-    if group == 1 {
-        (1, false)
-    } else {
-        (1, true)
-    }
-}
-
-/// The score and mass kernels for a group of `G`, tiles of `TILE` tokens, chunks of `CH`
-/// components and `TILES` tiles a score program (prefetching with `PF`), `rp` components
-/// (a power of two, 8 to 256: with 8, chunks of 8) and blocks of `2^log_bs` tokens (8 to
-/// 256). The mass kernel weighs `TILE` kept tokens a program (as many logits as a score
-/// tile holds), gathering 8 components at a time.
-fn kernels_for<const G: usize, const TILE: usize, const CH: usize, const TILES: usize, const PF: bool>(
+/// The score and mass kernels for a group of `G`, tiles of `TILE` tokens and chunks of
+/// `CH` components, `rp` components (a power of two, 8 to 256: with 8, chunks of 8) and
+/// blocks of `2^log_bs` tokens (8 to 256). The mass kernel weighs `TILE` kept tokens a
+/// program (as many logits as a score program holds), gathering 8 components at a time.
+fn kernels_for<const G: usize, const TILE: usize, const CH: usize>(
     rp: usize,
     log_bs: usize,
 ) -> Option<(Build, Build)> {
@@ -198,7 +179,7 @@ fn kernels_for<const G: usize, const TILE: usize, const CH: usize, const TILES: 
         ($($rp:literal $ch:tt: $($lbs:literal)*;)*) => {
             match (rp, log_bs) {
                 $($(($rp, $lbs) => (
-                    sparq_score::build::<G, $rp, $ch, TILE, $lbs, TILES, PF> as Build,
+                    sparq_score::build::<G, $rp, $ch, TILE, $lbs> as Build,
                     sparq_mass::build::<G, $rp, 8, TILE, $lbs> as Build,
                 ),)*)*
                 _ => return None,
@@ -215,39 +196,23 @@ fn kernels_for<const G: usize, const TILE: usize, const CH: usize, const TILES: 
     })
 }
 
-/// A plan's score and mass kernels, with the score's tile (tokens a score tile scores, kept
-/// tokens a mass program weighs) and its tiles a program.
-pub struct GroupKernels {
-    pub score: Build,
-    pub mass: Build,
-    pub tile: usize,
-    pub tiles_per_program: usize,
-}
-
 /// The score and mass kernels a plan uses for a group of `group` query heads, `rp`
-/// components and blocks of `2^log_bs` tokens; `None` for a group, `rp` or block size with
-/// no kernel.
-pub fn group_kernels(group: usize, rp: usize, log_bs: usize) -> Option<GroupKernels> {
-    const T1: usize = score_tile(1);
+/// components and blocks of `2^log_bs` tokens, with the score's tile (tokens a score
+/// program scores, kept tokens a mass program weighs); `None` for a group, `rp` or block
+/// size with no kernel.
+pub fn group_kernels(group: usize, rp: usize, log_bs: usize) -> Option<(Build, Build, usize)> {
     const T4: usize = score_tile(4);
-    const C1: usize = score_chunk(1);
-    const C4: usize = score_chunk(4);
-    const P1: (usize, bool) = score_tiles(1);
-    const P4: (usize, bool) = score_tiles(4);
+    const T8: usize = score_tile(8);
+    const C: usize = SCORE_CHUNK;
     let (score, mass) = match group {
-        1 => kernels_for::<1, T1, C1, { P1.0 }, { P1.1 }>(rp, log_bs),
-        2 => kernels_for::<2, T4, C4, { P4.0 }, { P4.1 }>(rp, log_bs),
-        4 => kernels_for::<4, T4, C4, { P4.0 }, { P4.1 }>(rp, log_bs),
-        8 => kernels_for::<8, T1, C4, { P4.0 }, { P4.1 }>(rp, log_bs),
-        16 => kernels_for::<16, T1, C4, { P4.0 }, { P4.1 }>(rp, log_bs),
+        1 => kernels_for::<1, T4, C>(rp, log_bs),
+        2 => kernels_for::<2, T4, C>(rp, log_bs),
+        4 => kernels_for::<4, T4, C>(rp, log_bs),
+        8 => kernels_for::<8, T8, C>(rp, log_bs),
+        16 => kernels_for::<16, T8, C>(rp, log_bs),
         _ => None,
     }?;
-    Some(GroupKernels {
-        score,
-        mass,
-        tile: score_tile(group),
-        tiles_per_program: score_tiles(group).0,
-    })
+    Some((score, mass, score_tile(group)))
 }
 
 /// The components' stride a plan of `r` uses: the kernels' block of components (a power of
@@ -732,8 +697,6 @@ fn runs(
 pub struct ScoreOutputs {
     tile: usize,
     tiles: usize,
-    /// Tiles a program of the kernel that writes these scores.
-    per_program: usize,
     scores: Buffer<f32>,
     stat_max: Buffer<f32>,
     stat_sum: Buffer<f32>,
@@ -741,13 +704,7 @@ pub struct ScoreOutputs {
 }
 
 impl ScoreOutputs {
-    fn new(
-        dusk: &Dusk,
-        shape: &SelectionShape,
-        group: usize,
-        tile: usize,
-        per_program: usize,
-    ) -> Result<ScoreOutputs> {
+    fn new(dusk: &Dusk, shape: &SelectionShape, group: usize, tile: usize) -> Result<ScoreOutputs> {
         let tiles = shape.max_items().div_ceil(tile).max(1);
         ensure!(
             tiles <= 65535,
@@ -766,7 +723,6 @@ impl ScoreOutputs {
         Ok(ScoreOutputs {
             tile,
             tiles,
-            per_program,
             scores: dev.alloc(shape.num_scores())?,
             stat_max: dev.alloc(stats)?,
             stat_sum: dev.alloc(stats)?,
@@ -790,10 +746,6 @@ impl ScoreOutputs {
     /// Tiles a row has room for (the longest sequence's).
     pub fn tiles(&self) -> usize {
         self.tiles
-    }
-    /// Tiles a score program scores.
-    pub fn tiles_per_program(&self) -> usize {
-        self.per_program
     }
     /// The tokens' scores, in the plan's layout ([`SparqPlan::scores`]).
     pub fn scores(&self) -> &Buffer<f32> {
@@ -898,12 +850,12 @@ impl SparqPlan {
                 format!("{num_q_heads} query heads: a group of {group}"),
             )
         };
-        let kernels = group_kernels(group, rp, log_bs).ok_or_else(unsupported)?;
-        let tile = kernels.tile;
+        let (score_build, mass_build, tile) =
+            group_kernels(group, rp, log_bs).ok_or_else(unsupported)?;
         let query_build = query_kernel(kv.head_dim, group).ok_or_else(unsupported)?;
         let alpha_build = alpha_kernel(kv.head_dim, group).ok_or_else(unsupported)?;
         let shape = topk.shape().clone();
-        let out = ScoreOutputs::new(dusk, &shape, group, tile, kernels.tiles_per_program)?;
+        let out = ScoreOutputs::new(dusk, &shape, group, tile)?;
         let rows = shape.rows();
         let longest = (0..rows)
             .map(|r| (shape.sel_item_indptr[r + 1] - shape.sel_item_indptr[r]) as usize)
@@ -914,14 +866,14 @@ impl SparqPlan {
         let query = dusk.kernel(format!("sparq query d{d} g{group}"), query_build)?;
         let score = dusk.kernel(
             format!(
-                "sparq score g{group} r{rp} t{tile}x{} bs{}",
-                kernels.tiles_per_program, state.blocks.block_size
+                "sparq score g{group} r{rp} t{tile} bs{}",
+                state.blocks.block_size
             ),
-            kernels.score,
+            score_build,
         )?;
         let mass = dusk.kernel(
             format!("sparq mass g{group} r{rp} bs{}", state.blocks.block_size),
-            kernels.mass,
+            mass_build,
         )?;
         let weigh = dusk.kernel(format!("sparq alpha d{d} g{group}"), alpha_build)?;
         let dev = dusk.device();
@@ -990,16 +942,14 @@ impl SparqPlan {
         self.score_into(dusk, &self.score, &self.out)
     }
 
-    /// Outputs for a score kernel of tiles of `tile` tokens, `per_program` a program, over
-    /// this plan's rows (another configuration of `sparq_score`, as the benchmark times
-    /// beside the plan's).
-    pub fn score_outputs(&self, dusk: &Dusk, tile: usize, per_program: usize) -> Result<ScoreOutputs> {
+    /// Outputs for a score kernel of `tile` tokens a program over this plan's rows (another
+    /// configuration of `sparq_score`, as the benchmark times beside the plan's).
+    pub fn score_outputs(&self, dusk: &Dusk, tile: usize) -> Result<ScoreOutputs> {
         ScoreOutputs::new(
             dusk,
             self.topk.shape(),
             self.num_q_heads / self.state.kv.num_kv_heads,
             tile,
-            per_program,
         )
     }
 
@@ -1025,8 +975,7 @@ impl SparqPlan {
             Arg::I32(self.options.r as i32),
             Arg::I32(out.tiles as i32),
         ];
-        let programs = out.tiles.div_ceil(out.per_program);
-        let grid = [self.topk.shape().rows() as u32, programs as u32, 1];
+        let grid = [self.topk.shape().rows() as u32, out.tiles as u32, 1];
         dusk.device().launch(kernel, grid, &args)?;
         Ok(())
     }

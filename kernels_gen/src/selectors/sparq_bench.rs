@@ -555,7 +555,7 @@ impl SparqBench {
         let outs = self
             .plans
             .iter()
-            .map(|p| p.score_outputs(dusk, cfg.tile, cfg.tiles))
+            .map(|p| p.score_outputs(dusk, cfg.tile))
             .collect::<Result<Vec<_>>>()
             .map_err(e)?;
         let plan = &self.plans[0];
@@ -634,42 +634,22 @@ fn softmax_totals(
 }
 
 /// A configuration of the score kernel (`sparq_score`) at the benchmark's `r` of 16 and
-/// blocks of 256 tokens, for groups of 1 and 4: the tokens of a tile, the components whose
-/// loads are in flight at once, the tiles a program scores and whether it brings its later
-/// components and the next tile's into L2 first.
+/// blocks of 256 tokens, for groups of 1 and 4: the tokens a program scores and the
+/// components whose loads are in flight at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ScoreConfig {
     pub tile: usize,
     pub chunk: usize,
-    pub tiles: usize,
-    pub prefetch: bool,
 }
 
 impl ScoreConfig {
     /// The configurations [`SparqBench::time_score_config`] takes for a group of `group`
     /// (the plan's first).
     pub fn alternatives(group: usize) -> Vec<ScoreConfig> {
-        let c = |tile, chunk, tiles, prefetch| ScoreConfig {
-            tile,
-            chunk,
-            tiles,
-            prefetch,
-        };
+        let c = |tile, chunk| ScoreConfig { tile, chunk };
         match group {
-            1 => vec![
-                c(128, 16, 1, false),
-                c(128, 16, 1, true),
-                c(128, 16, 2, true),
-                c(256, 8, 1, false),
-                c(256, 8, 1, true),
-            ],
-            4 => vec![
-                c(256, 8, 1, true),
-                c(256, 8, 1, false),
-                c(256, 8, 2, false),
-                c(256, 8, 2, true),
-                c(256, 8, 4, true),
-            ],
+            1 => vec![c(256, 8), c(128, 16), c(128, 8), c(256, 16), c(512, 8)],
+            4 => vec![c(256, 8), c(256, 4), c(256, 16), c(128, 8), c(128, 16)],
             _ => vec![],
         }
     }
@@ -677,29 +657,22 @@ impl ScoreConfig {
     /// Its kernel for a group of `group`; `None` outside [`ScoreConfig::alternatives`].
     fn build(&self, group: usize) -> Option<Build> {
         macro_rules! table {
-            ($($g:literal $t:literal $c:literal $n:literal $p:literal;)*) => {
-                match (group, self.tile, self.chunk, self.tiles, self.prefetch) {
-                    $(($g, $t, $c, $n, $p) =>
-                        Some(sparq_score::build::<$g, 16, $c, $t, 8, $n, $p> as Build),)*
+            ($($g:literal $t:literal $c:literal;)*) => {
+                match (group, self.tile, self.chunk) {
+                    $(($g, $t, $c) => Some(sparq_score::build::<$g, 16, $c, $t, 8> as Build),)*
                     _ => None,
                 }
             };
         }
         table! {
-            1 128 16 1 false; 1 128 16 1 true; 1 128 16 2 true; 1 256 8 1 false; 1 256 8 1 true;
-            4 256 8 1 true; 4 256 8 1 false; 4 256 8 2 false; 4 256 8 2 true; 4 256 8 4 true;
+            1 128 16; 1 128 8; 1 256 16; 1 256 8; 1 512 8;
+            4 256 8; 4 256 4; 4 256 16; 4 128 8; 4 128 16;
         }
     }
 
-    /// A short name: `tile 256 chunk 8 x2 L2`.
+    /// A short name: `tile 256 chunk 8`.
     pub fn label(&self) -> String {
-        format!(
-            "tile {} chunk {} x{}{}",
-            self.tile,
-            self.chunk,
-            self.tiles,
-            if self.prefetch { " L2" } else { "" }
-        )
+        format!("tile {} chunk {}", self.tile, self.chunk)
     }
 }
 

@@ -63,67 +63,19 @@ pub fn closed_tokens(n: i32, block_size: i32) -> i32 {
     n - n % run
 }
 
-/// The `[16, D]` rows of a finished run of `run` tokens (16, or 8 with blocks of 8) where
-/// `ok`: token `t` of the run is row `t` of the staged rows at `k_open + staged_at` (`D`
+/// Writes a finished run of `run` tokens (16, or 8 with blocks of 8) into the transposed
+/// copy: token `t` of the run is row `t` of the staged rows at `k_open + staged_at` (`D`
 /// values a row) for `t < staged`, the others the rows at `rest + rest_at + (t - staged) *
-/// rest_stride`; rows past `run`, or all where `ok` is false, read nothing. Whole rows:
-/// 16-byte loads. The caller checks every place in range.
-#[kernel(crate = "crate::dusk_paths")]
-#[allow(clippy::too_many_arguments)]
-pub fn run_rows<const D: usize>(
-    k_open: Ptr<f16>,
-    staged_at: i64,
-    staged: i32,
-    rest: Ptr<f16>,
-    rest_at: i64,
-    rest_stride: i64,
-    run: i32,
-    ok: bool,
-) -> Block<f16> {
-    let t = arange(0, 16);
-    let from_staged = expand((t < staged) & ok, 1, D);
-    let from_rest = expand((t >= staged) & (t < run) & ok, 1, D);
-    let cols = expand(arange(0, D) as i64, 0, 16);
-    let s = load(
-        k_open + (expand(staged_at + (t as i64) * D, 1, D) + cols),
-        from_staged,
-    );
-    let r = load(
-        rest + (expand(rest_at + ((t - staged) as i64) * rest_stride, 1, D) + cols),
-        from_rest,
-    );
-    where_(from_staged, s, r)
-}
-
-/// Stores a finished run's rows (`keys`, `[16, D]`: [`run_rows`]; the first `run` of
-/// them) into the transposed copy: component `c` of token `t` to `k_t[to + c * block_size
-/// + t]` (`to`: the run's first slot of component 0 in its block and KV head, a multiple
-/// of 8). The rows are turned through shared memory so that each component's values are
-/// stored together: whole 32-byte sectors, 16-byte stores. (Stored a component at a time,
-/// the 2-byte stores of a warp's lanes each hit a sector of their own: 39.3 us for a step
-/// in which every row of MHA's batch 64 finishes a run, on the H200.) Shared memory holds
-/// a component's 16 values at `c * 16 + (c / 8) * 8`: the 8 padding values after every 8
-/// components put the lanes that store one row's components (8 apart) in 8 different
-/// banks, where without them 16 lanes hit one bank. The caller checks every place in
-/// range.
-#[kernel(crate = "crate::dusk_paths")]
-pub fn store_run<const D: usize>(keys: Block<f16>, run: i32, k_t: Ptr<f16>, to: i64, block_size: i32) {
-    let t = arange(0, 16);
-    let c = arange(0, D);
-    let place = c * 16 + (c >> 3) * 8;
-    let turned = shared::<f16>(D * 17);
-    store(turned + (expand(t, 1, D) + expand(place, 0, 16)), keys);
-    let by_component = load(turned + (expand(place, 1, 16) + expand(t, 0, D)));
-    // Each component's first slot, a multiple of 8 (blocks of 8 or more, runs from a
-    // multiple of 8) written so that the compiler sees it: 16-byte stores.
-    let starts = ((to + (c as i64) * (block_size as i64)) >> 3) << 3;
-    let at = expand(starts, 1, 16) + expand(t as i64, 0, D);
-    // t < run, in runs of 8 (run is 8 or 16).
-    store(k_t + at, by_component, expand((t >> 3) < (run >> 3), 0, D));
-}
-
-/// Writes a finished run into the transposed copy: its rows ([`run_rows`], where `ok`),
-/// then the copy ([`store_run`]).
+/// rest_stride`; component `c` of token `t` goes to `k_t[to + c * block_size + t]` (`to`:
+/// the run's first slot of component 0 in its block and KV head, a multiple of 8). The
+/// rows are read whole (16-byte loads) and turned through shared memory, so that each
+/// component's values are stored together: whole 32-byte sectors, 16-byte stores. (Read
+/// and stored a component at a time, the 2-byte stores of a warp's lanes each hit a
+/// sector of their own: 39.3 us for a step in which every row of MHA's batch 64 finishes
+/// a run, on the H200.) Shared memory holds component `c`'s 16 values at `c * 16 + (c / 8)
+/// * 8`: the 8 values of padding after every 8 components spread the 16 lanes that write
+/// one token's components (8 apart) over 8 banks; unpadded they all hit one. The caller
+/// checks every place in range.
 #[kernel(crate = "crate::dusk_paths")]
 #[allow(clippy::too_many_arguments)]
 pub fn sparq_close_run<const D: usize>(
@@ -138,17 +90,34 @@ pub fn sparq_close_run<const D: usize>(
     to: i64,
     block_size: i32,
 ) {
-    let keys = run_rows::<D>(
-        k_open,
-        staged_at,
-        staged,
-        rest,
-        rest_at,
-        rest_stride,
-        run,
-        true,
+    let t = arange(0, 16);
+    let c = arange(0, D);
+    let from_staged = expand(t < staged, 1, D);
+    let from_rest = expand((t >= staged) & (t < run), 1, D);
+    let cols = expand(c as i64, 0, 16);
+    let s = load(
+        k_open + (expand(staged_at + (t as i64) * D, 1, D) + cols),
+        from_staged,
     );
-    store_run::<D>(keys, run, k_t, to, block_size);
+    let r = load(
+        rest + (expand(rest_at + ((t - staged) as i64) * rest_stride, 1, D) + cols),
+        from_rest,
+    );
+    // Component-major in shared memory ([D, 16], padded), read back a component's run at a
+    // time.
+    let place = c * 16 + (c >> 3) * 8;
+    let turned = shared::<f16>(D * 17);
+    store(
+        turned + (expand(t, 1, D) + expand(place, 0, 16)),
+        where_(from_staged, s, r),
+    );
+    let keys = load(turned + (expand(place, 1, 16) + expand(t, 0, D)));
+    // Each component's first slot, a multiple of 8 (blocks of 8 or more, runs from a
+    // multiple of 8) written so that the compiler sees it: 16-byte stores.
+    let starts = ((to + (c as i64) * (block_size as i64)) >> 3) << 3;
+    let at = expand(starts, 1, 16) + expand(t as i64, 0, D);
+    // t < run, in runs of 8 (run is 8 or 16).
+    store(k_t + at, keys, expand((t >> 3) < (run >> 3), 0, D));
 }
 
 /// The `D` element offsets, in the transposed copy of K (`[num_blocks, num_kv_heads, D,
@@ -210,7 +179,7 @@ pub fn sparq_add_value<const D: usize>(
 /// `num_blk_indices` entries, blocks of `block_size` in `0..num_blocks`; an entry outside
 /// them skips the row) its block is found; a token that finishes its run (`pos % run ==
 /// run - 1`, `run = min(block_size, 16)`) moves the run's staged keys (row `rows[i]`
-/// of `k_open`) and its own into `k_t` ([`run_rows`], [`store_run`]: whole sectors), any
+/// of `k_open`) and its own into `k_t` ([`sparq_close_run`]: whole sectors), any
 /// other is staged there (one row). Its value is added to the row's sum of V (a plain read
 /// and write: a launch appends one token a sequence, so no other program writes the row).
 /// The same writes as [`sparq_update`] over that token. Every read comes before the first
@@ -268,15 +237,26 @@ pub fn sparq_token<const D: usize, const ROWS: usize>(
     let lanes = arange(0, ROWS);
     for i in 0..ROWS {
         let pick = lanes == i;
-        let row = sum(where_(pick, rows, 0), 0) as i64;
-        let last = max(where_(pick & finishing, 1, 0), 0) > 0;
-        let keys = run_rows::<D>(k_open, row * 16 * D, run - 1, k_new, row * D, 0 as i64, run, last);
         if max(where_(pick & closes, 1, 0), 0) > 0 {
+            let row = sum(where_(pick, rows, 0), 0) as i64;
             let blk = sum(where_(pick, block, 0), 0) as i64;
             let head = sum(where_(pick, h, 0), 0) as i64;
             let head_row = blk * (num_kv_heads as i64) + head;
             let start = sum(where_(pick, pos % block_size - in_run, 0), 0) as i64;
-            store_run::<D>(keys, run, k_t, head_row * D * (block_size as i64) + start, block_size);
+            let to = head_row * D * (block_size as i64) + start;
+            let staged_at = row * 16 * D;
+            sparq_close_run::<D>(
+                k_open,
+                staged_at,
+                run - 1,
+                k_new,
+                row * D,
+                0 as i64,
+                run,
+                k_t,
+                to,
+                block_size,
+            );
         }
     }
     // A token of an unfinished run: staged, one row of row-major keys.
@@ -524,49 +504,20 @@ pub fn row_max<const G: usize, const BLOCK: usize>(
     top
 }
 
-/// Brings into L2 (`prefetch_l2`: no registers held) the runs of the tile of `TILE` tokens
-/// from token `from` of one row: components `c` where `want[c]`, at `runs[c]` from the
-/// start of the tile's block (`dims[c] << LOG_BS`, plus the KV head's place); the block is
-/// entry `from >> LOG_BS` of the row's `blocks` (at `blk_indices + blk_first`), each
-/// `block_len` elements of the copy. Nothing where `ok` is false or the entry is past the
-/// row's. The tile lies inside one block (`TILE <= 2^LOG_BS`, `from` a multiple of
-/// `TILE`): its run of a component is `2 * TILE` contiguous bytes of it.
-#[kernel(crate = "crate::dusk_paths")]
-#[allow(clippy::too_many_arguments)]
-pub fn tile_into_l2<const TILE: usize, const LOG_BS: usize>(
-    k_t: Ptr<f16>,
-    blk_indices: Ptr<i32>,
-    blk_first: i32,
-    blocks: i32,
-    block_len: i64,
-    runs: Block<i64>,
-    want: Block<bool>,
-    from: i32,
-    ok: bool,
-) {
-    let j = from >> LOG_BS;
-    let listed = ok & (j < blocks);
-    let blk = load(blk_indices + (blk_first + j), listed, 0) as i64;
-    let start = blk * block_len + ((from & ((1 << LOG_BS) - 1)) as i64);
-    prefetch_l2(k_t + (start + runs), TILE * 2, want & listed);
-}
-
-/// Step 2 for `TILES` tiles of `TILE` tokens of one row (`program_id(1) * TILES + s` for
-/// tile `s`): each head's logits of the tile's tokens ([`group_logits`]; a token's block
-/// and slot through the copy's block table, `blk_indptr`, `blk_indices`: blocks of
-/// `2^LOG_BS` tokens, so that a component of the tile is read in runs of contiguous slots,
-/// 16-byte loads; the row's unfinished run, fewer than [`SPARQ_RUN`] tokens past
-/// [`closed_tokens`], from its staged rows in `k_open`, in the tile that holds them).
-/// Writes the tokens' scores `sum_g l_g` (f32, row `(b, h)` at `tok_indptr[b] *
-/// num_kv_heads + h * len_b`, the top-k's layout) and per head the tile's logit max and
-/// `sum exp(l - max)` (`stat_max`, `stat_sum` at `(row * max_tiles + tile) * G + g`). The
-/// heads' logits are written for the staged tokens only (`staged_logits[(row * G + g) * 16
-/// + t]` for token `closed + t`): alpha computes those of the other kept tokens again from
-/// the copy ([`sparq_mass`]). The row's extents, block table entries and components are
-/// read before any tile waits on them. With `PREFETCH` (and tiles inside one block) each
-/// tile first brings its components past the first chunk and the next tile's runs into L2
-/// ([`tile_into_l2`]), so that those loads wait on L2 rather than DRAM. Grid: `(batch *
-/// num_kv_heads, ceil(ceil(longest sequence / TILE) / TILES))`, one warp a program.
+/// Step 2 for `TILE` tokens of one row (`program_id(1)` the tile): each head's logits of
+/// the tile's tokens ([`group_logits`]; a token's block and slot through the copy's block
+/// table, `blk_indptr`, `blk_indices`: blocks of `2^LOG_BS` tokens, so that a component of
+/// the tile is read in runs of contiguous slots, 16-byte loads; the row's unfinished run,
+/// fewer than [`SPARQ_RUN`] tokens past [`closed_tokens`], from its staged rows in
+/// `k_open`, in the tile that holds them). Writes the tokens' scores `sum_g l_g` (f32, row
+/// `(b, h)` at `tok_indptr[b] * num_kv_heads + h * len_b`, the top-k's layout) and per head
+/// the tile's logit max and `sum exp(l - max)` (`stat_max`, `stat_sum` at `(row *
+/// max_tiles + tile) * G + g`). The heads' logits are written for the staged tokens only
+/// (`staged_logits[(row * G + g) * 16 + t]` for token `closed + t`): alpha computes those
+/// of the other kept tokens again from the copy ([`sparq_mass`]). The row's extents and
+/// the tile's block table entries are read before the program waits on any of them, and
+/// only the tile holding staged tokens merges them into its statistics. Grid: `(batch *
+/// num_kv_heads, ceil(longest sequence / TILE))`, one warp a program.
 #[kernel(crate = "crate::dusk_paths", num_warps = 1)]
 #[allow(clippy::too_many_arguments)]
 pub fn sparq_score<
@@ -575,8 +526,6 @@ pub fn sparq_score<
     const CH: usize,
     const TILE: usize,
     const LOG_BS: usize,
-    const TILES: usize,
-    const PREFETCH: bool,
 >(
     k_t: Ptr<f16>,
     k_open: Ptr<f16>,
@@ -595,89 +544,49 @@ pub fn sparq_score<
     max_tiles: i32,
 ) {
     let row = program_id(0);
+    let tile = program_id(1);
     let b = row / num_kv_heads;
     let h = row % num_kv_heads;
     let first = load(tok_indptr + b);
     let n = load(tok_indptr + (b + 1)) - first;
+    // Block and slot of each token (a token of no block, past the sequence, reads block 0):
+    // a block's slots are contiguous in `k_t`.
+    let tok = tile * TILE + arange(0, TILE);
+    let j = tok >> LOG_BS;
     let blk_first = load(blk_indptr + b);
-    let blocks = load(blk_indptr + (b + 1)) - blk_first;
-    let comps = arange(0, RP);
-    let runs = (load(dims + (row * RP + comps)) as i64) * (1 << LOG_BS);
-    // A block's elements (every KV head's), and KV head h's first in a block.
-    let block_len = (num_kv_heads as i64) * (head_dim as i64) * (1 << LOG_BS);
-    let head_at = (h as i64) * (head_dim as i64) * (1 << LOG_BS);
-    let closed = closed_tokens(n, 1 << LOG_BS);
-    let at = (first * num_kv_heads + h * n) as i64;
-    // The program's tiles that hold tokens (a runtime count: one tile's registers at a time).
-    let tile0 = program_id(1) * TILES;
-    let count = minimum(TILES, (n + TILE - 1) / TILE - tile0);
-    for s in 0..count {
-        let tile = tile0 + s;
-        let tok = tile * TILE + arange(0, TILE);
-        // Block and slot of each token (a token of no block, past the sequence, reads
-        // block 0): a block's slots are contiguous in `k_t`.
-        let j = tok >> LOG_BS;
-        let blk = load(blk_indices + (blk_first + j), j < blocks, 0);
-        if tile * TILE < n {
-            if PREFETCH {
-                if TILE <= (1 << LOG_BS) {
-                    // This tile's components past the first chunk, then the next tile's.
-                    let here = runs + head_at;
-                    let start = tile * TILE;
-                    let later = (comps >= CH) & (comps < r);
-                    tile_into_l2::<TILE, LOG_BS>(
-                        k_t,
-                        blk_indices,
-                        blk_first,
-                        blocks,
-                        block_len,
-                        here,
-                        later,
-                        start,
-                        start < closed,
-                    );
-                    let next = start + TILE;
-                    tile_into_l2::<TILE, LOG_BS>(
-                        k_t,
-                        blk_indices,
-                        blk_first,
-                        blocks,
-                        block_len,
-                        here,
-                        comps < r,
-                        next,
-                        next < closed,
-                    );
-                }
-            }
-            let valid = tok < closed;
-            let slot = tok & ((1 << LOG_BS) - 1);
-            let cols = (blk as i64) * block_len + head_at + (slot as i64);
-            let acc = group_logits::<G, RP, CH, TILE, LOG_BS>(k_t, dims, qs, row, r, cols);
-            store(scores + (at + (tok as i64)), sum(acc, 0), valid);
-            let l = where_(expand(valid, 0, G), acc, f32::NEG_INFINITY);
-            let mut m = max(l, 1);
-            let mut staged_sum = zeros::<f32>([G]);
-            // The unfinished run's tokens in this tile (the row's last), from their staged
-            // rows; merged into the tile's statistics here, so other tiles pay nothing.
-            if (closed < n) & (closed < tile * TILE + TILE) {
-                let open = closed + arange(0, 16);
-                let staged = (open < n) & (open >= tile * TILE) & (open < tile * TILE + TILE);
-                let rows = ((row as i64) * 16 + (arange(0, 16) as i64)) * (head_dim as i64);
-                let o = group_logits::<G, RP, CH, 16, 0>(k_open, dims, qs, row, r, rows);
-                store(scores + (at + (open as i64)), sum(o, 0), staged);
-                let heads = (row * G + arange(0, G)) * 16;
-                let per_head = expand(heads, 1, 16) + expand(arange(0, 16), 0, G);
-                store(staged_logits + per_head, o, expand(staged, 0, G));
-                let lo = where_(expand(staged, 0, G), o, f32::NEG_INFINITY);
-                m = maximum(m, max(lo, 1));
-                staged_sum = sum(exp2((lo - expand(m, 1, 16)) * 1.4426950408889634), 1);
-            }
-            let e = exp2((l - expand(m, 1, TILE)) * 1.4426950408889634);
-            let stat = (row * max_tiles + tile) * G + arange(0, G);
-            store(stat_max + stat, m);
-            store(stat_sum + stat, sum(e, 1) + staged_sum);
+    let blk_ok = j < load(blk_indptr + (b + 1)) - blk_first;
+    let blk = load(blk_indices + (blk_first + j), blk_ok, 0);
+    if tile * TILE < n {
+        let closed = closed_tokens(n, 1 << LOG_BS);
+        let valid = tok < closed;
+        let slot = tok & ((1 << LOG_BS) - 1);
+        let base = ((blk as i64) * (num_kv_heads as i64) + (h as i64)) * (head_dim as i64);
+        let cols = base * (1 << LOG_BS) + (slot as i64);
+        let acc = group_logits::<G, RP, CH, TILE, LOG_BS>(k_t, dims, qs, row, r, cols);
+        let at = (first * num_kv_heads + h * n) as i64;
+        store(scores + (at + (tok as i64)), sum(acc, 0), valid);
+        let l = where_(expand(valid, 0, G), acc, f32::NEG_INFINITY);
+        let mut m = max(l, 1);
+        let mut staged_sum = zeros::<f32>([G]);
+        // The unfinished run's tokens in this tile (the row's last), from their staged rows,
+        // merged into the tile's statistics here: other tiles pay nothing for them.
+        if (closed < n) & (closed < tile * TILE + TILE) {
+            let open = closed + arange(0, 16);
+            let staged = (open < n) & (open >= tile * TILE) & (open < tile * TILE + TILE);
+            let rows = ((row as i64) * 16 + (arange(0, 16) as i64)) * (head_dim as i64);
+            let o = group_logits::<G, RP, CH, 16, 0>(k_open, dims, qs, row, r, rows);
+            store(scores + (at + (open as i64)), sum(o, 0), staged);
+            let heads = (row * G + arange(0, G)) * 16;
+            let per_head = expand(heads, 1, 16) + expand(arange(0, 16), 0, G);
+            store(staged_logits + per_head, o, expand(staged, 0, G));
+            let lo = where_(expand(staged, 0, G), o, f32::NEG_INFINITY);
+            m = maximum(m, max(lo, 1));
+            staged_sum = sum(exp2((lo - expand(m, 1, 16)) * 1.4426950408889634), 1);
         }
+        let e = exp2((l - expand(m, 1, TILE)) * 1.4426950408889634);
+        let stat = (row * max_tiles + tile) * G + arange(0, G);
+        store(stat_max + stat, m);
+        store(stat_sum + stat, sum(e, 1) + staged_sum);
     }
 }
 
