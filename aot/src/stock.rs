@@ -18,7 +18,7 @@
 //! | `attn_split_dense_d128_g4_f16[_l2]_fm[_ct]` | the dense splits merging inside the split (`AttentionTuning::fused_merge`: the last chunk of a row merges it, one launch a run; `out`, `lse` and `counters`, i32 `[rows]` zeroed once, follow `part_lse`), over a host or a device page table | `rows, chunks` |
 //!
 //! | `spgemv_quant_mma_d128_g8_b4_t64_*` | the SpGEMV for GQA groups of 8: the default and the two tilings `fit_grid` picks for small grids | `rows, ceil(max_row_len / program tokens)` |
-//! | family `pipeline` | every other kernel the Python package's pipelines load at these shapes ([`plan_offered_pipelines`]: Quest + top-p, Quest alone, Full + top-p, group varlen, GQA groups 1, 4 and 8, and the append of their state): Quest's update and score, the selectors' top-k, the top-p searches for groups, the dense fallback's merge, the append, attention over lists for groups 1 and 8; named as their IR | `grid_x, grid_y, grid_z`, as the plan sizes it |
+//! | family `pipeline` | every other kernel the Python package's pipelines load at these shapes ([`plan_offered_pipelines`]: Quest + top-p, Quest alone, Full + top-p, Double Sparsity + top-p, SparQ with its mix, group varlen, GQA groups 1, 4 and 8, and the append of their state): Quest's, DS's and SparQ's update and score kernels, the selectors' top-k, the top-p searches for groups, the dense fallback's merge, the append, attention over lists for groups 1 and 8; named as their IR | `grid_x, grid_y, grid_z`, as the plan sizes it |
 //!
 //! `rows` is the number of candidate (token-list) rows (batch x KV heads), `q_rows` the
 //! query rows (batch x query heads), `max_row_len` the longest candidate row. The
@@ -262,26 +262,49 @@ fn fitted_spgemv(group: usize) -> Result<Vec<BundleKernel>> {
 
 /// The pipelines the Python package offers (`dusk.PipelinePlan`), planned at the stock
 /// shapes with `dusk`, each with its decode step's append: Quest (N/4, and 512 tokens) +
-/// top-p, Quest alone, Full + top-p, over group varlen attention, for head_dim 128, pages
-/// of 16, f16 and GQA groups of 1, 4 and 8 (2 KV heads), on rows of Quest's N/4 at 32k and
-/// shorter ones, and a batch mixing a densely attended sequence (the fallback's merge).
-/// The kernels they load are the ones the package needs.
+/// top-p, Quest alone, Full + top-p, Double Sparsity (16 labels, N/4) + top-p, SparQ (r =
+/// 16, N/8, blocks of 256, its output mix), over group varlen attention, for head_dim 128,
+/// pages of 16, f16 and GQA groups of 1, 4 and 8 (2 KV heads), on rows of Quest's N/4 at
+/// 32k and shorter ones, and a batch mixing a densely attended sequence (the fallback's
+/// merge); the Quest and Full ones on a device page table too. The kernels they load are
+/// the ones the package needs.
 pub fn plan_offered_pipelines(dusk: &dusk_kernels::ops::Dusk) -> Result<()> {
     use dusk_compiler::DType;
     use dusk_kernels::cache::AppendPlan;
     use dusk_kernels::paged::{KvShape, PageTable};
-    use dusk_kernels::pipeline::{Attend, PipelineBuilder, PipelineShape, Prune, Select};
-    use dusk_kernels::selectors::Budget;
+    use dusk_kernels::pipeline::{
+        Attend, DsSelect, PipelineBuilder, PipelineShape, Prune, Select, SparqSelect, StepLimits,
+    };
+    use dusk_kernels::selectors::{Budget, DsCalibration, DsOptions, SparqOptions};
+    use std::sync::Arc;
 
     let quest = |budget| Select::Quest {
         budget,
         sink: false,
     };
+    // The kernels do not depend on which channels are the labels.
+    let channels: Vec<usize> = (0..16).collect();
+    let ds = Select::Plugin(Arc::new(DsSelect {
+        calibration: DsCalibration::from_channels(128, &[channels.clone(), channels])?,
+        budget: Budget::Fraction(0.25),
+        options: DsOptions::default(),
+    }));
+    let sparq = Select::Plugin(Arc::new(SparqSelect {
+        options: SparqOptions {
+            r: 16,
+            k: Budget::Fraction(0.125),
+            window: 64,
+        },
+        block_size: Some(256),
+    }));
+    // (selector, top-p after it, SparQ's output mix)
     let pipelines = [
-        (quest(Budget::Fraction(0.25)), true),
-        (quest(Budget::Tokens(512)), true),
-        (quest(Budget::Fraction(0.25)), false),
-        (Select::Full, true),
+        (quest(Budget::Fraction(0.25)), true, false),
+        (quest(Budget::Tokens(512)), true, false),
+        (quest(Budget::Fraction(0.25)), false, false),
+        (Select::Full, true, false),
+        (ds, true, false),
+        (sparq, false, true),
     ];
     for group in [1, 4, 8] {
         for lens in [vec![32768, 300], vec![2048, 1000], vec![4096, 200]] {
@@ -298,15 +321,26 @@ pub fn plan_offered_pipelines(dusk: &dusk_kernels::ops::Dusk) -> Result<()> {
                 num_q_heads: 2 * group,
                 dtype: DType::F16,
             };
-            for (select, top_p) in &pipelines {
+            for (select, top_p, mix) in &pipelines {
                 let mut b = PipelineBuilder::new()
                     .select(select.clone())
-                    .attend(Attend::GroupVarlen);
+                    .attend(Attend::GroupVarlen)
+                    .sparq_mix(*mix);
                 if *top_p {
                     b = b.prune(Prune::top_p(0.95));
                 }
-                let plan = b.build()?.plan(dusk, shape, &table)?;
+                let pipeline = b.build()?;
+                let plan = pipeline.plan(dusk, shape, &table)?;
                 AppendPlan::new(dusk, kv, lens.len(), plan.append_parts())?;
+                // On a device page table too, where the pipeline can run so.
+                if !matches!(select, Select::Plugin(_)) {
+                    let limits = StepLimits {
+                        batch: lens.len(),
+                        max_tokens: lens.iter().copied().max().unwrap_or(1),
+                        append: true,
+                    };
+                    pipeline.plan_device(dusk, shape, limits)?;
+                }
             }
         }
     }

@@ -219,6 +219,14 @@ static inline int dusk_spgemv_quant_mma_d128_g8_b4_t64_w2_o0(CUstream stream, CU
     return dusk_launch("spgemv_quant_mma_d128_g8_b4_t64_w2_o0", stream, args, 10, inputs, 2);
 }
 
+/* append_tokens_d128_half64_rows1_warps1_bits0_questfalse_ds0_sparqtrue (pipeline): {"ir_name":"append_tokens_D128_HALF64_ROWS1_WARPS1_BITS0_QUESTfalse_DS0_SPARQtrue"}
+ * grid (grid_x, grid_y, grid_z), 32 threads a program. */
+static inline int dusk_append_tokens_d128_half64_rows1_warps1_bits0_questfalse_ds0_sparqtrue(CUstream stream, CUdeviceptr k_new, CUdeviceptr v_new, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr k_cache, CUdeviceptr v_cache, CUdeviceptr touched_pages, CUdeviceptr touched_lens, int32_t batch, int32_t num_kv_heads, int32_t page_size, int32_t num_pages, int32_t num_indices, CUdeviceptr packed, CUdeviceptr scale, CUdeviceptr zero, CUdeviceptr page_min, CUdeviceptr page_max, CUdeviceptr channels, CUdeviceptr labels, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, int32_t num_blk_indices, int32_t num_blocks, int32_t block_size, CUdeviceptr k_t, CUdeviceptr k_open, CUdeviceptr v_sum, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&k_new, &v_new, &kv_indptr, &kv_page_indices, &kv_last_page_len, &k_cache, &v_cache, &touched_pages, &touched_lens, &batch, &num_kv_heads, &page_size, &num_pages, &num_indices, &packed, &scale, &zero, &page_min, &page_max, &channels, &labels, &blk_indptr, &blk_indices, &num_blk_indices, &num_blocks, &block_size, &k_t, &k_open, &v_sum};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("append_tokens_d128_half64_rows1_warps1_bits0_questfalse_ds0_sparqtrue", stream, args, 29, inputs, 3);
+}
+
 /* append_tokens_d128_half64_rows1_warps1_bits0_questtrue_ds0_sparqfalse (pipeline): {"ir_name":"append_tokens_D128_HALF64_ROWS1_WARPS1_BITS0_QUESTtrue_DS0_SPARQfalse"}
  * grid (grid_x, grid_y, grid_z), 32 threads a program. */
 static inline int dusk_append_tokens_d128_half64_rows1_warps1_bits0_questtrue_ds0_sparqfalse(CUstream stream, CUdeviceptr k_new, CUdeviceptr v_new, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr k_cache, CUdeviceptr v_cache, CUdeviceptr touched_pages, CUdeviceptr touched_lens, int32_t batch, int32_t num_kv_heads, int32_t page_size, int32_t num_pages, int32_t num_indices, CUdeviceptr packed, CUdeviceptr scale, CUdeviceptr zero, CUdeviceptr page_min, CUdeviceptr page_max, CUdeviceptr channels, CUdeviceptr labels, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, int32_t num_blk_indices, int32_t num_blocks, int32_t block_size, CUdeviceptr k_t, CUdeviceptr k_open, CUdeviceptr v_sum, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
@@ -235,12 +243,28 @@ static inline int dusk_append_tokens_d128_half64_rows1_warps1_bits4_questfalse_d
     return dusk_launch("append_tokens_d128_half64_rows1_warps1_bits4_questfalse_ds0_sparqfalse", stream, args, 29, inputs, 3);
 }
 
+/* append_tokens_d128_half64_rows1_warps1_bits4_questfalse_ds16_sparqfalse (pipeline): {"ir_name":"append_tokens_D128_HALF64_ROWS1_WARPS1_BITS4_QUESTfalse_DS16_SPARQfalse"}
+ * grid (grid_x, grid_y, grid_z), 32 threads a program. */
+static inline int dusk_append_tokens_d128_half64_rows1_warps1_bits4_questfalse_ds16_sparqfalse(CUstream stream, CUdeviceptr k_new, CUdeviceptr v_new, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr k_cache, CUdeviceptr v_cache, CUdeviceptr touched_pages, CUdeviceptr touched_lens, int32_t batch, int32_t num_kv_heads, int32_t page_size, int32_t num_pages, int32_t num_indices, CUdeviceptr packed, CUdeviceptr scale, CUdeviceptr zero, CUdeviceptr page_min, CUdeviceptr page_max, CUdeviceptr channels, CUdeviceptr labels, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, int32_t num_blk_indices, int32_t num_blocks, int32_t block_size, CUdeviceptr k_t, CUdeviceptr k_open, CUdeviceptr v_sum, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&k_new, &v_new, &kv_indptr, &kv_page_indices, &kv_last_page_len, &k_cache, &v_cache, &touched_pages, &touched_lens, &batch, &num_kv_heads, &page_size, &num_pages, &num_indices, &packed, &scale, &zero, &page_min, &page_max, &channels, &labels, &blk_indptr, &blk_indices, &num_blk_indices, &num_blocks, &block_size, &k_t, &k_open, &v_sum};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("append_tokens_d128_half64_rows1_warps1_bits4_questfalse_ds16_sparqfalse", stream, args, 29, inputs, 3);
+}
+
 /* append_tokens_d128_half64_rows1_warps1_bits4_questtrue_ds0_sparqfalse (pipeline): {"ir_name":"append_tokens_D128_HALF64_ROWS1_WARPS1_BITS4_QUESTtrue_DS0_SPARQfalse"}
  * grid (grid_x, grid_y, grid_z), 32 threads a program. */
 static inline int dusk_append_tokens_d128_half64_rows1_warps1_bits4_questtrue_ds0_sparqfalse(CUstream stream, CUdeviceptr k_new, CUdeviceptr v_new, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr k_cache, CUdeviceptr v_cache, CUdeviceptr touched_pages, CUdeviceptr touched_lens, int32_t batch, int32_t num_kv_heads, int32_t page_size, int32_t num_pages, int32_t num_indices, CUdeviceptr packed, CUdeviceptr scale, CUdeviceptr zero, CUdeviceptr page_min, CUdeviceptr page_max, CUdeviceptr channels, CUdeviceptr labels, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, int32_t num_blk_indices, int32_t num_blocks, int32_t block_size, CUdeviceptr k_t, CUdeviceptr k_open, CUdeviceptr v_sum, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
     void *args[] = {&k_new, &v_new, &kv_indptr, &kv_page_indices, &kv_last_page_len, &k_cache, &v_cache, &touched_pages, &touched_lens, &batch, &num_kv_heads, &page_size, &num_pages, &num_indices, &packed, &scale, &zero, &page_min, &page_max, &channels, &labels, &blk_indptr, &blk_indices, &num_blk_indices, &num_blocks, &block_size, &k_t, &k_open, &v_sum};
     const uint64_t inputs[] = {grid_x, grid_y, grid_z};
     return dusk_launch("append_tokens_d128_half64_rows1_warps1_bits4_questtrue_ds0_sparqfalse", stream, args, 29, inputs, 3);
+}
+
+/* attn_merge_d128_f16_c8_sparq_bal_rs_pf16 (pipeline): {"ir_name":"attn_merge_d128_f16_c8_sparq_bal_rs_pf16"}
+ * grid (grid_x, grid_y, grid_z), 64 threads a program. */
+static inline int dusk_attn_merge_d128_f16_c8_sparq_bal_rs_pf16(CUstream stream, CUdeviceptr part_o, CUdeviceptr part_lse, CUdeviceptr out, CUdeviceptr lse, CUdeviceptr alpha, CUdeviceptr v_mean, CUdeviceptr sel_indptr, CUdeviceptr counters, int32_t group, int32_t rows, int32_t programs, int32_t num_indices, int32_t min_tokens, int32_t row_tokens, int32_t num_q_heads, int32_t num_kv_heads, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&part_o, &part_lse, &out, &lse, &alpha, &v_mean, &sel_indptr, &counters, &group, &rows, &programs, &num_indices, &min_tokens, &row_tokens, &num_q_heads, &num_kv_heads};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("attn_merge_d128_f16_c8_sparq_bal_rs_pf16", stream, args, 16, inputs, 3);
 }
 
 /* attn_split_lists_d128_p16_g1_f16_t8_w4_v16_f1_o0_bal_rs_pf16_cs (pipeline): {"ir_name":"attn_split_lists_d128_p16_g1_f16_t8_w4_v16_f1_o0_bal_rs_pf16_cs"}
@@ -265,6 +289,38 @@ static inline int dusk_dense_fallback_lists_block1024(CUstream stream, CUdevicep
     void *args[] = {&pruned_indptr, &pruned_indices, &dense_len, &sel_indptr, &sel_indices, &pruned_cap, &sel_cap};
     const uint64_t inputs[] = {grid_x, grid_y, grid_z};
     return dusk_launch("dense_fallback_lists_block1024", stream, args, 7, inputs, 3);
+}
+
+/* ds_score_d128_g1_r16_tile256_warps4 (pipeline): {"ir_name":"ds_score_D128_G1_R16_TILE256_WARPS4"}
+ * grid (grid_x, grid_y, grid_z), 128 threads a program. */
+static inline int dusk_ds_score_d128_g1_r16_tile256_warps4(CUstream stream, CUdeviceptr q, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr token_indptr, CUdeviceptr scores, int32_t num_kv_heads, int32_t page_shift, CUdeviceptr channels, CUdeviceptr labels, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&q, &kv_indptr, &kv_page_indices, &token_indptr, &scores, &num_kv_heads, &page_shift, &channels, &labels};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("ds_score_d128_g1_r16_tile256_warps4", stream, args, 9, inputs, 3);
+}
+
+/* ds_score_d128_g4_r16_tile256_warps4 (pipeline): {"ir_name":"ds_score_D128_G4_R16_TILE256_WARPS4"}
+ * grid (grid_x, grid_y, grid_z), 128 threads a program. */
+static inline int dusk_ds_score_d128_g4_r16_tile256_warps4(CUstream stream, CUdeviceptr q, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr token_indptr, CUdeviceptr scores, int32_t num_kv_heads, int32_t page_shift, CUdeviceptr channels, CUdeviceptr labels, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&q, &kv_indptr, &kv_page_indices, &token_indptr, &scores, &num_kv_heads, &page_shift, &channels, &labels};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("ds_score_d128_g4_r16_tile256_warps4", stream, args, 9, inputs, 3);
+}
+
+/* ds_score_d128_g8_r16_tile256_warps4 (pipeline): {"ir_name":"ds_score_D128_G8_R16_TILE256_WARPS4"}
+ * grid (grid_x, grid_y, grid_z), 128 threads a program. */
+static inline int dusk_ds_score_d128_g8_r16_tile256_warps4(CUstream stream, CUdeviceptr q, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr token_indptr, CUdeviceptr scores, int32_t num_kv_heads, int32_t page_shift, CUdeviceptr channels, CUdeviceptr labels, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&q, &kv_indptr, &kv_page_indices, &token_indptr, &scores, &num_kv_heads, &page_shift, &channels, &labels};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("ds_score_d128_g8_r16_tile256_warps4", stream, args, 9, inputs, 3);
+}
+
+/* ds_update_d128_r16_slots16 (pipeline): {"ir_name":"ds_update_D128_R16_SLOTS16"}
+ * grid (grid_x, grid_y, grid_z), 32 threads a program. */
+static inline int dusk_ds_update_d128_r16_slots16(CUstream stream, CUdeviceptr k, CUdeviceptr pages, CUdeviceptr lens, int32_t num_pages, int32_t num_kv_heads, int32_t page_size, CUdeviceptr channels, CUdeviceptr labels, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&k, &pages, &lens, &num_pages, &num_kv_heads, &page_size, &channels, &labels};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("ds_update_d128_r16_slots16", stream, args, 8, inputs, 3);
 }
 
 /* quest_score_d128_g1_tile32_warps4 (pipeline): {"ir_name":"quest_score_D128_G1_TILE32_WARPS4"}
@@ -313,6 +369,134 @@ static inline int dusk_select_top_k_tile256_warps1_residenttrue(CUstream stream,
     void *args[] = {&scores, &item_indptr, &k_items, &sel_item_indptr, &sel_indptr, &sel_items, &sel_indices, &flags, &num_kv_heads, &unit_shift, &sink, &recent};
     const uint64_t inputs[] = {grid_x, grid_y, grid_z};
     return dusk_launch("select_top_k_tile256_warps1_residenttrue", stream, args, 12, inputs, 3);
+}
+
+/* select_top_k_tile4096_warps8_residentfalse (pipeline): {"ir_name":"select_top_k_TILE4096_WARPS8_RESIDENTfalse"}
+ * grid (grid_x, grid_y, grid_z), 256 threads a program. */
+static inline int dusk_select_top_k_tile4096_warps8_residentfalse(CUstream stream, CUdeviceptr scores, CUdeviceptr item_indptr, CUdeviceptr k_items, CUdeviceptr sel_item_indptr, CUdeviceptr sel_indptr, CUdeviceptr sel_items, CUdeviceptr sel_indices, CUdeviceptr flags, int32_t num_kv_heads, int32_t unit_shift, int32_t sink, int32_t recent, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&scores, &item_indptr, &k_items, &sel_item_indptr, &sel_indptr, &sel_items, &sel_indices, &flags, &num_kv_heads, &unit_shift, &sink, &recent};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("select_top_k_tile4096_warps8_residentfalse", stream, args, 12, inputs, 3);
+}
+
+/* select_top_k_tile4096_warps8_residenttrue (pipeline): {"ir_name":"select_top_k_TILE4096_WARPS8_RESIDENTtrue"}
+ * grid (grid_x, grid_y, grid_z), 256 threads a program. */
+static inline int dusk_select_top_k_tile4096_warps8_residenttrue(CUstream stream, CUdeviceptr scores, CUdeviceptr item_indptr, CUdeviceptr k_items, CUdeviceptr sel_item_indptr, CUdeviceptr sel_indptr, CUdeviceptr sel_items, CUdeviceptr sel_indices, CUdeviceptr flags, int32_t num_kv_heads, int32_t unit_shift, int32_t sink, int32_t recent, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&scores, &item_indptr, &k_items, &sel_item_indptr, &sel_indptr, &sel_items, &sel_indices, &flags, &num_kv_heads, &unit_shift, &sink, &recent};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("select_top_k_tile4096_warps8_residenttrue", stream, args, 12, inputs, 3);
+}
+
+/* sparq_alpha_d128_g1_block256 (pipeline): {"ir_name":"sparq_alpha_D128_G1_BLOCK256"}
+ * grid (grid_x, grid_y, grid_z), 128 threads a program. */
+static inline int dusk_sparq_alpha_d128_g1_block256(CUstream stream, CUdeviceptr stat_max, CUdeviceptr stat_sum, CUdeviceptr mass, CUdeviceptr tok_indptr, CUdeviceptr sel_item_indptr, CUdeviceptr v_sum, CUdeviceptr alpha, CUdeviceptr v_mean, int32_t num_kv_heads, int32_t tiles_per_row, int32_t tile, int32_t max_chunks, int32_t chunk, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&stat_max, &stat_sum, &mass, &tok_indptr, &sel_item_indptr, &v_sum, &alpha, &v_mean, &num_kv_heads, &tiles_per_row, &tile, &max_chunks, &chunk};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("sparq_alpha_d128_g1_block256", stream, args, 13, inputs, 3);
+}
+
+/* sparq_alpha_d128_g4_block256 (pipeline): {"ir_name":"sparq_alpha_D128_G4_BLOCK256"}
+ * grid (grid_x, grid_y, grid_z), 128 threads a program. */
+static inline int dusk_sparq_alpha_d128_g4_block256(CUstream stream, CUdeviceptr stat_max, CUdeviceptr stat_sum, CUdeviceptr mass, CUdeviceptr tok_indptr, CUdeviceptr sel_item_indptr, CUdeviceptr v_sum, CUdeviceptr alpha, CUdeviceptr v_mean, int32_t num_kv_heads, int32_t tiles_per_row, int32_t tile, int32_t max_chunks, int32_t chunk, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&stat_max, &stat_sum, &mass, &tok_indptr, &sel_item_indptr, &v_sum, &alpha, &v_mean, &num_kv_heads, &tiles_per_row, &tile, &max_chunks, &chunk};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("sparq_alpha_d128_g4_block256", stream, args, 13, inputs, 3);
+}
+
+/* sparq_alpha_d128_g8_block256 (pipeline): {"ir_name":"sparq_alpha_D128_G8_BLOCK256"}
+ * grid (grid_x, grid_y, grid_z), 128 threads a program. */
+static inline int dusk_sparq_alpha_d128_g8_block256(CUstream stream, CUdeviceptr stat_max, CUdeviceptr stat_sum, CUdeviceptr mass, CUdeviceptr tok_indptr, CUdeviceptr sel_item_indptr, CUdeviceptr v_sum, CUdeviceptr alpha, CUdeviceptr v_mean, int32_t num_kv_heads, int32_t tiles_per_row, int32_t tile, int32_t max_chunks, int32_t chunk, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&stat_max, &stat_sum, &mass, &tok_indptr, &sel_item_indptr, &v_sum, &alpha, &v_mean, &num_kv_heads, &tiles_per_row, &tile, &max_chunks, &chunk};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("sparq_alpha_d128_g8_block256", stream, args, 13, inputs, 3);
+}
+
+/* sparq_mass_g1_rp16_ch8_chunk128_log_bs8 (pipeline): {"ir_name":"sparq_mass_G1_RP16_CH8_CHUNK128_LOG_BS8"}
+ * grid (grid_x, grid_y, grid_z), 32 threads a program. */
+static inline int dusk_sparq_mass_g1_rp16_ch8_chunk128_log_bs8(CUstream stream, CUdeviceptr k_t, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, CUdeviceptr tok_indptr, CUdeviceptr dims, CUdeviceptr qs, CUdeviceptr scores, CUdeviceptr stat_max, CUdeviceptr staged_logits, CUdeviceptr sel_item_indptr, CUdeviceptr sel_items, CUdeviceptr mass, int32_t num_kv_heads, int32_t head_dim, int32_t r, int32_t tiles_per_row, int32_t tile, int32_t max_chunks, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&k_t, &blk_indptr, &blk_indices, &tok_indptr, &dims, &qs, &scores, &stat_max, &staged_logits, &sel_item_indptr, &sel_items, &mass, &num_kv_heads, &head_dim, &r, &tiles_per_row, &tile, &max_chunks};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("sparq_mass_g1_rp16_ch8_chunk128_log_bs8", stream, args, 18, inputs, 3);
+}
+
+/* sparq_mass_g4_rp16_ch8_chunk256_log_bs8 (pipeline): {"ir_name":"sparq_mass_G4_RP16_CH8_CHUNK256_LOG_BS8"}
+ * grid (grid_x, grid_y, grid_z), 32 threads a program. */
+static inline int dusk_sparq_mass_g4_rp16_ch8_chunk256_log_bs8(CUstream stream, CUdeviceptr k_t, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, CUdeviceptr tok_indptr, CUdeviceptr dims, CUdeviceptr qs, CUdeviceptr scores, CUdeviceptr stat_max, CUdeviceptr staged_logits, CUdeviceptr sel_item_indptr, CUdeviceptr sel_items, CUdeviceptr mass, int32_t num_kv_heads, int32_t head_dim, int32_t r, int32_t tiles_per_row, int32_t tile, int32_t max_chunks, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&k_t, &blk_indptr, &blk_indices, &tok_indptr, &dims, &qs, &scores, &stat_max, &staged_logits, &sel_item_indptr, &sel_items, &mass, &num_kv_heads, &head_dim, &r, &tiles_per_row, &tile, &max_chunks};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("sparq_mass_g4_rp16_ch8_chunk256_log_bs8", stream, args, 18, inputs, 3);
+}
+
+/* sparq_mass_g8_rp16_ch8_chunk128_log_bs8 (pipeline): {"ir_name":"sparq_mass_G8_RP16_CH8_CHUNK128_LOG_BS8"}
+ * grid (grid_x, grid_y, grid_z), 32 threads a program. */
+static inline int dusk_sparq_mass_g8_rp16_ch8_chunk128_log_bs8(CUstream stream, CUdeviceptr k_t, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, CUdeviceptr tok_indptr, CUdeviceptr dims, CUdeviceptr qs, CUdeviceptr scores, CUdeviceptr stat_max, CUdeviceptr staged_logits, CUdeviceptr sel_item_indptr, CUdeviceptr sel_items, CUdeviceptr mass, int32_t num_kv_heads, int32_t head_dim, int32_t r, int32_t tiles_per_row, int32_t tile, int32_t max_chunks, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&k_t, &blk_indptr, &blk_indices, &tok_indptr, &dims, &qs, &scores, &stat_max, &staged_logits, &sel_item_indptr, &sel_items, &mass, &num_kv_heads, &head_dim, &r, &tiles_per_row, &tile, &max_chunks};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("sparq_mass_g8_rp16_ch8_chunk128_log_bs8", stream, args, 18, inputs, 3);
+}
+
+/* sparq_query_d128_g1_chunk32 (pipeline): {"ir_name":"sparq_query_D128_G1_CHUNK32"}
+ * grid (grid_x, grid_y, grid_z), 128 threads a program. */
+static inline int dusk_sparq_query_d128_g1_chunk32(CUstream stream, CUdeviceptr q, CUdeviceptr dims, CUdeviceptr qs, int32_t r, int32_t rp, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&q, &dims, &qs, &r, &rp};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("sparq_query_d128_g1_chunk32", stream, args, 5, inputs, 3);
+}
+
+/* sparq_query_d128_g4_chunk32 (pipeline): {"ir_name":"sparq_query_D128_G4_CHUNK32"}
+ * grid (grid_x, grid_y, grid_z), 128 threads a program. */
+static inline int dusk_sparq_query_d128_g4_chunk32(CUstream stream, CUdeviceptr q, CUdeviceptr dims, CUdeviceptr qs, int32_t r, int32_t rp, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&q, &dims, &qs, &r, &rp};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("sparq_query_d128_g4_chunk32", stream, args, 5, inputs, 3);
+}
+
+/* sparq_query_d128_g8_chunk32 (pipeline): {"ir_name":"sparq_query_D128_G8_CHUNK32"}
+ * grid (grid_x, grid_y, grid_z), 128 threads a program. */
+static inline int dusk_sparq_query_d128_g8_chunk32(CUstream stream, CUdeviceptr q, CUdeviceptr dims, CUdeviceptr qs, int32_t r, int32_t rp, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&q, &dims, &qs, &r, &rp};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("sparq_query_d128_g8_chunk32", stream, args, 5, inputs, 3);
+}
+
+/* sparq_score_g1_rp16_ch16_tile128_log_bs8 (pipeline): {"ir_name":"sparq_score_G1_RP16_CH16_TILE128_LOG_BS8"}
+ * grid (grid_x, grid_y, grid_z), 32 threads a program. */
+static inline int dusk_sparq_score_g1_rp16_ch16_tile128_log_bs8(CUstream stream, CUdeviceptr k_t, CUdeviceptr k_open, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, CUdeviceptr tok_indptr, CUdeviceptr dims, CUdeviceptr qs, CUdeviceptr scores, CUdeviceptr stat_max, CUdeviceptr stat_sum, CUdeviceptr staged_logits, int32_t num_kv_heads, int32_t head_dim, int32_t r, int32_t max_tiles, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&k_t, &k_open, &blk_indptr, &blk_indices, &tok_indptr, &dims, &qs, &scores, &stat_max, &stat_sum, &staged_logits, &num_kv_heads, &head_dim, &r, &max_tiles};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("sparq_score_g1_rp16_ch16_tile128_log_bs8", stream, args, 15, inputs, 3);
+}
+
+/* sparq_score_g4_rp16_ch8_tile256_log_bs8 (pipeline): {"ir_name":"sparq_score_G4_RP16_CH8_TILE256_LOG_BS8"}
+ * grid (grid_x, grid_y, grid_z), 32 threads a program. */
+static inline int dusk_sparq_score_g4_rp16_ch8_tile256_log_bs8(CUstream stream, CUdeviceptr k_t, CUdeviceptr k_open, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, CUdeviceptr tok_indptr, CUdeviceptr dims, CUdeviceptr qs, CUdeviceptr scores, CUdeviceptr stat_max, CUdeviceptr stat_sum, CUdeviceptr staged_logits, int32_t num_kv_heads, int32_t head_dim, int32_t r, int32_t max_tiles, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&k_t, &k_open, &blk_indptr, &blk_indices, &tok_indptr, &dims, &qs, &scores, &stat_max, &stat_sum, &staged_logits, &num_kv_heads, &head_dim, &r, &max_tiles};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("sparq_score_g4_rp16_ch8_tile256_log_bs8", stream, args, 15, inputs, 3);
+}
+
+/* sparq_score_g8_rp16_ch8_tile128_log_bs8 (pipeline): {"ir_name":"sparq_score_G8_RP16_CH8_TILE128_LOG_BS8"}
+ * grid (grid_x, grid_y, grid_z), 32 threads a program. */
+static inline int dusk_sparq_score_g8_rp16_ch8_tile128_log_bs8(CUstream stream, CUdeviceptr k_t, CUdeviceptr k_open, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, CUdeviceptr tok_indptr, CUdeviceptr dims, CUdeviceptr qs, CUdeviceptr scores, CUdeviceptr stat_max, CUdeviceptr stat_sum, CUdeviceptr staged_logits, int32_t num_kv_heads, int32_t head_dim, int32_t r, int32_t max_tiles, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&k_t, &k_open, &blk_indptr, &blk_indices, &tok_indptr, &dims, &qs, &scores, &stat_max, &stat_sum, &staged_logits, &num_kv_heads, &head_dim, &r, &max_tiles};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("sparq_score_g8_rp16_ch8_tile128_log_bs8", stream, args, 15, inputs, 3);
+}
+
+/* sparq_update_d128 (pipeline): {"ir_name":"sparq_update_D128"}
+ * grid (grid_x, grid_y, grid_z), 32 threads a program. */
+static inline int dusk_sparq_update_d128(CUstream stream, CUdeviceptr k, CUdeviceptr v, CUdeviceptr pages, CUdeviceptr starts, CUdeviceptr counts, CUdeviceptr seqs, CUdeviceptr blocks, CUdeviceptr block_starts, CUdeviceptr stages, int32_t num_pages, int32_t num_blocks, int32_t num_seqs, int32_t num_kv_heads, int32_t page_size, int32_t block_size, CUdeviceptr k_t, CUdeviceptr k_open, CUdeviceptr v_sum, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&k, &v, &pages, &starts, &counts, &seqs, &blocks, &block_starts, &stages, &num_pages, &num_blocks, &num_seqs, &num_kv_heads, &page_size, &block_size, &k_t, &k_open, &v_sum};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("sparq_update_d128", stream, args, 18, inputs, 3);
+}
+
+/* step_table_block256 (pipeline): {"ir_name":"step_table_BLOCK256"}
+ * grid (grid_x, grid_y, grid_z), 32 threads a program. */
+static inline int dusk_step_table_block256(CUstream stream, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr keep_items, CUdeviceptr keep_tokens, CUdeviceptr t_indptr_a, CUdeviceptr t_indptr_b, CUdeviceptr t_indptr_c, CUdeviceptr t_indptr_d, CUdeviceptr t_pages_a, CUdeviceptr t_pages_b, CUdeviceptr t_pages_c, CUdeviceptr t_last, CUdeviceptr k_items, CUdeviceptr sel_item_indptr, CUdeviceptr sel_a, CUdeviceptr sel_b, CUdeviceptr sel_c, CUdeviceptr sel_d, CUdeviceptr dense_len, CUdeviceptr all_tokens, int32_t write_all, int32_t page_cap, int32_t num_kv_heads, int32_t page_size, int32_t max_pages, int32_t num_pages, int32_t dense_below, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&kv_indptr, &kv_page_indices, &kv_last_page_len, &keep_items, &keep_tokens, &t_indptr_a, &t_indptr_b, &t_indptr_c, &t_indptr_d, &t_pages_a, &t_pages_b, &t_pages_c, &t_last, &k_items, &sel_item_indptr, &sel_a, &sel_b, &sel_c, &sel_d, &dense_len, &all_tokens, &write_all, &page_cap, &num_kv_heads, &page_size, &max_pages, &num_pages, &dense_below};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("step_table_block256", stream, args, 28, inputs, 3);
 }
 
 /* threshold_top_p_s1024_g4_w2_h_l2 (pipeline): {"ir_name":"threshold_top_p_s1024_g4_w2_h_l2"}

@@ -22,6 +22,7 @@
 
 use crate::error::{ensure, Result};
 use crate::ops::Dusk;
+use crate::paged::PageTable;
 use dusk_compiler::{CompileError, Kernel};
 use dusk_macros::kernel;
 use dusk_runtime::{Arg, Buffer};
@@ -184,6 +185,16 @@ impl CsrPages {
             kv_indptr: dev.alloc(batch + 1)?,
             kv_page_indices: dev.alloc((batch * max_pages).max(1))?,
             kv_last_page_len: dev.alloc(batch.max(1))?,
+        })
+    }
+
+    /// `table` uploaded as it is (a host table the caller checked).
+    pub fn upload(dusk: &Dusk, table: &PageTable) -> Result<CsrPages> {
+        let dev = dusk.device();
+        Ok(CsrPages {
+            kv_indptr: dev.upload(&table.kv_indptr)?,
+            kv_page_indices: dev.upload(&table.kv_page_indices)?,
+            kv_last_page_len: dev.upload(&table.kv_last_page_len)?,
         })
     }
 

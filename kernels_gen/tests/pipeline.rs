@@ -3,11 +3,13 @@
 //! and output poisoned first: Full + top-p, Quest alone, Quest + top-p (with the dense
 //! fallback of short sequences), a user's selector + top-p, top-k pruning (MHA, head
 //! varlen), a chain of two pruners, a whole dense batch, Double Sparsity + top-p, SparQ with
-//! its output mix (and SparQ + top-p without it). Then the device-list variants of
+//! its output mix (and SparQ + top-p without it), a decode step's append keeping DS's and
+//! SparQ's state current. Then the device-list variants of
 //! the estimator and the pruner on bad positions, the fallback's kernel on bad offsets (the
 //! interpreter fails any access out of bounds), and the error paths.
 
 use dusk_compiler::DType;
+use dusk_kernels::cache::AppendPlan;
 use dusk_kernels::ops::{Dusk, SpgemvPlan};
 use dusk_kernels::paged::{KvShape, PageTable, TokenLists};
 use dusk_kernels::pipeline::reference::{
@@ -850,6 +852,29 @@ fn sparq_host(inp: &Inputs, r: usize) -> (Vec<f64>, Vec<Vec<f64>>, Vec<f64>) {
     (scores, logits, pref::v_means(&inp.v, &inp.kv, &inp.table))
 }
 
+/// SparQ with its output mix and no pruner, on the host: its token scores, logits and means
+/// of V (from [`sparq_host`]); sequences of at most `dense_below` tokens attended densely.
+fn sparq_mixed<'a>(
+    options: SparqOptions,
+    (scores, logits, v_mean): &'a (Vec<f64>, Vec<Vec<f64>>, Vec<f64>),
+    dense_below: usize,
+) -> HostPipeline<'a> {
+    HostPipeline {
+        select: HostSelect::Tokens {
+            scores,
+            budget: options.k,
+            keep: Keep {
+                sink: 0,
+                recent: options.window,
+            },
+            mix: Some(HostMix { logits, v_mean }),
+        },
+        prune: vec![],
+        bits: 4,
+        dense_below,
+    }
+}
+
 #[test]
 fn sparq_with_its_output_mix_equals_the_reference() {
     let dusk = dusk();
@@ -860,7 +885,7 @@ fn sparq_with_its_output_mix_equals_the_reference() {
         k: Budget::Tokens(48),
         window: 12,
     };
-    let (scores, logits, v_mean) = sparq_host(&inp, options.r);
+    let host_side = sparq_host(&inp, options.r);
     // The copy paged as the cache, and in blocks of 32 of its own.
     for block_size in [None, Some(32)] {
         let sparq = SparqSelect {
@@ -873,24 +898,7 @@ fn sparq_with_its_output_mix_equals_the_reference() {
             .sparq_mix(true)
             .build()
             .unwrap();
-        let host = HostPipeline {
-            select: HostSelect::Tokens {
-                scores: &scores,
-                budget: options.k,
-                keep: Keep {
-                    sink: 0,
-                    recent: options.window,
-                },
-                mix: Some(HostMix {
-                    logits: &logits,
-                    v_mean: &v_mean,
-                }),
-            },
-            prune: vec![],
-            bits: 4,
-            dense_below: 48,
-        };
-        let plan = check_case(&dusk, &p, &host, &inp);
+        let plan = check_case(&dusk, &p, &sparq_mixed(options, &host_side, 48), &inp);
         assert_eq!(plan.budgets().unwrap(), [48, 48, 40, 40, 48, 48]);
     }
 }
@@ -964,23 +972,9 @@ fn sparq_follows_the_next_page_table_and_refuses_what_it_cannot_do() {
     plan.prepare_kv(&dusk, &inp.kb, &inp.vb).unwrap();
     // The same table again: the state (its blocks) kept, the answer the reference's.
     let mut plan = plan.replan(&dusk, &inp.table).unwrap();
-    let (scores, logits, v_mean) = sparq_host(&inp, options.r);
-    let host = |scores, logits, v_mean| HostPipeline {
-        select: HostSelect::Tokens {
-            scores,
-            budget: options.k,
-            keep: Keep {
-                sink: 0,
-                recent: options.window,
-            },
-            mix: Some(HostMix { logits, v_mean }),
-        },
-        prune: vec![],
-        bits: 4,
-        dense_below: 40,
-    };
+    let host_side = sparq_host(&inp, options.r);
     let got = run_staged(&dusk, &mut plan, &inp, false);
-    let checks = pref::check(&host(&scores, &logits, &v_mean), &inp.host(), &got);
+    let checks = pref::check(&sparq_mixed(options, &host_side, 40), &inp.host(), &got);
     assert!(checks.iter().all(|c| c.passed()), "{checks:?}");
     // Longer sequences (a new block for the first), the state rebuilt for them.
     let mut table = inp.table.clone();
@@ -989,12 +983,181 @@ fn sparq_follows_the_next_page_table_and_refuses_what_it_cannot_do() {
     let next = Inputs { table, ..inp };
     assert_eq!(next.table.seq_len(0, 16), 160);
     let got = run_staged(&dusk, &mut plan, &next, true);
-    let (scores, logits, v_mean) = sparq_host(&next, options.r);
-    let checks = pref::check(&host(&scores, &logits, &v_mean), &next.host(), &got);
+    let host_side = sparq_host(&next, options.r);
+    let checks = pref::check(&sparq_mixed(options, &host_side, 40), &next.host(), &got);
     assert!(checks.iter().all(|c| c.passed()), "{checks:?}");
     let stages: Vec<&str> = checks.iter().map(|c| c.stage).collect();
     assert!(stages.contains(&"mix (alpha)"), "{stages:?}");
 }
+/// `inp` one decode step later: one new token a sequence (`k_new`, `v_new`, `[batch,
+/// num_kv_heads, head_dim]`) in the slot after its last, in the same page (the lengths are
+/// chosen so), written into the host cache and a fresh upload of it.
+fn next_step(dusk: &Dusk, inp: &Inputs, k_new: &[f16], v_new: &[f16]) -> Inputs {
+    let (kv, d) = (inp.kv, inp.kv.head_dim);
+    let mut table = inp.table.clone();
+    let (mut k, mut v) = (inp.k.clone(), inp.v.clone());
+    for b in 0..table.batch() {
+        let slot = table.kv_last_page_len[b] as usize;
+        assert!(slot < kv.page_size, "sequence {b}: its last page is full");
+        table.kv_last_page_len[b] += 1;
+        let page = table.kv_page_indices[table.kv_indptr[b + 1] as usize - 1] as usize;
+        for h in 0..kv.num_kv_heads {
+            let (at, from) = (kv.k_row(page, slot, h) * d, (b * kv.num_kv_heads + h) * d);
+            k[at..at + d].copy_from_slice(&k_new[from..from + d]);
+            v[at..at + d].copy_from_slice(&v_new[from..from + d]);
+        }
+    }
+    let dev = dusk.device();
+    Inputs {
+        kb: dev.upload(&k).unwrap(),
+        vb: dev.upload(&v).unwrap(),
+        qb: dev.upload(&inp.q).unwrap(),
+        q: inp.q.clone(),
+        k,
+        v,
+        table,
+        ..*inp
+    }
+}
+
+/// A decode step as an engine runs it: `pipeline` planned and prepared on `inp`, then
+/// replanned for the next table and the step's tokens appended by the plan's own
+/// [`AppendPlan`] (the cache, the INT4 copy and the selector's state in one launch); the
+/// step then runs on the appended cache, which must equal the host's. Returns the plan
+/// and the next step's inputs (their `kb`, `vb` the appended cache).
+fn append_then_plan(
+    dusk: &Dusk,
+    pipeline: &Pipeline,
+    inp: &Inputs,
+    seed: u64,
+) -> (PipelinePlan, Inputs) {
+    let mut plan = pipeline.plan(dusk, inp.shape(), &inp.table).unwrap();
+    plan.prepare_kv(dusk, &inp.kb, &inp.vb).unwrap();
+    // The new keys point along their group's queries (2 or -2 a component, by the sign
+    // of the group's sum): every selector must rank them first, from the state the
+    // append wrote for them.
+    let (hk, d) = (inp.kv.num_kv_heads, inp.kv.head_dim);
+    let group = inp.num_q_heads / hk;
+    let k_new: Vec<f16> = (0..inp.table.batch() * hk * d)
+        .map(|i| {
+            let (row, c) = (i / d, i % d);
+            let sum: f32 = (0..group)
+                .map(|g| inp.q[(row * group + g) * d + c].to_f32())
+                .sum();
+            f16::from_f32(if sum < 0.0 { -2.0 } else { 2.0 })
+        })
+        .collect();
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let v_new = grid_values(&mut rng, k_new.len(), 32, 0.125);
+    let mut next = next_step(dusk, inp, &k_new, &v_new);
+    let mut plan = plan.replan(dusk, &next.table).unwrap();
+    let append = AppendPlan::new(dusk, inp.kv, inp.table.batch(), plan.append_parts()).unwrap();
+    let table = append.upload_table(dusk, &next.table).unwrap();
+    let dev = dusk.device();
+    let (mut k, mut v) = (dev.upload(&inp.k).unwrap(), dev.upload(&inp.v).unwrap());
+    let (kn, vn) = (dev.upload(&k_new).unwrap(), dev.upload(&v_new).unwrap());
+    append
+        .run(dusk, &table, &kn, &vn, plan.append_targets(&mut k, &mut v))
+        .unwrap();
+    assert_eq!(k.download().unwrap(), next.k, "K after the append");
+    assert_eq!(v.download().unwrap(), next.v, "V after the append");
+    (next.kb, next.vb) = (k, v);
+    (plan, next)
+}
+
+/// Every list row of `got` holds its sequence's newest token.
+fn keeps_the_new_tokens(got: &GotStep, next: &Inputs) {
+    let lists = got.lists.as_ref().expect("a sparse step");
+    for r in 0..lists.rows() {
+        let newest = next
+            .table
+            .seq_len(r / next.kv.num_kv_heads, next.kv.page_size) as i32
+            - 1;
+        assert!(
+            lists.row(r).contains(&newest),
+            "row {r}: {:?}",
+            lists.row(r)
+        );
+    }
+}
+
+#[test]
+fn a_decode_steps_append_keeps_ds_and_sparqs_state_current() {
+    let dusk = dusk();
+    // Lengths whose next token stays in its page: 47 -> 48 closes one of SparQ's runs of 16.
+    let inp = Inputs::new(&dusk, 17, &[150, 47, 97], 2, 4, 64);
+    let ds = DsSelect {
+        calibration: calibration(&inp, 8),
+        budget: Budget::Fraction(0.25),
+        options: DsOptions { sink: 2, recent: 0 },
+    };
+    let p = PipelineBuilder::new()
+        .select(plugin(ds.clone()))
+        .prune(Prune::top_p(0.9))
+        .attend(Attend::GroupVarlen)
+        .build()
+        .unwrap();
+    assert_eq!(
+        p.plan(&dusk, inp.shape(), &inp.table)
+            .unwrap()
+            .append_parts()
+            .ds,
+        Some(8)
+    );
+    let (mut plan, next) = append_then_plan(&dusk, &p, &inp, 1);
+    let scores = pref::ds_token_scores(
+        &next.q,
+        &next.k,
+        &next.kv,
+        &next.table,
+        next.num_q_heads,
+        &ds.calibration,
+    );
+    let host = HostPipeline {
+        select: HostSelect::Tokens {
+            scores: &scores,
+            budget: ds.budget,
+            keep: ds.options.keep(),
+            mix: None,
+        },
+        prune: vec![HostPolicy::TopP(0.9)],
+        bits: 4,
+        dense_below: 0,
+    };
+    let got = run_staged(&dusk, &mut plan, &next, false);
+    let checks = pref::check(&host, &next.host(), &got);
+    assert!(checks.iter().all(|c| c.passed()), "DS: {checks:?}");
+    keeps_the_new_tokens(&got, &next);
+
+    // No window: the new tokens are kept for their scores alone.
+    let options = SparqOptions {
+        r: 8,
+        k: Budget::Tokens(40),
+        window: 0,
+    };
+    for block_size in [None, Some(32)] {
+        let p = PipelineBuilder::new()
+            .select(plugin(SparqSelect {
+                options,
+                block_size,
+            }))
+            .attend(Attend::GroupVarlen)
+            .sparq_mix(true)
+            .build()
+            .unwrap();
+        let (mut plan, next) = append_then_plan(&dusk, &p, &inp, 2);
+        assert!(plan.append_parts().sparq);
+        let host_side = sparq_host(&next, options.r);
+        let got = run_staged(&dusk, &mut plan, &next, false);
+        let checks = pref::check(&sparq_mixed(options, &host_side, 40), &next.host(), &got);
+        assert!(
+            checks.iter().all(|c| c.passed()),
+            "SparQ {block_size:?}: {checks:?}"
+        );
+        keeps_the_new_tokens(&got, &next);
+    }
+}
+
 /// On a GPU (skipped without one; `gpu-check pipeline` runs the same on the device
 /// machine): a step captured in a CUDA graph and replayed with new queries written in
 /// place gives, bit for bit, what eager steps give on those queries, and the reference's

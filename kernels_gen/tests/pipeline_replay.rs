@@ -8,9 +8,11 @@ use dusk_compiler::DType;
 use dusk_kernels::engines::CsrPages;
 use dusk_kernels::ops::Dusk;
 use dusk_kernels::paged::{KvShape, PageTable};
-use dusk_kernels::pipeline::replay::{case_pipeline, check_loop, LoopCase};
-use dusk_kernels::pipeline::{Attend, PipelineBuilder, PipelineShape, Prune, Select, StepLimits};
-use dusk_kernels::selectors::Budget;
+use dusk_kernels::pipeline::replay::{case_pipeline, check_loop, LoopCase, LoopSelect};
+use dusk_kernels::pipeline::{
+    Attend, PipelineBuilder, PipelineShape, Prune, Select, SparqSelect, StepLimits,
+};
+use dusk_kernels::selectors::{Budget, SparqOptions};
 use dusk_runtime::Device;
 use half::f16;
 
@@ -39,7 +41,7 @@ fn quest_alone_by_a_fraction_on_a_device_table_equals_the_reference() {
     let case = LoopCase {
         lens: vec![60, 15, 33],
         steps: 3,
-        budget: Budget::Fraction(0.5),
+        select: LoopSelect::Quest(Budget::Fraction(0.5)),
         top_p: None,
         max_tokens: 80,
         seed: 7,
@@ -47,6 +49,24 @@ fn quest_alone_by_a_fraction_on_a_device_table_equals_the_reference() {
     };
     let report = check_loop(&dusk, &case).unwrap();
     assert_eq!((report.steps, report.pages_started), (3, 1), "{report:?}");
+}
+
+#[test]
+fn full_then_top_p_on_a_device_table_equals_the_reference() {
+    // Every token a candidate: the sizing launch writes each row's positions where its
+    // offsets put them, the sequences growing (31 -> 34 and 48 -> 51 start pages).
+    let dusk = dusk();
+    let case = LoopCase {
+        lens: vec![70, 31, 48],
+        steps: 3,
+        select: LoopSelect::Full,
+        max_tokens: 96,
+        seed: 11,
+        ..LoopCase::default()
+    };
+    let report = check_loop(&dusk, &case).unwrap();
+    assert_eq!((report.steps, report.pages_started), (3, 2), "{report:?}");
+    assert_eq!(report.dense_rows, 0, "{report:?}");
 }
 
 /// On a GPU (skipped without one): the step captured once and replayed each step equals
@@ -138,15 +158,22 @@ fn device_table_errors_name_the_argument() {
         max_tokens: 64,
         append: false,
     };
-    // Full's candidates are every token: not with pruners on a device table.
-    let full = PipelineBuilder::new()
-        .select(Select::Full)
-        .prune(Prune::top_p(0.9))
+    // A token selector (SparQ): its budgets over tokens are not sized on the device yet.
+    let sparq = SparqSelect {
+        options: SparqOptions {
+            r: 8,
+            k: Budget::Tokens(32),
+            window: 8,
+        },
+        block_size: None,
+    };
+    let sparq = PipelineBuilder::new()
+        .select(Select::Plugin(std::sync::Arc::new(sparq)))
         .attend(Attend::GroupVarlen)
         .build()
         .unwrap();
     assert_eq!(
-        arg_of(full.plan_device(&dusk, shape, limits).err().unwrap()),
+        arg_of(sparq.plan_device(&dusk, shape, limits).err().unwrap()),
         "select"
     );
     let p = case_pipeline(&LoopCase::default()).unwrap();
@@ -198,7 +225,8 @@ fn device_table_errors_name_the_argument() {
 }
 
 /// The sizing launch alone, in blocks of 8 (so a sequence's pages span several blocks dealt
-/// over its programs): every reader's copy of the clamped table and of the sizes.
+/// over its programs): every reader's copy of the clamped table and of the sizes, and every
+/// row's token positions (a pipeline without a selector).
 #[test]
 fn the_sizing_launch_writes_every_readers_table_and_sizes() {
     use dusk_kernels::pipeline::table::step_table;
@@ -221,6 +249,7 @@ fn the_sizing_launch_writes_every_readers_table_and_sizes() {
     let pg = [a(96), a(96), a(96)];
     let (last, k_items, sel_items, dense) = (a(3), a(3), a(7), a(6));
     let sel = [a(7), a(7), a(7), a(7)];
+    let all = a(2240 + 5);
     step_table::launch::<8>(
         dev,
         &k,
@@ -245,6 +274,8 @@ fn the_sizing_launch_writes_every_readers_table_and_sizes() {
         &sel[2],
         &sel[3],
         &dense,
+        &all,
+        1,
         43,
         2,
         16,
@@ -276,6 +307,10 @@ fn the_sizing_launch_writes_every_readers_table_and_sizes() {
         );
     }
     assert_eq!(dense.download().unwrap(), [-1, -1, 0, 0, 48, 48]);
+    // Every row's positions 0..tokens at its offset (rows 2 and 3 empty), nothing past.
+    let mut want: Vec<i32> = [1024, 1024, 96, 96].iter().flat_map(|t| 0..*t).collect();
+    want.resize(2245, -7);
+    assert_eq!(all.download().unwrap(), want);
 }
 
 /// A user's page selector (the centroid) on a device table, the append inside the step: its

@@ -20,9 +20,11 @@ CUDA graph.
 - ``AttentionPlan``: varlen paged decode attention, dense or over head or group lists, over
   a host page table or one the device writes (``device_table=True``).
 - ``PipelinePlan``: a whole sparse decode step (Twilight's Select-then-Prune): a selector
-  (``"full"``, ``"quest"``), pruners, attention; ``append`` keeps the cache, the INT4 copy
-  and Quest's page state current in one launch; ``step`` selects, estimates, prunes and
-  attends.
+  (``"full"``, ``"quest"``, ``"ds"``, ``"sparq"``), pruners, attention; ``replan`` follows
+  the next page table keeping the state, ``append`` keeps the cache, the INT4 copy and the
+  selector's state current in one launch; ``step`` selects, estimates, prunes and attends.
+- ``calibrate_ds(q, k, r=16)``: Double Sparsity's calibration (JSON) from sample queries and
+  keys.
 - ``vllm_to_csr``, ``sglang_to_csr``: engines' page tables to CSR, on the device.
 
 On the CPU the kernels run through dusk's interpreter (the reference backend; slow, for
@@ -39,6 +41,7 @@ from ._dusk import (
     PrunePlan,
     SpgemvPlan,
     bundle_info,
+    calibrate_ds,
     data_ptr,
     loaded_kernels,
     quantize_k,
@@ -78,6 +81,7 @@ __all__ = [
     "PrunePlan",
     "SpgemvPlan",
     "bundle_info",
+    "calibrate_ds",
     "data_ptr",
     "loaded_kernels",
     "quantize_k",

@@ -17,6 +17,7 @@ fn _dusk(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ops::bundle_info, m)?)?;
     m.add_function(wrap_pyfunction!(ops::loaded_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(ops::data_ptr, m)?)?;
+    m.add_function(wrap_pyfunction!(pipeline::calibrate_ds, m)?)?;
     m.add_class::<ops::SpgemvPlanPy>()?;
     m.add_class::<ops::PrunePlanPy>()?;
     m.add_class::<ops::AttentionPlanPy>()?;

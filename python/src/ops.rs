@@ -1054,7 +1054,7 @@ fn parse_dtype(dtype: &Bound<'_, PyAny>) -> PyResult<DType> {
 
 /// Reads int32 metadata tensors on `ctx`'s device (rank 1, contiguous) for a plan to
 /// borrow.
-fn device_i32s<'py>(
+pub(crate) fn device_i32s<'py>(
     ctx: &Ctx,
     args: &[(&Bound<'py, PyAny>, &'static str)],
 ) -> PyResult<Vec<Tensor<'py>>> {

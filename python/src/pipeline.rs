@@ -6,30 +6,29 @@
 use crate::context::{context, parse_device, resolve_stream, Ctx};
 use crate::errors::{invalid, to_py_renamed, OrPy};
 use crate::ops::{
-    borrow_attention_args, check_outputs, no_plan, on_stream, page_table, parse_params, policy,
-    settle, tensors,
+    borrow_attention_args, check_outputs, device_i32s, no_plan, on_stream, page_table,
+    parse_params, policy, settle, tensors,
 };
-use crate::tensor::{type_name, Array};
+use crate::tensor::{type_name, Array, Place, Tensor};
 use dusk_compiler::DType;
 use dusk_kernels::cache::AppendPlan;
 use dusk_kernels::engines::CsrPages;
-use dusk_kernels::paged::KvShape;
+use dusk_kernels::paged::{KvShape, PageTable};
 use dusk_kernels::pipeline::{
-    Attend, Pipeline, PipelineBuilder, PipelinePlan as Plan, PipelineShape, Prune, Select,
+    Attend, DsSelect, Pipeline, PipelineBuilder, PipelinePlan as Plan, PipelineShape, Prune,
+    Select, SparqSelect, StepLimits,
 };
-use dusk_kernels::selectors::Budget;
+use dusk_kernels::selectors::{Budget, DsCalibration, DsOptions, SparqOptions};
 use dusk_runtime::Buffer;
 use half::f16;
 use pyo3::prelude::*;
-use pyo3::types::{PySequence, PyString};
+use pyo3::types::{PyBool, PySequence, PyString};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// A planned pipeline and what its runs need beside the caller's tensors.
 struct PipeState {
     plan: Plan,
-    /// The append of one token per sequence at the end of the plan's table.
-    append: AppendPlan,
-    table: CsrPages,
+    table: Table,
     /// The log-sum-exp a step writes when the caller gives none.
     lse: Buffer<f32>,
     kv: KvShape,
@@ -37,23 +36,49 @@ struct PipeState {
     num_q_heads: usize,
 }
 
-/// A sparse-attention decode step as one plan: a selector (`"full"`: every token;
-/// `"quest"`: Quest's pages, `budget` tokens (an int) or a fraction of each sequence (a
-/// float in (0, 1]), `sink=True` keeping the first page too), pruners run in turn (a list of
-/// `(policy, params)`: `"top_p"`, `"top_k"`, `"ratio_to_max"`, `"top_p_bounded"`, params as
-/// `PrunePlan`'s), and an attention (`"group_varlen"`: one list a KV head, the union of its
-/// group's kept tokens; `"head_varlen"`: MHA only; `"dense"`: only with `"full"` and no
-/// pruner). `bits`: the estimate's K codes (4 or 8); `dense_below`: sequences of at most
-/// this many tokens attend to every token (default: a token budget, else 0).
+/// Where a plan's page table lives.
+enum Table {
+    /// Host metadata, uploaded: the append of one token per sequence at its end.
+    Host {
+        append: Box<AppendPlan>,
+        table: CsrPages,
+    },
+    /// The caller's int32 tensors on the device, borrowed (their objects kept alive), read
+    /// by each step as they are then; the append is the plan's own.
+    Device {
+        table: CsrPages,
+        _keep: Vec<Py<PyAny>>,
+        /// This step's append also sized the step from the table: `step` need not again.
+        sized: bool,
+    },
+}
+
+/// A sparse-attention decode step as one plan: a selector, pruners run in turn, and an
+/// attention.
+///
+/// Selectors (`select=`): `"full"` (every token); `"quest"` (Quest's pages: `budget` tokens,
+/// an int, or a fraction of each sequence, a float in (0, 1]; `sink=True` keeps the first
+/// page too); `"ds"` (Double Sparsity: `calibration`, the JSON text `dusk.calibrate_ds`
+/// returns or its file's path; `budget` tokens; `sink` and `recent` tokens always kept);
+/// `"sparq"` (SparQ: `r` components of q, 16 by default; `budget` its k tokens; `recent`
+/// its local window; its transposed copy of K in blocks of `block_size` tokens, 256 by
+/// default, `None` paged as the cache; `sparq_mix=True`, the default, mixes the output
+/// with the mean of V as Algorithm 1 does, and takes no pruner). Pruners (`prune=`): a list
+/// of `(policy, params)`: `"top_p"`, `"top_k"`, `"ratio_to_max"`, `"top_p_bounded"`, params
+/// as `PrunePlan`'s. Attention (`attend=`): `"group_varlen"` (one list a KV head, the union
+/// of its group's kept tokens), `"head_varlen"` (MHA only), `"dense"` (only with `"full"`
+/// and no pruner). `bits`: the estimate's K codes (4 or 8); `dense_below`: sequences of at
+/// most this many tokens attend to every token (default: a token budget, else 0).
 ///
 /// `plan(...)` takes host CSR metadata (as `AttentionPlan.plan`) and sizes every buffer;
-/// `prepare(k_cache)` fills the INT4 copy of K and Quest's page state from the cache (after
-/// a prefill); each decode step `append(k_new, v_new, k_cache, v_cache)` writes the step's
-/// token of every sequence (the last of its pages in the plan's table) into the cache, the
-/// INT4 copy and Quest's state in one launch, and `step(q, k_cache, v_cache, out)` selects,
-/// estimates, prunes and attends. Both queue on the caller's stream with no allocation and
-/// no sync, so they can be captured in a CUDA graph. `budgets()` gives the tokens each
-/// (sequence, KV head) attended to in the last step.
+/// `prepare(k_cache, v_cache=None)` fills the INT4 copy of K and the selector's state from
+/// the cache (after a prefill; SparQ's reads V too); each decode step, `replan(...)` with
+/// the next table (each sequence's new token last; the state kept), `append(k_new, v_new,
+/// k_cache, v_cache)` writes the step's token of every sequence into the cache, the INT4
+/// copy and the selector's state in one launch, and `step(q, k_cache, v_cache, out)`
+/// selects, estimates, prunes and attends. `append` and `step` queue on the caller's stream
+/// with no allocation and no sync, so they can be captured in a CUDA graph. `budgets()`
+/// gives the tokens each (sequence, KV head) attended to in the last step.
 ///
 /// ```python
 /// import numpy as np, dusk
@@ -101,6 +126,26 @@ fn parse_budget(budget: Option<&Bound<'_, PyAny>>) -> PyResult<Budget> {
     ))
 }
 
+/// Double Sparsity's calibration: its JSON text, or the path (a `str` not starting with
+/// `{`, or an `os.PathLike`) of its file.
+fn parse_calibration(c: &Bound<'_, PyAny>) -> PyResult<DsCalibration> {
+    let rename = |e| to_py_renamed(e, &[("path", "calibration")]);
+    if let Ok(text) = c.extract::<String>() {
+        if text.trim_start().starts_with('{') {
+            return DsCalibration::from_json(&text).map_err(rename);
+        }
+        return DsCalibration::load(std::path::Path::new(&text)).map_err(rename);
+    }
+    match c.extract::<std::path::PathBuf>() {
+        Ok(path) => DsCalibration::load(&path).map_err(rename),
+        Err(_) => Err(invalid(
+            "calibration",
+            "its JSON text (a str) or the path of its file",
+            type_name(c),
+        )),
+    }
+}
+
 /// `prune`: a sequence of `(policy, params)` pairs.
 fn parse_prune(prune: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<Prune>> {
     let Some(prune) = prune.filter(|p| !p.is_none()) else {
@@ -141,6 +186,72 @@ fn parse_attend(attend: &str) -> PyResult<Attend> {
 }
 
 impl PipelinePlanPy {
+    /// `plan(..., device_table=True)`.
+    fn plan_on_device(
+        &mut self,
+        meta: [&Bound<'_, PyAny>; 3],
+        kv: KvShape,
+        num_q_heads: usize,
+        max_tokens: Option<usize>,
+    ) -> PyResult<()> {
+        let ctx = &self.ctx;
+        let max_tokens = max_tokens.ok_or_else(|| {
+            invalid(
+                "max_tokens",
+                "the longest sequence a step may see, with device_table=True",
+                "none",
+            )
+        })?;
+        let tab = device_i32s(
+            ctx,
+            &[
+                (meta[0], "kv_indptr"),
+                (meta[1], "kv_page_indices"),
+                (meta[2], "kv_last_page_len"),
+            ],
+        )?;
+        let batch = tab[0].numel().saturating_sub(1);
+        let shape = PipelineShape {
+            kv,
+            num_q_heads,
+            dtype: DType::F16,
+        };
+        let limits = StepLimits {
+            batch,
+            max_tokens,
+            append: true,
+        };
+        let plan = self
+            .pipeline
+            .plan_device(&ctx.dusk, shape, limits)
+            .map_err(|e| to_py_renamed(e, &[("batch", "kv_indptr")]))?;
+        let dev = ctx.device();
+        // SAFETY: contiguous int32 tensors of their lengths, whose objects (and capsules)
+        // the state keeps, so the memory outlives the plan's use of it.
+        let table = unsafe {
+            CsrPages {
+                kv_indptr: tab[0].borrow::<i32>(dev)?,
+                kv_page_indices: tab[1].borrow::<i32>(dev)?,
+                kv_last_page_len: tab[2].borrow::<i32>(dev)?,
+            }
+        };
+        let lse = dev.alloc::<f32>((batch * num_q_heads).max(1)).py_err()?;
+        settle(ctx)?;
+        self.state = Some(Arc::new(Mutex::new(PipeState {
+            plan,
+            table: Table::Device {
+                table,
+                _keep: tab.iter().flat_map(|t| t.keep_alive()).collect(),
+                sized: false,
+            },
+            lse,
+            kv,
+            batch,
+            num_q_heads,
+        })));
+        Ok(())
+    }
+
     fn state(&self) -> PyResult<MutexGuard<'_, PipeState>> {
         let st = self.state.as_ref().ok_or_else(no_plan)?;
         Ok(st.lock().unwrap_or_else(|e| e.into_inner()))
@@ -159,45 +270,103 @@ impl PipelinePlanPy {
 #[pymethods]
 impl PipelinePlanPy {
     /// A pipeline for `device` (`"cpu"`, `"cuda"`, `"cuda:N"`, a `torch.device`), checked
-    /// as a whole now (`InvalidArgument` naming `select`, `budget`, `prune`, `params`,
-    /// `attend`, `bits`).
+    /// as a whole now (`InvalidArgument` naming `select`, `budget`, `sink`, `recent`,
+    /// `calibration`, `r`, `block_size`, `sparq_mix`, `prune`, `params`, `attend`, `bits`).
     #[new]
-    #[pyo3(signature = (device, *, select="quest", budget=None, sink=false, prune=None, attend="group_varlen", bits=4, dense_below=None))]
+    #[pyo3(signature = (device, *, select="quest", budget=None, sink=None, recent=0, calibration=None, r=None, block_size=Some(256), sparq_mix=None, prune=None, attend="group_varlen", bits=4, dense_below=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         device: &Bound<'_, PyAny>,
         select: &str,
         budget: Option<&Bound<'_, PyAny>>,
-        sink: bool,
+        sink: Option<&Bound<'_, PyAny>>,
+        recent: usize,
+        calibration: Option<&Bound<'_, PyAny>>,
+        r: Option<usize>,
+        block_size: Option<usize>,
+        sparq_mix: Option<bool>,
         prune: Option<&Bound<'_, PyAny>>,
         attend: &str,
         bits: u32,
         dense_below: Option<usize>,
     ) -> PyResult<Self> {
         let ctx = context(parse_device(device)?)?;
-        let select = match select {
-            "full" => {
-                if budget.is_some_and(|b| !b.is_none()) {
-                    return Err(invalid("budget", "none with select=\"full\"", "a budget"));
-                }
-                Select::Full
+        let given = |x: Option<&Bound<'_, PyAny>>| x.is_some_and(|x| !x.is_none());
+        // Each selector's own arguments, refused with the others.
+        let only = |arg: &str, is_set: bool, whose: &str| -> PyResult<()> {
+            if is_set && !whose.split(',').any(|w| w == select) {
+                let found = format!("it with select={select:?}");
+                return Err(invalid(
+                    arg,
+                    format!("it only with select={whose:?}"),
+                    found,
+                ));
             }
+            Ok(())
+        };
+        only("budget", given(budget), "quest,ds,sparq")?;
+        only("sink", given(sink), "quest,ds")?;
+        only("recent", recent > 0, "ds,sparq")?;
+        only("calibration", given(calibration), "ds")?;
+        only("r", r.is_some(), "sparq")?;
+        only("sparq_mix", sparq_mix.is_some(), "sparq")?;
+        let select = match select {
+            "full" => Select::Full,
             "quest" => Select::Quest {
                 budget: parse_budget(budget)?,
-                sink,
+                sink: match sink {
+                    Some(x) if !x.is_none() => x
+                        .cast::<PyBool>()
+                        .map_err(|_| {
+                            invalid("sink", "a bool (Quest keeps the first page)", type_name(x))
+                        })?
+                        .is_true(),
+                    _ => false,
+                },
             },
+            "ds" => {
+                let Some(cal) = calibration.filter(|c| !c.is_none()) else {
+                    return Err(invalid(
+                        "calibration",
+                        "Double Sparsity's calibration: its JSON text (dusk.calibrate_ds) or \
+                         the path of its file",
+                        "none",
+                    ));
+                };
+                let sink = match sink {
+                    Some(x) if !x.is_none() => x
+                        .extract::<usize>()
+                        .map_err(|_| invalid("sink", "tokens (an int >= 0)", type_name(x)))?,
+                    _ => 0,
+                };
+                Select::Plugin(Arc::new(DsSelect {
+                    calibration: parse_calibration(cal)?,
+                    budget: parse_budget(budget)?,
+                    options: DsOptions { sink, recent },
+                }))
+            }
+            "sparq" => Select::Plugin(Arc::new(SparqSelect {
+                options: SparqOptions {
+                    r: r.unwrap_or(16),
+                    k: parse_budget(budget)?,
+                    window: recent,
+                },
+                block_size,
+            })),
             other => {
                 return Err(invalid(
                     "select",
-                    "\"full\" or \"quest\"",
+                    "\"full\", \"quest\", \"ds\" or \"sparq\"",
                     format!("{other:?}"),
                 ))
             }
         };
+        let sparq = matches!(&select, Select::Plugin(f) if f.makes_sparq_mix());
         let mut b = PipelineBuilder::new()
             .select(select)
             .attend(parse_attend(attend)?)
-            .bits(bits);
+            .bits(bits)
+            .sparq_mix(sparq && sparq_mix.unwrap_or(true));
         for p in parse_prune(prune)? {
             b = b.prune(p);
         }
@@ -216,8 +385,17 @@ impl PipelinePlanPy {
     /// (`kv_indptr [batch + 1]`, `kv_page_indices`, `kv_last_page_len [batch]`: the table
     /// after this step's append, each sequence's new token its last): sizes every buffer
     /// and loads every kernel (`NotInBundle` on a GPU if the bundle lacks one). The INT4
-    /// copy and Quest's state start zeroed: `prepare` fills them. May synchronise.
-    #[pyo3(signature = (kv_indptr, kv_page_indices, kv_last_page_len, *, num_qo_heads, num_kv_heads, head_dim, num_pages, page_size=16))]
+    /// copy and the selector's state start zeroed: `prepare` fills them. May synchronise.
+    ///
+    /// `device_table=True` (Quest, or Full: every token pruned, or dense attention): the three
+    /// metadata are int32 tensors on the plan's device (`kv_indptr [batch + 1]`,
+    /// `kv_page_indices` of any capacity, `kv_last_page_len [batch]`, e.g. what
+    /// `vllm_to_csr` writes each step), borrowed, not copied: every buffer is sized for
+    /// `batch` sequences of up to `max_tokens` tokens (required) and each `append` or `step`
+    /// reads the table as it is then, on the device, so one captured graph replays a decode
+    /// loop whose lengths grow (the kernels clamp what they read: a bad table gives a wrong
+    /// answer, never an access out of bounds).
+    #[pyo3(signature = (kv_indptr, kv_page_indices, kv_last_page_len, *, num_qo_heads, num_kv_heads, head_dim, num_pages, page_size=16, device_table=false, max_tokens=None))]
     #[allow(clippy::too_many_arguments)]
     fn plan(
         &mut self,
@@ -229,7 +407,29 @@ impl PipelinePlanPy {
         head_dim: usize,
         num_pages: usize,
         page_size: usize,
+        device_table: bool,
+        max_tokens: Option<usize>,
     ) -> PyResult<()> {
+        if device_table {
+            return self.plan_on_device(
+                [kv_indptr, kv_page_indices, kv_last_page_len],
+                KvShape {
+                    num_pages,
+                    page_size,
+                    num_kv_heads,
+                    head_dim,
+                },
+                num_qo_heads,
+                max_tokens,
+            );
+        }
+        if max_tokens.is_some() {
+            return Err(invalid(
+                "max_tokens",
+                "none with a host table (its lengths size the plan)",
+                "a number",
+            ));
+        }
         let table = page_table(kv_indptr, kv_page_indices, kv_last_page_len)?;
         let kv = KvShape {
             num_pages,
@@ -242,25 +442,14 @@ impl PipelinePlanPy {
             num_q_heads: num_qo_heads,
             dtype: DType::F16,
         };
-        let dusk = &self.ctx.dusk;
-        let plan = self.pipeline.plan(dusk, shape, &table).py_err()?;
-        let append = AppendPlan::new(dusk, kv, table.batch(), plan.append_parts()).py_err()?;
-        let csr = append.upload_table(dusk, &table).py_err()?;
-        let lse = self
-            .ctx
-            .device()
-            .alloc::<f32>((table.batch() * num_qo_heads).max(1))
-            .py_err()?;
-        settle(&self.ctx)?;
-        self.state = Some(Arc::new(Mutex::new(PipeState {
+        let plan = self.pipeline.plan(&self.ctx.dusk, shape, &table).py_err()?;
+        self.state = Some(Arc::new(Mutex::new(planned(
+            &self.ctx,
             plan,
-            append,
-            table: csr,
-            lse,
+            &table,
             kv,
-            batch: table.batch(),
-            num_q_heads: num_qo_heads,
-        })));
+            num_qo_heads,
+        )?)));
         Ok(())
     }
 
@@ -269,24 +458,107 @@ impl PipelinePlanPy {
         self.ctx.place.describe()
     }
 
-    /// Fills the INT4 copy of K and Quest's page state from `k_cache` (every page of the
-    /// plan's table, as after a prefill). Queued on the caller's stream, no sync.
-    #[pyo3(signature = (k_cache, *, stream=None))]
+    /// Fills the INT4 copy of K and the selector's state (Quest's pages, Double Sparsity's
+    /// labels, SparQ's transposed K and sums of V) from the cache, every token of the
+    /// plan's table, as after a prefill. SparQ's state reads V too: give `v_cache` for it.
+    /// Queued on the caller's stream, no sync.
+    #[pyo3(signature = (k_cache, v_cache=None, *, stream=None))]
     fn prepare(
         &self,
         py: Python<'_>,
         k_cache: &Bound<'_, PyAny>,
+        v_cache: Option<&Bound<'_, PyAny>>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let ctx = &self.ctx;
         let mut st = self.state()?;
         let stream = resolve_stream(py, ctx.place, stream)?;
-        let ts = tensors(ctx, stream, &[(k_cache, "k_cache")])?;
-        ts[0].expect(DType::F16, &cache_shape(&st.kv))?;
-        // SAFETY: a contiguous float16 tensor of the cache's shape, alive past the queueing.
+        let mut args = vec![(k_cache, "k_cache")];
+        if let Some(v) = v_cache.filter(|v| !v.is_none()) {
+            args.push((v, "v_cache"));
+        }
+        let ts = tensors(ctx, stream, &args)?;
+        for t in &ts {
+            t.expect(DType::F16, &cache_shape(&st.kv))?;
+        }
+        // SAFETY: contiguous float16 tensors of the cache's shape, alive past the queueing.
         let k = unsafe { ts[0].borrow::<f16>(ctx.device())? };
-        on_stream(ctx, stream, || st.plan.prepare(&ctx.dusk, &k))
-            .map_err(|e| to_py_renamed(e, &[("k", "k_cache")]))
+        let v = match ts.get(1) {
+            // SAFETY: as `k`.
+            Some(t) => Some(unsafe { t.borrow::<f16>(ctx.device())? }),
+            None => None,
+        };
+        let st = &mut *st;
+        if let Table::Device { table, .. } = &st.table {
+            // The sequences now on the device (a prefill is planned on the host: it may wait).
+            let down = |b: &Buffer<i32>| b.download().py_err();
+            let mut now = PageTable {
+                kv_indptr: down(&table.kv_indptr)?,
+                kv_page_indices: down(&table.kv_page_indices)?,
+                kv_last_page_len: down(&table.kv_last_page_len)?,
+            };
+            let used = now.kv_indptr.last().copied().unwrap_or(0).max(0) as usize;
+            now.kv_page_indices.truncate(used);
+            now.validate(&st.kv).py_err()?;
+            return on_stream(ctx, stream, || {
+                st.plan.prefill(&ctx.dusk, &k, v.as_ref(), &now)
+            })
+            .map_err(|e| to_py_renamed(e, &[("k", "k_cache"), ("v", "v_cache")]));
+        }
+        on_stream(ctx, stream, || match &v {
+            Some(v) => st.plan.prepare_kv(&ctx.dusk, &k, v),
+            None => st.plan.prepare(&ctx.dusk, &k),
+        })
+        .map_err(|e| to_py_renamed(e, &[("k", "k_cache"), ("v", "v_cache")]))
+    }
+
+    /// The same pipeline over the next page table (host int32 CSR metadata, as `plan`'s:
+    /// a decode step later, each sequence's new token last), keeping the INT4 copy and the
+    /// selector's state: then `append` writes the new tokens into them and `step` runs over
+    /// the longer sequences. Views of the plan's buffers (`selection`, `sel_indptr`,
+    /// `sel_indices`) must be dropped first (their memory goes with the old table). On an
+    /// error from the new table the plan is dropped: `plan` again. May synchronise.
+    fn replan(
+        &mut self,
+        kv_indptr: &Bound<'_, PyAny>,
+        kv_page_indices: &Bound<'_, PyAny>,
+        kv_last_page_len: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let table = page_table(kv_indptr, kv_page_indices, kv_last_page_len)?;
+        if matches!(self.state()?.table, Table::Device { .. }) {
+            return Err(crate::errors::simple(
+                "DuskError",
+                "replan on a plan made with device_table=True: it reads the table on the \
+                 device at each step (write the next table into the same tensors)"
+                    .to_string(),
+            ));
+        }
+        let arc = self.state.take().ok_or_else(no_plan)?;
+        let old = match Arc::try_unwrap(arc) {
+            Ok(m) => m.into_inner().unwrap_or_else(|e| e.into_inner()),
+            Err(arc) => {
+                self.state = Some(arc);
+                return Err(crate::errors::simple(
+                    "DuskError",
+                    "replan while a view of the plan's buffers (selection, sel_indptr, \
+                     sel_indices) is alive: their memory goes with the old table; del them first"
+                        .to_string(),
+                ));
+            }
+        };
+        let kv = old.kv;
+        table.validate(&kv).py_err()?;
+        let num_q_heads = old.num_q_heads;
+        let dusk = &self.ctx.dusk;
+        let plan = old.plan.replan(dusk, &table).py_err()?;
+        self.state = Some(Arc::new(Mutex::new(planned(
+            &self.ctx,
+            plan,
+            &table,
+            kv,
+            num_q_heads,
+        )?)));
+        Ok(())
     }
 
     /// Writes one token per sequence, `k_new` and `v_new` (float16 `[batch, num_kv_heads,
@@ -336,9 +608,16 @@ impl PipelinePlanPy {
                 ts[3].borrow::<f16>(dev)?,
             )
         };
-        on_stream(ctx, stream, || {
-            let targets = st.plan.append_targets(&mut kc, &mut vc);
-            st.append.run(&ctx.dusk, &st.table, &kn, &vn, targets)
+        on_stream(ctx, stream, || match &mut st.table {
+            Table::Host { append, table } => {
+                let targets = st.plan.append_targets(&mut kc, &mut vc);
+                append.run(&ctx.dusk, table, &kn, &vn, targets)
+            }
+            Table::Device { table, sized, .. } => {
+                *sized = true;
+                st.plan
+                    .run_table(&ctx.dusk, table, Some((&kn, &vn)), &mut kc, &mut vc)
+            }
         })
         .py_err()
     }
@@ -384,12 +663,20 @@ impl PipelinePlanPy {
         check_outputs(&ts, 3)?;
         // SAFETY: every tensor's dtype, shape and layout checked above; they outlive the
         // queueing; the outputs share memory with no input (checked).
-        let (qb, kb, vb, mut ob, mut given) = unsafe { borrow_attention_args::<f16>(ctx, &ts)? };
+        let (qb, mut kb, mut vb, mut ob, mut given) =
+            unsafe { borrow_attention_args::<f16>(ctx, &ts)? };
         let lse = match given.as_mut() {
             Some(l) => l,
             None => &mut st.lse,
         };
         on_stream(ctx, stream, || {
+            if let Table::Device { table, sized, .. } = &mut st.table {
+                if !std::mem::take(sized) {
+                    // Without new tokens the sizing launch only reads the table.
+                    st.plan
+                        .run_table(&ctx.dusk, table, None, &mut kb, &mut vb)?;
+                }
+            }
             st.plan.step(&ctx.dusk, &qb, &kb, &vb, &mut ob, lse)
         })
         .map_err(|e| to_py_renamed(e, &[("k", "k_cache"), ("v", "v_cache")]))
@@ -446,6 +733,98 @@ impl PipelinePlanPy {
             Some((ix.untyped().address(), ix.len()))
         })
     }
+}
+
+/// Double Sparsity's calibration from sample queries `q` (`[samples, num_qo_heads,
+/// head_dim]`) and keys `k` (`[samples, num_kv_heads, head_dim]`), float16 or float32 host
+/// arrays (NumPy, or a tensor's `.cpu()`): per KV head, the `r` channels with the largest
+/// mean `|q_c * k_c|` over the samples and the group's query heads. Returns its JSON text,
+/// which `PipelinePlan(select="ds", calibration=...)` takes (save it to reuse it).
+///
+/// ```python
+/// import numpy as np, dusk
+/// rng = np.random.default_rng(0)
+/// q = rng.standard_normal((32, 8, 64)).astype(np.float16)   # 32 samples, 8 query heads
+/// k = rng.standard_normal((32, 2, 64)).astype(np.float16)   # their keys, 2 KV heads
+/// cal = dusk.calibrate_ds(q, k, r=16)
+/// p = dusk.PipelinePlan("cpu", select="ds", calibration=cal, budget=0.25)
+/// ```
+#[pyfunction]
+#[pyo3(signature = (q, k, *, r=16))]
+pub fn calibrate_ds(q: &Bound<'_, PyAny>, k: &Bound<'_, PyAny>, r: usize) -> PyResult<String> {
+    let host = |obj: &Bound<'_, PyAny>, name: &'static str| -> PyResult<(Vec<f64>, [usize; 3])> {
+        let t = Tensor::new(obj, name, None)?;
+        if t.place != Place::Cpu {
+            return Err(invalid(
+                name,
+                "a host array (NumPy, or a tensor's .cpu())",
+                t.describe(),
+            ));
+        }
+        t.expect_contiguous()?;
+        let dims: [usize; 3] = match &*t.shape {
+            [a, b, c] => [*a, *b, *c],
+            _ => return Err(invalid(name, "an array of rank 3", t.describe())),
+        };
+        let n = t.numel();
+        // SAFETY: a contiguous host array of `n` elements of `t.dtype`, alive while `t` is.
+        let values = unsafe {
+            match t.dtype {
+                DType::F16 => std::slice::from_raw_parts(t.addr as usize as *const f16, n)
+                    .iter()
+                    .map(|x| x.to_f64())
+                    .collect(),
+                DType::F32 => std::slice::from_raw_parts(t.addr as usize as *const f32, n)
+                    .iter()
+                    .map(|x| *x as f64)
+                    .collect(),
+                _ => return Err(invalid(name, "float16 or float32", t.describe())),
+            }
+        };
+        Ok((values, dims))
+    };
+    let (qv, [sq, hq, d]) = host(q, "q")?;
+    let (kv, [sk, hkv, dk]) = host(k, "k")?;
+    if (sk, dk) != (sq, d) {
+        return Err(invalid(
+            "k",
+            format!("[{sq}, num_kv_heads, {d}] (q's samples and head_dim)"),
+            format!("[{sk}, {hkv}, {dk}]"),
+        ));
+    }
+    let cal = DsCalibration::calibrate(&qv, &kv, hq, hkv, d, r)
+        .map_err(|e| to_py_renamed(e, &[("num_q_heads", "q"), ("num_kv_heads", "k")]))?;
+    Ok(cal.to_json())
+}
+
+/// A plan for `table` with what its runs need: the append for the table's batch, the
+/// table on the device, a log-sum-exp buffer.
+fn planned(
+    ctx: &Ctx,
+    plan: Plan,
+    table: &PageTable,
+    kv: KvShape,
+    num_q_heads: usize,
+) -> PyResult<PipeState> {
+    let dusk = &ctx.dusk;
+    let append = AppendPlan::new(dusk, kv, table.batch(), plan.append_parts()).py_err()?;
+    let csr = append.upload_table(dusk, table).py_err()?;
+    let lse = ctx
+        .device()
+        .alloc::<f32>((table.batch() * num_q_heads).max(1))
+        .py_err()?;
+    settle(ctx)?;
+    Ok(PipeState {
+        plan,
+        table: Table::Host {
+            append: Box::new(append),
+            table: csr,
+        },
+        lse,
+        kv,
+        batch: table.batch(),
+        num_q_heads,
+    })
 }
 
 fn cache_shape(kv: &KvShape) -> [usize; 4] {

@@ -16,6 +16,19 @@ def random_table(rng, seq_lens, page_size, num_pages=None):
     return indptr, ids, last, num_pages
 
 
+def grow_table(indptr, ids, last, spare, page_size):
+    """One more token a sequence, in place (`ids` with room past `indptr[-1]`): a page from
+    `spare` where the last is full, inserted after the sequence's others."""
+    for b in range(len(last)):
+        if last[b] == page_size:
+            at, used = indptr[b + 1], indptr[-1]
+            ids[at + 1 : used + 1] = ids[at:used].copy()
+            ids[at] = spare.pop()
+            indptr[b + 1 :] += 1
+            last[b] = 0
+        last[b] += 1
+
+
 def seq_len(indptr, last, page_size, b):
     pages = int(indptr[b + 1] - indptr[b])
     return 0 if pages == 0 else (pages - 1) * page_size + int(last[b])

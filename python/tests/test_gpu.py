@@ -507,3 +507,122 @@ def test_a_captured_pipeline_step_replays_like_eager_steps(gen):
         np.testing.assert_array_equal(torch.from_dlpack(p.sel_indices).cpu().numpy()[: ip[-1]], want_kept)
         assert torch.equal(kg, want_k)
         assert torch.equal(out, want_out)
+
+
+@pytest.mark.parametrize("select", ["ds", "sparq"])
+def test_token_selector_pipelines_from_the_bundle_equal_the_interpreter(gen, select):
+    # Double Sparsity (16 labels, N/4) + top-p and SparQ (r = 16, N/8, its mix) at the
+    # bundle's shapes: every GPU kernel from the bundle. The same decode step (prepare,
+    # replan to one more token a sequence, append, step) on the GPU and through the CPU
+    # interpreter: the same selection and budgets, outputs within rounding.
+    seq_lens = [2001, 700, 1500, 257]  # each last page has room for the next token
+    hkv, hq, d = 2, 8, 128
+    indptr, ids, last, num_pages, q, k, v = attention_inputs(gen, seq_lens, hkv, hq, d)
+    samples = torch.randn((16, hq, d), generator=gen).half().numpy()
+    keys = torch.randn((16, hkv, d), generator=gen).half().numpy()
+    decl = {
+        "ds": dict(select="ds", calibration=dusk.calibrate_ds(samples, keys, r=16), budget=0.25,
+                   prune=[("top_p", {"p": 0.95})]),
+        "sparq": dict(select="sparq", budget=0.125, recent=64),
+    }[select]
+    k_new = torch.randn((len(seq_lens), hkv, d), generator=gen).half()
+    v_new = torch.randn_like(k_new)
+    grown = np.asarray(last) + 1
+    got = {}
+    for dev in ("cpu", DEV):
+        kc, vc = k.clone().to(dev), v.clone().to(dev)
+        p = dusk.PipelinePlan(dev, **decl)
+        p.plan(indptr, ids, last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, num_pages=num_pages)
+        if dev == DEV:
+            kernels = dict(dusk.loaded_kernels(DEV))
+            assert set(kernels.values()) == {"bundle"}, kernels
+        p.prepare(kc, vc)
+        p.replan(indptr, ids, grown)
+        p.append(k_new.to(dev), v_new.to(dev), kc, vc)
+        out = torch.full_like(q, float("nan")).to(dev)
+        p.step(q.to(dev), kc, vc, out)
+        if dev == DEV:
+            torch.cuda.synchronize()
+        sel = torch.from_dlpack(p.selection).cpu().numpy()[: p.candidate_indptr[-1]].copy()
+        got[dev] = (sel, p.budgets(), out.float().cpu().numpy(), kc.cpu())
+    (sel_c, bud_c, out_c, k_c), (sel_g, bud_g, out_g, k_g) = got["cpu"], got[DEV]
+    assert torch.equal(k_c, k_g)
+    np.testing.assert_array_equal(sel_g, sel_c)
+    assert bud_g == bud_c
+    np.testing.assert_allclose(out_g, out_c, atol=2e-3, rtol=2e-2)
+
+
+def test_a_device_table_pipeline_replays_a_decode_loop_whose_lengths_grow(gen):
+    # Quest (N/4) + top-p on a page table in device tensors the plan borrows
+    # (device_table=True): three steps, each writing the grown table into the same tensors
+    # (a sequence taking a new page), then append and step; eagerly, then from one CUDA graph
+    # captured once and replayed each step from the same start: equal bit for bit.
+    seq_lens = [2001, 700, 1500, 256]  # the last sequence's page is full: a new page at once
+    hkv, hq, d = 2, 8, 128
+    indptr, ids, last, num_pages, q, k, v = attention_inputs(gen, seq_lens, hkv, hq, d)
+    spare0 = [x for x in range(num_pages) if x not in set(ids.tolist())]
+    cap = len(ids) + 4
+    t_indptr = torch.tensor(indptr, dtype=torch.int32, device=DEV)
+    t_ids = torch.zeros(cap, dtype=torch.int32, device=DEV)
+    t_last = torch.tensor(last, dtype=torch.int32, device=DEV)
+    p = dusk.PipelinePlan(DEV, select="quest", budget=0.25, prune=[("top_p", {"p": 0.95})])
+
+    def write_table(ip, ix, la):
+        t_indptr.copy_(torch.from_numpy(ip))
+        t_ids[: len(ix)].copy_(torch.from_numpy(ix))
+        t_last.copy_(torch.from_numpy(la))
+
+    write_table(indptr, ids, last)
+    p.plan(t_indptr, t_ids, t_last, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, num_pages=num_pages,
+           device_table=True, max_tokens=2048 + 64)
+    assert set(dict(dusk.loaded_kernels(DEV)).values()) == {"bundle"}
+    tables = []
+    ip, ix, la, spare = indptr.copy(), np.zeros(cap, np.int32), last.copy(), list(spare0)
+    ix[: len(ids)] = ids
+    for _ in range(3):
+        ref.grow_table(ip, ix, la, spare, PAGE)
+        tables.append((ip.copy(), ix[: ip[-1]].copy(), la.copy()))
+    kg, vg = k.to(DEV), v.to(DEV)
+    k0, v0 = kg.clone(), vg.clone()
+    qg = torch.empty_like(q, device=DEV)
+    kn = torch.empty((len(seq_lens), hkv, d), dtype=torch.float16, device=DEV)
+    vn = torch.empty_like(kn)
+    out = torch.empty_like(qg)
+    steps = [tuple(torch.randn(x.shape, generator=gen).half().to(DEV) for x in (qg, kn, vn)) for _ in tables]
+
+    def restart():
+        kg.copy_(k0)
+        vg.copy_(v0)
+        write_table(indptr, ids, last)
+        p.prepare(kg)
+
+    def load(i):
+        write_table(*tables[i])
+        for dst, src in zip((qg, kn, vn), steps[i]):
+            dst.copy_(src)
+
+    def step():
+        p.append(kn, vn, kg, vg)
+        p.step(qg, kg, vg, out)
+
+    restart()
+    eager = []
+    for i in range(len(tables)):
+        load(i)
+        out.fill_(float("nan"))
+        step()
+        torch.cuda.synchronize()
+        assert not torch.isnan(out).any()
+        eager.append((out.clone(), p.budgets(), kg.clone()))
+    restart()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    restart()
+    for i, (want_out, want_budgets, want_k) in enumerate(eager):
+        load(i)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert p.budgets() == want_budgets
+        assert torch.equal(kg, want_k)
+        assert torch.equal(out, want_out)

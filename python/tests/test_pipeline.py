@@ -1,7 +1,9 @@
 """dusk.PipelinePlan on the CPU (dusk's interpreter), NumPy arrays through DLPack: each
 stage of a step against a NumPy reference (Quest's pages, the INT4 estimate and the
 top-p search over them, attention over what was kept), everything written poisoned first;
-the append against a fresh prepare; Quest alone, Full + top-p; bad input."""
+the append against a fresh prepare; a decode loop (replan, append, step) of Quest, Double
+Sparsity and SparQ against fresh plans of the grown cache; Quest alone, Full + top-p; bad
+input."""
 
 import numpy as np
 import pytest
@@ -180,6 +182,112 @@ def test_append_updates_the_state_as_a_fresh_prepare(rng):
     check_quest(p, c, 0.25)
 
 
+def selectors(c, rng):
+    """Each selector's declaration for case `c` (Double Sparsity calibrated on sample
+    queries and keys drawn like the case's)."""
+    samples = 16
+    q = rng.standard_normal((samples, c["hq"], c["d"])).astype(np.float16)
+    k = rng.standard_normal((samples, c["hkv"], c["d"])).astype(np.float16)
+    cal = dusk.calibrate_ds(q, k, r=8)
+    top_p = [("top_p", {"p": 0.9})]
+    return {
+        "quest": dict(select="quest", budget=0.25, prune=top_p),
+        "ds": dict(select="ds", calibration=cal, budget=0.25, sink=2, prune=top_p),
+        "sparq": dict(select="sparq", r=8, budget=48, block_size=32),
+    }
+
+
+@pytest.mark.parametrize("select", ["quest", "ds", "sparq"])
+def test_a_decode_loop_equals_fresh_plans_of_the_grown_cache(rng, select):
+    # Three steps: `replan` to one more token a sequence, `append` its K and V (the cache,
+    # the INT4 copy and the selector's state in one launch), `step`; each against a plan
+    # made and prepared afresh on the grown cache. The last pages have room for the steps;
+    # 16 * 7 + 14 -> 16 * 8 + 1 crosses into a new page of SparQ's runs (its copy's blocks
+    # of 32 and runs of 16 close).
+    c = case(rng, [16 * 12 + 5, 16 * 7 + 13, 16 * 20 + 1])
+    c["last"][1] = 13  # 16 * 7 + 13: the next steps close a run of 16 at 16 * 8 (a new page)
+    decl = selectors(c, rng)[select]
+    p = planned(c, **decl)
+    p.prepare(c["k"], c["v"])
+    spare = [x for x in range(c["num_pages"]) if x not in set(c["ids"])]
+    indptr, last = c["indptr"].copy(), c["last"].copy()
+    ids = np.zeros(len(c["ids"]) + 3, np.int32)
+    ids[: len(c["ids"])] = c["ids"]
+    for _ in range(3):
+        ref.grow_table(indptr, ids, last, spare, PAGE)
+        c = dict(c, indptr=indptr.copy(), ids=ids[: indptr[-1]].copy(), last=last.copy(),
+                 lens=[n + 1 for n in c["lens"]])
+        p.replan(c["indptr"], c["ids"], c["last"])
+        k_new = rng.standard_normal((len(c["lens"]), c["hkv"], c["d"])).astype(np.float16)
+        v_new = rng.standard_normal(k_new.shape).astype(np.float16)
+        p.append(k_new, v_new, c["k"], c["v"])
+        out, lse = step(p, c)
+        fresh = planned(c, **decl)
+        fresh.prepare(c["k"], c["v"])
+        want, want_lse = step(fresh, c)
+        got_sel, want_sel = np.from_dlpack(p.selection).copy(), np.from_dlpack(fresh.selection).copy()
+        n = p.candidate_indptr[-1]
+        np.testing.assert_array_equal(got_sel[:n], want_sel[:n])
+        assert p.budgets() == fresh.budgets()
+        # SparQ's sums of V are added in another order than a fresh prepare's.
+        np.testing.assert_allclose(out, want, atol=1e-3, rtol=1e-3)
+        np.testing.assert_allclose(lse, want_lse, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("select", ["quest", "full"])
+def test_a_device_table_plan_follows_the_table_it_borrows(rng, select):
+    # The table in int32 arrays the plan borrows (capacity for new pages), grown in place
+    # each step; the device-table plan's append and step against a host-table plan
+    # replanned to the same table. Sequence 1 fills its page and takes a new one.
+    c = case(rng, [16 * 5 + 3, 16 * 9 + 15, 16 * 2 + 8], spare=4)
+    decl = dict(select=select, prune=[("top_p", {"p": 0.9})])
+    if select == "quest":
+        decl["budget"] = 0.25
+    n = len(c["ids"])
+    spare = [x for x in range(c["num_pages"]) if x not in set(c["ids"])]
+    indptr, last = c["indptr"].copy(), c["last"].copy()
+    ids = np.zeros(n + 4, np.int32)
+    ids[:n] = c["ids"]
+    dev = dusk.PipelinePlan("cpu", **decl)
+    dev.plan(indptr, ids, last, num_qo_heads=c["hq"], num_kv_heads=c["hkv"], head_dim=c["d"],
+             num_pages=c["num_pages"], device_table=True, max_tokens=16 * 12)
+    kd, vd = c["k"].copy(), c["v"].copy()
+    dev.prepare(kd, vd)
+    host = planned(c, **decl)
+    host.prepare(c["k"])
+    for _ in range(3):
+        ref.grow_table(indptr, ids, last, spare, PAGE)
+        c = dict(c, indptr=indptr.copy(), ids=ids[: indptr[-1]].copy(), last=last.copy())
+        k_new = rng.standard_normal((3, c["hkv"], c["d"])).astype(np.float16)
+        v_new = rng.standard_normal(k_new.shape).astype(np.float16)
+        dev.append(k_new, v_new, kd, vd)
+        host.replan(c["indptr"], c["ids"], c["last"])
+        host.append(k_new, v_new, c["k"], c["v"])
+        np.testing.assert_array_equal(kd, c["k"])
+        np.testing.assert_array_equal(vd, c["v"])
+        out, lse = step(dev, dict(c, k=kd, v=vd))
+        want, want_lse = step(host, c)
+        assert dev.budgets() == host.budgets()
+        np.testing.assert_allclose(out, want, atol=1e-3, rtol=1e-3)
+        np.testing.assert_allclose(lse, want_lse, atol=1e-5, rtol=1e-5)
+    with pytest.raises(dusk.DuskError, match="device_table=True"):
+        dev.replan(c["indptr"], c["ids"], c["last"])
+    raises_arg("max_tokens", dev.plan, indptr, ids, last, num_qo_heads=c["hq"],
+               num_kv_heads=c["hkv"], head_dim=c["d"], num_pages=c["num_pages"], device_table=True)
+
+
+def test_replan_refuses_while_a_view_is_alive(rng):
+    c = case(rng, [100, 50])
+    p = planned(c, select="quest", budget=0.5)
+    p.prepare(c["k"])
+    view = p.selection
+    with pytest.raises(dusk.DuskError, match="del them first"):
+        p.replan(c["indptr"], c["ids"], c["last"])
+    del view
+    p.replan(c["indptr"], c["ids"], c["last"])
+    step(p, c)
+
+
 def test_short_sequences_attend_densely(rng):
     c = case(rng, [600, 40])
     p = planned(c, select="quest", budget=64, prune=[("top_p", {"p": 0.9})])
@@ -213,6 +321,23 @@ def test_declarations_are_checked():
     raises_arg("attend", dusk.PipelinePlan, "cpu", budget=0.5, attend="dense")
     raises_arg("bits", dusk.PipelinePlan, "cpu", budget=0.5, bits=3)
     raises_arg("device", dusk.PipelinePlan, "tpu", budget=0.5)
+    raises_arg("calibration", dusk.PipelinePlan, "cpu", select="ds", budget=0.5)
+    raises_arg("calibration", dusk.PipelinePlan, "cpu", select="ds", budget=0.5, calibration='{"format": 1}')
+    raises_arg("calibration", dusk.PipelinePlan, "cpu", select="ds", budget=0.5, calibration="/no/such/file.json")
+    raises_arg("calibration", dusk.PipelinePlan, "cpu", budget=0.5, calibration="{}")
+    raises_arg("r", dusk.PipelinePlan, "cpu", budget=0.5, r=16)
+    raises_arg("sparq_mix", dusk.PipelinePlan, "cpu", select="sparq", budget=0.5, prune=[("top_p", {"p": 0.9})])
+    raises_arg("sparq_mix", dusk.PipelinePlan, "cpu", budget=0.5, sparq_mix=True)
+    raises_arg("recent", dusk.PipelinePlan, "cpu", budget=0.5, recent=8)
+    raises_arg("sink", dusk.PipelinePlan, "cpu", budget=0.5, sink=2)
+    raises_arg("sink", dusk.PipelinePlan, "cpu", select="sparq", budget=0.5, sink=True)
+    q = np.zeros((4, 8, 64), np.float16)
+    k = np.zeros((4, 2, 64), np.float16)
+    raises_arg("q", dusk.calibrate_ds, q[0], k)
+    raises_arg("q", dusk.calibrate_ds, q.astype(np.float64), k)
+    raises_arg("k", dusk.calibrate_ds, q, k[:3])
+    raises_arg("q", dusk.calibrate_ds, q[:, :7], k)
+    raises_arg("r", dusk.calibrate_ds, q, k, r=65)
 
 
 def test_plans_and_steps_check_their_arguments(rng):
@@ -236,6 +361,12 @@ def test_plans_and_steps_check_their_arguments(rng):
     raises_arg("out", p.step, c["q"], c["k"], c["v"], ro)
     raises_arg("lse", p.step, c["q"], c["k"], c["v"], out, np.empty((2, 8), np.float64))
     raises_arg("k_cache", p.prepare, c["k"][:, :8])
+    raises_arg("v_cache", p.prepare, c["k"], c["v"][:, :8])
+    raises_arg("r", planned, c, select="sparq", budget=32, r=0)  # checked against head_dim
+    raises_arg("r", planned, c, select="sparq", budget=32, r=65)
+    raises_arg("block_size", planned, c, select="sparq", budget=32, block_size=48)
+    sq = planned(c, select="sparq", budget=32)
+    raises_arg("v_cache", sq.prepare, c["k"])  # SparQ's state reads V
     k_new = np.zeros((2, 2, 64), np.float16)
     raises_arg("k_new", p.append, k_new[:1], k_new, c["k"], c["v"])
     raises_arg("v_new", p.append, k_new, k_new.astype(np.float32), c["k"], c["v"])
@@ -246,7 +377,7 @@ def test_plans_and_steps_check_their_arguments(rng):
                num_qo_heads=8, num_kv_heads=2, head_dim=64, num_pages=3)
 
 
-def test_docstring_example_runs():
-    doc = dusk.PipelinePlan.__doc__
-    block = doc.split("```python\n")[1].split("```")[0]
+@pytest.mark.parametrize("obj", [dusk.PipelinePlan, dusk.calibrate_ds])
+def test_docstring_examples_run(obj):
+    block = obj.__doc__.split("```python\n")[1].split("```")[0]
     exec(block, {})

@@ -348,12 +348,7 @@ impl AppendPlan {
                 ));
             }
         }
-        let dev = dusk.device();
-        Ok(CsrPages {
-            kv_indptr: dev.upload(&table.kv_indptr)?,
-            kv_page_indices: dev.upload(&table.kv_page_indices)?,
-            kv_last_page_len: dev.upload(&table.kv_last_page_len)?,
-        })
+        CsrPages::upload(dusk, table)
     }
 
     /// Appends `k_new` and `v_new` (f16 `[batch, num_kv_heads, head_dim]`: one token per

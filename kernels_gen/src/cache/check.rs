@@ -278,15 +278,7 @@ pub fn check_decode(dusk: &Dusk, case: &DecodeCase) -> Result<DecodeReport, Stri
         let vn = dev.upload(&v_new).map_err(|x| x.to_string())?;
         plan.poison_outputs(dusk, 0xFF).map_err(e)?;
         let block_table = match case.parts.sparq {
-            true => {
-                let t = blocks_of(&lens, &blks)?;
-                let up = |x: &[i32]| dev.upload(x).map_err(|x| x.to_string());
-                Some(CsrPages {
-                    kv_indptr: up(&t.kv_indptr)?,
-                    kv_page_indices: up(&t.kv_page_indices)?,
-                    kv_last_page_len: up(&t.kv_last_page_len)?,
-                })
-            }
+            true => Some(CsrPages::upload(dusk, &blocks_of(&lens, &blks)?).map_err(e)?),
             false => None,
         };
         let targets = AppendTargets {

@@ -9,7 +9,8 @@
 //!     .prune(Prune::top_p(0.95)).attend(Attend::GroupVarlen).build()?;
 //! ```
 
-use super::select::{SelectFactory, SelectStage};
+use super::select::{AppendState, SelectFactory, SelectStage};
+use crate::cache::AppendParts;
 use crate::error::Result;
 use crate::ops::Dusk;
 use crate::paged::{KvShape, PageTable};
@@ -95,6 +96,12 @@ impl SelectStage for DsStage {
             options,
             num_q_heads,
         }))
+    }
+    fn append_parts(&self, parts: &mut AppendParts) {
+        parts.ds = Some(self.plan.state().calibration().r());
+    }
+    fn append_state(&mut self) -> Option<AppendState<'_>> {
+        Some(AppendState::Ds(self.plan.state_mut()))
     }
     fn poison_outputs(&mut self, dusk: &Dusk, byte: u8) -> Result<()> {
         self.plan.poison_outputs(dusk, byte)

@@ -31,5 +31,5 @@ pub mod table;
 pub use builder::{Attend, Pipeline, PipelineBuilder, Prune, Select};
 pub use ds::DsSelect;
 pub use plan::{PipelinePlan, PipelineShape, Stage, StepLimits};
-pub use select::{PageSelect, SelectFactory, SelectStage};
+pub use select::{AppendState, PageSelect, SelectFactory, SelectStage};
 pub use sparq::SparqSelect;

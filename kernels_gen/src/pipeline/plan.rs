@@ -10,7 +10,7 @@
 
 use super::builder::{Attend, Pipeline};
 use super::fallback::Fallback;
-use super::select::SelectStage;
+use super::select::{AppendState, SelectStage};
 use super::table::{StepTable, TableTargets};
 use crate::attention_ops::{AttentionMeta, AttentionMode, AttentionPlan, AttentionSpec};
 use crate::cache::{AppendParts, AppendPlan, AppendTargets};
@@ -19,7 +19,7 @@ use crate::error::{ensure, invalid, Result};
 use crate::ops::{Dusk, QuantizedK, SpgemvPlan};
 use crate::paged::{KvShape, PageTable, TokenLists};
 use crate::prune::PrunePlan;
-use crate::selectors::{Budget, Keep, PageUpdates, QUEST};
+use crate::selectors::{Budget, Keep, PageUpdates};
 use dusk_compiler::DType;
 use dusk_runtime::{Buffer, Graph, Measured};
 use half::f16;
@@ -120,9 +120,9 @@ struct DeviceTable {
     limits: StepLimits,
     sizing: StepTable,
     append: Option<AppendPlan>,
-    /// The selector's state is Quest's (the append writes it), else a page selector's of
-    /// one's own (updated over the appended pages after the append).
-    quest: bool,
+    /// The append writes the selector's state (Quest's), else the selector (a page
+    /// selector of one's own) is updated over the appended pages after it.
+    state_in_append: bool,
     spare: Spares,
 }
 
@@ -171,9 +171,10 @@ impl Pipeline {
     /// `limits` (its batch, each sequence at `max_tokens`, the selector's budget at that
     /// length), each step's lengths, budgets and list offsets computed on the device from
     /// the table [`PipelinePlan::decode_step`] is given, so that one captured graph
-    /// replays a decode loop whose lengths grow. Needs a page selector (Quest or a user's
-    /// [`crate::selectors::Selector`]) when it prunes; `Full` only without pruners (dense
-    /// attention). The INT4 copy and the selector's state start zeroed:
+    /// replays a decode loop whose lengths grow. The selector is a page selector (Quest or
+    /// a user's [`crate::selectors::Selector`]) or `Full` (every token, written where each
+    /// row's offsets put it by the sizing launch); a token selector (Double Sparsity,
+    /// SparQ) is refused. The INT4 copy and the selector's state start zeroed:
     /// [`PipelinePlan::prefill`] fills them.
     pub fn plan_device(
         &self,
@@ -192,13 +193,6 @@ impl Pipeline {
         );
         let max_pages = limits.max_tokens.div_ceil(kv.page_size);
         let most = max_pages * kv.page_size;
-        ensure!(
-            self.select.is_some() || self.prune.is_empty(),
-            "select",
-            "a page selector before pruners on a device table (Full's candidates are every \
-             token, which the step would write whole)",
-            "Full",
-        );
         // The most each buffer holds: every sequence at its longest (page ids repeat
         // where the cache is smaller; they are never read from this table).
         let ids = (0..limits.batch * max_pages)
@@ -218,7 +212,7 @@ impl Pipeline {
             None => (Budget::Fraction(1.0), Keep { sink: 0, recent: 1 }),
         };
         let parts = plan.append_parts();
-        let quest = parts.quest;
+        let state_in_append = parts.quest || parts.ds.is_some() || parts.sparq;
         let append = if limits.append {
             Some(AppendPlan::new(dusk, kv, limits.batch, parts)?)
         } else {
@@ -238,7 +232,7 @@ impl Pipeline {
             limits,
             sizing,
             append,
-            quest,
+            state_in_append,
             spare: Spares::new(dusk, limits.batch, rows, limits.batch * max_pages)?,
         });
         Ok(plan)
@@ -522,35 +516,31 @@ impl PipelinePlan {
         }
     }
 
-    /// What a decode step's append ([`crate::cache::AppendPlan`]) must write beside the cache to keep
-    /// this plan's state current: the INT4 copy (with pruners) and Quest's page min and
-    /// max (with Quest). One launch does the cache's K and V and these together.
+    /// What a decode step's append ([`crate::cache::AppendPlan`]) must write beside the
+    /// cache to keep this plan's state current: the INT4 copy (with pruners) and the
+    /// selector's state (Quest's page min and max, Double Sparsity's labels, SparQ's
+    /// transposed K and sums of V). One launch does the cache's K and V and these together.
     pub fn append_parts(&self) -> AppendParts {
-        AppendParts {
+        let mut parts = AppendParts {
             quantized: self.qk.as_ref().map(|q| q.bits),
-            quest: self.quest_state(),
             ..AppendParts::default()
+        };
+        if let Some(s) = &self.select {
+            s.append_parts(&mut parts);
         }
+        parts
     }
 
-    /// Whether the selector's state is Quest's (the append writes it in place).
-    fn quest_state(&self) -> bool {
-        self.select
-            .as_deref()
-            .and_then(|s| s.page_plan())
-            .is_some_and(|p| p.state().selector().name == QUEST.name)
-    }
-
-    /// Where a [`crate::cache::AppendPlan`] of [`PipelinePlan::append_parts`] writes: the caller's
-    /// cache and this plan's INT4 copy and Quest state, updated in place for the new
-    /// tokens so that the next step selects and estimates over them.
+    /// Where a [`crate::cache::AppendPlan`] of [`PipelinePlan::append_parts`] writes: the
+    /// caller's cache, this plan's INT4 copy and its selector's state, updated in place for
+    /// the new tokens so that the next step selects and estimates over them. The plan's
+    /// table is the one after the append (the new tokens last).
     pub fn append_targets<'a>(
         &'a mut self,
         k_cache: &'a mut Buffer<f16>,
         v_cache: &'a mut Buffer<f16>,
     ) -> AppendTargets<'a> {
-        let quest = self.quest_state();
-        append_targets_of(&mut self.qk, &mut self.select, quest, k_cache, v_cache)
+        append_targets_of(&mut self.qk, &mut self.select, k_cache, v_cache)
     }
 
     /// The same pipeline over another page table (the next step's lengths), keeping the
@@ -665,9 +655,9 @@ impl PipelinePlan {
                     "new tokens",
                 )
             })?;
-            let targets = append_targets_of(&mut self.qk, &mut self.select, d.quest, k, v);
+            let targets = append_targets_of(&mut self.qk, &mut self.select, k, v);
             append.run(dusk, table, k_new, v_new, targets)?;
-            if !d.quest {
+            if !d.state_in_append {
                 if let Some(s) = &mut self.select {
                     s.update(dusk, k, append.touched())?;
                 }
@@ -718,6 +708,7 @@ impl PipelinePlan {
                 copy_lists.unwrap_or(&sp.sel[3]),
             ],
             dense_len: dense,
+            all_tokens: self.all_tokens.as_ref(),
         })
     }
 
@@ -1063,20 +1054,22 @@ fn nonempty(v: &[i32]) -> Vec<i32> {
 fn append_targets_of<'a>(
     qk: &'a mut Option<QuantizedK>,
     select: &'a mut Option<Box<dyn SelectStage>>,
-    quest: bool,
     k_cache: &'a mut Buffer<f16>,
     v_cache: &'a mut Buffer<f16>,
 ) -> AppendTargets<'a> {
-    let quest = match select.as_deref_mut().and_then(|s| s.page_plan_mut()) {
-        Some(p) if quest => Some(p.state_mut()),
-        _ => None,
-    };
-    AppendTargets {
+    let mut targets = AppendTargets {
         k_cache,
         v_cache,
         quantized: qk.as_mut(),
-        quest,
+        quest: None,
         ds: None,
         sparq: None,
+    };
+    match select.as_deref_mut().and_then(|s| s.append_state()) {
+        Some(AppendState::Quest(s)) => targets.quest = Some(s),
+        Some(AppendState::Ds(s)) => targets.ds = Some(s),
+        Some(AppendState::Sparq(s, blocks)) => targets.sparq = Some((s, blocks)),
+        None => {}
     }
+    targets
 }

@@ -1,12 +1,12 @@
-//! A decode loop on a device page table, checked: Quest then (optionally) top-p over
-//! group varlen attention, planned once by [`Pipeline::plan_device`] for the loop's
+//! A decode loop on a device page table, checked: Quest then (optionally) top-p, or top-p
+//! over every token (Full), over group varlen attention, planned once by [`Pipeline::plan_device`] for the loop's
 //! limits; sequences grow by one token a step (a new page from a shuffled free list when
 //! the last one fills), each step's table, new tokens and query written into the same
 //! device buffers, and [`PipelinePlan::decode_step`] (the append inside) run. Each step's
 //! output, with everything the step writes poisoned first, is compared stage by stage with
 //! the f64 reference of the same algorithm on that step's cache ([`super::reference`]),
 //! its lists and budgets with a host-table plan of that step's table
-//! ([`PipelinePlan::replan`], the INT4 copy and Quest's state rebuilt from the whole
+//! ([`PipelinePlan::replan`], the INT4 copy and the selector's state rebuilt from the whole
 //! cache), and, with `graph`, the step captured once as a CUDA graph and replayed each
 //! step with the eager step, bit for bit. Run by the tests through the interpreter and by
 //! `gpu-check pipeline`.
@@ -24,6 +24,16 @@ use dusk_compiler::DType;
 use dusk_runtime::Buffer;
 use half::f16;
 
+/// The selector of a [`LoopCase`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LoopSelect {
+    /// Quest with this budget (a sequence no longer than a token budget is attended
+    /// densely).
+    Quest(Budget),
+    /// Every token: the pruner sees the whole context (Full + Twilight).
+    Full,
+}
+
 /// A decode loop to check.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LoopCase {
@@ -35,9 +45,8 @@ pub struct LoopCase {
     /// Query heads per KV head.
     pub group: usize,
     pub head_dim: usize,
-    /// Quest's budget (a sequence no longer than a token budget is attended densely).
-    pub budget: Budget,
-    /// Top-p after Quest, or Quest alone.
+    pub select: LoopSelect,
+    /// Top-p after the selector, or the selector alone.
     pub top_p: Option<f64>,
     /// The plan's limit on a sequence's tokens (at least the longest at the end).
     pub max_tokens: usize,
@@ -57,7 +66,7 @@ impl Default for LoopCase {
             num_kv_heads: 2,
             group: 4,
             head_dim: 64,
-            budget: Budget::Tokens(48),
+            select: LoopSelect::Quest(Budget::Tokens(48)),
             top_p: Some(0.9),
             max_tokens: 128,
             graph: false,
@@ -89,9 +98,12 @@ fn grid(rng: &mut Rng, n: usize, steps: usize, scale: f32) -> Vec<f16> {
 
 /// The pipeline a case runs.
 pub fn case_pipeline(case: &LoopCase) -> crate::error::Result<Pipeline> {
-    let b = PipelineBuilder::new().select(Select::Quest {
-        budget: case.budget,
-        sink: false,
+    let b = PipelineBuilder::new().select(match case.select {
+        LoopSelect::Quest(budget) => Select::Quest {
+            budget,
+            sink: false,
+        },
+        LoopSelect::Full => Select::Full,
     });
     let b = match case.top_p {
         Some(p) => b.prune(Prune::top_p(p)),
@@ -279,7 +291,10 @@ pub fn check_loop(dusk: &Dusk, case: &LoopCase) -> Result<LoopReport, String> {
             ));
         }
         // Against the reference on this step's cache.
-        let scores = pref::quest_page_scores(&q, &k_host, &kv, &table, hq);
+        let scores = match case.select {
+            LoopSelect::Quest(_) => pref::quest_page_scores(&q, &k_host, &kv, &table, hq),
+            LoopSelect::Full => vec![],
+        };
         let inputs = HostInputs {
             q: &q,
             k: &k_host,
@@ -289,10 +304,13 @@ pub fn check_loop(dusk: &Dusk, case: &LoopCase) -> Result<LoopReport, String> {
             table: &table,
         };
         let host = HostPipeline {
-            select: HostSelect::Pages {
-                scores: &scores,
-                budget: case.budget,
-                keep: QuestOptions { sink: false }.keep(),
+            select: match case.select {
+                LoopSelect::Quest(budget) => HostSelect::Pages {
+                    scores: &scores,
+                    budget,
+                    keep: QuestOptions { sink: false }.keep(),
+                },
+                LoopSelect::Full => HostSelect::Full,
             },
             prune: case.top_p.map(HostPolicy::TopP).into_iter().collect(),
             bits: 4,

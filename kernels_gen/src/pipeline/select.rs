@@ -10,12 +10,28 @@
 //! ([`super::sparq::SparqSelect`]) do, as would one's own token selector.
 
 use crate::attention_ops::SparqMix;
+use crate::cache::AppendParts;
+use crate::engines::CsrPages;
 use crate::error::Result;
 use crate::ops::Dusk;
 use crate::paged::{KvShape, PageTable};
-use crate::selectors::{Budget, Keep, PageUpdates, Selector, SelectorPlan, SelectorState};
+use crate::selectors::{
+    Budget, DsState, Keep, PageUpdates, Selector, SelectorPlan, SelectorState, SparqState, QUEST,
+};
 use dusk_runtime::Buffer;
 use half::f16;
+
+/// The selector state a decode step's append ([`crate::cache::AppendPlan`]) writes in its
+/// one launch, beside the cache and the INT4 copy.
+pub enum AppendState<'a> {
+    /// Quest's page minimum and maximum.
+    Quest(&'a mut SelectorState),
+    /// Double Sparsity's labels.
+    Ds(&'a mut DsState),
+    /// SparQ's transposed copy of K and sums of V, with the copy's block table after the
+    /// append (on the device).
+    Sparq(&'a mut SparqState, &'a CsrPages),
+}
 
 /// A selector planned over one page table, as a pipeline's step runs it.
 pub trait SelectStage: Send {
@@ -58,6 +74,14 @@ pub trait SelectStage: Send {
     }
     /// [`SelectStage::page_plan`], to append into its state.
     fn page_plan_mut(&mut self) -> Option<&mut SelectorPlan> {
+        None
+    }
+    /// Names in `parts` the state a decode step's append writes for this selector
+    /// ([`SelectStage::append_state`]); the default names none, and the pipeline runs
+    /// [`SelectStage::update`] over the appended pages instead.
+    fn append_parts(&self, _parts: &mut AppendParts) {}
+    /// The state [`SelectStage::append_parts`] names, for the append to write.
+    fn append_state(&mut self) -> Option<AppendState<'_>> {
         None
     }
     /// Fills the outputs with `byte` (checks poison them first).
@@ -165,5 +189,19 @@ impl SelectStage for PageStage {
     }
     fn page_plan_mut(&mut self) -> Option<&mut SelectorPlan> {
         Some(&mut self.plan)
+    }
+    fn append_parts(&self, parts: &mut AppendParts) {
+        parts.quest = self.is_quest();
+    }
+    fn append_state(&mut self) -> Option<AppendState<'_>> {
+        self.is_quest()
+            .then(|| AppendState::Quest(self.plan.state_mut()))
+    }
+}
+
+impl PageStage {
+    /// Quest's state has its own part in the append; a user's selector is updated after it.
+    fn is_quest(&self) -> bool {
+        self.spec.selector.name == QUEST.name
     }
 }

@@ -18,8 +18,10 @@
 //! plan.prepare_kv(&dusk, &k, &v)?;   // SparQ's state reads V too (the sums of V)
 //! ```
 
-use super::select::{SelectFactory, SelectStage};
+use super::select::{AppendState, SelectFactory, SelectStage};
 use crate::attention_ops::SparqMix;
+use crate::cache::AppendParts;
+use crate::engines::CsrPages;
 use crate::error::{ensure, invalid, Result};
 use crate::ops::Dusk;
 use crate::paged::{KvShape, PageTable};
@@ -81,6 +83,7 @@ impl SelectFactory for SparqSelect {
             plan,
             spec: *self,
             table: table.clone(),
+            blocks_on_device: CsrPages::upload(dusk, &blocks)?,
             blocks,
             num_q_heads,
         }))
@@ -139,6 +142,8 @@ struct SparqStage {
     spec: SparqSelect,
     table: PageTable,
     blocks: PageTable,
+    /// `blocks` on the device, where a decode step's append reads it.
+    blocks_on_device: CsrPages,
     num_q_heads: usize,
 }
 
@@ -204,6 +209,7 @@ impl SelectStage for SparqStage {
             plan,
             spec,
             table: table.clone(),
+            blocks_on_device: CsrPages::upload(dusk, &blocks)?,
             blocks,
             num_q_heads,
         }))
@@ -213,6 +219,15 @@ impl SelectStage for SparqStage {
             alpha: self.plan.alpha(),
             v_mean: self.plan.v_mean(),
         })
+    }
+    fn append_parts(&self, parts: &mut AppendParts) {
+        parts.sparq = true;
+    }
+    fn append_state(&mut self) -> Option<AppendState<'_>> {
+        Some(AppendState::Sparq(
+            self.plan.state_mut(),
+            &self.blocks_on_device,
+        ))
     }
     fn poison_outputs(&mut self, dusk: &Dusk, byte: u8) -> Result<()> {
         self.plan.poison_outputs(dusk, byte)

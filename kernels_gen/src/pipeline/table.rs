@@ -56,7 +56,9 @@ fn clamped_len(
 ///   plan's most, `max_pages * page_size`); `dense_len[r]`, the length of a row of at most
 ///   `dense_below` tokens, else -1;
 /// - for `h == 0`, its sequence's clamped table (`t_indptr_*`, `t_last`) and `k_items[b]`;
-///   its share of the sequence's page ids (`t_pages_*`, clamped into `0..num_pages`).
+///   its share of the sequence's page ids (`t_pages_*`, clamped into `0..num_pages`);
+/// - with `write_all` (a pipeline without a selector, whose candidates are every token),
+///   its row's token positions `0..len` at its offset in `all_tokens`.
 ///
 /// Offsets are sums over the sequences before `b` (each program sums them itself: no
 /// second launch), so every entry written lies inside the plan's buffers, whatever the
@@ -84,6 +86,8 @@ pub fn step_table<const BLOCK: usize>(
     sel_c: Ptr<i32>,
     sel_d: Ptr<i32>,
     dense_len: Ptr<i32>,
+    all_tokens: Ptr<i32>,
+    write_all: i32,
     page_cap: i32,
     num_kv_heads: i32,
     page_size: i32,
@@ -140,6 +144,13 @@ pub fn step_table<const BLOCK: usize>(
     store(sel_c + (r + 1), end);
     store(sel_d + (r + 1), end);
     store(dense_len + r, where_(len <= dense_below, len, -1));
+    if write_all != 0 {
+        let start = tokens * num_kv_heads + h * t;
+        for c in (0..t).step_by(BLOCK) {
+            let j = c + arange(0, BLOCK);
+            store(all_tokens + (start + j), j, j < t);
+        }
+    }
     if h == 0 {
         store(t_indptr_a + (b + 1), pages + n);
         store(t_indptr_b + (b + 1), pages + n);
@@ -180,6 +191,9 @@ pub(crate) struct TableTargets<'a> {
     pub sel: [&'a Buffer<i32>; 4],
     /// `rows` dense lengths (-1: pruned).
     pub dense_len: &'a Buffer<i32>,
+    /// Every row's token positions, for a pipeline whose candidates are every token (at
+    /// least `batch * num_kv_heads * max_pages * page_size` entries); `None` writes none.
+    pub all_tokens: Option<&'a Buffer<i32>>,
 }
 
 /// The sizing launch of a device-table step: its kernel, the budget's tables and the
@@ -281,6 +295,8 @@ impl StepTable {
         args.extend(to.sel.iter().map(|b| Arg::from(*b)));
         args.extend([
             Arg::from(to.dense_len),
+            Arg::from(to.all_tokens.unwrap_or(to.dense_len)),
+            Arg::I32(to.all_tokens.is_some() as i32),
             Arg::I32(cap),
             Arg::I32(self.kv.num_kv_heads as i32),
             Arg::I32(self.kv.page_size as i32),

@@ -31,7 +31,7 @@ use dusk::kernels::paged::{KvShape, PageTable};
 use dusk::kernels::pipeline::reference::{
     self as pref, HostInputs, HostPipeline, HostPolicy, HostSelect,
 };
-use dusk::kernels::pipeline::replay::{check_loop, LoopCase};
+use dusk::kernels::pipeline::replay::{check_loop, LoopCase, LoopSelect};
 use dusk::kernels::pipeline::{
     Attend, Pipeline, PipelineBuilder, PipelinePlan, PipelineShape, Prune, Select,
 };
@@ -357,7 +357,7 @@ fn decode_replay(dusk: &Dusk) -> Res<()> {
         num_kv_heads: 8,
         group: 4,
         head_dim: 128,
-        budget: Budget::Tokens(256),
+        select: LoopSelect::Quest(Budget::Tokens(256)),
         top_p: Some(0.9),
         max_tokens: 2100,
         graph: true,
@@ -367,21 +367,27 @@ fn decode_replay(dusk: &Dusk) -> Res<()> {
         lens: vec![900, 100, 511, 1023],
         num_kv_heads: 4,
         group: 1,
-        budget: Budget::Tokens(128),
+        select: LoopSelect::Quest(Budget::Tokens(128)),
         max_tokens: 1100,
         seed: 0x2e,
         ..gqa.clone()
     };
     let quest_only = LoopCase {
-        budget: Budget::Fraction(0.25),
+        select: LoopSelect::Quest(Budget::Fraction(0.25)),
         top_p: None,
         seed: 0x3f,
+        ..gqa.clone()
+    };
+    let full = LoopCase {
+        select: LoopSelect::Full,
+        seed: 0x40,
         ..gqa.clone()
     };
     for (name, case) in [
         ("GQA 32/8", gqa),
         ("MHA 4/4", mha),
         ("GQA Quest alone", quest_only),
+        ("GQA Full + top-p", full),
     ] {
         let r = check_loop(dusk, &case)?;
         println!(
