@@ -216,7 +216,8 @@ pub fn sparq_token<const D: usize, const ROWS: usize>(
     // A finishing run's staged rows (16 of them, in two halves) into L2 at once, before
     // anything waits on the block table.
     let finishing = valid & (in_run == run - 1);
-    let halves = expand((rows as i64) * 16 * D, 1, 2) + expand((arange(0, 2) as i64) * 8 * D, 0, ROWS);
+    let halves =
+        expand((rows as i64) * 16 * D, 1, 2) + expand((arange(0, 2) as i64) * 8 * D, 0, ROWS);
     prefetch_l2(k_open + halves, 16 * D, expand(finishing, 1, 2));
     let mask = expand(valid, 1, D);
     let comps = arange(0, D) as i64;
