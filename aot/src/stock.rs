@@ -263,11 +263,12 @@ fn fitted_spgemv(group: usize) -> Result<Vec<BundleKernel>> {
 /// The pipelines the Python package offers (`dusk.PipelinePlan`), planned at the stock
 /// shapes with `dusk`, each with its decode step's append: Quest (N/4, and 512 tokens) +
 /// top-p, Quest alone, Full + top-p, Double Sparsity (16 labels, N/4) + top-p, SparQ (r =
-/// 16, N/8, blocks of 256, its output mix), over group varlen attention, for head_dim 128,
+/// 16, N/8, its output mix; blocks of 256, or paged as the cache), over group varlen
+/// attention, for head_dim 128,
 /// pages of 16, f16 and GQA groups of 1, 4 and 8 (2 KV heads), on rows of Quest's N/4 at
 /// 32k and shorter ones, and a batch mixing a densely attended sequence (the fallback's
-/// merge); the Quest and Full ones on a device page table too. The kernels they load are
-/// the ones the package needs.
+/// merge); all but SparQ in blocks of its own on a device page table too. The kernels they
+/// load are the ones the package needs.
 pub fn plan_offered_pipelines(dusk: &dusk_kernels::ops::Dusk) -> Result<()> {
     use dusk_compiler::DType;
     use dusk_kernels::cache::AppendPlan;
@@ -289,22 +290,25 @@ pub fn plan_offered_pipelines(dusk: &dusk_kernels::ops::Dusk) -> Result<()> {
         budget: Budget::Fraction(0.25),
         options: DsOptions::default(),
     }));
-    let sparq = Select::Plugin(Arc::new(SparqSelect {
-        options: SparqOptions {
-            r: 16,
-            k: Budget::Fraction(0.125),
-            window: 64,
-        },
-        block_size: Some(256),
-    }));
-    // (selector, top-p after it, SparQ's output mix)
+    let sparq = |block_size| {
+        Select::Plugin(Arc::new(SparqSelect {
+            options: SparqOptions {
+                r: 16,
+                k: Budget::Fraction(0.125),
+                window: 64,
+            },
+            block_size,
+        }))
+    };
+    // (selector, top-p after it, SparQ's output mix, on a device page table too)
     let pipelines = [
-        (quest(Budget::Fraction(0.25)), true, false),
-        (quest(Budget::Tokens(512)), true, false),
-        (quest(Budget::Fraction(0.25)), false, false),
-        (Select::Full, true, false),
-        (ds, true, false),
-        (sparq, false, true),
+        (quest(Budget::Fraction(0.25)), true, false, true),
+        (quest(Budget::Tokens(512)), true, false, true),
+        (quest(Budget::Fraction(0.25)), false, false, true),
+        (Select::Full, true, false, true),
+        (ds, true, false, true),
+        (sparq(Some(256)), false, true, false),
+        (sparq(None), false, true, true),
     ];
     for group in [1, 4, 8] {
         for lens in [vec![32768, 300], vec![2048, 1000], vec![4096, 200]] {
@@ -321,7 +325,7 @@ pub fn plan_offered_pipelines(dusk: &dusk_kernels::ops::Dusk) -> Result<()> {
                 num_q_heads: 2 * group,
                 dtype: DType::F16,
             };
-            for (select, top_p, mix) in &pipelines {
+            for (select, top_p, mix, device) in &pipelines {
                 let mut b = PipelineBuilder::new()
                     .select(select.clone())
                     .attend(Attend::GroupVarlen)
@@ -332,8 +336,7 @@ pub fn plan_offered_pipelines(dusk: &dusk_kernels::ops::Dusk) -> Result<()> {
                 let pipeline = b.build()?;
                 let plan = pipeline.plan(dusk, shape, &table)?;
                 AppendPlan::new(dusk, kv, lens.len(), plan.append_parts())?;
-                // On a device page table too, where the pipeline can run so.
-                if !matches!(select, Select::Plugin(_)) {
+                if *device {
                     let limits = StepLimits {
                         batch: lens.len(),
                         max_tokens: lens.iter().copied().max().unwrap_or(1),

@@ -411,6 +411,14 @@ static inline int dusk_sparq_alpha_d128_g8_block256(CUstream stream, CUdeviceptr
     return dusk_launch("sparq_alpha_d128_g8_block256", stream, args, 13, inputs, 3);
 }
 
+/* sparq_mass_g1_rp16_ch8_chunk256_log_bs4 (pipeline): {"ir_name":"sparq_mass_G1_RP16_CH8_CHUNK256_LOG_BS4"}
+ * grid (grid_x, grid_y, grid_z), 32 threads a program. */
+static inline int dusk_sparq_mass_g1_rp16_ch8_chunk256_log_bs4(CUstream stream, CUdeviceptr k_t, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, CUdeviceptr tok_indptr, CUdeviceptr dims, CUdeviceptr qs, CUdeviceptr scores, CUdeviceptr stat_max, CUdeviceptr staged_logits, CUdeviceptr sel_item_indptr, CUdeviceptr sel_items, CUdeviceptr mass, int32_t num_kv_heads, int32_t head_dim, int32_t r, int32_t tiles_per_row, int32_t tile, int32_t max_chunks, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&k_t, &blk_indptr, &blk_indices, &tok_indptr, &dims, &qs, &scores, &stat_max, &staged_logits, &sel_item_indptr, &sel_items, &mass, &num_kv_heads, &head_dim, &r, &tiles_per_row, &tile, &max_chunks};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("sparq_mass_g1_rp16_ch8_chunk256_log_bs4", stream, args, 18, inputs, 3);
+}
+
 /* sparq_mass_g1_rp16_ch8_chunk256_log_bs8 (pipeline): {"ir_name":"sparq_mass_G1_RP16_CH8_CHUNK256_LOG_BS8"}
  * grid (grid_x, grid_y, grid_z), 32 threads a program. */
 static inline int dusk_sparq_mass_g1_rp16_ch8_chunk256_log_bs8(CUstream stream, CUdeviceptr k_t, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, CUdeviceptr tok_indptr, CUdeviceptr dims, CUdeviceptr qs, CUdeviceptr scores, CUdeviceptr stat_max, CUdeviceptr staged_logits, CUdeviceptr sel_item_indptr, CUdeviceptr sel_items, CUdeviceptr mass, int32_t num_kv_heads, int32_t head_dim, int32_t r, int32_t tiles_per_row, int32_t tile, int32_t max_chunks, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
@@ -419,12 +427,28 @@ static inline int dusk_sparq_mass_g1_rp16_ch8_chunk256_log_bs8(CUstream stream, 
     return dusk_launch("sparq_mass_g1_rp16_ch8_chunk256_log_bs8", stream, args, 18, inputs, 3);
 }
 
+/* sparq_mass_g4_rp16_ch8_chunk256_log_bs4 (pipeline): {"ir_name":"sparq_mass_G4_RP16_CH8_CHUNK256_LOG_BS4"}
+ * grid (grid_x, grid_y, grid_z), 32 threads a program. */
+static inline int dusk_sparq_mass_g4_rp16_ch8_chunk256_log_bs4(CUstream stream, CUdeviceptr k_t, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, CUdeviceptr tok_indptr, CUdeviceptr dims, CUdeviceptr qs, CUdeviceptr scores, CUdeviceptr stat_max, CUdeviceptr staged_logits, CUdeviceptr sel_item_indptr, CUdeviceptr sel_items, CUdeviceptr mass, int32_t num_kv_heads, int32_t head_dim, int32_t r, int32_t tiles_per_row, int32_t tile, int32_t max_chunks, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&k_t, &blk_indptr, &blk_indices, &tok_indptr, &dims, &qs, &scores, &stat_max, &staged_logits, &sel_item_indptr, &sel_items, &mass, &num_kv_heads, &head_dim, &r, &tiles_per_row, &tile, &max_chunks};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("sparq_mass_g4_rp16_ch8_chunk256_log_bs4", stream, args, 18, inputs, 3);
+}
+
 /* sparq_mass_g4_rp16_ch8_chunk256_log_bs8 (pipeline): {"ir_name":"sparq_mass_G4_RP16_CH8_CHUNK256_LOG_BS8"}
  * grid (grid_x, grid_y, grid_z), 32 threads a program. */
 static inline int dusk_sparq_mass_g4_rp16_ch8_chunk256_log_bs8(CUstream stream, CUdeviceptr k_t, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, CUdeviceptr tok_indptr, CUdeviceptr dims, CUdeviceptr qs, CUdeviceptr scores, CUdeviceptr stat_max, CUdeviceptr staged_logits, CUdeviceptr sel_item_indptr, CUdeviceptr sel_items, CUdeviceptr mass, int32_t num_kv_heads, int32_t head_dim, int32_t r, int32_t tiles_per_row, int32_t tile, int32_t max_chunks, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
     void *args[] = {&k_t, &blk_indptr, &blk_indices, &tok_indptr, &dims, &qs, &scores, &stat_max, &staged_logits, &sel_item_indptr, &sel_items, &mass, &num_kv_heads, &head_dim, &r, &tiles_per_row, &tile, &max_chunks};
     const uint64_t inputs[] = {grid_x, grid_y, grid_z};
     return dusk_launch("sparq_mass_g4_rp16_ch8_chunk256_log_bs8", stream, args, 18, inputs, 3);
+}
+
+/* sparq_mass_g8_rp16_ch8_chunk128_log_bs4 (pipeline): {"ir_name":"sparq_mass_G8_RP16_CH8_CHUNK128_LOG_BS4"}
+ * grid (grid_x, grid_y, grid_z), 32 threads a program. */
+static inline int dusk_sparq_mass_g8_rp16_ch8_chunk128_log_bs4(CUstream stream, CUdeviceptr k_t, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, CUdeviceptr tok_indptr, CUdeviceptr dims, CUdeviceptr qs, CUdeviceptr scores, CUdeviceptr stat_max, CUdeviceptr staged_logits, CUdeviceptr sel_item_indptr, CUdeviceptr sel_items, CUdeviceptr mass, int32_t num_kv_heads, int32_t head_dim, int32_t r, int32_t tiles_per_row, int32_t tile, int32_t max_chunks, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&k_t, &blk_indptr, &blk_indices, &tok_indptr, &dims, &qs, &scores, &stat_max, &staged_logits, &sel_item_indptr, &sel_items, &mass, &num_kv_heads, &head_dim, &r, &tiles_per_row, &tile, &max_chunks};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("sparq_mass_g8_rp16_ch8_chunk128_log_bs4", stream, args, 18, inputs, 3);
 }
 
 /* sparq_mass_g8_rp16_ch8_chunk128_log_bs8 (pipeline): {"ir_name":"sparq_mass_G8_RP16_CH8_CHUNK128_LOG_BS8"}
@@ -459,6 +483,14 @@ static inline int dusk_sparq_query_d128_g8_chunk32(CUstream stream, CUdeviceptr 
     return dusk_launch("sparq_query_d128_g8_chunk32", stream, args, 5, inputs, 3);
 }
 
+/* sparq_score_g1_rp16_ch8_tile256_log_bs4 (pipeline): {"ir_name":"sparq_score_G1_RP16_CH8_TILE256_LOG_BS4"}
+ * grid (grid_x, grid_y, grid_z), 32 threads a program. */
+static inline int dusk_sparq_score_g1_rp16_ch8_tile256_log_bs4(CUstream stream, CUdeviceptr k_t, CUdeviceptr k_open, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, CUdeviceptr tok_indptr, CUdeviceptr dims, CUdeviceptr qs, CUdeviceptr scores, CUdeviceptr stat_max, CUdeviceptr stat_sum, CUdeviceptr staged_logits, int32_t num_kv_heads, int32_t head_dim, int32_t r, int32_t max_tiles, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&k_t, &k_open, &blk_indptr, &blk_indices, &tok_indptr, &dims, &qs, &scores, &stat_max, &stat_sum, &staged_logits, &num_kv_heads, &head_dim, &r, &max_tiles};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("sparq_score_g1_rp16_ch8_tile256_log_bs4", stream, args, 15, inputs, 3);
+}
+
 /* sparq_score_g1_rp16_ch8_tile256_log_bs8 (pipeline): {"ir_name":"sparq_score_G1_RP16_CH8_TILE256_LOG_BS8"}
  * grid (grid_x, grid_y, grid_z), 32 threads a program. */
 static inline int dusk_sparq_score_g1_rp16_ch8_tile256_log_bs8(CUstream stream, CUdeviceptr k_t, CUdeviceptr k_open, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, CUdeviceptr tok_indptr, CUdeviceptr dims, CUdeviceptr qs, CUdeviceptr scores, CUdeviceptr stat_max, CUdeviceptr stat_sum, CUdeviceptr staged_logits, int32_t num_kv_heads, int32_t head_dim, int32_t r, int32_t max_tiles, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
@@ -467,12 +499,28 @@ static inline int dusk_sparq_score_g1_rp16_ch8_tile256_log_bs8(CUstream stream, 
     return dusk_launch("sparq_score_g1_rp16_ch8_tile256_log_bs8", stream, args, 15, inputs, 3);
 }
 
+/* sparq_score_g4_rp16_ch8_tile256_log_bs4 (pipeline): {"ir_name":"sparq_score_G4_RP16_CH8_TILE256_LOG_BS4"}
+ * grid (grid_x, grid_y, grid_z), 32 threads a program. */
+static inline int dusk_sparq_score_g4_rp16_ch8_tile256_log_bs4(CUstream stream, CUdeviceptr k_t, CUdeviceptr k_open, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, CUdeviceptr tok_indptr, CUdeviceptr dims, CUdeviceptr qs, CUdeviceptr scores, CUdeviceptr stat_max, CUdeviceptr stat_sum, CUdeviceptr staged_logits, int32_t num_kv_heads, int32_t head_dim, int32_t r, int32_t max_tiles, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&k_t, &k_open, &blk_indptr, &blk_indices, &tok_indptr, &dims, &qs, &scores, &stat_max, &stat_sum, &staged_logits, &num_kv_heads, &head_dim, &r, &max_tiles};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("sparq_score_g4_rp16_ch8_tile256_log_bs4", stream, args, 15, inputs, 3);
+}
+
 /* sparq_score_g4_rp16_ch8_tile256_log_bs8 (pipeline): {"ir_name":"sparq_score_G4_RP16_CH8_TILE256_LOG_BS8"}
  * grid (grid_x, grid_y, grid_z), 32 threads a program. */
 static inline int dusk_sparq_score_g4_rp16_ch8_tile256_log_bs8(CUstream stream, CUdeviceptr k_t, CUdeviceptr k_open, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, CUdeviceptr tok_indptr, CUdeviceptr dims, CUdeviceptr qs, CUdeviceptr scores, CUdeviceptr stat_max, CUdeviceptr stat_sum, CUdeviceptr staged_logits, int32_t num_kv_heads, int32_t head_dim, int32_t r, int32_t max_tiles, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
     void *args[] = {&k_t, &k_open, &blk_indptr, &blk_indices, &tok_indptr, &dims, &qs, &scores, &stat_max, &stat_sum, &staged_logits, &num_kv_heads, &head_dim, &r, &max_tiles};
     const uint64_t inputs[] = {grid_x, grid_y, grid_z};
     return dusk_launch("sparq_score_g4_rp16_ch8_tile256_log_bs8", stream, args, 15, inputs, 3);
+}
+
+/* sparq_score_g8_rp16_ch8_tile128_log_bs4 (pipeline): {"ir_name":"sparq_score_G8_RP16_CH8_TILE128_LOG_BS4"}
+ * grid (grid_x, grid_y, grid_z), 32 threads a program. */
+static inline int dusk_sparq_score_g8_rp16_ch8_tile128_log_bs4(CUstream stream, CUdeviceptr k_t, CUdeviceptr k_open, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, CUdeviceptr tok_indptr, CUdeviceptr dims, CUdeviceptr qs, CUdeviceptr scores, CUdeviceptr stat_max, CUdeviceptr stat_sum, CUdeviceptr staged_logits, int32_t num_kv_heads, int32_t head_dim, int32_t r, int32_t max_tiles, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&k_t, &k_open, &blk_indptr, &blk_indices, &tok_indptr, &dims, &qs, &scores, &stat_max, &stat_sum, &staged_logits, &num_kv_heads, &head_dim, &r, &max_tiles};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("sparq_score_g8_rp16_ch8_tile128_log_bs4", stream, args, 15, inputs, 3);
 }
 
 /* sparq_score_g8_rp16_ch8_tile128_log_bs8 (pipeline): {"ir_name":"sparq_score_G8_RP16_CH8_TILE128_LOG_BS8"}
@@ -493,10 +541,10 @@ static inline int dusk_sparq_update_d128(CUstream stream, CUdeviceptr k, CUdevic
 
 /* step_table_block256 (pipeline): {"ir_name":"step_table_BLOCK256"}
  * grid (grid_x, grid_y, grid_z), 32 threads a program. */
-static inline int dusk_step_table_block256(CUstream stream, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr keep_items, CUdeviceptr keep_tokens, CUdeviceptr t_indptr_a, CUdeviceptr t_indptr_b, CUdeviceptr t_indptr_c, CUdeviceptr t_indptr_d, CUdeviceptr t_pages_a, CUdeviceptr t_pages_b, CUdeviceptr t_pages_c, CUdeviceptr t_last, CUdeviceptr k_items, CUdeviceptr sel_item_indptr, CUdeviceptr sel_a, CUdeviceptr sel_b, CUdeviceptr sel_c, CUdeviceptr sel_d, CUdeviceptr dense_len, CUdeviceptr all_tokens, int32_t write_all, int32_t page_cap, int32_t num_kv_heads, int32_t page_size, int32_t max_pages, int32_t num_pages, int32_t dense_below, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
-    void *args[] = {&kv_indptr, &kv_page_indices, &kv_last_page_len, &keep_items, &keep_tokens, &t_indptr_a, &t_indptr_b, &t_indptr_c, &t_indptr_d, &t_pages_a, &t_pages_b, &t_pages_c, &t_last, &k_items, &sel_item_indptr, &sel_a, &sel_b, &sel_c, &sel_d, &dense_len, &all_tokens, &write_all, &page_cap, &num_kv_heads, &page_size, &max_pages, &num_pages, &dense_below};
+static inline int dusk_step_table_block256(CUstream stream, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr kv_last_page_len, CUdeviceptr keep_items, CUdeviceptr keep_tokens, CUdeviceptr t_indptr_a, CUdeviceptr t_indptr_b, CUdeviceptr t_indptr_c, CUdeviceptr t_indptr_d, CUdeviceptr t_tokens_a, CUdeviceptr t_tokens_b, CUdeviceptr t_pages_a, CUdeviceptr t_pages_b, CUdeviceptr t_pages_c, CUdeviceptr t_last, CUdeviceptr k_items, CUdeviceptr sel_item_indptr, CUdeviceptr sel_a, CUdeviceptr sel_b, CUdeviceptr sel_c, CUdeviceptr sel_d, CUdeviceptr dense_len, CUdeviceptr all_tokens, int32_t write_all, int32_t page_cap, int32_t num_kv_heads, int32_t page_size, int32_t max_pages, int32_t num_pages, int32_t dense_below, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&kv_indptr, &kv_page_indices, &kv_last_page_len, &keep_items, &keep_tokens, &t_indptr_a, &t_indptr_b, &t_indptr_c, &t_indptr_d, &t_tokens_a, &t_tokens_b, &t_pages_a, &t_pages_b, &t_pages_c, &t_last, &k_items, &sel_item_indptr, &sel_a, &sel_b, &sel_c, &sel_d, &dense_len, &all_tokens, &write_all, &page_cap, &num_kv_heads, &page_size, &max_pages, &num_pages, &dense_below};
     const uint64_t inputs[] = {grid_x, grid_y, grid_z};
-    return dusk_launch("step_table_block256", stream, args, 28, inputs, 3);
+    return dusk_launch("step_table_block256", stream, args, 30, inputs, 3);
 }
 
 /* threshold_top_p_s1024_g4_w2_h_l2 (pipeline): {"ir_name":"threshold_top_p_s1024_g4_w2_h_l2"}

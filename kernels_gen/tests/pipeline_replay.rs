@@ -69,6 +69,42 @@ fn full_then_top_p_on_a_device_table_equals_the_reference() {
     assert_eq!(report.dense_rows, 0, "{report:?}");
 }
 
+#[test]
+fn double_sparsity_then_top_p_on_a_device_table_equals_the_reference() {
+    // DS's budget over tokens sized on the device (a quarter of each growing sequence),
+    // its labels of each new token written by the step's append.
+    let dusk = dusk();
+    let case = LoopCase {
+        lens: vec![70, 31, 48],
+        steps: 3,
+        select: LoopSelect::Ds(Budget::Fraction(0.25)),
+        max_tokens: 96,
+        seed: 12,
+        ..LoopCase::default()
+    };
+    let report = check_loop(&dusk, &case).unwrap();
+    assert_eq!((report.steps, report.pages_started), (3, 2), "{report:?}");
+}
+
+#[test]
+fn sparq_with_its_mix_on_a_device_table_equals_the_reference() {
+    // SparQ's budget over tokens sized on the device, its copy paged as the cache (the
+    // caller's table its block table), the append writing each new token's components,
+    // staged row and V into its state: 31 -> 34 closes a run of 16 at 32.
+    let dusk = dusk();
+    let case = LoopCase {
+        lens: vec![70, 31, 48],
+        steps: 3,
+        select: LoopSelect::Sparq(Budget::Tokens(24)),
+        top_p: None,
+        max_tokens: 96,
+        seed: 13,
+        ..LoopCase::default()
+    };
+    let report = check_loop(&dusk, &case).unwrap();
+    assert_eq!((report.steps, report.pages_started), (3, 2), "{report:?}");
+}
+
 /// On a GPU (skipped without one): the step captured once and replayed each step equals
 /// the eager step bit for bit.
 #[test]
@@ -158,14 +194,14 @@ fn device_table_errors_name_the_argument() {
         max_tokens: 64,
         append: false,
     };
-    // A token selector (SparQ): its budgets over tokens are not sized on the device yet.
+    // SparQ with its copy in blocks of its own (a free list the host keeps).
     let sparq = SparqSelect {
         options: SparqOptions {
             r: 8,
             k: Budget::Tokens(32),
             window: 8,
         },
-        block_size: None,
+        block_size: Some(32),
     };
     let sparq = PipelineBuilder::new()
         .select(Select::Plugin(std::sync::Arc::new(sparq)))
@@ -246,6 +282,7 @@ fn the_sizing_launch_writes_every_readers_table_and_sizes() {
     let (items, tokens) = (dev.upload(&items).unwrap(), dev.upload(&tokens).unwrap());
     let a = |n: usize| dev.upload(&vec![-7i32; n]).unwrap();
     let ip = [a(4), a(4), a(4), a(4)];
+    let tok = [a(4), a(4)];
     let pg = [a(96), a(96), a(96)];
     let (last, k_items, sel_items, dense) = (a(3), a(3), a(7), a(6));
     let sel = [a(7), a(7), a(7), a(7)];
@@ -263,6 +300,8 @@ fn the_sizing_launch_writes_every_readers_table_and_sizes() {
         &ip[1],
         &ip[2],
         &ip[3],
+        &tok[0],
+        &tok[1],
         &pg[0],
         &pg[1],
         &pg[2],
@@ -287,6 +326,9 @@ fn the_sizing_launch_writes_every_readers_table_and_sizes() {
     // Lengths 512 (cut), 0, 48: kept items 51, 0, 4; tokens 1024, 0, 96.
     for b in &ip {
         assert_eq!(b.download().unwrap(), [0, 32, 32, 35]);
+    }
+    for b in &tok {
+        assert_eq!(b.download().unwrap(), [0, 512, 512, 560]);
     }
     let mut want: Vec<i32> = (0..32).collect();
     want.extend([44, 1, 2]);

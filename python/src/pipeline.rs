@@ -387,7 +387,8 @@ impl PipelinePlanPy {
     /// and loads every kernel (`NotInBundle` on a GPU if the bundle lacks one). The INT4
     /// copy and the selector's state start zeroed: `prepare` fills them. May synchronise.
     ///
-    /// `device_table=True` (Quest, or Full: every token pruned, or dense attention): the three
+    /// `device_table=True` (Quest, Double Sparsity, SparQ with `block_size=None`, or Full:
+    /// every token pruned, or dense attention): the three
     /// metadata are int32 tensors on the plan's device (`kv_indptr [batch + 1]`,
     /// `kv_page_indices` of any capacity, `kv_last_page_len [batch]`, e.g. what
     /// `vllm_to_csr` writes each step), borrowed, not copied: every buffer is sized for

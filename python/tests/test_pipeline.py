@@ -234,15 +234,20 @@ def test_a_decode_loop_equals_fresh_plans_of_the_grown_cache(rng, select):
         np.testing.assert_allclose(lse, want_lse, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("select", ["quest", "full"])
+@pytest.mark.parametrize("select", ["quest", "ds", "sparq", "full"])
 def test_a_device_table_plan_follows_the_table_it_borrows(rng, select):
     # The table in int32 arrays the plan borrows (capacity for new pages), grown in place
     # each step; the device-table plan's append and step against a host-table plan
     # replanned to the same table. Sequence 1 fills its page and takes a new one.
     c = case(rng, [16 * 5 + 3, 16 * 9 + 15, 16 * 2 + 8], spare=4)
-    decl = dict(select=select, prune=[("top_p", {"p": 0.9})])
-    if select == "quest":
-        decl["budget"] = 0.25
+    top_p = [("top_p", {"p": 0.9})]
+    decl = {
+        "quest": lambda: dict(selectors(c, rng)["quest"], prune=top_p),
+        "ds": lambda: dict(selectors(c, rng)["ds"], prune=top_p),
+        # Its copy paged as the cache: the table on the device is its block table.
+        "sparq": lambda: dict(selectors(c, rng)["sparq"], block_size=None),
+        "full": lambda: dict(select="full", prune=top_p),
+    }[select]()
     n = len(c["ids"])
     spare = [x for x in range(c["num_pages"]) if x not in set(c["ids"])]
     indptr, last = c["indptr"].copy(), c["last"].copy()
@@ -254,7 +259,7 @@ def test_a_device_table_plan_follows_the_table_it_borrows(rng, select):
     kd, vd = c["k"].copy(), c["v"].copy()
     dev.prepare(kd, vd)
     host = planned(c, **decl)
-    host.prepare(c["k"])
+    host.prepare(c["k"], c["v"])
     for _ in range(3):
         ref.grow_table(indptr, ids, last, spare, PAGE)
         c = dict(c, indptr=indptr.copy(), ids=ids[: indptr[-1]].copy(), last=last.copy())

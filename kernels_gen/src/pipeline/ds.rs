@@ -9,12 +9,12 @@
 //!     .prune(Prune::top_p(0.95)).attend(Attend::GroupVarlen).build()?;
 //! ```
 
-use super::select::{AppendState, SelectFactory, SelectStage};
+use super::select::{AppendState, DeviceSizing, SelectFactory, SelectStage};
 use crate::cache::AppendParts;
 use crate::error::Result;
 use crate::ops::Dusk;
 use crate::paged::{KvShape, PageTable};
-use crate::selectors::{Budget, DsCalibration, DsOptions, DsPlan, PageUpdates};
+use crate::selectors::{Budget, DsCalibration, DsOptions, DsPlan, Items, PageUpdates};
 use dusk_runtime::Buffer;
 use half::f16;
 
@@ -99,6 +99,17 @@ impl SelectStage for DsStage {
     }
     fn append_parts(&self, parts: &mut AppendParts) {
         parts.ds = Some(self.plan.state().calibration().r());
+    }
+    fn device_sizing(&self) -> Option<DeviceSizing<'_>> {
+        let [indptr, pages, tokens] = self.plan.table_buffers();
+        Some(DeviceSizing {
+            items: Items::Tokens,
+            budget: self.budget,
+            keep: self.options.keep(),
+            table: [indptr, pages],
+            token_indptr: Some(tokens),
+            top_k: self.plan.top_k_plan().size_buffers(),
+        })
     }
     fn append_state(&mut self) -> Option<AppendState<'_>> {
         Some(AppendState::Ds(self.plan.state_mut()))

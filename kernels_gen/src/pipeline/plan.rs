@@ -19,7 +19,7 @@ use crate::error::{ensure, invalid, Result};
 use crate::ops::{Dusk, QuantizedK, SpgemvPlan};
 use crate::paged::{KvShape, PageTable, TokenLists};
 use crate::prune::PrunePlan;
-use crate::selectors::{Budget, Keep, PageUpdates};
+use crate::selectors::{Budget, Items, Keep, PageUpdates};
 use dusk_compiler::DType;
 use dusk_runtime::{Buffer, Graph, Measured};
 use half::f16;
@@ -129,6 +129,7 @@ struct DeviceTable {
 /// Buffers of the sizes the sizing launch writes, for readers a plan does not have.
 struct Spares {
     indptr: [Buffer<i32>; 3],
+    tokens: [Buffer<i32>; 2],
     pages: [Buffer<i32>; 2],
     k_items: Buffer<i32>,
     sel_item: Buffer<i32>,
@@ -142,6 +143,7 @@ impl Spares {
         let a = |n: usize| dev.alloc::<i32>(n.max(1));
         Ok(Spares {
             indptr: [a(batch + 1)?, a(batch + 1)?, a(batch + 1)?],
+            tokens: [a(batch + 1)?, a(batch + 1)?],
             pages: [a(pages)?, a(pages)?],
             k_items: a(batch)?,
             sel_item: a(rows + 1)?,
@@ -172,9 +174,9 @@ impl Pipeline {
     /// length), each step's lengths, budgets and list offsets computed on the device from
     /// the table [`PipelinePlan::decode_step`] is given, so that one captured graph
     /// replays a decode loop whose lengths grow. The selector is a page selector (Quest or
-    /// a user's [`crate::selectors::Selector`]) or `Full` (every token, written where each
-    /// row's offsets put it by the sizing launch); a token selector (Double Sparsity,
-    /// SparQ) is refused. The INT4 copy and the selector's state start zeroed:
+    /// a user's [`crate::selectors::Selector`]), Double Sparsity (its budget over tokens),
+    /// or `Full` (every token, written where each row's offsets put it by the sizing
+    /// launch); SparQ is refused (its copy's block table is the host's). The INT4 copy and the selector's state start zeroed:
     /// [`PipelinePlan::prefill`] fills them.
     pub fn plan_device(
         &self,
@@ -200,16 +202,22 @@ impl Pipeline {
             .collect();
         let table = PageTable::from_lengths(&vec![most; limits.batch], kv.page_size, ids)?;
         let mut plan = PipelinePlan::new(dusk, self.clone(), shape, &table, None, None, true)?;
-        let (budget, keep) = match plan.select.as_deref().map(|s| s.page_plan()) {
-            Some(Some(p)) => p.top_k_plan().budget(),
+        let (items, budget, keep) = match plan.select.as_deref().map(|s| s.device_sizing()) {
+            Some(Some(s)) => (s.items, s.budget, s.keep),
             Some(None) => {
                 return Err(invalid(
                     "select",
-                    "a page selector (Quest or a user's Selector) on a device table",
+                    "a selector that sizes itself on the device (Quest, a user's page \
+                     Selector, Double Sparsity, SparQ with its copy paged as the cache) on a \
+                     device table",
                     plan.pipeline.select.as_ref().map_or("none", |f| f.name()),
                 ))
             }
-            None => (Budget::Fraction(1.0), Keep { sink: 0, recent: 1 }),
+            None => (
+                Items::Pages,
+                Budget::Fraction(1.0),
+                Keep { sink: 0, recent: 1 },
+            ),
         };
         let parts = plan.append_parts();
         let state_in_append = parts.quest || parts.ds.is_some() || parts.sparq;
@@ -222,6 +230,7 @@ impl Pipeline {
         let sizing = StepTable::new(
             dusk,
             kv,
+            items,
             limits.batch,
             max_pages,
             budget,
@@ -475,7 +484,7 @@ impl PipelinePlan {
         }
         if let Some(s) = &mut self.select {
             let updates = PageUpdates::all(dusk, &self.shape.kv, &self.table)?;
-            s.prefill(dusk, k, v, &updates)?;
+            s.prefill(dusk, k, v, &self.table, &updates)?;
         }
         Ok(())
     }
@@ -496,7 +505,7 @@ impl PipelinePlan {
         }
         if let Some(s) = &mut self.select {
             let updates = PageUpdates::all(dusk, &self.shape.kv, table)?;
-            s.prefill(dusk, k, v, &updates)?;
+            s.prefill(dusk, k, v, table, &updates)?;
         }
         Ok(())
     }
@@ -655,7 +664,11 @@ impl PipelinePlan {
                     "new tokens",
                 )
             })?;
-            let targets = append_targets_of(&mut self.qk, &mut self.select, k, v);
+            let mut targets = append_targets_of(&mut self.qk, &mut self.select, k, v);
+            // SparQ's copy is paged as the cache here: its block table is the caller's.
+            if let Some((state, _)) = targets.sparq.take() {
+                targets.sparq = Some((state, table));
+            }
             append.run(dusk, table, k_new, v_new, targets)?;
             if !d.state_in_append {
                 if let Some(s) = &mut self.select {
@@ -673,9 +686,15 @@ impl PipelinePlan {
             .as_ref()
             .ok_or_else(|| invalid("table", "a plan made by plan_device", "a host table"))?;
         let sp = &d.spare;
-        let page = self.select.as_deref().and_then(|s| s.page_plan());
-        let sel_table = page.map(|p| p.table_buffers());
-        let topk = page.map(|p| p.top_k_plan().size_buffers());
+        let sizing = self.select.as_deref().and_then(|s| s.device_sizing());
+        let sel_table = sizing.as_ref().map(|s| s.table);
+        let topk = sizing.as_ref().map(|s| s.top_k);
+        // A token selector's top-k counts tokens before each sequence, a page selector's
+        // pages.
+        let tokens = sizing.as_ref().is_some_and(|s| s.items == Items::Tokens);
+        let item_pages = topk.filter(|_| !tokens).map(|t| t[0]);
+        let item_tokens = topk.filter(|_| tokens).map(|t| t[0]);
+        let score_tokens = sizing.as_ref().and_then(|s| s.token_indptr);
         let est = self.estimate.as_ref().map(|e| e.table_buffers());
         let [m_indptr, m_pages, m_last] = self.meta.table_buffers();
         let copy_lists = match (&self.route, self.meta.lists()) {
@@ -688,13 +707,17 @@ impl PipelinePlan {
         };
         Ok(TableTargets {
             indptr: [
-                sel_table.map_or(&sp.indptr[0], |t| t.0),
-                topk.map_or(&sp.indptr[1], |t| t[0]),
+                sel_table.map_or(&sp.indptr[0], |t| t[0]),
+                item_pages.unwrap_or(&sp.indptr[1]),
                 est.map_or(&sp.indptr[2], |e| e[0]),
                 m_indptr,
             ],
+            token_indptr: [
+                item_tokens.unwrap_or(&sp.tokens[0]),
+                score_tokens.unwrap_or(&sp.tokens[1]),
+            ],
             pages: [
-                sel_table.map_or(&sp.pages[0], |t| t.1),
+                sel_table.map_or(&sp.pages[0], |t| t[1]),
                 est.map_or(&sp.pages[1], |e| e[1]),
                 m_pages,
             ],
@@ -942,9 +965,9 @@ impl PipelinePlan {
     /// The selection's row offsets of the last step: on a device table, written by its
     /// sizing launch (a download, so it waits for the step); else the plan's.
     pub fn selection_indptr(&self) -> Result<Vec<i32>> {
-        let page = self.select.as_deref().and_then(|s| s.page_plan());
-        match (&self.device, page) {
-            (Some(_), Some(p)) => Ok(p.sel_indptr().download()?),
+        let sizing = self.select.as_deref().and_then(|s| s.device_sizing());
+        match (&self.device, sizing) {
+            (Some(_), Some(s)) => Ok(s.top_k[3].download()?),
             _ => Ok(self.cand_indptr.clone()),
         }
     }

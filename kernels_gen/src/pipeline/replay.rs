@@ -1,5 +1,5 @@
-//! A decode loop on a device page table, checked: Quest then (optionally) top-p, or top-p
-//! over every token (Full), over group varlen attention, planned once by [`Pipeline::plan_device`] for the loop's
+//! A decode loop on a device page table, checked: Quest, Double Sparsity or SparQ then
+//! (optionally) top-p, or top-p over every token (Full), over group varlen attention, planned once by [`Pipeline::plan_device`] for the loop's
 //! limits; sequences grow by one token a step (a new page from a shuffled free list when
 //! the last one fills), each step's table, new tokens and query written into the same
 //! device buffers, and [`PipelinePlan::decode_step`] (the append inside) run. Each step's
@@ -12,17 +12,20 @@
 //! `gpu-check pipeline`.
 
 use super::builder::{Attend, Pipeline, PipelineBuilder, Prune, Select};
+use super::ds::DsSelect;
 use super::plan::{PipelinePlan, PipelineShape, StepLimits};
-use super::reference::{self as pref, HostInputs, HostPipeline, HostPolicy, HostSelect};
+use super::reference::{self as pref, HostInputs, HostMix, HostPipeline, HostPolicy, HostSelect};
+use super::sparq::SparqSelect;
 use crate::cache::reference::append_tokens;
 use crate::engines::CsrPages;
 use crate::ops::Dusk;
 use crate::paged::{KvShape, PageTable, TokenLists};
 use crate::selectors::bench::Rng;
-use crate::selectors::{Budget, QuestOptions};
+use crate::selectors::{Budget, DsCalibration, DsOptions, Keep, QuestOptions, SparqOptions};
 use dusk_compiler::DType;
 use dusk_runtime::Buffer;
 use half::f16;
+use std::sync::Arc;
 
 /// The selector of a [`LoopCase`].
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -32,6 +35,24 @@ pub enum LoopSelect {
     Quest(Budget),
     /// Every token: the pruner sees the whole context (Full + Twilight).
     Full,
+    /// Double Sparsity with this budget over tokens, on 8 label channels spread over
+    /// head_dim (`ds_channels`).
+    Ds(Budget),
+    /// SparQ keeping this budget (r = 8, a window of 8, its copy paged as the cache), with
+    /// its output mix when no pruner follows.
+    Sparq(Budget),
+}
+
+/// The options of a [`LoopSelect::Sparq`] case.
+fn sparq_options(k: Budget) -> SparqOptions {
+    SparqOptions { r: 8, k, window: 8 }
+}
+
+/// The label channels of a [`LoopSelect::Ds`] case: 8 spread over `head_dim`, the same for
+/// every KV head.
+pub fn ds_channels(head_dim: usize, num_kv_heads: usize) -> crate::error::Result<DsCalibration> {
+    let head: Vec<usize> = (0..8).map(|i| i * head_dim / 8 + i % 3).collect();
+    DsCalibration::from_channels(head_dim, &vec![head; num_kv_heads])
 }
 
 /// A decode loop to check.
@@ -104,7 +125,17 @@ pub fn case_pipeline(case: &LoopCase) -> crate::error::Result<Pipeline> {
             sink: false,
         },
         LoopSelect::Full => Select::Full,
+        LoopSelect::Ds(budget) => Select::Plugin(Arc::new(DsSelect {
+            calibration: ds_channels(case.head_dim, case.num_kv_heads)?,
+            budget,
+            options: DsOptions::default(),
+        })),
+        LoopSelect::Sparq(k) => Select::Plugin(Arc::new(SparqSelect {
+            options: sparq_options(k),
+            block_size: None,
+        })),
     });
+    let b = b.sparq_mix(matches!(case.select, LoopSelect::Sparq(_)) && case.top_p.is_none());
     let b = match case.top_p {
         Some(p) => b.prune(Prune::top_p(p)),
         None => b,
@@ -196,7 +227,7 @@ pub fn check_loop(dusk: &Dusk, case: &LoopCase) -> Result<LoopReport, String> {
     };
     let mut plan = pipeline.plan_device(dusk, shape, limits).map_err(e)?;
     let start = table_of(&lens, &pages)?;
-    plan.prefill(dusk, &k, None, &start).map_err(e)?;
+    plan.prefill(dusk, &k, Some(&v), &start).map_err(e)?;
     let mut host_plan: Option<PipelinePlan> = None;
     let rows = batch * hq;
     let mut io = StepInputs {
@@ -291,9 +322,19 @@ pub fn check_loop(dusk: &Dusk, case: &LoopCase) -> Result<LoopReport, String> {
             ));
         }
         // Against the reference on this step's cache.
+        let (mut logits, mut v_mean) = (vec![], vec![]);
         let scores = match case.select {
             LoopSelect::Quest(_) => pref::quest_page_scores(&q, &k_host, &kv, &table, hq),
             LoopSelect::Full => vec![],
+            LoopSelect::Ds(_) => {
+                let cal = ds_channels(d, hk).map_err(e)?;
+                pref::ds_token_scores(&q, &k_host, &kv, &table, hq, &cal)
+            }
+            LoopSelect::Sparq(_) => {
+                let (scores, l) = pref::sparq_token_scores(&q, &k_host, &kv, &table, hq, 8);
+                (logits, v_mean) = (l, pref::v_means(&v_host, &kv, &table));
+                scores
+            }
         };
         let inputs = HostInputs {
             q: &q,
@@ -311,6 +352,24 @@ pub fn check_loop(dusk: &Dusk, case: &LoopCase) -> Result<LoopReport, String> {
                     keep: QuestOptions { sink: false }.keep(),
                 },
                 LoopSelect::Full => HostSelect::Full,
+                LoopSelect::Ds(budget) => HostSelect::Tokens {
+                    scores: &scores,
+                    budget,
+                    keep: DsOptions::default().keep(),
+                    mix: None,
+                },
+                LoopSelect::Sparq(budget) => HostSelect::Tokens {
+                    scores: &scores,
+                    budget,
+                    keep: Keep {
+                        sink: 0,
+                        recent: sparq_options(budget).window,
+                    },
+                    mix: case.top_p.is_none().then_some(HostMix {
+                        logits: &logits,
+                        v_mean: &v_mean,
+                    }),
+                },
             },
             prune: case.top_p.map(HostPolicy::TopP).into_iter().collect(),
             bits: 4,
@@ -334,7 +393,7 @@ pub fn check_loop(dusk: &Dusk, case: &LoopCase) -> Result<LoopReport, String> {
             Some(p) => p.replan(dusk, &table).map_err(e)?,
             None => pipeline.plan(dusk, shape, &table).map_err(e)?,
         };
-        hp.prepare(dusk, &k).map_err(e)?;
+        hp.prepare_kv(dusk, &k, &v).map_err(e)?;
         hp.step(dusk, &io.q, &k, &v, &mut io.out, &mut io.lse)
             .map_err(e)?;
         let budgets = plan.budgets().map_err(e)?;

@@ -16,7 +16,8 @@ use crate::error::Result;
 use crate::ops::Dusk;
 use crate::paged::{KvShape, PageTable};
 use crate::selectors::{
-    Budget, DsState, Keep, PageUpdates, Selector, SelectorPlan, SelectorState, SparqState, QUEST,
+    Budget, DsState, Items, Keep, PageUpdates, Selector, SelectorPlan, SelectorState, SparqState,
+    QUEST,
 };
 use dusk_runtime::Buffer;
 use half::f16;
@@ -33,6 +34,23 @@ pub enum AppendState<'a> {
     Sparq(&'a mut SparqState, &'a CsrPages),
 }
 
+/// A selector's budget and the buffers its kernels read sizes from, which a step on a
+/// device page table writes each step (`step_table`) instead of the host at plan time.
+pub struct DeviceSizing<'a> {
+    /// What the scores are over, how many each sequence keeps, and always.
+    pub items: Items,
+    pub budget: Budget,
+    pub keep: Keep,
+    /// The score kernel's copy of the page table: `batch + 1` page offsets, the page ids.
+    pub table: [&'a Buffer<i32>; 2],
+    /// Its tokens before each sequence (`batch + 1`), where a token selector's score
+    /// kernel reads them.
+    pub token_indptr: Option<&'a Buffer<i32>>,
+    /// The top-k's sizes: items before each sequence, items each keeps, and each row's
+    /// kept items' and tokens' offsets.
+    pub top_k: [&'a Buffer<i32>; 4],
+}
+
 /// A selector planned over one page table, as a pipeline's step runs it.
 pub trait SelectStage: Send {
     /// The lists' row offsets, `batch * num_kv_heads + 1` entries, fixed by the plan (each
@@ -47,14 +65,16 @@ pub trait SelectStage: Send {
     /// Recomputes the state kept beside the cache for `updates`' pages from `k` (nothing
     /// for a selector without state).
     fn update(&mut self, dusk: &Dusk, k: &Buffer<f16>, updates: &PageUpdates) -> Result<()>;
-    /// Builds the state of every token of the plan's table from the cache, as after a
-    /// prefill (`all`: every page of it): by default [`SelectStage::update`]; a selector
-    /// whose state reads V as well (SparQ's sums of V) needs `v` and fails without it.
+    /// Builds the state of every token of `table` (the plan's, or the sequences on the
+    /// device at a plan on a device table) from the cache, as after a prefill (`all`: every
+    /// page of it): by default [`SelectStage::update`]; a selector whose state reads V as
+    /// well (SparQ's sums of V) needs `v` and fails without it.
     fn prefill(
         &mut self,
         dusk: &Dusk,
         k: &Buffer<f16>,
         _v: Option<&Buffer<f16>>,
+        _table: &PageTable,
         all: &PageUpdates,
     ) -> Result<()> {
         self.update(dusk, k, all)
@@ -66,14 +86,10 @@ pub trait SelectStage: Send {
     fn sparq_mix(&self) -> Option<SparqMix<'_, f16>> {
         None
     }
-    /// The page selector's plan, for a step on a device page table
-    /// ([`super::Pipeline::plan_device`]), which rewrites its table and sizes on the device
-    /// and appends into its state; `None` (the default) for a selector that cannot run so.
-    fn page_plan(&self) -> Option<&SelectorPlan> {
-        None
-    }
-    /// [`SelectStage::page_plan`], to append into its state.
-    fn page_plan_mut(&mut self) -> Option<&mut SelectorPlan> {
+    /// What a step on a device page table ([`super::Pipeline::plan_device`]) rewrites on
+    /// the device for this selector (its table and sizes); `None` (the default) for a
+    /// selector that cannot run so.
+    fn device_sizing(&self) -> Option<DeviceSizing<'_>> {
         None
     }
     /// Names in `parts` the state a decode step's append writes for this selector
@@ -184,11 +200,18 @@ impl SelectStage for PageStage {
     fn poison_outputs(&mut self, dusk: &Dusk, byte: u8) -> Result<()> {
         self.plan.poison_outputs(dusk, byte)
     }
-    fn page_plan(&self) -> Option<&SelectorPlan> {
-        Some(&self.plan)
-    }
-    fn page_plan_mut(&mut self) -> Option<&mut SelectorPlan> {
-        Some(&mut self.plan)
+    fn device_sizing(&self) -> Option<DeviceSizing<'_>> {
+        let topk = self.plan.top_k_plan();
+        let (budget, keep) = topk.budget();
+        let (indptr, pages) = self.plan.table_buffers();
+        Some(DeviceSizing {
+            items: Items::Pages,
+            budget,
+            keep,
+            table: [indptr, pages],
+            token_indptr: None,
+            top_k: topk.size_buffers(),
+        })
     }
     fn append_parts(&self, parts: &mut AppendParts) {
         parts.quest = self.is_quest();

@@ -18,7 +18,7 @@
 //! plan.prepare_kv(&dusk, &k, &v)?;   // SparQ's state reads V too (the sums of V)
 //! ```
 
-use super::select::{AppendState, SelectFactory, SelectStage};
+use super::select::{AppendState, DeviceSizing, SelectFactory, SelectStage};
 use crate::attention_ops::SparqMix;
 use crate::cache::AppendParts;
 use crate::engines::CsrPages;
@@ -26,7 +26,8 @@ use crate::error::{ensure, invalid, Result};
 use crate::ops::Dusk;
 use crate::paged::{KvShape, PageTable};
 use crate::selectors::{
-    Budget, PageUpdates, SparqBlocks, SparqOptions, SparqPlan, SparqState, SparqUpdates,
+    Budget, Items, Keep, PageUpdates, SparqBlocks, SparqOptions, SparqPlan, SparqState,
+    SparqUpdates,
 };
 use dusk_runtime::Buffer;
 use half::f16;
@@ -173,6 +174,7 @@ impl SelectStage for SparqStage {
         dusk: &Dusk,
         k: &Buffer<f16>,
         v: Option<&Buffer<f16>>,
+        table: &PageTable,
         _all: &PageUpdates,
     ) -> Result<()> {
         let v = v.ok_or_else(|| {
@@ -182,7 +184,13 @@ impl SelectStage for SparqStage {
                 "none (PipelinePlan::prepare)",
             )
         })?;
-        let updates = SparqUpdates::all(dusk, self.plan.state(), &self.table, &self.blocks)?;
+        // On a device table (the copy paged as the cache) the sequences now on the device;
+        // else the plan's own table and its copy's blocks.
+        let (table, blocks) = match self.spec.block_size {
+            None => (table, table),
+            Some(_) => (&self.table, &self.blocks),
+        };
+        let updates = SparqUpdates::all(dusk, self.plan.state(), table, blocks)?;
         self.plan.state_mut().clear_values(dusk)?;
         self.plan.update(dusk, k, v, &updates)
     }
@@ -222,6 +230,25 @@ impl SelectStage for SparqStage {
     }
     fn append_parts(&self, parts: &mut AppendParts) {
         parts.sparq = true;
+    }
+    /// Only with the copy paged as the cache: its block table is then the page table the
+    /// device holds (blocks of its own come from a free list the host keeps).
+    fn device_sizing(&self) -> Option<DeviceSizing<'_>> {
+        if self.spec.block_size.is_some() {
+            return None;
+        }
+        let [blk_indptr, blk_indices, tok_indptr] = self.plan.table_buffers();
+        Some(DeviceSizing {
+            items: Items::Tokens,
+            budget: self.spec.options.k,
+            keep: Keep {
+                sink: 0,
+                recent: self.spec.options.window,
+            },
+            table: [blk_indptr, blk_indices],
+            token_indptr: Some(tok_indptr),
+            top_k: self.plan.top_k_plan().size_buffers(),
+        })
     }
     fn append_state(&mut self) -> Option<AppendState<'_>> {
         Some(AppendState::Sparq(

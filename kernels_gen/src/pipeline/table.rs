@@ -13,7 +13,7 @@ use crate::error::{ensure, Result};
 use crate::ops::Dusk;
 use crate::paged::KvShape;
 use crate::selectors::topk::items_to_keep;
-use crate::selectors::{Budget, Keep};
+use crate::selectors::{Budget, Items, Keep};
 use dusk_macros::kernel;
 use dusk_runtime::{Arg, Buffer, LoadedKernel};
 use std::sync::Arc;
@@ -55,8 +55,9 @@ fn clamped_len(
 ///   and `keep_tokens[len]` tokens (tables the host fills for every length up to the
 ///   plan's most, `max_pages * page_size`); `dense_len[r]`, the length of a row of at most
 ///   `dense_below` tokens, else -1;
-/// - for `h == 0`, its sequence's clamped table (`t_indptr_*`, `t_last`) and `k_items[b]`;
-///   its share of the sequence's page ids (`t_pages_*`, clamped into `0..num_pages`);
+/// - for `h == 0`, its sequence's clamped table (`t_indptr_*`, `t_last`), the tokens before
+///   it (`t_tokens_*`: a token selector's offsets) and `k_items[b]`; its share of the
+///   sequence's page ids (`t_pages_*`, clamped into `0..num_pages`);
 /// - with `write_all` (a pipeline without a selector, whose candidates are every token),
 ///   its row's token positions `0..len` at its offset in `all_tokens`.
 ///
@@ -75,6 +76,8 @@ pub fn step_table<const BLOCK: usize>(
     t_indptr_b: Ptr<i32>,
     t_indptr_c: Ptr<i32>,
     t_indptr_d: Ptr<i32>,
+    t_tokens_a: Ptr<i32>,
+    t_tokens_b: Ptr<i32>,
     t_pages_a: Ptr<i32>,
     t_pages_b: Ptr<i32>,
     t_pages_c: Ptr<i32>,
@@ -100,6 +103,7 @@ pub fn step_table<const BLOCK: usize>(
     let h = r % num_kv_heads;
     // The sequences before this one: their pages, kept pages and kept tokens.
     let mut pages = 0;
+    let mut lens = 0;
     let mut items = 0;
     let mut tokens = 0;
     for i0 in (0..b).step_by(BLOCK) {
@@ -111,6 +115,7 @@ pub fn step_table<const BLOCK: usize>(
         let k = load(keep_items + len, m, 0);
         let t = load(keep_tokens + len, m, 0);
         pages += sum(where_(m, n, 0), 0);
+        lens += sum(where_(m, len, 0), 0);
         items += sum(where_(m, k, 0), 0);
         tokens += sum(where_(m, t, 0), 0);
     }
@@ -133,6 +138,8 @@ pub fn step_table<const BLOCK: usize>(
         store(t_indptr_b, 0);
         store(t_indptr_c, 0);
         store(t_indptr_d, 0);
+        store(t_tokens_a, 0);
+        store(t_tokens_b, 0);
     }
     store(
         sel_item_indptr + (r + 1),
@@ -156,6 +163,8 @@ pub fn step_table<const BLOCK: usize>(
         store(t_indptr_b + (b + 1), pages + n);
         store(t_indptr_c + (b + 1), pages + n);
         store(t_indptr_d + (b + 1), pages + n);
+        store(t_tokens_a + (b + 1), lens + len);
+        store(t_tokens_b + (b + 1), lens + len);
         store(t_last + b, where_(n > 0, last, 0));
         store(k_items + b, k);
     }
@@ -179,6 +188,8 @@ pub fn step_table<const BLOCK: usize>(
 pub(crate) struct TableTargets<'a> {
     /// `batch + 1` page offsets (up to four readers).
     pub indptr: [&'a Buffer<i32>; 4],
+    /// `batch + 1` token offsets (a token selector's top-k and score kernel).
+    pub token_indptr: [&'a Buffer<i32>; 2],
     /// The page ids (up to three readers), at least `batch * max_pages` each.
     pub pages: [&'a Buffer<i32>; 3],
     /// `batch` last-page lengths.
@@ -210,10 +221,12 @@ pub(crate) struct StepTable {
 
 impl StepTable {
     /// For `batch` sequences of at most `max_pages` pages of `kv`, each keeping what
-    /// `budget` and `keep` give for its length (its pages: `Items::Pages`).
+    /// `budget` and `keep` give for its length, in `items` (pages, or tokens).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         dusk: &Dusk,
         kv: KvShape,
+        items: Items,
         batch: usize,
         max_pages: usize,
         budget: Budget,
@@ -228,19 +241,28 @@ impl StepTable {
             "fewer than 2^31 tokens over every (sequence, KV head) row",
             most,
         );
-        let (mut items, mut tokens) = (vec![0i32], vec![0i32]);
+        let (mut kept, mut tokens) = (vec![0i32], vec![0i32]);
         for len in 1..=most {
-            let n = len.div_ceil(ps);
-            let k = items_to_keep(budget, keep, n, len, ps);
-            items.push(k as i32);
-            tokens.push(((k - 1) * ps + (len - (n - 1) * ps)) as i32);
+            let (k, t) = match items {
+                Items::Pages => {
+                    let n = len.div_ceil(ps);
+                    let k = items_to_keep(budget, keep, n, len, ps);
+                    (k, (k - 1) * ps + (len - (n - 1) * ps))
+                }
+                Items::Tokens => {
+                    let k = items_to_keep(budget, keep, len, len, 1);
+                    (k, k)
+                }
+            };
+            kept.push(k as i32);
+            tokens.push(t as i32);
         }
         let dev = dusk.device();
         Ok(StepTable {
             kernel: dusk.kernel(format!("step_table {BLOCK}"), || {
                 step_table::build::<BLOCK>()
             })?,
-            keep_items: dev.upload(&items)?,
+            keep_items: dev.upload(&kept)?,
             keep_tokens: dev.upload(&tokens)?,
             kv,
             batch,
@@ -286,6 +308,7 @@ impl StepTable {
             Arg::from(&self.keep_tokens),
         ];
         args.extend(to.indptr.iter().map(|b| Arg::from(*b)));
+        args.extend(to.token_indptr.iter().map(|b| Arg::from(*b)));
         args.extend(to.pages.iter().map(|b| Arg::from(*b)));
         args.extend([
             Arg::from(to.last),

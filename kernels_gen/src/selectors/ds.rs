@@ -669,6 +669,12 @@ impl DsPlan {
     pub fn top_k_plan(&self) -> &TopKPlan {
         &self.topk
     }
+    /// The score kernel's copy of the page table (`kv_indptr`, `kv_page_indices`) and its
+    /// tokens before each sequence (`token_indptr`), for a step that writes them on the
+    /// device.
+    pub(crate) fn table_buffers(&self) -> [&Buffer<i32>; 3] {
+        [&self.kv_indptr, &self.kv_page_indices, &self.token_indptr]
+    }
     /// The selection's sizes, known at plan time (host copies).
     pub fn shape(&self) -> &SelectionShape {
         self.topk.shape()

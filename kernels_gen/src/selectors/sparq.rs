@@ -1168,6 +1168,11 @@ impl SparqPlan {
     pub fn shape(&self) -> &SelectionShape {
         self.topk.shape()
     }
+    /// The copy's block table (`blk_indptr`, `blk_indices`) and the tokens before each
+    /// sequence (`tok_indptr`) the kernels read, for a step that writes them on the device.
+    pub(crate) fn table_buffers(&self) -> [&Buffer<i32>; 3] {
+        [&self.blk_indptr, &self.blk_indices, &self.tok_indptr]
+    }
     /// The shared top-k (its configuration and outputs).
     pub fn top_k_plan(&self) -> &TopKPlan {
         &self.topk

@@ -383,11 +383,24 @@ fn decode_replay(dusk: &Dusk) -> Res<()> {
         seed: 0x40,
         ..gqa.clone()
     };
+    let ds = LoopCase {
+        select: LoopSelect::Ds(Budget::Fraction(0.25)),
+        seed: 0x41,
+        ..gqa.clone()
+    };
+    let sparq = LoopCase {
+        select: LoopSelect::Sparq(Budget::Fraction(0.125)),
+        top_p: None,
+        seed: 0x42,
+        ..gqa.clone()
+    };
     for (name, case) in [
         ("GQA 32/8", gqa),
         ("MHA 4/4", mha),
         ("GQA Quest alone", quest_only),
         ("GQA Full + top-p", full),
+        ("GQA DS + top-p", ds),
+        ("GQA SparQ", sparq),
     ] {
         let r = check_loop(dusk, &case)?;
         println!(
