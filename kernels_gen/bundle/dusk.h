@@ -419,12 +419,12 @@ static inline int dusk_sparq_mass_g1_rp16_ch8_chunk128_log_bs4(CUstream stream, 
     return dusk_launch("sparq_mass_g1_rp16_ch8_chunk128_log_bs4", stream, args, 18, inputs, 3);
 }
 
-/* sparq_mass_g1_rp16_ch8_chunk128_log_bs8 (pipeline): {"ir_name":"sparq_mass_G1_RP16_CH8_CHUNK128_LOG_BS8"}
+/* sparq_mass_g1_rp16_ch8_chunk256_log_bs8 (pipeline): {"ir_name":"sparq_mass_G1_RP16_CH8_CHUNK256_LOG_BS8"}
  * grid (grid_x, grid_y, grid_z), 32 threads a program. */
-static inline int dusk_sparq_mass_g1_rp16_ch8_chunk128_log_bs8(CUstream stream, CUdeviceptr k_t, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, CUdeviceptr tok_indptr, CUdeviceptr dims, CUdeviceptr qs, CUdeviceptr scores, CUdeviceptr stat_max, CUdeviceptr staged_logits, CUdeviceptr sel_item_indptr, CUdeviceptr sel_items, CUdeviceptr mass, int32_t num_kv_heads, int32_t head_dim, int32_t r, int32_t tiles_per_row, int32_t tile, int32_t max_chunks, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+static inline int dusk_sparq_mass_g1_rp16_ch8_chunk256_log_bs8(CUstream stream, CUdeviceptr k_t, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, CUdeviceptr tok_indptr, CUdeviceptr dims, CUdeviceptr qs, CUdeviceptr scores, CUdeviceptr stat_max, CUdeviceptr staged_logits, CUdeviceptr sel_item_indptr, CUdeviceptr sel_items, CUdeviceptr mass, int32_t num_kv_heads, int32_t head_dim, int32_t r, int32_t tiles_per_row, int32_t tile, int32_t max_chunks, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
     void *args[] = {&k_t, &blk_indptr, &blk_indices, &tok_indptr, &dims, &qs, &scores, &stat_max, &staged_logits, &sel_item_indptr, &sel_items, &mass, &num_kv_heads, &head_dim, &r, &tiles_per_row, &tile, &max_chunks};
     const uint64_t inputs[] = {grid_x, grid_y, grid_z};
-    return dusk_launch("sparq_mass_g1_rp16_ch8_chunk128_log_bs8", stream, args, 18, inputs, 3);
+    return dusk_launch("sparq_mass_g1_rp16_ch8_chunk256_log_bs8", stream, args, 18, inputs, 3);
 }
 
 /* sparq_mass_g4_rp16_ch8_chunk256_log_bs4 (pipeline): {"ir_name":"sparq_mass_G4_RP16_CH8_CHUNK256_LOG_BS4"}
@@ -491,12 +491,12 @@ static inline int dusk_sparq_score_g1_rp16_ch16_tile128_log_bs4(CUstream stream,
     return dusk_launch("sparq_score_g1_rp16_ch16_tile128_log_bs4", stream, args, 15, inputs, 3);
 }
 
-/* sparq_score_g1_rp16_ch16_tile128_log_bs8 (pipeline): {"ir_name":"sparq_score_G1_RP16_CH16_TILE128_LOG_BS8"}
+/* sparq_score_g1_rp16_ch8_tile256_log_bs8 (pipeline): {"ir_name":"sparq_score_G1_RP16_CH8_TILE256_LOG_BS8"}
  * grid (grid_x, grid_y, grid_z), 32 threads a program. */
-static inline int dusk_sparq_score_g1_rp16_ch16_tile128_log_bs8(CUstream stream, CUdeviceptr k_t, CUdeviceptr k_open, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, CUdeviceptr tok_indptr, CUdeviceptr dims, CUdeviceptr qs, CUdeviceptr scores, CUdeviceptr stat_max, CUdeviceptr stat_sum, CUdeviceptr staged_logits, int32_t num_kv_heads, int32_t head_dim, int32_t r, int32_t max_tiles, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+static inline int dusk_sparq_score_g1_rp16_ch8_tile256_log_bs8(CUstream stream, CUdeviceptr k_t, CUdeviceptr k_open, CUdeviceptr blk_indptr, CUdeviceptr blk_indices, CUdeviceptr tok_indptr, CUdeviceptr dims, CUdeviceptr qs, CUdeviceptr scores, CUdeviceptr stat_max, CUdeviceptr stat_sum, CUdeviceptr staged_logits, int32_t num_kv_heads, int32_t head_dim, int32_t r, int32_t max_tiles, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
     void *args[] = {&k_t, &k_open, &blk_indptr, &blk_indices, &tok_indptr, &dims, &qs, &scores, &stat_max, &stat_sum, &staged_logits, &num_kv_heads, &head_dim, &r, &max_tiles};
     const uint64_t inputs[] = {grid_x, grid_y, grid_z};
-    return dusk_launch("sparq_score_g1_rp16_ch16_tile128_log_bs8", stream, args, 15, inputs, 3);
+    return dusk_launch("sparq_score_g1_rp16_ch8_tile256_log_bs8", stream, args, 15, inputs, 3);
 }
 
 /* sparq_score_g4_rp16_ch8_tile256_log_bs4 (pipeline): {"ir_name":"sparq_score_G4_RP16_CH8_TILE256_LOG_BS4"}

@@ -3,13 +3,14 @@
 //! finds where each goes ([`super::token`]) and runs the parts ([`super::parts`]) the
 //! compile-time flags select, in sequence:
 //!
-//! 1. always: K and V into the paged cache, and the touched-page list (sequence `b`'s
+//! 1. `SPARQ`: SparQ's transposed copy of K (a token staged, or its finished run moved
+//!    into the copy) and running sum of V, first: its reads (the copy's block table, a
+//!    finishing run's staged rows) then wait on no other part's writes;
+//! 2. always: K and V into the paged cache, and the touched-page list (sequence `b`'s
 //!    page and its valid tokens, or `-1, 0` for a row skipped);
-//! 2. `BITS` 4 or 8 (0: none): K quantized into the head-major copy, as `quantize_k`;
-//! 3. `QUEST`: Quest's page minimum and maximum;
-//! 4. `DS` a label width (0: none): Double Sparsity's labels of the token;
-//! 5. `SPARQ`: SparQ's transposed copy of K (a token staged, or its finished run moved
-//!    into the copy) and running sum of V.
+//! 3. `BITS` 4 or 8 (0: none): K quantized into the head-major copy, as `quantize_k`;
+//! 4. `QUEST`: Quest's page minimum and maximum;
+//! 5. `DS` a label width (0: none): Double Sparsity's labels of the token.
 //!
 //! Every part's pointers are parameters whatever the flags (the kernel language has a
 //! fixed parameter list); a part left out reads and writes none of its own.
@@ -85,6 +86,28 @@ pub fn append_tokens<
         num_indices,
     );
     let slot = token_slot(kv_last_page_len, b, page);
+    // SparQ's part first (see above).
+    if SPARQ {
+        sparq_token::<D, ROWS>(
+            k_new,
+            v_new,
+            rows,
+            h,
+            page,
+            slot,
+            num_kv_heads,
+            page_size,
+            kv_indptr,
+            blk_indptr,
+            blk_indices,
+            num_blk_indices,
+            num_blocks,
+            block_size,
+            k_t,
+            k_open,
+            v_sum,
+        );
+    }
     let first_head = row_ok & (h == 0);
     store(touched_pages + b, page, first_head);
     store(touched_lens + b, slot + 1, first_head);
@@ -128,27 +151,6 @@ pub fn append_tokens<
             page_size,
             channels,
             labels,
-        );
-    }
-    if SPARQ {
-        sparq_token::<D, ROWS>(
-            k_new,
-            v_new,
-            rows,
-            h,
-            page,
-            slot,
-            num_kv_heads,
-            page_size,
-            kv_indptr,
-            blk_indptr,
-            blk_indices,
-            num_blk_indices,
-            num_blocks,
-            block_size,
-            k_t,
-            k_open,
-            v_sum,
         );
     }
 }

@@ -150,22 +150,26 @@ fn alpha_kernel(head_dim: usize, group: usize) -> Option<Build> {
     })
 }
 
-/// Tokens a score program covers with a group of `group` query heads: 128 with one head (a
-/// thread's 8 tokens' components split over two lanes), 256 with 2 or 4 (each thread holds
-/// every head of 8 tokens), 128 from 8 heads on (half of the heads of 8 tokens a thread: at
-/// most 64 logits). The H100's measurements are in the selectors README.
-pub const fn score_tile(group: usize) -> usize {
-    if group == 2 || group == 4 {
-        256
-    } else {
+/// Tokens a score program covers with a group of `group` query heads over blocks of
+/// `2^log_bs` tokens: 256 up to 4 heads (each thread holds every head of 8 tokens), 128
+/// from 8 heads on (half of the heads of 8 tokens a thread: at most 64 logits); with one
+/// head and blocks under 64 tokens (the copy paged as the cache), 128 (a thread's 8
+/// tokens' components split over two lanes). On the H200 one head over blocks of 256 is
+/// 1-2% faster at 256 tokens and 8 components in flight than at 128 and 16 (the H100's
+/// choice), over blocks of 16 11% slower; the measurements are in the selectors README.
+pub const fn score_tile(group: usize, log_bs: usize) -> usize {
+    if group > 4 || (group == 1 && log_bs < 6) {
         128
+    } else {
+        256
     }
 }
 
-/// The components whose loads a score program keeps in flight at once (of at least 8): 16
-/// with one head, 8 with a group (its logits take the registers the other 8 would).
-pub const fn score_chunk(group: usize) -> usize {
-    if group == 1 {
+/// The components whose loads a score program keeps in flight at once: 16 with one head
+/// over blocks under 64 tokens, else 8 (with a group, its logits take the registers 8
+/// more would).
+const fn score_chunk(group: usize, log_bs: usize) -> usize {
+    if group == 1 && log_bs < 6 {
         16
     } else {
         8
@@ -206,19 +210,23 @@ fn kernels_for<const G: usize, const TILE: usize, const CH: usize>(
 /// program scores, kept tokens a mass program weighs); `None` for a group, `rp` or block
 /// size with no kernel.
 pub fn group_kernels(group: usize, rp: usize, log_bs: usize) -> Option<(Build, Build, usize)> {
-    const T1: usize = score_tile(1);
-    const T4: usize = score_tile(4);
-    const C1: usize = score_chunk(1);
-    const C4: usize = score_chunk(4);
+    // One head: short blocks (under 64 tokens) and long ones.
+    const T1S: usize = score_tile(1, 4);
+    const C1S: usize = score_chunk(1, 4);
+    const T1: usize = score_tile(1, 8);
+    const T4: usize = score_tile(4, 8);
+    const T8: usize = score_tile(8, 8);
+    const C: usize = score_chunk(4, 8);
     let (score, mass) = match group {
-        1 => kernels_for::<1, T1, C1>(rp, log_bs),
-        2 => kernels_for::<2, T4, C4>(rp, log_bs),
-        4 => kernels_for::<4, T4, C4>(rp, log_bs),
-        8 => kernels_for::<8, T1, C4>(rp, log_bs),
-        16 => kernels_for::<16, T1, C4>(rp, log_bs),
+        1 if log_bs < 6 => kernels_for::<1, T1S, C1S>(rp, log_bs),
+        1 => kernels_for::<1, T1, C>(rp, log_bs),
+        2 => kernels_for::<2, T4, C>(rp, log_bs),
+        4 => kernels_for::<4, T4, C>(rp, log_bs),
+        8 => kernels_for::<8, T8, C>(rp, log_bs),
+        16 => kernels_for::<16, T8, C>(rp, log_bs),
         _ => None,
     }?;
-    Some((score, mass, score_tile(group)))
+    Some((score, mass, score_tile(group, log_bs)))
 }
 
 /// The components' stride a plan of `r` uses: the kernels' block of components (a power of

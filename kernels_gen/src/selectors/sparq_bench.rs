@@ -648,7 +648,7 @@ impl ScoreConfig {
     pub fn alternatives(group: usize) -> Vec<ScoreConfig> {
         let c = |tile, chunk| ScoreConfig { tile, chunk };
         match group {
-            1 => vec![c(128, 16), c(128, 8), c(256, 16), c(256, 8), c(512, 8)],
+            1 => vec![c(256, 8), c(128, 16), c(128, 8), c(256, 16), c(512, 8)],
             4 => vec![c(256, 8), c(256, 4), c(256, 16), c(128, 8), c(128, 16)],
             _ => vec![],
         }

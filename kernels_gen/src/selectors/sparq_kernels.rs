@@ -72,7 +72,10 @@ pub fn closed_tokens(n: i32, block_size: i32) -> i32 {
 /// component's values are stored together: whole 32-byte sectors, 16-byte stores. (Read
 /// and stored a component at a time, the 2-byte stores of a warp's lanes each hit a
 /// sector of their own: 39.3 us for a step in which every row of MHA's batch 64 finishes
-/// a run, on the H200.) The caller checks every place in range.
+/// a run, on the H200.) Shared memory holds component `c`'s 16 values at `c * 16 + (c / 8)
+/// * 8`: the 8 values of padding after every 8 components spread the 16 lanes that write
+/// one token's components (8 apart) over 8 banks; unpadded they all hit one. The caller
+/// checks every place in range.
 #[kernel(crate = "crate::dusk_paths")]
 #[allow(clippy::too_many_arguments)]
 pub fn sparq_close_run<const D: usize>(
@@ -100,13 +103,15 @@ pub fn sparq_close_run<const D: usize>(
         rest + (expand(rest_at + ((t - staged) as i64) * rest_stride, 1, D) + cols),
         from_rest,
     );
-    // Component-major in shared memory ([D, 16]), read back a component's run at a time.
-    let turned = shared::<f16>(D * 16);
+    // Component-major in shared memory ([D, 16], padded), read back a component's run at a
+    // time.
+    let place = c * 16 + (c >> 3) * 8;
+    let turned = shared::<f16>(D * 17);
     store(
-        turned + (expand(t, 1, D) + expand(c * 16, 0, 16)),
+        turned + (expand(t, 1, D) + expand(place, 0, 16)),
         where_(from_staged, s, r),
     );
-    let keys = load(turned + (expand(c * 16, 1, 16) + expand(t, 0, D)));
+    let keys = load(turned + (expand(place, 1, 16) + expand(t, 0, D)));
     // Each component's first slot, a multiple of 8 (blocks of 8 or more, runs from a
     // multiple of 8) written so that the compiler sees it: 16-byte stores.
     let starts = ((to + (c as i64) * (block_size as i64)) >> 3) << 3;
@@ -174,10 +179,13 @@ pub fn sparq_add_value<const D: usize>(
 /// `num_blk_indices` entries, blocks of `block_size` in `0..num_blocks`; an entry outside
 /// them skips the row) its block is found; a token that finishes its run (`pos % run ==
 /// run - 1`, `run = min(block_size, 16)`) moves the run's staged keys (row `rows[i]`
-/// of `k_open`) and its own into `k_t` ([`sparq_close_run`]: whole sectors), any other is
-/// staged there (one row). Its value is added to the row's sum of V (a plain read and
-/// write: a launch appends one token a sequence, so no other program writes the row). The
-/// same writes as [`sparq_update`] over that token.
+/// of `k_open`) and its own into `k_t` ([`sparq_close_run`]: whole sectors), any
+/// other is staged there (one row). Its value is added to the row's sum of V (a plain read
+/// and write: a launch appends one token a sequence, so no other program writes the row).
+/// The same writes as [`sparq_update`] over that token. Every read comes before the first
+/// write, so that they are in flight together (the append calls this part first), and a
+/// finishing run's staged rows are brought into L2 as soon as the token's position is
+/// known, before its block is.
 #[kernel(crate = "crate::dusk_paths")]
 #[allow(clippy::too_many_arguments)]
 pub fn sparq_token<const D: usize, const ROWS: usize>(
@@ -203,26 +211,29 @@ pub fn sparq_token<const D: usize, const ROWS: usize>(
     let b = rows / num_kv_heads;
     let pages = load(kv_indptr + (b + 1), valid, 0) - load(kv_indptr + b, valid, 0);
     let pos = (pages - 1) * page_size + slot;
+    let run = minimum(block_size, 16);
+    let in_run = pos % run;
+    // A finishing run's staged rows (16 of them, in two halves) into L2 at once, before
+    // anything waits on the block table.
+    let finishing = valid & (in_run == run - 1);
+    let halves =
+        expand((rows as i64) * 16 * D, 1, 2) + expand((arange(0, 2) as i64) * 8 * D, 0, ROWS);
+    prefetch_l2(k_open + halves, 16 * D, expand(finishing, 1, 2));
+    let mask = expand(valid, 1, D);
+    let comps = arange(0, D) as i64;
+    let src = expand((rows as i64) * D, 1, D) + expand(comps, 0, ROWS);
+    let key = load(k_new + src, mask);
+    // The sum of V of sequence b, KV head h is row `rows` of `v_sum`, which this row's
+    // program alone writes in a launch (one new token a sequence): no atomics.
+    let sums = v_sum + src;
+    let total = load(sums, mask, 0.0) + load(v_new + src, mask) as f32;
     let first = load(blk_indptr + b, valid, 0);
     let end = load(blk_indptr + (b + 1), valid, 0);
     let at = first + pos / block_size;
     let listed = valid & (first >= 0) & (at < end) & (end <= num_blk_indices);
     let block = load(blk_indices + at, listed, -1);
     let ok = listed & (block >= 0) & (block < num_blocks);
-    let run = minimum(block_size, 16);
-    let in_run = pos % run;
     let closes = ok & (in_run == run - 1);
-    let mask = expand(ok, 1, D);
-    let comps = arange(0, D) as i64;
-    let src = expand((rows as i64) * D, 1, D) + expand(comps, 0, ROWS);
-    // A token of an unfinished run: staged, one row of row-major keys.
-    let staged = ((rows as i64) * 16 + (in_run as i64)) * D;
-    let stage = expand(ok & !closes, 1, D);
-    store(
-        k_open + (expand(staged, 1, D) + expand(comps, 0, ROWS)),
-        load(k_new + src, mask),
-        stage,
-    );
     // A token that finishes its run: the run into the copy, a row at a time.
     let lanes = arange(0, ROWS);
     for i in 0..ROWS {
@@ -249,14 +260,14 @@ pub fn sparq_token<const D: usize, const ROWS: usize>(
             );
         }
     }
-    // The sum of V of sequence b, KV head h is row `rows` of `v_sum`, which this row's
-    // program alone writes in a launch (one new token a sequence): no atomics.
-    let sums = v_sum + src;
+    // A token of an unfinished run: staged, one row of row-major keys.
+    let staged = ((rows as i64) * 16 + (in_run as i64)) * D;
     store(
-        sums,
-        load(sums, mask, 0.0) + load(v_new + src, mask) as f32,
-        mask,
+        k_open + (expand(staged, 1, D) + expand(comps, 0, ROWS)),
+        key,
+        expand(ok & !closes, 1, D),
     );
+    store(sums, total, expand(ok, 1, D));
 }
 
 /// Appends tokens to SparQ's state: entry `program_id(0) = i` is slots `starts[i] ..
@@ -504,7 +515,9 @@ pub fn row_max<const G: usize, const BLOCK: usize>(
 /// the tile's logit max and `sum exp(l - max)` (`stat_max`, `stat_sum` at `(row *
 /// max_tiles + tile) * G + g`). The heads' logits are written for the staged tokens only
 /// (`staged_logits[(row * G + g) * 16 + t]` for token `closed + t`): alpha computes those
-/// of the other kept tokens again from the copy ([`sparq_mass`]). Grid: `(batch *
+/// of the other kept tokens again from the copy ([`sparq_mass`]). The row's extents and
+/// the tile's block table entries are read before the program waits on any of them, and
+/// only the tile holding staged tokens merges them into its statistics. Grid: `(batch *
 /// num_kv_heads, ceil(longest sequence / TILE))`, one warp a program.
 #[kernel(crate = "crate::dusk_paths", num_warps = 1)]
 #[allow(clippy::too_many_arguments)]
@@ -537,16 +550,16 @@ pub fn sparq_score<
     let h = row % num_kv_heads;
     let first = load(tok_indptr + b);
     let n = load(tok_indptr + (b + 1)) - first;
+    // Block and slot of each token (a token of no block, past the sequence, reads block 0):
+    // a block's slots are contiguous in `k_t`.
+    let tok = tile * TILE + arange(0, TILE);
+    let j = tok >> LOG_BS;
+    let blk_first = load(blk_indptr + b);
+    let blk_ok = j < load(blk_indptr + (b + 1)) - blk_first;
+    let blk = load(blk_indices + (blk_first + j), blk_ok, 0);
     if tile * TILE < n {
-        let tok = tile * TILE + arange(0, TILE);
         let closed = closed_tokens(n, 1 << LOG_BS);
         let valid = tok < closed;
-        // Block and slot of each token (a token of no block, past the sequence, reads
-        // block 0): a block's slots are contiguous in `k_t`.
-        let j = tok >> LOG_BS;
-        let blk_first = load(blk_indptr + b);
-        let blk_ok = j < load(blk_indptr + (b + 1)) - blk_first;
-        let blk = load(blk_indices + (blk_first + j), blk_ok, 0);
         let slot = tok & ((1 << LOG_BS) - 1);
         let base = ((blk as i64) * (num_kv_heads as i64) + (h as i64)) * (head_dim as i64);
         let cols = base * (1 << LOG_BS) + (slot as i64);
@@ -554,25 +567,27 @@ pub fn sparq_score<
         let at = (first * num_kv_heads + h * n) as i64;
         store(scores + (at + (tok as i64)), sum(acc, 0), valid);
         let l = where_(expand(valid, 0, G), acc, f32::NEG_INFINITY);
-        // The unfinished run's tokens in this tile, from their staged rows.
-        let open = closed + arange(0, 16);
-        let staged = (open < n) & (open >= tile * TILE) & (open < tile * TILE + TILE);
-        let mut lo = splat(f32::NEG_INFINITY, [G, 16]);
+        let mut m = max(l, 1);
+        let mut staged_sum = zeros::<f32>([G]);
+        // The unfinished run's tokens in this tile (the row's last), from their staged rows,
+        // merged into the tile's statistics here: other tiles pay nothing for them.
         if (closed < n) & (closed < tile * TILE + TILE) {
+            let open = closed + arange(0, 16);
+            let staged = (open < n) & (open >= tile * TILE) & (open < tile * TILE + TILE);
             let rows = ((row as i64) * 16 + (arange(0, 16) as i64)) * (head_dim as i64);
             let o = group_logits::<G, RP, CH, 16, 0>(k_open, dims, qs, row, r, rows);
             store(scores + (at + (open as i64)), sum(o, 0), staged);
             let heads = (row * G + arange(0, G)) * 16;
             let per_head = expand(heads, 1, 16) + expand(arange(0, 16), 0, G);
             store(staged_logits + per_head, o, expand(staged, 0, G));
-            lo = where_(expand(staged, 0, G), o, f32::NEG_INFINITY);
+            let lo = where_(expand(staged, 0, G), o, f32::NEG_INFINITY);
+            m = maximum(m, max(lo, 1));
+            staged_sum = sum(exp2((lo - expand(m, 1, 16)) * 1.4426950408889634), 1);
         }
-        let m = maximum(max(l, 1), max(lo, 1));
         let e = exp2((l - expand(m, 1, TILE)) * 1.4426950408889634);
-        let eo = exp2((lo - expand(m, 1, 16)) * 1.4426950408889634);
         let stat = (row * max_tiles + tile) * G + arange(0, G);
         store(stat_max + stat, m);
-        store(stat_sum + stat, sum(e, 1) + sum(eo, 1));
+        store(stat_sum + stat, sum(e, 1) + staged_sum);
     }
 }
 
