@@ -454,7 +454,10 @@ impl Device {
     }
 
     /// Sets every byte of `buf` to `byte`: poisons outputs before a kernel runs, so
-    /// values it failed to write stand out (0xFF makes every float a NaN).
+    /// values it failed to write stand out (0xFF makes every float a NaN), or clears a
+    /// sum before kernels add into it. Queued where this thread's launches go (the
+    /// caller's stream under [`Device::with_stream`]), so it is ordered with the kernels
+    /// around it.
     pub fn fill_bytes<T: Element>(&self, buf: &mut Buffer<T>, byte: u8) -> Result<()> {
         buf.raw
             .check_on(self, || "the buffer given to fill_bytes".into())?;
@@ -468,9 +471,10 @@ impl Device {
         }
         let (ptr, stream) = buf.raw.gpu_stream().expect("a GPU buffer");
         bind(stream)?;
-        // SAFETY: `ptr` holds at least `nbytes` bytes on the stream's device, and any byte
-        // pattern is a valid element.
-        unsafe { result::memset_d8_async(ptr, byte, nbytes, stream.cu_stream()) }
+        let queue = self.launch_stream().unwrap_or(stream.cu_stream());
+        // SAFETY: `ptr` holds at least `nbytes` bytes on the stream's device (the buffer is
+        // this device's, checked), and any byte pattern is a valid element.
+        unsafe { result::memset_d8_async(ptr, byte, nbytes, queue) }
             .map_err(driver("cuMemsetD8Async"))
     }
 

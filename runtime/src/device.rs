@@ -144,8 +144,9 @@ impl Device {
     /// `stream` instead of the device's own stream: the caller's stream (PyTorch's
     /// `torch.cuda.current_stream().cuda_stream`, an engine's), so that dusk's kernels
     /// are ordered with the caller's work, and captured into the caller's CUDA graph, with
-    /// no event or synchronisation between them. Only launches move; copies, allocations
-    /// and [`Device::synchronize`] stay on the device's stream. Calls nest (the innermost
+    /// no event or synchronisation between them. Only launches and fills
+    /// ([`Device::fill_bytes`], which a run may use to clear a sum) move; copies,
+    /// allocations and [`Device::synchronize`] stay on the device's stream. Calls nest (the innermost
     /// stream wins) and the previous stream is restored when `f` returns or unwinds. On
     /// the CPU this just calls `f`.
     ///
