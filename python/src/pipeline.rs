@@ -462,7 +462,7 @@ impl PipelinePlanPy {
     /// Fills the INT4 copy of K and the selector's state (Quest's pages, Double Sparsity's
     /// labels, SparQ's transposed K and sums of V) from the cache, every token of the
     /// plan's table, as after a prefill. SparQ's state reads V too: give `v_cache` for it.
-    /// Queued on the caller's stream, no sync.
+    /// Waits for its own upload (the pages to rebuild), then queues on the caller's stream.
     #[pyo3(signature = (k_cache, v_cache=None, *, stream=None))]
     fn prepare(
         &self,

@@ -455,8 +455,9 @@ impl PipelinePlan {
 impl PipelinePlan {
     /// Fills what the pipeline keeps beside K from `k` (f16, the cache): the INT4 copy the
     /// estimate reads (the whole cache) and the selector's state for every page of the
-    /// plan's table, as after a prefill. Queued, no sync. A selector whose state reads V
-    /// too (SparQ) needs [`PipelinePlan::prepare_kv`].
+    /// plan's table, as after a prefill. It waits for its own upload (the pages to
+    /// rebuild), then queues its kernels. A selector whose state reads V too (SparQ) needs
+    /// [`PipelinePlan::prepare_kv`].
     pub fn prepare(&mut self, dusk: &Dusk, k: &Buffer<f16>) -> Result<()> {
         self.prepare_with(dusk, k, None)
     }
@@ -483,7 +484,7 @@ impl PipelinePlan {
             dusk.quantize_k_into(k, qk)?;
         }
         if let Some(s) = &mut self.select {
-            let updates = PageUpdates::all(dusk, &self.shape.kv, &self.table)?;
+            let updates = ready(dusk, PageUpdates::all(dusk, &self.shape.kv, &self.table)?)?;
             s.prefill(dusk, k, v, &self.table, &updates)?;
         }
         Ok(())
@@ -492,7 +493,7 @@ impl PipelinePlan {
     /// The INT4 copy of K (the whole cache) and the selector's state of every page of
     /// `table` (the sequences on the device at a plan made by [`Pipeline::plan_device`],
     /// which keeps no table of its own), from the cache as after a prefill; `v` for the
-    /// selectors whose state reads it. Queued, no sync.
+    /// selectors whose state reads it. It waits for its own upload, then queues.
     pub fn prefill(
         &mut self,
         dusk: &Dusk,
@@ -504,7 +505,7 @@ impl PipelinePlan {
             dusk.quantize_k_into(k, qk)?;
         }
         if let Some(s) = &mut self.select {
-            let updates = PageUpdates::all(dusk, &self.shape.kv, table)?;
+            let updates = ready(dusk, PageUpdates::all(dusk, &self.shape.kv, table)?)?;
             s.prefill(dusk, k, v, table, &updates)?;
         }
         Ok(())
@@ -1074,6 +1075,14 @@ fn nonempty(v: &[i32]) -> Vec<i32> {
 
 /// Where an append writes for a plan with this INT4 copy and selector: the caller's cache,
 /// the copy, and the selector's state when it is Quest's (`quest`).
+/// `made` once the device's own stream, which uploaded it, has: a prefill's list of pages
+/// is made when it runs, and its kernels may be queued on a caller's stream
+/// (`Device::with_stream`), which would not wait for the upload.
+pub(crate) fn ready<T>(dusk: &Dusk, made: T) -> Result<T> {
+    dusk.device().synchronize()?;
+    Ok(made)
+}
+
 fn append_targets_of<'a>(
     qk: &'a mut Option<QuantizedK>,
     select: &'a mut Option<Box<dyn SelectStage>>,

@@ -190,7 +190,10 @@ impl SelectStage for SparqStage {
             None => (table, table),
             Some(_) => (&self.table, &self.blocks),
         };
-        let updates = SparqUpdates::all(dusk, self.plan.state(), table, blocks)?;
+        let updates = super::plan::ready(
+            dusk,
+            SparqUpdates::all(dusk, self.plan.state(), table, blocks)?,
+        )?;
         self.plan.state_mut().clear_values(dusk)?;
         self.plan.update(dusk, k, v, &updates)
     }
