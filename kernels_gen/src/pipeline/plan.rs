@@ -120,8 +120,8 @@ struct DeviceTable {
     limits: StepLimits,
     sizing: StepTable,
     append: Option<AppendPlan>,
-    /// The append writes the selector's state (Quest's), else the selector (a page
-    /// selector of one's own) is updated over the appended pages after it.
+    /// The append writes the selector's state (Quest's, DS's, SparQ's), else the selector
+    /// (a page selector of one's own) is updated over the appended pages after it.
     state_in_append: bool,
     spare: Spares,
 }
@@ -174,9 +174,11 @@ impl Pipeline {
     /// length), each step's lengths, budgets and list offsets computed on the device from
     /// the table [`PipelinePlan::decode_step`] is given, so that one captured graph
     /// replays a decode loop whose lengths grow. The selector is a page selector (Quest or
-    /// a user's [`crate::selectors::Selector`]), Double Sparsity (its budget over tokens),
-    /// or `Full` (every token, written where each row's offsets put it by the sizing
-    /// launch); SparQ is refused (its copy's block table is the host's). The INT4 copy and the selector's state start zeroed:
+    /// a user's [`crate::selectors::Selector`]), Double Sparsity or SparQ with its copy
+    /// paged as the cache (budgets over tokens), or `Full` (every token, written where each
+    /// row's offsets put it by the sizing launch); SparQ in blocks of its own is refused
+    /// (its blocks come from a free list the host keeps). The INT4 copy and the selector's
+    /// state start zeroed:
     /// [`PipelinePlan::prefill`] fills them.
     pub fn plan_device(
         &self,

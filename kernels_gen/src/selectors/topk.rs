@@ -273,7 +273,6 @@ pub struct TopKPlan {
     shape: SelectionShape,
     num_kv_heads: usize,
     unit_shift: u32,
-    items: Items,
     budget: Budget,
     keep: Keep,
     item_indptr: Buffer<i32>,
@@ -348,7 +347,6 @@ impl TopKPlan {
             cfg,
             num_kv_heads: kv.num_kv_heads,
             unit_shift: unit.trailing_zeros(),
-            items,
             budget,
             keep,
             item_indptr: dev.upload(&shape.item_indptr)?,
@@ -402,10 +400,6 @@ impl TopKPlan {
 
     pub fn config(&self) -> TopKConfig {
         self.cfg
-    }
-    /// What the rows' scores are over (pages or tokens).
-    pub fn items(&self) -> Items {
-        self.items
     }
     /// The budget and always-kept items the plan was made with.
     pub fn budget(&self) -> (Budget, Keep) {
