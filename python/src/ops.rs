@@ -468,6 +468,27 @@ pub(crate) fn settle(ctx: &Ctx) -> PyResult<()> {
     ctx.device().synchronize().py_err()
 }
 
+/// Puts `new` in `slot` and drops the state it replaces once the caller's current stream
+/// has run what was queued on it: the old plan's buffers are freed on the device's own
+/// stream, which is first ordered after the caller's (`Device::order_after_launches`), so a
+/// run still queued there never reads memory handed out again (a plan per step, as
+/// FlashInfer's wrappers are used). Runs queued on another stream given as `stream=` must
+/// be finished (or the plan kept) before planning again.
+pub(crate) fn replace_state<T>(
+    py: Python<'_>,
+    ctx: &Ctx,
+    slot: &mut Option<T>,
+    new: T,
+) -> PyResult<()> {
+    let old = slot.replace(new);
+    if old.is_some() {
+        let stream = resolve_stream(py, ctx.place, None)?;
+        on_stream(ctx, stream, || ctx.device().order_after_launches()).py_err()?;
+    }
+    drop(old);
+    Ok(())
+}
+
 /// The quantized SpGEMV: estimated scores `q . dequant(k)` of each query head against its
 /// KV head's candidate tokens, reading the INT4 (or INT8) codes of [`quantize_k`].
 ///
@@ -516,6 +537,7 @@ impl SpgemvPlanPy {
     #[allow(clippy::too_many_arguments)]
     fn plan(
         &mut self,
+        py: Python<'_>,
         kv_indptr: &Bound<'_, PyAny>,
         kv_page_indices: &Bound<'_, PyAny>,
         kv_last_page_len: &Bound<'_, PyAny>,
@@ -539,14 +561,19 @@ impl SpgemvPlanPy {
         };
         let plan = Spgemv::new(&self.ctx.dusk, kv, num_qo_heads, bits, &table, &cand).py_err()?;
         settle(&self.ctx)?;
-        self.state = Some(SpgemvState {
-            plan,
-            kv,
-            batch: table.batch(),
-            num_q_heads: num_qo_heads,
-            bits,
-            replay: graph_launch.then(Replay::default),
-        });
+        replace_state(
+            py,
+            &self.ctx,
+            &mut self.state,
+            SpgemvState {
+                plan,
+                kv,
+                batch: table.batch(),
+                num_q_heads: num_qo_heads,
+                bits,
+                replay: graph_launch.then(Replay::default),
+            },
+        )?;
         Ok(())
     }
 
@@ -793,6 +820,7 @@ impl PrunePlanPy {
     #[allow(clippy::too_many_arguments)]
     fn plan(
         &mut self,
+        py: Python<'_>,
         cand_indptr: &Bound<'_, PyAny>,
         cand_indices: &Bound<'_, PyAny>,
         policy: &str,
@@ -806,13 +834,18 @@ impl PrunePlanPy {
         let plan = Prune::new(&self.ctx.dusk, pol, &cand, group, sm_scale, &values)
             .map_err(|e| crate::errors::to_py_renamed(e, &[("scale", "sm_scale")]))?;
         settle(&self.ctx)?;
-        self.state = Some(Arc::new(Mutex::new(PruneState {
-            plan,
-            policy: pol,
-            rows: cand.rows(),
-            group,
-            nnz: cand.indices.len(),
-        })));
+        replace_state(
+            py,
+            &self.ctx,
+            &mut self.state,
+            Arc::new(Mutex::new(PruneState {
+                plan,
+                policy: pol,
+                rows: cand.rows(),
+                group,
+                nnz: cand.indices.len(),
+            })),
+        )?;
         Ok(())
     }
 
@@ -1115,6 +1148,7 @@ impl AttentionPlanPy {
     #[allow(clippy::too_many_arguments)]
     fn plan(
         &mut self,
+        py: Python<'_>,
         kv_indptr: &Bound<'_, PyAny>,
         kv_page_indices: &Bound<'_, PyAny>,
         kv_last_page_len: &Bound<'_, PyAny>,
@@ -1280,14 +1314,19 @@ impl AttentionPlanPy {
         };
         let lse = dev.alloc::<f32>(spec.batch * spec.num_q_heads).py_err()?;
         settle(&ctx)?;
-        self.state = Some(AttentionState {
-            plan,
-            meta,
-            spec,
-            lse,
-            replay: graph_launch.then(Replay::default),
-            _borrowed: borrowed,
-        });
+        replace_state(
+            py,
+            &self.ctx,
+            &mut self.state,
+            AttentionState {
+                plan,
+                meta,
+                spec,
+                lse,
+                replay: graph_launch.then(Replay::default),
+                _borrowed: borrowed,
+            },
+        )?;
         Ok(())
     }
 

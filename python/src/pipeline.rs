@@ -7,7 +7,7 @@ use crate::context::{context, parse_device, resolve_stream, Ctx};
 use crate::errors::{invalid, to_py_renamed, OrPy};
 use crate::ops::{
     borrow_attention_args, check_outputs, device_i32s, no_plan, on_stream, page_table,
-    parse_params, policy, settle, tensors,
+    parse_params, policy, replace_state, settle, tensors,
 };
 use crate::tensor::{type_name, Array, Place, Tensor};
 use dusk_compiler::DType;
@@ -189,6 +189,7 @@ impl PipelinePlanPy {
     /// `plan(..., device_table=True)`.
     fn plan_on_device(
         &mut self,
+        py: Python<'_>,
         meta: [&Bound<'_, PyAny>; 3],
         kv: KvShape,
         num_q_heads: usize,
@@ -237,18 +238,23 @@ impl PipelinePlanPy {
         };
         let lse = dev.alloc::<f32>((batch * num_q_heads).max(1)).py_err()?;
         settle(ctx)?;
-        self.state = Some(Arc::new(Mutex::new(PipeState {
-            plan,
-            table: Table::Device {
-                table,
-                _keep: tab.iter().flat_map(|t| t.keep_alive()).collect(),
-                sized: false,
-            },
-            lse,
-            kv,
-            batch,
-            num_q_heads,
-        })));
+        replace_state(
+            py,
+            &self.ctx,
+            &mut self.state,
+            Arc::new(Mutex::new(PipeState {
+                plan,
+                table: Table::Device {
+                    table,
+                    _keep: tab.iter().flat_map(|t| t.keep_alive()).collect(),
+                    sized: false,
+                },
+                lse,
+                kv,
+                batch,
+                num_q_heads,
+            })),
+        )?;
         Ok(())
     }
 
@@ -400,6 +406,7 @@ impl PipelinePlanPy {
     #[allow(clippy::too_many_arguments)]
     fn plan(
         &mut self,
+        py: Python<'_>,
         kv_indptr: &Bound<'_, PyAny>,
         kv_page_indices: &Bound<'_, PyAny>,
         kv_last_page_len: &Bound<'_, PyAny>,
@@ -413,6 +420,7 @@ impl PipelinePlanPy {
     ) -> PyResult<()> {
         if device_table {
             return self.plan_on_device(
+                py,
                 [kv_indptr, kv_page_indices, kv_last_page_len],
                 KvShape {
                     num_pages,
@@ -444,14 +452,14 @@ impl PipelinePlanPy {
             dtype: DType::F16,
         };
         let plan = self.pipeline.plan(&self.ctx.dusk, shape, &table).py_err()?;
-        self.state = Some(Arc::new(Mutex::new(planned(
+        let state = Arc::new(Mutex::new(planned(
             &self.ctx,
             plan,
             &table,
             kv,
             num_qo_heads,
-        )?)));
-        Ok(())
+        )?));
+        replace_state(py, &self.ctx, &mut self.state, state)
     }
 
     #[getter]
@@ -521,6 +529,7 @@ impl PipelinePlanPy {
     /// error from the new table the plan is dropped: `plan` again. May synchronise.
     fn replan(
         &mut self,
+        py: Python<'_>,
         kv_indptr: &Bound<'_, PyAny>,
         kv_page_indices: &Bound<'_, PyAny>,
         kv_last_page_len: &Bound<'_, PyAny>,
@@ -551,6 +560,11 @@ impl PipelinePlanPy {
         table.validate(&kv).py_err()?;
         let num_q_heads = old.num_q_heads;
         let dusk = &self.ctx.dusk;
+        // What the new plan does not keep is freed on the device's own stream: after the
+        // steps still queued on the caller's (see `replace_state`).
+        let ctx = &self.ctx;
+        let stream = resolve_stream(py, ctx.place, None)?;
+        on_stream(ctx, stream, || ctx.device().order_after_launches()).py_err()?;
         let plan = old.plan.replan(dusk, &table).py_err()?;
         self.state = Some(Arc::new(Mutex::new(planned(
             &self.ctx,

@@ -3,7 +3,7 @@
 //! against a [`Device`] runs on a laptop and on an H100 alike.
 
 use crate::error::{driver, Result, RuntimeError};
-use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream};
 use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
@@ -52,6 +52,8 @@ pub(crate) struct Gpu {
     pub(crate) compute_capability: (u32, u32),
     pub(crate) num_sms: u32,
     pub(crate) l2_bytes: usize,
+    /// Marks the point a launch stream has reached, for [`Device::order_after_launches`].
+    pub(crate) join: CudaEvent,
 }
 
 impl Device {
@@ -152,9 +154,12 @@ impl Device {
     ///
     /// # Safety
     /// `stream` must be a stream of this device's context (the primary context, which
-    /// PyTorch and CuPy use) that stays valid until the work launched on it has run; and
+    /// PyTorch and CuPy use) that stays valid until the work launched on it has run;
     /// buffers the device's own stream allocated or filled (a plan's) must be ready before
-    /// `f` launches on `stream` (synchronise the device after making them).
+    /// `f` launches on `stream` (synchronise the device after making them); and buffers
+    /// the launches read must not be dropped, nor copied into, on the device's own stream
+    /// before those launches have run ([`Device::order_after_launches`] orders that stream
+    /// after them).
     pub unsafe fn with_stream<R>(&self, stream: sys::CUstream, f: impl FnOnce() -> R) -> R {
         let Some(g) = self.gpu_inner() else {
             return f();
@@ -168,6 +173,47 @@ impl Device {
         let key = Arc::as_ptr(g) as usize;
         let _restore = Restore(LAUNCH_STREAM.with(|s| s.replace(Some((key, stream as usize)))));
         f()
+    }
+
+    /// Orders the device's own stream after the work queued so far on this thread's launch
+    /// stream (the caller's, inside [`Device::with_stream`]), without waiting on the host:
+    /// the copies and frees that go to the device's own stream afterwards (a plan's
+    /// temporaries dropped once their kernels are queued, a replaced plan's buffers, new
+    /// uploads into memory the pool hands out again) then happen after those kernels, not
+    /// while they may still read the memory. One event record and one stream wait; nothing
+    /// on the CPU, when launches go to the device's own stream, or while the launch stream
+    /// is being captured into a graph (a wait on a captured event would pull the device's
+    /// stream into the capture; nothing runs before the graph is launched anyway).
+    pub fn order_after_launches(&self) -> Result<()> {
+        let Some(g) = self.gpu_inner() else {
+            return Ok(());
+        };
+        let launch = g.launch_stream();
+        let own = g.stream.cu_stream();
+        if launch == own {
+            return Ok(());
+        }
+        g.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: `launch` is a stream of this context (the contract of `with_stream`);
+        // writes one status.
+        unsafe { sys::cuStreamIsCapturing(launch, &mut status) }
+            .result()
+            .map_err(driver("cuStreamIsCapturing"))?;
+        if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            return Ok(());
+        }
+        // SAFETY: the event and both streams belong to this context; a record followed by a
+        // wait on it is ordered by the driver even when the event is recorded again later.
+        unsafe {
+            result::event::record(g.join.cu_event(), launch).map_err(driver("cuEventRecord"))?;
+            result::stream::wait_event(
+                own,
+                g.join.cu_event(),
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+            .map_err(driver("cuStreamWaitEvent"))
+        }
     }
 
     /// The stream launches on this device go to from this thread: the one set by
@@ -238,6 +284,7 @@ fn open_gpu(ordinal: usize) -> Result<Device> {
     // first allocation.
     unsafe { ctx.disable_event_tracking() };
     let stream = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
+    let join = ctx.new_event(None).map_err(driver("cuEventCreate"))?;
     let name = ctx.name().map_err(driver("cuDeviceGetName"))?;
     let (major, minor) = ctx
         .compute_capability()
@@ -258,6 +305,7 @@ fn open_gpu(ordinal: usize) -> Result<Device> {
             compute_capability: (major.max(0) as u32, minor.max(0) as u32),
             num_sms: sms.max(0) as u32,
             l2_bytes: l2.max(0) as usize,
+            join,
         })),
     })
 }

@@ -488,6 +488,7 @@ impl PipelinePlan {
         if let Some(s) = &mut self.select {
             let updates = ready(dusk, PageUpdates::all(dusk, &self.shape.kv, &self.table)?)?;
             s.prefill(dusk, k, v, &self.table, &updates)?;
+            retire(dusk, updates)?;
         }
         Ok(())
     }
@@ -509,6 +510,7 @@ impl PipelinePlan {
         if let Some(s) = &mut self.select {
             let updates = ready(dusk, PageUpdates::all(dusk, &self.shape.kv, table)?)?;
             s.prefill(dusk, k, v, table, &updates)?;
+            retire(dusk, updates)?;
         }
         Ok(())
     }
@@ -1075,8 +1077,6 @@ fn nonempty(v: &[i32]) -> Vec<i32> {
     }
 }
 
-/// Where an append writes for a plan with this INT4 copy and selector: the caller's cache,
-/// the copy, and the selector's state when it is Quest's (`quest`).
 /// `made` once the device's own stream, which uploaded it, has: a prefill's list of pages
 /// is made when it runs, and its kernels may be queued on a caller's stream
 /// (`Device::with_stream`), which would not wait for the upload.
@@ -1085,6 +1085,20 @@ pub(crate) fn ready<T>(dusk: &Dusk, made: T) -> Result<T> {
     Ok(made)
 }
 
+/// Drops `used` (a prefill's list of pages, made by [`ready`]) once the kernels queued to
+/// read it will have: its memory goes back to the device's own stream, which is first
+/// ordered after the caller's (`Device::order_after_launches`). Dropped at once, a list
+/// freed there while the kernels still waited on the caller's stream was handed out again
+/// and overwritten under them (the next plan's uploads): SparQ's sums of V came out wrong
+/// whenever the kernels ran late, as under compute-sanitizer.
+pub(crate) fn retire<T>(dusk: &Dusk, used: T) -> Result<()> {
+    dusk.device().order_after_launches()?;
+    drop(used);
+    Ok(())
+}
+
+/// Where an append writes for a plan with this INT4 copy and selector: the caller's cache,
+/// the copy, and the selector's state.
 fn append_targets_of<'a>(
     qk: &'a mut Option<QuantizedK>,
     select: &'a mut Option<Box<dyn SelectStage>>,

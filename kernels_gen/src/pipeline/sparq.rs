@@ -195,7 +195,8 @@ impl SelectStage for SparqStage {
             SparqUpdates::all(dusk, self.plan.state(), table, blocks)?,
         )?;
         self.plan.state_mut().clear_values(dusk)?;
-        self.plan.update(dusk, k, v, &updates)
+        self.plan.update(dusk, k, v, &updates)?;
+        super::plan::retire(dusk, updates)
     }
     fn replan(self: Box<Self>, dusk: &Dusk, table: &PageTable) -> Result<Box<dyn SelectStage>> {
         let SparqStage {
