@@ -563,7 +563,13 @@ def test_token_selector_pipelines_from_the_bundle_equal_the_interpreter(gen, sel
         p.replan(indptr, ids, grown)
         p.append(k_new.to(dev), v_new.to(dev), kc, vc)
         out = torch.full_like(q, float("nan")).to(dev)
-        p.step(q.to(dev), kc, vc, out)
+        qd = q.to(dev)  # before the sleep: a copy from the host would wait for it
+        if dev == DEV:
+            # The step queued behind a long kernel on torch's stream: anything of it that
+            # went to dusk's own stream instead (SparQ's lists, copied for attention) would
+            # run first and read stale data.
+            torch.cuda._sleep(100_000_000)
+        p.step(qd, kc, vc, out)
         if dev == DEV:
             torch.cuda.synchronize()
         sel = torch.from_dlpack(p.selection).cpu().numpy()[: p.candidate_indptr[-1]].copy()

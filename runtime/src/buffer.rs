@@ -326,8 +326,9 @@ impl<T: Element> Buffer<T> {
     }
 
     /// Copies `src` into this buffer, device to device (`cuMemcpyDtoDAsync` on the GPU,
-    /// queued on the device's stream). Both must have the same length and live on the
-    /// same device.
+    /// queued where this thread's launches go: the device's stream, or the caller's inside
+    /// `Device::with_stream`, so that it is ordered with the kernels around it). Both must
+    /// have the same length and live on the same device.
     pub fn copy_from(&mut self, src: &Buffer<T>) -> Result<()> {
         if src.raw.len != self.raw.len {
             return Err(RuntimeError::BufferMismatch {
@@ -357,8 +358,11 @@ impl<T: Element> Buffer<T> {
                     return Ok(());
                 }
                 bind(stream)?;
+                // Where this thread's launches go: a step's copy between two of its
+                // buffers is ordered with its kernels on the caller's stream.
+                let queue = crate::device::launch_stream_of(stream);
                 // SAFETY: both allocations hold at least `nbytes` bytes, on one device.
-                unsafe { result::memcpy_dtod_async(dst, from, nbytes, stream.cu_stream()) }
+                unsafe { result::memcpy_dtod_async(dst, from, nbytes, queue) }
                     .map_err(driver("cuMemcpyDtoDAsync"))
             }
             _ => Err(wrong(&self.raw, &src.raw)),

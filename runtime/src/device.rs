@@ -10,8 +10,20 @@ use std::sync::Arc;
 
 thread_local! {
     /// The stream this thread's launches go to instead of their device's own, while a
-    /// [`Device::with_stream`] call runs: (the device's `Gpu` address, the `CUstream`).
+    /// [`Device::with_stream`] call runs: (the device's own `CUstream`, which names the
+    /// device, the `CUstream` launches go to).
     static LAUNCH_STREAM: Cell<Option<(usize, usize)>> = const { Cell::new(None) };
+}
+
+/// Where this thread's launches on the device whose own stream is `own` go: the stream a
+/// [`Device::with_stream`] call set, else `own`. Buffers know their device's stream, not
+/// the device: copies between them take their queue from here.
+pub(crate) fn launch_stream_of(own: &CudaStream) -> sys::CUstream {
+    let key = own.cu_stream() as usize;
+    match LAUNCH_STREAM.with(|s| s.get()) {
+        Some((k, stream)) if k == key => stream as sys::CUstream,
+        _ => own.cu_stream(),
+    }
 }
 
 /// A device kernels run on. Cheap to clone: clones share the context and stream.
@@ -35,11 +47,7 @@ pub(crate) enum Backend {
 impl Gpu {
     /// See [`Device::launch_stream`].
     pub(crate) fn launch_stream(self: &Arc<Self>) -> sys::CUstream {
-        let key = Arc::as_ptr(self) as usize;
-        match LAUNCH_STREAM.with(|s| s.get()) {
-            Some((k, stream)) if k == key => stream as sys::CUstream,
-            _ => self.stream.cu_stream(),
-        }
+        launch_stream_of(&self.stream)
     }
 }
 
@@ -146,9 +154,11 @@ impl Device {
     /// `stream` instead of the device's own stream: the caller's stream (PyTorch's
     /// `torch.cuda.current_stream().cuda_stream`, an engine's), so that dusk's kernels
     /// are ordered with the caller's work, and captured into the caller's CUDA graph, with
-    /// no event or synchronisation between them. Only launches and fills
-    /// ([`Device::fill_bytes`], which a run may use to clear a sum) move; copies,
-    /// allocations and [`Device::synchronize`] stay on the device's stream. Calls nest (the innermost
+    /// no event or synchronisation between them. Launches, fills ([`Device::fill_bytes`],
+    /// which a run may use to clear a sum) and copies between device buffers
+    /// ([`Buffer::copy_from`](crate::Buffer::copy_from), which a step may use to move a
+    /// list) move; copies to or from the host, allocations and [`Device::synchronize`]
+    /// stay on the device's stream. Calls nest (the innermost
     /// stream wins) and the previous stream is restored when `f` returns or unwinds. On
     /// the CPU this just calls `f`.
     ///
@@ -170,7 +180,7 @@ impl Device {
                 LAUNCH_STREAM.with(|s| s.set(self.0));
             }
         }
-        let key = Arc::as_ptr(g) as usize;
+        let key = g.stream.cu_stream() as usize;
         let _restore = Restore(LAUNCH_STREAM.with(|s| s.replace(Some((key, stream as usize)))));
         f()
     }
