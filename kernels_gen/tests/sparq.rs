@@ -580,16 +580,43 @@ fn appending_matches_a_rebuild() {
     let mut bad: Vec<i32> = [
         SparqEntry { page: -1, ..fine },
         SparqEntry { page: 12, ..fine },
-        SparqEntry { start: 15, count: 2, ..fine },
+        SparqEntry {
+            start: 15,
+            count: 2,
+            ..fine
+        },
         SparqEntry { start: -1, ..fine },
         SparqEntry { seq: 2, ..fine },
         SparqEntry { block: 5, ..fine },
-        SparqEntry { block_start: 31, count: 2, ..fine },
-        SparqEntry { block_start: 3, stage: 2, ..fine },
-        SparqEntry { block_start: 15, count: 2, stage: 31, ..fine },
-        SparqEntry { copy_to: 65, ..fine },
-        SparqEntry { copy_from: 9, copy_to: 8, ..fine },
-        SparqEntry { copy_from: -1, ..fine },
+        SparqEntry {
+            block_start: 31,
+            count: 2,
+            ..fine
+        },
+        SparqEntry {
+            block_start: 3,
+            stage: 2,
+            ..fine
+        },
+        SparqEntry {
+            block_start: 15,
+            count: 2,
+            stage: 31,
+            ..fine
+        },
+        SparqEntry {
+            copy_to: 65,
+            ..fine
+        },
+        SparqEntry {
+            copy_from: 9,
+            copy_to: 8,
+            ..fine
+        },
+        SparqEntry {
+            copy_from: -1,
+            ..fine
+        },
     ]
     .iter()
     .flat_map(SparqEntry::fields)
@@ -870,8 +897,20 @@ fn bad_arguments_are_typed_errors() {
     );
     assert_eq!(upd(SparqEntry { stage: 19, ..entry }), None);
     assert_eq!(upd(SparqEntry { stage: 2, ..staged }), Some("stages"));
-    assert_eq!(upd(SparqEntry { stage: 20, ..staged }), Some("stages"));
-    assert_eq!(upd(SparqEntry { stage: 35, ..staged }), Some("stages"));
+    assert_eq!(
+        upd(SparqEntry {
+            stage: 20,
+            ..staged
+        }),
+        Some("stages")
+    );
+    assert_eq!(
+        upd(SparqEntry {
+            stage: 35,
+            ..staged
+        }),
+        Some("stages")
+    );
     // Components copied: a slice, none, past the key, backwards.
     let part = |copy_from, copy_to| SparqEntry {
         copy_from,

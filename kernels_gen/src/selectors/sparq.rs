@@ -600,11 +600,13 @@ impl SparqUpdates {
         for b in 0..table.batch() {
             let n = table.seq_len(b, state.kv.page_size);
             let closed = closed_tokens(n, run);
-            entries.extend(pieces(state, table, blocks, b, 0..n).map(|(t, e)| SparqEntry {
-                stage: if t < closed { -1 } else { (t % ring) as i32 },
-                copy_to: (copied_slices(n, t, run) * d / run) as i32,
-                ..e
-            }));
+            entries.extend(
+                pieces(state, table, blocks, b, 0..n).map(|(t, e)| SparqEntry {
+                    stage: if t < closed { -1 } else { (t % ring) as i32 },
+                    copy_to: (copied_slices(n, t, run) * d / run) as i32,
+                    ..e
+                }),
+            );
         }
         Self::new(dusk, state, &entries)
     }
@@ -628,11 +630,13 @@ impl SparqUpdates {
                 continue;
             };
             let slice = p % run;
-            entries.extend(pieces(state, table, blocks, b, p..p + 1).map(|(_, e)| SparqEntry {
-                stage: (p % ring) as i32,
-                copy_to: 0,
-                ..e
-            }));
+            entries.extend(
+                pieces(state, table, blocks, b, p..p + 1).map(|(_, e)| SparqEntry {
+                    stage: (p % ring) as i32,
+                    copy_to: 0,
+                    ..e
+                }),
+            );
             if let Some(prev) = (p - slice).checked_sub(run) {
                 let copy = pieces(state, table, blocks, b, prev..prev + run);
                 entries.extend(copy.map(|(_, e)| SparqEntry {

@@ -26,8 +26,8 @@
 use super::bench::check_order;
 use super::reference::top_k_row;
 use super::selector::Build;
-use super::sparq::{ScoreOutputs, SparqBlocks, SparqOptions, SparqPlan, SparqState};
 use super::sparq::closed_tokens;
+use super::sparq::{ScoreOutputs, SparqBlocks, SparqOptions, SparqPlan, SparqState};
 use super::sparq_kernels::{sparq_score, SPARQ_RUN};
 use super::sparq_reference::{sparq_alpha, sparq_row};
 use super::topk::{Budget, Keep, SelectionShape, TopKConfig};

@@ -103,7 +103,10 @@ pub fn sparq_copy_slice<const D: usize>(
     let from = staged_at + ((q % run) as i64) * D + (group as i64);
     let keys = load(k_open + (expand(from, 1, D / 16) + expand(w as i64, 0, 16)));
     let turned = shared::<f16>(D);
-    store(turned + (expand(q, 1, D / 16) + expand(w * 16, 0, 16)), keys);
+    store(
+        turned + (expand(q, 1, D / 16) + expand(w * 16, 0, 16)),
+        keys,
+    );
     // Row e of the [D / 8, 8] block read back: component e / 2 of rows (e % 2) * 8 ..
     // (e % 2) * 8 + 8, that is of tokens from `first` (0 or 8 with runs of 16, 0 with runs
     // of 8, whose second row of 8 is the next component group).
@@ -239,7 +242,11 @@ pub fn sparq_token<const D: usize, const ROWS: usize>(
     let at = first + pos / block_size;
     let listed = valid & (first >= 0) & (at < end) & (end <= num_blk_indices);
     let block = load(blk_indices + at, listed, -1);
-    let prev_block = load(blk_indices + (first + prev / block_size), listed & has_prev, -1);
+    let prev_block = load(
+        blk_indices + (first + prev / block_size),
+        listed & has_prev,
+        -1,
+    );
     let ok = listed & (block >= 0) & (block < num_blocks);
     let copies = ok & has_prev & (prev_block >= 0) & (prev_block < num_blocks);
     // The previous run's slice into the copy, a row at a time.
@@ -349,7 +356,16 @@ pub fn sparq_update<const D: usize>(
             let offs = (token0 + (j as i64) * (num_kv_heads as i64)) * D + comps;
             let key = load(k + offs);
             if copy_from < copy_to {
-                sparq_store_key::<D>(k_t, block, to + j, h, num_kv_heads, block_size, key, into_copy);
+                sparq_store_key::<D>(
+                    k_t,
+                    block,
+                    to + j,
+                    h,
+                    num_kv_heads,
+                    block_size,
+                    key,
+                    into_copy,
+                );
             }
             if stage >= 0 {
                 store(k_open + (staged_at + (j as i64) * D + comps), key);
