@@ -525,9 +525,10 @@ pub fn row_max<const G: usize, const BLOCK: usize>(
 /// num_kv_heads, max_tiles)`, `max_tiles = ceil(longest sequence / TILE)`, one warp a
 /// program; `program_id(1) = i` takes tile `max_tiles - 1 - i`, so that the tiles holding
 /// staged tokens, which read them besides their own, are among the first the GPU starts
-/// rather than its last wave (in the grid's order a row's tiles come a wave apart): in
-/// that order the launch's tail was one such tile long, 3.4% of GQA's scoring at batch 32
-/// and 32k (93.2 us against 90.1 with no staged tokens, H200).
+/// rather than its last wave (the grid runs every row's tile `i` before any row's tile `i +
+/// 1`). In tile order, GQA's scoring at batch 32 and 32k (16 staged tokens in every row's
+/// last tile) took 93.2 us against main's 90.1 (none staged there at 32k), from the last
+/// 90.6 (H200, `benches/NOTES.md`).
 #[kernel(crate = "crate::dusk_paths", num_warps = 1)]
 #[allow(clippy::too_many_arguments)]
 pub fn sparq_score<
