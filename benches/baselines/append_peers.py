@@ -13,15 +13,18 @@ append (`kv_page_indices[kv_indptr[b + 1] - 1]`, slot `kv_last_page_len[b] - 1`)
   Sparsity's labels (16 channels of K per KV head, `[pages, kv_heads, 16, 16]` f16, a
   gather; `append_ds_*`), or SparQ's (`append_sparq_*`): the transposed copy
   (`[blocks, kv_heads, 128, 256]` f16, blocks of 256 tokens through a block table of their
-  own, scattered as the pages) holds finished runs of 16 tokens, each sequence's
-  unfinished run is staged row-major (`[batch, kv_heads, 16, 128]` f16): a token that
-  finishes its run writes the run's 15 staged keys and its own into the copy, any other is
-  staged; V is added to the f32 sums of V (`[batch, kv_heads, 128]`).
+  own, scattered as the pages) is written in runs of 16 tokens from each sequence's
+  staging ring of two runs (`[batch, kv_heads, 32, 128]` f16, the token at position `p` in
+  row `p % 32`): the token is staged, and slice `j = p % 16` of the run before its own
+  (components `8j .. 8j + 8` of that run's 16 staged keys) goes into the copy; V is added
+  to the f32 sums of V (`[batch, kv_heads, 128]`).
 
 In rotation set `i` sequence `b` holds `32768 - (b + i) % 16` tokens, as in dusk's
-benchmark (every slot of a page gets a new token, the first included; a sixteenth of the
-tokens finish a run of SparQ's copy); in the `append_sparq_finish_*` cases every sequence
-holds 32768, so every token finishes a run (SparQ's slowest step). Timed by harness.py,
+benchmark (every slot of a page gets a new token, the first included, and every place of
+a run of SparQ's copy); in the `append_sparq_finish_*` cases every sequence holds 32768,
+so every token finishes a run (the step in which every row moved a whole run into the
+copy when runs were copied whole; now each copies the last slice of the run before).
+Timed by harness.py,
 the rule dusk's side follows too: each rotation set is its own page table (a random
 placement of the pages), lengths and new tokens, `rotation_sets(bytes one step reads)` of
 them; the calls are captured in a CUDA graph and replayed between two events (queued where
@@ -76,23 +79,27 @@ def case(selector, batch, q_heads, kv_heads, context, gen, finish_runs=False):
         state["channels"] = channels.view(1, 1, LABELS).expand(batch, kv_heads, LABELS)
     else:
         state["k_t"] = torch.zeros(num_blocks, kv_heads, HEAD_DIM, BLOCK, dtype=torch.half, device=dev)
-        state["k_open"] = torch.zeros(batch, kv_heads, RUN, HEAD_DIM, dtype=torch.half, device=dev)
+        # Staged keys to copy (checked after the first step).
+        state["k_open"] = torch.rand(batch, kv_heads, 2 * RUN, HEAD_DIM, device=dev, generator=gen).half()
         state["v_sum"] = torch.zeros(batch, kv_heads, HEAD_DIM, dtype=torch.float, device=dev)
     ends = torch.tensor(pages, device=dev).cumsum(0)
     blk_ends = torch.tensor(blocks, device=dev).cumsum(0)
     heads = torch.arange(kv_heads, device=dev)
-    comps = torch.arange(HEAD_DIM, device=dev)
+    seqs = torch.arange(batch, device=dev)
     in_run = torch.arange(RUN, device=dev)
+    width = HEAD_DIM // RUN
+    in_slice = torch.arange(width, device=dev)
     # What one step reads (as dusk's AppendBench::read_bytes): the new K and V, the table's
     # entries it looks at, Quest's state of the pages whose new token is not their first,
-    # DS's channels, SparQ's block table entries, sums of V and the staged keys of the runs
-    # finished.
+    # DS's channels, SparQ's block table entries, sums of V and the staged keys of the
+    # slices copied (every sequence here is past its first run).
     continued = sum(1 for n in lens if (n - 1) % PAGE != 0)
-    finishing = sum(1 for n in lens if n % RUN == 0)
+    copying = sum(1 for n in lens if n > RUN)
+    assert copying == batch
     read_bytes = 2 * batch * kv_heads * HEAD_DIM * 2 + batch * 16
     read_bytes += {"quest": 2 * continued * kv_heads * HEAD_DIM * 2, "ds": kv_heads * LABELS * 4,
-                   "sparq": batch * 12 + batch * kv_heads * HEAD_DIM * 4
-                   + finishing * kv_heads * (RUN - 1) * HEAD_DIM * 2}[selector]
+                   "sparq": batch * 16 + batch * kv_heads * HEAD_DIM * 4
+                   + copying * kv_heads * HEAD_DIM * 2}[selector]
     sets = harness.rotation_sets(read_bytes)
     inputs = []
     for i in range(sets):
@@ -100,20 +107,23 @@ def case(selector, batch, q_heads, kv_heads, context, gen, finish_runs=False):
         blk_ids = torch.randperm(num_blocks, device=dev, generator=gen).int()
         k_new = (torch.rand(batch, kv_heads, HEAD_DIM, device=dev, generator=gen) * 6 - 3).half()
         v_new = (torch.rand(batch, kv_heads, HEAD_DIM, device=dev, generator=gen) * 6 - 3).half()
-        # The set's token places; SparQ's rows that stage their token and those that finish
-        # a run (known on the host, so the graph has no data-dependent shapes).
+        # The set's token places, and SparQ's: each token's place in the ring, the slice it
+        # copies, the previous run's block (counted back from the sequence's last) and its
+        # first slot and ring row.
         n = lens_at(i)
+        prev = [m - 1 - (m - 1) % RUN - RUN for m in n]
         where = {
             "slot": torch.tensor([(m - 1) % PAGE for m in n], device=dev),
-            "blk_slot": torch.tensor([(m - 1) % BLOCK for m in n], device=dev),
-            "staging": torch.tensor([b for b, m in enumerate(n) if m % RUN], device=dev, dtype=torch.long),
-            "finishing": torch.tensor([b for b, m in enumerate(n) if m % RUN == 0], device=dev,
-                                      dtype=torch.long),
+            "ring": torch.tensor([(m - 1) % (2 * RUN) for m in n], device=dev),
+            "slice": torch.tensor([(m - 1) % RUN for m in n], device=dev),
+            "prev_back": torch.tensor([(m - 1) // BLOCK - p // BLOCK for m, p in zip(n, prev)], device=dev),
+            "prev_slot": torch.tensor([p % BLOCK for p in prev], device=dev),
+            "prev_ring": torch.tensor([p % (2 * RUN) for p in prev], device=dev),
         }
         inputs.append((page_ids, blk_ids, k_new, v_new, where))
 
     def step(page_ids, blk_ids, k_new, v_new, where):
-        slot, blk_slot = where["slot"], where["blk_slot"]
+        slot = where["slot"]
         first = (slot == 0).view(-1, 1, 1)
         last = page_ids[ends - 1].long()  # each sequence's last page
         k_cache[last, slot] = k_new
@@ -135,16 +145,16 @@ def case(selector, batch, q_heads, kv_heads, context, gen, finish_runs=False):
         elif selector == "ds":
             state["labels"][last, :, slot] = k_new.gather(-1, state["channels"])
         else:
-            block = blk_ids[blk_ends - 1].long()  # the token's block: each sequence's last
-            s, f = where["staging"], where["finishing"]
-            if len(s):
-                state["k_open"][s.view(-1, 1), heads, (blk_slot[s] % RUN).view(-1, 1)] = k_new[s]
-            if len(f):
-                run = state["k_open"][f]  # [finishing, kv_heads, 16, 128], the new key last
-                run[:, :, RUN - 1] = k_new[f]
-                at = (blk_slot[f] - (RUN - 1)).view(-1, 1, 1, 1) + in_run
-                state["k_t"][block[f].view(-1, 1, 1, 1), heads.view(-1, 1, 1), comps.view(-1, 1), at] = \
-                    run.transpose(-1, -2)
+            # The previous run's slice, [batch, kv_heads, 16 tokens, 8 components], from the
+            # ring into the copy, then the token staged.
+            b4, h4 = seqs.view(-1, 1, 1, 1), heads.view(1, -1, 1, 1)
+            c0 = (where["slice"] * width).view(-1, 1, 1, 1)
+            rows = (where["prev_ring"].view(-1, 1, 1, 1) + in_run.view(1, 1, -1, 1))
+            sliced = state["k_open"][b4, h4, rows, c0 + in_slice.view(1, 1, 1, -1)]
+            block = blk_ids[blk_ends - 1 - where["prev_back"]].long().view(-1, 1, 1, 1)
+            at = where["prev_slot"].view(-1, 1, 1, 1) + in_run.view(1, 1, 1, -1)
+            state["k_t"][block, h4, c0 + in_slice.view(1, 1, -1, 1), at] = sliced.transpose(-1, -2)
+            state["k_open"][seqs.view(-1, 1), heads, where["ring"].view(-1, 1)] = k_new
             state["v_sum"] += v_new.float()
         return last
 
@@ -156,13 +166,15 @@ def case(selector, batch, q_heads, kv_heads, context, gen, finish_runs=False):
     elif selector == "ds":
         assert torch.equal(state["labels"][last, :, slot], inputs[0][2][..., ::HEAD_DIM // LABELS]), "the labels"
     else:
-        block = inputs[0][1][blk_ends - 1].long()
         where, k_new = inputs[0][4], inputs[0][2]
-        s, f, blk_slot = where["staging"], where["finishing"], where["blk_slot"]
-        assert len(f) == (batch if finish_runs else batch // RUN), "a sixteenth of the tokens finish a run"
-        staged = state["k_open"][s.view(-1, 1), heads, (blk_slot[s] % RUN).view(-1, 1)]
-        assert torch.equal(staged, k_new[s]), "the staged K"
-        assert torch.equal(state["k_t"][block[f], :, :, blk_slot[f]], k_new[f]), "the transposed K"
+        staged = state["k_open"][seqs.view(-1, 1), heads, where["ring"].view(-1, 1)]
+        assert torch.equal(staged, k_new), "the staged K"
+        block = inputs[0][1][blk_ends - 1 - where["prev_back"]].long()
+        b, c = 0, int(where["slice"][0]) * width
+        got = state["k_t"][block[b], :, c:c + width, int(where["prev_slot"][b]):][..., :RUN]
+        ring = int(where["prev_ring"][b])
+        want = state["k_open"][b, :, ring:ring + RUN, c:c + width].transpose(-1, -2)
+        assert torch.equal(got, want), "the transposed slice"
     m = harness.measure([lambda s=s: step(*s) for s in inputs])
     del k_cache, v_cache, packed, scale, zero, state, inputs
     torch.cuda.empty_cache()

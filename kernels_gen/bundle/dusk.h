@@ -533,10 +533,10 @@ static inline int dusk_sparq_score_g8_rp16_ch8_tile128_log_bs8(CUstream stream, 
 
 /* sparq_update_d128 (pipeline): {"ir_name":"sparq_update_D128"}
  * grid (grid_x, grid_y, grid_z), 32 threads a program. */
-static inline int dusk_sparq_update_d128(CUstream stream, CUdeviceptr k, CUdeviceptr v, CUdeviceptr pages, CUdeviceptr starts, CUdeviceptr counts, CUdeviceptr seqs, CUdeviceptr blocks, CUdeviceptr block_starts, CUdeviceptr stages, int32_t num_pages, int32_t num_blocks, int32_t num_seqs, int32_t num_kv_heads, int32_t page_size, int32_t block_size, CUdeviceptr k_t, CUdeviceptr k_open, CUdeviceptr v_sum, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
-    void *args[] = {&k, &v, &pages, &starts, &counts, &seqs, &blocks, &block_starts, &stages, &num_pages, &num_blocks, &num_seqs, &num_kv_heads, &page_size, &block_size, &k_t, &k_open, &v_sum};
+static inline int dusk_sparq_update_d128(CUstream stream, CUdeviceptr k, CUdeviceptr v, CUdeviceptr entries, int32_t num_pages, int32_t num_blocks, int32_t num_seqs, int32_t num_kv_heads, int32_t page_size, int32_t block_size, CUdeviceptr k_t, CUdeviceptr k_open, CUdeviceptr v_sum, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&k, &v, &entries, &num_pages, &num_blocks, &num_seqs, &num_kv_heads, &page_size, &block_size, &k_t, &k_open, &v_sum};
     const uint64_t inputs[] = {grid_x, grid_y, grid_z};
-    return dusk_launch("sparq_update_d128", stream, args, 18, inputs, 3);
+    return dusk_launch("sparq_update_d128", stream, args, 12, inputs, 3);
 }
 
 /* step_table_block256 (pipeline): {"ir_name":"step_table_BLOCK256"}

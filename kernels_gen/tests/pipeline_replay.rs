@@ -89,8 +89,9 @@ fn double_sparsity_then_top_p_on_a_device_table_equals_the_reference() {
 #[test]
 fn sparq_with_its_mix_on_a_device_table_equals_the_reference() {
     // SparQ's budget over tokens sized on the device, its copy paged as the cache (the
-    // caller's table its block table), the append writing each new token's components,
-    // staged row and V into its state: 31 -> 34 closes a run of 16 at 32.
+    // caller's table its block table), the append staging each new token, copying a slice
+    // of the run before its own and adding V into its state: 31 -> 34 fills a run of 16 at
+    // 32, whose first slices the next tokens copy.
     let dusk = dusk();
     let case = LoopCase {
         lens: vec![70, 31, 48],

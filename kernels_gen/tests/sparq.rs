@@ -426,6 +426,20 @@ fn sparq_matches_algorithm_1() {
     let mut tied = case(&[160, 96], 1, 1, 8, Budget::Tokens(37), 3);
     tied.tied = true;
     cases.push(tied);
+    // Lengths just past a run's end, staging 16 to 31 tokens (the run before the unfinished
+    // one copied in part), with the staged tokens crossing a score tile's end (261: tiles of
+    // 256 up to 4 heads; 135: of 128 with one head over pages of 16, and from 8 heads on).
+    cases.push(case(&[261, 16, 17, 31, 32], 2, 4, 8, Budget::Tokens(20), 4));
+    cases.push(case(&[135, 47, 33], 2, 1, 8, Budget::Tokens(19), 2));
+    let mut g8 = case(&[135, 40], 1, 8, 16, Budget::Tokens(30), 8);
+    g8.block_size = Some(32);
+    cases.push(g8);
+    // Blocks of 8 (runs of 8, rings of 16): 8 to 15 tokens staged, and fewer.
+    for lens in [&[263, 8, 9, 15, 16][..], &[70, 23, 3]] {
+        let mut c = case(lens, 2, 2, 8, Budget::Tokens(12), 3);
+        c.block_size = Some(8);
+        cases.push(c);
+    }
     for c in &cases {
         let r = run(&dusk, &mut rng, c, |_| {});
         check(&r, &[]);
@@ -515,7 +529,8 @@ fn same_state(a: &SparqState, b: &SparqState, table: &PageTable) {
 
 /// A decode step: one token appended to each sequence, added with `last_tokens`, gives the
 /// state a rebuild over the new table gives (the copy in blocks of 32 over pages of 16; one
-/// token finishes its run, whose 15 staged tokens go into the copy, the other is staged);
+/// token finishes its run, copying the last slice of the run before, the other starts a
+/// run, copying the first slice of the run before; each slice an entry of its own);
 /// device-written entries out of range are skipped.
 #[test]
 fn appending_matches_a_rebuild() {
@@ -545,21 +560,71 @@ fn appending_matches_a_rebuild() {
     let all = SparqUpdates::all(&dusk, &stepped, &before, &blocks_before).unwrap();
     stepped.update(&dusk, &kb, &vb, &all).unwrap();
     let last = SparqUpdates::last_tokens(&dusk, &stepped, &after, &blocks_after).unwrap();
-    assert_eq!(last.len(), 2);
+    assert_eq!(last.len(), 4);
     stepped.update(&dusk, &kb, &vb, &last).unwrap();
     // Entries a device would write with bad values (a page, a slot, a sequence, a block,
-    // a block slot out of range, a staged token off its place or past its run): all
-    // skipped.
-    let bad = SparqUpdates::from_device(
-        dev.upload(&[-1, 12, 3, 3, 3, 3, 3, 3, 3]).unwrap(),
-        dev.upload(&[0, 0, 15, -1, 0, 0, 0, 0, 0]).unwrap(),
-        dev.upload(&[1, 1, 2, 1, 1, 1, 2, 1, 2]).unwrap(),
-        dev.upload(&[0, 0, 0, 0, 2, 0, 0, 0, 0]).unwrap(),
-        dev.upload(&[1, 1, 1, 1, 1, 5, 1, 1, 1]).unwrap(),
-        dev.upload(&[0, 0, 0, 0, 0, 0, 31, 3, 15]).unwrap(),
-        dev.upload(&[-1, -1, -1, -1, -1, -1, -1, 2, 15]).unwrap(),
-    )
-    .unwrap();
+    // a block slot out of range, a staged token off its place or past the ring, components
+    // outside the key or backwards, `values` neither 0 nor 1): all skipped.
+    let fine = SparqEntry {
+        page: 3,
+        start: 0,
+        count: 1,
+        seq: 0,
+        block: 1,
+        block_start: 0,
+        stage: -1,
+        copy_from: 0,
+        copy_to: 64,
+        values: true,
+    };
+    let mut bad: Vec<i32> = [
+        SparqEntry { page: -1, ..fine },
+        SparqEntry { page: 12, ..fine },
+        SparqEntry {
+            start: 15,
+            count: 2,
+            ..fine
+        },
+        SparqEntry { start: -1, ..fine },
+        SparqEntry { seq: 2, ..fine },
+        SparqEntry { block: 5, ..fine },
+        SparqEntry {
+            block_start: 31,
+            count: 2,
+            ..fine
+        },
+        SparqEntry {
+            block_start: 3,
+            stage: 2,
+            ..fine
+        },
+        SparqEntry {
+            block_start: 15,
+            count: 2,
+            stage: 31,
+            ..fine
+        },
+        SparqEntry {
+            copy_to: 65,
+            ..fine
+        },
+        SparqEntry {
+            copy_from: 9,
+            copy_to: 8,
+            ..fine
+        },
+        SparqEntry {
+            copy_from: -1,
+            ..fine
+        },
+    ]
+    .iter()
+    .flat_map(SparqEntry::fields)
+    .collect();
+    // And `values` 2.
+    bad.extend([3, 0, 1, 0, 1, 0, -1, 0, 64, 2]);
+    let bad = SparqUpdates::from_device(dev.upload(&bad).unwrap()).unwrap();
+    assert_eq!(bad.len(), 13);
     stepped.update(&dusk, &kb, &vb, &bad).unwrap();
     let mut rebuilt = SparqState::new(&dusk, kv, 2, layout).unwrap();
     let all = SparqUpdates::all(&dusk, &rebuilt, &after, &blocks_after).unwrap();
@@ -652,8 +717,9 @@ fn the_append_part_matches_a_rebuild() {
         block_size: 32,
     };
     // Sequence 0 grows from 32 tokens to 33 (a new page, 9, and a new block, 5: its token
-    // is staged); sequence 1 from 47 to 48, finishing its run (its 15 staged tokens and the
-    // new one go into the copy).
+    // is staged, and the first slice of the run before it, in block 3, copied); sequence 1
+    // from 47 to 48, finishing its run (the last slice of the run before copied, that run
+    // now complete).
     let before = PageTable::from_lengths(&[32, 47], 16, vec![4, 2, 7, 0, 3]).unwrap();
     let after = PageTable::from_lengths(&[33, 48], 16, vec![4, 2, 9, 7, 0, 3]).unwrap();
     let blocks_before = PageTable::from_lengths(&[32, 47], 32, vec![1, 3, 0]).unwrap();
@@ -796,6 +862,9 @@ fn bad_arguments_are_typed_errors() {
         block: 2,
         block_start: 3,
         stage: -1,
+        copy_from: 0,
+        copy_to: 64,
+        values: true,
     };
     let upd = |e: SparqEntry| SparqUpdates::new(&dusk, p.state(), &[e]).err().map(arg_of);
     assert_eq!(upd(entry), None);
@@ -811,8 +880,8 @@ fn bad_arguments_are_typed_errors() {
         }),
         Some("counts")
     );
-    // Staged tokens at their place in the run (slot 3 of a block is place 3), staying in
-    // it or finishing it, and off their place.
+    // Staged tokens at their place in the run (slot 3 of a block is place 3 of a run, row 3
+    // or 19 of the ring of 32), inside the ring or past it, and off their place.
     let staged = SparqEntry {
         stage: 3,
         count: 1,
@@ -826,13 +895,35 @@ fn bad_arguments_are_typed_errors() {
         }),
         None
     );
+    assert_eq!(upd(SparqEntry { stage: 19, ..entry }), None);
     assert_eq!(upd(SparqEntry { stage: 2, ..staged }), Some("stages"));
-    let two = || dev.upload(&[0, 0]).unwrap();
-    let one = || dev.upload(&[0]).unwrap();
-    let e = SparqUpdates::from_device(two(), two(), two(), two(), one(), two(), two());
-    assert_eq!(arg_of(e.err().unwrap()), "blocks");
-    let e = SparqUpdates::from_device(two(), two(), two(), two(), two(), two(), one());
-    assert_eq!(arg_of(e.err().unwrap()), "stages");
+    assert_eq!(
+        upd(SparqEntry {
+            stage: 20,
+            ..staged
+        }),
+        Some("stages")
+    );
+    assert_eq!(
+        upd(SparqEntry {
+            stage: 35,
+            ..staged
+        }),
+        Some("stages")
+    );
+    // Components copied: a slice, none, past the key, backwards.
+    let part = |copy_from, copy_to| SparqEntry {
+        copy_from,
+        copy_to,
+        ..entry
+    };
+    assert_eq!(upd(part(8, 16)), None);
+    assert_eq!(upd(part(0, 0)), None);
+    assert_eq!(upd(part(0, 65)), Some("copies"));
+    assert_eq!(upd(part(9, 8)), Some("copies"));
+    assert_eq!(upd(part(-1, 8)), Some("copies"));
+    let e = SparqUpdates::from_device(dev.upload(&[0; 15]).unwrap());
+    assert_eq!(arg_of(e.err().unwrap()), "entries");
 
     // The attention plan must be the one the selection asks for.
     let mut spec = p.attention_spec();

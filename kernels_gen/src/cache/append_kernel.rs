@@ -3,9 +3,9 @@
 //! finds where each goes ([`super::token`]) and runs the parts ([`super::parts`]) the
 //! compile-time flags select, in sequence:
 //!
-//! 1. `SPARQ`: SparQ's transposed copy of K (a token staged, or its finished run moved
-//!    into the copy) and running sum of V, first: its reads (the copy's block table, a
-//!    finishing run's staged rows) then wait on no other part's writes;
+//! 1. `SPARQ`: SparQ's transposed copy of K (a token staged, and a slice of the run
+//!    before its own moved into the copy) and running sum of V, first: its reads (the
+//!    copy's block table, the slice's staged rows) then wait on no other part's writes;
 //! 2. always: K and V into the paged cache, and the touched-page list (sequence `b`'s
 //!    page and its valid tokens, or `-1, 0` for a row skipped);
 //! 3. `BITS` 4 or 8 (0: none): K quantized into the head-major copy, as `quantize_k`;

@@ -38,12 +38,14 @@ pub struct AppendCase {
     pub batch: usize,
     /// Tokens of sequence 0 after the append; in rotation set `i` sequence `b` holds
     /// `context - (b + i) % page_size`, so the new tokens fall on every slot of a page
-    /// (the first, which starts Quest's state afresh, included), and with SparQ's part a
-    /// sixteenth of them finish a run of its copy (as a step does on average), different
-    /// sequences in different sets.
+    /// (the first, which starts Quest's state afresh, included), and with SparQ's part on
+    /// every place of a run of its copy (each row copies the slice of the run before its
+    /// token's that the place names), different sequences in different sets.
     pub context: usize,
     /// Every sequence holds `context` tokens instead (a multiple of 16): with SparQ's
-    /// part, every new token finishes a run, its slowest step.
+    /// part every new token finishes a run at once, every row copying the last slice of
+    /// the run before (the step in which every row moved a whole run into the copy, when
+    /// runs were copied whole as they finished).
     pub finish_runs: bool,
     pub num_kv_heads: usize,
     pub head_dim: usize,
@@ -102,13 +104,13 @@ impl AppendCase {
             .unwrap_or(0)
     }
 
-    /// With SparQ's part, the (sequence, KV head) rows whose new token finishes a run
-    /// (moving the run into the copy) and those whose token is staged.
-    fn sparq_rows(&self) -> (usize, usize) {
+    /// With SparQ's part, the (sequence, KV head) rows whose new token has a run before its
+    /// own, of which it copies a slice into the copy (every row but those of sequences in
+    /// their first run; each row stages its token).
+    fn sparq_copying_rows(&self) -> usize {
         let run = self.sparq_block_size.min(SPARQ_RUN);
-        let finishing = self.lens().iter().filter(|n| n.is_multiple_of(run)).count();
-        let h = self.num_kv_heads;
-        (finishing * h, (self.batch - finishing) * h)
+        let copying = self.lens().iter().filter(|n| **n > run).count();
+        copying * self.num_kv_heads
     }
 }
 
@@ -257,8 +259,8 @@ impl AppendBench {
 
     /// Bytes one step reads: the new K and V, the page table's entries it looks at,
     /// Quest's minimum and maximum of the pages whose new token is not their first, DS's
-    /// channels, SparQ's block table entries, sums of V (added to) and the staged tokens of
-    /// the runs finished.
+    /// channels, SparQ's block table entries (the token's block and the previous run's),
+    /// sums of V (added to) and the slices of staged tokens copied.
     fn read_bytes_of(case: &AppendCase, kv: &KvShape) -> usize {
         let rows = case.batch * kv.num_kv_heads;
         let tokens = 2 * rows * kv.head_dim * 2;
@@ -266,9 +268,8 @@ impl AppendBench {
         let ds = case.parts.ds.map_or(0, |r| kv.num_kv_heads * r * 4);
         let sparq = match case.parts.sparq {
             true => {
-                let staged = case.sparq_block_size.min(SPARQ_RUN) - 1;
-                let (finishing, _) = case.sparq_rows();
-                case.batch * 3 * 4 + rows * kv.head_dim * 4 + finishing * staged * kv.head_dim * 2
+                let slices = case.sparq_copying_rows() * kv.head_dim * 2;
+                case.batch * 4 * 4 + rows * kv.head_dim * 4 + slices
             }
             false => 0,
         };
@@ -286,8 +287,8 @@ impl AppendBench {
 
     /// Bytes one step must move: what it reads ([`AppendBench::read_bytes`]), and what it
     /// writes: K and V into the cache, the quantized rows (codes, scale and zero), Quest's
-    /// minimum and maximum, DS's labels, SparQ's staged keys or finished runs and sums of
-    /// V, the touched list.
+    /// minimum and maximum, DS's labels, SparQ's staged keys, copied slices and sums of V,
+    /// the touched list.
     pub fn bytes(&self) -> usize {
         let (kv, b) = (&self.kv, self.case.batch);
         let rows = b * kv.num_kv_heads;
@@ -304,9 +305,7 @@ impl AppendBench {
         };
         let ds = self.case.parts.ds.map_or(0, |r| rows * r * 2);
         let sparq = if self.case.parts.sparq {
-            let (finishing, staged) = self.case.sparq_rows();
-            let run = self.case.sparq_block_size.min(SPARQ_RUN);
-            (rows * 4 + (finishing * run + staged) * 2) * kv.head_dim
+            (rows * 6 + self.case.sparq_copying_rows() * 2) * kv.head_dim
         } else {
             0
         };

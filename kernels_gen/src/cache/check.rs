@@ -5,7 +5,7 @@
 //! ([`super::reference::append_tokens`]) and the whole-cache kernels (`quantize_k`,
 //! `quest_update` over every page of the final table) make of the same tokens, and Quest's
 //! state with its host reference too; Double Sparsity's labels bit for bit with `ds_update`
-//! over every page, SparQ's transposed copy and staged unfinished runs bit for bit and its
+//! over every page, SparQ's transposed copy and the tokens it stages bit for bit and its
 //! sums of V within f32 rounding with `sparq_update` over every token (and the sums with
 //! the host's, in f64). Run by the tests through the interpreter and by `gpu-check
 //! selectors` on the GPU.

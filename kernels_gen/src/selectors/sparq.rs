@@ -266,9 +266,9 @@ impl SparqBlocks {
     }
 }
 
-/// SparQ's state for a cache of one shape: the transposed copy of K (its finished runs of
-/// 16 tokens), each row's unfinished run staged row-major, the running sum of V, and the
-/// update kernel that appends to them.
+/// SparQ's state for a cache of one shape: the transposed copy of K (written in runs of 16
+/// tokens), each row's last two runs staged row-major in a ring, the running sum of V, and
+/// the update kernel that appends to them.
 pub struct SparqState {
     kv: KvShape,
     blocks: SparqBlocks,
@@ -316,7 +316,7 @@ impl SparqState {
         let dev = dusk.device();
         let rows = num_seqs * kv.num_kv_heads * kv.head_dim;
         let mut k_t = dev.alloc::<f16>(copy.elements())?;
-        let mut k_open = dev.alloc::<f16>(rows * SPARQ_RUN)?;
+        let mut k_open = dev.alloc::<f16>(rows * 2 * blocks.block_size.min(SPARQ_RUN))?;
         let mut v_sum = dev.alloc::<f32>(rows)?;
         dev.fill_bytes(&mut k_t, 0)?;
         dev.fill_bytes(&mut k_open, 0)?;
@@ -357,13 +357,7 @@ impl SparqState {
         let args = [
             Arg::from(k),
             Arg::from(v),
-            Arg::from(&updates.pages),
-            Arg::from(&updates.starts),
-            Arg::from(&updates.counts),
-            Arg::from(&updates.seqs),
-            Arg::from(&updates.blocks),
-            Arg::from(&updates.block_starts),
-            Arg::from(&updates.stages),
+            Arg::from(&updates.entries),
             Arg::I32(kv.num_pages as i32),
             Arg::I32(self.blocks.num_blocks as i32),
             Arg::I32(self.num_seqs as i32),
@@ -397,8 +391,9 @@ impl SparqState {
         self.num_seqs
     }
     /// K transposed within each block and KV head, f16 `[num_blocks, num_kv_heads,
-    /// head_dim, block_size]`: each sequence's finished runs of `min(block_size, 16)`
-    /// tokens (its other slots are left as they were).
+    /// head_dim, block_size]`: each sequence's runs of [`SparqState::run`] tokens as far as
+    /// [`copied_slices`] says (whole up to [`closed_tokens`], the slices a decode step has
+    /// copied of the run before the last; its other values are left as they were).
     pub fn k_t(&self) -> &Buffer<f16> {
         &self.k_t
     }
@@ -406,10 +401,11 @@ impl SparqState {
     pub fn k_t_mut(&mut self) -> &mut Buffer<f16> {
         &mut self.k_t
     }
-    /// Each (sequence, KV head)'s unfinished run, row-major, f16 `[num_seqs,
-    /// num_kv_heads, 16, head_dim]`: row `t` is its token `closed + t`, where `closed` is
-    /// the length rounded down to a run (rows past the length are left as they were).
-    /// Appending a token writes one row here, not a component of every sector of a run.
+    /// Each (sequence, KV head)'s staging ring, row-major, f16 `[num_seqs, num_kv_heads,
+    /// ring, head_dim]` ([`SparqState::ring`] rows): the token at position `p` is row `p %
+    /// ring`; the rows of the tokens past [`closed_tokens`] are read (the others are left as
+    /// they were). Appending a token writes one row here, not a component of every sector
+    /// of a run.
     pub fn k_open(&self) -> &Buffer<f16> {
         &self.k_open
     }
@@ -421,6 +417,11 @@ impl SparqState {
     pub fn run(&self) -> usize {
         self.blocks.block_size.min(SPARQ_RUN)
     }
+    /// Rows of a staging ring: two runs (the unfinished one and the one before it, whose
+    /// copy completes as the unfinished one fills).
+    pub fn ring(&self) -> usize {
+        2 * self.run()
+    }
     /// The sum of V over each sequence's tokens, f32 `[num_seqs, num_kv_heads, head_dim]`.
     pub fn v_sum(&self) -> &Buffer<f32> {
         &self.v_sum
@@ -431,9 +432,30 @@ impl SparqState {
     }
 }
 
-/// One run of tokens to add to a [`SparqState`]: slots `start .. start + count` of the
-/// cache's physical page `page`, tokens of sequence `seq`, which the copy holds at slots
-/// `block_start ..` of block `block`.
+/// Of a sequence of `n` tokens whose transposed copy is written in runs of `run` tokens,
+/// those the readers take from the copy: all but the unfinished run and the one before it,
+/// whose copy completes a slice a step as the unfinished one fills (the kernels'
+/// `closed_tokens`). The others, up to `2 * run - 1`, are read from the staging ring.
+pub fn closed_tokens(n: usize, run: usize) -> usize {
+    (n - n % run).saturating_sub(run)
+}
+
+/// Of a sequence of `n` tokens (`n >= 1`), the slices of token `t`'s run (`head_dim / run`
+/// components each) that the copy holds: a decode step appending token `p` copies slice `p
+/// % run` of the run before `p`'s, so the run before the last has `(n - 1) % run + 1`
+/// slices, the last none, the others all.
+pub fn copied_slices(n: usize, t: usize, run: usize) -> usize {
+    match (n - 1) / run - t / run {
+        0 => 0,
+        1 => (n - 1) % run + 1,
+        _ => run,
+    }
+}
+
+/// One run of tokens to add to a [`SparqState`], or to copy in part from the cache into its
+/// transposed copy: slots `start .. start + count` of the cache's physical page `page`,
+/// tokens of sequence `seq`, which the copy holds at slots `block_start ..` of block
+/// `block`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SparqEntry {
     pub page: i32,
@@ -442,32 +464,55 @@ pub struct SparqEntry {
     pub seq: i32,
     pub block: i32,
     pub block_start: i32,
-    /// -1: tokens of finished runs (of [`SparqState::run`] tokens), into the copy. Else
-    /// the first token's place in its unfinished run, whose earlier `stage` tokens the
-    /// state holds staged: the tokens are staged after them, or, when they finish the run
-    /// (`stage + count` is the run's length), the whole run goes into the copy.
+    /// -1: the keys are not staged. Else the first token's row in its sequence's staging
+    /// ring (of [`SparqState::ring`] rows: its position modulo that), the others' after it.
     pub stage: i32,
+    /// The components of each token's key written into the copy: `copy_from .. copy_to`
+    /// (`0 .. head_dim` the whole key, an empty range none of it).
+    pub copy_from: i32,
+    pub copy_to: i32,
+    /// Whether the tokens' values join their sequence's sum of V: false for an entry that
+    /// copies components of tokens added before (a decode step's slice of the run before
+    /// its token's, [`SparqUpdates::last_tokens`]).
+    pub values: bool,
+}
+
+impl SparqEntry {
+    /// The i32 values an entry is on the device ([`SparqUpdates::from_device`]).
+    pub const FIELDS: usize = 10;
+
+    /// The entry as the device holds it: its fields in order, `values` 1 or 0.
+    pub fn fields(&self) -> [i32; Self::FIELDS] {
+        [
+            self.page,
+            self.start,
+            self.count,
+            self.seq,
+            self.block,
+            self.block_start,
+            self.stage,
+            self.copy_from,
+            self.copy_to,
+            self.values as i32,
+        ]
+    }
 }
 
 /// Runs of tokens to add to a [`SparqState`] ([`SparqEntry`]s), on the device.
 pub struct SparqUpdates {
-    pages: Buffer<i32>,
-    starts: Buffer<i32>,
-    counts: Buffer<i32>,
-    seqs: Buffer<i32>,
-    blocks: Buffer<i32>,
-    block_starts: Buffer<i32>,
-    stages: Buffer<i32>,
+    /// i32 `[count, SparqEntry::FIELDS]`.
+    entries: Buffer<i32>,
     count: usize,
 }
 
 impl SparqUpdates {
     /// `entries`, checked against `state`: page, block and sequence ids in range, at least
-    /// one token, slots inside the page and inside the block, a staged entry's tokens
-    /// inside one run at their places. Entries naming one block and slot twice write it
-    /// twice; each adds its values.
+    /// one token, slots inside the page and inside the block, a staged entry's rows inside
+    /// the ring at the tokens' places in their run, copied components inside the key.
+    /// Entries naming one block and slot twice write it twice; each adds its values.
     pub fn new(dusk: &Dusk, state: &SparqState, entries: &[SparqEntry]) -> Result<SparqUpdates> {
         let (kv, bl) = (state.kv, state.blocks);
+        let (run, ring) = (state.run() as i64, state.ring() as i64);
         for (i, e) in entries.iter().enumerate() {
             let at = |what: &str| format!("entry {i}: {what}");
             if e.page < 0 || e.page as usize >= kv.num_pages {
@@ -504,42 +549,45 @@ impl SparqUpdates {
                 format!("slots inside a block of {}", bl.block_size),
                 at(&format!("block start {t}, count {c}")),
             );
-            let run = state.run() as i64;
             let g = e.stage as i64;
             ensure!(
-                g < 0 || (g + c <= run && t % run == g),
+                g < 0 || (g + c <= ring && g % run == t % run),
                 "stages",
-                format!("-1, or the slot in its run of {run} of a run's first token"),
+                format!(
+                    "-1, or the first token's row in a ring of {ring} (its place in its run \
+                     of {run} that of its block slot), the tokens inside the ring"
+                ),
                 at(&format!("stage {g}, block start {t}, count {c}")),
+            );
+            ensure!(
+                0 <= e.copy_from && e.copy_from <= e.copy_to && e.copy_to as usize <= kv.head_dim,
+                "copies",
+                format!("a range of components inside 0..{}", kv.head_dim),
+                at(&format!("{}..{}", e.copy_from, e.copy_to)),
             );
         }
         ensure!(
-            entries.len() < i32::MAX as usize,
+            entries.len() < i32::MAX as usize / SparqEntry::FIELDS,
             "entries",
-            "fewer than 2^31 entries",
+            "fewer than 2^31 / 10 entries",
             entries.len(),
         );
-        let dev = dusk.device();
-        let up = |f: fn(&SparqEntry) -> i32| {
-            let v: Vec<i32> = entries.iter().map(f).collect();
-            dev.upload(if v.is_empty() { &[0] } else { &v })
-        };
+        let packed: Vec<i32> = entries.iter().flat_map(SparqEntry::fields).collect();
+        let none = [0; SparqEntry::FIELDS];
         Ok(SparqUpdates {
-            pages: up(|e| e.page)?,
-            starts: up(|e| e.start)?,
-            counts: up(|e| e.count)?,
-            seqs: up(|e| e.seq)?,
-            blocks: up(|e| e.block)?,
-            block_starts: up(|e| e.block_start)?,
-            stages: up(|e| e.stage)?,
+            entries: dusk
+                .device()
+                .upload(if packed.is_empty() { &none } else { &packed })?,
             count: entries.len(),
         })
     }
 
     /// Every token of every sequence of `table` (the cache's pages), held in the copy's
     /// blocks of `blocks` (the block table: the same sequences' lengths): a prefill, or the
-    /// state built from scratch after [`SparqState::clear_values`]. One entry per run of
-    /// tokens inside one page and one block; the unfinished run's tokens staged.
+    /// state built from scratch after [`SparqState::clear_values`]. The state a decode loop
+    /// leaves: the tokens past [`closed_tokens`] staged, the copy holding the slices
+    /// [`copied_slices`] says. One entry per run of tokens inside one page, one block and
+    /// one run of the copy.
     pub fn all(
         dusk: &Dusk,
         state: &SparqState,
@@ -547,18 +595,26 @@ impl SparqUpdates {
         blocks: &PageTable,
     ) -> Result<SparqUpdates> {
         check_blocks(state, table, blocks)?;
-        let ps = state.kv.page_size;
-        let entries = (0..table.batch())
-            .flat_map(|b| {
-                let n = table.seq_len(b, ps);
-                runs(state, table, blocks, b, 0..n, n - n % state.run())
-            })
-            .collect::<Vec<_>>();
+        let (run, ring, d) = (state.run(), state.ring(), state.kv.head_dim);
+        let mut entries = vec![];
+        for b in 0..table.batch() {
+            let n = table.seq_len(b, state.kv.page_size);
+            let closed = closed_tokens(n, run);
+            entries.extend(
+                pieces(state, table, blocks, b, 0..n).map(|(t, e)| SparqEntry {
+                    stage: if t < closed { -1 } else { (t % ring) as i32 },
+                    copy_to: (copied_slices(n, t, run) * d / run) as i32,
+                    ..e
+                }),
+            );
+        }
         Self::new(dusk, state, &entries)
     }
 
-    /// The last token of each sequence of `table`: what a decode step appending one token
-    /// per sequence wrote (staged, or finishing its run).
+    /// What a decode step appending one token to each sequence of `table` writes: the token
+    /// staged (at its position modulo the ring), and, from the cache into the copy, slice
+    /// `p % run` of the run before the token's (`p` its position; `head_dim / run`
+    /// components of each of the run's tokens), whose values were added before.
     pub fn last_tokens(
         dusk: &Dusk,
         state: &SparqState,
@@ -566,54 +622,51 @@ impl SparqUpdates {
         blocks: &PageTable,
     ) -> Result<SparqUpdates> {
         check_blocks(state, table, blocks)?;
-        let ps = state.kv.page_size;
-        let entries = (0..table.batch())
-            .flat_map(|b| {
-                let n = table.seq_len(b, ps);
-                let last = n.saturating_sub(1);
-                runs(state, table, blocks, b, last..n, last)
-            })
-            .collect::<Vec<_>>();
+        let (run, ring, d) = (state.run(), state.ring(), state.kv.head_dim);
+        let width = d / run;
+        let mut entries = vec![];
+        for b in 0..table.batch() {
+            let Some(p) = table.seq_len(b, state.kv.page_size).checked_sub(1) else {
+                continue;
+            };
+            let slice = p % run;
+            entries.extend(
+                pieces(state, table, blocks, b, p..p + 1).map(|(_, e)| SparqEntry {
+                    stage: (p % ring) as i32,
+                    copy_to: 0,
+                    ..e
+                }),
+            );
+            if let Some(prev) = (p - slice).checked_sub(run) {
+                let copy = pieces(state, table, blocks, b, prev..prev + run);
+                entries.extend(copy.map(|(_, e)| SparqEntry {
+                    copy_from: (slice * width) as i32,
+                    copy_to: ((slice + 1) * width) as i32,
+                    values: false,
+                    ..e
+                }));
+            }
+        }
         Self::new(dusk, state, &entries)
     }
 
-    /// Entries written on the device (by an append kernel), all seven of equal length.
-    /// Their contents are not read on the host; the update skips an entry out of range.
-    pub fn from_device(
-        pages: Buffer<i32>,
-        starts: Buffer<i32>,
-        counts: Buffer<i32>,
-        seqs: Buffer<i32>,
-        blocks: Buffer<i32>,
-        block_starts: Buffer<i32>,
-        stages: Buffer<i32>,
-    ) -> Result<SparqUpdates> {
-        let n = pages.len();
-        for (name, b) in [
-            ("starts", &starts),
-            ("counts", &counts),
-            ("seqs", &seqs),
-            ("blocks", &blocks),
-            ("block_starts", &block_starts),
-            ("stages", &stages),
-        ] {
-            ensure!(
-                b.len() == n,
-                name,
-                format!("{n} entries, one per page run"),
-                b.len(),
-            );
-        }
-        ensure!(n < i32::MAX as usize, "pages", "fewer than 2^31 entries", n);
+    /// Entries written on the device (by an append kernel): i32 `[n, SparqEntry::FIELDS]`,
+    /// each an entry's fields in order. Their contents are not read on the host; the
+    /// update skips an entry out of range.
+    pub fn from_device(entries: Buffer<i32>) -> Result<SparqUpdates> {
+        let len = entries.len();
+        ensure!(
+            len.is_multiple_of(SparqEntry::FIELDS) && len / SparqEntry::FIELDS < i32::MAX as usize,
+            "entries",
+            format!(
+                "{} i32 values an entry, fewer than 2^31 entries",
+                SparqEntry::FIELDS
+            ),
+            len,
+        );
         Ok(SparqUpdates {
-            pages,
-            starts,
-            counts,
-            seqs,
-            blocks,
-            block_starts,
-            stages,
-            count: n,
+            entries,
+            count: len / SparqEntry::FIELDS,
         })
     }
 
@@ -666,48 +719,48 @@ fn check_blocks(state: &SparqState, table: &PageTable, blocks: &PageTable) -> Re
     Ok(())
 }
 
-/// The entries adding tokens `tokens` of sequence `b`, those from `staged` on staged in
-/// their run (the unfinished run, or a token that finishes it): split where a page, a
-/// block or the staged tokens start.
-fn runs(
+/// Tokens `tokens` of sequence `b` split where a page, a block or a run of the copy
+/// starts: each piece's first token and its entry, neither staged nor copied (`stage` -1,
+/// no components), adding its values.
+fn pieces<'a>(
     state: &SparqState,
-    table: &PageTable,
-    blocks: &PageTable,
+    table: &'a PageTable,
+    blocks: &'a PageTable,
     b: usize,
     tokens: std::ops::Range<usize>,
-    staged: usize,
-) -> Vec<SparqEntry> {
-    let (ps, bs) = (state.kv.page_size, state.blocks.block_size);
-    let mut out = vec![];
+) -> impl Iterator<Item = (usize, SparqEntry)> + 'a {
+    let (ps, bs, run) = (state.kv.page_size, state.blocks.block_size, state.run());
     let mut t = tokens.start;
-    while t < tokens.end {
-        let split = if t < staged { staged } else { tokens.end };
+    std::iter::from_fn(move || {
+        if t >= tokens.end {
+            return None;
+        }
         let end = tokens
             .end
             .min((t / ps + 1) * ps)
             .min((t / bs + 1) * bs)
-            .min(split);
-        out.push(SparqEntry {
+            .min((t / run + 1) * run);
+        let piece = SparqEntry {
             page: table.kv_page_indices[table.kv_indptr[b] as usize + t / ps],
             start: (t % ps) as i32,
             count: (end - t) as i32,
             seq: b as i32,
             block: blocks.kv_page_indices[blocks.kv_indptr[b] as usize + t / bs],
             block_start: (t % bs) as i32,
-            stage: if t < staged {
-                -1
-            } else {
-                (t % state.run()) as i32
-            },
-        });
+            stage: -1,
+            copy_from: 0,
+            copy_to: 0,
+            values: true,
+        };
+        let first = t;
         t = end;
-    }
-    out
+        Some((first, piece))
+    })
 }
 
 /// What a score kernel writes (see `sparq_score`), sized for one plan's rows and tiles of
 /// `tile` tokens: the tokens' scores, the tiles' softmax statistics and each head's logits
-/// of the rows' staged tokens.
+/// of the rows' staged tokens (up to `2 * SPARQ_RUN - 1` a row).
 pub struct ScoreOutputs {
     tile: usize,
     tiles: usize,
@@ -740,7 +793,7 @@ impl ScoreOutputs {
             scores: dev.alloc(shape.num_scores())?,
             stat_max: dev.alloc(stats)?,
             stat_sum: dev.alloc(stats)?,
-            staged_logits: dev.alloc(shape.rows() * group * SPARQ_RUN)?,
+            staged_logits: dev.alloc(shape.rows() * group * 2 * SPARQ_RUN)?,
         })
     }
 
@@ -773,8 +826,8 @@ impl ScoreOutputs {
     pub fn stat_sum(&self) -> &Buffer<f32> {
         &self.stat_sum
     }
-    /// Each head's logits of each row's staged tokens (those past its finished runs), at
-    /// `(row * group + head) * 16 + t` for its token `closed + t`: what alpha's numerators
+    /// Each head's logits of each row's staged tokens (those past [`closed_tokens`]), at
+    /// `(row * group + head) * 32 + t` for its token `closed + t`: what alpha's numerators
     /// read for them, rather than the copy.
     pub fn staged_logits(&self) -> &Buffer<f32> {
         &self.staged_logits

@@ -26,6 +26,7 @@
 use super::bench::check_order;
 use super::reference::top_k_row;
 use super::selector::Build;
+use super::sparq::closed_tokens;
 use super::sparq::{ScoreOutputs, SparqBlocks, SparqOptions, SparqPlan, SparqState};
 use super::sparq_kernels::{sparq_score, SPARQ_RUN};
 use super::sparq_reference::{sparq_alpha, sparq_row};
@@ -125,22 +126,23 @@ pub fn fill_keys<const BLOCK: usize>(out: Ptr<f16>, n: i64, seed: i32) {
 
 const FILL_BLOCK: usize = 4096;
 
-/// The staged rows ([`SparqState::k_open`]) of `blocks`' sequences: each row's tokens past
-/// its finished runs, with the values [`fill_keys`] writes at their places in the copy
+/// The staging rings ([`SparqState::k_open`]) of `blocks`' sequences: each row's tokens past
+/// [`closed_tokens`], with the values [`fill_keys`] writes at their places in the copy
 /// (blocks of `bs`) for `seed`, so that the state reads as if every token were there.
 fn staged_keys(kv: &KvShape, blocks: &PageTable, bs: usize, seed: i32) -> Vec<f16> {
     let (hk, d) = (kv.num_kv_heads, kv.head_dim);
     let run = bs.min(SPARQ_RUN);
-    let mut out = vec![f16::ZERO; blocks.batch() * hk * SPARQ_RUN * d];
+    let ring = 2 * run;
+    let mut out = vec![f16::ZERO; blocks.batch() * hk * ring * d];
     for b in 0..blocks.batch() {
         let n = blocks.seq_len(b, bs);
         let first = blocks.kv_indptr[b] as usize;
-        for t in n - n % run..n {
+        for t in closed_tokens(n, run)..n {
             let blk = blocks.kv_page_indices[first + t / bs] as usize;
             for h in 0..hk {
                 for c in 0..d {
                     let at = ((blk * hk + h) * d + c) * bs + t % bs;
-                    out[((b * hk + h) * SPARQ_RUN + t % run) * d + c] = key_value(at as u64, seed);
+                    out[((b * hk + h) * ring + t % ring) * d + c] = key_value(at as u64, seed);
                 }
             }
         }
@@ -246,11 +248,9 @@ impl SparqBench {
             let grid = [n.div_ceil(FILL_BLOCK) as u32, 1, 1];
             let seed = key_seed.wrapping_add(set as i32);
             fill_keys::launch::<FILL_BLOCK>(dev, &fill, grid, state.k_t(), n as i64, seed)?;
-            if !case.context.is_multiple_of(state.run()) {
-                state
-                    .k_open_mut()
-                    .copy_from_host(&staged_keys(&kv, &blocks, bs, seed))?;
-            }
+            state
+                .k_open_mut()
+                .copy_from_host(&staged_keys(&kv, &blocks, bs, seed))?;
             let sums: Vec<f32> = (0..case.batch * kv.num_kv_heads * kv.head_dim)
                 .map(|_| rng.grid() * case.context as f32 / 8.0)
                 .collect();

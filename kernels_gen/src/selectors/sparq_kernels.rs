@@ -10,22 +10,27 @@
 //!   found through a block table as the cache's pages are through the page table (the
 //!   cache's own pages and page table are one choice). Component `c` of a block's keys is
 //!   `block_size` contiguous values: reading `r` components of every token reads `r`
-//!   contiguous runs a block, never a whole key row. It holds the finished runs of
-//!   [`SPARQ_RUN`] tokens (of `min(block_size, 16)` with shorter blocks): a run's
-//!   component is one whole 32-byte sector, written at once when the run's last token
-//!   comes, so that a decode step never writes a sector in part (2 bytes of each of `D`
-//!   sectors a token would be `D` read-modify-writes in memory).
-//! - `k_open`, f16 `[num_seqs, num_kv_heads, SPARQ_RUN, D]`: each row's unfinished run
-//!   (its last `len % run` tokens), staged row-major: a token is one 256-byte row.
+//!   contiguous runs a block, never a whole key row. It is written in runs of
+//!   [`SPARQ_RUN`] tokens (of `min(block_size, 16)` with shorter blocks), a run's component
+//!   being one whole 32-byte sector, so that no step writes a sector in part (2 bytes of
+//!   each of `D` sectors a token would be `D` read-modify-writes in memory): while a run
+//!   fills, each decode step copies one slice of the run before it (`D / run` components
+//!   of its tokens, [`sparq_copy_slice`]), so that every step writes the same few whole
+//!   sectors and none moves a whole run (which, when every row of a batch finished a run at
+//!   once, made that step twice as slow as the others).
+//! - `k_open`, f16 `[num_seqs, num_kv_heads, 2 * run, D]`: each row's staging ring,
+//!   row-major (a token is one 256-byte row at D = 128): the token at position `p` is row
+//!   `p % (2 * run)`, written when it is appended. It holds the unfinished run and the run
+//!   before it, whose copy completes only as the unfinished run does.
 //! - `v_sum`, f32 `[num_seqs, num_kv_heads, D]`: the sum of V over each sequence's tokens;
 //!   the running mean is `v_sum / len`, the length from the page table.
 //!
-//! All three are written at append: by [`sparq_update`] for runs of tokens (a prefill,
-//! or the last token of each sequence), and by [`sparq_token`], the same writes for the
-//! rows of the one-launch decode append (`crate::cache`). A token that finishes its run
-//! moves the run's staged tokens and itself into the copy ([`sparq_close_run`]); any other
-//! token of the unfinished run is staged. The readers ([`sparq_score`], [`sparq_mass`])
-//! take a row's tokens past its finished runs from `k_open` ([`closed_tokens`]).
+//! All three are written at append: by [`sparq_update`] for runs of tokens (a prefill, or
+//! the last token of each sequence), and by [`sparq_token`], the same writes for the rows
+//! of the one-launch decode append (`crate::cache`). The readers ([`sparq_score`],
+//! [`sparq_mass`]) take from the copy only the runs whose copy is complete
+//! ([`closed_tokens`]); a row's last `n - closed` tokens (up to `2 * run - 1`) come from
+//! its staging ring.
 //!
 //! A selection, per row `(b, h)` (`program_id(0) = b * num_kv_heads + h`):
 //! 1. [`sparq_query`]: `i1`, the top `r` components of `sum_g |q_g|` over the group's query
@@ -50,74 +55,76 @@ use super::page::group_query;
 use dusk_macros::kernel;
 
 /// Tokens of a run of the transposed copy (with blocks of 16 tokens or more): 16 f16
-/// values of a component are one 32-byte sector. (The kernels, which see no constants but
-/// their own, write it as the literal 16.)
+/// values of a component are one 32-byte sector. A row's staging ring holds two runs.
+/// (The kernels, which see no constants but their own, write it as the literal 16.)
 pub const SPARQ_RUN: usize = 16;
 
-/// The tokens of a row of `n` tokens that the transposed copy (blocks of `block_size`)
-/// holds: its finished runs of `min(block_size, 16)` tokens. The rest, fewer than a
-/// run, are staged in `k_open`.
+/// The tokens of a row of `n` tokens that readers take from the transposed copy (blocks of
+/// `block_size`): its runs of `run = min(block_size, 16)` tokens but the unfinished one and
+/// the one before it (`n - n % run - run`, or none), whose copy is complete. The rest, 0 to
+/// `2 * run - 1` tokens, are read from the staging ring `k_open`. (Once a run is full, its
+/// copy completes a slice a step over the next run's appends: the run before the
+/// unfinished one is complete only when the unfinished one is full, and then it is the
+/// one before the full one.)
 #[kernel(crate = "crate::dusk_paths")]
 pub fn closed_tokens(n: i32, block_size: i32) -> i32 {
     let run = minimum(block_size, 16);
-    n - n % run
+    maximum(n - n % run - run, 0)
 }
 
-/// Writes a finished run of `run` tokens (16, or 8 with blocks of 8) into the transposed
-/// copy: token `t` of the run is row `t` of the staged rows at `k_open + staged_at` (`D`
-/// values a row) for `t < staged`, the others the rows at `rest + rest_at + (t - staged) *
-/// rest_stride`; component `c` of token `t` goes to `k_t[to + c * block_size + t]` (`to`:
-/// the run's first slot of component 0 in its block and KV head, a multiple of 8). The
-/// rows are read whole (16-byte loads) and turned through shared memory, so that each
-/// component's values are stored together: whole 32-byte sectors, 16-byte stores. (Read
-/// and stored a component at a time, the 2-byte stores of a warp's lanes each hit a
-/// sector of their own: 39.3 us for a step in which every row of MHA's batch 64 finishes
-/// a run, on the H200.) Shared memory holds component `c`'s 16 values at `c * 16 + (c / 8)
-/// * 8`: the 8 values of padding after every 8 components spread the 16 lanes that write
-/// one token's components (8 apart) over 8 banks; unpadded they all hit one. The caller
-/// checks every place in range.
+/// Copies slice `slice` of a staged run of `run` tokens (16, or 8 with blocks of 8) into
+/// the transposed copy: components `slice * D / run .. (slice + 1) * D / run` of each of the
+/// run's tokens, token `t` being the row at `k_open + staged_at + t * D`; component `c` of
+/// token `t` goes to `k_t[to + c * block_size + t]` (`to`: the run's first slot of
+/// component 0 in its block and KV head, a multiple of 8), when `copy`. A decode step copies
+/// one slice of the run before its own, so that the copy is written a few whole sectors a
+/// step (each component's `run` values stored together, 16-byte stores) and no step moves a
+/// whole run: `D` values a row, 256 bytes at D = 128. The slice is read as 16 rows of
+/// `D / 16` components (16-byte loads at D = 128; with runs of 8 a token's slice is two
+/// rows) and turned through shared memory, where row `q`'s components are `16` apart and a
+/// component's 16 rows contiguous, read back 8 at a time. The caller checks every place in
+/// range (the rows are read whatever `copy`).
 #[kernel(crate = "crate::dusk_paths")]
 #[allow(clippy::too_many_arguments)]
-pub fn sparq_close_run<const D: usize>(
+pub fn sparq_copy_slice<const D: usize>(
     k_open: Ptr<f16>,
     staged_at: i64,
-    staged: i32,
-    rest: Ptr<f16>,
-    rest_at: i64,
-    rest_stride: i64,
+    slice: i32,
     run: i32,
     k_t: Ptr<f16>,
     to: i64,
     block_size: i32,
+    copy: bool,
 ) {
-    let t = arange(0, 16);
-    let c = arange(0, D);
-    let from_staged = expand(t < staged, 1, D);
-    let from_rest = expand((t >= staged) & (t < run), 1, D);
-    let cols = expand(c as i64, 0, 16);
-    let s = load(
-        k_open + (expand(staged_at + (t as i64) * D, 1, D) + cols),
-        from_staged,
-    );
-    let r = load(
-        rest + (expand(rest_at + ((t - staged) as i64) * rest_stride, 1, D) + cols),
-        from_rest,
-    );
-    // Component-major in shared memory ([D, 16], padded), read back a component's run at a
-    // time.
-    let place = c * 16 + (c >> 3) * 8;
-    let turned = shared::<f16>(D * 17);
+    // Row q: token q % run, its components from (slice * (16 / run) + q / run) * D / 16.
+    let q = arange(0, 16);
+    let w = arange(0, D / 16);
+    let group = (slice * (16 / run) + q / run) * (D / 16);
+    let from = staged_at + ((q % run) as i64) * D + (group as i64);
+    let keys = load(k_open + (expand(from, 1, D / 16) + expand(w as i64, 0, 16)));
+    let turned = shared::<f16>(D);
     store(
-        turned + (expand(t, 1, D) + expand(place, 0, 16)),
-        where_(from_staged, s, r),
+        turned + (expand(q, 1, D / 16) + expand(w * 16, 0, 16)),
+        keys,
     );
-    let keys = load(turned + (expand(place, 1, 16) + expand(t, 0, D)));
-    // Each component's first slot, a multiple of 8 (blocks of 8 or more, runs from a
-    // multiple of 8) written so that the compiler sees it: 16-byte stores.
-    let starts = ((to + (c as i64) * (block_size as i64)) >> 3) << 3;
-    let at = expand(starts, 1, 16) + expand(t as i64, 0, D);
-    // t < run, in runs of 8 (run is 8 or 16).
-    store(k_t + at, keys, expand((t >> 3) < (run >> 3), 0, D));
+    // Row e of the [D / 8, 8] block read back: component e / 2 of rows (e % 2) * 8 ..
+    // (e % 2) * 8 + 8, that is of tokens from `first` (0 or 8 with runs of 16, 0 with runs
+    // of 8, whose second row of 8 is the next component group).
+    let e = arange(0, D / 8);
+    let t = arange(0, 8);
+    let back = load(turned + (expand(e * 8, 1, 8) + expand(t, 0, D / 8)));
+    let row0 = (e & 1) * 8;
+    let comp = (slice * (16 / run) + row0 / run) * (D / 16) + (e >> 1);
+    let first = row0 % run;
+    // Each row's first slot, a multiple of 8 (blocks of 8 or more, runs from a multiple of
+    // 8) written so that the compiler sees it: 16-byte stores.
+    let starts = ((to + (comp as i64) * (block_size as i64) + (first as i64)) >> 3) << 3;
+    let rows = where_(copy, D / 8, 0);
+    store(
+        k_t + (expand(starts, 1, 8) + expand(t as i64, 0, D / 8)),
+        back,
+        expand(e < rows, 1, 8),
+    );
 }
 
 /// The `D` element offsets, in the transposed copy of K (`[num_blocks, num_kv_heads, D,
@@ -136,11 +143,13 @@ pub fn transposed_key_offsets<const D: usize>(
     (row * D + comps) * (block_size as i64) + (slot as i64)
 }
 
-/// Writes one token's key (`key`, its `D` components) into the transposed copy `k_t`, at
-/// slot `slot` of block `block` (the token's position within its block, and the block the
-/// copy's block table gives for it), KV head `head`. For a kernel that appends tokens to the
-/// cache; the caller checks `block` and `slot` are in range.
+/// Writes the components of one token's key (`key`, its `D` components) where `comps`
+/// holds into the transposed copy `k_t`, at slot `slot` of block `block` (the token's
+/// position within its block, and the block the copy's block table gives for it), KV head
+/// `head`. For a kernel that appends tokens to the cache; the caller checks `block` and
+/// `slot` are in range.
 #[kernel(crate = "crate::dusk_paths")]
+#[allow(clippy::too_many_arguments)]
 pub fn sparq_store_key<const D: usize>(
     k_t: Ptr<f16>,
     block: i32,
@@ -149,9 +158,10 @@ pub fn sparq_store_key<const D: usize>(
     num_kv_heads: i32,
     block_size: i32,
     key: Block<f16>,
+    comps: Block<bool>,
 ) {
     let offs = transposed_key_offsets::<D>(block, slot, head, num_kv_heads, block_size);
-    store(k_t + offs, key);
+    store(k_t + offs, key, comps);
 }
 
 /// Adds `value` (`D` values: one token's V, or the sum of several) to the running sum of V
@@ -177,15 +187,17 @@ pub fn sparq_add_value<const D: usize>(
 /// of sequence `b`, at position `pos = (pages_b - 1) * page_size + slot` of its sequence:
 /// through the copy's block table after the append (`blk_indptr`, `blk_indices` of
 /// `num_blk_indices` entries, blocks of `block_size` in `0..num_blocks`; an entry outside
-/// them skips the row) its block is found; a token that finishes its run (`pos % run ==
-/// run - 1`, `run = min(block_size, 16)`) moves the run's staged keys (row `rows[i]`
-/// of `k_open`) and its own into `k_t` ([`sparq_close_run`]: whole sectors), any
-/// other is staged there (one row). Its value is added to the row's sum of V (a plain read
+/// them skips the row) its block is found, and its key staged in row `pos % (2 * run)` of
+/// row `rows[i]`'s ring in `k_open` (`run = min(block_size, 16)`). When the token has a run
+/// before its own (`pos >= run`), slice `pos % run` of that run goes from the ring into
+/// `k_t` ([`sparq_copy_slice`], through the block the table gives that run: this token's,
+/// or the one before when this token starts a block), so that the run's copy is complete
+/// when this token's run is full. Its value is added to the row's sum of V (a plain read
 /// and write: a launch appends one token a sequence, so no other program writes the row).
-/// The same writes as [`sparq_update`] over that token. Every read comes before the first
-/// write, so that they are in flight together (the append calls this part first), and a
-/// finishing run's staged rows are brought into L2 as soon as the token's position is
-/// known, before its block is.
+/// The same writes as [`sparq_update`] over the entries of `SparqUpdates::last_tokens`.
+/// Every read comes before the first write, so that they are in flight together (the
+/// append calls this part first); the slice's rows, whose place follows from the position
+/// alone, are read before the block table answers.
 #[kernel(crate = "crate::dusk_paths")]
 #[allow(clippy::too_many_arguments)]
 pub fn sparq_token<const D: usize, const ROWS: usize>(
@@ -212,13 +224,11 @@ pub fn sparq_token<const D: usize, const ROWS: usize>(
     let pages = load(kv_indptr + (b + 1), valid, 0) - load(kv_indptr + b, valid, 0);
     let pos = (pages - 1) * page_size + slot;
     let run = minimum(block_size, 16);
-    let in_run = pos % run;
-    // A finishing run's staged rows (16 of them, in two halves) into L2 at once, before
-    // anything waits on the block table.
-    let finishing = valid & (in_run == run - 1);
-    let halves =
-        expand((rows as i64) * 16 * D, 1, 2) + expand((arange(0, 2) as i64) * 8 * D, 0, ROWS);
-    prefetch_l2(k_open + halves, 16 * D, expand(finishing, 1, 2));
+    let ring = 2 * run;
+    let slice = pos % run;
+    // The run before this token's: tokens `prev .. prev + run`, staged in the ring.
+    let prev = pos - slice - run;
+    let has_prev = valid & (prev >= 0);
     let mask = expand(valid, 1, D);
     let comps = arange(0, D) as i64;
     let src = expand((rows as i64) * D, 1, D) + expand(comps, 0, ROWS);
@@ -232,69 +242,66 @@ pub fn sparq_token<const D: usize, const ROWS: usize>(
     let at = first + pos / block_size;
     let listed = valid & (first >= 0) & (at < end) & (end <= num_blk_indices);
     let block = load(blk_indices + at, listed, -1);
+    let prev_block = load(
+        blk_indices + (first + prev / block_size),
+        listed & has_prev,
+        -1,
+    );
     let ok = listed & (block >= 0) & (block < num_blocks);
-    let closes = ok & (in_run == run - 1);
-    // A token that finishes its run: the run into the copy, a row at a time.
+    let copies = ok & has_prev & (prev_block >= 0) & (prev_block < num_blocks);
+    // The previous run's slice into the copy, a row at a time.
     let lanes = arange(0, ROWS);
     for i in 0..ROWS {
         let pick = lanes == i;
-        if max(where_(pick & closes, 1, 0), 0) > 0 {
+        if max(where_(pick & has_prev, 1, 0), 0) > 0 {
             let row = sum(where_(pick, rows, 0), 0) as i64;
-            let blk = sum(where_(pick, block, 0), 0) as i64;
+            let start = sum(where_(pick, prev, 0), 0);
+            let blk = sum(where_(pick, prev_block, 0), 0) as i64;
             let head = sum(where_(pick, h, 0), 0) as i64;
             let head_row = blk * (num_kv_heads as i64) + head;
-            let start = sum(where_(pick, pos % block_size - in_run, 0), 0) as i64;
-            let to = head_row * D * (block_size as i64) + start;
-            let staged_at = row * 16 * D;
-            sparq_close_run::<D>(
+            let to = head_row * D * (block_size as i64) + ((start % block_size) as i64);
+            let staged_at = (row * (ring as i64) + ((start % ring) as i64)) * D;
+            sparq_copy_slice::<D>(
                 k_open,
                 staged_at,
-                run - 1,
-                k_new,
-                row * D,
-                0 as i64,
+                sum(where_(pick, slice, 0), 0),
                 run,
                 k_t,
                 to,
                 block_size,
+                max(where_(pick & copies, 1, 0), 0) > 0,
             );
         }
     }
-    // A token of an unfinished run: staged, one row of row-major keys.
-    let staged = ((rows as i64) * 16 + (in_run as i64)) * D;
+    // The token itself: staged, one row of row-major keys.
+    let staged = ((rows as i64) * (ring as i64) + ((pos % ring) as i64)) * D;
     store(
         k_open + (expand(staged, 1, D) + expand(comps, 0, ROWS)),
         key,
-        expand(ok & !closes, 1, D),
+        expand(ok, 1, D),
     );
     store(sums, total, expand(ok, 1, D));
 }
 
-/// Appends tokens to SparQ's state: entry `program_id(0) = i` is slots `starts[i] ..
-/// starts[i] + counts[i]` of the cache's physical page `pages[i]`, tokens of sequence
-/// `seqs[i]` that the copy holds at slots `block_starts[i] ..` of block `blocks[i]`; for KV
-/// head `program_id(1)` each token's key goes into `k_t` and the entry's sum of V is added
-/// to `v_sum`. `stages[i]` says where the keys go: negative, tokens of finished runs, into
-/// `k_t`; else the first token's place in its unfinished run, whose earlier `stages[i]`
-/// tokens are staged in `k_open`: the entry's tokens are staged after them, or, where they
-/// finish the run (`stages[i] + counts[i]` = the run's length), the run goes into `k_t`
-/// ([`sparq_close_run`]). Parameters: `k`, `v` (the cache, f16 `[num_pages, page_size,
-/// num_kv_heads, D]`), the entries (i32 each), `num_pages`, `num_blocks`, `num_seqs`,
-/// `num_kv_heads`, `page_size`, `block_size`, then the state. Grid: `(entries,
-/// num_kv_heads)`. An entry out of range (an id, slots outside the page, the block or the
-/// run) is skipped: device-written entries read and write nothing out of bounds.
+/// Appends tokens to SparQ's state: entry `program_id(0) = i` is the 10 values at
+/// `entries + 10 * i` (`SparqEntry`'s fields in order): slots `start .. start + count` of
+/// the cache's physical page `page`, tokens of sequence `seq` that the copy holds at slots
+/// `block_start ..` of block `block`; for KV head `program_id(1)`, components `copy_from ..
+/// copy_to` of each token's key go into `k_t`, the keys into rows `stage ..` of the
+/// sequence's staging ring in `k_open` unless `stage` is negative, and (`values` 1) the
+/// entry's sum of V is added to `v_sum`. Parameters: `k`, `v` (the cache, f16 `[num_pages,
+/// page_size, num_kv_heads, D]`), the entries (i32), `num_pages`, `num_blocks`,
+/// `num_seqs`, `num_kv_heads`, `page_size`, `block_size`, then the state. Grid: `(entries,
+/// num_kv_heads)`. An entry out of range (an id, slots outside the page or the block,
+/// ring rows past the ring or off the tokens' places in their run, components outside the
+/// key, `values` neither 0 nor 1) is skipped: device-written entries read and write nothing
+/// out of bounds.
 #[kernel(crate = "crate::dusk_paths", num_warps = 1)]
 #[allow(clippy::too_many_arguments)]
 pub fn sparq_update<const D: usize>(
     k: Ptr<f16>,
     v: Ptr<f16>,
-    pages: Ptr<i32>,
-    starts: Ptr<i32>,
-    counts: Ptr<i32>,
-    seqs: Ptr<i32>,
-    blocks: Ptr<i32>,
-    block_starts: Ptr<i32>,
-    stages: Ptr<i32>,
+    entries: Ptr<i32>,
     num_pages: i32,
     num_blocks: i32,
     num_seqs: i32,
@@ -307,14 +314,19 @@ pub fn sparq_update<const D: usize>(
 ) {
     let i = program_id(0);
     let h = program_id(1);
-    let page = load(pages + i);
-    let start = load(starts + i);
-    let count = load(counts + i);
-    let seq = load(seqs + i);
-    let block = load(blocks + i);
-    let to = load(block_starts + i);
-    let stage = load(stages + i);
+    let entry = entries + (i as i64) * 10;
+    let page = load(entry);
+    let start = load(entry + 1);
+    let count = load(entry + 2);
+    let seq = load(entry + 3);
+    let block = load(entry + 4);
+    let to = load(entry + 5);
+    let stage = load(entry + 6);
+    let copy_from = load(entry + 7);
+    let copy_to = load(entry + 8);
+    let values = load(entry + 9);
     let run = minimum(block_size, 16);
+    let ring = 2 * run;
     let ok = (page >= 0)
         & (page < num_pages)
         & (start >= 0)
@@ -326,18 +338,24 @@ pub fn sparq_update<const D: usize>(
         & (block < num_blocks)
         & (to >= 0)
         & (count <= block_size - to)
-        & ((stage < 0) | ((count <= run - stage) & (to % run == stage)));
+        & ((stage < 0) | ((count <= ring - stage) & (stage % run == to % run)))
+        & (copy_from >= 0)
+        & (copy_from <= copy_to)
+        & (copy_to <= D)
+        & ((values == 0) | (values == 1));
     if ok {
         let row = (seq as i64) * (num_kv_heads as i64) + (h as i64);
-        let staged_at = row * 16 * D;
+        let staged_at = (row * (ring as i64) + (stage as i64)) * D;
         let token0 = ((page as i64) * (page_size as i64) + (start as i64)) * (num_kv_heads as i64)
             + (h as i64);
-        let comps = arange(0, D) as i64;
-        let closes = (stage >= 0) & (stage + count == run);
+        let c = arange(0, D);
+        let into_copy = (c >= copy_from) & (c < copy_to);
+        let comps = c as i64;
         let mut acc = zeros::<f32>([D]);
         for j in 0..count {
             let offs = (token0 + (j as i64) * (num_kv_heads as i64)) * D + comps;
-            if stage < 0 {
+            let key = load(k + offs);
+            if copy_from < copy_to {
                 sparq_store_key::<D>(
                     k_t,
                     block,
@@ -345,33 +363,18 @@ pub fn sparq_update<const D: usize>(
                     h,
                     num_kv_heads,
                     block_size,
-                    load(k + offs),
+                    key,
+                    into_copy,
                 );
             }
-            if (stage >= 0) & !closes {
-                store(
-                    k_open + (staged_at + ((stage + j) as i64) * D + comps),
-                    load(k + offs),
-                );
+            if stage >= 0 {
+                store(k_open + (staged_at + (j as i64) * D + comps), key);
             }
             acc = acc + load(v + offs) as f32;
         }
-        if closes {
-            let head_row = (block as i64) * (num_kv_heads as i64) + (h as i64);
-            sparq_close_run::<D>(
-                k_open,
-                staged_at,
-                stage,
-                k,
-                token0 * D,
-                (num_kv_heads as i64) * D,
-                run,
-                k_t,
-                head_row * D * (block_size as i64) + ((to - stage) as i64),
-                block_size,
-            );
+        if values == 1 {
+            sparq_add_value::<D>(v_sum, seq, h, num_kv_heads, acc);
         }
-        sparq_add_value::<D>(v_sum, seq, h, num_kv_heads, acc);
     }
 }
 
@@ -505,20 +508,27 @@ pub fn row_max<const G: usize, const BLOCK: usize>(
     top
 }
 
-/// Step 2 for `TILE` tokens of one row (`program_id(1)` the tile): each head's logits of
+/// Step 2 for `TILE` tokens of one row (the tile: see the grid below): each head's logits of
 /// the tile's tokens ([`group_logits`]; a token's block and slot through the copy's block
 /// table, `blk_indptr`, `blk_indices`: blocks of `2^LOG_BS` tokens, so that a component of
-/// the tile is read in runs of contiguous slots, 16-byte loads; the row's unfinished run,
-/// fewer than [`SPARQ_RUN`] tokens past [`closed_tokens`], from its staged rows in
-/// `k_open`, in the tile that holds them). Writes the tokens' scores `sum_g l_g` (f32, row
-/// `(b, h)` at `tok_indptr[b] * num_kv_heads + h * len_b`, the top-k's layout) and per head
-/// the tile's logit max and `sum exp(l - max)` (`stat_max`, `stat_sum` at `(row *
-/// max_tiles + tile) * G + g`). The heads' logits are written for the staged tokens only
-/// (`staged_logits[(row * G + g) * 16 + t]` for token `closed + t`): alpha computes those
+/// the tile is read in runs of contiguous slots, 16-byte loads; the row's tokens past
+/// [`closed_tokens`], fewer than `2 * SPARQ_RUN`, from its staging ring in `k_open`, in the
+/// tile that holds them). Writes the tokens' scores `sum_g l_g` (f32, row `(b, h)` at
+/// `tok_indptr[b] * num_kv_heads + h * len_b`, the top-k's layout) and per head the tile's
+/// logit max and `sum exp(l - max)` (`stat_max`, `stat_sum` at `(row * max_tiles + tile) *
+/// G + g`). The heads' logits are written for the staged tokens only
+/// (`staged_logits[(row * G + g) * 32 + t]` for token `closed + t`): alpha computes those
 /// of the other kept tokens again from the copy ([`sparq_mass`]). The row's extents and
 /// the tile's block table entries are read before the program waits on any of them, and
-/// only the tile holding staged tokens merges them into its statistics. Grid: `(batch *
-/// num_kv_heads, ceil(longest sequence / TILE))`, one warp a program.
+/// only the tiles holding staged tokens (the last, or the last two where the staged tokens
+/// cross a tile's end) merge them into their statistics. Grid: `(batch *
+/// num_kv_heads, max_tiles)`, `max_tiles = ceil(longest sequence / TILE)`, one warp a
+/// program; `program_id(1) = i` takes tile `max_tiles - 1 - i`, so that the tiles holding
+/// staged tokens, which read them besides their own, are among the first the GPU starts
+/// rather than its last wave (the grid runs every row's tile `i` before any row's tile `i +
+/// 1`). In tile order, GQA's scoring at batch 32 and 32k (16 staged tokens in every row's
+/// last tile) took 93.2 us against main's 90.1 (none staged there at 32k), from the last
+/// 90.6 (H200, `benches/NOTES.md`).
 #[kernel(crate = "crate::dusk_paths", num_warps = 1)]
 #[allow(clippy::too_many_arguments)]
 pub fn sparq_score<
@@ -545,7 +555,8 @@ pub fn sparq_score<
     max_tiles: i32,
 ) {
     let row = program_id(0);
-    let tile = program_id(1);
+    // The tiles from the last: see above.
+    let tile = max_tiles - 1 - program_id(1);
     let b = row / num_kv_heads;
     let h = row % num_kv_heads;
     let first = load(tok_indptr + b);
@@ -569,20 +580,22 @@ pub fn sparq_score<
         let l = where_(expand(valid, 0, G), acc, f32::NEG_INFINITY);
         let mut m = max(l, 1);
         let mut staged_sum = zeros::<f32>([G]);
-        // The unfinished run's tokens in this tile (the row's last), from their staged rows,
-        // merged into the tile's statistics here: other tiles pay nothing for them.
+        // The staged tokens in this tile (the row's last two tiles at most), from their rows
+        // of the ring, merged into the tile's statistics here: other tiles pay nothing for
+        // them.
         if (closed < n) & (closed < tile * TILE + TILE) {
-            let open = closed + arange(0, 16);
+            let open = closed + arange(0, 32);
             let staged = (open < n) & (open >= tile * TILE) & (open < tile * TILE + TILE);
-            let rows = ((row as i64) * 16 + (arange(0, 16) as i64)) * (head_dim as i64);
-            let o = group_logits::<G, RP, CH, 16, 0>(k_open, dims, qs, row, r, rows);
+            let ring = 2 * minimum(1 << LOG_BS, 16);
+            let rows = ((row as i64) * (ring as i64) + ((open % ring) as i64)) * (head_dim as i64);
+            let o = group_logits::<G, RP, CH, 32, 0>(k_open, dims, qs, row, r, rows);
             store(scores + (at + (open as i64)), sum(o, 0), staged);
-            let heads = (row * G + arange(0, G)) * 16;
-            let per_head = expand(heads, 1, 16) + expand(arange(0, 16), 0, G);
+            let heads = (row * G + arange(0, G)) * 32;
+            let per_head = expand(heads, 1, 32) + expand(arange(0, 32), 0, G);
             store(staged_logits + per_head, o, expand(staged, 0, G));
             let lo = where_(expand(staged, 0, G), o, f32::NEG_INFINITY);
             m = maximum(m, max(lo, 1));
-            staged_sum = sum(exp2((lo - expand(m, 1, 16)) * 1.4426950408889634), 1);
+            staged_sum = sum(exp2((lo - expand(m, 1, 32)) * 1.4426950408889634), 1);
         }
         let e = exp2((l - expand(m, 1, TILE)) * 1.4426950408889634);
         let stat = (row * max_tiles + tile) * G + arange(0, G);
@@ -597,8 +610,8 @@ pub fn sparq_score<
 /// of `tile` tokens), into `mass[(row * max_chunks + chunk) * G + g]`. With one head the
 /// logits are the scores; with several, each head's logits of the kept tokens are computed
 /// again from `k_t`, as [`sparq_score`] computed them ([`group_logits`]: `r` components of
-/// each kept token, 2-byte gathers), and those of the row's staged tokens (not in `k_t`)
-/// read from what the scoring wrote (`staged_logits`, `(row * G + g) * 16 + t` for token
+/// each kept token, 2-byte gathers), and those of the row's staged tokens (not read from `k_t`)
+/// read from what the scoring wrote (`staged_logits`, `(row * G + g) * 32 + t` for token
 /// `closed + t`). A chunk past the row's kept tokens writes nothing;
 /// kept items outside the sequence (device-written) count for nothing. Grid: `(batch *
 /// num_kv_heads, max_chunks)`, one warp a program.
@@ -658,9 +671,9 @@ pub fn sparq_mass<
             let base = ((blk as i64) * (num_kv_heads as i64) + (h as i64)) * (head_dim as i64);
             let cols = base * (1 << LOG_BS) + (slot as i64);
             l = group_logits::<G, RP, CH, CHUNK, LOG_BS>(k_t, dims, qs, row, r, cols);
-            // Kept tokens of the unfinished run (not in the copy): the scoring's logits.
+            // Kept tokens of the staging ring (not read from the copy): the scoring's logits.
             let staged = expand(place > 0, 0, G);
-            let heads = (row * G + arange(0, G)) * 16 - 1;
+            let heads = (row * G + arange(0, G)) * 32 - 1;
             let at = expand(heads, 1, CHUNK) + expand(place, 0, G);
             l = where_(staged, load(staged_logits + at, staged, 0.0), l);
         } else {

@@ -3,6 +3,7 @@
 //! [`super::reference::top_k_row`] (the sort the device top-k must equal) and the final
 //! attention [`crate::reference::attention`] with its SparQ mix.
 
+use super::sparq::{closed_tokens, copied_slices};
 use super::sparq_kernels::SPARQ_RUN;
 use crate::paged::{KvShape, PageTable};
 use half::f16;
@@ -119,11 +120,13 @@ pub fn paged_key<'a>(
     }
 }
 
-/// SparQ's copy of K after every token of `table` is added: `k_t` (f16 `[num_blocks,
-/// num_kv_heads, head_dim, block_size]`) with each token of a finished run (of
-/// `min(block_size, 16)` tokens) of the cache `k` at its slot of the block `blocks` (the
-/// copy's block table) gives it, and `k_open` (f16 `[batch, num_kv_heads, 16, head_dim]`)
-/// with each sequence's unfinished run, a token a row; the other values left as they are.
+/// SparQ's copy of K after every token of `table` is added, as a decode loop leaves it:
+/// `k_t` (f16 `[num_blocks, num_kv_heads, head_dim, block_size]`) with the components
+/// [`copied_slices`] says of each token of the cache `k` (runs of `min(block_size, 16)`
+/// tokens) at its slot of the block `blocks` (the copy's block table) gives it, and
+/// `k_open` (f16 `[batch, num_kv_heads, ring, head_dim]`, a ring of two runs) with each
+/// sequence's tokens past [`closed_tokens`], the token at position `p` in row `p % ring`;
+/// the other values left as they are.
 pub fn transpose_blocks(
     k: &[f16],
     kv: &KvShape,
@@ -135,19 +138,21 @@ pub fn transpose_blocks(
 ) {
     let (d, ps, bs, hk) = (kv.head_dim, kv.page_size, block_size, kv.num_kv_heads);
     let run = bs.min(SPARQ_RUN);
+    let ring = 2 * run;
     for b in 0..table.batch() {
         let n = table.seq_len(b, ps);
+        let closed = closed_tokens(n, run);
         for t in 0..n {
             let page = table.kv_page_indices[table.kv_indptr[b] as usize + t / ps] as usize;
             let block = blocks.kv_page_indices[blocks.kv_indptr[b] as usize + t / bs] as usize;
+            let copied = copied_slices(n, t, run) * d / run;
             for h in 0..hk {
                 let key = &k[kv.k_row(page, t % ps, h) * d..][..d];
-                if t < n - n % run {
-                    for (c, x) in key.iter().enumerate() {
-                        k_t[((block * hk + h) * d + c) * bs + t % bs] = *x;
-                    }
-                } else {
-                    let row = (b * hk + h) * SPARQ_RUN + t % run;
+                for (c, x) in key[..copied].iter().enumerate() {
+                    k_t[((block * hk + h) * d + c) * bs + t % bs] = *x;
+                }
+                if t >= closed {
+                    let row = (b * hk + h) * ring + t % ring;
                     k_open[row * d..][..d].copy_from_slice(key);
                 }
             }
@@ -155,17 +160,19 @@ pub fn transpose_blocks(
     }
 }
 
-/// The rows of `k_open` (f16 `[_, num_kv_heads, 16, head_dim]`) that hold each sequence's
-/// unfinished run of `run` tokens over `table`, in order: what a state's staged keys are
-/// compared by (its other rows hold whatever was staged before).
+/// The rows of `k_open` (f16 `[_, num_kv_heads, 2 * run, head_dim]`) that hold each
+/// sequence's tokens past [`closed_tokens`] (runs of `run`) over `table`, in order: what a
+/// state's staged keys are compared by (its other rows hold whatever was staged before).
 pub fn staged_rows(k_open: &[f16], kv: &KvShape, table: &PageTable, run: usize) -> Vec<f16> {
-    let (d, hk) = (kv.head_dim, kv.num_kv_heads);
+    let (d, hk, ring) = (kv.head_dim, kv.num_kv_heads, 2 * run);
     let mut out = vec![];
     for b in 0..table.batch() {
         let n = table.seq_len(b, kv.page_size);
         for h in 0..hk {
-            let row = (b * hk + h) * SPARQ_RUN;
-            out.extend_from_slice(&k_open[row * d..][..n % run * d]);
+            for t in closed_tokens(n, run)..n {
+                let row = (b * hk + h) * ring + t % ring;
+                out.extend_from_slice(&k_open[row * d..][..d]);
+            }
         }
     }
     out

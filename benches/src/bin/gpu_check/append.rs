@@ -7,9 +7,10 @@
 //! 2. one decode step at 32k context, batch 32 and 64, GQA 32/8 and MHA 32/32, head_dim
 //!    128, one new token per sequence, INT4 copy and one selector's state (Quest's,
 //!    `append_*`; Double Sparsity's labels of 16 channels, `append_ds_*`; SparQ's
-//!    transposed copy in blocks of 256 and sums of V, `append_sparq_*`, where a sixteenth
-//!    of the sequences' tokens finish a run of the copy as on average, and
-//!    `append_sparq_finish_*`, where every token does, its slowest step): the touched list
+//!    transposed copy in blocks of 256 and sums of V, `append_sparq_*`, the sequences'
+//!    tokens at every place of a run of the copy, and `append_sparq_finish_*`, where every
+//!    token finishes a run at once, the step that was the slowest when runs were copied
+//!    whole; now every row copies one slice of the run before its own in either): the touched list
 //!    checked, then the step timed by the harness beside the same computation in PyTorch
 //!    (`--append-peers`, written by `benches/baselines/append_peers.py` in the same
 //!    command), and for Quest every compiled configuration timed as a sweep (DS and SparQ
