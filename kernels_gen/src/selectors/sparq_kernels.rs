@@ -508,33 +508,6 @@ pub fn row_max<const G: usize, const BLOCK: usize>(
     top
 }
 
-/// Brings into L2 the ring rows (`k_open`, `head_dim` values a row) of row `row`'s staged
-/// tokens `closed..n` that fall in the tile of `tile_len` tokens from `from`: 128 bytes a
-/// prefetch, as many as a row holds. Nothing when the tile holds none.
-#[kernel(crate = "crate::dusk_paths")]
-#[allow(clippy::too_many_arguments)]
-pub fn prefetch_staged(
-    k_open: Ptr<f16>,
-    row: i32,
-    n: i32,
-    closed: i32,
-    from: i32,
-    tile_len: i32,
-    block_size: i32,
-    head_dim: i32,
-) {
-    let open = closed + arange(0, 32);
-    let staged = (open < n) & (open >= from) & (open < from + tile_len);
-    let ring = 2 * minimum(block_size, 16);
-    let rows = ((row as i64) * (ring as i64) + ((open % ring) as i64)) * (head_dim as i64);
-    let line = arange(0, 4);
-    prefetch_l2(
-        k_open + (expand(rows, 1, 4) + expand((line * 64) as i64, 0, 32)),
-        128,
-        expand(staged, 1, 4) & expand(line * 64 < head_dim, 0, 32),
-    );
-}
-
 /// Step 2 for `TILE` tokens of one row (the tile: see the grid below): each head's logits of
 /// the tile's tokens ([`group_logits`]; a token's block and slot through the copy's block
 /// table, `blk_indptr`, `blk_indices`: blocks of `2^LOG_BS` tokens, so that a component of
@@ -597,19 +570,6 @@ pub fn sparq_score<
     let blk = load(blk_indices + (blk_first + j), blk_ok, 0);
     if tile * TILE < n {
         let closed = closed_tokens(n, 1 << LOG_BS);
-        // The staged tokens this tile holds (the row's last tile or two): their rows of the
-        // ring brought into L2 before the tile's own loads, so that their gathers below
-        // wait on L2 rather than DRAM.
-        prefetch_staged(
-            k_open,
-            row,
-            n,
-            closed,
-            tile * TILE,
-            TILE,
-            1 << LOG_BS,
-            head_dim,
-        );
         let valid = tok < closed;
         let slot = tok & ((1 << LOG_BS) - 1);
         let base = ((blk as i64) * (num_kv_heads as i64) + (h as i64)) * (head_dim as i64);
