@@ -468,12 +468,18 @@ pub(crate) fn settle(ctx: &Ctx) -> PyResult<()> {
     ctx.device().synchronize().py_err()
 }
 
-/// Puts `new` in `slot` and drops the state it replaces once the caller's current stream
-/// has run what was queued on it: the old plan's buffers are freed on the device's own
-/// stream, which is first ordered after the caller's (`Device::order_after_launches`), so a
-/// run still queued there never reads memory handed out again (a plan per step, as
-/// FlashInfer's wrappers are used). Runs queued on another stream given as `stream=` must
-/// be finished (or the plan kept) before planning again.
+/// Orders the device's own stream, where a plan's buffers are freed and new ones uploaded,
+/// after the work queued so far on the caller's current stream
+/// (`Device::order_after_launches`): a run still queued there never reads memory handed out
+/// again (a plan per step, as FlashInfer's wrappers are used). Runs queued on another
+/// stream given as `stream=` must be finished (or the plan kept) before planning again.
+pub(crate) fn after_callers_work(py: Python<'_>, ctx: &Ctx) -> PyResult<()> {
+    let stream = resolve_stream(py, ctx.place, None)?;
+    on_stream(ctx, stream, || ctx.device().order_after_launches()).py_err()
+}
+
+/// Puts `new` in `slot` and drops the state it replaces after the caller's queued work
+/// ([`after_callers_work`]).
 pub(crate) fn replace_state<T>(
     py: Python<'_>,
     ctx: &Ctx,
@@ -482,8 +488,7 @@ pub(crate) fn replace_state<T>(
 ) -> PyResult<()> {
     let old = slot.replace(new);
     if old.is_some() {
-        let stream = resolve_stream(py, ctx.place, None)?;
-        on_stream(ctx, stream, || ctx.device().order_after_launches()).py_err()?;
+        after_callers_work(py, ctx)?;
     }
     drop(old);
     Ok(())

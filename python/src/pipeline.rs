@@ -6,8 +6,8 @@
 use crate::context::{context, parse_device, resolve_stream, Ctx};
 use crate::errors::{invalid, to_py_renamed, OrPy};
 use crate::ops::{
-    borrow_attention_args, check_outputs, device_i32s, no_plan, on_stream, page_table,
-    parse_params, policy, replace_state, settle, tensors,
+    after_callers_work, borrow_attention_args, check_outputs, device_i32s, no_plan, on_stream,
+    page_table, parse_params, policy, replace_state, settle, tensors,
 };
 use crate::tensor::{type_name, Array, Place, Tensor};
 use dusk_compiler::DType;
@@ -561,10 +561,8 @@ impl PipelinePlanPy {
         let num_q_heads = old.num_q_heads;
         let dusk = &self.ctx.dusk;
         // What the new plan does not keep is freed on the device's own stream: after the
-        // steps still queued on the caller's (see `replace_state`).
-        let ctx = &self.ctx;
-        let stream = resolve_stream(py, ctx.place, None)?;
-        on_stream(ctx, stream, || ctx.device().order_after_launches()).py_err()?;
+        // steps still queued on the caller's.
+        after_callers_work(py, &self.ctx)?;
         let plan = old.plan.replan(dusk, &table).py_err()?;
         self.state = Some(Arc::new(Mutex::new(planned(
             &self.ctx,
