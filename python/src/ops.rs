@@ -494,6 +494,47 @@ pub(crate) fn replace_state<T>(
     Ok(())
 }
 
+/// The stream a plan's runs were last queued on, kept as the first field of the plan's
+/// state so that it drops first: dropping it orders the device's own stream after that
+/// stream (`Device::order_after_launches`), and the state's buffers, dropped next, are
+/// freed there only after the runs still queued (a plan dropped by Python right after its
+/// run, or one whose runs went to a `stream=` of their own). Errors are ignored: a drop
+/// cannot raise.
+pub(crate) struct LastStream {
+    ctx: Arc<Ctx>,
+    stream: std::sync::atomic::AtomicU64,
+}
+
+impl LastStream {
+    /// No stream used yet.
+    const NONE: u64 = u64::MAX;
+
+    pub(crate) fn new(ctx: &Arc<Ctx>) -> LastStream {
+        LastStream {
+            ctx: ctx.clone(),
+            stream: std::sync::atomic::AtomicU64::new(Self::NONE),
+        }
+    }
+
+    /// Records the stream a run is queued on (`None`: the CPU).
+    pub(crate) fn note(&self, stream: Option<u64>) {
+        if let Some(s) = stream {
+            self.stream.store(s, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for LastStream {
+    fn drop(&mut self) {
+        let s = *self.stream.get_mut();
+        if s != Self::NONE {
+            let _ = on_stream(&self.ctx, Some(s), || {
+                self.ctx.device().order_after_launches()
+            });
+        }
+    }
+}
+
 /// The quantized SpGEMV: estimated scores `q . dequant(k)` of each query head against its
 /// KV head's candidate tokens, reading the INT4 (or INT8) codes of [`quantize_k`].
 ///
@@ -510,6 +551,8 @@ pub struct SpgemvPlanPy {
 }
 
 struct SpgemvState {
+    /// First: drops before the buffers (see [`LastStream`]).
+    queued: LastStream,
     plan: Spgemv,
     kv: KvShape,
     batch: usize,
@@ -571,6 +614,7 @@ impl SpgemvPlanPy {
             &self.ctx,
             &mut self.state,
             SpgemvState {
+                queued: LastStream::new(&self.ctx),
                 plan,
                 kv,
                 batch: table.batch(),
@@ -660,6 +704,7 @@ impl SpgemvPlanPy {
                 out.borrow::<f32>(dev)?,
             )
         };
+        st.queued.note(stream);
         on_stream(ctx, stream, || {
             replayed(dev, st.replay.as_mut(), || {
                 st.plan.run(&ctx.dusk, &qb, &qk, &mut sb)
@@ -761,6 +806,8 @@ pub(crate) fn parse_params(
 }
 
 struct PruneState {
+    /// First: drops before the buffers (see [`LastStream`]).
+    queued: LastStream,
     plan: Prune,
     policy: &'static Policy,
     rows: usize,
@@ -844,6 +891,7 @@ impl PrunePlanPy {
             &self.ctx,
             &mut self.state,
             Arc::new(Mutex::new(PruneState {
+                queued: LastStream::new(&self.ctx),
                 plan,
                 policy: pol,
                 rows: cand.rows(),
@@ -907,6 +955,7 @@ impl PrunePlanPy {
         // SAFETY: a contiguous float32 tensor of `n` elements, alive past the queueing;
         // the plan's outputs are its own memory, which no input can be.
         let b = unsafe { t.borrow::<f32>(ctx.device())? };
+        st.queued.note(stream);
         on_stream(ctx, stream, || st.plan.run(&ctx.dusk, &b)).py_err()
     }
 
@@ -975,6 +1024,7 @@ impl PrunePlanPy {
                 ix.borrow::<i32>(dev)?,
             )
         };
+        st.queued.note(stream);
         on_stream(ctx, stream, || {
             st.plan.run_into(&ctx.dusk, &b, &mut a, &mut c)
         })
@@ -1033,6 +1083,8 @@ impl PrunePlanPy {
 }
 
 struct AttentionState {
+    /// First: drops before the buffers (see [`LastStream`]).
+    queued: LastStream,
     plan: Attn,
     meta: AttentionMeta,
     spec: AttentionSpec,
@@ -1324,6 +1376,7 @@ impl AttentionPlanPy {
             &self.ctx,
             &mut self.state,
             AttentionState {
+                queued: LastStream::new(&self.ctx),
                 plan,
                 meta,
                 spec,
@@ -1450,6 +1503,7 @@ fn run_attention<T: Element>(
     // SAFETY: every tensor's dtype, shape and layout were checked by the caller; they
     // outlive the queueing.
     let (q, k, v, mut out, mut given) = unsafe { borrow_attention_args::<T>(ctx, ts)? };
+    st.queued.note(stream);
     let AttentionState {
         plan,
         meta,

@@ -7,7 +7,7 @@ use crate::context::{context, parse_device, resolve_stream, Ctx};
 use crate::errors::{invalid, to_py_renamed, OrPy};
 use crate::ops::{
     after_callers_work, borrow_attention_args, check_outputs, device_i32s, no_plan, on_stream,
-    page_table, parse_params, policy, replace_state, settle, tensors,
+    page_table, parse_params, policy, replace_state, settle, tensors, LastStream,
 };
 use crate::tensor::{type_name, Array, Place, Tensor};
 use dusk_compiler::DType;
@@ -27,6 +27,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 /// A planned pipeline and what its runs need beside the caller's tensors.
 struct PipeState {
+    /// First: drops before the buffers (see [`LastStream`]).
+    queued: LastStream,
     plan: Plan,
     table: Table,
     /// The log-sum-exp a step writes when the caller gives none.
@@ -243,6 +245,7 @@ impl PipelinePlanPy {
             &self.ctx,
             &mut self.state,
             Arc::new(Mutex::new(PipeState {
+                queued: LastStream::new(&self.ctx),
                 plan,
                 table: Table::Device {
                     table,
@@ -498,6 +501,7 @@ impl PipelinePlanPy {
             None => None,
         };
         let st = &mut *st;
+        st.queued.note(stream);
         if let Table::Device { table, .. } = &st.table {
             // The sequences now on the device (a prefill is planned on the host: it may wait).
             let down = |b: &Buffer<i32>| b.download().py_err();
@@ -621,6 +625,7 @@ impl PipelinePlanPy {
                 ts[3].borrow::<f16>(dev)?,
             )
         };
+        st.queued.note(stream);
         on_stream(ctx, stream, || match &mut st.table {
             Table::Host { append, table } => {
                 let targets = st.plan.append_targets(&mut kc, &mut vc);
@@ -682,6 +687,7 @@ impl PipelinePlanPy {
             Some(l) => l,
             None => &mut st.lse,
         };
+        st.queued.note(stream);
         on_stream(ctx, stream, || {
             if let Table::Device { table, sized, .. } = &mut st.table {
                 if !std::mem::take(sized) {
@@ -813,7 +819,7 @@ pub fn calibrate_ds(q: &Bound<'_, PyAny>, k: &Bound<'_, PyAny>, r: usize) -> PyR
 /// A plan for `table` with what its runs need: the append for the table's batch, the
 /// table on the device, a log-sum-exp buffer.
 fn planned(
-    ctx: &Ctx,
+    ctx: &Arc<Ctx>,
     plan: Plan,
     table: &PageTable,
     kv: KvShape,
@@ -828,6 +834,7 @@ fn planned(
         .py_err()?;
     settle(ctx)?;
     Ok(PipeState {
+        queued: LastStream::new(ctx),
         plan,
         table: Table::Host {
             append: Box::new(append),

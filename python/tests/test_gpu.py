@@ -158,6 +158,33 @@ def test_planning_again_leaves_the_runs_still_queued_right(gen):
     np.testing.assert_allclose(out.cpu().double().numpy(), want, atol=2e-2)
 
 
+def test_dropping_a_plan_leaves_its_queued_run_right(gen):
+    # A plan dropped right after its run, the run still queued behind a long kernel on
+    # torch's stream, then new plans of the same shapes on other pages (their uploads may
+    # land in the memory the dropped plan freed): the run must have read its own metadata.
+    import gc
+
+    seq_lens = [900, 300, 1200]
+    hkv, hq, d = 2, 8, 128
+    indptr, ids, last, num_pages, q, k, v = attention_inputs(gen, seq_lens, hkv, hq, d)
+    kg, vg, qg = k.to(DEV), v.to(DEV), q.to(DEV)
+    kwargs = dict(num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=PAGE, num_pages=num_pages)
+    a = dusk.AttentionPlan(DEV)
+    a.plan(indptr, ids, last, **kwargs)
+    out = torch.full_like(qg, float("nan"))
+    torch.cuda._sleep(200_000_000)  # about 0.1 s of the GPU's clock
+    a.run(qg, kg, vg, out)
+    del a
+    gc.collect()
+    others = [dusk.AttentionPlan(DEV) for _ in range(2)]
+    for shift, b in zip((1, 2), others):
+        b.plan(indptr, np.roll(ids, shift).tolist(), last, **kwargs)
+    torch.cuda.synchronize()
+    rows = lambda b, h: np.arange(ref.seq_len(indptr, last, PAGE, b))  # noqa: E731
+    want, _ = ref.attention(q.numpy(), k.numpy(), v.numpy(), indptr, ids, last, PAGE, rows, d**-0.5)
+    np.testing.assert_allclose(out.cpu().double().numpy(), want, atol=2e-2)
+
+
 def test_graph_launches_take_each_runs_tensors(gen):
     # An eager run submits the split and the merge as one graph launch, recorded at the
     # first run; later runs with other tensors patch the graph's arguments. Each run equals
