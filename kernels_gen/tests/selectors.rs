@@ -458,8 +458,9 @@ fn top_k_over_tokens() {
 }
 
 /// The radix select over token rows longer than its tile: ties (scores on a grid), NaN
-/// and infinities, negative zeros, budgets from 1 token to every token but one, each row's
-/// window kept; the same items and flags as the sort.
+/// and infinities, negative zeros, rows within one octave and rows of one value, budgets
+/// from 1 token to every token but one, each row's window kept; the same items and flags
+/// as the sort.
 #[test]
 fn the_radix_select_equals_the_sort() {
     let dusk = dusk();
@@ -473,17 +474,42 @@ fn the_radix_select_equals_the_sort() {
     let t = PageTable::from_lengths(&lens, 16, (0..85).collect()).unwrap();
     let mut rng = SmallRng::seed_from_u64(11);
     let n: usize = lens.iter().sum::<usize>() * 2;
-    for (case, budget) in [1usize, 17, 299, 999].into_iter().enumerate() {
+    // Wide rows (NaN and infinities: the digits start at the top bit), rows within one
+    // octave (they start low, the last digit shorter), rows of one value (ties only).
+    // And rows whose keys differ in bits 20-22, 7 and 0-1 only: the digits start at bit 15,
+    // the last one (bits 0-6) shorter than eight bits, ties everywhere.
+    let cases = [
+        (1usize, 0),
+        (17, 0),
+        (299, 0),
+        (999, 0),
+        (40, 1),
+        (250, 1),
+        (9, 2),
+        (33, 3),
+        (400, 3),
+    ];
+    for (case, (budget, kind)) in cases.into_iter().enumerate() {
         let mut scores: Vec<f32> = (0..n)
-            .map(|_| match rng.random_range(0..10) {
-                0 => -0.0,
-                1 => rng.random_range(-3..3) as f32 * 1e-39, // denormals
-                _ => rng.random_range(-40..40) as f32 * 0.25,
+            .map(|_| match (kind, rng.random_range(0..10)) {
+                (0, 0) => -0.0,
+                (0, 1) => rng.random_range(-3..3) as f32 * 1e-39, // denormals
+                (0, _) => rng.random_range(-40..40) as f32 * 0.25,
+                (1, _) => 1.0 + rng.random_range(0..64) as f32 / 64.0,
+                (2, _) => 3.5,
+                _ => f32::from_bits(
+                    0x3F80_0000
+                        | (rng.random_range(0..8u32) << 20)
+                        | (rng.random_range(0..2u32) << 7)
+                        | rng.random_range(0..4u32),
+                ),
             })
             .collect();
-        scores[case * 7] = f32::NAN;
-        scores[2000 + case] = f32::INFINITY;
-        scores[2100 + case] = f32::NEG_INFINITY;
+        if kind == 0 {
+            scores[case * 7] = f32::NAN;
+            scores[2000 + case] = f32::INFINITY;
+            scores[2100 + case] = f32::NEG_INFINITY;
+        }
         let keep = Keep { sink: 1, recent: 3 };
         let mut plan = TopKPlan::with_config(
             &dusk,

@@ -235,8 +235,9 @@ pub fn select_top_k<const TILE: usize, const WARPS: usize, const RESIDENT: bool>
 /// each pass streams the row once, counting in a histogram of 256 bins in shared memory
 /// (integer atomics: exact) the next eight bits of the keys whose higher bits equal the
 /// threshold's so far, then keeps the largest digit with at least `k` keys at or above it.
-/// Four passes at most against sixteen; it stops as early, once exactly `k` keys lie at
-/// or above the threshold. The selection is [`write_top_k`]'s, so the output is the same.
+/// A first pass finds the bits every key shares (the row's smallest and largest key), so
+/// the digits start where keys differ; then four passes at most against sixteen, stopping
+/// as early, once exactly `k` keys lie at or above the threshold. The selection is [`write_top_k`]'s, so the output is the same.
 /// Rows stream in tiles of `TILE`. Parameters and grid as [`select_top_k`].
 #[kernel(crate = "crate::dusk_paths", num_warps = WARPS)]
 #[allow(clippy::too_many_arguments)]
@@ -264,34 +265,66 @@ pub fn select_top_k_radix<const TILE: usize, const WARPS: usize>(
     // 256 bins, in a block of 1024 (the running sum's smallest on 8 warps; the rest stay 0).
     let bins = shared::<i32>(1024);
     let digits = arange(0, 1024);
-    // `t`: the threshold's bits fixed so far (unsigned space, those below `shift + 8` zero);
-    // `above`: keys whose fixed bits exceed t's; `at_t`: keys at or above `t`.
+    // `t`: the threshold's bits fixed so far (unsigned space, those below the next digit
+    // zero); `above`: keys whose fixed bits exceed t's; `at_t`: keys at or above `t`.
     let mut t = 0;
     let mut above = 0;
     let mut at_t = n;
+    // Where the next digit starts (its lowest bit; below 0, a last digit of fewer bits).
     let mut shift = 24;
+    if n > k {
+        // The bits every key of the row shares are the threshold's too: the first digit
+        // starts at the highest bit where the row's smallest and largest keys differ, so
+        // that its keys spread over the bins (from bit 24, scores of one sign and a few
+        // octaves fall in two or three, and 32 lanes adding to one bin take turns).
+        let mut lo = i32::MAX;
+        let mut hi = i32::MIN;
+        for t0 in (0..n).step_by(TILE) {
+            let keys = item_keys::<TILE>(scores, base, t0, n, sink, recent);
+            let valid = (t0 + arange(0, TILE)) < n;
+            lo = minimum(lo, min(where_(valid, keys, i32::MAX), 0));
+            hi = maximum(hi, max(where_(valid, keys, i32::MIN), 0));
+        }
+        let differ = lo ^ hi;
+        let mut top = 0;
+        for bit in 0..32 {
+            top = where_((differ >> bit) != 0, bit, top);
+        }
+        shift = maximum(top - 7, 0);
+        t = (lo ^ i32::MIN) & (((-1) << shift) << 8);
+    }
     #[bound(4)]
-    while at_t > k {
+    while (at_t > k) & (shift > -8) {
         store(bins + digits, zeros::<i32>([1024]));
-        // The bits above this pass's digit (none in the first pass).
-        let high = ((-1) << shift) << 8;
+        // This pass's digit: bits `low .. low + width`; the bits above it are fixed.
+        let low = maximum(shift, 0);
+        let width = minimum(shift + 8, 8);
+        let high = ((-1) << low) << width;
         for t0 in (0..n).step_by(TILE) {
             let keys = item_keys::<TILE>(scores, base, t0, n, sink, recent);
             let u = keys ^ i32::MIN;
             let counted = ((t0 + arange(0, TILE)) < n) & ((u & high) == t);
-            atomic_add(bins + ((u >> shift) & 255), splat(1, [TILE]), counted);
+            atomic_add(
+                bins + ((u >> low) & ((1 << width) - 1)),
+                splat(1, [TILE]),
+                counted,
+            );
         }
         let count = load(bins + digits);
         // Keys of this prefix at or above each digit: a suffix sum.
         let at_or_above = sum(count, 0) - cumsum(count) + count;
         let d = max(
-            where_((above + at_or_above >= k) & (digits < 256), digits, -1),
+            where_(
+                (above + at_or_above >= k) & (digits < (1 << width)),
+                digits,
+                -1,
+            ),
             0,
         );
         let in_d = sum(where_(digits == d, count, 0), 0);
         above += sum(where_(digits > d, count, 0), 0);
         at_t = above + in_d;
-        t = t | (d << shift);
+        t = t | (d << low);
         shift -= 8;
     }
     write_top_k::<TILE, false>(
