@@ -284,7 +284,8 @@ fn a_budget_of_one_page_keeps_the_last_and_the_sink() {
     }
 }
 
-/// Rows longer than a tile stream through it; the result is the resident kernel's.
+/// Rows longer than a tile stream through it, counted two bits a pass or by the radix
+/// select's histogram; the result is the resident kernel's.
 #[test]
 fn streamed_rows_equal_resident_rows() {
     let dusk = dusk();
@@ -314,11 +315,19 @@ fn streamed_rows_equal_resident_rows() {
             tile: 1024,
             num_warps: 4,
             resident: true,
+            radix: false,
         },
         TopKConfig {
             tile: 256,
             num_warps: 1,
             resident: false,
+            radix: false,
+        },
+        TopKConfig {
+            tile: 256,
+            num_warps: 1,
+            resident: false,
+            radix: true,
         },
     ] {
         let mut plan = TopKPlan::with_config(
@@ -356,6 +365,7 @@ fn streamed_rows_equal_resident_rows() {
         outs.push(indices);
     }
     assert_eq!(outs[0], outs[1]);
+    assert_eq!(outs[0], outs[2]);
 }
 
 /// A row of 2048 pages keeping 512, on the default configuration (the size the GPU check
@@ -386,7 +396,8 @@ fn a_row_of_2048_pages_keeps_512() {
         TopKConfig {
             tile: 2048,
             num_warps: 4,
-            resident: true
+            resident: true,
+            radix: false,
         }
     );
     plan.poison_outputs(&dusk, 0xFF).unwrap();
@@ -444,6 +455,99 @@ fn top_k_over_tokens() {
         .collect();
     assert_eq!(flags, want_flags);
     assert_eq!(flags, [1, 0, 1, 0]);
+}
+
+/// The radix select over token rows longer than its tile: ties (scores on a grid), NaN
+/// and infinities, negative zeros, rows within one octave and rows of one value, budgets
+/// from 1 token to every token but one, each row's window kept; the same items and flags
+/// as the sort.
+#[test]
+fn the_radix_select_equals_the_sort() {
+    let dusk = dusk();
+    let kv = KvShape {
+        num_pages: 85,
+        page_size: 16,
+        num_kv_heads: 2,
+        head_dim: 64,
+    };
+    let lens = [1000, 300, 37];
+    let t = PageTable::from_lengths(&lens, 16, (0..85).collect()).unwrap();
+    let mut rng = SmallRng::seed_from_u64(11);
+    let n: usize = lens.iter().sum::<usize>() * 2;
+    // Wide rows (NaN and infinities: the digits start at the top bit), rows within one
+    // octave (they start low, the last digit shorter), rows of one value (ties only).
+    // And rows whose keys differ in bits 20-22, 7 and 0-1 only: the digits start at bit 15,
+    // the last one (bits 0-6) shorter than eight bits, ties everywhere.
+    let cases = [
+        (1usize, 0),
+        (17, 0),
+        (299, 0),
+        (999, 0),
+        (40, 1),
+        (250, 1),
+        (9, 2),
+        (33, 3),
+        (400, 3),
+    ];
+    for (case, (budget, kind)) in cases.into_iter().enumerate() {
+        let mut scores: Vec<f32> = (0..n)
+            .map(|_| match (kind, rng.random_range(0..10)) {
+                (0, 0) => -0.0,
+                (0, 1) => rng.random_range(-3..3) as f32 * 1e-39, // denormals
+                (0, _) => rng.random_range(-40..40) as f32 * 0.25,
+                (1, _) => 1.0 + rng.random_range(0..64) as f32 / 64.0,
+                (2, _) => 3.5,
+                _ => f32::from_bits(
+                    0x3F80_0000
+                        | (rng.random_range(0..8u32) << 20)
+                        | (rng.random_range(0..2u32) << 7)
+                        | rng.random_range(0..4u32),
+                ),
+            })
+            .collect();
+        if kind == 0 {
+            scores[case * 7] = f32::NAN;
+            scores[2000 + case] = f32::INFINITY;
+            scores[2100 + case] = f32::NEG_INFINITY;
+        }
+        let keep = Keep { sink: 1, recent: 3 };
+        let mut plan = TopKPlan::with_config(
+            &dusk,
+            &t,
+            kv,
+            Items::Tokens,
+            Budget::Tokens(budget),
+            keep,
+            |c| {
+                *c = TopKConfig {
+                    tile: 256,
+                    num_warps: 1,
+                    resident: false,
+                    radix: true,
+                };
+            },
+        )
+        .unwrap();
+        plan.poison_outputs(&dusk, 0xFF).unwrap();
+        plan.run(&dusk, &dusk.device().upload(&scores).unwrap())
+            .unwrap();
+        let s64: Vec<f64> = scores.iter().map(|s| *s as f64).collect();
+        let want = select_items(&s64, plan.shape(), keep);
+        let flat: Vec<i32> = want.iter().flatten().map(|x| *x as i32).collect();
+        let got = plan.sel_indices().download().unwrap();
+        assert_eq!(&got[..flat.len()], &flat[..], "budget {budget}");
+        let mut want_flags = vec![];
+        let mut first = 0;
+        for len in lens {
+            for h in 0..2 {
+                let base = first * 2 + h * len;
+                want_flags.push(row_flagged(&s64[base..base + len]) as i32);
+            }
+            first += len;
+        }
+        let flags = plan.flags().download().unwrap();
+        assert_eq!(flags, want_flags, "budget {budget}");
+    }
 }
 
 /// A NaN in one sequence's q flags that sequence's rows, selects only positions inside it,
@@ -655,6 +759,7 @@ fn bad_arguments_are_typed_errors() {
                 tile: 256,
                 num_warps: 1,
                 resident: true,
+                radix: false,
             };
         },
     );
@@ -677,6 +782,7 @@ fn bad_arguments_are_typed_errors() {
                 tile: 256,
                 num_warps: 1,
                 resident: true,
+                radix: false,
             };
         },
     );

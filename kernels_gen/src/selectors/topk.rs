@@ -3,7 +3,7 @@
 //! configurations, and [`TopKPlan`], validated and uploaded once, whose `run` launches one
 //! kernel with no allocation and no host sync.
 
-use super::topk_kernel::select_top_k;
+use super::topk_kernel::{select_top_k, select_top_k_radix};
 use crate::error::{ensure, invalid, Result};
 use crate::ops::Dusk;
 use crate::paged::{KvShape, PageTable};
@@ -78,6 +78,9 @@ pub struct TopKConfig {
     pub num_warps: u32,
     /// Every row fits one tile and stays in registers; else each pass streams the row.
     pub resident: bool,
+    /// Streamed rows: the cut found eight bits a pass in a shared-memory histogram
+    /// ([`select_top_k_radix`]) rather than two bits a pass by counting.
+    pub radix: bool,
 }
 
 /// The longest rows held in registers.
@@ -101,12 +104,14 @@ impl TopKConfig {
                 tile,
                 num_warps,
                 resident: true,
+                radix: false,
             }
         } else {
             TopKConfig {
                 tile: 4096,
                 num_warps: 8,
                 resident: false,
+                radix: false,
             }
         }
     }
@@ -115,38 +120,41 @@ impl TopKConfig {
 type Build = fn() -> std::result::Result<Kernel, CompileError>;
 
 macro_rules! topk_table {
-    ($(($t:literal, $w:literal, $r:literal)),* $(,)?) => {
+    ($(($t:literal, $w:literal, $r:literal, $x:literal)),* $(,)?) => {
         fn specialisation(cfg: &TopKConfig) -> Option<Build> {
-            Some(match (cfg.tile, cfg.num_warps, cfg.resident) {
-                $(($t, $w, $r) => select_top_k::build::<$t, $w, $r> as Build,)*
+            Some(match (cfg.tile, cfg.num_warps, cfg.resident, cfg.radix) {
+                $(($t, $w, $r, false) if !$x => select_top_k::build::<$t, $w, $r> as Build,)*
+                $(($t, $w, false, true) if $x => select_top_k_radix::build::<$t, $w> as Build,)*
                 _ => return None,
             })
         }
 
         /// Every configuration this crate holds a top-k kernel for.
         pub fn specialised_configs() -> Vec<TopKConfig> {
-            vec![$(TopKConfig { tile: $t, num_warps: $w, resident: $r },)*]
+            vec![$(TopKConfig { tile: $t, num_warps: $w, resident: $r, radix: $x },)*]
         }
     };
 }
 
 topk_table! {
     // The defaults.
-    (256, 1, true),
-    (512, 1, true),
-    (1024, 4, true),
-    (2048, 4, true),
-    (4096, 8, true),
-    (8192, 8, true),
-    (4096, 8, false),
+    (256, 1, true, false),
+    (512, 1, true, false),
+    (1024, 4, true, false),
+    (2048, 4, true, false),
+    (4096, 8, true, false),
+    (8192, 8, true, false),
+    (4096, 8, false, false),
     // Alternatives for the benchmark: other warps on the common rows, streamed tiles (the
-    // interpreter's tests stream small ones). (1024 and 2048 on 2 warps spill, and 2048
-    // streamed on 4 on sm_80.)
-    (512, 2, true),
-    (2048, 8, true),
-    (4096, 16, true),
-    (256, 1, false),
-    (1024, 4, false),
+    // interpreter's tests stream small ones), the radix select. (1024 and 2048 on 2 warps
+    // spill, and 2048 streamed on 4 on sm_80.)
+    (512, 2, true, false),
+    (2048, 8, true, false),
+    (4096, 16, true, false),
+    (256, 1, false, false),
+    (1024, 4, false, false),
+    (4096, 8, false, true),
+    (256, 1, false, true),
 }
 
 /// The kernel for `cfg`; an error when the crate holds none ([`specialised_configs`]).

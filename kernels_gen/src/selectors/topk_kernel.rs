@@ -66,6 +66,85 @@ fn count_at_or_above(keys: Block<i32>, u: i32) -> i32 {
     sum(where_(keys >= (u ^ i32::MIN), 1, 0), 0)
 }
 
+/// The selection once the cut is known (`cut`: the k-th largest key, or a key at or below
+/// it with exactly `k` keys at or above): the flags, every key above the cut and the first
+/// `k - above` equal to it compacted in order into `sel_items`, then their token positions
+/// (slot `j % unit` of kept item `j / unit`). `keys0` is the row's tile when `RESIDENT`.
+#[kernel(crate = "crate::dusk_paths")]
+#[allow(clippy::too_many_arguments)]
+fn write_top_k<const TILE: usize, const RESIDENT: bool>(
+    keys0: Block<i32>,
+    scores: Ptr<f32>,
+    base: i64,
+    n: i32,
+    k: i32,
+    cut: i32,
+    sink: i32,
+    recent: i32,
+    row: i32,
+    flags: Ptr<i32>,
+    sel_item_indptr: Ptr<i32>,
+    sel_items: Ptr<i32>,
+    sel_indptr: Ptr<i32>,
+    sel_indices: Ptr<i32>,
+    unit_shift: i32,
+) {
+    // Keys above the cut, and the flags.
+    let mut above = 0;
+    let mut bad = 0;
+    for t0 in (0..n).step_by(TILE) {
+        let mut keys = keys0;
+        if RESIDENT {
+        } else {
+            keys = item_keys::<TILE>(scores, base, t0, n, sink, recent);
+        }
+        let a = sum(where_(keys > cut, 1, 0), 0);
+        let f = flagged(keys);
+        above += a;
+        bad += f;
+    }
+    store(flags + row, where_(bad > 0, 1, 0));
+    // Compaction: every key above the cut and the first `k - above` equal to it.
+    let need = k - above;
+    let out = load(sel_item_indptr + row);
+    let mut ties = 0;
+    let mut kept = 0;
+    for t0 in (0..n).step_by(TILE) {
+        let mut keys = keys0;
+        if RESIDENT {
+        } else {
+            keys = item_keys::<TILE>(scores, base, t0, n, sink, recent);
+        }
+        let i = t0 + arange(0, TILE);
+        let eq = (keys == cut) & (i < n);
+        let tie = where_(eq, 1, 0);
+        let tie_rank = ties + cumsum(tie);
+        let sel = (keys > cut) | (eq & (tie_rank <= need));
+        let one = where_(sel, 1, 0);
+        let rank = kept + cumsum(one);
+        store(sel_items + (out + rank - 1), i, sel);
+        // Both sums are their scans' totals.
+        ties += sum(tie, 0);
+        kept += sum(one, 0);
+    }
+    barrier();
+    // Token positions: slot `j % unit` of kept item `j / unit`.
+    let tok0 = load(sel_indptr + row);
+    let ntok = load(sel_indptr + (row + 1)) - tok0;
+    let unit_mask = (1 << unit_shift) - 1;
+    for j0 in (0..ntok).step_by(TILE) {
+        let j = j0 + arange(0, TILE);
+        let m = j < ntok;
+        let zero = 0i32;
+        let item = load(sel_items + (out + (j >> unit_shift)), m, zero);
+        store(
+            sel_indices + (tok0 + j),
+            (item << unit_shift) + (j & unit_mask),
+            m,
+        );
+    }
+}
+
 /// Top-k items per row, as token lists. Parameters: `scores` (f32, row `(b, h)` at
 /// `item_indptr[b] * num_kv_heads + h * n_b`), `item_indptr` (i32 `[batch + 1]`: items
 /// before each sequence), `k_items` (i32 `[batch]`: items to keep, at most the
@@ -133,59 +212,136 @@ pub fn select_top_k<const TILE: usize, const WARPS: usize, const RESIDENT: bool>
         t = t | (digit << shift);
         shift -= 2;
     }
-    let cut = t ^ i32::MIN;
-    // Keys above the cut, and the flags.
+    write_top_k::<TILE, RESIDENT>(
+        keys0,
+        scores,
+        base,
+        n,
+        k,
+        t ^ i32::MIN,
+        sink,
+        recent,
+        row,
+        flags,
+        sel_item_indptr,
+        sel_items,
+        sel_indptr,
+        sel_indices,
+        unit_shift,
+    );
+}
+
+/// [`select_top_k`] with the cut found eight bits a pass (a radix select) instead of two:
+/// each pass streams the row once, counting in a histogram of 256 bins in shared memory
+/// (integer atomics: exact) the next eight bits of the keys whose higher bits equal the
+/// threshold's so far, then keeps the largest digit with at least `k` keys at or above it.
+/// A first pass finds the bits every key shares (the row's smallest and largest key), so
+/// the digits start where keys differ; then four passes at most against sixteen, stopping
+/// as early, once exactly `k` keys lie at or above the threshold. The selection is [`write_top_k`]'s, so the output is the same.
+/// Rows stream in tiles of `TILE`. Parameters and grid as [`select_top_k`].
+#[kernel(crate = "crate::dusk_paths", num_warps = WARPS)]
+#[allow(clippy::too_many_arguments)]
+pub fn select_top_k_radix<const TILE: usize, const WARPS: usize>(
+    scores: Ptr<f32>,
+    item_indptr: Ptr<i32>,
+    k_items: Ptr<i32>,
+    sel_item_indptr: Ptr<i32>,
+    sel_indptr: Ptr<i32>,
+    sel_items: Ptr<i32>,
+    sel_indices: Ptr<i32>,
+    flags: Ptr<i32>,
+    num_kv_heads: i32,
+    unit_shift: i32,
+    sink: i32,
+    recent: i32,
+) {
+    let row = program_id(0);
+    let b = row / num_kv_heads;
+    let h = row % num_kv_heads;
+    let first = load(item_indptr + b);
+    let n = load(item_indptr + (b + 1)) - first;
+    let k = minimum(load(k_items + b), n);
+    let base = (first * num_kv_heads + h * n) as i64;
+    // 256 bins, in a block of 1024 (the running sum's smallest on 8 warps; the rest stay 0).
+    let bins = shared::<i32>(1024);
+    let digits = arange(0, 1024);
+    // `t`: the threshold's bits fixed so far (unsigned space, those below the next digit
+    // zero); `above`: keys whose fixed bits exceed t's; `at_t`: keys at or above `t`.
+    let mut t = 0;
     let mut above = 0;
-    let mut bad = 0;
-    for t0 in (0..n).step_by(TILE) {
-        let mut keys = keys0;
-        if RESIDENT {
-        } else {
-            keys = item_keys::<TILE>(scores, base, t0, n, sink, recent);
+    let mut at_t = n;
+    // Where the next digit starts (its lowest bit; below 0, a last digit of fewer bits).
+    let mut shift = 24;
+    if n > k {
+        // The bits every key of the row shares are the threshold's too: the first digit
+        // starts at the highest bit where the row's smallest and largest keys differ, so
+        // that its keys spread over the bins (from bit 24, scores of one sign and a few
+        // octaves fall in two or three, and 32 lanes adding to one bin take turns).
+        let mut lo = i32::MAX;
+        let mut hi = i32::MIN;
+        for t0 in (0..n).step_by(TILE) {
+            let keys = item_keys::<TILE>(scores, base, t0, n, sink, recent);
+            let valid = (t0 + arange(0, TILE)) < n;
+            lo = minimum(lo, min(where_(valid, keys, i32::MAX), 0));
+            hi = maximum(hi, max(where_(valid, keys, i32::MIN), 0));
         }
-        let a = sum(where_(keys > cut, 1, 0), 0);
-        let f = flagged(keys);
-        above += a;
-        bad += f;
-    }
-    store(flags + row, where_(bad > 0, 1, 0));
-    // Compaction: every key above the cut and the first `k - above` equal to it.
-    let need = k - above;
-    let out = load(sel_item_indptr + row);
-    let mut ties = 0;
-    let mut kept = 0;
-    for t0 in (0..n).step_by(TILE) {
-        let mut keys = keys0;
-        if RESIDENT {
-        } else {
-            keys = item_keys::<TILE>(scores, base, t0, n, sink, recent);
+        let differ = lo ^ hi;
+        let mut top = 0;
+        for bit in 0..32 {
+            top = where_((differ >> bit) != 0, bit, top);
         }
-        let i = t0 + arange(0, TILE);
-        let eq = (keys == cut) & (i < n);
-        let tie = where_(eq, 1, 0);
-        let tie_rank = ties + cumsum(tie);
-        let sel = (keys > cut) | (eq & (tie_rank <= need));
-        let one = where_(sel, 1, 0);
-        let rank = kept + cumsum(one);
-        store(sel_items + (out + rank - 1), i, sel);
-        // Both sums are their scans' totals.
-        ties += sum(tie, 0);
-        kept += sum(one, 0);
+        shift = maximum(top - 7, 0);
+        t = (lo ^ i32::MIN) & (((-1) << shift) << 8);
     }
-    barrier();
-    // Token positions: slot `j % unit` of kept item `j / unit`.
-    let tok0 = load(sel_indptr + row);
-    let ntok = load(sel_indptr + (row + 1)) - tok0;
-    let unit_mask = (1 << unit_shift) - 1;
-    for j0 in (0..ntok).step_by(TILE) {
-        let j = j0 + arange(0, TILE);
-        let m = j < ntok;
-        let zero = 0i32;
-        let item = load(sel_items + (out + (j >> unit_shift)), m, zero);
-        store(
-            sel_indices + (tok0 + j),
-            (item << unit_shift) + (j & unit_mask),
-            m,
+    #[bound(4)]
+    while (at_t > k) & (shift > -8) {
+        store(bins + digits, zeros::<i32>([1024]));
+        // This pass's digit: bits `low .. low + width`; the bits above it are fixed.
+        let low = maximum(shift, 0);
+        let width = minimum(shift + 8, 8);
+        let high = ((-1) << low) << width;
+        for t0 in (0..n).step_by(TILE) {
+            let keys = item_keys::<TILE>(scores, base, t0, n, sink, recent);
+            let u = keys ^ i32::MIN;
+            let counted = ((t0 + arange(0, TILE)) < n) & ((u & high) == t);
+            atomic_add(
+                bins + ((u >> low) & ((1 << width) - 1)),
+                splat(1, [TILE]),
+                counted,
+            );
+        }
+        let count = load(bins + digits);
+        // Keys of this prefix at or above each digit: a suffix sum.
+        let at_or_above = sum(count, 0) - cumsum(count) + count;
+        let d = max(
+            where_(
+                (above + at_or_above >= k) & (digits < (1 << width)),
+                digits,
+                -1,
+            ),
+            0,
         );
+        let in_d = sum(where_(digits == d, count, 0), 0);
+        above += sum(where_(digits > d, count, 0), 0);
+        at_t = above + in_d;
+        t = t | (d << low);
+        shift -= 8;
     }
+    write_top_k::<TILE, false>(
+        splat(i32::MIN, [TILE]),
+        scores,
+        base,
+        n,
+        k,
+        t ^ i32::MIN,
+        sink,
+        recent,
+        row,
+        flags,
+        sel_item_indptr,
+        sel_items,
+        sel_indptr,
+        sel_indices,
+        unit_shift,
+    );
 }
