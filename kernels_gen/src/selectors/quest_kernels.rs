@@ -114,9 +114,6 @@ pub fn quest_score<
             let jn = j + TILE;
             let valid_n = jn < end;
             let page_n = load(kv_page_indices + (first + jn), valid_n, 0);
-            let rows_n = ((page_n as i64) * heads + (h as i64)) * D;
-            prefetch_l2(page_max + rows_n, D * 2, valid_n);
-            prefetch_l2(page_min + rows_n, D * 2, valid_n);
             let s = sum(mx * qpos + mn * qneg, 1);
             store(scores + (at + (j as i64)), s, valid);
             page = page_n;
