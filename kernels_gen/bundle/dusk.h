@@ -323,28 +323,28 @@ static inline int dusk_ds_update_d128_r16_slots16(CUstream stream, CUdeviceptr k
     return dusk_launch("ds_update_d128_r16_slots16", stream, args, 8, inputs, 3);
 }
 
-/* quest_score_d128_g1_tile32_warps4 (pipeline): {"ir_name":"quest_score_D128_G1_TILE32_WARPS4"}
+/* quest_score_d128_g1_tile32_warps4_tiles8 (pipeline): {"ir_name":"quest_score_D128_G1_TILE32_WARPS4_TILES8"}
  * grid (grid_x, grid_y, grid_z), 128 threads a program. */
-static inline int dusk_quest_score_d128_g1_tile32_warps4(CUstream stream, CUdeviceptr q, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr scores, int32_t num_kv_heads, CUdeviceptr page_min, CUdeviceptr page_max, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+static inline int dusk_quest_score_d128_g1_tile32_warps4_tiles8(CUstream stream, CUdeviceptr q, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr scores, int32_t num_kv_heads, CUdeviceptr page_min, CUdeviceptr page_max, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
     void *args[] = {&q, &kv_indptr, &kv_page_indices, &scores, &num_kv_heads, &page_min, &page_max};
     const uint64_t inputs[] = {grid_x, grid_y, grid_z};
-    return dusk_launch("quest_score_d128_g1_tile32_warps4", stream, args, 7, inputs, 3);
+    return dusk_launch("quest_score_d128_g1_tile32_warps4_tiles8", stream, args, 7, inputs, 3);
 }
 
-/* quest_score_d128_g4_tile32_warps4 (pipeline): {"ir_name":"quest_score_D128_G4_TILE32_WARPS4"}
+/* quest_score_d128_g4_tile32_warps4_tiles8 (pipeline): {"ir_name":"quest_score_D128_G4_TILE32_WARPS4_TILES8"}
  * grid (grid_x, grid_y, grid_z), 128 threads a program. */
-static inline int dusk_quest_score_d128_g4_tile32_warps4(CUstream stream, CUdeviceptr q, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr scores, int32_t num_kv_heads, CUdeviceptr page_min, CUdeviceptr page_max, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+static inline int dusk_quest_score_d128_g4_tile32_warps4_tiles8(CUstream stream, CUdeviceptr q, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr scores, int32_t num_kv_heads, CUdeviceptr page_min, CUdeviceptr page_max, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
     void *args[] = {&q, &kv_indptr, &kv_page_indices, &scores, &num_kv_heads, &page_min, &page_max};
     const uint64_t inputs[] = {grid_x, grid_y, grid_z};
-    return dusk_launch("quest_score_d128_g4_tile32_warps4", stream, args, 7, inputs, 3);
+    return dusk_launch("quest_score_d128_g4_tile32_warps4_tiles8", stream, args, 7, inputs, 3);
 }
 
-/* quest_score_d128_g8_tile32_warps4 (pipeline): {"ir_name":"quest_score_D128_G8_TILE32_WARPS4"}
+/* quest_score_d128_g8_tile32_warps4_tiles8 (pipeline): {"ir_name":"quest_score_D128_G8_TILE32_WARPS4_TILES8"}
  * grid (grid_x, grid_y, grid_z), 128 threads a program. */
-static inline int dusk_quest_score_d128_g8_tile32_warps4(CUstream stream, CUdeviceptr q, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr scores, int32_t num_kv_heads, CUdeviceptr page_min, CUdeviceptr page_max, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+static inline int dusk_quest_score_d128_g8_tile32_warps4_tiles8(CUstream stream, CUdeviceptr q, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr scores, int32_t num_kv_heads, CUdeviceptr page_min, CUdeviceptr page_max, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
     void *args[] = {&q, &kv_indptr, &kv_page_indices, &scores, &num_kv_heads, &page_min, &page_max};
     const uint64_t inputs[] = {grid_x, grid_y, grid_z};
-    return dusk_launch("quest_score_d128_g8_tile32_warps4", stream, args, 7, inputs, 3);
+    return dusk_launch("quest_score_d128_g8_tile32_warps4_tiles8", stream, args, 7, inputs, 3);
 }
 
 /* quest_update_d128_slots16 (pipeline): {"ir_name":"quest_update_D128_SLOTS16"}

@@ -51,20 +51,23 @@ fn update(kv: &KvShape) -> Option<Build> {
     })
 }
 
-/// Pages a score program covers: 4096 state values of each array, 32 pages at head_dim
-/// 128 on 4 warps (32 values a thread of each).
+/// Pages a score program's tile covers: 4096 state values of each array, 32 pages at
+/// head_dim 128 on 4 warps (32 values a thread of each).
 pub const fn score_tile(head_dim: usize) -> usize {
     4096 / head_dim
 }
+
+/// Tiles a score program walks, the next one's state brought into L2 while one is scored.
+pub const SCORE_TILES: usize = 8;
 
 macro_rules! score_table {
     ($($d:literal: $($g:literal)*;)*) => {
         fn score(kv: &KvShape, group: usize) -> Option<ScoreKernel> {
             let build = match (kv.head_dim, group) {
-                $($(($d, $g) => quest_score::build::<$d, $g, { score_tile($d) }, 4> as Build,)*)*
+                $($(($d, $g) => quest_score::build::<$d, $g, { score_tile($d) }, 4, SCORE_TILES> as Build,)*)*
                 _ => return None,
             };
-            Some(ScoreKernel { build, pages_per_program: score_tile(kv.head_dim) })
+            Some(ScoreKernel { build, pages_per_program: score_tile(kv.head_dim) * SCORE_TILES })
         }
     };
 }
