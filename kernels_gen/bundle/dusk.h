@@ -371,20 +371,20 @@ static inline int dusk_select_top_k_tile256_warps1_residenttrue(CUstream stream,
     return dusk_launch("select_top_k_tile256_warps1_residenttrue", stream, args, 12, inputs, 3);
 }
 
-/* select_top_k_tile4096_warps8_residentfalse (pipeline): {"ir_name":"select_top_k_TILE4096_WARPS8_RESIDENTfalse"}
- * grid (grid_x, grid_y, grid_z), 256 threads a program. */
-static inline int dusk_select_top_k_tile4096_warps8_residentfalse(CUstream stream, CUdeviceptr scores, CUdeviceptr item_indptr, CUdeviceptr k_items, CUdeviceptr sel_item_indptr, CUdeviceptr sel_indptr, CUdeviceptr sel_items, CUdeviceptr sel_indices, CUdeviceptr flags, int32_t num_kv_heads, int32_t unit_shift, int32_t sink, int32_t recent, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
-    void *args[] = {&scores, &item_indptr, &k_items, &sel_item_indptr, &sel_indptr, &sel_items, &sel_indices, &flags, &num_kv_heads, &unit_shift, &sink, &recent};
-    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
-    return dusk_launch("select_top_k_tile4096_warps8_residentfalse", stream, args, 12, inputs, 3);
-}
-
 /* select_top_k_tile4096_warps8_residenttrue (pipeline): {"ir_name":"select_top_k_TILE4096_WARPS8_RESIDENTtrue"}
  * grid (grid_x, grid_y, grid_z), 256 threads a program. */
 static inline int dusk_select_top_k_tile4096_warps8_residenttrue(CUstream stream, CUdeviceptr scores, CUdeviceptr item_indptr, CUdeviceptr k_items, CUdeviceptr sel_item_indptr, CUdeviceptr sel_indptr, CUdeviceptr sel_items, CUdeviceptr sel_indices, CUdeviceptr flags, int32_t num_kv_heads, int32_t unit_shift, int32_t sink, int32_t recent, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
     void *args[] = {&scores, &item_indptr, &k_items, &sel_item_indptr, &sel_indptr, &sel_items, &sel_indices, &flags, &num_kv_heads, &unit_shift, &sink, &recent};
     const uint64_t inputs[] = {grid_x, grid_y, grid_z};
     return dusk_launch("select_top_k_tile4096_warps8_residenttrue", stream, args, 12, inputs, 3);
+}
+
+/* select_top_k_radix_tile4096_warps8 (pipeline): {"ir_name":"select_top_k_radix_TILE4096_WARPS8"}
+ * grid (grid_x, grid_y, grid_z), 256 threads a program. */
+static inline int dusk_select_top_k_radix_tile4096_warps8(CUstream stream, CUdeviceptr scores, CUdeviceptr item_indptr, CUdeviceptr k_items, CUdeviceptr sel_item_indptr, CUdeviceptr sel_indptr, CUdeviceptr sel_items, CUdeviceptr sel_indices, CUdeviceptr flags, int32_t num_kv_heads, int32_t unit_shift, int32_t sink, int32_t recent, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&scores, &item_indptr, &k_items, &sel_item_indptr, &sel_indptr, &sel_items, &sel_indices, &flags, &num_kv_heads, &unit_shift, &sink, &recent};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("select_top_k_radix_tile4096_warps8", stream, args, 12, inputs, 3);
 }
 
 /* sparq_alpha_d128_g1_block256 (pipeline): {"ir_name":"sparq_alpha_D128_G1_BLOCK256"}

@@ -57,7 +57,7 @@ pub const fn score_tile(head_dim: usize) -> usize {
     4096 / head_dim
 }
 
-/// Tiles a score program walks, the next one's state brought into L2 while one is scored.
+/// Tiles a score program walks, the next one's page ids loaded while one is scored.
 pub const SCORE_TILES: usize = 8;
 
 macro_rules! score_table {

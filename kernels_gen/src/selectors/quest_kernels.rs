@@ -58,15 +58,15 @@ pub fn quest_update<const D: usize, const SLOTS: usize>(
 
 /// Scores `TILES` tiles of `TILE` pages of one row (sequence `b`, KV head `h`,
 /// `program_id(0) = b * num_kv_heads + h`), pages `program_id(1) * TILE * TILES ..`, from
-/// their min and max. A tile at a time, software-pipelined: while a tile's state is in
-/// flight the next tile's page ids are loaded and its state rows brought into L2
-/// (`prefetch_l2`, no registers held), so each tile waits on L2 rather than on the chain
-/// page id -> state in DRAM. (One tile a program, 120 registers on 4 warps, held 16 KB in
-/// flight a program, 64 KB an SM: 66% of the copy rate on an H200.) Parameters (the score
-/// convention): `q` (f16 `[batch, num_kv_heads * G, D]`), `kv_indptr`, `kv_page_indices`
-/// (the page table), `scores` (f32, row `(b, h)` at `kv_indptr[b] * num_kv_heads + h *
-/// pages_b`), `num_kv_heads`, then the state: `page_min`, `page_max`. Grid: `(batch *
-/// num_kv_heads, ceil(longest sequence's pages / (TILE * TILES)))`.
+/// their min and max. A tile at a time, the next tile's page ids loaded while a tile's state
+/// is in flight, so each tile's state loads issue at once instead of behind the chain page
+/// id -> state, and the group's query is reduced once for eight tiles. (One tile a program
+/// scored at 66% of the copy rate on an H200, 120 registers; this at 88-100%, 96 registers.
+/// Bringing the next tile's state into L2 as well lost 5-7 points: NOTES.) Parameters (the
+/// score convention): `q` (f16 `[batch, num_kv_heads * G, D]`), `kv_indptr`,
+/// `kv_page_indices` (the page table), `scores` (f32, row `(b, h)` at `kv_indptr[b] *
+/// num_kv_heads + h * pages_b`), `num_kv_heads`, then the state: `page_min`, `page_max`.
+/// Grid: `(batch * num_kv_heads, ceil(longest sequence's pages / (TILE * TILES)))`.
 #[kernel(crate = "crate::dusk_paths", num_warps = WARPS)]
 #[allow(clippy::too_many_arguments)]
 pub fn quest_score<
@@ -109,8 +109,7 @@ pub fn quest_score<
             let mask = expand(valid, 1, D);
             let mx = load(page_max + offs, mask) as f32;
             let mn = load(page_min + offs, mask) as f32;
-            // The next tile: its page ids, its state rows into L2 (a row is D * 2 bytes,
-            // whole 128-byte lines: D is 64, 128 or 256).
+            // The next tile's page ids, in flight while this tile is scored.
             let jn = j + TILE;
             let valid_n = jn < end;
             let page_n = load(kv_page_indices + (first + jn), valid_n, 0);
