@@ -11,6 +11,10 @@
 //! page, the mask contiguous along them, and a page id loaded through pointers constant
 //! along runs is constant along the same runs; so a row of a page's slots is still read in
 //! vectors.
+//!
+//! A loop's carried values (a page id loaded one tile ahead, say) are taken to be as known as
+//! their initial values; the body is walked again with less wherever what it yields knows
+//! less, until nothing changes.
 
 use crate::ir::*;
 use std::collections::HashMap;
@@ -81,8 +85,81 @@ pub fn analyze(k: &Kernel) -> AxisInfos {
         };
         a.of.insert(p.value, AxisInfo::uniform(&[], div));
     }
-    walk_ops(&k.body, &mut |op| visit(k, &mut a, op));
+    analyze_region(k, &mut a, &k.body);
     a
+}
+
+fn analyze_region(k: &Kernel, a: &mut AxisInfos, region: &Region) {
+    for op in &region.ops {
+        if let OpKind::For { init, body, .. } = &op.kind {
+            analyze_loop(k, a, op, init, body);
+            continue;
+        }
+        visit(k, a, op);
+        for r in op.kind.regions() {
+            analyze_region(k, a, r);
+        }
+    }
+}
+
+/// Walks a loop's body with its carried values (`body.args[1..]`) assumed as known as the
+/// meet of their initial values and what each walk found the body yields; facts only shrink,
+/// so a few walks settle (after 8, nothing is assumed). The loop's results get the settled
+/// facts.
+fn analyze_loop(k: &Kernel, a: &mut AxisInfos, op: &Op, init: &[ValueId], body: &Region) {
+    let carried = &body.args[1..];
+    let mut assumed: Vec<Option<AxisInfo>> = init.iter().map(|v| a.of.get(v).cloned()).collect();
+    for walk in 0.. {
+        if walk == 8 {
+            assumed.iter_mut().for_each(|x| *x = None);
+        }
+        for (arg, info) in carried.iter().zip(&assumed) {
+            match info {
+                Some(i) => a.of.insert(*arg, i.clone()),
+                None => a.of.remove(arg),
+            };
+        }
+        analyze_region(k, a, body);
+        if walk == 8 {
+            break;
+        }
+        let yielded = match body.ops.last().map(|o| &o.kind) {
+            Some(OpKind::Yield { values }) => values.as_slice(),
+            _ => &[],
+        };
+        let next: Vec<Option<AxisInfo>> = assumed
+            .iter()
+            .zip(yielded)
+            .map(|(x, y)| meet(x.as_ref(), a.of.get(y)))
+            .collect();
+        if next == assumed {
+            break;
+        }
+        assumed = next;
+    }
+    for (res, info) in op.results.iter().zip(&assumed) {
+        if let Some(i) = info {
+            a.of.insert(*res, i.clone());
+        }
+    }
+}
+
+/// What is known of a value that is either `x` or `y`.
+fn meet(x: Option<&AxisInfo>, y: Option<&AxisInfo>) -> Option<AxisInfo> {
+    let (x, y) = (x?, y?);
+    let n = x.contiguity.len();
+    if y.contiguity.len() != n {
+        return None;
+    }
+    Some(AxisInfo {
+        contiguity: (0..n)
+            .map(|d| x.contiguity[d].min(y.contiguity[d]))
+            .collect(),
+        divisibility: (0..n)
+            .map(|d| x.divisibility[d].min(y.divisibility[d]))
+            .collect(),
+        constancy: (0..n).map(|d| x.constancy[d].min(y.constancy[d])).collect(),
+    })
 }
 
 fn visit(k: &Kernel, a: &mut AxisInfos, op: &Op) {
@@ -333,6 +410,58 @@ mod tests {
     }
     /// Runs shorter than a page (8 tokens of pages of 16, from a multiple of 8) stay inside
     /// one page: the shift is constant and the mask contiguous along them.
+    /// A page id loaded a tile ahead and carried into the next iteration stays constant
+    /// along a page's slots, so the tile's loads through it are still vectors; a carried
+    /// value the body replaces by one known less is known less.
+    #[test]
+    fn values_carried_through_a_loop_keep_what_every_iteration_knows() {
+        let mut b = KernelBuilder::new("t");
+        let p = b.param_ptr("p", DType::F16);
+        let table = b.param_ptr("table", DType::I32);
+        let n = b.param_scalar("n", DType::I32);
+        let t = b.arange(0, 64);
+        let four = b.i32(4);
+        let page_of = |b: &mut KernelBuilder, tok: crate::builder::Value| {
+            let j = b.binary(BinOp::Shr, tok, four);
+            let jp = b.add_ptr(table, j);
+            b.load(jp)
+        };
+        let first = page_of(&mut b, t);
+        let (lo, one) = (b.i32(0), b.i32(1));
+        let mut seen = None;
+        let done = b.for_range(lo, n, one, &[first, t], |b, i, c| {
+            let sixty_four = b.i32(64);
+            let base = b.binary(BinOp::Mul, i, sixty_four);
+            let tok = b.add(base, t);
+            let sixteen = b.i32(16);
+            let rows = b.binary(BinOp::Mul, c[0], sixteen);
+            let fifteen = b.i32(15);
+            let slot = b.binary(BinOp::And, tok, fifteen);
+            let offs = b.add(rows, slot);
+            let ptrs = b.add_ptr(p, offs);
+            let x = b.load(ptrs);
+            b.store(ptrs, x);
+            seen = Some((c[0], c[1], ptrs));
+            let ahead = b.add(tok, sixty_four);
+            let next = page_of(b, ahead);
+            // The second carried value: the run first, a scattered load after.
+            let scattered = b.add_ptr(table, c[1]);
+            let lost = b.load(scattered);
+            vec![next, lost]
+        });
+        let k = b.finish().unwrap();
+        let a = analyze(&k);
+        let of = |v: crate::builder::Value| a.get(v.0).unwrap().clone();
+        let (page, run, ptrs) = seen.unwrap();
+        assert_eq!(of(page).constancy, vec![16]);
+        assert_eq!(of(done[0]).constancy, vec![16]);
+        assert_eq!(
+            (of(ptrs).contiguity, of(ptrs).divisibility),
+            (vec![16], vec![16])
+        );
+        assert_eq!((of(run).contiguity, of(run).constancy), (vec![1], vec![1]));
+    }
+
     #[test]
     fn runs_shorter_than_a_page_stay_in_it() {
         let mut b = KernelBuilder::new("t");
