@@ -879,3 +879,35 @@ fn a_selector_of_ones_own() {
         .unwrap();
     assert_eq!(arg_of(e), "num_q_heads");
 }
+
+/// Quest's score over rows of several programs, each walking its tiles (32 pages a tile at
+/// head_dim 128; 563 pages a row, the last partial, so the last program ends inside a
+/// tile): the stock walk of 8 tiles and the benchmark's others, each through the
+/// benchmark's check against the sort-based reference.
+#[test]
+fn quest_score_walks_agree_on_long_rows() {
+    use dusk_kernels::selectors::bench::{QuestBench, QuestCase};
+    use dusk_kernels::selectors::quest::score_walking;
+    use dusk_kernels::selectors::Selector;
+    // Quest itself (QuestPlan takes no other selector's state) with another score kernel.
+    const TILES_2: Selector = Selector {
+        score: score_walking::<2>,
+        ..QUEST
+    };
+    const TILES_16: Selector = Selector {
+        score: score_walking::<16>,
+        ..QUEST
+    };
+    let dusk = dusk();
+    for selector in [&QUEST, &TILES_2, &TILES_16] {
+        let case = QuestCase {
+            batch: 2,
+            context: 9000,
+            num_q_heads: 8,
+            num_kv_heads: 2,
+            ..QuestCase::default()
+        };
+        let mut bench = QuestBench::with_selector(&dusk, &case, selector, |_| {}).unwrap();
+        bench.check(&dusk, 2).unwrap();
+    }
+}

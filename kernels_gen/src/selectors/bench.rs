@@ -21,7 +21,7 @@
 
 use super::quest::{QuestOptions, QuestPlan};
 use super::reference::{quest_row_scores, top_k_row};
-use super::selector::SelectorState;
+use super::selector::{Selector, SelectorState};
 use super::topk::{Budget, TopKConfig};
 use super::QUEST;
 use crate::error::Result;
@@ -200,6 +200,17 @@ impl QuestBench {
         case: &QuestCase,
         tune: impl Fn(&mut TopKConfig),
     ) -> Result<QuestBench> {
+        Self::with_selector(dusk, case, &QUEST, tune)
+    }
+
+    /// As [`QuestBench::new`], with `selector` (Quest's state and update, a score kernel of
+    /// its own: [`super::quest::score_walking`] with another walk) in place of [`QUEST`].
+    pub fn with_selector(
+        dusk: &Dusk,
+        case: &QuestCase,
+        selector: &'static Selector,
+        tune: impl Fn(&mut TopKConfig),
+    ) -> Result<QuestBench> {
         let mut rng = Rng(case.seed);
         let ps = case.page_size;
         let lens = vec![case.context; case.batch];
@@ -231,7 +242,7 @@ impl QuestBench {
                 lo.push(f16::from_f32(a.min(b) * 3.0));
                 hi.push(f16::from_f32(a.max(b) * 3.0));
             }
-            let mut state = SelectorState::new(dusk, &QUEST, kv)?;
+            let mut state = SelectorState::new(dusk, selector, kv)?;
             state
                 .f16_mut("page_min")
                 .expect("Quest")

@@ -62,12 +62,14 @@ pub const SCORE_TILES: usize = 8;
 
 macro_rules! score_table {
     ($($d:literal: $($g:literal)*;)*) => {
-        fn score(kv: &KvShape, group: usize) -> Option<ScoreKernel> {
+        /// Quest's score kernel for this shape and group, each program walking `TILES` tiles
+        /// (the stock selector's walk [`SCORE_TILES`]; the benchmark times others).
+        pub fn score_walking<const TILES: usize>(kv: &KvShape, group: usize) -> Option<ScoreKernel> {
             let build = match (kv.head_dim, group) {
-                $($(($d, $g) => quest_score::build::<$d, $g, { score_tile($d) }, 4, SCORE_TILES> as Build,)*)*
+                $($(($d, $g) => quest_score::build::<$d, $g, { score_tile($d) }, 4, TILES> as Build,)*)*
                 _ => return None,
             };
-            Some(ScoreKernel { build, pages_per_program: score_tile(kv.head_dim) * SCORE_TILES })
+            Some(ScoreKernel { build, pages_per_program: score_tile(kv.head_dim) * TILES })
         }
     };
 }
@@ -86,7 +88,7 @@ pub const QUEST: Selector = Selector {
         StateArray::f16_per_page("page_max"),
     ],
     update,
-    score,
+    score: score_walking::<SCORE_TILES>,
 };
 
 /// Quest's choices beside the budget.

@@ -504,7 +504,10 @@ impl SelectorPlan {
                 format!("{num_q_heads} query heads: a group of {group}"),
             )
         })?;
-        let key = format!("selector {} score {kv:?} group {group}", selector.name);
+        let key = format!(
+            "selector {} score {kv:?} group {group} pages {pages_per_program}",
+            selector.name
+        );
         let score = dusk.kernel(key, build)?;
         check_params(&selector, "score", score.ir(), SCORE_PARAMS)?;
         let ppp = pages_per_program.max(1);

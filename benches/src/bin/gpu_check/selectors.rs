@@ -25,8 +25,11 @@ use crate::append;
 use crate::common::{case_json, copy_gbps, Common, PeerTime, Res};
 use clap::Args;
 use dusk::kernels::ops::Dusk;
+use dusk::kernels::paged::KvShape;
 use dusk::kernels::selectors::bench::{QuestBench, QuestCase};
-use dusk::kernels::selectors::topk::Budget;
+use dusk::kernels::selectors::quest::score_walking;
+use dusk::kernels::selectors::topk::{Budget, TopKConfig};
+use dusk::kernels::selectors::{ScoreKernel, Selector, QUEST};
 use dusk::runtime::Device;
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -180,7 +183,7 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
                 t.top_k.median_us(),
                 share.map_or("n/a".into(), |s| format!("{:.1}%", 100.0 * s)),
             );
-            let extra = json!({
+            let mut extra = json!({
                 "rows_checked": r.rows,
                 "max_score_error": r.max_score_error,
                 "score_us": t.score.median_us(),
@@ -194,6 +197,9 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
                 "flashinfer_dense_timing": fi_dense.timing,
                 "select_over_flashinfer_dense": share,
             });
+            if hkv == 8 {
+                extra["alternatives"] = quest_configs(&dusk, &case, copy_gbps)?;
+            }
             // The selection moves the score's bytes and the top-k's.
             let bytes = (bench.score_bytes() + bench.top_k_bytes()) as f64;
             cases.push(case_json(
@@ -244,4 +250,62 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
         json!({}),
         cases,
     )
+}
+
+/// Quest's score walking other numbers of tiles a program, and its top-k in other
+/// configurations, on the same case (each over random state of its own, checked against
+/// the reference first): GQA's grids are a quarter of MHA's, so the walk sets how many
+/// waves the score runs in.
+fn quest_configs(dusk: &Dusk, case: &QuestCase, copy_gbps: f64) -> Res<Value> {
+    // Quest itself (QuestPlan takes no other selector's state) with another score kernel.
+    const fn walking(score: fn(&KvShape, usize) -> Option<ScoreKernel>) -> Selector {
+        Selector { score, ..QUEST }
+    }
+    const TILES_2: Selector = walking(score_walking::<2>);
+    const TILES_4: Selector = walking(score_walking::<4>);
+    const TILES_16: Selector = walking(score_walking::<16>);
+    let mut by_tiles = serde_json::Map::new();
+    for (tiles, selector) in [(2usize, &TILES_2), (4, &TILES_4), (16, &TILES_16)] {
+        let mut b = QuestBench::with_selector(dusk, case, selector, |_| {})?;
+        b.check(dusk, 2)?;
+        let t = b.time(dusk)?;
+        let frac = b.score_bytes() as f64 / (t.score.median_us() * 1e-6) / 1e9 / copy_gbps;
+        println!(
+            "    score walking {tiles} tiles: {:.1} us = {:.1}% of copy; select {:.1} us",
+            t.score.median_us(),
+            100.0 * frac,
+            t.select.median_us()
+        );
+        by_tiles.insert(
+            tiles.to_string(),
+            json!({"score_us": t.score.median_us(), "score_frac_of_copy_bw": frac,
+                   "select_us": t.select.median_us()}),
+        );
+    }
+    let mut by_config = serde_json::Map::new();
+    let cfg = |tile, num_warps, resident, radix| TopKConfig {
+        tile,
+        num_warps,
+        resident,
+        radix,
+    };
+    for cfg in [
+        cfg(2048, 8, true, false),
+        cfg(4096, 8, false, true),
+        cfg(256, 1, false, true),
+    ] {
+        let mut b = QuestBench::new(dusk, case, |c| *c = cfg)?;
+        b.check(dusk, 2)?;
+        let t = b.time(dusk)?;
+        println!(
+            "    top-k {cfg:?}: {:.1} us; select {:.1} us",
+            t.top_k.median_us(),
+            t.select.median_us()
+        );
+        by_config.insert(
+            format!("{cfg:?}"),
+            json!({"top_k_us": t.top_k.median_us(), "select_us": t.select.median_us()}),
+        );
+    }
+    Ok(json!({"score_by_tiles": by_tiles, "top_k_by_config": by_config}))
 }
