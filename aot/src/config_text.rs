@@ -329,6 +329,7 @@ config_text! {
         backoff_ns: "nanoseconds a row waiting for earlier rows' budgets sleeps between reads (0: none)",
         min_programs_per_sm: "programs per SM asked of ptxas, which caps the registers (0: none)",
         timeline: "with stream, for diagnosis: a timeline record per row (an extra kernel parameter)",
+        split_heads: "with stream and a group: a program a query head, the row's last one writing the union",
     ],
 }
 
@@ -399,7 +400,8 @@ mod tests {
         assert_eq!(
             SearchConfig::for_rows(32768, 1).to_text(),
             "block=2048,num_warps=4,stream=true,pivots=1,shared=false,histogram=true,\
-             recompute=true,prefetch=true,backoff_ns=0,min_programs_per_sm=0,timeline=false"
+             recompute=true,prefetch=true,backoff_ns=0,min_programs_per_sm=0,timeline=false,\
+             split_heads=false"
         );
         let t = AttentionTuning {
             block_tokens: 8,
@@ -596,7 +598,7 @@ mod tests {
             .with_text("group=2")
             .unwrap_err();
         assert!(matches!(err, ConfigTextError::FixedKey { .. }), "{err}");
-        assert!(err.to_string().ends_with("min_programs_per_sm, timeline"));
+        assert!(err.to_string().ends_with("min_programs_per_sm, timeline, split_heads"));
     }
 
     #[test]
@@ -727,12 +729,14 @@ mod tests {
                 (any::<usize>(), any::<usize>(), any::<u32>(), any::<u32>()),
                 (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()),
                 (any::<bool>(), any::<bool>(), any::<u32>(), any::<u32>()),
+                any::<bool>(),
             )
                 .prop_map(
                     |(
                         (block, group, num_warps, pivots),
                         (stream, shared, histogram, recompute),
                         (prefetch, timeline, backoff_ns, o),
+                        split_heads,
                     )| {
                         SearchConfig {
                             block,
@@ -747,6 +751,7 @@ mod tests {
                             backoff_ns,
                             min_programs_per_sm: o,
                             timeline,
+                            split_heads,
                         }
                     },
                 )

@@ -178,6 +178,7 @@ pub fn search(max_len: usize, group: usize) -> Vec<SearchConfig> {
                     backoff_ns: 0,
                     min_programs_per_sm: 0,
                     timeline: false,
+                    split_heads: false,
                 });
             }
             block *= 2;

@@ -72,6 +72,9 @@ pub struct PrunePlan {
     work: Option<Buffer<f32>>,
     /// For the streaming search: a tile a query row for the candidates of its last steps.
     scratch: Option<Buffer<f32>>,
+    /// With [`SearchConfig::split_heads`]: three words a query row handed to the row's
+    /// last program, and each row's arrivals (zero between launches).
+    exchange: Option<(Buffer<f32>, Buffer<i32>)>,
     /// The rows' look-back words and the arrival counter (zero between launches).
     prefix: Buffer<i32>,
     budget: Buffer<i32>,
@@ -206,14 +209,20 @@ impl PrunePlan {
             cfg.num_warps,
         );
         ensure!(
-            !cfg.shared || (cfg.stream && longest <= threshold::shared_row_capacity(cfg.group)),
+            !cfg.shared || (cfg.stream && longest <= cfg.staged_capacity()),
             "cfg.shared",
             format!(
                 "streaming rows of at most {} candidates for group {} (the longest row: {longest})",
-                threshold::shared_row_capacity(cfg.group),
+                cfg.staged_capacity(),
                 cfg.group
             ),
             cfg.shared,
+        );
+        ensure!(
+            !cfg.split_heads || (cfg.stream && cfg.group > 1 && !cfg.timeline),
+            "cfg.split_heads",
+            "a streaming search of groups of 2 or more query heads, without a timeline",
+            cfg.split_heads,
         );
         ensure!(
             !cfg.histogram || longest <= threshold::HISTOGRAM_MAX_ROW,
@@ -269,6 +278,14 @@ impl PrunePlan {
             },
             scratch: if cfg.stream {
                 Some(device.alloc((rows * cfg.group * cfg.block).max(1))?)
+            } else {
+                None
+            },
+            exchange: if cfg.split_heads {
+                Some((
+                    device.alloc((rows * cfg.group * 3).max(1))?,
+                    device.upload(&vec![0i32; rows.max(1)])?,
+                ))
             } else {
                 None
             },
@@ -545,6 +562,9 @@ impl PrunePlan {
         let device = dusk.device();
         let mut args = vec![Arg::from(scores)];
         args.extend(self.work.iter().chain(&self.scratch).map(Arg::from));
+        if let Some((exchange, arrivals)) = &self.exchange {
+            args.extend([Arg::from(exchange), Arg::from(arrivals)]);
+        }
         args.extend([Arg::from(cand_indptr), Arg::from(cand_indices)]);
         for p in &self.params {
             args.push(match p {
@@ -562,7 +582,14 @@ impl PrunePlan {
             Arg::from(&self.flags),
         ]);
         args.extend(self.timeline.iter().map(Arg::from));
-        device.launch(&self.search, [self.rows as u32, 1, 1], &args)?;
+        // Split: a program a query head, a row's heads one after another.
+        let programs = self.rows
+            * if self.cfg.split_heads {
+                self.cfg.group
+            } else {
+                1
+            };
+        device.launch(&self.search, [programs as u32, 1, 1], &args)?;
         Ok(())
     }
 

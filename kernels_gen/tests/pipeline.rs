@@ -247,8 +247,9 @@ fn full_then_top_p_equals_the_reference() {
 
 #[test]
 fn full_then_top_p_on_gqa_rows_of_thousands_equals_the_reference() {
-    // Rows of 6000 candidates for groups of four: the search streams them from `work` on 4
-    // warps (`SearchConfig::for_rows` up to `GQA_ROWS`), as Quest's N/4 of 32k are.
+    // Rows of 6000 candidates for groups of four: the search split over the heads, each
+    // head's row staged in its program's shared memory (`SearchConfig::for_rows` up to
+    // `GQA_ROWS`), as Quest's N/4 of 32k are.
     let dusk = dusk();
     let inp = Inputs::new(&dusk, 25, &[6000, 500], 1, 4, 64);
     let p = PipelineBuilder::new()
@@ -258,7 +259,7 @@ fn full_then_top_p_on_gqa_rows_of_thousands_equals_the_reference() {
         .build()
         .unwrap();
     let cfg = dusk_kernels::threshold::SearchConfig::for_rows(6000, 4);
-    assert!(cfg.stream && !cfg.shared && !cfg.recompute && cfg.num_warps == 4);
+    assert!(cfg.stream && cfg.split_heads && cfg.shared && cfg.num_warps == 2);
     let host = HostPipeline {
         select: HostSelect::Full,
         prune: vec![HostPolicy::TopP(0.9)],

@@ -677,6 +677,7 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
             min_programs_per_sm: 0,
             // The timeline (a diagnosis option) assembles too.
             timeline: stream && num_warps == 8,
+            split_heads: false,
         };
         ks.push(threshold::build(&top_p::POLICY, &cfg).unwrap());
     }

@@ -264,14 +264,33 @@ fn gqa_keeps_the_union_of_the_group() {
         timeline: true,
         ..recomputed
     };
-    let plans = [staged(false), staged(true), recomputed, timed].map(|cfg| {
-        PrunePlan::with_config(&dusk, &top_p::POLICY, &cand, cfg, 0.5, &params).unwrap()
-    });
+    // Split over the heads (a program a query head, the row's last one writing the
+    // union): staged in shared memory, from `work`, recomputed.
+    let split = |cfg: SearchConfig| SearchConfig {
+        split_heads: true,
+        ..cfg
+    };
+    let from_work = SearchConfig::streamed(1024, group, 2, 1, false);
+    let plans = [
+        staged(false),
+        staged(true),
+        recomputed,
+        timed,
+        split(staged(false)),
+        split(staged(true)),
+        split(from_work),
+        split(recomputed),
+    ]
+    .map(|cfg| PrunePlan::with_config(&dusk, &top_p::POLICY, &cand, cfg, 0.5, &params).unwrap());
     let s = dusk.device().upload(&scores).unwrap();
     for mut plan in [default].into_iter().chain(plans) {
-        plan.poison_outputs(&dusk, 0xFF).unwrap();
-        plan.run(&dusk, &s).unwrap();
-        check_union(&plan, &lens, &heads, group, p);
+        // Twice: the look-back's words and a split search's arrivals are back at zero
+        // after a launch.
+        for _ in 0..2 {
+            plan.poison_outputs(&dusk, 0xFF).unwrap();
+            plan.run(&dusk, &s).unwrap();
+            check_union(&plan, &lens, &heads, group, p);
+        }
         if let Some(t) = plan.timeline() {
             for r in t.download().unwrap().chunks(TIMELINE_WORDS) {
                 assert!(r[0] > 0 && r[..6].windows(2).all(|w| w[0] <= w[1]), "{r:?}");
@@ -488,15 +507,23 @@ fn streaming_search_matches_the_oracle() {
         }
         let cand = TokenLists { indptr, indices };
         let p = 0.9;
-        // The default, and the weights recomputed from the scores in every pass.
+        // The default, the weights recomputed from the scores in every pass (or not), and
+        // with a group, split over its heads.
         let default = SearchConfig::for_rows(20000, group);
-        for cfg in [
+        let mut configs = vec![
             default,
             SearchConfig {
                 recompute: !default.recompute,
                 ..default
             },
-        ] {
+        ];
+        if group > 1 {
+            configs.push(SearchConfig {
+                split_heads: true,
+                ..default
+            });
+        }
+        for cfg in configs {
             let mut plan = PrunePlan::with_config(
                 &dusk,
                 &top_p::POLICY,
@@ -555,6 +582,7 @@ fn streaming_search_matches_the_oracle() {
             backoff_ns: 0,
             min_programs_per_sm: 0,
             timeline: false,
+            split_heads: false,
         };
         let mut plan = PrunePlan::with_config(
             &dusk,
@@ -603,6 +631,7 @@ fn streaming_search_matches_the_oracle() {
             backoff_ns: 0,
             min_programs_per_sm: 0,
             timeline: false,
+            split_heads: false,
         },
         1.0,
         &[ParamValues::Uniform(0.9)],
@@ -673,6 +702,7 @@ fn multi_pivot_search_matches_the_oracle() {
             backoff_ns: 0,
             min_programs_per_sm: 0,
             timeline: false,
+            split_heads: false,
         };
         for (policy, params) in [
             (&top_p::POLICY, vec![ParamValues::PerRow(ps.clone())]),

@@ -157,6 +157,14 @@ pub struct SearchConfig {
     /// first), at its end, and its SM. Each clock is read behind a branch on the values
     /// before it, so it is when they arrived.
     pub timeline: bool,
+    /// With `stream` and a group of several query heads: one program a query head instead
+    /// of one a candidate row searching the group's heads one after another, so a GQA row
+    /// runs its heads' searches side by side. Each program hands its threshold, row maximum
+    /// and invalid flag to the row's last program to finish (counted by an arrival word a
+    /// row, `exchange` and `arrivals` parameters), which forms the union from the scores
+    /// (the weights recomputed exactly) and writes the row's list; with `shared`, a
+    /// program's staging holds its one head's row ([`shared_row_capacity`] of 1).
+    pub split_heads: bool,
 }
 
 impl SearchConfig {
@@ -164,6 +172,12 @@ impl SearchConfig {
     /// parameter only then): streamed, neither staged in shared memory nor recomputed.
     pub fn uses_work(&self) -> bool {
         self.stream && !self.shared && !self.recompute
+    }
+
+    /// The longest rows the shared-memory staging holds: one query head's share of it a
+    /// program ([`shared_row_capacity`] of the heads a program searches).
+    pub fn staged_capacity(&self) -> usize {
+        shared_row_capacity(if self.split_heads { 1 } else { self.group })
     }
 }
 
@@ -221,6 +235,7 @@ impl SearchConfig {
             backoff_ns: 0,
             min_programs_per_sm: 0,
             timeline: false,
+            split_heads: false,
         }
     }
 
@@ -265,14 +280,16 @@ impl SearchConfig {
             }
         } else if max_len <= GQA_ROWS && group <= 4 {
             // GQA groups' rows of Quest's N/4 at 32k (8192 candidates, 4 query heads, the
-            // pipeline benchmark's synthetic batch; 55adfe7's sweep, benches/results/
-            // pipeline_run/): from `work` in tiles of 1024 on 4 warps, L2 prefetches a tile
-            // ahead, 190.4 us at batch 64 and 141.4 at batch 32 against 305.7 and 157.9 for
-            // the long rows' configuration below; recomputed in tiles of 2048 on 4 warps
-            // 201.4 and 146.2. Groups of 8 would spill there (128 registers).
+            // pipeline benchmark's synthetic batch): split over the heads, each program's
+            // head staged in shared memory as one head's rows are. Before the split (55adfe7's
+            // sweep, benches/results/pipeline_run/): from `work` in tiles of 1024 on 4 warps,
+            // L2 prefetches a tile ahead, 190.4 us at batch 64 and 141.4 at batch 32 against
+            // 305.7 and 157.9 for the long rows' configuration below; recomputed in tiles of
+            // 2048 on 4 warps 201.4 and 146.2. Groups of 8 would spill there (128 registers).
             SearchConfig {
                 prefetch: true,
-                ..streamed(4, false)
+                split_heads: true,
+                ..streamed(2, true)
             }
         } else {
             // GQA groups' longer rows, as one query head's were up to 61c39ce (32768
@@ -315,8 +332,9 @@ pub fn search_name(policy: &Policy, cfg: &SearchConfig) -> String {
         n => format!("_o{n}"),
     };
     let timeline = if cfg.timeline { "_timeline" } else { "" };
+    let split = if cfg.split_heads { "_x" } else { "" };
     format!(
-        "threshold_{}_{}{}_g{}_w{}{pivots}{histogram}{recompute}{prefetch}{backoff}{occupancy}{timeline}",
+        "threshold_{}_{}{}_g{}_w{}{pivots}{histogram}{recompute}{prefetch}{backoff}{occupancy}{timeline}{split}",
         policy.name,
         match (cfg.stream, cfg.shared) {
             (true, true) => "s",

@@ -471,6 +471,12 @@ pub(super) struct Kernel {
     pub(super) kept_mass: Value,
     pub(super) flags: Value,
     pub(super) row: Value,
+    /// Candidate rows in the launch.
+    pub(super) rows: Value,
+    /// With [`SearchConfig::split_heads`]: the program's query head in its group, and the
+    /// `exchange` (f32, three words a query row) and `arrivals` (i32, a word a row)
+    /// parameters.
+    pub(super) split: Option<Split>,
     pub(super) start: Value,
     pub(super) n: Value,
     /// With [`SearchConfig::timeline`]: the row's record, its start and SM written.
@@ -479,11 +485,25 @@ pub(super) struct Kernel {
     pub(super) backoff_ns: u32,
 }
 
+/// A split search's program: its head, and where the row's programs meet.
+#[derive(Clone, Copy)]
+pub(super) struct Split {
+    pub(super) head: Value,
+    pub(super) exchange: Value,
+    pub(super) arrivals: Value,
+}
+
 /// Declares the search kernel's parameters on `b` and reads the program's candidate row.
 pub(super) fn declare(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig) -> Kernel {
     let scores = b.param_ptr("scores", DType::F32);
     let work = cfg.uses_work().then(|| b.param_ptr("work", DType::F32));
     let scratch = cfg.stream.then(|| b.param_ptr("scratch", DType::F32));
+    let exchange = cfg.split_heads.then(|| {
+        (
+            b.param_ptr("exchange", DType::F32),
+            b.param_ptr("arrivals", DType::I32),
+        )
+    });
     let indptr = b.param_ptr("cand_indptr", DType::I32);
     let indices = b.param_ptr("cand_indices", DType::I32);
     let params: Vec<Value> = policy
@@ -499,7 +519,25 @@ pub(super) fn declare(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig
     let kept_mass = b.param_ptr("kept_mass", DType::F32);
     let flags = b.param_ptr("flags", DType::I32);
     let timeline = cfg.timeline.then(|| b.param_ptr("timeline", DType::I64));
-    let row = b.program_id(0);
+    // Split, program `row * group + head` (a row's programs start one after another, all
+    // before the next row's: the look-back's rows before a row have all started).
+    let (row, rows, split) = match exchange {
+        Some((exchange, arrivals)) => {
+            let flat = b.program_id(0);
+            let programs = b.num_programs(0);
+            let group = b.i32(cfg.group as i32);
+            let row = b.div(flat, group);
+            let head = b.rem(flat, group);
+            let rows = b.div(programs, group);
+            let split = Split {
+                head,
+                exchange,
+                arrivals,
+            };
+            (row, rows, Some(split))
+        }
+        None => (b.program_id(0), b.num_programs(0), None),
+    };
     let timeline = timeline.map(|t| crate::timeline::open_record(b, t, row, 6, &[]));
     let p0 = b.add_ptr(indptr, row);
     let start = b.load(p0);
@@ -522,6 +560,8 @@ pub(super) fn declare(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig
         kept_mass,
         flags,
         row,
+        rows,
+        split,
         start,
         n,
         timeline,

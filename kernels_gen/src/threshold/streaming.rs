@@ -7,7 +7,7 @@ use super::search::{
     self, finish, initial_bracket, load_params, needs_bounds, reduce_terms, search_steps, tally,
     tally_terms, Outputs, RowTotals, Tally,
 };
-use super::{output, search_name, shared_row_capacity, Policy, SearchConfig, SHARED_ROW};
+use super::{output, search_name, Policy, SearchConfig, SHARED_ROW};
 use dusk_compiler::{CacheLevel, CompileError, DType, Elem, Kernel, KernelBuilder, Value};
 
 /// Tiles ahead of the one being read that [`SearchConfig::prefetch`] brings into L2.
@@ -170,7 +170,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     let one = b.i32(1);
     let start64 = b.cast(start, DType::I64);
     let staging = cfg.shared.then(|| b.shared_alloc(DType::F32, SHARED_ROW));
-    let cap = shared_row_capacity(group);
+    let cap = cfg.staged_capacity();
     // The row's length as the scores are laid out; `n`, what is searched (cut at the
     // staging's capacity).
     let row_len = n;
@@ -194,6 +194,8 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     // `work`; none when they are recomputed.
     let weights_row = |b: &mut KernelBuilder, g: Value| -> Option<Value> {
         match (staging, work) {
+            // Split, the program's one head.
+            (Some(st), _) if cfg.split_heads => Some(st),
             (Some(st), _) => {
                 let at = b.mul_c(g, cap as i64);
                 Some(b.add_ptr(st, at))
@@ -230,7 +232,11 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     // count kept at the last one's (the budget, with one query head a row).
     let zf = b.f32(0.0);
     let none = b.splat(zf, &[gpad]);
-    let (g_lo, g_hi) = (b.i32(0), b.i32(group as i32));
+    // Split, the program's head alone.
+    let (g_lo, g_hi) = match k.split {
+        Some(split) => (split.head, b.add(split.head, one)),
+        None => (b.i32(0), b.i32(group as i32)),
+    };
     let no_heads = b.splat(zero_i, &[gpad]);
     // Per head: threshold, budget, maximum, invalid; and how many candidates `listing`
     // holds (0: the row is not listed).
@@ -477,7 +483,6 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             listed,
         ]
     });
-    let thresholds = found[0];
     search::stamp(&mut b, k.timeline, 3, found[1]);
     // Query head g's element of a per-head block (`zero` of its type).
     let of_head = |b: &mut KernelBuilder, per_head: Value, zero: Value, g: Value| -> Value {
@@ -487,152 +492,211 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         b.sum(picked, 0)
     };
 
-    // The union of the heads' sets over tile t0 (1 kept, 0 not).
-    let union = |b: &mut KernelBuilder, t0: Value, full: bool| -> Value {
-        let zero_i = b.i32(0);
-        let none = b.splat(zero_i, &[tile]);
-        let (g_lo, g_hi, one) = (b.i32(0), b.i32(group as i32), b.i32(1));
-        b.for_range(g_lo, g_hi, one, &[none], |b, g, k| {
-            let (zf, zero_i) = (b.f32(0.0), b.i32(0));
-            let t = of_head(b, thresholds, zf, g);
-            let weights = match weights_row(b, g) {
-                Some(w_row) => RowWeights::Stored(w_row),
-                None => {
-                    let bad_i = of_head(b, found[3], zero_i, g);
-                    RowWeights::Recomputed {
-                        scores: scores_row(b, g),
-                        max: of_head(b, found[2], zf, g),
-                        bad: b.gt(bad_i, zero_i),
-                        scale,
+    // The union of the heads' sets, the row's place in the list and its positions, from
+    // `found`'s per-head blocks (threshold, budget with one head, maximum, invalid, listed).
+    let tail = |b: &mut KernelBuilder, found: &[Value]| {
+        let thresholds = found[0];
+
+        // The union of the heads' sets over tile t0 (1 kept, 0 not).
+        let union = |b: &mut KernelBuilder, t0: Value, full: bool| -> Value {
+            let zero_i = b.i32(0);
+            let none = b.splat(zero_i, &[tile]);
+            let (g_lo, g_hi, one) = (b.i32(0), b.i32(group as i32), b.i32(1));
+            b.for_range(g_lo, g_hi, one, &[none], |b, g, k| {
+                let (zf, zero_i) = (b.f32(0.0), b.i32(0));
+                let t = of_head(b, thresholds, zf, g);
+                // Split, the other heads' weights are in other programs' staging or rows
+                // of `work`: recomputed from the scores, exactly as their programs did.
+                let stored = if cfg.split_heads {
+                    None
+                } else {
+                    weights_row(b, g)
+                };
+                let weights = match stored {
+                    Some(w_row) => RowWeights::Stored(w_row),
+                    None => {
+                        let bad_i = of_head(b, found[3], zero_i, g);
+                        RowWeights::Recomputed {
+                            scores: scores_row(b, g),
+                            max: of_head(b, found[2], zf, g),
+                            bad: b.gt(bad_i, zero_i),
+                            scale,
+                        }
+                    }
+                };
+                let es = weights.tile(b, (t0, n, full), tiling);
+                let kept = b.ge(es, t);
+                let kept = b.cast(kept, DType::I32);
+                vec![b.maximum(k[0], kept)]
+            })[0]
+        };
+        // Ordered compaction, a tile at a time: each kept position to `dst[rank - 1]` (dst
+        // from the tile's start), masked by `ok`; returns how many were kept.
+        let compact = |b: &mut KernelBuilder, dst: Value, ok: Value| -> Value {
+            let zero_i = b.i32(0);
+            for_tiles(b, n, tile, &[zero_i], |b, t0, full, c| {
+                let ar = b.arange(0, tile as i64);
+                let offs = b.add(ar, t0);
+                let keep = union(b, t0, full);
+                let one = b.i32(1);
+                let one_b = b.splat(one, &[tile]);
+                let is_kept = b.eq(keep, one_b);
+                let is_kept = b.and(is_kept, ok);
+                let src_row = b.add_ptr(indices, start64);
+                if cfg.prefetch {
+                    prefetch_tile(b, src_row, (t0, n), tile);
+                }
+                let src = b.add_ptr(src_row, offs);
+                let tok = b.load_masked(src, Some(is_kept), None);
+                vec![append_in_order(b, &[(dst, tok)], is_kept, c[0])]
+            })[0]
+        };
+        // The compaction of a listed row (one query head): the `count` candidates of its
+        // gathered tile, each kept if its weight reaches the threshold, their positions from
+        // the offsets in `listing`.
+        let compact_listed =
+            |b: &mut KernelBuilder, (listing, count): (Value, Value), dst: Value, ok: Value| {
+                let ar = b.arange(0, tile as i64);
+                let valid = b.lt(ar, count);
+                let s_row = scratch_row(b, row);
+                let sp = b.add_ptr(s_row, ar);
+                let minus_one = b.f32(-1.0);
+                let es = b.load_masked(sp, Some(valid), Some(minus_one));
+                let lp = b.add_ptr(listing, ar);
+                let zero_i = b.i32(0);
+                let offs = b.load_masked(lp, Some(valid), Some(zero_i));
+                let zf = b.f32(0.0);
+                let t = of_head(b, thresholds, zf, zero_i);
+                let kept = b.ge(es, t);
+                let kept = b.and(kept, valid);
+                let kept = b.and(kept, ok);
+                let src_row = b.add_ptr(indices, start64);
+                let src = b.add_ptr(src_row, offs);
+                let tok = b.load_masked(src, Some(kept), None);
+                append_in_order(b, &[(dst, tok)], kept, zero_i);
+            };
+        // With one query head the budget is the search's count, published at once: the rows
+        // after this one wait for it.
+        if group == 1 {
+            output::publish(b, &k, row, found[1]);
+        }
+        let (at, total) = match staging {
+            // Staged: the positions are compacted over the weights (a tile's writes land below
+            // its end, after its reads) before the wait for the rows before this one, then
+            // copied out once the row's place in the list is known.
+            Some(st) => {
+                let positions = b.ptr_cast(st, DType::I32);
+                let t = b.bool(true);
+                let total = compact(b, positions, t);
+                if group > 1 {
+                    output::publish(b, &k, row, total);
+                }
+                let at = output::look_back(b, &k, row);
+                search::stamp(b, k.timeline, 4, at.0);
+                let dst_row = b.add_ptr(sel_indices, at.0);
+                b.for_range(zero_i, total, tile_i, &[], |b, t0, _| {
+                    let ar = b.arange(0, tile as i64);
+                    let i = b.add(ar, t0);
+                    let inside = b.lt(i, total);
+                    let inside = b.and(inside, at.1);
+                    let src = b.add_ptr(positions, i);
+                    let v = b.load_masked(src, Some(inside), None);
+                    let dst = b.add_ptr(dst_row, i);
+                    b.store_masked(dst, v, Some(inside));
+                    vec![]
+                });
+                (at, total)
+            }
+            // In `work`: the budget (counted for a group's union), the place, then the
+            // compaction straight into it.
+            None => {
+                let total = if group == 1 {
+                    found[1]
+                } else {
+                    let per = b.splat(zero_i, &[tile]);
+                    let counts = for_tiles(b, n, tile, &[per], |b, t0, full, c| {
+                        let keep = union(b, t0, full);
+                        vec![b.add(c[0], keep)]
+                    });
+                    let total = b.sum(counts[0], 0);
+                    output::publish(b, &k, row, total);
+                    total
+                };
+                let at = output::look_back(b, &k, row);
+                search::stamp(b, k.timeline, 4, at.0);
+                let dst_row = b.add_ptr(sel_indices, at.0);
+                let listed = found[4];
+                let is_listed = b.gt(listed, zero_i);
+                match listing {
+                    Some(listing) => {
+                        b.if_else(
+                            is_listed,
+                            |b| {
+                                compact_listed(b, (listing, listed), dst_row, at.1);
+                                vec![]
+                            },
+                            |b| {
+                                compact(b, dst_row, at.1);
+                                vec![]
+                            },
+                        );
+                    }
+                    None => {
+                        compact(b, dst_row, at.1);
                     }
                 }
-            };
-            let es = weights.tile(b, (t0, n, full), tiling);
-            let kept = b.ge(es, t);
-            let kept = b.cast(kept, DType::I32);
-            vec![b.maximum(k[0], kept)]
-        })[0]
-    };
-    // Ordered compaction, a tile at a time: each kept position to `dst[rank - 1]` (dst
-    // from the tile's start), masked by `ok`; returns how many were kept.
-    let compact = |b: &mut KernelBuilder, dst: Value, ok: Value| -> Value {
-        let zero_i = b.i32(0);
-        for_tiles(b, n, tile, &[zero_i], |b, t0, full, c| {
-            let ar = b.arange(0, tile as i64);
-            let offs = b.add(ar, t0);
-            let keep = union(b, t0, full);
-            let one = b.i32(1);
-            let one_b = b.splat(one, &[tile]);
-            let is_kept = b.eq(keep, one_b);
-            let is_kept = b.and(is_kept, ok);
-            let src_row = b.add_ptr(indices, start64);
-            if cfg.prefetch {
-                prefetch_tile(b, src_row, (t0, n), tile);
+                (at, total)
             }
-            let src = b.add_ptr(src_row, offs);
-            let tok = b.load_masked(src, Some(is_kept), None);
-            vec![append_in_order(b, &[(dst, tok)], is_kept, c[0])]
-        })[0]
-    };
-    // The compaction of a listed row (one query head): the `count` candidates of its
-    // gathered tile, each kept if its weight reaches the threshold, their positions from
-    // the offsets in `listing`.
-    let compact_listed =
-        |b: &mut KernelBuilder, (listing, count): (Value, Value), dst: Value, ok: Value| {
-            let ar = b.arange(0, tile as i64);
-            let valid = b.lt(ar, count);
-            let s_row = scratch_row(b, row);
-            let sp = b.add_ptr(s_row, ar);
-            let minus_one = b.f32(-1.0);
-            let es = b.load_masked(sp, Some(valid), Some(minus_one));
-            let lp = b.add_ptr(listing, ar);
-            let zero_i = b.i32(0);
-            let offs = b.load_masked(lp, Some(valid), Some(zero_i));
-            let zf = b.f32(0.0);
-            let t = of_head(b, thresholds, zf, zero_i);
-            let kept = b.ge(es, t);
-            let kept = b.and(kept, valid);
-            let kept = b.and(kept, ok);
-            let src_row = b.add_ptr(indices, start64);
-            let src = b.add_ptr(src_row, offs);
-            let tok = b.load_masked(src, Some(kept), None);
-            append_in_order(b, &[(dst, tok)], kept, zero_i);
         };
-    // With one query head the budget is the search's count, published at once: the rows
-    // after this one wait for it.
-    if group == 1 {
-        output::publish(&mut b, &k, row, found[1]);
-    }
-    let (at, total) = match staging {
-        // Staged: the positions are compacted over the weights (a tile's writes land below
-        // its end, after its reads) before the wait for the rows before this one, then
-        // copied out once the row's place in the list is known.
-        Some(st) => {
-            let positions = b.ptr_cast(st, DType::I32);
-            let t = b.bool(true);
-            let total = compact(&mut b, positions, t);
-            if group > 1 {
-                output::publish(&mut b, &k, row, total);
-            }
-            let at = output::look_back(&mut b, &k, row);
-            search::stamp(&mut b, k.timeline, 4, at.0);
-            let dst_row = b.add_ptr(sel_indices, at.0);
-            b.for_range(zero_i, total, tile_i, &[], |b, t0, _| {
-                let ar = b.arange(0, tile as i64);
-                let i = b.add(ar, t0);
-                let inside = b.lt(i, total);
-                let inside = b.and(inside, at.1);
-                let src = b.add_ptr(positions, i);
-                let v = b.load_masked(src, Some(inside), None);
-                let dst = b.add_ptr(dst_row, i);
-                b.store_masked(dst, v, Some(inside));
-                vec![]
-            });
-            (at, total)
-        }
-        // In `work`: the budget (counted for a group's union), the place, then the
-        // compaction straight into it.
-        None => {
-            let total = if group == 1 {
-                found[1]
-            } else {
-                let per = b.splat(zero_i, &[tile]);
-                let counts = for_tiles(&mut b, n, tile, &[per], |b, t0, full, c| {
-                    let keep = union(b, t0, full);
-                    vec![b.add(c[0], keep)]
-                });
-                let total = b.sum(counts[0], 0);
-                output::publish(&mut b, &k, row, total);
-                total
-            };
-            let at = output::look_back(&mut b, &k, row);
-            search::stamp(&mut b, k.timeline, 4, at.0);
-            let dst_row = b.add_ptr(sel_indices, at.0);
-            let listed = found[4];
-            let is_listed = b.gt(listed, zero_i);
-            match listing {
-                Some(listing) => {
-                    b.if_else(
-                        is_listed,
-                        |b| {
-                            compact_listed(b, (listing, listed), dst_row, at.1);
-                            vec![]
-                        },
-                        |b| {
-                            compact(b, dst_row, at.1);
-                            vec![]
-                        },
-                    );
-                }
-                None => {
-                    compact(&mut b, dst_row, at.1);
-                }
-            }
-            (at, total)
-        }
+        output::finish_row(b, &k, row, at, total);
+        search::stamp(b, k.timeline, 5, total);
     };
-    output::finish_row(&mut b, &k, row, at, total);
-    search::stamp(&mut b, k.timeline, 5, total);
+    match k.split {
+        // Each program hands its head's threshold, maximum and invalid flag to the row's
+        // last to arrive, which writes the row's list (and zeroes the arrivals for the
+        // next launch).
+        Some(split) => {
+            let (zf, zero_i) = (b.f32(0.0), b.i32(0));
+            let t = of_head(&mut b, found[0], zf, split.head);
+            let m = of_head(&mut b, found[2], zf, split.head);
+            let bad = of_head(&mut b, found[3], zero_i, split.head);
+            let bad = b.cast(bad, DType::F32);
+            let group_i = b.i32(group as i32);
+            let qrow0 = b.mul(row, group_i);
+            let qrow = b.add(qrow0, split.head);
+            let at = b.mul_c(qrow, 3);
+            for (word, v) in [t, m, bad].into_iter().enumerate() {
+                let w = b.i32(word as i32);
+                let i = b.add(at, w);
+                let p = b.add_ptr(split.exchange, i);
+                b.store(p, v);
+            }
+            let counter = b.add_ptr(split.arrivals, row);
+            let before = b.arrive(counter);
+            let last_i = b.i32(group as i32 - 1);
+            let last = b.eq(before, last_i);
+            b.if_then(last, |b| {
+                let zero_i = b.i32(0);
+                b.store(counter, zero_i);
+                let slots = b.arange(0, gpad as i64);
+                let g_hi = b.i32(group as i32);
+                let inside = b.lt(slots, g_hi);
+                let qrows = b.add(slots, qrow0);
+                let at = b.mul_c(qrows, 3);
+                let zf = b.f32(0.0);
+                let mut words = vec![];
+                for word in 0..3 {
+                    let w = b.i32(word);
+                    let i = b.add(at, w);
+                    let p = b.add_ptr(split.exchange, i);
+                    words.push(b.load_masked(p, Some(inside), Some(zf)));
+                }
+                let bad = b.cast(words[2], DType::I32);
+                tail(b, &[words[0], zero_i, words[1], bad, zero_i]);
+            });
+        }
+        None => tail(&mut b, &found),
+    }
     b.finish()
 }
 

@@ -516,7 +516,25 @@ fn sweep(dusk: &Dusk, shape: &Shape, plan: &PipelinePlan) -> Res<Value> {
     let group = shape.group();
     let base = SearchConfig::for_rows(cand.max_row_len(), group);
     let mut configs = vec![base];
-    if base.shared {
+    if base.split_heads {
+        // Split over the heads (GQA): on 4 warps, from `work`, and the group's heads searched
+        // by one program from `work` (the default before the split).
+        configs.push(SearchConfig {
+            num_warps: 4,
+            ..base
+        });
+        configs.push(SearchConfig {
+            shared: false,
+            num_warps: 4,
+            ..base
+        });
+        configs.push(SearchConfig {
+            split_heads: false,
+            shared: false,
+            num_warps: 4,
+            ..base
+        });
+    } else if base.shared {
         // Staged in shared memory (MHA): on 4 warps, and streamed from `work`.
         configs.push(SearchConfig {
             num_warps: 4,

@@ -200,6 +200,7 @@ fn check(dusk: &Dusk, rng: &mut SmallRng, rows: usize) -> Res<(usize, usize)> {
         backoff_ns: 0,
         min_programs_per_sm: 0,
         timeline: false,
+        split_heads: false,
     };
     let shared = SearchConfig {
         block: 2048,
