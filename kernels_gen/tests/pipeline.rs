@@ -259,7 +259,7 @@ fn full_then_top_p_on_gqa_rows_of_thousands_equals_the_reference() {
         .build()
         .unwrap();
     let cfg = dusk_kernels::threshold::SearchConfig::for_rows(6000, 4);
-    assert!(cfg.stream && cfg.split_heads && cfg.shared && cfg.num_warps == 2);
+    assert!(cfg.stream && cfg.split_heads && cfg.shared && cfg.num_warps == 4);
     let host = HostPipeline {
         select: HostSelect::Full,
         prune: vec![HostPolicy::TopP(0.9)],

@@ -281,15 +281,15 @@ impl SearchConfig {
         } else if max_len <= GQA_ROWS && group <= 4 {
             // GQA groups' rows of Quest's N/4 at 32k (8192 candidates, 4 query heads, the
             // pipeline benchmark's synthetic batch): split over the heads, each program's
-            // head staged in shared memory as one head's rows are. Before the split (55adfe7's
-            // sweep, benches/results/pipeline_run/): from `work` in tiles of 1024 on 4 warps,
-            // L2 prefetches a tile ahead, 190.4 us at batch 64 and 141.4 at batch 32 against
-            // 305.7 and 157.9 for the long rows' configuration below; recomputed in tiles of
-            // 2048 on 4 warps 201.4 and 146.2. Groups of 8 would spill there (128 registers).
+            // head staged in shared memory, on 4 warps (the H200, gqa-split's sweep,
+            // benches/results/pipeline_run/split_*): 99.1 us at batch 32 and 147.5 at batch 64,
+            // on 2 warps 111.7 and 169.3, split from `work` 139.0 and 217.0, and one program a
+            // row from `work` in tiles of 1024 on 4 warps with L2 prefetches (the default
+            // before) 138.5 and 180.8. Groups of 8 would spill there (128 registers).
             SearchConfig {
                 prefetch: true,
                 split_heads: true,
-                ..streamed(2, true)
+                ..streamed(4, true)
             }
         } else {
             // GQA groups' longer rows, as one query head's were up to 61c39ce (32768

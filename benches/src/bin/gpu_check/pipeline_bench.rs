@@ -517,10 +517,10 @@ fn sweep(dusk: &Dusk, shape: &Shape, plan: &PipelinePlan) -> Res<Value> {
     let base = SearchConfig::for_rows(cand.max_row_len(), group);
     let mut configs = vec![base];
     if base.split_heads {
-        // Split over the heads (GQA): on 4 warps, from `work`, and the group's heads searched
+        // Split over the heads (GQA): on 2 warps, from `work`, and the group's heads searched
         // by one program from `work` (the default before the split).
         configs.push(SearchConfig {
-            num_warps: 4,
+            num_warps: 2,
             ..base
         });
         configs.push(SearchConfig {
