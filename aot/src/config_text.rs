@@ -598,7 +598,9 @@ mod tests {
             .with_text("group=2")
             .unwrap_err();
         assert!(matches!(err, ConfigTextError::FixedKey { .. }), "{err}");
-        assert!(err.to_string().ends_with("min_programs_per_sm, timeline, split_heads"));
+        assert!(err
+            .to_string()
+            .ends_with("min_programs_per_sm, timeline, split_heads"));
     }
 
     #[test]

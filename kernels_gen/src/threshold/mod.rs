@@ -30,7 +30,9 @@
 //! other rows are unaffected. An empty row keeps nothing. With GQA the candidates are per
 //! (batch, KV head) and each of the group's query heads is searched on its own scores; the
 //! output is the union of the group's kept sets (Twilight Appendix B.2), so attention reads
-//! each kept token's K and V once per group.
+//! each kept token's K and V once per group. A program searches a row's heads one after
+//! another, or with `SearchConfig::split_heads` (GQA's default) one head each, the row's
+//! last program to finish writing the union.
 
 mod histogram;
 mod output;
@@ -206,9 +208,9 @@ pub const MAX_BLOCK: usize = 8192;
 /// The longest rows the default streams on 2 warps.
 pub const SHORT_ROWS: usize = 4096;
 
-/// The longest rows of GQA groups (of up to 4 query heads) the default streams from `work`
-/// on 4 warps (timed at this length; longer ones keep the configuration of one query
-/// head's long rows).
+/// The longest rows of GQA groups (of up to 4 query heads) the default searches split over
+/// the heads, each head's row staged in its program's shared memory (timed at this length;
+/// longer ones keep the configuration of one query head's long rows).
 pub const GQA_ROWS: usize = 8192;
 
 impl SearchConfig {
@@ -248,7 +250,8 @@ impl SearchConfig {
     /// shared memory where they fit ([`shared_row_capacity`]: 8192 candidates for one
     /// query head a row; L2 prefetches ahead of the scores' and positions' loads), else 2
     /// warps from `work` up to [`SHORT_ROWS`], the rows of GQA groups of up to 4 query heads
-    /// up to [`GQA_ROWS`] on 4 warps from `work` with the prefetches, and beyond, tiles of
+    /// up to [`GQA_ROWS`] split over the heads (`split_heads`), each head staged, on 4 warps
+    /// with the prefetches, and beyond, tiles of
     /// 2048 with the weights recomputed from the scores in every pass (`recompute`) and
     /// each tile's loads preceded by L2 prefetches of the tile two on (`prefetch`): on 4
     /// warps for one query head a row, on 8 with a 1 us sleep between the reads of the

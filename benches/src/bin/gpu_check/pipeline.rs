@@ -255,7 +255,7 @@ fn correctness(dusk: &Dusk, rng: &mut SmallRng) -> Res<()> {
     let dev = dusk.device();
     for (lens, hkv, group) in [
         (vec![3000usize, 120, 1500, 777], 8, 4),
-        // Rows of 7000 (every token): GQA's long-row search from `work` on 4 warps.
+        // Rows of 7000 (every token): GQA's search split over the heads, each staged.
         (vec![7000, 333], 2, 4),
     ] {
         let c = HostCase::new(rng, &lens, hkv, group)?;
