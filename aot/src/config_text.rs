@@ -612,7 +612,7 @@ mod tests {
             "{help}"
         );
         assert_eq!(AttentionTuning::keys_help().lines().count(), 18);
-        assert_eq!(SearchConfig::keys_help().lines().count(), 11);
+        assert_eq!(SearchConfig::keys_help().lines().count(), 12);
     }
 
     fn round_trips<C: ConfigText + Copy + PartialEq + std::fmt::Debug>(space: &[C]) {

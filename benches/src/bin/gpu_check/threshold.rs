@@ -353,7 +353,7 @@ pub struct ThresholdArgs {
     no_sweep: bool,
     /// Overrides on the timed default, in the shared config text (e.g.
     /// `histogram=false,num_warps=8`). Keys: block, num_warps, stream, pivots, shared,
-    /// histogram, recompute, prefetch, backoff_ns, min_programs_per_sm, timeline.
+    /// histogram, recompute, prefetch, backoff_ns, min_programs_per_sm, timeline, split_heads.
     #[arg(long, value_name = "CONFIG")]
     config: Option<String>,
     /// A configuration to time beside the default, besides the built-in sweep (config
