@@ -681,10 +681,12 @@ fn threshold_search_kernels_assemble_without_spills_and_fuse_their_passes() {
         };
         ks.push(threshold::build(&top_p::POLICY, &cfg).unwrap());
     }
-    // The weights staged in shared memory (the benchmark's sweep times these).
+    // The weights staged in shared memory (the benchmark's sweep times these), a group's
+    // heads in one program (the split default is among `for_rows`'s above).
     for (block, num_warps, group) in [(2048, 4, 1), (4096, 8, 1), (2048, 4, 4)] {
         let cfg = SearchConfig {
             shared: true,
+            split_heads: false,
             ..SearchConfig::for_rows(8192, group)
         };
         let cfg = SearchConfig {

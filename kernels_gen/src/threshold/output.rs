@@ -161,7 +161,7 @@ pub(super) fn finish_row(
     let budget = b.select(found, total, minus_one);
     let pb = b.add_ptr(k.budget, row);
     b.store(pb, budget);
-    let rows = k.rows;
+    let rows = super::search::rows(b, k);
     let counter = b.add_ptr(k.prefix, rows);
     let before = b.arrive(counter);
     let one = b.i32(1);
@@ -170,6 +170,7 @@ pub(super) fn finish_row(
     b.if_then(last, |b| {
         let zero = b.i32(0);
         let (lo, step) = (b.i32(0), b.i32(WINDOW as i32));
+        let rows = super::search::rows(b, k);
         let one = b.i32(1);
         let words = b.add(rows, one);
         b.for_range(lo, words, step, &[], |b, at, _| {

@@ -471,8 +471,6 @@ pub(super) struct Kernel {
     pub(super) kept_mass: Value,
     pub(super) flags: Value,
     pub(super) row: Value,
-    /// Candidate rows in the launch.
-    pub(super) rows: Value,
     /// With [`SearchConfig::split_heads`]: the program's query head in its group, and the
     /// `exchange` (f32, three words a query row) and `arrivals` (i32, a word a row)
     /// parameters.
@@ -488,6 +486,8 @@ pub(super) struct Kernel {
 /// A split search's program: its head, and where the row's programs meet.
 #[derive(Clone, Copy)]
 pub(super) struct Split {
+    /// Query heads a row (a constant).
+    pub(super) group: Value,
     pub(super) head: Value,
     pub(super) exchange: Value,
     pub(super) arrivals: Value,
@@ -521,22 +521,21 @@ pub(super) fn declare(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig
     let timeline = cfg.timeline.then(|| b.param_ptr("timeline", DType::I64));
     // Split, program `row * group + head` (a row's programs start one after another, all
     // before the next row's: the look-back's rows before a row have all started).
-    let (row, rows, split) = match exchange {
+    let (row, split) = match exchange {
         Some((exchange, arrivals)) => {
             let flat = b.program_id(0);
-            let programs = b.num_programs(0);
             let group = b.i32(cfg.group as i32);
             let row = b.div(flat, group);
             let head = b.rem(flat, group);
-            let rows = b.div(programs, group);
             let split = Split {
+                group,
                 head,
                 exchange,
                 arrivals,
             };
-            (row, rows, Some(split))
+            (row, Some(split))
         }
-        None => (b.program_id(0), b.num_programs(0), None),
+        None => (b.program_id(0), None),
     };
     let timeline = timeline.map(|t| crate::timeline::open_record(b, t, row, 6, &[]));
     let p0 = b.add_ptr(indptr, row);
@@ -560,12 +559,21 @@ pub(super) fn declare(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig
         kept_mass,
         flags,
         row,
-        rows,
         split,
         start,
         n,
         timeline,
         backoff_ns: cfg.backoff_ns,
+    }
+}
+
+/// Candidate rows in the launch (read where needed: a value held from the start would take
+/// a register through the whole search).
+pub(super) fn rows(b: &mut KernelBuilder, k: &Kernel) -> Value {
+    let programs = b.num_programs(0);
+    match k.split {
+        Some(split) => b.div(programs, split.group),
+        None => programs,
     }
 }
 
