@@ -887,17 +887,10 @@ fn a_selector_of_ones_own() {
 #[test]
 fn quest_score_walks_agree_on_long_rows() {
     use dusk_kernels::selectors::bench::{QuestBench, QuestCase};
-    use dusk_kernels::selectors::quest::score_walking;
+    use dusk_kernels::selectors::quest::quest_walking;
     use dusk_kernels::selectors::Selector;
-    // Quest itself (QuestPlan takes no other selector's state) with another score kernel.
-    const TILES_2: Selector = Selector {
-        score: score_walking::<2>,
-        ..QUEST
-    };
-    const TILES_16: Selector = Selector {
-        score: score_walking::<16>,
-        ..QUEST
-    };
+    const TILES_2: Selector = quest_walking::<2>();
+    const TILES_16: Selector = quest_walking::<16>();
     let dusk = dusk();
     for selector in [&QUEST, &TILES_2, &TILES_16] {
         let case = QuestCase {

@@ -135,11 +135,9 @@ def test_attention_dense_and_group_on_the_gpu(gen, graph_launch):
     np.testing.assert_allclose(out.cpu().double().numpy(), want, atol=2e-2)
 
 
-def test_planning_again_leaves_the_runs_still_queued_right(gen):
-    # A plan per step, as FlashInfer's wrappers are used: the run is still queued behind
-    # a long kernel on torch's stream when the plan is made again (twice: the second new
-    # plan's uploads may land in the memory the first one's replacement freed). The
-    # replaced plan's buffers must outlive its queued run.
+def queued_dense_run(gen):
+    """A dense run queued behind a long kernel on torch's stream: the plan, the shapes to
+    plan others alike on pages shifted by `shift`, and the check of the run's output."""
     seq_lens = [900, 300, 1200]
     hkv, hq, d = 2, 8, 128
     indptr, ids, last, num_pages, q, k, v = attention_inputs(gen, seq_lens, hkv, hq, d)
@@ -150,12 +148,28 @@ def test_planning_again_leaves_the_runs_still_queued_right(gen):
     out = torch.full_like(qg, float("nan"))
     torch.cuda._sleep(200_000_000)  # about 0.1 s of the GPU's clock
     a.run(qg, kg, vg, out)
-    for shift in (1, 2):  # the same shapes, other pages: wrong output if read in their place
-        a.plan(indptr, np.roll(ids, shift).tolist(), last, **kwargs)
-    torch.cuda.synchronize()
-    rows = lambda b, h: np.arange(ref.seq_len(indptr, last, PAGE, b))  # noqa: E731
-    want, _ = ref.attention(q.numpy(), k.numpy(), v.numpy(), indptr, ids, last, PAGE, rows, d**-0.5)
-    np.testing.assert_allclose(out.cpu().double().numpy(), want, atol=2e-2)
+
+    def plan_shifted(plan, shift):  # the same shapes, other pages: wrong output if read in their place
+        plan.plan(indptr, np.roll(ids, shift).tolist(), last, **kwargs)
+
+    def check():
+        torch.cuda.synchronize()
+        rows = lambda b, h: np.arange(ref.seq_len(indptr, last, PAGE, b))  # noqa: E731
+        want, _ = ref.attention(q.numpy(), k.numpy(), v.numpy(), indptr, ids, last, PAGE, rows, d**-0.5)
+        np.testing.assert_allclose(out.cpu().double().numpy(), want, atol=2e-2)
+
+    return a, plan_shifted, check
+
+
+def test_planning_again_leaves_the_runs_still_queued_right(gen):
+    # A plan per step, as FlashInfer's wrappers are used: the run is still queued behind
+    # a long kernel on torch's stream when the plan is made again (twice: the second new
+    # plan's uploads may land in the memory the first one's replacement freed). The
+    # replaced plan's buffers must outlive its queued run.
+    a, plan_shifted, check = queued_dense_run(gen)
+    for shift in (1, 2):
+        plan_shifted(a, shift)
+    check()
 
 
 def test_dropping_a_plan_leaves_its_queued_run_right(gen):
@@ -164,25 +178,13 @@ def test_dropping_a_plan_leaves_its_queued_run_right(gen):
     # land in the memory the dropped plan freed): the run must have read its own metadata.
     import gc
 
-    seq_lens = [900, 300, 1200]
-    hkv, hq, d = 2, 8, 128
-    indptr, ids, last, num_pages, q, k, v = attention_inputs(gen, seq_lens, hkv, hq, d)
-    kg, vg, qg = k.to(DEV), v.to(DEV), q.to(DEV)
-    kwargs = dict(num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=PAGE, num_pages=num_pages)
-    a = dusk.AttentionPlan(DEV)
-    a.plan(indptr, ids, last, **kwargs)
-    out = torch.full_like(qg, float("nan"))
-    torch.cuda._sleep(200_000_000)  # about 0.1 s of the GPU's clock
-    a.run(qg, kg, vg, out)
+    a, plan_shifted, check = queued_dense_run(gen)
     del a
     gc.collect()
     others = [dusk.AttentionPlan(DEV) for _ in range(2)]
     for shift, b in zip((1, 2), others):
-        b.plan(indptr, np.roll(ids, shift).tolist(), last, **kwargs)
-    torch.cuda.synchronize()
-    rows = lambda b, h: np.arange(ref.seq_len(indptr, last, PAGE, b))  # noqa: E731
-    want, _ = ref.attention(q.numpy(), k.numpy(), v.numpy(), indptr, ids, last, PAGE, rows, d**-0.5)
-    np.testing.assert_allclose(out.cpu().double().numpy(), want, atol=2e-2)
+        plan_shifted(b, shift)
+    check()
 
 
 def test_graph_launches_take_each_runs_tensors(gen):

@@ -108,21 +108,19 @@ fn analyze_region(k: &Kernel, a: &mut AxisInfos, region: &Region) {
 /// facts.
 fn analyze_loop(k: &Kernel, a: &mut AxisInfos, op: &Op, init: &[ValueId], body: &Region) {
     let carried = &body.args[1..];
-    let mut assumed: Vec<Option<AxisInfo>> = init.iter().map(|v| a.of.get(v).cloned()).collect();
-    for walk in 0.. {
-        if walk == 8 {
-            assumed.iter_mut().for_each(|x| *x = None);
-        }
-        for (arg, info) in carried.iter().zip(&assumed) {
+    let walk = |a: &mut AxisInfos, assumed: &[Option<AxisInfo>]| {
+        for (arg, info) in carried.iter().zip(assumed) {
             match info {
                 Some(i) => a.of.insert(*arg, i.clone()),
                 None => a.of.remove(arg),
             };
         }
         analyze_region(k, a, body);
-        if walk == 8 {
-            break;
-        }
+    };
+    let mut assumed: Vec<Option<AxisInfo>> = init.iter().map(|v| a.of.get(v).cloned()).collect();
+    let mut settled = false;
+    for _ in 0..8 {
+        walk(a, &assumed);
         let yielded = match body.ops.last().map(|o| &o.kind) {
             Some(OpKind::Yield { values }) => values.as_slice(),
             _ => &[],
@@ -132,10 +130,15 @@ fn analyze_loop(k: &Kernel, a: &mut AxisInfos, op: &Op, init: &[ValueId], body: 
             .zip(yielded)
             .map(|(x, y)| meet(x.as_ref(), a.of.get(y)))
             .collect();
-        if next == assumed {
+        settled = next == assumed;
+        if settled {
             break;
         }
         assumed = next;
+    }
+    if !settled {
+        assumed.iter_mut().for_each(|x| *x = None);
+        walk(a, &assumed);
     }
     for (res, info) in op.results.iter().zip(&assumed) {
         if let Some(i) = info {
@@ -408,8 +411,6 @@ mod tests {
         assert_eq!(of(ptrs).contiguity, vec![16]);
         assert_eq!(of(ptrs).divisibility, vec![16]);
     }
-    /// Runs shorter than a page (8 tokens of pages of 16, from a multiple of 8) stay inside
-    /// one page: the shift is constant and the mask contiguous along them.
     /// A page id loaded a tile ahead and carried into the next iteration stays constant
     /// along a page's slots, so the tile's loads through it are still vectors; a carried
     /// value the body replaces by one known less is known less.
@@ -462,6 +463,8 @@ mod tests {
         assert_eq!((of(run).contiguity, of(run).constancy), (vec![1], vec![1]));
     }
 
+    /// Runs shorter than a page (8 tokens of pages of 16, from a multiple of 8) stay inside
+    /// one page: the shift is constant and the mask contiguous along them.
     #[test]
     fn runs_shorter_than_a_page_stay_in_it() {
         let mut b = KernelBuilder::new("t");

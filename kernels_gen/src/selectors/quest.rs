@@ -91,6 +91,16 @@ pub const QUEST: Selector = Selector {
     score: score_walking::<SCORE_TILES>,
 };
 
+/// Quest with its score kernel walking `TILES` tiles a program (the benchmark's and the
+/// tests' alternatives to [`QUEST`]'s [`SCORE_TILES`]): the same selector to its plans, which
+/// take only Quest's state.
+pub const fn quest_walking<const TILES: usize>() -> Selector {
+    Selector {
+        score: score_walking::<TILES>,
+        ..QUEST
+    }
+}
+
 /// Quest's choices beside the budget.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QuestOptions {

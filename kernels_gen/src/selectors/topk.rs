@@ -146,8 +146,9 @@ topk_table! {
     (4096, 8, true, false),
     (8192, 8, true, false),
     (4096, 8, false, true),
-    // Alternatives for the benchmark: other warps on the common rows, streamed tiles (the
-    // interpreter's tests stream small ones), the radix select. (1024 and 2048 on 2 warps
+    // Alternatives for the benchmark: other warps on the common rows, streamed tiles by
+    // counting (the default for streamed rows before the radix select; the interpreter's
+    // tests stream small ones), the radix select on one warp. (1024 and 2048 on 2 warps
     // spill, and 2048 streamed on 4 on sm_80.)
     (512, 2, true, false),
     (2048, 8, true, false),

@@ -25,11 +25,10 @@ use crate::append;
 use crate::common::{case_json, copy_gbps, Common, PeerTime, Res};
 use clap::Args;
 use dusk::kernels::ops::Dusk;
-use dusk::kernels::paged::KvShape;
 use dusk::kernels::selectors::bench::{QuestBench, QuestCase};
-use dusk::kernels::selectors::quest::score_walking;
+use dusk::kernels::selectors::quest::quest_walking;
 use dusk::kernels::selectors::topk::{Budget, TopKConfig};
-use dusk::kernels::selectors::{ScoreKernel, Selector, QUEST};
+use dusk::kernels::selectors::Selector;
 use dusk::runtime::Device;
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -257,13 +256,9 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
 /// the reference first): GQA's grids are a quarter of MHA's, so the walk sets how many
 /// waves the score runs in.
 fn quest_configs(dusk: &Dusk, case: &QuestCase, copy_gbps: f64) -> Res<Value> {
-    // Quest itself (QuestPlan takes no other selector's state) with another score kernel.
-    const fn walking(score: fn(&KvShape, usize) -> Option<ScoreKernel>) -> Selector {
-        Selector { score, ..QUEST }
-    }
-    const TILES_2: Selector = walking(score_walking::<2>);
-    const TILES_4: Selector = walking(score_walking::<4>);
-    const TILES_16: Selector = walking(score_walking::<16>);
+    const TILES_2: Selector = quest_walking::<2>();
+    const TILES_4: Selector = quest_walking::<4>();
+    const TILES_16: Selector = quest_walking::<16>();
     let mut by_tiles = serde_json::Map::new();
     for (tiles, selector) in [(2usize, &TILES_2), (4, &TILES_4), (16, &TILES_16)] {
         let mut b = QuestBench::with_selector(dusk, case, selector, |_| {})?;
