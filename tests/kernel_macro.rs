@@ -428,6 +428,53 @@ fn helpers_named_like_builtins_are_called_through_self() {
     assert_close(&out.download().unwrap(), &want, 1e-6);
 }
 
+/// A helper returning several values: a program's row of a CSR layout, its start and its
+/// length (the preamble several kernels share).
+#[kernel]
+fn csr_row(indptr: Ptr<i32>) -> (i32, i32, i32) {
+    let row = program_id(0);
+    let start = load(indptr + row);
+    (row, start, load(indptr + (row + 1)) - start)
+}
+
+/// Each row's sum of `x`, plus the row's index; `mut` and `_` in a helper's tuple.
+#[kernel(num_warps = 1)]
+fn row_sums(indptr: Ptr<i32>, x: Ptr<f32>, out: Ptr<f32>) {
+    let (row, start, mut n) = csr_row(indptr);
+    let (_, _, len) = csr_row(indptr);
+    let mut total = 0.0;
+    #[bound(64)]
+    while n > 0 {
+        let take = minimum(n, 16);
+        let j = arange(0, 16);
+        total += sum(load(x + (start + len - n + j), j < take, 0.0), 0);
+        n -= take;
+    }
+    store(out + row, total + row as f32);
+}
+
+#[test]
+fn helpers_return_tuples() {
+    let dev = Device::cpu();
+    let lens = [5usize, 0, 40, 17];
+    let mut indptr = vec![0i32];
+    for l in lens {
+        indptr.push(indptr.last().unwrap() + l as i32);
+    }
+    let xs = noise(*indptr.last().unwrap() as usize, 6);
+    let k = load(&dev, row_sums::build().unwrap());
+    let (ip, x) = (dev.upload(&indptr).unwrap(), dev.upload(&xs).unwrap());
+    let out = poisoned(&dev, lens.len());
+    row_sums::launch(&dev, &k, [lens.len() as u32, 1, 1], &ip, &x, &out).unwrap();
+    let want: Vec<f32> = (0..lens.len())
+        .map(|r| {
+            let row = &xs[indptr[r] as usize..indptr[r + 1] as usize];
+            row.iter().sum::<f32>() + r as f32
+        })
+        .collect();
+    assert_close(&out.download().unwrap(), &want, 1e-5);
+}
+
 /// Doubles its argument.
 #[kernel]
 fn twice(x: Block<f32>) -> Block<f32> {

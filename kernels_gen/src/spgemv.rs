@@ -201,6 +201,17 @@ fn q16(x: Block<f32>, inv: f32) -> Block<i32> {
     (x + where_(x < 0.0, -0.5, 0.5)) as i32
 }
 
+/// The candidate row of program `program_id(0)` (one a (sequence, KV head)): its sequence,
+/// its KV head, where its candidates start in `cand_indices`, and how many there are.
+#[kernel(crate = "crate::dusk_paths")]
+fn candidate_row(cand_indptr: Ptr<i32>, num_kv_heads: i32) -> (i32, i32, i32, i32) {
+    let row = program_id(0);
+    let batch = row / num_kv_heads;
+    let head = row % num_kv_heads;
+    let start = load(cand_indptr + row);
+    (batch, head, start, load(cand_indptr + (row + 1)) - start)
+}
+
 /// The key row of the quantized copy (head-major: `(page * num_kv_heads + head) * PAGE +
 /// slot`) of each candidate `start + j` of a row: candidate -> token position -> the
 /// sequence's page -> the physical page ([`page_rows`]).
@@ -313,13 +324,8 @@ pub fn spgemv_quant_dp2a<
 ) {
     let words = D * BITS / 32;
     let parts = 16 / BITS;
-    let row = program_id(0);
-    let tile = program_id(1);
-    let batch = row / num_kv_heads;
-    let head = row % num_kv_heads;
-    let start = load(cand_indptr + row);
-    let n = load(cand_indptr + (row + 1)) - start;
-    let t0 = tile * TOKENS;
+    let (batch, head, start, n) = candidate_row(cand_indptr, num_kv_heads);
+    let t0 = program_id(1) * TOKENS;
     if t0 < n {
         let j = t0 + arange(0, TOKENS);
         let valid = j < n;
@@ -398,13 +404,8 @@ pub fn spgemv_quant_mma<
     scores: Ptr<f32>,
     num_kv_heads: i32,
 ) {
-    let row = program_id(0);
-    let tile = program_id(1);
-    let batch = row / num_kv_heads;
-    let head = row % num_kv_heads;
-    let start = load(cand_indptr + row);
-    let n = load(cand_indptr + (row + 1)) - start;
-    let t0 = tile * TOKENS;
+    let (batch, head, start, n) = candidate_row(cand_indptr, num_kv_heads);
+    let t0 = program_id(1) * TOKENS;
     if t0 < n {
         let j = t0 + arange(0, TOKENS);
         let valid = j < n;
@@ -483,11 +484,7 @@ pub fn spgemv_quant_mma_tiles<
     scores: Ptr<f32>,
     num_kv_heads: i32,
 ) {
-    let row = program_id(0);
-    let batch = row / num_kv_heads;
-    let head = row % num_kv_heads;
-    let start = load(cand_indptr + row);
-    let n = load(cand_indptr + (row + 1)) - start;
+    let (batch, head, start, n) = candidate_row(cand_indptr, num_kv_heads);
     let t0 = program_id(1) * (TOKENS * TILES);
     if t0 < n {
         // This program's candidates are t0..end: `steps` tiles of them (1 to TILES).

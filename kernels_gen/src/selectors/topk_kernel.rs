@@ -145,6 +145,19 @@ fn write_top_k<const TILE: usize, const RESIDENT: bool>(
     }
 }
 
+/// The score row of program `program_id(0)` (one a (sequence, KV head)): the row, its items
+/// `n`, the items to keep `k` (at most `n`), and where its scores start.
+#[kernel(crate = "crate::dusk_paths")]
+fn score_row(item_indptr: Ptr<i32>, k_items: Ptr<i32>, num_kv_heads: i32) -> (i32, i32, i32, i64) {
+    let row = program_id(0);
+    let b = row / num_kv_heads;
+    let h = row % num_kv_heads;
+    let first = load(item_indptr + b);
+    let n = load(item_indptr + (b + 1)) - first;
+    let k = minimum(load(k_items + b), n);
+    (row, n, k, (first * num_kv_heads + h * n) as i64)
+}
+
 /// Top-k items per row, as token lists. Parameters: `scores` (f32, row `(b, h)` at
 /// `item_indptr[b] * num_kv_heads + h * n_b`), `item_indptr` (i32 `[batch + 1]`: items
 /// before each sequence), `k_items` (i32 `[batch]`: items to keep, at most the
@@ -169,13 +182,7 @@ pub fn select_top_k<const TILE: usize, const WARPS: usize, const RESIDENT: bool>
     sink: i32,
     recent: i32,
 ) {
-    let row = program_id(0);
-    let b = row / num_kv_heads;
-    let h = row % num_kv_heads;
-    let first = load(item_indptr + b);
-    let n = load(item_indptr + (b + 1)) - first;
-    let k = minimum(load(k_items + b), n);
-    let base = (first * num_kv_heads + h * n) as i64;
+    let (row, n, k, base) = score_row(item_indptr, k_items, num_kv_heads);
     let mut keys0 = splat(i32::MIN, [TILE]);
     if RESIDENT {
         keys0 = item_keys::<TILE>(scores, base, 0, n, sink, recent);
@@ -255,13 +262,7 @@ pub fn select_top_k_radix<const TILE: usize, const WARPS: usize>(
     sink: i32,
     recent: i32,
 ) {
-    let row = program_id(0);
-    let b = row / num_kv_heads;
-    let h = row % num_kv_heads;
-    let first = load(item_indptr + b);
-    let n = load(item_indptr + (b + 1)) - first;
-    let k = minimum(load(k_items + b), n);
-    let base = (first * num_kv_heads + h * n) as i64;
+    let (row, n, k, base) = score_row(item_indptr, k_items, num_kv_heads);
     // 256 bins, in a block of 1024 (the running sum's smallest on 8 warps; the rest stay 0).
     let bins = shared::<i32>(1024);
     let digits = arange(0, 1024);

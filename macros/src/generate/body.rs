@@ -10,7 +10,7 @@
 use super::carried;
 use super::types::dtype;
 use crate::parse::ast::{
-    BinOp, Block, Builtin, ConstParam, Expr, ExprKind, For, If, Param, Stmt, UnOp,
+    BinOp, Block, Builtin, ConstParam, Expr, ExprKind, For, If, Param, Returns, Stmt, UnOp,
 };
 use crate::parse::Errors;
 use proc_macro2::{Literal, Span, TokenStream};
@@ -110,11 +110,21 @@ impl Lower {
     }
 
     /// The statements of the `inline` function's body; with `returns`, ending with the
-    /// body's value.
-    pub fn fn_body(mut self, body: &Block, returns: Option<Span>) -> Result<TokenStream> {
+    /// body's value (a Rust tuple of values for a helper returning a tuple).
+    pub fn fn_body(mut self, body: &Block, returns: Option<Returns>) -> Result<TokenStream> {
         let mut out = TokenStream::new();
         match returns {
-            Some(ret_span) => {
+            Some(r) if r.count > 1 => {
+                self.scopes.push(vec![]);
+                for s in &body.stmts {
+                    self.stmt(s, &mut out);
+                }
+                if let Some(t) = self.record(|s| s.tuple_tail(body.tail.as_deref(), r, &mut out)) {
+                    out.extend(t);
+                }
+                self.scopes.pop();
+            }
+            Some(r) => {
                 let tail = self.block_stmts(body, true, &mut out);
                 match tail {
                     Some(g) if g.kind != Kind::Unit => {
@@ -123,7 +133,7 @@ impl Lower {
                         }
                     }
                     _ => self.errors.push(Error::new(
-                        ret_span,
+                        r.span,
                         "this #[kernel] function declares a return type, but its body does not \
                          end with a value; end it with an expression without `;`",
                     )),
@@ -135,6 +145,50 @@ impl Lower {
         }
         let Lower { errors, .. } = self;
         errors.finish(out)
+    }
+
+    /// The values of a helper's tail tuple `(a, b, ..)`, `r.count` of them, as a Rust tuple.
+    fn tuple_tail(
+        &mut self,
+        tail: Option<&Expr>,
+        r: Returns,
+        out: &mut TokenStream,
+    ) -> Result<TokenStream> {
+        let items = match tail {
+            Some(Expr {
+                kind: ExprKind::Tuple(items),
+                span,
+            }) => {
+                if items.len() != r.count {
+                    return Err(Error::new(
+                        *span,
+                        format!(
+                            "this helper returns {} values (its return type), but this tuple \
+                             has {}",
+                            r.count,
+                            items.len()
+                        ),
+                    ));
+                }
+                items
+            }
+            _ => {
+                return Err(Error::new(
+                    tail.map_or(r.span, |t| t.span),
+                    format!(
+                        "this #[kernel] helper returns a tuple of {} values, so its body ends \
+                         with one: `(a, b, ..)` without `;`",
+                        r.count
+                    ),
+                ))
+            }
+        };
+        let mut vals = vec![];
+        for e in items {
+            let g = self.expr(e, out)?;
+            vals.push(self.value(g, out)?);
+        }
+        Ok(quote!((#(#vals),*)))
     }
 
     // ---- scopes and names ----
@@ -207,6 +261,7 @@ impl Lower {
                 init,
                 span,
             } => self.let_(name.as_ref(), *mutable, init, *span, out),
+            Stmt::LetTuple { names, init, span } => self.let_tuple(names, init, *span, out),
             Stmt::Assign {
                 target,
                 op,
@@ -264,6 +319,42 @@ impl Lower {
         });
         // On an error the name is still declared, so its uses do not report again.
         self.declare(name, var.unwrap_or(declared(mutable)));
+    }
+
+    /// `let (a, mut b, _) = helper(..);`: the helper's tuple bound to fresh names, typed so
+    /// that a helper returning another number of values is reported at the `let`.
+    fn let_tuple(
+        &mut self,
+        names: &[(Option<Ident>, bool)],
+        init: &Expr,
+        span: Span,
+        out: &mut TokenStream,
+    ) {
+        self.record(|s| {
+            let call = s.helper_call(init, out)?;
+            let temps: Vec<Ident> = names.iter().map(|_| s.temp()).collect();
+            let tys = names.iter().map(|_| quote!(__dusk::compiler::Value));
+            out.extend(quote_spanned!(span=> let (#(#temps),*): (#(#tys),*) = #call;));
+            for ((name, mutable), t) in names.iter().zip(&temps) {
+                if let Some(n) = name {
+                    let m = mutable.then(|| quote!(mut));
+                    out.extend(quote_spanned!(span=> let #m #n = #t;));
+                }
+            }
+            Ok(())
+        });
+        for (name, mutable) in names {
+            if let Some(n) = name {
+                self.declare(
+                    n,
+                    Var {
+                        kind: Kind::Value,
+                        mutable: *mutable,
+                        konst: false,
+                    },
+                );
+            }
+        }
     }
 
     fn assign(
@@ -671,6 +762,11 @@ impl Lower {
             ExprKind::Shape(_) => Err(Error::new(
                 span,
                 "a shape (`[d0, d1]`) is only an argument of `splat` and `zeros`",
+            )),
+            ExprKind::Tuple(_) => Err(Error::new(
+                span,
+                "a tuple is only the value a helper returns, at the end of its body (`-> (i32, \
+                 i64)`), and a helper's tuple is taken apart with `let (a, b) = helper(..);`",
             )),
             ExprKind::Helper { .. } => {
                 // Typed, so a helper with no value used as one is reported at the call.

@@ -16,7 +16,7 @@ pub fn assigned_outside(blocks: &[&Block]) -> syn::Result<Vec<Ident>> {
     let mut errors: Option<syn::Error> = None;
     for b in blocks {
         for s in &b.stmts {
-            if let Stmt::Let { name: Some(n), .. } = s {
+            for n in s.declared() {
                 if w.out.iter().any(|o| o == n) {
                     let e = syn::Error::new(
                         n.span(),
@@ -56,9 +56,9 @@ impl Walk {
         self.scopes.push(HashSet::new());
         for s in &b.stmts {
             match s {
-                Stmt::Let { name, init, .. } => {
+                Stmt::Let { init, .. } | Stmt::LetTuple { init, .. } => {
                     self.expr(init);
-                    if let Some(n) = name {
+                    for n in s.declared() {
                         self.scopes.last_mut().unwrap().insert(n.to_string());
                     }
                 }
@@ -101,7 +101,9 @@ impl Walk {
             ExprKind::Builtin { args, .. } | ExprKind::Helper { args, .. } => {
                 args.iter().for_each(|a| self.expr(a))
             }
-            ExprKind::Shape(dims) => dims.iter().for_each(|d| self.expr(d)),
+            ExprKind::Shape(items) | ExprKind::Tuple(items) => {
+                items.iter().for_each(|d| self.expr(d))
+            }
             ExprKind::If(i) => {
                 self.expr(&i.cond);
                 self.block(&i.then);

@@ -134,9 +134,14 @@ fn module(sig: &Signature, body: Option<TokenStream>, extra: TokenStream) -> Tok
         let m = p.mutable.then(|| quote!(mut));
         quote!(#m #n: __dusk::compiler::Value)
     });
-    let inline_ret = sig
-        .returns
-        .map(|s| quote_spanned!(s=> -> __dusk::compiler::Value));
+    let inline_ret = sig.returns.map(|r| {
+        let values = (0..r.count).map(|_| quote!(__dusk::compiler::Value));
+        if r.count == 1 {
+            quote_spanned!(r.span=> -> __dusk::compiler::Value)
+        } else {
+            quote_spanned!(r.span=> -> (#(#values),*))
+        }
+    });
     // Each argument checked against its declared type as the helper is inlined.
     let check_args = sig.params.iter().map(|p| {
         let n = &p.name;

@@ -20,9 +20,17 @@ pub struct Signature {
     pub consts: Vec<ConstParam>,
     pub params: Vec<Param>,
     pub options: Options,
-    /// Whether the function declares a return type (`-> Tensor`): it is a helper whose tail
-    /// expression is its value.
-    pub returns: Option<Span>,
+    /// Whether the function declares a return type: it is a helper whose tail expression is
+    /// its value (`-> Tensor`), or whose tail is a tuple of its values (`-> (i32, i64)`).
+    pub returns: Option<Returns>,
+}
+
+/// A helper's declared return type.
+#[derive(Clone, Copy)]
+pub struct Returns {
+    pub span: Span,
+    /// How many values it returns: 1, or the length of a tuple type.
+    pub count: usize,
 }
 
 /// The attribute's arguments: `#[kernel(num_warps = 8, min_programs_per_sm = 2, debug)]`
@@ -124,6 +132,13 @@ pub enum Stmt {
         init: Expr,
         span: Span,
     },
+    /// `let (a, mut b, _) = helper(..);`: the values of a helper returning a tuple, each name
+    /// with whether it is `mut` (`None` for `_`).
+    LetTuple {
+        names: Vec<(Option<Ident>, bool)>,
+        init: Expr,
+        span: Span,
+    },
     /// `x = e;` or `x op= e;` (`op` with the operator's span).
     Assign {
         target: Ident,
@@ -134,6 +149,17 @@ pub enum Stmt {
     For(Box<For>),
     /// An expression evaluated for its effect (`store(..)`, a helper call, an `if`).
     Expr(Expr),
+}
+
+impl Stmt {
+    /// The names a `let` declares.
+    pub fn declared(&self) -> Vec<&Ident> {
+        match self {
+            Stmt::Let { name, .. } => name.iter().collect(),
+            Stmt::LetTuple { names, .. } => names.iter().filter_map(|(n, _)| n.as_ref()).collect(),
+            _ => vec![],
+        }
+    }
 }
 
 /// `for var in (lo..hi).step_by(step) { body }`; `#[bound(n)] while cond { body }` is parsed
@@ -209,6 +235,8 @@ pub enum ExprKind {
     },
     If(If),
     Block(Block),
+    /// `(a, b)`: only the tail of a helper that returns a tuple.
+    Tuple(Vec<Expr>),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

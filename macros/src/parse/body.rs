@@ -82,6 +82,9 @@ fn macro_error(m: &syn::Macro) -> Error {
 }
 
 fn local(l: &syn::Local) -> Result<Stmt> {
+    if let Pat::Tuple(t) = &l.pat {
+        return local_tuple(l, t);
+    }
     let (name, mutable) =
         match &l.pat {
             Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() => {
@@ -93,10 +96,13 @@ fn local(l: &syn::Local) -> Result<Stmt> {
                 "type annotations on `let` are not supported in #[kernel] functions; a value's \
                  type comes from its expression (use `as` to convert)",
             )),
-            p => return Err(Error::new_spanned(
-                p,
-                "destructuring is not supported in #[kernel] functions; bind one value per `let`",
-            )),
+            p => {
+                return Err(Error::new_spanned(
+                    p,
+                    "this pattern is not supported in #[kernel] functions; bind one value per \
+                 `let`, or a helper's tuple to names (`let (a, mut b, _) = helper(..);`)",
+                ))
+            }
         };
     let Some(init) = &l.init else {
         return Err(Error::new_spanned(
@@ -118,6 +124,42 @@ fn local(l: &syn::Local) -> Result<Stmt> {
         span: l.let_token.span,
     })
 }
+
+/// `let (a, mut b, _) = helper(..);`: names (or `_`) for the values of a helper that returns a
+/// tuple.
+fn local_tuple(l: &syn::Local, t: &syn::PatTuple) -> Result<Stmt> {
+    let mut names = vec![];
+    for p in &t.elems {
+        names.push(match p {
+            Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() => {
+                (Some(pi.ident.clone()), pi.mutability.is_some())
+            }
+            Pat::Wild(_) => (None, false),
+            p => {
+                return Err(Error::new_spanned(
+                    p,
+                    "each element of a `let (..)` in a #[kernel] function is a name, `mut name` \
+                     or `_`",
+                ))
+            }
+        });
+    }
+    let init = match &l.init {
+        Some(init) if init.diverge.is_none() => expr(&init.expr)?,
+        _ => return Err(Error::new_spanned(l, TUPLE_LET)),
+    };
+    if !matches!(init.kind, ExprKind::Helper { .. }) {
+        return Err(Error::new(init.span, TUPLE_LET));
+    }
+    Ok(Stmt::LetTuple {
+        names,
+        init,
+        span: l.let_token.span,
+    })
+}
+
+const TUPLE_LET: &str = "a `let (..)` in a #[kernel] function takes the values of a helper that \
+     returns a tuple: `let (a, b) = helper(..);`";
 
 /// An expression in statement position: assignments and loops are allowed here.
 fn stmt_expr(e: &syn::Expr) -> Result<Stmt> {
@@ -560,6 +602,9 @@ pub fn expr(e: &syn::Expr) -> Result<Expr> {
             let blk = block(&b.block, &mut errors);
             ExprKind::Block(errors.finish(blk)?)
         }
+        syn::Expr::Tuple(t) => {
+            ExprKind::Tuple(t.elems.iter().map(expr).collect::<Result<Vec<_>>>()?)
+        }
         syn::Expr::Array(a) => {
             return Err(Error::new_spanned(
                 a,
@@ -880,10 +925,6 @@ fn unsupported(e: &syn::Expr) -> Error {
             f,
             "field access is not supported in #[kernel] functions; kernel values are numbers, \
              blocks and pointers",
-        ),
-        E::Tuple(t) => Error::new_spanned(
-            t,
-            "tuples are not supported in #[kernel] functions; a helper returns one value",
         ),
         E::Range(r) => Error::new_spanned(
             r,

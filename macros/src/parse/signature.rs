@@ -1,6 +1,6 @@
 //! The attribute's arguments and the function's signature: const generics and parameters.
 
-use super::ast::{ConstParam, ElemTy, Options, Param, ParamTy, Signature};
+use super::ast::{ConstParam, ElemTy, Options, Param, ParamTy, Returns, Signature};
 use super::Errors;
 use proc_macro2::TokenStream;
 use quote::ToTokens;
@@ -91,7 +91,24 @@ pub fn signature(f: &syn::ItemFn) -> syn::Result<Signature> {
     }
     let returns = match &s.output {
         ReturnType::Default => None,
-        ReturnType::Type(_, t) => Some(t.span()),
+        ReturnType::Type(_, t) => {
+            let count = match &**t {
+                Type::Tuple(tt) if tt.elems.len() < 2 => {
+                    errors.push(Error::new(
+                        t.span(),
+                        "a #[kernel] helper returns one value (`-> Tensor`) or a tuple of two or \
+                         more (`-> (i32, i64)`); for no value, leave out the return type",
+                    ));
+                    1
+                }
+                Type::Tuple(tt) => tt.elems.len(),
+                _ => 1,
+            };
+            Some(Returns {
+                span: t.span(),
+                count,
+            })
+        }
     };
     errors.finish(Signature {
         attrs: f.attrs.clone(),
