@@ -212,6 +212,48 @@ fn candidate_row(cand_indptr: Ptr<i32>, num_kv_heads: i32) -> (i32, i32, i32, i3
     (batch, head, start, load(cand_indptr + (row + 1)) - start)
 }
 
+/// The tile of `TOKENS` candidates from `t0` of a candidate row ([`candidate_row`]): their
+/// indices `j` in the row, which are in it, and their keys' scales, zeros and codes.
+#[kernel(crate = "crate::dusk_paths")]
+#[allow(clippy::too_many_arguments)]
+fn tile_keys<const D: usize, const PAGE: usize, const BITS: usize, const TOKENS: usize>(
+    k_packed: Ptr<u8>,
+    k_scale: Ptr<f16>,
+    k_zero: Ptr<f16>,
+    kv_indptr: Ptr<i32>,
+    kv_page_indices: Ptr<i32>,
+    cand_indices: Ptr<i32>,
+    batch: i32,
+    head: i32,
+    start: i32,
+    n: i32,
+    t0: i32,
+    num_kv_heads: i32,
+) -> (Block<i32>, Block<bool>, Block<f32>, Block<f32>, Block<i32>) {
+    let j = t0 + arange(0, TOKENS);
+    let valid = j < n;
+    let krow = key_rows::<PAGE>(
+        cand_indices,
+        kv_indptr,
+        kv_page_indices,
+        batch,
+        head,
+        start,
+        j,
+        valid,
+        num_kv_heads,
+    );
+    let scale = load(k_scale + krow, valid) as f32;
+    let zero = load(k_zero + krow, valid) as f32;
+    (
+        j,
+        valid,
+        scale,
+        zero,
+        key_codes::<D, BITS, TOKENS>(k_packed, krow, valid),
+    )
+}
+
 /// The key row of the quantized copy (head-major: `(page * num_kv_heads + head) * PAGE +
 /// slot`) of each candidate `start + j` of a row: candidate -> token position -> the
 /// sequence's page -> the physical page ([`page_rows`]).
@@ -327,22 +369,20 @@ pub fn spgemv_quant_dp2a<
     let (batch, head, start, n) = candidate_row(cand_indptr, num_kv_heads);
     let t0 = program_id(1) * TOKENS;
     if t0 < n {
-        let j = t0 + arange(0, TOKENS);
-        let valid = j < n;
-        let krow = key_rows::<PAGE>(
-            cand_indices,
+        let (j, valid, scale, zero, codes) = tile_keys::<D, PAGE, BITS, TOKENS>(
+            k_packed,
+            k_scale,
+            k_zero,
             kv_indptr,
             kv_page_indices,
+            cand_indices,
             batch,
             head,
             start,
-            j,
-            valid,
+            n,
+            t0,
             num_kv_heads,
         );
-        let scale = load(k_scale + krow, valid) as f32;
-        let zero = load(k_zero + krow, valid) as f32;
-        let codes = key_codes::<D, BITS, TOKENS>(k_packed, krow, valid);
         // 4 bits: the even elements' codes in the low nibbles, the odd ones' in the high.
         let mut lo = codes;
         let mut hi = codes;
@@ -407,22 +447,20 @@ pub fn spgemv_quant_mma<
     let (batch, head, start, n) = candidate_row(cand_indptr, num_kv_heads);
     let t0 = program_id(1) * TOKENS;
     if t0 < n {
-        let j = t0 + arange(0, TOKENS);
-        let valid = j < n;
-        let krow = key_rows::<PAGE>(
-            cand_indices,
+        let (j, valid, scale, zero, codes) = tile_keys::<D, PAGE, 4, TOKENS>(
+            k_packed,
+            k_scale,
+            k_zero,
             kv_indptr,
             kv_page_indices,
+            cand_indices,
             batch,
             head,
             start,
-            j,
-            valid,
+            n,
+            t0,
             num_kv_heads,
         );
-        let scale = load(k_scale + krow, valid) as f32;
-        let zero = load(k_zero + krow, valid) as f32;
-        let codes = key_codes::<D, 4, TOKENS>(k_packed, krow, valid);
         let heads = arange(0, 8);
         let group = GROUP as i32;
         let head_ok = heads < group;
