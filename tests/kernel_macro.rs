@@ -475,6 +475,53 @@ fn helpers_return_tuples() {
     assert_close(&out.download().unwrap(), &want, 1e-5);
 }
 
+/// A tuple taken apart: every element is evaluated before any name is bound (a swap), and
+/// compile-time numbers stay compile-time.
+#[kernel(num_warps = 1)]
+fn swapped(out: Ptr<i32>) {
+    let (a, b) = (program_id(0), 7);
+    let (a, b) = (b, a);
+    let (c, mut d) = (a * 10, b);
+    d += 1;
+    store(out + arange(0, 4), where_(arange(0, 4) < 2, c, d));
+}
+
+#[test]
+fn let_takes_a_tuple_apart() {
+    let dev = Device::cpu();
+    let k = load(&dev, swapped::build().unwrap());
+    let out = dev.upload(&[-1i32; 4]).unwrap();
+    swapped::launch(&dev, &k, [1, 1, 1], &out).unwrap();
+    assert_eq!(out.download().unwrap(), vec![70, 70, 1, 1]);
+}
+
+/// The last of the grid's programs to arrive stores how many arrived before it, and sets
+/// the counter back.
+#[kernel(num_warps = 1)]
+fn last_arrival(counter: Ptr<i32>, out: Ptr<i32>) {
+    let before = arrive(counter);
+    if before == num_programs(0) - 1 {
+        store(out, before);
+        store(counter, 0);
+    }
+}
+
+#[test]
+fn arrive_finds_the_last_program() {
+    let dev = Device::cpu();
+    let k = load(&dev, last_arrival::build().unwrap());
+    let (counter, out) = (dev.upload(&[0i32]).unwrap(), dev.upload(&[-1i32]).unwrap());
+    last_arrival::launch(&dev, &k, [5, 1, 1], &counter, &out).unwrap();
+    assert_eq!(out.download().unwrap(), vec![4]);
+    assert_eq!(counter.download().unwrap(), vec![0]);
+    let ptx = dusk::compiler::codegen::compile(
+        &last_arrival::build().unwrap(),
+        &dusk::compiler::codegen::Target::sm90a(),
+    )
+    .unwrap();
+    assert!(ptx.contains("atom.acq_rel.gpu.global.add"), "{ptx}");
+}
+
 /// Doubles its argument.
 #[kernel]
 fn twice(x: Block<f32>) -> Block<f32> {

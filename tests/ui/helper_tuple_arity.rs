@@ -1,6 +1,6 @@
 use dusk::kernel;
 
-// A helper's tuple is checked against its return type, and taken apart whole.
+// A helper's tuple is checked against its return type, and a tuple is taken apart whole.
 #[kernel]
 fn bounds(x: Ptr<i32>) -> (i32, i32) {
     let lo = load(x);
@@ -26,6 +26,12 @@ fn pair(x: Ptr<i32>) -> (i32, i32) {
 #[kernel]
 fn tuple_of_a_builtin(x: Ptr<i32>) {
     let (a, b) = load(x);
+    store(x, a + b);
+}
+
+#[kernel]
+fn tuple_of_another_length(x: Ptr<i32>) {
+    let (a, b) = (load(x), 1, 2);
     store(x, a + b);
 }
 

@@ -298,31 +298,48 @@ impl Lower {
         };
         let var = self.record(|s| {
             let g = s.expr(init, out)?;
-            if mutable {
-                let v = s.value(g, out)?;
-                out.extend(quote_spanned!(span=> let mut #name = #v;));
-                return Ok(declared(true));
-            }
-            let ts = &g.ts;
-            match g.kind {
-                Kind::Value => out.extend(quote_spanned!(span=> let #name = #ts;)),
-                Kind::Int => out.extend(quote_spanned!(span=> let #name: i64 = #ts;)),
-                Kind::Float => out.extend(quote_spanned!(span=> let #name: f64 = #ts;)),
-                Kind::Bool => out.extend(quote_spanned!(span=> let #name: bool = #ts;)),
-                Kind::Unit => return Err(no_value(init.span)),
-            }
-            Ok(Var {
-                kind: g.kind,
-                mutable: false,
-                konst: false,
-            })
+            s.bind(name, mutable, g, span, out)
         });
         // On an error the name is still declared, so its uses do not report again.
         self.declare(name, var.unwrap_or(declared(mutable)));
     }
 
+    /// `let [mut] name = g;`, returning what `name` is (not yet declared).
+    fn bind(
+        &mut self,
+        name: &Ident,
+        mutable: bool,
+        g: Gen,
+        span: Span,
+        out: &mut TokenStream,
+    ) -> Result<Var> {
+        if mutable {
+            let v = self.value(g, out)?;
+            out.extend(quote_spanned!(span=> let mut #name = #v;));
+            return Ok(Var {
+                kind: Kind::Value,
+                mutable: true,
+                konst: false,
+            });
+        }
+        let ts = &g.ts;
+        match g.kind {
+            Kind::Value => out.extend(quote_spanned!(span=> let #name = #ts;)),
+            Kind::Int => out.extend(quote_spanned!(span=> let #name: i64 = #ts;)),
+            Kind::Float => out.extend(quote_spanned!(span=> let #name: f64 = #ts;)),
+            Kind::Bool => out.extend(quote_spanned!(span=> let #name: bool = #ts;)),
+            Kind::Unit => return Err(no_value(g.span)),
+        }
+        Ok(Var {
+            kind: g.kind,
+            mutable: false,
+            konst: false,
+        })
+    }
+
     /// `let (a, mut b, _) = helper(..);`: the helper's tuple bound to fresh names, typed so
-    /// that a helper returning another number of values is reported at the `let`.
+    /// that a helper returning another number of values is reported at the `let`. `let (a,
+    /// b) = (x, y);`: every element evaluated, then bound as its own `let` would bind it.
     fn let_tuple(
         &mut self,
         names: &[(Option<Ident>, bool)],
@@ -330,6 +347,40 @@ impl Lower {
         span: Span,
         out: &mut TokenStream,
     ) {
+        if let ExprKind::Tuple(items) = &init.kind {
+            let vars = self.record(|s| {
+                // Each element into a temporary first: `let (a, b) = (b, a);` swaps.
+                let mut gens = vec![];
+                for e in items {
+                    let g = s.expr(e, out)?;
+                    let (t, ts) = (s.temp(), &g.ts);
+                    out.extend(quote_spanned!(g.span=> let #t = #ts;));
+                    gens.push(Gen {
+                        ts: quote!(#t),
+                        ..g
+                    });
+                }
+                let mut vars = vec![];
+                for ((name, mutable), g) in names.iter().zip(gens) {
+                    vars.push(match name {
+                        Some(n) => Some(s.bind(n, *mutable, g, span, out)?),
+                        None => None,
+                    });
+                }
+                Ok(vars)
+            });
+            for (i, (name, mutable)) in names.iter().enumerate() {
+                if let Some(n) = name {
+                    let var = vars.as_ref().and_then(|v| v[i]).unwrap_or(Var {
+                        kind: Kind::Value,
+                        mutable: *mutable,
+                        konst: false,
+                    });
+                    self.declare(n, var);
+                }
+            }
+            return;
+        }
         self.record(|s| {
             let call = s.helper_call(init, out)?;
             let temps: Vec<Ident> = names.iter().map(|_| s.temp()).collect();
@@ -766,7 +817,7 @@ impl Lower {
             ExprKind::Tuple(_) => Err(Error::new(
                 span,
                 "a tuple is only the value a helper returns, at the end of its body (`-> (i32, \
-                 i64)`), and a helper's tuple is taken apart with `let (a, b) = helper(..);`",
+                 i64)`), or the value of a `let (a, b) = (x, y);`",
             )),
             ExprKind::Helper { .. } => {
                 // Typed, so a helper with no value used as one is reported at the call.
@@ -1206,6 +1257,10 @@ impl Lower {
             Builtin::Cumsum => {
                 let x = val!(0);
                 quote_spanned!(span=> #b.cumsum(#x))
+            }
+            Builtin::Arrive => {
+                let c = val!(0);
+                quote_spanned!(span=> #b.arrive(#c))
             }
             Builtin::Barrier => {
                 out.extend(quote_spanned!(span=> #b.barrier();));

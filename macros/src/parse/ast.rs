@@ -132,8 +132,8 @@ pub enum Stmt {
         init: Expr,
         span: Span,
     },
-    /// `let (a, mut b, _) = helper(..);`: the values of a helper returning a tuple, each name
-    /// with whether it is `mut` (`None` for `_`).
+    /// `let (a, mut b, _) = helper(..);`: the values of a helper returning a tuple (or of a
+    /// tuple `(x, y, z)`), each name with whether it is `mut` (`None` for `_`).
     LetTuple {
         names: Vec<(Option<Ident>, bool)>,
         init: Expr,
@@ -313,4 +313,5 @@ pub enum Builtin {
     Bitcast,
     Barrier,
     PrefetchL2,
+    Arrive,
 }

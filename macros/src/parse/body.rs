@@ -126,7 +126,7 @@ fn local(l: &syn::Local) -> Result<Stmt> {
 }
 
 /// `let (a, mut b, _) = helper(..);`: names (or `_`) for the values of a helper that returns a
-/// tuple.
+/// tuple, or of a tuple of as many values.
 fn local_tuple(l: &syn::Local, t: &syn::PatTuple) -> Result<Stmt> {
     let mut names = vec![];
     for p in &t.elems {
@@ -148,8 +148,20 @@ fn local_tuple(l: &syn::Local, t: &syn::PatTuple) -> Result<Stmt> {
         Some(init) if init.diverge.is_none() => expr(&init.expr)?,
         _ => return Err(Error::new_spanned(l, TUPLE_LET)),
     };
-    if !matches!(init.kind, ExprKind::Helper { .. }) {
-        return Err(Error::new(init.span, TUPLE_LET));
+    match &init.kind {
+        ExprKind::Helper { .. } => {}
+        ExprKind::Tuple(items) if items.len() == names.len() => {}
+        ExprKind::Tuple(items) => {
+            return Err(Error::new(
+                init.span,
+                format!(
+                    "this tuple has {} values, but the `let` names {}",
+                    items.len(),
+                    names.len()
+                ),
+            ))
+        }
+        _ => return Err(Error::new(init.span, TUPLE_LET)),
     }
     Ok(Stmt::LetTuple {
         names,
@@ -159,7 +171,7 @@ fn local_tuple(l: &syn::Local, t: &syn::PatTuple) -> Result<Stmt> {
 }
 
 const TUPLE_LET: &str = "a `let (..)` in a #[kernel] function takes the values of a helper that \
-     returns a tuple: `let (a, b) = helper(..);`";
+     returns a tuple, `let (a, b) = helper(..);`, or of a tuple, `let (a, b) = (x, y);`";
 
 /// An expression in statement position: assignments and loops are allowed here.
 fn stmt_expr(e: &syn::Expr) -> Result<Stmt> {

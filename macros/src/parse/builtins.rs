@@ -390,6 +390,21 @@ pub const BUILTINS: &[Spec] = &[
               each other.",
     },
     Spec {
+        func: Builtin::Arrive,
+        name: "arrive",
+        min_args: 1,
+        max_args: 1,
+        takes_type: false,
+        usage: "arrive(counter) with `counter` a scalar `Ptr<i32>` into global memory",
+        signature: "arrive(counter: Ptr<i32>) -> i32",
+        method: None,
+        doc: "Adds 1 to `*counter` once for the program, after every thread's earlier \
+              stores, and gives every thread the count before its add: the program that \
+              finds `n - 1` of `n` may load what the other `n - 1` stored before arriving (the \
+              last of a row's pieces combines them in the same launch; it sets the counter \
+              back to 0 for the next).",
+    },
+    Spec {
         func: Builtin::PrefetchL2,
         name: "prefetch_l2",
         min_args: 2,
