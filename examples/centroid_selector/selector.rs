@@ -84,6 +84,7 @@ pub const CENTROID: Selector = Selector {
             pages_per_program: 32,
         })
     },
+    fused: None,
 };
 
 /// The page scores in plain Rust, laid out as a plan's (row `(b, h)` at `kv_indptr[b] *

@@ -859,13 +859,20 @@ fn selector_kernels_assemble_without_spills() {
         ks.push(((QUEST.update)(&kv).unwrap())().unwrap());
         for g in [1, 2, 4, 8, 16] {
             ks.push(((QUEST.score)(&kv, g).unwrap().build)().unwrap());
+            // The score with the page top-k fused in, where Quest has one.
+            for rows in [1024, 2048] {
+                let cfg = topk::TopKConfig::for_rows(rows);
+                if let Some(f) = (QUEST.fused.unwrap())(&kv, g, &cfg) {
+                    ks.push((f.build)().unwrap());
+                }
+            }
         }
     }
     for cfg in topk::specialised_configs() {
         ks.push(topk::build(&cfg).unwrap());
     }
     for k in ks {
-        let needle = k.name.starts_with("quest_score").then_some("ld.global.v4");
+        let needle = k.name.starts_with("quest_s").then_some("ld.global.v4");
         assert_assembles_without_spills(&ptxas, &k, needle);
     }
 }

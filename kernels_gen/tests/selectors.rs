@@ -904,3 +904,43 @@ fn quest_score_walks_agree_on_long_rows() {
         bench.check(&dusk, 2).unwrap();
     }
 }
+
+/// Quest's score and top-k fused in one launch (`quest_select`: the last of a row's
+/// programs to arrive runs the row's top-k) selects what the two launches do, on rows long
+/// enough for it (563 and 1126 pages: the top-k's tiles of 1024 and 2048), with and without
+/// the sink. Each bench checks twice, its outputs poisoned before each: a row whose
+/// arrivals were not set back would keep the poison the second time.
+#[test]
+fn quest_fused_selection_equals_the_reference() {
+    use dusk_kernels::selectors::bench::{QuestBench, QuestCase};
+    let dusk = dusk();
+    for (context, sink, num_kv_heads) in [(9000, false, 2), (18000, true, 1)] {
+        let case = QuestCase {
+            batch: 2,
+            context,
+            num_q_heads: 8,
+            num_kv_heads,
+            sink,
+            ..QuestCase::default()
+        };
+        let mut bench = QuestBench::new(&dusk, &case, |_| {}).unwrap();
+        assert!(
+            bench.fuse(&dusk, true).unwrap(),
+            "no fused kernel at {context}"
+        );
+        for _ in 0..2 {
+            bench.check(&dusk, 4).unwrap();
+        }
+    }
+    // Rows of at most 512 pages take the top-k on one warp: no fused kernel for them.
+    let case = QuestCase {
+        batch: 2,
+        context: 4000,
+        num_q_heads: 8,
+        num_kv_heads: 2,
+        ..QuestCase::default()
+    };
+    let mut bench = QuestBench::new(&dusk, &case, |_| {}).unwrap();
+    assert!(!bench.fuse(&dusk, true).unwrap());
+    bench.check(&dusk, 2).unwrap();
+}

@@ -408,4 +408,14 @@ impl QuestBench {
     pub fn time(&mut self, dusk: &Dusk) -> Result<SelectionTimes> {
         time_selection(dusk, &mut self.plans, &self.q)
     }
+
+    /// Selects with the score and the top-k fused in one launch, or not
+    /// ([`crate::selectors::SelectorPlan::fuse`]); returns whether the plans now do.
+    pub fn fuse(&mut self, dusk: &Dusk, on: bool) -> Result<bool> {
+        let mut fused = true;
+        for p in &mut self.plans {
+            fused &= p.fuse(dusk, on)?;
+        }
+        Ok(fused)
+    }
 }

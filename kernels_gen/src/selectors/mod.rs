@@ -40,7 +40,7 @@ pub mod topk_kernel;
 pub use ds::{DsCalibration, DsOptions, DsPlan, DsState};
 pub use quest::{QuestOptions, QuestPlan, QUEST};
 pub use selector::{
-    Build, PageUpdates, ScoreKernel, Selector, SelectorPlan, SelectorState, StateArray,
+    Build, FusedBuild, PageUpdates, ScoreKernel, Selector, SelectorPlan, SelectorState, StateArray,
     StateBuffer, StateType, Width,
 };
 pub use sparq::{SparqBlocks, SparqEntry, SparqOptions, SparqPlan, SparqState, SparqUpdates};

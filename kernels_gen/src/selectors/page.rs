@@ -61,7 +61,13 @@ pub fn state_offsets<const TILE: usize, const W: usize>(rows: Block<i64>) -> Blo
 /// `[batch, num_kv_heads * G, D]`.
 #[kernel(crate = "crate::dusk_paths")]
 pub fn group_query<const D: usize, const G: usize>(q: Ptr<f16>) -> Block<f32> {
-    let rows = (program_id(0) * G + arange(0, G)) as i64;
+    group_query_of::<D, G>(q, program_id(0))
+}
+
+/// [`group_query`] for row `row` (a program whose row is not `program_id(0)`).
+#[kernel(crate = "crate::dusk_paths")]
+pub fn group_query_of<const D: usize, const G: usize>(q: Ptr<f16>, row: i32) -> Block<f32> {
+    let rows = (row * G + arange(0, G)) as i64;
     let dims = arange(0, D) as i64;
     let offs = expand(rows * D, 1, D) + expand(dims, 0, G);
     load(q + offs) as f32

@@ -28,7 +28,7 @@
 //! # Ok(()) }
 //! ```
 
-use super::quest_kernels::{quest_score, quest_update};
+use super::quest_kernels::{quest_score, quest_select, quest_update};
 use super::selector::{Build, ScoreKernel, Selector, SelectorPlan, SelectorState, StateArray};
 use super::topk::{Budget, Keep, TopKConfig};
 use crate::error::Result;
@@ -80,6 +80,35 @@ score_table! {
     256: 1 2 4 8 16;
 }
 
+macro_rules! fused_table {
+    ($($d:literal: $($g:literal)*;)*) => {
+        /// Quest's score walking `TILES` tiles with the top-k fused in ([`quest_select`]):
+        /// for the top-k's resident tiles of 1024 and 2048 pages on the score's 4 warps (rows
+        /// of 513 to 2048 pages, 8k to 32k tokens at page 16); `None` for other shapes.
+        pub fn fused_walking<const TILES: usize>(
+            kv: &KvShape,
+            group: usize,
+            topk: &TopKConfig,
+        ) -> Option<ScoreKernel> {
+            if !topk.resident || topk.radix || topk.num_warps != 4 {
+                return None;
+            }
+            let build = match (kv.head_dim, group, topk.tile) {
+                $($(
+                    ($d, $g, 1024) => quest_select::build::<$d, $g, { score_tile($d) }, 4, TILES, 1024> as Build,
+                    ($d, $g, 2048) => quest_select::build::<$d, $g, { score_tile($d) }, 4, TILES, 2048> as Build,
+                )*)*
+                _ => return None,
+            };
+            Some(ScoreKernel { build, pages_per_program: score_tile(kv.head_dim) * TILES })
+        }
+    };
+}
+
+fused_table! {
+    128: 1 2 4 8 16;
+}
+
 /// Quest: `page_min` and `page_max`, f16 `[num_pages, num_kv_heads, head_dim]`.
 pub const QUEST: Selector = Selector {
     name: "quest",
@@ -89,6 +118,7 @@ pub const QUEST: Selector = Selector {
     ],
     update,
     score: score_walking::<SCORE_TILES>,
+    fused: Some(fused_walking::<SCORE_TILES>),
 };
 
 /// Quest with its score kernel walking `TILES` tiles a program (the benchmark's and the
@@ -97,6 +127,7 @@ pub const QUEST: Selector = Selector {
 pub const fn quest_walking<const TILES: usize>() -> Selector {
     Selector {
         score: score_walking::<TILES>,
+        fused: Some(fused_walking::<TILES>),
         ..QUEST
     }
 }

@@ -15,8 +15,9 @@
 //! flags).
 
 use super::page::{
-    group_query, key_offsets, state_offsets, update_len, update_page, update_state_offsets,
+    group_query_of, key_offsets, state_offsets, update_len, update_page, update_state_offsets,
 };
+use super::topk_kernel::{row_extent, top_k_of_row};
 use dusk_macros::kernel;
 
 /// Recomputes the min and max of K over the first `lens[i]` token slots of physical page
@@ -84,19 +85,50 @@ pub fn quest_score<
     page_min: Ptr<f16>,
     page_max: Ptr<f16>,
 ) {
-    let row = program_id(0);
+    score_pages::<D, G, TILE, TILES, 0>(
+        q,
+        kv_indptr,
+        kv_page_indices,
+        scores,
+        num_kv_heads,
+        page_min,
+        page_max,
+    );
+}
+
+/// [`quest_score`]'s work, the row `program_id(ROW_AXIS)` and its pages from `program_id(1
+/// - ROW_AXIS) * TILE * TILES`: grid axis 0 the rows in `quest_score`, the tiles in
+/// [`quest_select`] (so that a row's programs run together and its last one arrives early).
+#[kernel(crate = "crate::dusk_paths")]
+#[allow(clippy::too_many_arguments)]
+fn score_pages<
+    const D: usize,
+    const G: usize,
+    const TILE: usize,
+    const TILES: usize,
+    const ROW_AXIS: usize,
+>(
+    q: Ptr<f16>,
+    kv_indptr: Ptr<i32>,
+    kv_page_indices: Ptr<i32>,
+    scores: Ptr<f32>,
+    num_kv_heads: i32,
+    page_min: Ptr<f16>,
+    page_max: Ptr<f16>,
+) {
+    let row = program_id(ROW_AXIS);
     let b = row / num_kv_heads;
     let h = row % num_kv_heads;
     let first = load(kv_indptr + b);
     let n = load(kv_indptr + (b + 1)) - first;
-    let p0 = program_id(1) * (TILE * TILES);
+    let p0 = program_id(1 - ROW_AXIS) * (TILE * TILES);
     if p0 < n {
         let end = minimum(n, p0 + TILE * TILES);
         let steps = (end - p0 + (TILE - 1)) / TILE;
         let heads = num_kv_heads as i64;
         let j = p0 + arange(0, TILE);
         let mut page = load(kv_page_indices + (first + j), j < end, 0);
-        let qg = group_query::<D, G>(q);
+        let qg = group_query_of::<D, G>(q, program_id(ROW_AXIS));
         // `where_` rather than `maximum`: maxnum would drop a NaN of q.
         let neg = qg < 0.0;
         let qpos = expand(sum(where_(neg, 0.0, qg), 0), 0, TILE);
@@ -117,5 +149,74 @@ pub fn quest_score<
             store(scores + (at + (j as i64)), s, valid);
             page = page_n;
         }
+    }
+}
+
+/// Quest's whole selection in one launch: [`quest_score`]'s scores on a grid with its axes
+/// swapped, `(tiles, batch * num_kv_heads)`, so that a row's programs run together; then the
+/// last of a row's programs to arrive runs the shared top-k on the row ([`top_k_of_row`],
+/// resident in a tile of `KTILE` on the program's warps) while later rows are still being
+/// scored: no second launch, and the top-k overlaps the scoring. Parameters:
+/// [`quest_score`]'s, then `arrivals` (i32 `[rows]`, zero before the first launch: each
+/// row's last program sets its word back), then
+/// [`select_top_k`](super::topk_kernel::select_top_k)'s from `item_indptr` to
+/// `flags`, `unit_shift`, `sink` and `recent`.
+#[kernel(crate = "crate::dusk_paths", num_warps = WARPS)]
+#[allow(clippy::too_many_arguments)]
+pub fn quest_select<
+    const D: usize,
+    const G: usize,
+    const TILE: usize,
+    const WARPS: usize,
+    const TILES: usize,
+    const KTILE: usize,
+>(
+    q: Ptr<f16>,
+    kv_indptr: Ptr<i32>,
+    kv_page_indices: Ptr<i32>,
+    scores: Ptr<f32>,
+    num_kv_heads: i32,
+    page_min: Ptr<f16>,
+    page_max: Ptr<f16>,
+    arrivals: Ptr<i32>,
+    item_indptr: Ptr<i32>,
+    k_items: Ptr<i32>,
+    sel_item_indptr: Ptr<i32>,
+    sel_indptr: Ptr<i32>,
+    sel_items: Ptr<i32>,
+    sel_indices: Ptr<i32>,
+    flags: Ptr<i32>,
+    unit_shift: i32,
+    sink: i32,
+    recent: i32,
+) {
+    score_pages::<D, G, TILE, TILES, 1>(
+        q,
+        kv_indptr,
+        kv_page_indices,
+        scores,
+        num_kv_heads,
+        page_min,
+        page_max,
+    );
+    let row = program_id(1);
+    if arrive(arrivals + row) == num_programs(0) - 1 {
+        store(arrivals + row, 0);
+        let (n, k, base) = row_extent(row, item_indptr, k_items, num_kv_heads);
+        top_k_of_row::<KTILE, true>(
+            scores,
+            row,
+            n,
+            k,
+            base,
+            sel_item_indptr,
+            sel_indptr,
+            sel_items,
+            sel_indices,
+            flags,
+            unit_shift,
+            sink,
+            recent,
+        );
     }
 }

@@ -90,7 +90,19 @@ pub struct Selector {
     /// The score kernel for a cache of this shape and a GQA group of this many query heads
     /// per KV head (`None`: not built for them).
     pub score: fn(&KvShape, usize) -> Option<ScoreKernel>,
+    /// Optionally, the score kernel with the shared top-k fused in, for the top-k's
+    /// configuration (`None`: not built for them; the plan then launches the two). Its
+    /// parameters: the score kernel's, then `arrivals: Ptr<i32>` (a word a row, zero
+    /// between launches), then the top-k's from `item_indptr` to `flags`, `unit_shift`,
+    /// `sink`, `recent`; grid `(tiles, rows)`, the score's axes swapped; the last of a row's
+    /// programs to arrive runs the row's top-k (Quest's `quest_select`). A plan uses it once
+    /// [`SelectorPlan::fuse`] asks.
+    pub fused: Option<FusedBuild>,
 }
+
+/// A selector's fused score and top-k for a cache shape, a group and a top-k
+/// configuration ([`Selector::fused`]).
+pub type FusedBuild = fn(&KvShape, usize, &TopKConfig) -> Option<ScoreKernel>;
 
 /// A score kernel and the pages each of its programs covers (its `TILE`).
 #[derive(Clone, Copy)]
@@ -445,6 +457,7 @@ pub fn table_pages(table: &PageTable, page_size: usize, last_only: bool) -> (Vec
 pub struct SelectorPlan {
     state: SelectorState,
     score: Arc<LoadedKernel>,
+    pages_per_program: usize,
     topk: TopKPlan,
     batch: usize,
     num_q_heads: usize,
@@ -452,6 +465,14 @@ pub struct SelectorPlan {
     kv_page_indices: Buffer<i32>,
     scores: Buffer<f32>,
     score_grid: [u32; 3],
+    fused: Option<FusedSelect>,
+}
+
+/// The selector's fused score and top-k, in use ([`SelectorPlan::fuse`]).
+struct FusedSelect {
+    kernel: Arc<LoadedKernel>,
+    /// A word a row: the programs of the row that have scored their pages.
+    arrivals: Buffer<i32>,
 }
 
 impl SelectorPlan {
@@ -522,6 +543,7 @@ impl SelectorPlan {
         let scores = dev.alloc(topk.shape().num_scores().max(1))?;
         Ok(SelectorPlan {
             score,
+            pages_per_program,
             batch: table.batch(),
             num_q_heads,
             kv_indptr: dev.upload(&table.kv_indptr)?,
@@ -530,7 +552,47 @@ impl SelectorPlan {
             score_grid: [topk.shape().rows() as u32, tiles as u32, 1],
             topk,
             state,
+            fused: None,
         })
+    }
+
+    /// With `on`, selects with the selector's fused score and top-k ([`Selector::fused`]) in
+    /// one launch, when it has one for this plan (compiled now); returns whether `select`
+    /// now runs it. With `on` false, `select` launches the score and the top-k.
+    pub fn fuse(&mut self, dusk: &Dusk, on: bool) -> Result<bool> {
+        self.fused = None;
+        if !on {
+            return Ok(false);
+        }
+        let kv = self.state.kv;
+        let group = self.num_q_heads / kv.num_kv_heads;
+        let cfg = self.topk.config();
+        let [rows, ..] = self.score_grid;
+        let fused = self.state.selector.fused.and_then(|f| f(&kv, group, &cfg));
+        // The rows are the fused grid's second axis: at most 65535.
+        let Some(f) = fused.filter(|_| rows <= 65535) else {
+            return Ok(false);
+        };
+        ensure!(
+            f.pages_per_program == self.pages_per_program,
+            "selector",
+            format!(
+                "a fused kernel of selector `{}` scoring {} pages a program, as its score \
+                 kernel does",
+                self.state.selector.name, self.pages_per_program
+            ),
+            f.pages_per_program,
+        );
+        let key = format!(
+            "selector {} fused {kv:?} group {group} pages {} {cfg:?}",
+            self.state.selector.name, f.pages_per_program
+        );
+        let kernel = dusk.kernel(key, f.build)?;
+        let dev = dusk.device();
+        let mut arrivals = dev.alloc::<i32>(self.topk.shape().rows().max(1))?;
+        dev.fill_bytes(&mut arrivals, 0)?;
+        self.fused = Some(FusedSelect { kernel, arrivals });
+        Ok(true)
     }
 
     /// Recomputes the state of `updates`' pages from `k` (see [`SelectorState::update`]).
@@ -541,6 +603,13 @@ impl SelectorPlan {
     /// Scores every page of every row for `q` (f16 `[batch, num_q_heads, head_dim]`) into
     /// [`SelectorPlan::scores`]: one launch.
     pub fn score(&mut self, dusk: &Dusk, q: &Buffer<f16>) -> Result<()> {
+        let args = self.score_args(q)?;
+        dusk.device().launch(&self.score, self.score_grid, &args)?;
+        Ok(())
+    }
+
+    /// The score kernel's arguments, `q` checked.
+    fn score_args<'a>(&'a self, q: &'a Buffer<f16>) -> Result<Vec<Arg<'a>>> {
         let qlen = self.batch * self.num_q_heads * self.state.kv.head_dim;
         ensure!(
             q.len() == qlen,
@@ -556,8 +625,7 @@ impl SelectorPlan {
             Arg::I32(self.state.kv.num_kv_heads as i32),
         ];
         args.extend(self.state.arrays.iter().map(StateBuffer::arg));
-        dusk.device().launch(&self.score, self.score_grid, &args)?;
-        Ok(())
+        Ok(args)
     }
 
     /// The top-k of the last scores, as token lists: one launch.
@@ -565,10 +633,20 @@ impl SelectorPlan {
         self.topk.run(dusk, &self.scores)
     }
 
-    /// Scores and selects: two launches, no allocation, no sync.
+    /// Scores and selects: two launches (one when [`SelectorPlan::fuse`]d), no allocation,
+    /// no sync.
     pub fn select(&mut self, dusk: &Dusk, q: &Buffer<f16>) -> Result<()> {
-        self.score(dusk, q)?;
-        self.top_k(dusk)
+        let Some(f) = &self.fused else {
+            self.score(dusk, q)?;
+            return self.top_k(dusk);
+        };
+        let mut args = self.score_args(q)?;
+        args.push(Arg::from(&f.arrivals));
+        args.extend(self.topk.selection_args());
+        args.extend(self.topk.keep_args());
+        let [rows, tiles, _] = self.score_grid;
+        dusk.device().launch(&f.kernel, [tiles, rows, 1], &args)?;
+        Ok(())
     }
 
     /// Fills the scores and every output with `byte` (checks poison them first).

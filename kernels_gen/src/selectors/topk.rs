@@ -380,8 +380,19 @@ impl TopKPlan {
             format!("at least {need} f32 scores (items x num_kv_heads)"),
             scores.len(),
         );
-        let args = [
-            Arg::from(scores),
+        let mut args = vec![Arg::from(scores)];
+        args.extend(self.selection_args());
+        args.push(Arg::I32(self.num_kv_heads as i32));
+        args.extend(self.keep_args());
+        dusk.device()
+            .launch(&self.kernel, [self.shape.rows() as u32, 1, 1], &args)?;
+        Ok(())
+    }
+
+    /// The kernel's arguments from `item_indptr` to `flags`: the selection's sizes and
+    /// outputs (a fused selector kernel takes them too).
+    pub(crate) fn selection_args(&self) -> [Arg<'_>; 7] {
+        [
             Arg::from(&self.item_indptr),
             Arg::from(&self.k_items),
             Arg::from(&self.sel_item_indptr),
@@ -389,14 +400,16 @@ impl TopKPlan {
             Arg::from(&self.sel_items),
             Arg::from(&self.sel_indices),
             Arg::from(&self.flags),
-            Arg::I32(self.num_kv_heads as i32),
+        ]
+    }
+
+    /// The kernel's last arguments: `unit_shift`, `sink`, `recent`.
+    pub(crate) fn keep_args(&self) -> [Arg<'_>; 3] {
+        [
             Arg::I32(self.unit_shift as i32),
             Arg::I32(self.keep.sink as i32),
             Arg::I32(self.keep.recent as i32),
-        ];
-        dusk.device()
-            .launch(&self.kernel, [self.shape.rows() as u32, 1, 1], &args)?;
-        Ok(())
+        ]
     }
 
     /// Fills every output with `byte` (checks poison them first).

@@ -150,12 +150,25 @@ fn write_top_k<const TILE: usize, const RESIDENT: bool>(
 #[kernel(crate = "crate::dusk_paths")]
 fn score_row(item_indptr: Ptr<i32>, k_items: Ptr<i32>, num_kv_heads: i32) -> (i32, i32, i32, i64) {
     let row = program_id(0);
+    let (n, k, base) = row_extent(row, item_indptr, k_items, num_kv_heads);
+    (row, n, k, base)
+}
+
+/// Score row `row`'s items `n`, the items to keep `k` (at most `n`), and where its scores
+/// start.
+#[kernel(crate = "crate::dusk_paths")]
+pub fn row_extent(
+    row: i32,
+    item_indptr: Ptr<i32>,
+    k_items: Ptr<i32>,
+    num_kv_heads: i32,
+) -> (i32, i32, i64) {
     let b = row / num_kv_heads;
     let h = row % num_kv_heads;
     let first = load(item_indptr + b);
     let n = load(item_indptr + (b + 1)) - first;
     let k = minimum(load(k_items + b), n);
-    (row, n, k, (first * num_kv_heads + h * n) as i64)
+    (n, k, (first * num_kv_heads + h * n) as i64)
 }
 
 /// Top-k items per row, as token lists. Parameters: `scores` (f32, row `(b, h)` at
@@ -183,6 +196,44 @@ pub fn select_top_k<const TILE: usize, const WARPS: usize, const RESIDENT: bool>
     recent: i32,
 ) {
     let (row, n, k, base) = score_row(item_indptr, k_items, num_kv_heads);
+    top_k_of_row::<TILE, RESIDENT>(
+        scores,
+        row,
+        n,
+        k,
+        base,
+        sel_item_indptr,
+        sel_indptr,
+        sel_items,
+        sel_indices,
+        flags,
+        unit_shift,
+        sink,
+        recent,
+    );
+}
+
+/// [`select_top_k`]'s work for row `row` of `n` items keeping `k`, its scores from `base`
+/// (as [`row_extent`] gives them): the search two bits a step, then [`write_top_k`]. A
+/// selector's score kernel ends with it in the row's last program (Quest's
+/// `quest_select`).
+#[kernel(crate = "crate::dusk_paths")]
+#[allow(clippy::too_many_arguments)]
+pub fn top_k_of_row<const TILE: usize, const RESIDENT: bool>(
+    scores: Ptr<f32>,
+    row: i32,
+    n: i32,
+    k: i32,
+    base: i64,
+    sel_item_indptr: Ptr<i32>,
+    sel_indptr: Ptr<i32>,
+    sel_items: Ptr<i32>,
+    sel_indices: Ptr<i32>,
+    flags: Ptr<i32>,
+    unit_shift: i32,
+    sink: i32,
+    recent: i32,
+) {
     let mut keys0 = splat(i32::MIN, [TILE]);
     if RESIDENT {
         keys0 = item_keys::<TILE>(scores, base, 0, n, sink, recent);

@@ -72,4 +72,5 @@ pub const CENTROID: Selector = Selector {
             pages_per_program: 32,
         })
     },
+    fused: None,
 };

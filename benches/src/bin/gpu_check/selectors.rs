@@ -98,6 +98,7 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
         (3, 4096, 32, 8, true),
         (2, 333, 16, 16, false),
         (4, 20000, 32, 4, true),
+        (2, 9000, 32, 8, false),
     ];
     let quest_checks = if args.wants_family("quest_") {
         &small[..]
@@ -120,6 +121,14 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
             "  quest batch {batch} context {context} heads {hq}/{hkv} sink {sink}: {} rows equal, score error {:.1e}",
             r.rows, r.max_score_error
         );
+        // The score and top-k fused (rows of 513 to 2048 pages), twice: the second launch
+        // finds the arrivals the first set back.
+        if bench.fuse(&dusk, true)? {
+            for _ in 0..2 {
+                bench.check(&dusk, usize::MAX)?;
+            }
+            println!("    fused in one launch: equal, twice");
+        }
     }
     if args.wants_family("ds_") {
         crate::ds::check(&dusk, seed)?;
@@ -254,7 +263,8 @@ pub fn run(args: &SelectorsArgs) -> Res<()> {
 /// Quest's score walking other numbers of tiles a program, and its top-k in other
 /// configurations, on the same case (each over random state of its own, checked against
 /// the reference first): GQA's grids are a quarter of MHA's, so the walk sets how many
-/// waves the score runs in.
+/// waves the score runs in. Then the stock selection with the top-k fused into the score
+/// kernel, in one launch.
 fn quest_configs(dusk: &Dusk, case: &QuestCase, copy_gbps: f64) -> Res<Value> {
     const TILES_2: Selector = quest_walking::<2>();
     const TILES_4: Selector = quest_walking::<4>();
@@ -302,5 +312,18 @@ fn quest_configs(dusk: &Dusk, case: &QuestCase, copy_gbps: f64) -> Res<Value> {
             json!({"top_k_us": t.top_k.median_us(), "select_us": t.select.median_us()}),
         );
     }
-    Ok(json!({"score_by_tiles": by_tiles, "top_k_by_config": by_config}))
+    // The stock walk with the top-k fused into the score kernel (`quest_select`): one launch.
+    let mut b = QuestBench::new(dusk, case, |_| {})?;
+    let fused = if b.fuse(dusk, true)? {
+        b.check(dusk, 2)?;
+        let t = b.time(dusk)?;
+        println!(
+            "    score and top-k fused: select {:.1} us in one launch",
+            t.select.median_us()
+        );
+        json!({"select_us": t.select.median_us(), "timing": t.select.timing.as_str()})
+    } else {
+        Value::Null
+    };
+    Ok(json!({"score_by_tiles": by_tiles, "top_k_by_config": by_config, "fused": fused}))
 }
