@@ -326,6 +326,52 @@ fn quest_then_top_p_with_dense_short_sequences_equals_the_reference() {
     );
 }
 
+/// Quest's selection fused into one launch (`PipelinePlan::fuse_selection`: rows of 513 to
+/// 2048 pages at head_dim 128) in a Quest + top-p step: equal to the reference, staged and
+/// whole (the step runs the selection twice, so the arrivals' reset is exercised), and
+/// still fused after a replan.
+#[test]
+fn fused_quest_selection_equals_the_reference() {
+    let dusk = dusk();
+    // 519 pages and 44: the long sequence's rows take the fused kernel's tile of 1024.
+    let inp = Inputs::new(&dusk, 31, &[8300, 700], 1, 4, 128);
+    let budget = Budget::Fraction(0.25);
+    let p = PipelineBuilder::new()
+        .select(quest(budget))
+        .prune(Prune::top_p(0.9))
+        .attend(Attend::GroupVarlen)
+        .build()
+        .unwrap();
+    let scores = inp.quest_scores();
+    let host = HostPipeline {
+        select: quest_host(&scores, budget),
+        prune: vec![HostPolicy::TopP(0.9)],
+        bits: 4,
+        dense_below: 0,
+    };
+    let mut plan = p.plan(&dusk, inp.shape(), &inp.table).unwrap();
+    assert!(plan.fuse_selection(&dusk, true).unwrap());
+    for replan in [false, true] {
+        if replan {
+            plan = plan.replan(&dusk, &inp.table).unwrap();
+        }
+        let got = run_staged(&dusk, &mut plan, &inp, !replan);
+        for c in pref::check(&host, &inp.host(), &got) {
+            assert!(
+                c.passed(),
+                "stage {} off by {}: {:?}",
+                c.stage,
+                c.error,
+                c.detail
+            );
+        }
+    }
+    assert!(
+        plan.selector().unwrap().is_fused(),
+        "fused after the replan"
+    );
+}
+
 #[test]
 fn a_users_selector_then_top_p_equals_the_reference() {
     let dusk = dusk();

@@ -102,6 +102,16 @@ pub trait SelectStage: Send {
     }
     /// Fills the outputs with `byte` (checks poison them first).
     fn poison_outputs(&mut self, dusk: &Dusk, byte: u8) -> Result<()>;
+    /// With `on`, selects in one launch where the selector has its score and top-k fused
+    /// ([`SelectorPlan::fuse`]), kept across replans; returns whether it now does. The
+    /// default: never.
+    fn fuse(&mut self, _dusk: &Dusk, _on: bool) -> Result<bool> {
+        Ok(false)
+    }
+    /// Whether [`SelectStage::select`] runs one fused launch.
+    fn is_fused(&self) -> bool {
+        false
+    }
 }
 
 /// A selector as a pipeline declares it: its name, its budget, and how to plan it.
@@ -153,6 +163,7 @@ impl SelectFactory for PageSelect {
             plan,
             spec: *self,
             num_q_heads,
+            fused: false,
         }))
     }
 }
@@ -162,6 +173,8 @@ struct PageStage {
     plan: SelectorPlan,
     spec: PageSelect,
     num_q_heads: usize,
+    /// Whether [`SelectStage::fuse`] asked for the fused selection.
+    fused: bool,
 }
 
 impl SelectStage for PageStage {
@@ -182,8 +195,9 @@ impl SelectStage for PageStage {
             plan,
             spec,
             num_q_heads,
+            fused,
         } = *self;
-        let plan = SelectorPlan::new(
+        let mut plan = SelectorPlan::new(
             dusk,
             plan.into_state(),
             num_q_heads,
@@ -191,14 +205,23 @@ impl SelectStage for PageStage {
             spec.budget,
             spec.keep,
         )?;
+        plan.fuse(dusk, fused)?;
         Ok(Box::new(PageStage {
             plan,
             spec,
             num_q_heads,
+            fused,
         }))
     }
     fn poison_outputs(&mut self, dusk: &Dusk, byte: u8) -> Result<()> {
         self.plan.poison_outputs(dusk, byte)
+    }
+    fn fuse(&mut self, dusk: &Dusk, on: bool) -> Result<bool> {
+        self.fused = on;
+        self.plan.fuse(dusk, on)
+    }
+    fn is_fused(&self) -> bool {
+        self.plan.is_fused()
     }
     fn device_sizing(&self) -> Option<DeviceSizing<'_>> {
         let topk = self.plan.top_k_plan();

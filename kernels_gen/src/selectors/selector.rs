@@ -633,6 +633,11 @@ impl SelectorPlan {
         self.topk.run(dusk, &self.scores)
     }
 
+    /// Whether `select` runs the fused score and top-k ([`SelectorPlan::fuse`]).
+    pub fn is_fused(&self) -> bool {
+        self.fused.is_some()
+    }
+
     /// Scores and selects: two launches (one when [`SelectorPlan::fuse`]d), no allocation,
     /// no sync.
     pub fn select(&mut self, dusk: &Dusk, q: &Buffer<f16>) -> Result<()> {

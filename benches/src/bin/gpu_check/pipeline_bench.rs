@@ -411,8 +411,9 @@ fn run_shape(
 
     let mut timed = BTreeMap::new();
     let mut sweep_result = Value::Null;
+    let mut fused = BTreeMap::new();
     for (name, p) in pipelines(shape)? {
-        let (plan, t) = time_pipeline(dusk, &p, &syn, &mut io)?;
+        let (mut plan, t) = time_pipeline(dusk, &p, &syn, &mut io)?;
         println!(
             "  {name:<15} budgets mean {:.0} min {} max {}; {}",
             t.budgets.iter().map(|b| *b as f64).sum::<f64>() / t.budgets.len() as f64,
@@ -423,6 +424,7 @@ fn run_shape(
         if o.sweep && name == "quest_twilight" {
             sweep_result = sweep(dusk, shape, &plan)?;
         }
+        fused.insert(name, time_fused(dusk, &mut plan, &syn, &mut io, &t)?);
         timed.insert(name, t);
     }
     // The same pipelines on a device page table, the appends last (they write the cache).
@@ -480,6 +482,7 @@ fn run_shape(
                 "seed": o.seed,
                 "pages": pages_check,
                 "peer_pages_per_row_mean": peer.map(|c| c["pages_per_row_mean"].clone()),
+                "fused_select": fused[name],
                 "sweep": if name == "quest_twilight" && peer_name == "flashinfer" {
                     sweep_result.clone()
                 } else {
@@ -489,6 +492,32 @@ fn run_shape(
         ));
     }
     Ok(out)
+}
+
+/// The same plan with its selection in one launch (the score and the top-k fused:
+/// `PipelinePlan::fuse_selection`), its stages and step timed again: `null` where the
+/// selector has no fused kernel for the shape. The per-head budgets must be those of the
+/// two-launch selection (the same pages selected).
+fn time_fused(
+    dusk: &Dusk,
+    plan: &mut PipelinePlan,
+    syn: &SyntheticCache,
+    io: &mut StepOut,
+    unfused: &Timed,
+) -> Res<Value> {
+    if !plan.fuse_selection(dusk, true)? {
+        return Ok(Value::Null);
+    }
+    let stages = plan.time_stages(dusk, &syn.q, &syn.k, &syn.v, &mut io.out, &mut io.lse)?;
+    let t = Timed {
+        stages,
+        budgets: plan.budgets()?,
+    };
+    if t.budgets != unfused.budgets {
+        return Err("the fused selection's budgets differ from the two launches'".into());
+    }
+    println!("    selection fused in one launch: {}", t.line());
+    Ok(json!({"stages_us": t.stages_json(), "step_us": t.step().median_us()}))
 }
 
 /// The shapes a pipeline is planned for over the synthetic batch.
