@@ -943,4 +943,22 @@ fn quest_fused_selection_equals_the_reference() {
     let mut bench = QuestBench::new(&dusk, &case, |_| {}).unwrap();
     assert!(!bench.fuse(&dusk, true).unwrap());
     bench.check(&dusk, 2).unwrap();
+    // A fused kernel that does not take the fused parameters is refused, naming them.
+    use dusk_kernels::selectors::Selector;
+    const WRONG: Selector = Selector {
+        fused: Some(|kv, group, _| (QUEST.score)(kv, group)),
+        ..QUEST
+    };
+    let case = QuestCase {
+        context: 9000,
+        ..case
+    };
+    // (A Dusk of its own: kernels are cached by the selector's name and shape.)
+    let dusk = self::dusk();
+    let mut bench = QuestBench::with_selector(&dusk, &case, &WRONG, |_| {}).unwrap();
+    let e = bench.fuse(&dusk, true).unwrap_err().to_string();
+    assert!(
+        e.contains("selector") && e.contains("arrivals: Ptr<i32>"),
+        "{e}"
+    );
 }

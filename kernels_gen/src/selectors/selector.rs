@@ -137,12 +137,30 @@ const SCORE_PARAMS: &[(&str, Elem)] = &[
     ("num_kv_heads", Elem::Num(DType::I32)),
 ];
 
-/// Checks that `kernel` takes `fixed` then one pointer per state array, typed as declared.
+/// The parameters a fused score and top-k takes after the score kernel's
+/// ([`Selector::fused`]).
+const FUSED_PARAMS: &[(&str, Elem)] = &[
+    ("arrivals", Elem::Ptr(DType::I32)),
+    ("item_indptr", Elem::Ptr(DType::I32)),
+    ("k_items", Elem::Ptr(DType::I32)),
+    ("sel_item_indptr", Elem::Ptr(DType::I32)),
+    ("sel_indptr", Elem::Ptr(DType::I32)),
+    ("sel_items", Elem::Ptr(DType::I32)),
+    ("sel_indices", Elem::Ptr(DType::I32)),
+    ("flags", Elem::Ptr(DType::I32)),
+    ("unit_shift", Elem::Num(DType::I32)),
+    ("sink", Elem::Num(DType::I32)),
+    ("recent", Elem::Num(DType::I32)),
+];
+
+/// Checks that `kernel` takes `fixed`, one pointer per state array, then `tail`, typed as
+/// declared.
 fn check_params(
     selector: &Selector,
     which: &str,
     kernel: &Kernel,
     fixed: &[(&str, Elem)],
+    tail: &[(&str, Elem)],
 ) -> Result<()> {
     let mut want: Vec<(String, Elem)> = fixed.iter().map(|(n, e)| (n.to_string(), *e)).collect();
     for a in selector.state {
@@ -152,6 +170,7 @@ fn check_params(
         };
         want.push((a.name.to_string(), Elem::Ptr(d)));
     }
+    want.extend(tail.iter().map(|(n, e)| (n.to_string(), *e)));
     let show = |e: &Elem| match e {
         Elem::Ptr(d) | Elem::SharedPtr(d) => format!("Ptr<{}>", d.lang_name()),
         Elem::Num(d) => d.lang_name().to_string(),
@@ -226,7 +245,7 @@ impl SelectorState {
         })?;
         let key = format!("selector {} update {kv:?}", selector.name);
         let update = dusk.kernel(key, build)?;
-        check_params(selector, "update", update.ir(), UPDATE_PARAMS)?;
+        check_params(selector, "update", update.ir(), UPDATE_PARAMS, &[])?;
         let dev = dusk.device();
         let mut arrays = vec![];
         for a in selector.state {
@@ -530,7 +549,7 @@ impl SelectorPlan {
             selector.name
         );
         let score = dusk.kernel(key, build)?;
-        check_params(&selector, "score", score.ir(), SCORE_PARAMS)?;
+        check_params(&selector, "score", score.ir(), SCORE_PARAMS, &[])?;
         let ppp = pages_per_program.max(1);
         let tiles = topk.shape().max_items().div_ceil(ppp).max(1);
         ensure!(
@@ -588,6 +607,8 @@ impl SelectorPlan {
             self.state.selector.name, f.pages_per_program
         );
         let kernel = dusk.kernel(key, f.build)?;
+        let selector = self.state.selector;
+        check_params(&selector, "fused", kernel.ir(), SCORE_PARAMS, FUSED_PARAMS)?;
         let dev = dusk.device();
         let mut arrivals = dev.alloc::<i32>(self.topk.shape().rows().max(1))?;
         dev.fill_bytes(&mut arrivals, 0)?;
