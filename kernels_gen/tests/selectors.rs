@@ -953,8 +953,6 @@ fn quest_fused_selection_equals_the_reference() {
         context: 9000,
         ..case
     };
-    // (A Dusk of its own: kernels are cached by the selector's name and shape.)
-    let dusk = self::dusk();
     let mut bench = QuestBench::with_selector(&dusk, &case, &WRONG, |_| {}).unwrap();
     let e = bench.fuse(&dusk, true).unwrap_err().to_string();
     assert!(

@@ -120,6 +120,12 @@ impl std::fmt::Debug for Selector {
     }
 }
 
+/// The key a selector's kernel is loaded under: its build function, which alone makes it
+/// (so two selectors of one name, or one selector's walks, never share a kernel).
+fn build_key(build: Build) -> String {
+    format!("selector kernel {:p}", build as *const ())
+}
+
 /// The fixed leading parameters of an update and a score kernel.
 const UPDATE_PARAMS: &[(&str, Elem)] = &[
     ("k", Elem::Ptr(DType::F16)),
@@ -243,8 +249,7 @@ impl SelectorState {
                 kv.head_dim,
             )
         })?;
-        let key = format!("selector {} update {kv:?}", selector.name);
-        let update = dusk.kernel(key, build)?;
+        let update = dusk.kernel(build_key(build), build)?;
         check_params(selector, "update", update.ir(), UPDATE_PARAMS, &[])?;
         let dev = dusk.device();
         let mut arrays = vec![];
@@ -544,11 +549,7 @@ impl SelectorPlan {
                 format!("{num_q_heads} query heads: a group of {group}"),
             )
         })?;
-        let key = format!(
-            "selector {} score {kv:?} group {group} pages {pages_per_program}",
-            selector.name
-        );
-        let score = dusk.kernel(key, build)?;
+        let score = dusk.kernel(build_key(build), build)?;
         check_params(&selector, "score", score.ir(), SCORE_PARAMS, &[])?;
         let ppp = pages_per_program.max(1);
         let tiles = topk.shape().max_items().div_ceil(ppp).max(1);
@@ -602,11 +603,7 @@ impl SelectorPlan {
             ),
             f.pages_per_program,
         );
-        let key = format!(
-            "selector {} fused {kv:?} group {group} pages {} {cfg:?}",
-            self.state.selector.name, f.pages_per_program
-        );
-        let kernel = dusk.kernel(key, f.build)?;
+        let kernel = dusk.kernel(build_key(f.build), f.build)?;
         let selector = self.state.selector;
         check_params(&selector, "fused", kernel.ir(), SCORE_PARAMS, FUSED_PARAMS)?;
         let dev = dusk.device();
