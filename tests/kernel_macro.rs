@@ -522,6 +522,57 @@ fn arrive_finds_the_last_program() {
     assert!(ptx.contains("atom.acq_rel.gpu.global.add"), "{ptx}");
 }
 
+/// `out = 2x + 1` in the element type `T` (f16, bf16, f32, ...), computed in f32 by a
+/// helper generic over it too.
+#[kernel(num_warps = 1)]
+fn doubled<T, const N: usize>(x: Ptr<T>, out: Ptr<T>) {
+    let i = arange(0, N);
+    store(out + i, plus_one::<T, N>(load(x + i) as f32 * 2.0));
+}
+
+/// `x + 1` as a `T` (plus a block of `T` zeros, to use `T` in a turbofish).
+#[kernel]
+fn plus_one<T, const N: usize>(x: Block<f32>) -> Block<T> {
+    (x + 1.0) as T + zeros::<T>([N])
+}
+
+const N_ELEMS: usize = 64;
+
+#[test]
+fn type_parameters_make_a_kernel_per_element_type() {
+    use half::{bf16, f16};
+    let dev = Device::cpu();
+    let xs = noise(N_ELEMS, 12);
+    let want: Vec<f32> = xs.iter().map(|x| 2.0 * x + 1.0).collect();
+
+    let k = doubled::build::<f16, N_ELEMS>().unwrap();
+    assert_eq!(k.name, "doubled_Tf16_N64");
+    let k = load(&dev, k);
+    let x = dev
+        .upload(&xs.iter().map(|v| f16::from_f32(*v)).collect::<Vec<_>>())
+        .unwrap();
+    let out = dev.alloc::<f16>(N_ELEMS).unwrap();
+    doubled::launch::<f16, N_ELEMS>(&dev, &k, [1, 1, 1], &x, &out).unwrap();
+    let got: Vec<f32> = out.download().unwrap().iter().map(|v| v.to_f32()).collect();
+    assert_close(&got, &want, 1e-2);
+
+    let k = doubled::build::<bf16, N_ELEMS>().unwrap();
+    assert_eq!(k.name, "doubled_Tbf16_N64");
+    let k = load(&dev, k);
+    let x = dev
+        .upload(&xs.iter().map(|v| bf16::from_f32(*v)).collect::<Vec<_>>())
+        .unwrap();
+    let out = dev.alloc::<bf16>(N_ELEMS).unwrap();
+    doubled::launch::<bf16, N_ELEMS>(&dev, &k, [1, 1, 1], &x, &out).unwrap();
+    let got: Vec<f32> = out.download().unwrap().iter().map(|v| v.to_f32()).collect();
+    assert_close(&got, &want, 5e-2);
+
+    let k = load(&dev, doubled::build::<f32, N_ELEMS>().unwrap());
+    let (x, out) = (dev.upload(&xs).unwrap(), poisoned(&dev, N_ELEMS));
+    doubled::launch::<f32, N_ELEMS>(&dev, &k, [1, 1, 1], &x, &out).unwrap();
+    assert_close(&out.download().unwrap(), &want, 1e-6);
+}
+
 /// Doubles its argument.
 #[kernel]
 fn twice(x: Block<f32>) -> Block<f32> {

@@ -57,24 +57,41 @@ fn module(sig: &Signature, body: Option<TokenStream>, extra: TokenStream) -> Tok
             quote!(const #n: #t)
         })
         .collect();
-    let const_names: Vec<&Ident> = sig.consts.iter().map(|c| &c.name).collect();
-    let (generics, turbofish) = if sig.consts.is_empty() {
+    let type_params = &sig.type_params;
+    let decls: Vec<TokenStream> = type_params
+        .iter()
+        .map(|t| quote!(#t: __dusk::runtime::Element))
+        .chain(const_decls)
+        .collect();
+    let names: Vec<&Ident> = type_params
+        .iter()
+        .chain(sig.consts.iter().map(|c| &c.name))
+        .collect();
+    let (generics, turbofish) = if names.is_empty() {
         (quote!(), quote!())
     } else {
-        (quote!(<#(#const_decls),*>), quote!(::<#(#const_names),*>))
+        (quote!(<#(#decls),*>), quote!(::<#(#names),*>))
     };
 
-    // The kernel's name: the function's, then each constant's name and value.
+    // The kernel's name: the function's, then each type parameter's element type and each
+    // constant's name and value (`copy_Tf16_N64`).
     let mut fmt = kname.clone();
-    for c in &sig.consts {
-        fmt.push_str(&format!("_{}{{}}", c.name.unraw()));
+    for n in &names {
+        fmt.push_str(&format!("_{}{{}}", n.unraw()));
     }
     let fmt = LitStr::new(&fmt, Span::call_site());
     let name_var = Ident::new("name", Span::mixed_site());
-    let make_name = if sig.consts.is_empty() {
+    let values = type_params
+        .iter()
+        .map(|t| quote!(<#t as __dusk::runtime::Element>::DTYPE.lang_name()))
+        .chain(sig.consts.iter().map(|c| {
+            let n = &c.name;
+            quote!(#n)
+        }));
+    let make_name = if names.is_empty() {
         quote!(let #name_var = ::std::string::String::from(#fmt);)
     } else {
-        quote!(let #name_var = ::std::format!(#fmt, #(#const_names),*);)
+        quote!(let #name_var = ::std::format!(#fmt, #(#values),*);)
     };
 
     let option = |o: &LitOrConst| match o {

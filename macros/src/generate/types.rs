@@ -1,12 +1,16 @@
 //! Element and parameter types as the tokens the generated code uses.
 
 use crate::parse::ast::{ElemTy, ParamTy};
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Ident, Span, TokenStream};
 use quote::{quote, quote_spanned};
 
-/// `dusk::compiler::DType::F32`, ...
+/// `dusk::compiler::DType::F32`, ...; for a type parameter `T`, its `Element::DTYPE`.
 pub fn dtype(t: ElemTy) -> TokenStream {
     let v = match t {
+        ElemTy::Param(_) => {
+            let h = host(t);
+            return quote!(<#h as __dusk::runtime::Element>::DTYPE);
+        }
         ElemTy::F16 => quote!(F16),
         ElemTy::BF16 => quote!(BF16),
         ElemTy::F32 => quote!(F32),
@@ -28,6 +32,10 @@ pub fn host(t: ElemTy) -> TokenStream {
         ElemTy::I64 => quote!(i64),
         ElemTy::U8 => quote!(u8),
         ElemTy::Bool => quote!(bool),
+        ElemTy::Param(n) => {
+            let t = Ident::new(n, Span::call_site());
+            quote!(#t)
+        }
     }
 }
 
@@ -65,7 +73,7 @@ pub fn elem_of(t: ParamTy) -> (TokenStream, bool) {
 
 /// A parameter type as the kernel spells it: `Block<Ptr<f16>>`.
 pub fn spelled(t: ParamTy) -> String {
-    let name = |e: ElemTy| format!("{e:?}").to_lowercase();
+    let name = |e: ElemTy| e.spelled();
     match t {
         ParamTy::Ptr(e) => format!("Ptr<{}>", name(e)),
         ParamTy::Scalar(e) => name(e),

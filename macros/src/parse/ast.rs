@@ -17,6 +17,8 @@ pub struct Signature {
     pub attrs: Vec<Attribute>,
     pub vis: Visibility,
     pub name: Ident,
+    /// Type parameters (`<T>`: an element type each), before the const generics.
+    pub type_params: Vec<Ident>,
     pub consts: Vec<ConstParam>,
     pub params: Vec<Param>,
     pub options: Options,
@@ -101,9 +103,14 @@ pub enum ElemTy {
     I64,
     U8,
     Bool,
+    /// A type parameter of the kernel (`fn k<T>(x: Ptr<T>)`), by name: any element type
+    /// but `bool`, chosen when the kernel is built (`build::<f16>()`).
+    Param(&'static str),
 }
 
 impl ElemTy {
+    /// The element type a name spells: a concrete one, or a type parameter of the kernel
+    /// being parsed ([`TypeParams`]).
     pub fn from_name(s: &str) -> Option<ElemTy> {
         Some(match s {
             "f16" => ElemTy::F16,
@@ -113,8 +120,44 @@ impl ElemTy {
             "i64" => ElemTy::I64,
             "u8" => ElemTy::U8,
             "bool" => ElemTy::Bool,
-            _ => return None,
+            _ => return TypeParams::find(s).map(ElemTy::Param),
         })
+    }
+
+    /// How a kernel spells it: `f16`, `T`.
+    pub fn spelled(self) -> String {
+        match self {
+            ElemTy::Param(n) => n.to_string(),
+            e => format!("{e:?}").to_lowercase(),
+        }
+    }
+}
+
+/// The type parameters of the kernel being parsed, so that its signature and body read `T`
+/// as an element type. Set for the parse of one `#[kernel]` (a macro expansion parses one
+/// function at a time) and cleared after it.
+pub struct TypeParams;
+
+thread_local! {
+    static TYPE_PARAMS: std::cell::RefCell<Vec<&'static str>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl TypeParams {
+    /// Runs `f` with `names` as the type parameters in scope. The names are leaked: a
+    /// macro expansion is a short-lived process and each name is a few bytes.
+    pub fn scoped<R>(names: &[String], f: impl FnOnce() -> R) -> R {
+        let leaked: Vec<&'static str> = names
+            .iter()
+            .map(|n| &*Box::leak(n.clone().into_boxed_str()))
+            .collect();
+        TYPE_PARAMS.with(|t| *t.borrow_mut() = leaked);
+        let r = f();
+        TYPE_PARAMS.with(|t| t.borrow_mut().clear());
+        r
+    }
+
+    fn find(name: &str) -> Option<&'static str> {
+        TYPE_PARAMS.with(|t| t.borrow().iter().copied().find(|n| *n == name))
     }
 }
 

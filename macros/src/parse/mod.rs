@@ -30,18 +30,27 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> Parsed {
             };
         }
     };
-    let mut errors = Errors::default();
-    let options = errors.take(signature::options(attr));
-    let sig = errors.take(signature::signature(&func));
-    let sig = match (sig, options) {
-        (Some(mut s), Some(o)) => {
-            s.options = o;
-            errors.finish(s)
-        }
-        _ => Err(errors.0.expect("an error was recorded")),
-    };
-    let body = body::fn_body(&func.block);
-    Parsed { sig, body }
+    // The function's type parameters are element types in its signature and body.
+    let type_params: Vec<String> = func
+        .sig
+        .generics
+        .type_params()
+        .map(|t| t.ident.to_string())
+        .collect();
+    ast::TypeParams::scoped(&type_params, || {
+        let mut errors = Errors::default();
+        let options = errors.take(signature::options(attr));
+        let sig = errors.take(signature::signature(&func));
+        let sig = match (sig, options) {
+            (Some(mut s), Some(o)) => {
+                s.options = o;
+                errors.finish(s)
+            }
+            _ => Err(errors.0.expect("an error was recorded")),
+        };
+        let body = body::fn_body(&func.block);
+        Parsed { sig, body }
+    })
 }
 
 /// Collects errors: the first one, with every later one combined into it.

@@ -5,7 +5,9 @@ use super::Errors;
 use proc_macro2::TokenStream;
 use quote::ToTokens;
 use syn::spanned::Spanned;
-use syn::{Error, FnArg, GenericArgument, GenericParam, Pat, PathArguments, ReturnType, Type};
+use syn::{
+    Error, FnArg, GenericArgument, GenericParam, Ident, Pat, PathArguments, ReturnType, Type,
+};
 
 const PARAM_TYPES: &str = "kernel parameters are `Ptr<T>` (T one of f16, bf16, f32, i32, i64, u8) \
      or the scalars i32, i64, f32, u8, bool; helpers may also take blocks, `Block<T>` or \
@@ -74,7 +76,7 @@ pub fn signature(f: &syn::ItemFn) -> syn::Result<Signature> {
             "#[kernel] functions cannot be variadic",
         ));
     }
-    let consts = consts(&s.generics, &mut errors);
+    let (type_params, consts) = generics(&s.generics, &mut errors);
     let mut params = vec![];
     for arg in &s.inputs {
         match arg {
@@ -114,6 +116,7 @@ pub fn signature(f: &syn::ItemFn) -> syn::Result<Signature> {
         attrs: f.attrs.clone(),
         vis: f.vis.clone(),
         name: s.ident.clone(),
+        type_params,
         consts,
         params,
         options: Options::default(),
@@ -121,10 +124,37 @@ pub fn signature(f: &syn::ItemFn) -> syn::Result<Signature> {
     })
 }
 
-fn consts(g: &syn::Generics, errors: &mut Errors) -> Vec<ConstParam> {
-    let mut out = vec![];
+/// The type parameters (each an element type: no bounds, no default) and the const
+/// generics, the type parameters first.
+fn generics(g: &syn::Generics, errors: &mut Errors) -> (Vec<Ident>, Vec<ConstParam>) {
+    let mut types = vec![];
+    let mut out: Vec<ConstParam> = vec![];
     for p in &g.params {
         match p {
+            GenericParam::Type(t) => {
+                if !t.bounds.is_empty() || t.default.is_some() || t.colon_token.is_some() {
+                    errors.push(Error::new(
+                        t.span(),
+                        format!(
+                            "type parameter `{}`: a #[kernel] function's type parameter takes no \
+                             bounds or default; it stands for an element type (f16, bf16, f32, \
+                             i32, i64 or u8), chosen when the kernel is built (`build::<f16>()`)",
+                            t.ident
+                        ),
+                    ));
+                }
+                if !out.is_empty() {
+                    errors.push(Error::new(
+                        t.span(),
+                        format!(
+                            "type parameter `{}`: a #[kernel] function's type parameters come \
+                             before its const generics",
+                            t.ident
+                        ),
+                    ));
+                }
+                types.push(t.ident.clone());
+            }
             GenericParam::Const(c) => {
                 if let Some(d) = &c.default {
                     errors.push(Error::new(d.span(), "const generics of #[kernel] functions take no default"));
@@ -150,15 +180,6 @@ fn consts(g: &syn::Generics, errors: &mut Errors) -> Vec<ConstParam> {
                     is_bool,
                 });
             }
-            GenericParam::Type(t) => errors.push(Error::new(
-                t.span(),
-                format!(
-                    "type parameter `{}`: type parameters are not supported in #[kernel] \
-                     functions; element types are fixed per kernel (write `Ptr<f32>`), and sizes \
-                     are const generics (`const N: usize`)",
-                    t.ident
-                ),
-            )),
             GenericParam::Lifetime(l) => errors.push(Error::new(
                 l.span(),
                 "lifetimes are not supported in #[kernel] functions; kernel values are plain values",
@@ -171,7 +192,7 @@ fn consts(g: &syn::Generics, errors: &mut Errors) -> Vec<ConstParam> {
             "`where` clauses are not supported in #[kernel] functions",
         ));
     }
-    out
+    (types, out)
 }
 
 fn param(pat: &Pat, ty: &Type) -> syn::Result<Param> {
@@ -228,6 +249,14 @@ fn param_ty(ty: &Type) -> syn::Result<ParamTy> {
             Some(e @ (ElemTy::I32 | ElemTy::I64 | ElemTy::F32 | ElemTy::U8 | ElemTy::Bool)) => {
                 Ok(ParamTy::Scalar(e))
             }
+            Some(ElemTy::Param(t)) => Err(Error::new_spanned(
+                ty,
+                format!(
+                    "a scalar parameter of type parameter `{t}` is not supported; `{t}` is the \
+                     element of a pointer or a block (`Ptr<{t}>`, `Block<{t}>`): pass an f32 \
+                     and convert it with `as {t}`"
+                ),
+            )),
             _ => Err(bad()),
         },
         _ => Err(bad()),
