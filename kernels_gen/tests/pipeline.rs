@@ -217,6 +217,26 @@ fn quest(budget: Budget) -> Select {
     }
 }
 
+/// Quest (`budget`) + top-p (0.9), group varlen attention: the composition most tests take.
+fn quest_top_p(budget: Budget) -> Pipeline {
+    PipelineBuilder::new()
+        .select(quest(budget))
+        .prune(Prune::top_p(0.9))
+        .attend(Attend::GroupVarlen)
+        .build()
+        .unwrap()
+}
+
+/// [`quest_top_p`]'s reference, sequences under `dense_below` tokens attended densely.
+fn quest_top_p_host(scores: &[f64], budget: Budget, dense_below: usize) -> HostPipeline<'_> {
+    HostPipeline {
+        select: quest_host(scores, budget),
+        prune: vec![HostPolicy::TopP(0.9)],
+        bits: 4,
+        dense_below,
+    }
+}
+
 fn quest_host(scores: &[f64], budget: Budget) -> HostSelect<'_> {
     HostSelect::Pages {
         scores,
@@ -296,20 +316,10 @@ fn quest_then_top_p_with_dense_short_sequences_equals_the_reference() {
     // A budget of 96 tokens: the sequence of 60 is attended densely, the others pruned.
     let inp = Inputs::new(&dusk, 3, &[420, 60, 260, 180], 2, 4, 128);
     let budget = Budget::Tokens(96);
-    let p = PipelineBuilder::new()
-        .select(quest(budget))
-        .prune(Prune::top_p(0.9))
-        .attend(Attend::GroupVarlen)
-        .build()
-        .unwrap();
+    let p = quest_top_p(budget);
     assert_eq!(p.dense_below(), 96);
     let scores = inp.quest_scores();
-    let host = HostPipeline {
-        select: quest_host(&scores, budget),
-        prune: vec![HostPolicy::TopP(0.9)],
-        bits: 4,
-        dense_below: 96,
-    };
+    let host = quest_top_p_host(&scores, budget, 96);
     let plan = check_case(&dusk, &p, &host, &inp);
     assert!(plan.has_fallback());
     let budgets = plan.budgets().unwrap();
@@ -336,19 +346,9 @@ fn fused_quest_selection_equals_the_reference() {
     // 519 pages and 44: the long sequence's rows take the fused kernel's tile of 1024.
     let inp = Inputs::new(&dusk, 31, &[8300, 700], 1, 4, 128);
     let budget = Budget::Fraction(0.25);
-    let p = PipelineBuilder::new()
-        .select(quest(budget))
-        .prune(Prune::top_p(0.9))
-        .attend(Attend::GroupVarlen)
-        .build()
-        .unwrap();
+    let p = quest_top_p(budget);
     let scores = inp.quest_scores();
-    let host = HostPipeline {
-        select: quest_host(&scores, budget),
-        prune: vec![HostPolicy::TopP(0.9)],
-        bits: 4,
-        dense_below: 0,
-    };
+    let host = quest_top_p_host(&scores, budget, 0);
     let mut plan = p.plan(&dusk, inp.shape(), &inp.table).unwrap();
     assert!(plan.fuse_selection(&dusk, true).unwrap());
     for replan in [false, true] {
@@ -452,12 +452,7 @@ fn a_batch_of_short_sequences_and_full_alone_are_dense_attention() {
     let dusk = dusk();
     let inp = Inputs::new(&dusk, 7, &[50, 33, 64], 2, 4, 64);
     let budget = Budget::Tokens(64);
-    let quest_tp = PipelineBuilder::new()
-        .select(quest(budget))
-        .prune(Prune::top_p(0.9))
-        .attend(Attend::GroupVarlen)
-        .build()
-        .unwrap();
+    let quest_tp = quest_top_p(budget);
     let full = PipelineBuilder::new()
         .select(Select::Full)
         .attend(Attend::Dense)
@@ -465,15 +460,7 @@ fn a_batch_of_short_sequences_and_full_alone_are_dense_attention() {
         .unwrap();
     let scores = inp.quest_scores();
     for (p, host) in [
-        (
-            &quest_tp,
-            HostPipeline {
-                select: quest_host(&scores, budget),
-                prune: vec![HostPolicy::TopP(0.9)],
-                bits: 4,
-                dense_below: 64,
-            },
-        ),
+        (&quest_tp, quest_top_p_host(&scores, budget, 64)),
         (
             &full,
             HostPipeline {
@@ -495,12 +482,7 @@ fn a_plan_follows_the_next_page_table_keeping_the_selector_state() {
     let dusk = dusk();
     let inp = Inputs::new(&dusk, 8, &[200, 120], 2, 4, 64);
     let budget = Budget::Fraction(0.5);
-    let p = PipelineBuilder::new()
-        .select(quest(budget))
-        .prune(Prune::top_p(0.9))
-        .attend(Attend::GroupVarlen)
-        .build()
-        .unwrap();
+    let p = quest_top_p(budget);
     let mut plan = p.plan(&dusk, inp.shape(), &inp.table).unwrap();
     plan.prepare(&dusk, &inp.kb).unwrap();
     // The next step: one more token in each sequence (the cache already holds them).
@@ -515,12 +497,7 @@ fn a_plan_follows_the_next_page_table_keeping_the_selector_state() {
     plan.update_selector(&dusk, &inp.kb, &last).unwrap();
     let next = Inputs { table, ..inp };
     let scores = next.quest_scores();
-    let host = HostPipeline {
-        select: quest_host(&scores, budget),
-        prune: vec![HostPolicy::TopP(0.9)],
-        bits: 4,
-        dense_below: 0,
-    };
+    let host = quest_top_p_host(&scores, budget, 0);
     let got = run_staged(&dusk, &mut plan, &next, false);
     // Half of 201 tokens: 7 pages, the last (always kept) of 9 tokens.
     assert_eq!(plan.candidate_indptr()[1], 6 * 16 + 9);
@@ -1218,12 +1195,7 @@ fn a_captured_step_replays_as_eager_steps_on_a_gpu() {
     let dusk = Dusk::new(gpu).unwrap();
     let mut inp = Inputs::new(&dusk, 12, &[2000, 700, 130, 3000], 8, 4, 128);
     let budget = Budget::Tokens(256);
-    let p = PipelineBuilder::new()
-        .select(quest(budget))
-        .prune(Prune::top_p(0.9))
-        .attend(Attend::GroupVarlen)
-        .build()
-        .unwrap();
+    let p = quest_top_p(budget);
     let mut plan = p.plan(&dusk, inp.shape(), &inp.table).unwrap();
     assert!(plan.has_fallback());
     plan.prepare(&dusk, &inp.kb).unwrap();
@@ -1251,12 +1223,7 @@ fn a_captured_step_replays_as_eager_steps_on_a_gpu() {
         );
         assert_eq!(replayed.1, got.lse, "graph replay's lse against eager");
         let scores = inp.quest_scores();
-        let host = HostPipeline {
-            select: quest_host(&scores, budget),
-            prune: vec![HostPolicy::TopP(0.9)],
-            bits: 4,
-            dense_below: 256,
-        };
+        let host = quest_top_p_host(&scores, budget, 256);
         let checks = pref::check(&host, &inp.host(), &got);
         assert!(checks.iter().all(|c| c.passed()), "{checks:?}");
     }
