@@ -482,15 +482,8 @@ impl PipelinePlan {
             "a host-table plan (one on a device table has no table of its own: prefill)",
             "a plan made by plan_device",
         );
-        if let Some(qk) = &mut self.qk {
-            dusk.quantize_k_into(k, qk)?;
-        }
-        if let Some(s) = &mut self.select {
-            let updates = ready(dusk, PageUpdates::all(dusk, &self.shape.kv, &self.table)?)?;
-            s.prefill(dusk, k, v, &self.table, &updates)?;
-            retire(dusk, updates)?;
-        }
-        Ok(())
+        let kv = self.shape.kv;
+        fill_beside_k(dusk, &mut self.qk, &mut self.select, &kv, k, v, &self.table)
     }
 
     /// The INT4 copy of K (the whole cache) and the selector's state of every page of
@@ -504,15 +497,8 @@ impl PipelinePlan {
         v: Option<&Buffer<f16>>,
         table: &PageTable,
     ) -> Result<()> {
-        if let Some(qk) = &mut self.qk {
-            dusk.quantize_k_into(k, qk)?;
-        }
-        if let Some(s) = &mut self.select {
-            let updates = ready(dusk, PageUpdates::all(dusk, &self.shape.kv, table)?)?;
-            s.prefill(dusk, k, v, table, &updates)?;
-            retire(dusk, updates)?;
-        }
-        Ok(())
+        let kv = self.shape.kv;
+        fill_beside_k(dusk, &mut self.qk, &mut self.select, &kv, k, v, table)
     }
 
     /// Recomputes the selector's state of `updates`' pages from `k` (what a decode step
@@ -1089,6 +1075,29 @@ fn nonempty(v: &[i32]) -> Vec<i32> {
 /// `made` once the device's own stream, which uploaded it, has: a prefill's list of pages
 /// is made when it runs, and its kernels may be queued on a caller's stream
 /// (`Device::with_stream`), which would not wait for the upload.
+/// The INT4 copy of K and the selector's state of every page of `table`, from the cache
+/// (what [`PipelinePlan::prepare`] and [`PipelinePlan::prefill`] fill); waits for its own
+/// upload, then queues.
+fn fill_beside_k(
+    dusk: &Dusk,
+    qk: &mut Option<QuantizedK>,
+    select: &mut Option<Box<dyn SelectStage>>,
+    kv: &KvShape,
+    k: &Buffer<f16>,
+    v: Option<&Buffer<f16>>,
+    table: &PageTable,
+) -> Result<()> {
+    if let Some(qk) = qk {
+        dusk.quantize_k_into(k, qk)?;
+    }
+    if let Some(s) = select {
+        let updates = ready(dusk, PageUpdates::all(dusk, kv, table)?)?;
+        s.prefill(dusk, k, v, table, &updates)?;
+        retire(dusk, updates)?;
+    }
+    Ok(())
+}
+
 pub(crate) fn ready<T>(dusk: &Dusk, made: T) -> Result<T> {
     dusk.device().synchronize()?;
     Ok(made)
