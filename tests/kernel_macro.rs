@@ -573,6 +573,58 @@ fn type_parameters_make_a_kernel_per_element_type() {
     assert_close(&out.download().unwrap(), &want, 1e-6);
 }
 
+/// Each program waits for the one before it (`await_count` on the count of `signal`s),
+/// reads the running total it published (`load_fresh`), adds its index and publishes the
+/// new total; it records the count it saw, its SM and whether the clock ran.
+#[kernel(num_warps = 1)]
+fn relay(counter: Ptr<i32>, total: Ptr<i32>, seen: Ptr<i32>, sm: Ptr<i32>, ticked: Ptr<i32>) {
+    let p = program_id(0);
+    let t0 = global_timer();
+    let count = await_count(counter, p);
+    let before = load_fresh(total + arange(0, 1));
+    store(total + arange(0, 1), before + p);
+    store(seen + p, count);
+    store(sm + p, sm_id());
+    sleep(100);
+    store(ticked + p, where_(global_timer() >= t0, 1, 0));
+    signal(counter);
+}
+
+#[test]
+fn programs_wait_for_and_signal_each_other() {
+    let dev = Device::cpu();
+    let n = 6;
+    let k = load(&dev, relay::build().unwrap());
+    let (counter, total) = (dev.upload(&[0i32]).unwrap(), dev.upload(&[0i32]).unwrap());
+    let (seen, sm, ticked) = (
+        dev.upload(&vec![-1i32; n]).unwrap(),
+        dev.upload(&vec![-1i32; n]).unwrap(),
+        dev.upload(&vec![-1i32; n]).unwrap(),
+    );
+    let grid = [n as u32, 1, 1];
+    relay::launch(&dev, &k, grid, &counter, &total, &seen, &sm, &ticked).unwrap();
+    assert_eq!(total.download().unwrap(), vec![15]);
+    assert_eq!(counter.download().unwrap(), vec![6]);
+    assert_eq!(seen.download().unwrap(), vec![0, 1, 2, 3, 4, 5]);
+    assert_eq!(sm.download().unwrap(), vec![0; n]);
+    assert_eq!(ticked.download().unwrap(), vec![1; n]);
+    let ptx = dusk::compiler::codegen::compile(
+        &relay::build().unwrap(),
+        &dusk::compiler::codegen::Target::sm90a(),
+    )
+    .unwrap();
+    for needle in [
+        "red.release.gpu",
+        "ld.relaxed.gpu",
+        "fence.acq_rel.gpu",
+        "%globaltimer",
+        "%smid",
+        "nanosleep",
+    ] {
+        assert!(ptx.contains(needle), "no {needle} in:\n{ptx}");
+    }
+}
+
 /// Doubles its argument.
 #[kernel]
 fn twice(x: Block<f32>) -> Block<f32> {

@@ -1262,6 +1262,37 @@ impl Lower {
                 let c = val!(0);
                 quote_spanned!(span=> #b.arrive(#c))
             }
+            Builtin::AwaitCount => {
+                let c = val!(0);
+                let t = val!(1);
+                quote_spanned!(span=> #b.await_count(#c, #t))
+            }
+            Builtin::LoadFresh => {
+                let p = val!(0);
+                let m = if args.len() == 2 {
+                    let m = val!(1);
+                    quote_spanned!(span=> ::core::option::Option::Some(#m))
+                } else {
+                    quote_spanned!(span=> ::core::option::Option::None)
+                };
+                quote_spanned!(span=> #b.load_fresh(#p, #m))
+            }
+            Builtin::GlobalTimer => quote_spanned!(span=> #b.global_timer()),
+            Builtin::SmId => quote_spanned!(span=> #b.sm_id()),
+            Builtin::Signal | Builtin::Sleep => {
+                if func == Builtin::Signal {
+                    let c = val!(0);
+                    out.extend(quote_spanned!(span=> #b.signal(#c);));
+                } else {
+                    let ns = self.const_int(&args[0], "`sleep`'s nanoseconds", out)?;
+                    out.extend(quote_spanned!(span=> #b.sleep(#ns as u32);));
+                }
+                return Ok(Gen {
+                    kind: Kind::Unit,
+                    ts: quote!(()),
+                    span,
+                });
+            }
             Builtin::Barrier => {
                 out.extend(quote_spanned!(span=> #b.barrier();));
                 return Ok(Gen {

@@ -357,4 +357,10 @@ pub enum Builtin {
     Barrier,
     PrefetchL2,
     Arrive,
+    Signal,
+    AwaitCount,
+    LoadFresh,
+    GlobalTimer,
+    SmId,
+    Sleep,
 }

@@ -405,6 +405,83 @@ pub const BUILTINS: &[Spec] = &[
               back to 0 for the next).",
     },
     Spec {
+        func: Builtin::Signal,
+        name: "signal",
+        min_args: 1,
+        max_args: 1,
+        takes_type: false,
+        usage: "signal(counter) with `counter` a scalar `Ptr<i32>` into global memory",
+        signature: "signal(counter: Ptr<i32>)",
+        method: None,
+        doc: "Adds 1 to `*counter` once for the program, after every thread's earlier \
+              stores, without waiting for the add: a program whose `await_count` sees the \
+              add may load what this one stored before it.",
+    },
+    Spec {
+        func: Builtin::AwaitCount,
+        name: "await_count",
+        min_args: 2,
+        max_args: 2,
+        takes_type: false,
+        usage: "await_count(counter, target) with `counter` a scalar `Ptr<i32>` into global \
+                memory and `target` an i32",
+        signature: "await_count(counter: Ptr<i32>, target: i32) -> i32",
+        method: None,
+        doc: "Waits a bounded while (about 128 polls) for `*counter` to reach `target` \
+              (`count - target`, wrapping, not negative) and gives every thread the last \
+              count read; where it reached the target, the stores made before those \
+              `signal`s and `arrive`s are visible to this program's loads. Wait only on \
+              programs that start before this one (a lower linear index), and check the \
+              count returned: past the bound nothing is promised.",
+    },
+    Spec {
+        func: Builtin::LoadFresh,
+        name: "load_fresh",
+        min_args: 1,
+        max_args: 2,
+        takes_type: false,
+        usage: "load_fresh(ptr) or load_fresh(ptr, mask) with `ptr` pointing to i32 words",
+        signature: "load_fresh(ptr: Ptr<i32>[S] [, mask: bool[S]]) -> i32[S]",
+        method: None,
+        doc: "Reads i32 words from L2, never from a stale L1 line (0 where `mask` is \
+              false): words other programs of the launch publish with `atomic_add`.",
+    },
+    Spec {
+        func: Builtin::GlobalTimer,
+        name: "global_timer",
+        min_args: 0,
+        max_args: 0,
+        takes_type: false,
+        usage: "global_timer()",
+        signature: "global_timer() -> i64",
+        method: None,
+        doc: "The GPU's clock in nanoseconds, one clock for every SM, read where it stands: \
+              for timelines of a kernel's programs (the host's clock on the interpreter).",
+    },
+    Spec {
+        func: Builtin::SmId,
+        name: "sm_id",
+        min_args: 0,
+        max_args: 0,
+        takes_type: false,
+        usage: "sm_id()",
+        signature: "sm_id() -> i32",
+        method: None,
+        doc: "The multiprocessor running the program (0 on the interpreter).",
+    },
+    Spec {
+        func: Builtin::Sleep,
+        name: "sleep",
+        min_args: 1,
+        max_args: 1,
+        takes_type: false,
+        usage: "sleep(ns) with `ns` a compile-time integer",
+        signature: "sleep(ns: const)",
+        method: None,
+        doc: "Pauses the thread for about `ns` nanoseconds (up to twice as long; nothing on \
+              the interpreter): the backoff of a loop waiting on other programs.",
+    },
+    Spec {
         func: Builtin::PrefetchL2,
         name: "prefetch_l2",
         min_args: 2,
