@@ -541,36 +541,37 @@ const N_ELEMS: usize = 64;
 #[test]
 fn type_parameters_make_a_kernel_per_element_type() {
     use half::{bf16, f16};
-    let dev = Device::cpu();
+    /// `doubled` built for `T`: its name, and its output (poisoned first) from `xs`
+    /// (converted by `to` and back by `from`).
+    fn run<T: dusk::runtime::Element>(
+        xs: &[f32],
+        to: fn(f32) -> T,
+        from: fn(T) -> f32,
+    ) -> (String, Vec<f32>) {
+        let dev = Device::cpu();
+        let k = doubled::build::<T, N_ELEMS>().unwrap();
+        let name = k.name.clone();
+        let k = load(&dev, k);
+        let x = dev
+            .upload(&xs.iter().map(|v| to(*v)).collect::<Vec<_>>())
+            .unwrap();
+        let mut out = dev.alloc::<T>(N_ELEMS).unwrap();
+        dev.fill_bytes(&mut out, 0xFF).unwrap();
+        doubled::launch::<T, N_ELEMS>(&dev, &k, [1, 1, 1], &x, &out).unwrap();
+        let got = out.download().unwrap().into_iter().map(from).collect();
+        (name, got)
+    }
     let xs = noise(N_ELEMS, 12);
     let want: Vec<f32> = xs.iter().map(|x| 2.0 * x + 1.0).collect();
-
-    let k = doubled::build::<f16, N_ELEMS>().unwrap();
-    assert_eq!(k.name, "doubled_Tf16_N64");
-    let k = load(&dev, k);
-    let x = dev
-        .upload(&xs.iter().map(|v| f16::from_f32(*v)).collect::<Vec<_>>())
-        .unwrap();
-    let out = dev.alloc::<f16>(N_ELEMS).unwrap();
-    doubled::launch::<f16, N_ELEMS>(&dev, &k, [1, 1, 1], &x, &out).unwrap();
-    let got: Vec<f32> = out.download().unwrap().iter().map(|v| v.to_f32()).collect();
+    let (name, got) = run(&xs, f16::from_f32, f16::to_f32);
+    assert_eq!(name, "doubled_Tf16_N64");
     assert_close(&got, &want, 1e-2);
-
-    let k = doubled::build::<bf16, N_ELEMS>().unwrap();
-    assert_eq!(k.name, "doubled_Tbf16_N64");
-    let k = load(&dev, k);
-    let x = dev
-        .upload(&xs.iter().map(|v| bf16::from_f32(*v)).collect::<Vec<_>>())
-        .unwrap();
-    let out = dev.alloc::<bf16>(N_ELEMS).unwrap();
-    doubled::launch::<bf16, N_ELEMS>(&dev, &k, [1, 1, 1], &x, &out).unwrap();
-    let got: Vec<f32> = out.download().unwrap().iter().map(|v| v.to_f32()).collect();
+    let (name, got) = run(&xs, bf16::from_f32, bf16::to_f32);
+    assert_eq!(name, "doubled_Tbf16_N64");
     assert_close(&got, &want, 5e-2);
-
-    let k = load(&dev, doubled::build::<f32, N_ELEMS>().unwrap());
-    let (x, out) = (dev.upload(&xs).unwrap(), poisoned(&dev, N_ELEMS));
-    doubled::launch::<f32, N_ELEMS>(&dev, &k, [1, 1, 1], &x, &out).unwrap();
-    assert_close(&out.download().unwrap(), &want, 1e-6);
+    let (name, got) = run(&xs, |v| v, |v| v);
+    assert_eq!(name, "doubled_Tf32_N64");
+    assert_close(&got, &want, 1e-6);
 }
 
 /// Each program waits for the one before it (`await_count` on the count of `signal`s),
