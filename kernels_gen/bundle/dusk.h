@@ -347,6 +347,30 @@ static inline int dusk_quest_score_d128_g8_tile32_warps4_tiles8(CUstream stream,
     return dusk_launch("quest_score_d128_g8_tile32_warps4_tiles8", stream, args, 7, inputs, 3);
 }
 
+/* quest_select_d128_g1_tile32_warps4_tiles8_ktile2048 (pipeline): {"ir_name":"quest_select_D128_G1_TILE32_WARPS4_TILES8_KTILE2048"}
+ * grid (grid_x, grid_y, grid_z), 128 threads a program. */
+static inline int dusk_quest_select_d128_g1_tile32_warps4_tiles8_ktile2048(CUstream stream, CUdeviceptr q, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr scores, int32_t num_kv_heads, CUdeviceptr page_min, CUdeviceptr page_max, CUdeviceptr arrivals, CUdeviceptr item_indptr, CUdeviceptr k_items, CUdeviceptr sel_item_indptr, CUdeviceptr sel_indptr, CUdeviceptr sel_items, CUdeviceptr sel_indices, CUdeviceptr flags, int32_t unit_shift, int32_t sink, int32_t recent, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&q, &kv_indptr, &kv_page_indices, &scores, &num_kv_heads, &page_min, &page_max, &arrivals, &item_indptr, &k_items, &sel_item_indptr, &sel_indptr, &sel_items, &sel_indices, &flags, &unit_shift, &sink, &recent};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("quest_select_d128_g1_tile32_warps4_tiles8_ktile2048", stream, args, 18, inputs, 3);
+}
+
+/* quest_select_d128_g4_tile32_warps4_tiles8_ktile2048 (pipeline): {"ir_name":"quest_select_D128_G4_TILE32_WARPS4_TILES8_KTILE2048"}
+ * grid (grid_x, grid_y, grid_z), 128 threads a program. */
+static inline int dusk_quest_select_d128_g4_tile32_warps4_tiles8_ktile2048(CUstream stream, CUdeviceptr q, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr scores, int32_t num_kv_heads, CUdeviceptr page_min, CUdeviceptr page_max, CUdeviceptr arrivals, CUdeviceptr item_indptr, CUdeviceptr k_items, CUdeviceptr sel_item_indptr, CUdeviceptr sel_indptr, CUdeviceptr sel_items, CUdeviceptr sel_indices, CUdeviceptr flags, int32_t unit_shift, int32_t sink, int32_t recent, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&q, &kv_indptr, &kv_page_indices, &scores, &num_kv_heads, &page_min, &page_max, &arrivals, &item_indptr, &k_items, &sel_item_indptr, &sel_indptr, &sel_items, &sel_indices, &flags, &unit_shift, &sink, &recent};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("quest_select_d128_g4_tile32_warps4_tiles8_ktile2048", stream, args, 18, inputs, 3);
+}
+
+/* quest_select_d128_g8_tile32_warps4_tiles8_ktile2048 (pipeline): {"ir_name":"quest_select_D128_G8_TILE32_WARPS4_TILES8_KTILE2048"}
+ * grid (grid_x, grid_y, grid_z), 128 threads a program. */
+static inline int dusk_quest_select_d128_g8_tile32_warps4_tiles8_ktile2048(CUstream stream, CUdeviceptr q, CUdeviceptr kv_indptr, CUdeviceptr kv_page_indices, CUdeviceptr scores, int32_t num_kv_heads, CUdeviceptr page_min, CUdeviceptr page_max, CUdeviceptr arrivals, CUdeviceptr item_indptr, CUdeviceptr k_items, CUdeviceptr sel_item_indptr, CUdeviceptr sel_indptr, CUdeviceptr sel_items, CUdeviceptr sel_indices, CUdeviceptr flags, int32_t unit_shift, int32_t sink, int32_t recent, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&q, &kv_indptr, &kv_page_indices, &scores, &num_kv_heads, &page_min, &page_max, &arrivals, &item_indptr, &k_items, &sel_item_indptr, &sel_indptr, &sel_items, &sel_indices, &flags, &unit_shift, &sink, &recent};
+    const uint64_t inputs[] = {grid_x, grid_y, grid_z};
+    return dusk_launch("quest_select_d128_g8_tile32_warps4_tiles8_ktile2048", stream, args, 18, inputs, 3);
+}
+
 /* quest_update_d128_slots16 (pipeline): {"ir_name":"quest_update_D128_SLOTS16"}
  * grid (grid_x, grid_y, grid_z), 64 threads a program. */
 static inline int dusk_quest_update_d128_slots16(CUstream stream, CUdeviceptr k, CUdeviceptr pages, CUdeviceptr lens, int32_t num_pages, int32_t num_kv_heads, int32_t page_size, CUdeviceptr page_min, CUdeviceptr page_max, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {

@@ -337,9 +337,9 @@ fn quest_then_top_p_with_dense_short_sequences_equals_the_reference() {
 }
 
 /// Quest's selection fused into one launch (`PipelinePlan::fuse_selection`: rows of 513 to
-/// 2048 pages at head_dim 128) in a Quest + top-p step: equal to the reference, staged and
-/// whole (the step runs the selection twice, so the arrivals' reset is exercised), and
-/// still fused after a replan.
+/// 2048 pages at head_dim 128: a plan's default) in a Quest + top-p step: equal to the
+/// reference, staged and whole (the step runs the selection twice, so the arrivals' reset
+/// is exercised), still fused after a replan; and in two launches, once asked, as well.
 #[test]
 fn fused_quest_selection_equals_the_reference() {
     let dusk = dusk();
@@ -350,12 +350,20 @@ fn fused_quest_selection_equals_the_reference() {
     let scores = inp.quest_scores();
     let host = quest_top_p_host(&scores, budget, 0);
     let mut plan = p.plan(&dusk, inp.shape(), &inp.table).unwrap();
-    assert!(plan.fuse_selection(&dusk, true).unwrap());
-    for replan in [false, true] {
-        if replan {
-            plan = plan.replan(&dusk, &inp.table).unwrap();
+    assert!(plan.selector().unwrap().is_fused(), "fused by default");
+    for step in 0..3 {
+        match step {
+            1 => plan = plan.replan(&dusk, &inp.table).unwrap(),
+            2 => {
+                assert!(
+                    plan.selector().unwrap().is_fused(),
+                    "fused after the replan"
+                );
+                assert!(!plan.fuse_selection(&dusk, false).unwrap());
+            }
+            _ => {}
         }
-        let got = run_staged(&dusk, &mut plan, &inp, !replan);
+        let got = run_staged(&dusk, &mut plan, &inp, step == 0);
         for c in pref::check(&host, &inp.host(), &got) {
             assert!(
                 c.passed(),
@@ -367,8 +375,8 @@ fn fused_quest_selection_equals_the_reference() {
         }
     }
     assert!(
-        plan.selector().unwrap().is_fused(),
-        "fused after the replan"
+        !plan.selector().unwrap().is_fused(),
+        "two launches once asked"
     );
 }
 

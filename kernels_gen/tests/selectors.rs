@@ -906,10 +906,11 @@ fn quest_score_walks_agree_on_long_rows() {
 }
 
 /// Quest's score and top-k fused in one launch (`quest_select`: the last of a row's
-/// programs to arrive runs the row's top-k) selects what the two launches do, on rows long
-/// enough for it (563 and 1126 pages: the top-k's tiles of 1024 and 2048), with and without
-/// the sink. Each bench checks twice, its outputs poisoned before each: a row whose
-/// arrivals were not set back would keep the poison the second time.
+/// programs to arrive runs the row's top-k; a plan's default where it applies) selects what
+/// the two launches do, on rows long enough for it (563 and 1126 pages: the top-k's tiles
+/// of 1024 and 2048), with and without the sink. Each bench checks twice, its outputs
+/// poisoned before each: a row whose arrivals were not set back would keep the poison the
+/// second time. Then the same plans in two launches.
 #[test]
 fn quest_fused_selection_equals_the_reference() {
     use dusk_kernels::selectors::bench::{QuestBench, QuestCase};
@@ -924,13 +925,12 @@ fn quest_fused_selection_equals_the_reference() {
             ..QuestCase::default()
         };
         let mut bench = QuestBench::new(&dusk, &case, |_| {}).unwrap();
-        assert!(
-            bench.fuse(&dusk, true).unwrap(),
-            "no fused kernel at {context}"
-        );
+        assert!(bench.is_fused(), "no fused kernel at {context}");
         for _ in 0..2 {
             bench.check(&dusk, 4).unwrap();
         }
+        assert!(!bench.fuse(&dusk, false).unwrap());
+        bench.check(&dusk, 4).unwrap();
     }
     // Rows of at most 512 pages take the top-k on one warp: no fused kernel for them.
     let case = QuestCase {
@@ -941,9 +941,10 @@ fn quest_fused_selection_equals_the_reference() {
         ..QuestCase::default()
     };
     let mut bench = QuestBench::new(&dusk, &case, |_| {}).unwrap();
-    assert!(!bench.fuse(&dusk, true).unwrap());
+    assert!(!bench.is_fused() && !bench.fuse(&dusk, true).unwrap());
     bench.check(&dusk, 2).unwrap();
-    // A fused kernel that does not take the fused parameters is refused, naming them.
+    // A fused kernel that does not take the fused parameters is refused when the plan is
+    // made, naming them.
     use dusk_kernels::selectors::Selector;
     const WRONG: Selector = Selector {
         fused: Some(|kv, group, _| (QUEST.score)(kv, group)),
@@ -953,8 +954,10 @@ fn quest_fused_selection_equals_the_reference() {
         context: 9000,
         ..case
     };
-    let mut bench = QuestBench::with_selector(&dusk, &case, &WRONG, |_| {}).unwrap();
-    let e = bench.fuse(&dusk, true).unwrap_err().to_string();
+    let Err(e) = QuestBench::with_selector(&dusk, &case, &WRONG, |_| {}) else {
+        panic!("a fused kernel without the fused parameters was taken");
+    };
+    let e = e.to_string();
     assert!(
         e.contains("selector") && e.contains("arrivals: Ptr<i32>"),
         "{e}"

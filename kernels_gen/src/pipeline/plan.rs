@@ -970,9 +970,10 @@ impl PipelinePlan {
     pub fn selector(&self) -> Option<&dyn SelectStage> {
         self.select.as_deref()
     }
-    /// With `on`, the select stage runs in one launch where its selector has the score and
-    /// the top-k fused (Quest at 513 to 2048 pages a sequence: [`SelectStage::fuse`]), also
-    /// after a replan; returns whether it now does (false for a plan without a selector).
+    /// With `on` (the default), the select stage runs in one launch where its selector has
+    /// the score and the top-k fused (Quest at 513 to 2048 pages a sequence:
+    /// [`SelectStage::fuse`]), also after a replan; with `on` false, in two. Returns whether
+    /// it now runs one (false for a plan without a selector).
     pub fn fuse_selection(&mut self, dusk: &Dusk, on: bool) -> Result<bool> {
         match &mut self.select {
             Some(s) => s.fuse(dusk, on),

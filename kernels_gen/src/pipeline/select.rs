@@ -103,8 +103,8 @@ pub trait SelectStage: Send {
     /// Fills the outputs with `byte` (checks poison them first).
     fn poison_outputs(&mut self, dusk: &Dusk, byte: u8) -> Result<()>;
     /// With `on`, selects in one launch where the selector has its score and top-k fused
-    /// ([`SelectorPlan::fuse`]), kept across replans; returns whether it now does. The
-    /// default: never.
+    /// ([`SelectorPlan::fuse`]: a new plan's default), kept across replans; returns whether
+    /// it now does. For stages without a fused kernel: never.
     fn fuse(&mut self, _dusk: &Dusk, _on: bool) -> Result<bool> {
         Ok(false)
     }
@@ -163,7 +163,7 @@ impl SelectFactory for PageSelect {
             plan,
             spec: *self,
             num_q_heads,
-            fused: false,
+            fused: true,
         }))
     }
 }
@@ -173,7 +173,7 @@ struct PageStage {
     plan: SelectorPlan,
     spec: PageSelect,
     num_q_heads: usize,
-    /// Whether [`SelectStage::fuse`] asked for the fused selection.
+    /// Whether the fused selection is asked for (the default; [`SelectStage::fuse`]).
     fused: bool,
 }
 

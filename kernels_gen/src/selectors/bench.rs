@@ -409,6 +409,12 @@ impl QuestBench {
         time_selection(dusk, &mut self.plans, &self.q)
     }
 
+    /// Whether every plan selects in one launch (the default where the selector has a
+    /// fused kernel for the shape).
+    pub fn is_fused(&self) -> bool {
+        self.plans.iter().all(|p| p.is_fused())
+    }
+
     /// Selects with the score and the top-k fused in one launch, or not
     /// ([`crate::selectors::SelectorPlan::fuse`]); returns whether the plans now do.
     pub fn fuse(&mut self, dusk: &Dusk, on: bool) -> Result<bool> {

@@ -561,7 +561,7 @@ impl SelectorPlan {
         );
         let dev = dusk.device();
         let scores = dev.alloc(topk.shape().num_scores().max(1))?;
-        Ok(SelectorPlan {
+        let mut plan = SelectorPlan {
             score,
             pages_per_program,
             batch: table.batch(),
@@ -573,12 +573,17 @@ impl SelectorPlan {
             topk,
             state,
             fused: None,
-        })
+        };
+        // One launch where the selector has it: on an H100, 2-3.4% faster than the two at
+        // three of four shapes and a tie at the fourth (benches/NOTES.md).
+        plan.fuse(dusk, true)?;
+        Ok(plan)
     }
 
-    /// With `on`, selects with the selector's fused score and top-k ([`Selector::fused`]) in
-    /// one launch, when it has one for this plan (compiled now); returns whether `select`
-    /// now runs it. With `on` false, `select` launches the score and the top-k.
+    /// With `on` (a new plan's default), selects with the selector's fused score and top-k
+    /// ([`Selector::fused`]) in one launch, when it has one for this plan (compiled now);
+    /// returns whether `select` now runs it. With `on` false, `select` launches the score
+    /// and the top-k.
     pub fn fuse(&mut self, dusk: &Dusk, on: bool) -> Result<bool> {
         self.fused = None;
         if !on {
@@ -656,7 +661,7 @@ impl SelectorPlan {
         self.fused.is_some()
     }
 
-    /// Scores and selects: two launches (one when [`SelectorPlan::fuse`]d), no allocation,
+    /// Scores and selects: one launch when [`SelectorPlan::fuse`]d, else two; no allocation,
     /// no sync.
     pub fn select(&mut self, dusk: &Dusk, q: &Buffer<f16>) -> Result<()> {
         let Some(f) = &self.fused else {

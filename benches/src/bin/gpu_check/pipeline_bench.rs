@@ -411,7 +411,7 @@ fn run_shape(
 
     let mut timed = BTreeMap::new();
     let mut sweep_result = Value::Null;
-    let mut fused = BTreeMap::new();
+    let mut two_launches = BTreeMap::new();
     for (name, p) in pipelines(shape)? {
         let (mut plan, t) = time_pipeline(dusk, &p, &syn, &mut io)?;
         println!(
@@ -424,7 +424,7 @@ fn run_shape(
         if o.sweep && name == "quest_twilight" {
             sweep_result = sweep(dusk, shape, &plan)?;
         }
-        fused.insert(name, time_fused(dusk, &mut plan, &syn, &mut io, &t)?);
+        two_launches.insert(name, time_two_launches(dusk, &mut plan, &syn, &mut io, &t)?);
         timed.insert(name, t);
     }
     // The same pipelines on a device page table, the appends last (they write the cache).
@@ -482,7 +482,7 @@ fn run_shape(
                 "seed": o.seed,
                 "pages": pages_check,
                 "peer_pages_per_row_mean": peer.map(|c| c["pages_per_row_mean"].clone()),
-                "fused_select": fused[name],
+                "two_launch_select": two_launches[name],
                 "sweep": if name == "quest_twilight" && peer_name == "flashinfer" {
                     sweep_result.clone()
                 } else {
@@ -494,29 +494,30 @@ fn run_shape(
     Ok(out)
 }
 
-/// The same plan with its selection in one launch (the score and the top-k fused:
-/// `PipelinePlan::fuse_selection`), its stages and step timed again: `null` where the
-/// selector has no fused kernel for the shape. The per-head budgets must be those of the
-/// two-launch selection (the same pages selected).
-fn time_fused(
+/// The same plan with its selection in two launches (the score, then the top-k) where it
+/// is fused by default (`PipelinePlan::fuse_selection`), its stages and step timed again:
+/// `null` where the selector has no fused kernel for the shape. The per-head budgets must be
+/// those of the one-launch selection (the same pages selected).
+fn time_two_launches(
     dusk: &Dusk,
     plan: &mut PipelinePlan,
     syn: &SyntheticCache,
     io: &mut StepOut,
-    unfused: &Timed,
+    fused: &Timed,
 ) -> Res<Value> {
-    if !plan.fuse_selection(dusk, true)? {
+    if !plan.selector().is_some_and(|s| s.is_fused()) {
         return Ok(Value::Null);
     }
+    plan.fuse_selection(dusk, false)?;
     let stages = plan.time_stages(dusk, &syn.q, &syn.k, &syn.v, &mut io.out, &mut io.lse)?;
     let t = Timed {
         stages,
         budgets: plan.budgets()?,
     };
-    if t.budgets != unfused.budgets {
-        return Err("the fused selection's budgets differ from the two launches'".into());
+    if t.budgets != fused.budgets {
+        return Err("the two-launch selection's budgets differ from the fused one's".into());
     }
-    println!("    selection fused in one launch: {}", t.line());
+    println!("    selection in two launches: {}", t.line());
     Ok(json!({"stages_us": t.stages_json(), "step_us": t.step().median_us()}))
 }
 
