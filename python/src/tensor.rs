@@ -272,9 +272,18 @@ impl<'py> Tensor<'py> {
             ));
         };
         let shape = int_tuple(name, &obj.getattr(intern!(py, "shape"))?, |v| v.extract())?;
-        let strides = int_tuple(name, &obj.call_method0(intern!(py, "stride"))?, |v| {
-            v.extract()
-        })?;
+        // A contiguous tensor's strides follow from its shape: asking torch whether it is
+        // costs half of asking for the strides (no tuple made).
+        let strides = if obj
+            .call_method0(intern!(py, "is_contiguous"))?
+            .is_truthy()?
+        {
+            contiguous_strides(name, &shape)?
+        } else {
+            int_tuple(name, &obj.call_method0(intern!(py, "stride"))?, |v| {
+                v.extract()
+            })?
+        };
         let addr: u64 = obj.call_method0(intern!(py, "data_ptr"))?.extract()?;
         Ok(Tensor {
             name,
