@@ -95,8 +95,9 @@ pub struct Selector {
     /// parameters: the score kernel's, then `arrivals: Ptr<i32>` (a word a row, zero
     /// between launches), then the top-k's from `item_indptr` to `flags`, `unit_shift`,
     /// `sink`, `recent`; grid `(tiles, rows)`, the score's axes swapped; the last of a row's
-    /// programs to arrive runs the row's top-k (Quest's `quest_select`). A plan uses it once
-    /// [`SelectorPlan::fuse`] asks.
+    /// programs to arrive runs the row's top-k (Quest's `quest_select`). A plan uses it where
+    /// it is built (checked when the plan is made), unless [`SelectorPlan::fuse`] turns it
+    /// off.
     pub fused: Option<FusedBuild>,
 }
 
