@@ -107,9 +107,13 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     r = json.load(open(path))
     print(f"{os.path.basename(path)} (copy {r.get('copy_gbps', 0):.0f} GB/s)")
     for c in r.get("cases", []):
+        if "case" not in c:
+            continue  # not a gpu-check result (a host-time file written beside them)
         s = c.get("speedup_vs_peer")
         t = c.get("timing", {})
         print(f"  {c['case'][:52]:<52} {c['ours_us']:8.1f} us  {s if s is None else round(s, 3)!s:>6}x"
               f"  {100 * c.get('frac_of_copy_bw', 0):5.1f}%  {t.get('ours')}/{t.get('peer')}")
 PY
-grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$out/sanitize.log" 2>/dev/null
+if [ -f "$out/sanitize.log" ]; then
+  grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$out/sanitize.log"
+fi
