@@ -198,6 +198,11 @@ pub fn shared_row_capacity(group: usize) -> usize {
 /// far sooner (about 20 steps for 32k candidates).
 pub const MAX_STEPS: i32 = 128;
 
+/// Search steps a chunk: the steps run in chunks entered only while the search is open, so
+/// an ended search skips the rest a chunk at a time. Divides [`MAX_STEPS`].
+pub const STEPS_A_CHUNK: i32 = 8;
+const _: () = assert!(MAX_STEPS % STEPS_A_CHUNK == 0);
+
 /// The fewest candidates a program holds: the compaction's prefix sum needs a full tile.
 pub const MIN_BLOCK: usize = 1024;
 

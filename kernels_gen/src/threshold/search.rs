@@ -1,7 +1,7 @@
 //! The search itself, shared by both kernels: tallies at pivots, the bracket and its
 //! steps, where to try next, the policy's predicate at a pivot.
 
-use super::{KeptStats, Policy, SearchConfig, SearchTarget, MAX_STEPS};
+use super::{KeptStats, Policy, SearchConfig, SearchTarget, MAX_STEPS, STEPS_A_CHUNK};
 use dusk_compiler::{DType, KernelBuilder, Value};
 
 /// The row's value of each policy parameter.
@@ -191,89 +191,138 @@ pub(super) fn search_steps(
         }
         SearchTarget::Count(i) => (false, b.cast(params[i], DType::F32)),
     });
-    let (s_lo, s_hi) = (b.i32(0), b.i32(MAX_STEPS));
-    b.for_range(s_lo, s_hi, one_i, init, |b, step, c| {
-        let k = Bracket {
-            lo: c[0],
-            hi: c[1],
-            lo_mass: c[2],
-            lo_count: c[3],
-            hi_mass: c[4],
-            hi_count: c[5],
-            last: c[6],
-            w_lo: c[7],
-            w_hi: c[8],
-        };
+    // Whether bracket `c` still holds more candidates than the search stops at.
+    let is_open = |b: &mut KernelBuilder, c: &[Value]| -> Value {
         let one_i = b.i32(1);
-        let gap = b.sub(k.lo_count, k.hi_count);
+        let gap = b.sub(c[3], c[5]);
         let several = b.gt(gap, one_i);
-        let apart = b.lt(k.lo, k.hi);
+        let apart = b.lt(c[0], c[1]);
         let open = b.and(several, apart);
-        let open = match stop_at {
+        match stop_at {
             Some(cap) => {
                 let many = b.gt(gap, cap);
                 b.and(open, many)
             }
             None => open,
-        };
+        }
+    };
+    // The steps run in chunks of STEPS_A_CHUNK, each entered only while the bracket is
+    // open: a loop of MAX_STEPS steps each testing it went round ~100 times after the
+    // search had ended (a histogram's bracket often needs no step at all), a tenth of the
+    // GQA search's instructions and a sixth of its stall samples on the H100.
+    let (zero_i, chunks) = (b.i32(0), b.i32(MAX_STEPS / STEPS_A_CHUNK));
+    b.for_range(zero_i, chunks, one_i, init, |b, chunk, c| {
+        let open = is_open(b, c);
         b.if_else(
             open,
             |b| {
-                let guesses = next_points(b, &k, step, target, cfg.pivots as usize);
-                // A guess outside the bracket (rounding) falls back to the midpoint; when
-                // even that does not split it, lo and hi are adjacent floats and every
-                // candidate inside equals lo.
-                let half = b.f32(0.5);
-                let span = b.sub(k.hi, k.lo);
-                let half_span = b.mul(span, half);
-                let middle = b.add(k.lo, half_span);
-                let mids: Vec<Value> = guesses
-                    .iter()
-                    .map(|g| {
-                        let above_lo = b.gt(*g, k.lo);
-                        let below_hi = b.lt(*g, k.hi);
-                        let fits = b.and(above_lo, below_hi);
-                        b.select(fits, *g, middle)
-                    })
-                    .collect();
-                let tallies = measure(b, &mids);
-                let mut next = [k.lo, k.hi, k.lo_mass, k.lo_count, k.hi_mass, k.hi_count];
-                let mut moved_lo = b.bool(false);
-                let mut moved_hi = b.bool(false);
-                let mut split = b.bool(false);
-                for (mid, t) in mids.iter().zip(&tallies) {
-                    let above_lo = b.gt(*mid, k.lo);
-                    let below_hi = b.lt(*mid, k.hi);
-                    let inside = b.and(above_lo, below_hi);
-                    split = b.or(split, inside);
-                    let holds = holds_at(b, policy, params, row, inv_z, t);
-                    let holds = b.and(holds, inside);
-                    let fails = b.not(holds);
-                    let fails = b.and(fails, inside);
-                    // The highest pivot that holds and the lowest that fails.
-                    let higher = b.gt(*mid, next[0]);
-                    let raise = b.and(holds, higher);
-                    let lower = b.lt(*mid, next[1]);
-                    let drop = b.and(fails, lower);
-                    next[0] = b.select(raise, *mid, next[0]);
-                    next[2] = b.select(raise, t.mass, next[2]);
-                    next[3] = b.select(raise, t.count, next[3]);
-                    next[1] = b.select(drop, *mid, next[1]);
-                    next[4] = b.select(drop, t.mass, next[4]);
-                    next[5] = b.select(drop, t.count, next[5]);
-                    moved_lo = b.or(moved_lo, raise);
-                    moved_hi = b.or(moved_hi, drop);
-                }
-                // Not split: close the bracket at lo.
-                next[1] = b.select(split, next[1], k.lo);
-                let (w_lo, w_hi, last) = illinois(b, &k, moved_lo, moved_hi);
-                let mut v = next.to_vec();
-                v.extend([last, w_lo, w_hi]);
-                v
+                let first = b.mul_c(chunk, STEPS_A_CHUNK as i64);
+                let (zero_i, last, one_i) = (b.i32(0), b.i32(STEPS_A_CHUNK), b.i32(1));
+                b.for_range(zero_i, last, one_i, c, |b, s, c| {
+                    let step = b.add(first, s);
+                    step_once(
+                        b,
+                        policy,
+                        cfg,
+                        params,
+                        row,
+                        (inv_z, target),
+                        step,
+                        c,
+                        &is_open,
+                        &measure,
+                    )
+                })
             },
             |_| c.to_vec(),
         )
     })
+}
+
+/// One step of [`search_steps`] from bracket `c` (its carried values), when it is still
+/// open: the pivots tried, the bracket narrowed, the Illinois weights updated.
+#[allow(clippy::too_many_arguments)]
+fn step_once(
+    b: &mut KernelBuilder,
+    policy: &Policy,
+    cfg: &SearchConfig,
+    params: &[Value],
+    row: &RowTotals,
+    (inv_z, target): (Value, Option<(bool, Value)>),
+    step: Value,
+    c: &[Value],
+    is_open: &impl Fn(&mut KernelBuilder, &[Value]) -> Value,
+    measure: &impl Fn(&mut KernelBuilder, &[Value]) -> Vec<Tally>,
+) -> Vec<Value> {
+    let k = Bracket {
+        lo: c[0],
+        hi: c[1],
+        lo_mass: c[2],
+        lo_count: c[3],
+        hi_mass: c[4],
+        hi_count: c[5],
+        last: c[6],
+        w_lo: c[7],
+        w_hi: c[8],
+    };
+    let open = is_open(b, c);
+    b.if_else(
+        open,
+        |b| {
+            let guesses = next_points(b, &k, step, target, cfg.pivots as usize);
+            // A guess outside the bracket (rounding) falls back to the midpoint; when
+            // even that does not split it, lo and hi are adjacent floats and every
+            // candidate inside equals lo.
+            let half = b.f32(0.5);
+            let span = b.sub(k.hi, k.lo);
+            let half_span = b.mul(span, half);
+            let middle = b.add(k.lo, half_span);
+            let mids: Vec<Value> = guesses
+                .iter()
+                .map(|g| {
+                    let above_lo = b.gt(*g, k.lo);
+                    let below_hi = b.lt(*g, k.hi);
+                    let fits = b.and(above_lo, below_hi);
+                    b.select(fits, *g, middle)
+                })
+                .collect();
+            let tallies = measure(b, &mids);
+            let mut next = [k.lo, k.hi, k.lo_mass, k.lo_count, k.hi_mass, k.hi_count];
+            let mut moved_lo = b.bool(false);
+            let mut moved_hi = b.bool(false);
+            let mut split = b.bool(false);
+            for (mid, t) in mids.iter().zip(&tallies) {
+                let above_lo = b.gt(*mid, k.lo);
+                let below_hi = b.lt(*mid, k.hi);
+                let inside = b.and(above_lo, below_hi);
+                split = b.or(split, inside);
+                let holds = holds_at(b, policy, params, row, inv_z, t);
+                let holds = b.and(holds, inside);
+                let fails = b.not(holds);
+                let fails = b.and(fails, inside);
+                // The highest pivot that holds and the lowest that fails.
+                let higher = b.gt(*mid, next[0]);
+                let raise = b.and(holds, higher);
+                let lower = b.lt(*mid, next[1]);
+                let drop = b.and(fails, lower);
+                next[0] = b.select(raise, *mid, next[0]);
+                next[2] = b.select(raise, t.mass, next[2]);
+                next[3] = b.select(raise, t.count, next[3]);
+                next[1] = b.select(drop, *mid, next[1]);
+                next[4] = b.select(drop, t.mass, next[4]);
+                next[5] = b.select(drop, t.count, next[5]);
+                moved_lo = b.or(moved_lo, raise);
+                moved_hi = b.or(moved_hi, drop);
+            }
+            // Not split: close the bracket at lo.
+            next[1] = b.select(split, next[1], k.lo);
+            let (w_lo, w_hi, last) = illinois(b, &k, moved_lo, moved_hi);
+            let mut v = next.to_vec();
+            v.extend([last, w_lo, w_hi]);
+            v
+        },
+        |_| c.to_vec(),
+    )
 }
 
 /// The policy's predicate at one pivot, from its tally.
