@@ -492,10 +492,35 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         b.sum(picked, 0)
     };
 
+    // Split, the group's per-head threshold, maximum and invalid flag (words 0, 1, 2 of
+    // each head's slot), put in shared memory once for the union, which reads them every
+    // tile: taken out of their per-head blocks there (`of_head`, a reduction across the
+    // program), they cost three reductions and their barriers a head and a tile (a sixth of
+    // the GQA split search's stall samples on the H100). Not for one program a row, whose
+    // union reads its heads' stored weights (and where the extra registers spilled).
+    let head_words = (cfg.split_heads && group > 1).then(|| b.shared_alloc(DType::F32, 3 * gpad));
+    let head_word = |b: &mut KernelBuilder, word: usize, g: Value| -> Value {
+        let words = head_words.expect("a group of heads");
+        let at = b.add_c(g, (word * gpad) as i64);
+        let p = b.add_ptr(words, at);
+        b.load(p)
+    };
+
     // The union of the heads' sets, the row's place in the list and its positions, from
     // `found`'s per-head blocks (threshold, budget with one head, maximum, invalid, listed).
     let tail = |b: &mut KernelBuilder, found: &[Value]| {
         let thresholds = found[0];
+        if let Some(words) = head_words {
+            let bad = b.cast(found[3], DType::F32);
+            for (word, block) in [thresholds, found[2], bad].into_iter().enumerate() {
+                let slots = b.arange(0, gpad as i64);
+                let at = b.add_c(slots, (word * gpad) as i64);
+                let p = b.add_ptr(words, at);
+                b.store(p, block);
+            }
+            // Every thread reads every head's words.
+            b.barrier();
+        }
 
         // The union of the heads' sets over tile t0 (1 kept, 0 not).
         let union = |b: &mut KernelBuilder, t0: Value, full: bool| -> Value {
@@ -504,7 +529,10 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             let (g_lo, g_hi, one) = (b.i32(0), b.i32(group as i32), b.i32(1));
             b.for_range(g_lo, g_hi, one, &[none], |b, g, k| {
                 let (zf, zero_i) = (b.f32(0.0), b.i32(0));
-                let t = of_head(b, thresholds, zf, g);
+                let t = match head_words {
+                    Some(_) => head_word(b, 0, g),
+                    None => of_head(b, thresholds, zf, g),
+                };
                 // Split, the other heads' weights are in other programs' staging or rows
                 // of `work`: recomputed from the scores, exactly as their programs did.
                 let stored = if cfg.split_heads {
@@ -514,15 +542,26 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
                 };
                 let weights = match stored {
                     Some(w_row) => RowWeights::Stored(w_row),
-                    None => {
-                        let bad_i = of_head(b, found[3], zero_i, g);
-                        RowWeights::Recomputed {
-                            scores: scores_row(b, g),
-                            max: of_head(b, found[2], zf, g),
-                            bad: b.gt(bad_i, zero_i),
-                            scale,
+                    None => match head_words {
+                        Some(_) => {
+                            let bad = head_word(b, 2, g);
+                            RowWeights::Recomputed {
+                                scores: scores_row(b, g),
+                                max: head_word(b, 1, g),
+                                bad: b.gt(bad, zf),
+                                scale,
+                            }
                         }
-                    }
+                        None => {
+                            let bad_i = of_head(b, found[3], zero_i, g);
+                            RowWeights::Recomputed {
+                                scores: scores_row(b, g),
+                                max: of_head(b, found[2], zf, g),
+                                bad: b.gt(bad_i, zero_i),
+                                scale,
+                            }
+                        }
+                    },
                 };
                 let es = weights.tile(b, (t0, n, full), tiling);
                 let kept = b.ge(es, t);
