@@ -499,11 +499,17 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
     // the GQA split search's stall samples on the H100). Not for one program a row, whose
     // union reads its heads' stored weights (and where the extra registers spilled).
     let head_words = (cfg.split_heads && group > 1).then(|| b.shared_alloc(DType::F32, 3 * gpad));
-    let head_word = |b: &mut KernelBuilder, word: usize, g: Value| -> Value {
-        let words = head_words.expect("a group of heads");
-        let at = b.add_c(g, (word * gpad) as i64);
-        let p = b.add_ptr(words, at);
-        b.load(p)
+    // Head g's `word`: from `head_words` when split, else out of its per-head `block`
+    // (`zero` of the block's type).
+    let per_head = |b: &mut KernelBuilder, word: usize, block: Value, zero: Value, g: Value| {
+        match head_words {
+            Some(words) => {
+                let at = b.add_c(g, (word * gpad) as i64);
+                let p = b.add_ptr(words, at);
+                b.load(p)
+            }
+            None => of_head(b, block, zero, g),
+        }
     };
 
     // The union of the heads' sets, the row's place in the list and its positions, from
@@ -529,10 +535,7 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             let (g_lo, g_hi, one) = (b.i32(0), b.i32(group as i32), b.i32(1));
             b.for_range(g_lo, g_hi, one, &[none], |b, g, k| {
                 let (zf, zero_i) = (b.f32(0.0), b.i32(0));
-                let t = match head_words {
-                    Some(_) => head_word(b, 0, g),
-                    None => of_head(b, thresholds, zf, g),
-                };
+                let t = per_head(b, 0, thresholds, zf, g);
                 // Split, the other heads' weights are in other programs' staging or rows
                 // of `work`: recomputed from the scores, exactly as their programs did.
                 let stored = if cfg.split_heads {
@@ -542,26 +545,18 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
                 };
                 let weights = match stored {
                     Some(w_row) => RowWeights::Stored(w_row),
-                    None => match head_words {
-                        Some(_) => {
-                            let bad = head_word(b, 2, g);
-                            RowWeights::Recomputed {
-                                scores: scores_row(b, g),
-                                max: head_word(b, 1, g),
-                                bad: b.gt(bad, zf),
-                                scale,
-                            }
+                    None => {
+                        // The invalid flag is an f32 word in shared memory, an i32 slot of
+                        // its block otherwise.
+                        let no = if head_words.is_some() { zf } else { zero_i };
+                        let bad = per_head(b, 2, found[3], zero_i, g);
+                        RowWeights::Recomputed {
+                            scores: scores_row(b, g),
+                            max: per_head(b, 1, found[2], zf, g),
+                            bad: b.gt(bad, no),
+                            scale,
                         }
-                        None => {
-                            let bad_i = of_head(b, found[3], zero_i, g);
-                            RowWeights::Recomputed {
-                                scores: scores_row(b, g),
-                                max: of_head(b, found[2], zf, g),
-                                bad: b.gt(bad_i, zero_i),
-                                scale,
-                            }
-                        }
-                    },
+                    }
                 };
                 let es = weights.tile(b, (t0, n, full), tiling);
                 let kept = b.ge(es, t);
