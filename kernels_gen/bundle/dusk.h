@@ -581,8 +581,8 @@ static inline int dusk_threshold_top_p_s1024_g4_w2_h_l2(CUstream stream, CUdevic
 
 /* threshold_top_p_s1024_g4_w4_h_l2_x (pipeline): {"ir_name":"threshold_top_p_s1024_g4_w4_h_l2_x"}
  * grid (grid_x, grid_y, grid_z), 128 threads a program. */
-static inline int dusk_threshold_top_p_s1024_g4_w4_h_l2_x(CUstream stream, CUdeviceptr scores, CUdeviceptr scratch, CUdeviceptr marks, CUdeviceptr arrivals, CUdeviceptr cand_indptr, CUdeviceptr cand_indices, CUdeviceptr p, float scale_log2e, CUdeviceptr sel_indptr, CUdeviceptr sel_indices, CUdeviceptr prefix, CUdeviceptr budget, CUdeviceptr kept_mass, CUdeviceptr flags, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
-    void *args[] = {&scores, &scratch, &marks, &arrivals, &cand_indptr, &cand_indices, &p, &scale_log2e, &sel_indptr, &sel_indices, &prefix, &budget, &kept_mass, &flags};
+static inline int dusk_threshold_top_p_s1024_g4_w4_h_l2_x(CUstream stream, CUdeviceptr scores, CUdeviceptr scratch, CUdeviceptr exchange, CUdeviceptr arrivals, CUdeviceptr cand_indptr, CUdeviceptr cand_indices, CUdeviceptr p, float scale_log2e, CUdeviceptr sel_indptr, CUdeviceptr sel_indices, CUdeviceptr prefix, CUdeviceptr budget, CUdeviceptr kept_mass, CUdeviceptr flags, uint64_t grid_x, uint64_t grid_y, uint64_t grid_z) {
+    void *args[] = {&scores, &scratch, &exchange, &arrivals, &cand_indptr, &cand_indices, &p, &scale_log2e, &sel_indptr, &sel_indices, &prefix, &budget, &kept_mass, &flags};
     const uint64_t inputs[] = {grid_x, grid_y, grid_z};
     return dusk_launch("threshold_top_p_s1024_g4_w4_h_l2_x", stream, args, 14, inputs, 3);
 }

@@ -72,10 +72,9 @@ pub struct PrunePlan {
     work: Option<Buffer<f32>>,
     /// For the streaming search: a tile a query row for the candidates of its last steps.
     scratch: Option<Buffer<f32>>,
-    /// With [`SearchConfig::split_heads`]: each query head's kept set over its row (a word
-    /// a candidate, laid out like the scores) for the row's last program, and each row's
-    /// arrivals (zero between launches).
-    split: Option<(Buffer<i32>, Buffer<i32>)>,
+    /// With [`SearchConfig::split_heads`]: three words a query row handed to the row's
+    /// last program, and each row's arrivals (zero between launches).
+    exchange: Option<(Buffer<f32>, Buffer<i32>)>,
     /// The rows' look-back words and the arrival counter (zero between launches).
     prefix: Buffer<i32>,
     budget: Buffer<i32>,
@@ -282,9 +281,9 @@ impl PrunePlan {
             } else {
                 None
             },
-            split: if cfg.split_heads {
+            exchange: if cfg.split_heads {
                 Some((
-                    device.alloc((nnz * cfg.group).max(1))?,
+                    device.alloc((rows * cfg.group * 3).max(1))?,
                     device.upload(&vec![0i32; rows.max(1)])?,
                 ))
             } else {
@@ -563,8 +562,8 @@ impl PrunePlan {
         let device = dusk.device();
         let mut args = vec![Arg::from(scores)];
         args.extend(self.work.iter().chain(&self.scratch).map(Arg::from));
-        if let Some((marks, arrivals)) = &self.split {
-            args.extend([Arg::from(marks), Arg::from(arrivals)]);
+        if let Some((exchange, arrivals)) = &self.exchange {
+            args.extend([Arg::from(exchange), Arg::from(arrivals)]);
         }
         args.extend([Arg::from(cand_indptr), Arg::from(cand_indices)]);
         for p in &self.params {

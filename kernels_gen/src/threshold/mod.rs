@@ -161,11 +161,11 @@ pub struct SearchConfig {
     pub timeline: bool,
     /// With `stream` and a group of several query heads: one program a query head instead
     /// of one a candidate row searching the group's heads one after another, so a GQA row
-    /// runs its heads' searches side by side. Each program marks its head's kept set (a
-    /// word a candidate, the `marks` parameter) and the row's last program to finish
-    /// (counted by an arrival word a row, `arrivals`) forms the union from the group's
-    /// marks and writes the row's list; with `shared`, a program's staging holds its one
-    /// head's row ([`shared_row_capacity`] of 1).
+    /// runs its heads' searches side by side. Each program hands its threshold, row maximum
+    /// and invalid flag to the row's last program to finish (counted by an arrival word a
+    /// row, `exchange` and `arrivals` parameters), which forms the union from the scores
+    /// (the weights recomputed exactly) and writes the row's list; with `shared`, a
+    /// program's staging holds its one head's row ([`shared_row_capacity`] of 1).
     pub split_heads: bool,
 }
 

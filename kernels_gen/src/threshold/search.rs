@@ -521,7 +521,8 @@ pub(super) struct Kernel {
     pub(super) flags: Value,
     pub(super) row: Value,
     /// With [`SearchConfig::split_heads`]: the program's query head in its group, and the
-    /// `marks` (i32, laid out like `scores`) and `arrivals` (i32, a word a row) parameters.
+    /// `exchange` (f32, three words a query row) and `arrivals` (i32, a word a row)
+    /// parameters.
     pub(super) split: Option<Split>,
     pub(super) start: Value,
     pub(super) n: Value,
@@ -537,8 +538,7 @@ pub(super) struct Split {
     /// Query heads a row (a constant).
     pub(super) group: Value,
     pub(super) head: Value,
-    /// Each query head's kept set over its row (1 kept, 0 not), for the row's union.
-    pub(super) marks: Value,
+    pub(super) exchange: Value,
     pub(super) arrivals: Value,
 }
 
@@ -547,9 +547,9 @@ pub(super) fn declare(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig
     let scores = b.param_ptr("scores", DType::F32);
     let work = cfg.uses_work().then(|| b.param_ptr("work", DType::F32));
     let scratch = cfg.stream.then(|| b.param_ptr("scratch", DType::F32));
-    let split_params = cfg.split_heads.then(|| {
+    let exchange = cfg.split_heads.then(|| {
         (
-            b.param_ptr("marks", DType::I32),
+            b.param_ptr("exchange", DType::F32),
             b.param_ptr("arrivals", DType::I32),
         )
     });
@@ -570,8 +570,8 @@ pub(super) fn declare(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig
     let timeline = cfg.timeline.then(|| b.param_ptr("timeline", DType::I64));
     // Split, program `row * group + head` (a row's programs start one after another, all
     // before the next row's: the look-back's rows before a row have all started).
-    let (row, split) = match split_params {
-        Some((marks, arrivals)) => {
+    let (row, split) = match exchange {
+        Some((exchange, arrivals)) => {
             let flat = b.program_id(0);
             let group = b.i32(cfg.group as i32);
             let row = b.div(flat, group);
@@ -579,7 +579,7 @@ pub(super) fn declare(b: &mut KernelBuilder, policy: &Policy, cfg: &SearchConfig
             let split = Split {
                 group,
                 head,
-                marks,
+                exchange,
                 arrivals,
             };
             (row, Some(split))

@@ -471,22 +471,6 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             (k1, b.i32(0))
         };
         let lo = finish(b, &row, &out, &fin);
-        // Split, the head's kept set goes to its row of `marks`, from which the row's last
-        // program forms the union (its staging and the other programs' are apart).
-        if let Some(split) = k.split {
-            let marks_row = head_row(b, split.marks, g);
-            for_tiles(b, n, tile, &[], |b, t0, full, _| {
-                let es = weights.tile(b, (t0, n, full), tiling);
-                let kept = b.ge(es, lo);
-                let kept = b.cast(kept, DType::I32);
-                let ar = b.arange(0, tile as i64);
-                let offs = b.add(ar, t0);
-                let inside = (!full).then(|| b.lt(offs, n));
-                let at = b.add_ptr(marks_row, offs);
-                b.store_masked(at, kept, inside);
-                vec![]
-            });
-        }
         let slots = b.arange(0, gpad as i64);
         let mine = b.eq(slots, g);
         let (one_i, zero_i) = (b.i32(1), b.i32(0));
@@ -508,54 +492,76 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         b.sum(picked, 0)
     };
 
+    // Split, the group's per-head threshold, maximum and invalid flag (words 0, 1, 2 of
+    // each head's slot), put in shared memory once for the union, which reads them every
+    // tile: taken out of their per-head blocks there (`of_head`, a reduction across the
+    // program), they cost three reductions and their barriers a head and a tile (a sixth of
+    // the GQA split search's stall samples on the H100). Not for one program a row, whose
+    // union reads its heads' stored weights (and where the extra registers spilled).
+    let head_words = (cfg.split_heads && group > 1).then(|| b.shared_alloc(DType::F32, 3 * gpad));
+    // Head g's `word`: from `head_words` when split, else out of its per-head `block`
+    // (`zero` of the block's type).
+    let per_head = |b: &mut KernelBuilder, word: usize, block: Value, zero: Value, g: Value| {
+        match head_words {
+            Some(words) => {
+                let at = b.add_c(g, (word * gpad) as i64);
+                let p = b.add_ptr(words, at);
+                b.load(p)
+            }
+            None => of_head(b, block, zero, g),
+        }
+    };
+
     // The union of the heads' sets, the row's place in the list and its positions, from
     // `found`'s per-head blocks (threshold, budget with one head, maximum, invalid, listed).
     let tail = |b: &mut KernelBuilder, found: &[Value]| {
         let thresholds = found[0];
+        if let Some(words) = head_words {
+            let bad = b.cast(found[3], DType::F32);
+            for (word, block) in [thresholds, found[2], bad].into_iter().enumerate() {
+                let slots = b.arange(0, gpad as i64);
+                let at = b.add_c(slots, (word * gpad) as i64);
+                let p = b.add_ptr(words, at);
+                b.store(p, block);
+            }
+            // Every thread reads every head's words.
+            b.barrier();
+        }
 
-        // The union of the heads' sets over tile t0 (1 kept, 0 not): split, the heads'
-        // marks; else each head's weights (stored, or recomputed exactly as its search
-        // did) against its threshold.
+        // The union of the heads' sets over tile t0 (1 kept, 0 not).
         let union = |b: &mut KernelBuilder, t0: Value, full: bool| -> Value {
             let zero_i = b.i32(0);
             let none = b.splat(zero_i, &[tile]);
             let (g_lo, g_hi, one) = (b.i32(0), b.i32(group as i32), b.i32(1));
-            b.for_range(g_lo, g_hi, one, &[none], |b, g, acc| {
-                let kept = match k.split {
-                    Some(split) => {
-                        let marks_row = head_row(b, split.marks, g);
-                        let ar = b.arange(0, tile as i64);
-                        let offs = b.add(ar, t0);
-                        let at = b.add_ptr(marks_row, offs);
-                        if full {
-                            b.load(at)
-                        } else {
-                            let inside = b.lt(offs, n);
-                            let none = b.i32(0);
-                            b.load_masked(at, Some(inside), Some(none))
+            b.for_range(g_lo, g_hi, one, &[none], |b, g, k| {
+                let (zf, zero_i) = (b.f32(0.0), b.i32(0));
+                let t = per_head(b, 0, thresholds, zf, g);
+                // Split, the other heads' weights are in other programs' staging or rows
+                // of `work`: recomputed from the scores, exactly as their programs did.
+                let stored = if cfg.split_heads {
+                    None
+                } else {
+                    weights_row(b, g)
+                };
+                let weights = match stored {
+                    Some(w_row) => RowWeights::Stored(w_row),
+                    None => {
+                        // The invalid flag is an f32 word in shared memory, an i32 slot of
+                        // its block otherwise.
+                        let no = if head_words.is_some() { zf } else { zero_i };
+                        let bad = per_head(b, 2, found[3], zero_i, g);
+                        RowWeights::Recomputed {
+                            scores: scores_row(b, g),
+                            max: per_head(b, 1, found[2], zf, g),
+                            bad: b.gt(bad, no),
+                            scale,
                         }
                     }
-                    None => {
-                        let (zf, zero_i) = (b.f32(0.0), b.i32(0));
-                        let t = of_head(b, thresholds, zf, g);
-                        let weights = match weights_row(b, g) {
-                            Some(w_row) => RowWeights::Stored(w_row),
-                            None => {
-                                let bad = of_head(b, found[3], zero_i, g);
-                                RowWeights::Recomputed {
-                                    scores: scores_row(b, g),
-                                    max: of_head(b, found[2], zf, g),
-                                    bad: b.gt(bad, zero_i),
-                                    scale,
-                                }
-                            }
-                        };
-                        let es = weights.tile(b, (t0, n, full), tiling);
-                        let kept = b.ge(es, t);
-                        b.cast(kept, DType::I32)
-                    }
                 };
-                vec![b.maximum(acc[0], kept)]
+                let es = weights.tile(b, (t0, n, full), tiling);
+                let kept = b.ge(es, t);
+                let kept = b.cast(kept, DType::I32);
+                vec![b.maximum(k[0], kept)]
             })[0]
         };
         // Ordered compaction, a tile at a time: each kept position to `dst[rank - 1]` (dst
@@ -680,11 +686,25 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
         search::stamp(b, k.timeline, 5, total);
     };
     match k.split {
-        // Each program's marks are in before it arrives; the row's last to arrive forms the
-        // union from them and writes the row's list (and zeroes the arrivals for the next
-        // launch). Its own per-head blocks go to `tail` unread: a group's union reads the
-        // marks, and its rows are never listed.
+        // Each program hands its head's threshold, maximum and invalid flag to the row's
+        // last to arrive, which writes the row's list (and zeroes the arrivals for the
+        // next launch).
         Some(split) => {
+            let (zf, zero_i) = (b.f32(0.0), b.i32(0));
+            let t = of_head(&mut b, found[0], zf, split.head);
+            let m = of_head(&mut b, found[2], zf, split.head);
+            let bad = of_head(&mut b, found[3], zero_i, split.head);
+            let bad = b.cast(bad, DType::F32);
+            let group_i = b.i32(group as i32);
+            let qrow0 = b.mul(row, group_i);
+            let qrow = b.add(qrow0, split.head);
+            let at = b.mul_c(qrow, 3);
+            for (word, v) in [t, m, bad].into_iter().enumerate() {
+                let w = b.i32(word as i32);
+                let i = b.add(at, w);
+                let p = b.add_ptr(split.exchange, i);
+                b.store(p, v);
+            }
             let counter = b.add_ptr(split.arrivals, row);
             let before = b.arrive(counter);
             let last_i = b.i32(group as i32 - 1);
@@ -692,7 +712,21 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             b.if_then(last, |b| {
                 let zero_i = b.i32(0);
                 b.store(counter, zero_i);
-                tail(b, &found);
+                let slots = b.arange(0, gpad as i64);
+                let g_hi = b.i32(group as i32);
+                let inside = b.lt(slots, g_hi);
+                let qrows = b.add(slots, qrow0);
+                let at = b.mul_c(qrows, 3);
+                let zf = b.f32(0.0);
+                let mut words = vec![];
+                for word in 0..3 {
+                    let w = b.i32(word);
+                    let i = b.add(at, w);
+                    let p = b.add_ptr(split.exchange, i);
+                    words.push(b.load_masked(p, Some(inside), Some(zf)));
+                }
+                let bad = b.cast(words[2], DType::I32);
+                tail(b, &[words[0], zero_i, words[1], bad, zero_i]);
             });
         }
         None => tail(&mut b, &found),
