@@ -547,13 +547,8 @@ fn sweep(dusk: &Dusk, shape: &Shape, plan: &PipelinePlan) -> Res<Value> {
     let base = SearchConfig::for_rows(cand.max_row_len(), group);
     let mut configs = vec![base];
     if base.split_heads {
-        // Split over the heads (GQA): registers capped for 6 programs an SM (the staging
-        // allows 6), on 2 warps, from `work`, and the group's heads searched by one program
-        // from `work` (the default before the split).
-        configs.push(SearchConfig {
-            min_programs_per_sm: 6,
-            ..base
-        });
+        // Split over the heads (GQA): on 2 warps, from `work`, and the group's heads searched
+        // by one program from `work` (the default before the split).
         configs.push(SearchConfig {
             num_warps: 2,
             ..base
