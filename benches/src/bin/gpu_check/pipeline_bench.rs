@@ -547,8 +547,14 @@ fn sweep(dusk: &Dusk, shape: &Shape, plan: &PipelinePlan) -> Res<Value> {
     let base = SearchConfig::for_rows(cand.max_row_len(), group);
     let mut configs = vec![base];
     if base.split_heads {
-        // Split over the heads (GQA): on 2 warps, from `work`, and the group's heads searched
-        // by one program from `work` (the default before the split).
+        // Split over the heads (GQA): a sleep of 200 ns or 1 us between the look-back's
+        // reads of a window still waiting (the look-back's spinning held 15% of the split
+        // search's instructions on the H100, issued beside other programs' work), on 2
+        // warps, from `work`, and the group's heads searched by one program from `work`
+        // (the default before the split).
+        for backoff_ns in [200, 1000] {
+            configs.push(SearchConfig { backoff_ns, ..base });
+        }
         configs.push(SearchConfig {
             num_warps: 2,
             ..base
