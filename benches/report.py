@@ -134,6 +134,22 @@ def pipeline_parts(cases):
         st, b = c["stages_us"], c["budgets"]
         cells = " | ".join(fmt(st.get(s), ".1f") if s in st else "" for s in stages)
         print(f"| {shape} | {c['pipeline']} | {cells} | {b['mean']:.0f} ({b['min']}-{b['max']}) |")
+    floors = [c for c in pipe if c.get("stages_frac_of_copy_bw")]
+    if floors:
+        print("\nEach stage against its own floor: the rate on the bytes it must move (Quest's state; "
+              "the candidates' INT4 codes, scales, positions and scores written; the scores read back; "
+              "K and V of the kept tokens) as a fraction of the copy rate, same run:\n")
+        print("| shape | pipeline | " + " | ".join(stages[:-1]) + " | step |")
+        print("|---|---|" + "---:|" * len(stages) + "")
+        seen = set()
+        for c in floors:
+            shape = c["case"].split(f"_{c['pipeline']}_vs_")[0]
+            if (shape, c["pipeline"]) in seen:
+                continue
+            seen.add((shape, c["pipeline"]))
+            fr = c["stages_frac_of_copy_bw"]
+            cells = " | ".join(fmt(fr.get(s), ".2f") if s in fr else "" for s in stages[:-1])
+            print(f"| {shape} | {c['pipeline']} | {cells} | {fmt(c['frac_of_copy_bw'], '.2f')} |")
     print("\nBudgets by the kinds of heads a row holds (mean, min-max), Quest + top-p:\n")
     for c in pipe:
         if c["pipeline"] == "quest_twilight" and c["peer"] == "flashinfer":

@@ -126,6 +126,23 @@ impl Shape {
         let pages = self.batch * self.ctx.div_ceil(PAGE);
         (2 * pages * self.hkv * HEAD_DIM * 2) as f64
     }
+    /// What each stage must move, so that each stage's time stands against its own floor:
+    /// the selection Quest's state; the estimate each candidate's INT4 codes, scale, zero
+    /// and position, and its scores written (one per query head of the group); the pruner
+    /// those scores read back; attention K and V of the `kept` tokens of each list row.
+    fn stage_bytes(&self, pruned: bool, kept: &[i32]) -> Vec<(Stage, f64)> {
+        let kept: f64 = kept.iter().map(|b| *b as f64).sum();
+        let mut bytes = vec![(Stage::Select, self.quest_state_bytes())];
+        if pruned {
+            let candidates = (self.batch * self.hkv) as f64 * (self.ctx as f64 / 4.0);
+            let scores = candidates * self.group() as f64 * 4.0;
+            let codes = candidates * (HEAD_DIM * BITS / 8 + 2 + 2 + 4) as f64;
+            bytes.push((Stage::Estimate, codes + scores));
+            bytes.push((Stage::Prune, scores));
+        }
+        bytes.push((Stage::Attend, kept * (2 * HEAD_DIM * 2) as f64));
+        bytes
+    }
 }
 
 /// The two compositions timed: Quest + top-p, and Quest alone.
@@ -160,6 +177,22 @@ impl Timed {
             .stages
             .iter()
             .map(|(s, m)| (s.name().to_string(), json!(m.median_us())))
+            .collect();
+        Value::Object(m)
+    }
+    /// Each stage's rate on its own bytes (`Shape::stage_bytes`) as a fraction of the
+    /// copy rate measured in the same run.
+    fn stages_frac_of_copy(&self, bytes: &[(Stage, f64)], copy_gbps: f64) -> Value {
+        let m: Map<String, Value> = self
+            .stages
+            .iter()
+            .filter_map(|(s, m)| {
+                let (_, b) = bytes.iter().find(|(t, _)| t == s)?;
+                Some((
+                    s.name().to_string(),
+                    json!(b / (m.median_us() * 1e3) / copy_gbps),
+                ))
+            })
             .collect();
         Value::Object(m)
     }
@@ -449,20 +482,14 @@ fn run_shape(
 
     // The result cases: Quest + top-p against both peers, Quest alone against the pages.
     let mut out = vec![];
-    let cand_tokens = (shape.batch * shape.hkv) as f64 * (shape.ctx as f64 / 4.0);
     for (name, peer_name, key) in [
         ("quest_twilight", "flashinfer", "flashinfer"),
         ("quest_twilight", "flashinfer-pages", "flashinfer_pages"),
         ("quest", "flashinfer-pages", "flashinfer_pages"),
     ] {
         let t = &timed[name];
-        let kept: f64 = t.budgets.iter().map(|b| *b as f64).sum();
-        let kv_row = (2 * HEAD_DIM * 2) as f64;
-        let mut bytes = shape.quest_state_bytes() + kept * kv_row;
-        if name == "quest_twilight" {
-            bytes += cand_tokens * (HEAD_DIM * BITS / 8 + 2 + 2 + 4) as f64;
-            bytes += 2.0 * cand_tokens * shape.group() as f64 * 4.0;
-        }
+        let stage_bytes = shape.stage_bytes(name == "quest_twilight", &t.budgets);
+        let bytes: f64 = stage_bytes.iter().map(|(_, b)| b).sum();
         let peer_time = PeerTime::from_case(peer, key);
         let case = format!("{}_{name}_vs_{peer_name}", shape.name());
         out.push(case_json(
@@ -476,6 +503,7 @@ fn run_shape(
             json!({
                 "pipeline": name,
                 "stages_us": t.stages_json(),
+                "stages_frac_of_copy_bw": t.stages_frac_of_copy(&stage_bytes, copy),
                 "device_table": device[name],
                 "budgets": stats(&t.budgets),
                 "budgets_by_kind": budgets_by_kind(shape, &spec.heads, &t.budgets),
