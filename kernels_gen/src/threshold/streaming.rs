@@ -528,41 +528,55 @@ pub fn build_search_streaming(policy: &Policy, cfg: &SearchConfig) -> Result<Ker
             b.barrier();
         }
 
-        // The union of the heads' sets over tile t0 (1 kept, 0 not).
+        // Head g's kept set over tile t0 (1 kept, 0 not).
+        let head_kept = |b: &mut KernelBuilder, t0: Value, full: bool, g: Value| -> Value {
+            let (zf, zero_i) = (b.f32(0.0), b.i32(0));
+            let t = per_head(b, 0, thresholds, zf, g);
+            // Split, the other heads' weights are in other programs' staging or rows
+            // of `work`: recomputed from the scores, exactly as their programs did.
+            let stored = if cfg.split_heads {
+                None
+            } else {
+                weights_row(b, g)
+            };
+            let weights = match stored {
+                Some(w_row) => RowWeights::Stored(w_row),
+                None => {
+                    // The invalid flag is an f32 word in shared memory, an i32 slot of
+                    // its block otherwise.
+                    let no = if head_words.is_some() { zf } else { zero_i };
+                    let bad = per_head(b, 2, found[3], zero_i, g);
+                    RowWeights::Recomputed {
+                        scores: scores_row(b, g),
+                        max: per_head(b, 1, found[2], zf, g),
+                        bad: b.gt(bad, no),
+                        scale,
+                    }
+                }
+            };
+            let es = weights.tile(b, (t0, n, full), tiling);
+            let kept = b.ge(es, t);
+            b.cast(kept, DType::I32)
+        };
+        // The union of the heads' sets over tile t0. Split, the heads are unrolled so that
+        // their tiles' loads from the scores are in flight together (a loop over them
+        // waited on each in turn: the H100 profile's largest share of stall samples, 23%).
         let union = |b: &mut KernelBuilder, t0: Value, full: bool| -> Value {
             let zero_i = b.i32(0);
             let none = b.splat(zero_i, &[tile]);
-            let (g_lo, g_hi, one) = (b.i32(0), b.i32(group as i32), b.i32(1));
-            b.for_range(g_lo, g_hi, one, &[none], |b, g, k| {
-                let (zf, zero_i) = (b.f32(0.0), b.i32(0));
-                let t = per_head(b, 0, thresholds, zf, g);
-                // Split, the other heads' weights are in other programs' staging or rows
-                // of `work`: recomputed from the scores, exactly as their programs did.
-                let stored = if cfg.split_heads {
-                    None
-                } else {
-                    weights_row(b, g)
-                };
-                let weights = match stored {
-                    Some(w_row) => RowWeights::Stored(w_row),
-                    None => {
-                        // The invalid flag is an f32 word in shared memory, an i32 slot of
-                        // its block otherwise.
-                        let no = if head_words.is_some() { zf } else { zero_i };
-                        let bad = per_head(b, 2, found[3], zero_i, g);
-                        RowWeights::Recomputed {
-                            scores: scores_row(b, g),
-                            max: per_head(b, 1, found[2], zf, g),
-                            bad: b.gt(bad, no),
-                            scale,
-                        }
-                    }
-                };
-                let es = weights.tile(b, (t0, n, full), tiling);
-                let kept = b.ge(es, t);
-                let kept = b.cast(kept, DType::I32);
-                vec![b.maximum(k[0], kept)]
-            })[0]
+            if cfg.split_heads {
+                (0..group).fold(none, |union, g| {
+                    let g = b.i32(g as i32);
+                    let kept = head_kept(b, t0, full, g);
+                    b.maximum(union, kept)
+                })
+            } else {
+                let (g_lo, g_hi, one) = (b.i32(0), b.i32(group as i32), b.i32(1));
+                b.for_range(g_lo, g_hi, one, &[none], |b, g, acc| {
+                    let kept = head_kept(b, t0, full, g);
+                    vec![b.maximum(acc[0], kept)]
+                })[0]
+            }
         };
         // Ordered compaction, a tile at a time: each kept position to `dst[rank - 1]` (dst
         // from the tile's start), masked by `ok`; returns how many were kept.
