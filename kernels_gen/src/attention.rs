@@ -101,7 +101,10 @@ pub struct SplitConfig {
     /// Tiles of K and V in flight ahead of the one being computed (1 or 2). On an H100, 2
     /// was slower for GQA and within 1% for MHA (benches/NOTES.md); it stays a tuning knob.
     pub prefetch: usize,
-    /// Programs per SM asked of ptxas (0: none), capping registers to fit them.
+    /// Programs per SM asked of ptxas (0: none), capping registers to fit them. The
+    /// tensor-core split with K and V in registers then keeps the group's queries in shared
+    /// memory and reads them each step, where held in registers they made ptxas spill in
+    /// the loop at 16 programs an SM.
     pub min_programs_per_sm: u32,
     /// Tensor cores only: K and V staged through a ring of this many tiles of shared memory
     /// by asynchronous copies (`cp.async`, [`KernelBuilder::async_copy`]), the next
@@ -958,6 +961,22 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                     let stages = init.len();
                     let masked = b.f32(MASKED);
                     let zero_f = b.f32(0.0);
+                    // Under a register cap the queries wait in shared memory (see
+                    // `min_programs_per_sm`) and each step reads them back, 4 loads of 16
+                    // bytes a thread; rows 16 bytes longer than the queries, so that the two
+                    // rows a quarter warp reads lie in different banks.
+                    let q_row = d + 8;
+                    let q_shared = q8.filter(|_| cfg.min_programs_per_sm > 0).map(|q8| {
+                        let buf = b.shared_alloc(cfg.dtype, 8 * q_row);
+                        let h = b.arange(0, 8);
+                        let h = b.mul_c(h, q_row as i64);
+                        let h = b.expand(h, 1, d);
+                        let c = b.expand(dr, 0, 8);
+                        let off = b.add(h, c);
+                        let p = b.add_ptr(buf, off);
+                        b.store(p, q8);
+                        buf
+                    });
                     if tc {
                         // Per head (rows): the running maximum; per (head, token slot): the sum of
                         // weights; the output transposed, `[head_dim, 8 heads]`.
@@ -978,7 +997,13 @@ pub fn build_split(cfg: &SplitConfig) -> Result<Kernel, CompileError> {
                         let (pos_p, page_p) = (carried[3 * pf], carried[3 * pf + 1]);
                         // Tensor cores: this tile's scores first, so that its K is dead before the
                         // next tile's K and V take registers.
-                        let scores = q8.map(|q8| b.dot(q8, kt, None));
+                        let scores = q8.map(|q8| {
+                            let qa = match q_shared {
+                                Some(buf) => b.load_tile(buf, 8, d, q_row),
+                                None => q8,
+                            };
+                            b.dot(qa, kt, None)
+                        });
                         // Tile t+P's K and V, (`l2_prefetch`) tile t+P+1's K and V into L2, the
                         // pages of the tile after that, (lists) the positions of the next.
                         let (kt_p, vt_p) = load_kv(b, pos_p, page_p);

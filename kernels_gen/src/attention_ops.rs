@@ -180,9 +180,12 @@ const MHA_LONG_CHUNK_TOKENS: usize = 16;
 /// Programs an SM asked of ptxas for the dense tensor-core split over long chunks (those
 /// without the L2 prefetch: batches large enough that every SM holds many chunks). 16 one-warp
 /// programs instead of the 12 its registers allow keep a third more tiles of K and V in
-/// flight; ptxas then fits the kernel in 128 registers with 16 bytes of spills (sm_90a), which
-/// sit in the loop: ncu on an H200 counted 4.2 million local-memory requests in one batch 32
-/// 32k launch, about 4 a step (varlen_attention_run/e871916_h200_ncu.log). On an H100 under
+/// flight. ptxas fitted the kernel in 128 registers with 16 bytes of spills (sm_90a), which
+/// sat in the loop: ncu on an H200 counted 4.2 million local-memory requests in one batch 32
+/// 32k launch, about 4 a step (varlen_attention_run/e871916_h200_ncu.log); under the cap the
+/// group's queries now wait in shared memory instead of 16 registers a thread
+/// ([`SplitConfig::min_programs_per_sm`]), and it fits with none (the timings below and the
+/// H200's are from the kernel that spilled). On an H100 under
 /// the harness, one process (89a5a91, GQA 32/8, varlen_attention_run/89a5a91_sweep.json):
 /// batch 32 32k 1433.1 us against 1469.3, batch 64 32k 2863.6 against 2942.6, batch 32 8k
 /// 370.2 against 374.9, batch 64 8k 728.3 against 740.0; short chunks lose (batch 1 8k 19.7

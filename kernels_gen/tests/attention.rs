@@ -89,6 +89,9 @@ struct Case<'a> {
     /// Tensor cores: K and V staged through this many tiles of shared memory (0: through
     /// registers).
     stages: usize,
+    /// Programs an SM asked of ptxas (0: the plan's choice); the tensor-core split then
+    /// reads the group's queries from shared memory each step.
+    programs_per_sm: u32,
 }
 
 fn check<T: HalfFloat>(seed: u64, c: &Case) {
@@ -141,6 +144,9 @@ fn check<T: HalfFloat>(seed: u64, c: &Case) {
         t.l2_prefetch = c.l2_prefetch;
         t.merge_chunks = c.merge_chunks;
         t.fused_merge = c.fused_merge;
+        if c.programs_per_sm > 0 {
+            t.min_programs_per_sm = c.programs_per_sm;
+        }
         if c.stages > 0 && t.tensor_cores {
             (t.stages, t.stream_kv, t.l2_prefetch) = (c.stages, false, false);
         }
@@ -240,6 +246,7 @@ fn case(seqs: &[usize], kv_heads: usize, group: usize, d: usize, mode: Attention
         merge_chunks: 2,
         fused_merge: true,
         stages: 0,
+        programs_per_sm: 0,
     }
 }
 
@@ -336,6 +343,29 @@ fn gqa_with_k_and_v_staged_in_shared_memory() {
     check::<f16>(28, &staged(c, 2));
 }
 
+/// Under a register cap (as the plans ask for long dense chunks) the tensor-core split keeps
+/// the group's queries in shared memory and reads them back each step: dense and token
+/// lists, both head dims and dtypes, the merge inside the split or not. The interpreter
+/// fills shared memory with NaN, so queries read before they are stored would show.
+#[test]
+fn gqa_queries_read_from_shared_memory_under_a_register_cap() {
+    let capped = |c: Case<'static>| Case {
+        programs_per_sm: 16,
+        ..c
+    };
+    check::<f16>(31, &capped(case(&[70, 16, 1], 2, 4, 128, DENSE)));
+    let c = Case {
+        fused_merge: false,
+        ..case(&[90, 20], 1, 2, 64, DENSE)
+    };
+    check::<bf16>(32, &capped(c));
+    let c = Case {
+        lens: &[60, 0, 1, 33],
+        ..case(&[80, 64, 10], 2, 8, 128, GROUP)
+    };
+    check::<f16>(33, &capped(c));
+}
+
 /// The CUDA-core GQA kernel stays a tuning option: the same cases as above on it.
 #[test]
 fn gqa_on_cuda_cores() {
@@ -409,7 +439,7 @@ proptest! {
     /// Random shapes and budgets: 1 to 3 sequences of 0 to 150 tokens, 1 or 2 KV heads,
     /// groups of 1 to 8, every mode, chunks of 8 to 64 tokens, lists of random lengths
     /// (empty ones included), GQA on the tensor cores or the CUDA cores, either grid order
-    /// (dense, padded), 1 to 3 list programs or the default.
+    /// (dense, padded), 1 to 3 list programs or the default, under a register cap or not.
     #[test]
     fn random_shapes_and_budgets(
         seed in 0u64..10_000,
@@ -428,6 +458,7 @@ proptest! {
         merge_log in 0u32..7,
         fused_merge in any::<bool>(),
         stages in 0usize..7,
+        capped in any::<bool>(),
     ) {
         prop_assume!(seqs.iter().any(|n| *n > 0));
         let c = Case {
@@ -449,6 +480,7 @@ proptest! {
             fused_merge,
             // Where the tensor cores serve the case (1 stage is no ring: registers).
             stages: if stages == 1 { 0 } else { stages },
+            programs_per_sm: if capped { 16 } else { 0 },
         };
         check::<f16>(seed, &c);
     }
