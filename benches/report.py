@@ -114,6 +114,17 @@ def main():
     compile_times()
 
 
+def each_pipeline(cases):
+    """(shape, case) once per shape and pipeline: a pipeline's cases against each peer share
+    its stages and budgets."""
+    seen = set()
+    for c in cases:
+        shape = c["case"].split(f"_{c['pipeline']}_vs_")[0]
+        if (shape, c["pipeline"]) not in seen:
+            seen.add((shape, c["pipeline"]))
+            yield shape, c
+
+
 def pipeline_parts(cases):
     """The attention operator's rows (pipeline.json): each step in parts, the budgets, the
     targets at batch 64, the sweep."""
@@ -125,12 +136,7 @@ def pipeline_parts(cases):
     stages = ["select", "estimate", "prune", "lists", "attend", "step"]
     print("| shape | pipeline | " + " | ".join(stages) + " | budget mean (min-max) |")
     print("|---|---|" + "---:|" * len(stages) + "---|")
-    seen = set()
-    for c in pipe:
-        shape = c["case"].split(f"_{c['pipeline']}_vs_")[0]
-        if (shape, c["pipeline"]) in seen:
-            continue
-        seen.add((shape, c["pipeline"]))
+    for shape, c in each_pipeline(pipe):
         st, b = c["stages_us"], c["budgets"]
         cells = " | ".join(fmt(st.get(s), ".1f") if s in st else "" for s in stages)
         print(f"| {shape} | {c['pipeline']} | {cells} | {b['mean']:.0f} ({b['min']}-{b['max']}) |")
@@ -141,12 +147,7 @@ def pipeline_parts(cases):
               "K and V of the kept tokens) as a fraction of the copy rate, same run:\n")
         print("| shape | pipeline | " + " | ".join(stages[:-1]) + " | step |")
         print("|---|---|" + "---:|" * len(stages) + "")
-        seen = set()
-        for c in floors:
-            shape = c["case"].split(f"_{c['pipeline']}_vs_")[0]
-            if (shape, c["pipeline"]) in seen:
-                continue
-            seen.add((shape, c["pipeline"]))
+        for shape, c in each_pipeline(floors):
             fr = c["stages_frac_of_copy_bw"]
             cells = " | ".join(fmt(fr.get(s), ".2f") if s in fr else "" for s in stages[:-1])
             print(f"| {shape} | {c['pipeline']} | {cells} | {fmt(c['frac_of_copy_bw'], '.2f')} |")
