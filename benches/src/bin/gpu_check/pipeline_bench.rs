@@ -56,7 +56,8 @@ use std::path::{Path, PathBuf};
 /// Top-p's threshold (Twilight's for LLaMA models).
 const P: f64 = 0.95;
 /// Quest's budget: a quarter of each sequence's pages.
-const QUEST: Budget = Budget::Fraction(0.25);
+const QUEST_FRACTION: f64 = 0.25;
+const QUEST: Budget = Budget::Fraction(QUEST_FRACTION);
 const HEAD_DIM: usize = 128;
 const PAGE: usize = 16;
 const BITS: usize = 4;
@@ -134,7 +135,7 @@ impl Shape {
         let kept: f64 = kept.iter().map(|b| *b as f64).sum();
         let mut bytes = vec![(Stage::Select, self.quest_state_bytes())];
         if pruned {
-            let candidates = (self.batch * self.hkv) as f64 * (self.ctx as f64 / 4.0);
+            let candidates = (self.batch * self.hkv) as f64 * (self.ctx as f64 * QUEST_FRACTION);
             let scores = candidates * self.group() as f64 * 4.0;
             let codes = candidates * (HEAD_DIM * BITS / 8 + 2 + 2 + 4) as f64;
             bytes.push((Stage::Estimate, codes + scores));
